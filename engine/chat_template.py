@@ -1,0 +1,58 @@
+"""Chat templates rendered with jinja2 in a sandbox, with the variables transformers passes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import NinferError
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def render_chat_template(
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
+    """Render `messages` (and `tools`, as JSON schemas) the way transformers' apply_chat_template does.
+
+    Extra keyword arguments (enable_thinking, bos_token, eos_token, ...) become template variables.
+    """
+    try:
+        compiled = _compile(template)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise NinferError(f"the chat template does not parse (line {e.lineno}): {e.message}") from e
+    try:
+        return compiled.render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+    except jinja2.exceptions.TemplateError as e:
+        raise NinferError(f"the chat template refused these messages: {e}") from e

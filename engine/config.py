@@ -1,0 +1,174 @@
+"""Frozen configuration, built once at the edge (CLI, LLM()) and passed down."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.errors import NinferError
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and hyper-parameters of a checkpoint, independent of the file format it came from."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    partial_rotary_factor: float = 1.0
+    rope_scaling: dict[str, Any] | None = None
+    # full_attention / linear_attention per layer (hybrid Qwen3.5); all full_attention otherwise
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    checkpoint_dtype: str = "float32"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def family(self) -> str:
+        """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_5 (hybrid)."""
+        return {
+            "LlamaForCausalLM": "llama",
+            "Qwen3ForCausalLM": "qwen3",
+            "Qwen3_5ForCausalLM": "qwen3_5",
+            "Qwen3_5ForConditionalGeneration": "qwen3_5",
+        }[self.architecture]
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return sum(t == "full_attention" for t in self.layer_types)
+
+    @property
+    def num_linear_attention_layers(self) -> int:
+        return sum(t == "linear_attention" for t in self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @staticmethod
+    def from_hf_dict(cfg: dict[str, Any]) -> ModelConfig:
+        """Build from a transformers config.json dict (text_config is used for multimodal wrappers)."""
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else _arch_from_model_type(cfg.get("model_type", ""))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise NinferError(
+                f"unsupported architecture '{arch}'; ninfer supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        text = dict(cfg.get("text_config") or cfg)
+        rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+        rope_theta = text.get("rope_theta", rope.get("rope_theta", 10000.0))
+        partial = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+        num_heads = text["num_attention_heads"]
+        head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
+        num_layers = text["num_hidden_layers"]
+        layer_types = text.get("layer_types")
+        if arch.startswith("Qwen3_5") and not layer_types:
+            interval = text.get("full_attention_interval", 4)
+            layer_types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+            ]
+        layer_types = tuple(layer_types or ("full_attention",) * num_layers)
+        if arch.startswith("Qwen3_5") and partial == 1.0 and "partial_rotary_factor" not in rope:
+            partial = 0.25
+        eos = text.get("eos_token_id", cfg.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=text["vocab_size"],
+            hidden_size=text["hidden_size"],
+            intermediate_size=text["intermediate_size"],
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=text.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=text.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(tie),
+            attention_bias=bool(text.get("attention_bias", False)),
+            partial_rotary_factor=float(partial),
+            rope_scaling=scaling,
+            layer_types=layer_types,
+            linear_num_key_heads=text.get("linear_num_key_heads", 0),
+            linear_num_value_heads=text.get("linear_num_value_heads", 0),
+            linear_key_head_dim=text.get("linear_key_head_dim", 0),
+            linear_value_head_dim=text.get("linear_value_head_dim", 0),
+            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 0),
+            bos_token_id=text.get("bos_token_id", cfg.get("bos_token_id")),
+            eos_token_ids=eos_ids,
+            checkpoint_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
+        )
+
+
+def _arch_from_model_type(model_type: str) -> str:
+    return {
+        "llama": "LlamaForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "qwen3_5_text": "Qwen3_5ForCausalLM",
+        "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    }.get(model_type, model_type or "<none>")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model: device, dtype, cache and batch limits."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
+    kv_capacity_tokens: int | None = None  # None: max_model_len * max_num_seqs
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
+        if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise NinferError("block size, max sequences and max batched tokens must all be positive")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def resolved_max_model_len(self, model_config: ModelConfig) -> int:
+        limit = model_config.max_position_embeddings
+        if self.max_model_len is None:
+            return min(limit, 32768) if self.device == "cpu" else limit
+        return self.max_model_len
+
+    def num_kv_blocks(self, model_config: ModelConfig) -> int:
+        tokens = self.kv_capacity_tokens or self.resolved_max_model_len(model_config) * self.max_num_seqs
+        return math.ceil(tokens / self.block_size)

@@ -1,0 +1,185 @@
+"""A GGUF file (llama.cpp): metadata -> ModelConfig, BPE tokenizer, dequantized tensors with HF names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.formats.source import ModelSource, WeightIterator
+from engine.tokenizer import Tokenizer
+
+# GGUF architecture -> HF architecture; both share the Llama tensor layout (qwen3 adds q/k norms)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+# pre-tokenizer regexes by tokenizer.ggml.pre (the split rules the original HF tokenizers use)
+_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def _pre_tokenizer(pre: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("gpt2", "default"):
+        return byte_level
+    if pre == "smollm":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    split = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}.get(pre)
+    if split is None:
+        raise NinferError(
+            f"this GGUF uses the pre-tokenizer '{pre}', which ninfer does not know yet; "
+            "use the HF checkpoint directory of the model instead"
+        )
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _build_tokenizer(reader) -> Tokenizer | None:
+    model = _field(reader, "tokenizer.ggml.model")
+    if model is None:
+        return None
+    if model != "gpt2":
+        raise NinferError(
+            f"this GGUF has a '{model}' tokenizer; ninfer reads BPE ('gpt2') GGUF tokenizers only — "
+            "use the HF checkpoint directory of the model instead"
+        )
+    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
+    types: list[int] = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
+    backend = HFTokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    backend.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre", "gpt2"))
+    backend.decoder = decoders.ByteLevel()
+    # 3 = control, 4 = user defined (llama.cpp token types)
+    backend.add_special_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    backend.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
+
+    def tok(key: str) -> str | None:
+        i = _field(reader, key)
+        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    return Tokenizer(
+        backend=backend,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_token=tok("tokenizer.ggml.bos_token_id"),
+        eos_token=tok("tokenizer.ggml.eos_token_id"),
+        pad_token=tok("tokenizer.ggml.padding_token_id"),
+        unk_token=tok("tokenizer.ggml.unknown_token_id"),
+        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        extra_eos_token_ids=(eot,) if eot is not None else (),
+    )
+
+
+def _config(reader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise NinferError(
+            f"unsupported GGUF architecture '{arch}' in {path}; ninfer reads GGUF files of: {', '.join(ARCHITECTURES)}"
+        )
+    names = {t.name for t in reader.tensors}
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _field(reader, f"{arch}.{name}", default)
+        if value is None:
+            raise NinferError(f"{path} lacks the metadata key {arch}.{name}; the file is incomplete")
+        return value
+
+    num_heads = key("attention.head_count")
+    hidden = key("embedding_length")
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    return ModelConfig(
+        architecture=ARCHITECTURES[arch],
+        vocab_size=key("vocab_size", len(tokens)),
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_hidden_layers=key("block_count"),
+        num_attention_heads=num_heads,
+        num_key_value_heads=key("attention.head_count_kv", num_heads),
+        head_dim=key("attention.key_length", hidden // num_heads),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        max_position_embeddings=key("context_length"),
+        tie_word_embeddings="output.weight" not in names,
+        layer_types=("full_attention",) * key("block_count"),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
+    )
+
+
+def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo the row interleave llama.cpp's converter applies to Llama Q/K (HF rotate-half -> GGML pairs)."""
+    rows = w.shape[0]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _BLOCK_RE.match(name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def load_gguf(path: Path) -> ModelSource:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as e:
+        raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
+    config = _config(reader, path)
+    permute_qk = _field(reader, "general.architecture") == "llama"
+
+    def weights() -> WeightIterator:
+        for t in reader.tensors:
+            name = _hf_name(t.name)
+            if name is None:
+                continue  # rope_freqs and other llama.cpp-only tensors
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+            tensor = torch.from_numpy(np.array(data, dtype=np.float32))
+            if permute_qk and name.endswith("self_attn.q_proj.weight"):
+                tensor = _unpermute(tensor, config.num_attention_heads)
+            elif permute_qk and name.endswith("self_attn.k_proj.weight"):
+                tensor = _unpermute(tensor, config.num_key_value_heads)
+            yield name, tensor
+
+    return ModelSource(config, _build_tokenizer(reader), weights, f"{path} (GGUF {config.architecture})")

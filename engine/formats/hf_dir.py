@@ -1,0 +1,84 @@
+"""A Hugging Face checkpoint directory: config.json, safetensors shard(s), tokenizer files."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from safetensors import safe_open
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.formats.source import ModelSource, WeightIterator
+from engine.tokenizer import Tokenizer
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def check_safetensors_header(path: Path) -> list[str]:
+    """Validate that the file holds a complete safetensors header and data; return its tensor names."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise NinferError(f"{path} is truncated ({size} bytes, no safetensors header); download it again")
+        (header_len,) = struct.unpack("<Q", head)
+        if 8 + header_len > size:
+            raise NinferError(
+                f"{path} is truncated: its header needs {8 + header_len} bytes, the file has {size}; "
+                "download it again"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise NinferError(
+                f"{path} is not a valid safetensors file (bad header); download it again"
+            ) from e
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise NinferError(
+            f"{path} is truncated: it should hold {8 + header_len + end} bytes but has {size}; download it again"
+        )
+    return [k for k in header if k != "__metadata__"]
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not (path / name).is_file():
+                raise NinferError(
+                    f"shard {path / name} is missing (listed in {INDEX_FILE}); download it again"
+                )
+        return [path / n for n in names]
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise NinferError(f"no *.safetensors weights in {path}; point ninfer at a complete checkpoint")
+    return shards
+
+
+def load_hf_dir(path: Path) -> ModelSource:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise NinferError(
+            f"{path} has no config.json; point ninfer at an HF checkpoint directory or a GGUF file"
+        )
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise NinferError(f"{config_file} is not valid JSON (line {e.lineno}); fix or re-download it") from e
+    config = ModelConfig.from_hf_dict(raw)
+    shards = _shard_files(path)
+    for shard in shards:
+        check_safetensors_header(shard)
+
+    def weights() -> WeightIterator:
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                    yield name, f.get_tensor(name)
+
+    return ModelSource(config, Tokenizer.from_hf_dir(path), weights, f"{path} ({len(shards)} shard(s))")

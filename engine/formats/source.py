@@ -1,0 +1,23 @@
+"""What every model format hands the loader: a config, a tokenizer and a stream of named tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+from engine.tokenizer import Tokenizer
+
+WeightIterator = Iterator[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    # called once by the loader; yields (HF-style tensor name, tensor) one at a time so that a large
+    # checkpoint never needs twice its size in memory
+    weights: Callable[[], WeightIterator]
+    description: str

@@ -1,0 +1,34 @@
+"""Paged attention over the KV cache, driven by the forward context."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from engine.worker.forward_context import get_forward_context
+
+
+class Attention(nn.Module):
+    """Stores the step's K/V at slot_mapping, then attends over each sequence's pages."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
+        # bound by the model runner once the cache is allocated: [num_blocks, block_size, Hk, D] each
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [T, Hq, D], k/v: [T, Hk, D] -> [T, Hq, D]
+        ctx = get_forward_context()
+        assert self.k_cache is not None, "KV cache not bound: the model runner allocates it before a forward"
+        kernels.kv_store(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        return kernels.paged_attention(
+            q, self.k_cache, self.v_cache, ctx.block_table, ctx.seq_lens, ctx.cu_seqlens_q, self.scale
+        )

@@ -1,0 +1,78 @@
+"""Dense linear layers whose parameters know how to load (and fuse) checkpoint tensors."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+    assert shard_id is None, f"unexpected shard {shard_id} for an unfused parameter"
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+def make_param(*shape: int, loader=default_weight_loader, shards: dict | None = None) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    p.weight_loader = loader
+    # NOTE: the shard names a fused parameter expects; the loader checks every one arrived
+    p.shard_names = tuple(shards) if shards else ()
+    return p
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). W: [out, in]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = make_param(out_features, in_features)
+        self.bias = make_param(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several checkpoint projections of the same input fused along the output dimension.
+
+    `shards` maps a shard name (e.g. "q", "k", "v") to its output size, in order.
+    """
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool = False):
+        super().__init__(in_features, sum(shards.values()), bias)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in shards.items():
+            self.offsets[name] = (start, size)
+            start += size
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self._load_shard
+                p.shard_names = tuple(shards)
+
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+        assert shard_id in self.offsets, f"unknown shard {shard_id}"
+        start, size = self.offsets[shard_id]
+        target = param.data.narrow(0, start, size)
+        if target.shape != loaded.shape:
+            raise ValueError(
+                f"shape mismatch for shard {shard_id}: parameter {tuple(target.shape)} vs checkpoint "
+                f"{tuple(loaded.shape)}"
+            )
+        target.copy_(loaded)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return y.split([size for _, size in self.offsets.values()], dim=-1)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.weight = make_param(num_embeddings, embedding_dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(input_ids, self.weight)

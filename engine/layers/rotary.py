@@ -1,0 +1,49 @@
+"""Rotary embedding frequencies (default, linear, llama3 scaling) and the rope op on q/k."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import kernels
+from engine.config import ModelConfig
+from engine.errors import NinferError
+
+
+def inv_freq_for(config: ModelConfig) -> torch.Tensor:
+    """[rotary_dim / 2] fp32 inverse frequencies, scaled as the config's rope_scaling says."""
+    dim = config.rotary_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    else:
+        raise NinferError(f"rope scaling '{kind}' is not supported yet; supported: default, linear, llama3")
+    return inv_freq.float()
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # NOTE: a plain attribute, not a buffer: models are built on uninitialised storage and loaded
+        # from checkpoints, which never hold this tensor
+        self.inv_freq = inv_freq_for(config).to(torch.get_default_device())
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return kernels.rope(q, k, positions, self.inv_freq)

@@ -1,0 +1,175 @@
+"""The offline API: LLM(model).generate(...) / .chat(...), and step-wise add_request / step."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.cache.block_pool import BlockPool
+from engine.cache.state_pool import StatePool
+from engine.config import EngineConfig
+from engine.errors import NinferError
+from engine.models.loader import load_model, open_source
+from engine.output_processor import RequestStream
+from engine.request import Request, RequestOutput, SamplingParams
+from engine.scheduler.scheduler import Scheduler
+from engine.worker.model_runner import ModelRunner
+
+
+class LLM:
+    """Load a model (an HF checkpoint directory or a GGUF file; None = the embedded default) and generate."""
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 4,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        kv_capacity_tokens: int | None = None,
+    ):
+        self.engine_config = EngineConfig(
+            model=str(model) if model is not None else "",
+            device=device,
+            dtype=dtype,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            kv_capacity_tokens=kv_capacity_tokens,
+        )
+        source = open_source(model)
+        self.model_config, self.tokenizer = source.config, source.tokenizer
+        self.description = source.description
+        self.model = load_model(source, self.engine_config)
+        self.max_model_len = self.engine_config.resolved_max_model_len(self.model_config)
+        num_blocks = self.engine_config.num_kv_blocks(self.model_config)
+        hybrid = self.model_config.num_linear_attention_layers > 0
+        num_slots = max_num_seqs if hybrid else 0
+        self.runner = ModelRunner(self.model, self.model_config, self.engine_config, num_blocks, num_slots)
+        self.scheduler = Scheduler(
+            BlockPool(num_blocks, block_size),
+            StatePool(num_slots) if hybrid else None,
+            max_num_seqs,
+            max_num_batched_tokens,
+            self.max_model_len,
+        )
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer is not None:
+            eos.update(self.tokenizer.eos_token_ids)
+        self.eos_token_ids = tuple(sorted(eos))
+        self._streams: dict[str, RequestStream] = {}
+        self._ids = itertools.count()
+
+    # -- step-wise API --------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        prompt: str | None = None,
+    ) -> str:
+        request_id = request_id or f"req-{next(self._ids)}"
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise NinferError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        req = Request(request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids)
+        self.scheduler.add_request(req)
+        self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.finish_request(request_id, "abort")
+        self._streams.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[tuple[RequestOutput, str]]:
+        """Run one engine step; return (output so far, new text) for each request that got a token."""
+        sched = self.scheduler.schedule()
+        result = self.runner.execute(sched)
+        results = []
+        for req in self.scheduler.update_from_output(sched, result):
+            stream = self._streams[req.request_id]
+            stream.push(req.output_token_ids[-1])
+            if stream.stopped and not req.is_finished:
+                self.scheduler.finish_request(req.request_id, "stop")
+            delta = stream.take_delta(req.is_finished)
+            results.append((stream.output(req.finish_reason), delta))
+            if req.is_finished:
+                del self._streams[req.request_id]
+        return results
+
+    # -- convenience API --------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: str | list[str] | None = None,
+        sampling_params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | list[list[int]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (text, or token ids); outputs come back in the prompts' order."""
+        params = sampling_params or SamplingParams()
+        requests: list[tuple[list[int], str | None]] = []
+        if prompts is not None:
+            for text in [prompts] if isinstance(prompts, str) else prompts:
+                requests.append((self._tokenizer_or_raise().encode(text), text))
+        elif prompt_token_ids is not None:
+            batch = (
+                prompt_token_ids
+                if prompt_token_ids and isinstance(prompt_token_ids[0], list)
+                else [prompt_token_ids]
+            )
+            requests = [(list(ids), None) for ids in batch]
+        else:
+            raise NinferError("generate() needs prompts or prompt_token_ids")
+        ids = [self.add_request(toks, params, prompt=text) for toks, text in requests]
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(ids):
+            for out, _ in self.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        return [finished[i] for i in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> RequestOutput:
+        """Render the chat template, generate, return the assistant's reply."""
+        ids = self._tokenizer_or_raise().encode_chat(messages, tools, True, **template_kwargs)
+        return self.generate(prompt_token_ids=ids, sampling_params=sampling_params)[0]
+
+    def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        **template_kwargs: Any,
+    ) -> Iterator[tuple[str, RequestOutput]]:
+        """Like chat(), yielding (new text, output so far) as tokens arrive."""
+        tok = self._tokenizer_or_raise()
+        ids = tok.encode_chat(messages, None, True, **template_kwargs)
+        request_id = self.add_request(ids, sampling_params or SamplingParams())
+        try:
+            while True:
+                for out, delta in self.step():
+                    if out.request_id != request_id:
+                        continue
+                    yield delta, out
+                    if out.finished:
+                        return
+        finally:
+            if request_id in self._streams:  # the caller stopped early (Ctrl-C): free the slot and KV
+                self.abort_request(request_id)
+
+    def _tokenizer_or_raise(self):
+        if self.tokenizer is None:
+            raise NinferError(f"{self.description} has no tokenizer; pass prompt_token_ids instead of text")
+        return self.tokenizer

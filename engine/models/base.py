@@ -1,0 +1,77 @@
+"""What every causal LM shares: checkpoint name mapping, streaming weight loading, logits."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.formats.source import WeightIterator
+from engine.layers.linear import Embedding, Linear
+
+
+class CausalLM(nn.Module):
+    # checkpoint sub-name -> (fused parameter sub-name, shard id)
+    packed_modules_mapping: dict[str, tuple[str, str]] = {}
+    # checkpoint sub-name -> parameter sub-name, for tensors stored under another name
+    renamed_params: dict[str, str] = {}
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        # tensors kept for later use (speculative-decoding heads), not part of the forward
+        self.extra_weights: dict[str, torch.Tensor] = {}
+
+    def make_lm_head(self, embed: Embedding) -> None:
+        """Call after the decoder is built, so a tied head's weight is named after the embedding."""
+        self.lm_head = Linear(self.config.hidden_size, self.config.vocab_size)
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = embed.weight
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """Map a checkpoint tensor name to this model's naming; None skips the tensor."""
+        return name
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, hidden] -> [B, vocab] fp32
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: WeightIterator) -> None:
+        params = dict(self.named_parameters())
+        expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
+        loaded: set[tuple[str, str | None]] = set()
+        for ckpt_name, tensor in weights:
+            name = self.checkpoint_name(ckpt_name)
+            if name is None:
+                continue
+            if name.startswith("mtp."):
+                self.extra_weights[name] = tensor.to(self.lm_head.weight.dtype)
+                continue
+            shard = None
+            for part, (fused, shard_id) in self.packed_modules_mapping.items():
+                if f".{part}." in name:
+                    name, shard = name.replace(f".{part}.", f".{fused}."), shard_id
+                    break
+            for part, new in self.renamed_params.items():
+                if name.endswith(part):
+                    name = name[: -len(part)] + new
+            param = params.get(name)
+            if param is None:
+                continue  # e.g. a tied lm_head stored anyway, or rotary buffers of old checkpoints
+            try:
+                param.weight_loader(param, tensor, shard) if shard else param.weight_loader(param, tensor)
+            except ValueError as e:
+                raise NinferError(
+                    f"tensor {ckpt_name} does not fit this {self.config.architecture} config ({e}); "
+                    "the checkpoint and its config.json disagree"
+                ) from e
+            loaded.add((name, shard))
+        missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise NinferError(
+                f"the checkpoint lacks {', '.join(missing[:3])}{more}; "
+                f"it is incomplete or not a {self.config.architecture} checkpoint"
+            )

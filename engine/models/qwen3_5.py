@@ -1,0 +1,118 @@
+"""Qwen3.5 hybrid text model: Gated DeltaNet layers + gated full attention (every `layer_types` says)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.layers.attention import Attention
+from engine.layers.gated_deltanet import GatedDeltaNet
+from engine.layers.linear import Embedding, Linear, MergedLinear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.base import CausalLM
+from engine.models.llama import GatedMLP
+
+
+class Qwen3_5Attention(nn.Module):
+    """q_proj emits [q | gate] per head; output is o_proj(attn * sigmoid(gate)); q/k RMSNorm (1 + w);
+    rotary on the first rotary_dim dims of each head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, {"q": 2 * q_size, "k": kv_size, "v": kv_size}, bias=config.attention_bias
+        )
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, zero_centered=True)
+        self.rotary = RotaryEmbedding(config)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_gate, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(
+            2, dim=-1
+        )  # [T, Hq, D] each
+        q = self.q_norm(q.contiguous())
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        o = self.attn(q, k, v) * torch.sigmoid(gate)  # [T, Hq, D]
+        return self.o_proj(o.reshape(num_tokens, -1))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = Qwen3_5Attention(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        if self.layer_type == "linear_attention":
+            hidden = self.linear_attn(hidden)
+        else:
+            hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3_5Model(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t) for t in config.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Qwen3_5ForCausalLM(CausalLM):
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+        "in_proj_qkv": ("in_proj", "qkv"),
+        "in_proj_z": ("in_proj", "z"),
+        "in_proj_b": ("in_proj", "b"),
+        "in_proj_a": ("in_proj", "a"),
+    }
+    renamed_params = {"conv1d.weight": "conv1d_weight"}
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.model = Qwen3_5Model(config)
+        self.make_lm_head(self.model.embed_tokens)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        # the multimodal checkpoint (Qwen3_5ForConditionalGeneration) nests the text model
+        if name.startswith("model.visual."):
+            return None  # the vision tower is not loaded by the text model
+        if name.startswith("model.language_model."):
+            return "model." + name[len("model.language_model.") :]
+        return name
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)

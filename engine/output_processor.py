@@ -1,0 +1,53 @@
+"""Per-request detokenization and stop strings, between the scheduler and the caller."""
+
+from __future__ import annotations
+
+from engine.request import Request, RequestOutput
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class RequestStream:
+    """Accumulates one request's text; withholds a tail that could still become a stop string."""
+
+    def __init__(self, request: Request, tokenizer: Tokenizer | None, prompt: str | None):
+        self.request, self.prompt = request, prompt
+        params = request.sampling_params
+        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if tokenizer else None
+        self.stop = params.stop
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+        self.stopped = False
+
+    def push(self, token_id: int) -> None:
+        """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it)."""
+        if self.detok is None or self.stopped:
+            return
+        delta = self.detok.push(token_id)
+        if not delta:
+            return
+        search_from = max(0, len(self.text) - self.holdback)
+        self.text += delta
+        for s in self.stop:
+            at = self.text.find(s, search_from)
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], True
+
+    def take_delta(self, finished: bool) -> str:
+        end = (
+            len(self.text) if finished or self.stopped else max(self.emitted, len(self.text) - self.holdback)
+        )
+        delta, self.emitted = self.text[self.emitted : end], end
+        return delta
+
+    def output(self, finish_reason: str | None) -> RequestOutput:
+        req = self.request
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            token_ids=list(req.output_token_ids),
+            text=self.text,
+            logprobs=list(req.output_logprobs) if req.sampling_params.logprobs is not None else None,
+            finish_reason=finish_reason,
+        )

@@ -1,0 +1,101 @@
+"""Request state shared by the scheduler, the runner and the offline / server front ends."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.errors import NinferError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature == 0 is greedy; logprobs=N also returns the top-N per token."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise NinferError(f"max_tokens must be at least 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise NinferError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise NinferError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise NinferError(f"top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        object.__setattr__(self, "stop", tuple(s for s in (stop or ()) if s))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    # per generated token: {token_id: logprob} holding the chosen token and the top-N
+    output_logprobs: list[dict[int, float]] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    block_ids: list[int] = field(default_factory=list)
+    state_slot: int = -1  # recurrent-state slot (hybrid models); -1 when none
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+
+@dataclass
+class RequestOutput:
+    """What the offline API returns for one request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

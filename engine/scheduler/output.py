@@ -1,0 +1,39 @@
+"""The contract between the scheduler and the model runner."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from engine.request import SamplingParams
+
+
+class ScheduledRequest(NamedTuple):
+    request_id: str
+    token_ids: list[int]  # the tokens to run this step (a prefill chunk, or the last sampled token)
+    start_pos: int  # position of token_ids[0] == tokens of this request already in the cache
+    block_ids: list[int]  # KV pages of the request, enough for start_pos + len(token_ids) tokens
+    state_slot: int  # recurrent-state slot, -1 when the model has none
+    sample: bool  # True when this step reaches the end of the known tokens, so a new token is sampled
+    sampling_params: SamplingParams
+
+
+class SchedulerOutput(NamedTuple):
+    scheduled: list[ScheduledRequest]
+    finished_request_ids: list[str]  # finished or aborted since the last step (runner drops their state)
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {r.request_id: len(r.token_ids) for r in self.scheduled}
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.scheduled)
+
+
+class SampledToken(NamedTuple):
+    token_id: int
+    logprobs: dict[int, float] | None  # chosen token + top-N, when asked for
+
+
+class RunnerOutput(NamedTuple):
+    sampled: dict[str, SampledToken]  # only for requests scheduled with sample=True

@@ -1,0 +1,161 @@
+"""Tokenizer (HF `tokenizers`), special tokens, incremental detokenization."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.chat_template import render_chat_template
+from engine.errors import NinferError
+
+
+def _token_content(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+@dataclass
+class Tokenizer:
+    backend: HFTokenizer
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    add_bos_token: bool = False
+    extra_eos_token_ids: tuple[int, ...] = ()
+    _special_ids: set[int] = field(default_factory=set)
+
+    def __post_init__(self):
+        self._special_ids = {t.id for t in [*self._added_tokens()] if t.special}
+
+    def _added_tokens(self):
+        return [
+            _AddedToken(i, t.content, t.special) for i, t in self.backend.get_added_tokens_decoder().items()
+        ]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = [self.token_to_id(self.eos_token), *self.extra_eos_token_ids]
+        return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = self.token_to_id(self.bos_token)
+        if add_special_tokens and self.add_bos_token and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        if not self.chat_template:
+            raise NinferError("this model has no chat template; use generate() with a plain prompt instead")
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            pad_token=self.pad_token or "",
+            unk_token=self.unk_token or "",
+            **kwargs,
+        )
+
+    def encode_chat(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> list[int]:
+        text = self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
+        # NOTE: the template writes BOS itself where the model wants one (as transformers does)
+        return self.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def from_hf_dir(path: Path) -> Tokenizer | None:
+        """Load tokenizer.json plus tokenizer_config.json / chat_template.jinja; None if there is none."""
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            return None
+        try:
+            backend = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:  # noqa: BLE001 - the tokenizers error text is what the user needs
+            raise NinferError(f"cannot read {tok_file}: {e}") from e
+        cfg: dict[str, Any] = {}
+        cfg_file = path / "tokenizer_config.json"
+        if cfg_file.is_file():
+            cfg = json.loads(cfg_file.read_text())
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text()
+        gen_cfg_file = path / "generation_config.json"
+        extra_eos: tuple[int, ...] = ()
+        if gen_cfg_file.is_file():
+            eos = json.loads(gen_cfg_file.read_text()).get("eos_token_id")
+            extra_eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return Tokenizer(
+            backend=backend,
+            chat_template=template,
+            bos_token=_token_content(cfg.get("bos_token")),
+            eos_token=_token_content(cfg.get("eos_token")),
+            pad_token=_token_content(cfg.get("pad_token")),
+            unk_token=_token_content(cfg.get("unk_token")),
+            add_bos_token=bool(cfg.get("add_bos_token", False)),
+            extra_eos_token_ids=extra_eos,
+        )
+
+
+@dataclass(frozen=True)
+class _AddedToken:
+    id: int
+    content: str
+    special: bool
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without re-decoding everything each step.
+
+    Holds back a delta that ends in an incomplete UTF-8 sequence until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        self.token_ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
+        full = decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix) :]
+        # keep a few tokens of context so merges across the boundary decode correctly
+        self.prefix_offset = max(self.read_offset - 4, 0)
+        self.read_offset = len(self.token_ids)
+        self.text += delta
+        return delta

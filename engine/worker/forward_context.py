@@ -1,0 +1,38 @@
+"""Per-step attention metadata, set by the model runner around each forward.
+
+Model forward signatures stay (input_ids, positions); layers read what they need from here.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32; query tokens of sequence b: [cu[b], cu[b+1])
+    seq_lens: torch.Tensor  # [B] int32; context length of each sequence after this step
+    slot_mapping: torch.Tensor  # [T] int64; KV cache slot of each new token
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    state_indices: torch.Tensor  # [B] int32; recurrent-state slot of each sequence (hybrid models)
+
+
+_CONTEXT: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    assert _CONTEXT is not None, "a layer ran outside of set_forward_context()"
+    return _CONTEXT
+
+
+@contextmanager
+def set_forward_context(ctx: ForwardContext):
+    global _CONTEXT
+    prev, _CONTEXT = _CONTEXT, ctx
+    try:
+        yield
+    finally:
+        _CONTEXT = prev

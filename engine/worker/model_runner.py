@@ -1,0 +1,102 @@
+"""Turns a SchedulerOutput into flat input tensors, runs the model, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.layers.attention import Attention
+from engine.layers.gated_deltanet import GatedDeltaNet
+from engine.models.base import CausalLM
+from engine.sample.sampler import Sampler
+from engine.scheduler.output import RunnerOutput, SchedulerOutput
+from engine.worker.forward_context import ForwardContext, set_forward_context
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        num_blocks: int,
+        num_state_slots: int,
+    ):
+        self.model, self.model_config = model, model_config
+        self.device = torch.device(engine_config.device)
+        self.block_size = engine_config.block_size
+        self.sampler = Sampler()
+        dtype = engine_config.torch_dtype
+        for module in model.modules():
+            if isinstance(module, Attention):
+                shape = (num_blocks, self.block_size, module.num_kv_heads, module.head_dim)
+                # NOTE: empty, not zeros: pages are written (kv_store) before they are read
+                module.k_cache = torch.empty(shape, dtype=dtype, device=self.device)
+                module.v_cache = torch.empty(shape, dtype=dtype, device=self.device)
+            elif isinstance(module, GatedDeltaNet):
+                kernel = model_config.linear_conv_kernel_dim
+                module.conv_state = torch.zeros(
+                    num_state_slots, module.conv_dim, kernel - 1, dtype=dtype, device=self.device
+                )
+                module.ssm_state = torch.zeros(
+                    num_state_slots,
+                    module.num_v_heads,
+                    module.head_k_dim,
+                    module.head_v_dim,
+                    dtype=torch.float32,
+                    device=self.device,
+                )
+        self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+
+    def _reset_state(self, slot: int) -> None:
+        for layer in self._state_layers:
+            layer.conv_state[slot].zero_()
+            layer.ssm_state[slot].zero_()
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        for request_id in sched.finished_request_ids:
+            self.sampler.forget(request_id)
+        if not sched.scheduled:
+            return RunnerOutput({})
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        cu_seqlens = [0]
+        seq_lens: list[int] = []
+        state_indices: list[int] = []
+        bs = self.block_size
+        for r in sched.scheduled:
+            n = len(r.token_ids)
+            input_ids.extend(r.token_ids)
+            pos = range(r.start_pos, r.start_pos + n)
+            positions.extend(pos)
+            slot_mapping.extend(r.block_ids[p // bs] * bs + p % bs for p in pos)
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            seq_lens.append(r.start_pos + n)
+            state_indices.append(r.state_slot)
+            if r.start_pos == 0 and r.state_slot >= 0:
+                self._reset_state(r.state_slot)
+        max_blocks = max(len(r.block_ids) for r in sched.scheduled)
+        block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
+
+        def tensor(x, dtype):
+            return torch.tensor(x, dtype=dtype, device=self.device)
+
+        ctx = ForwardContext(
+            cu_seqlens_q=tensor(cu_seqlens, torch.int32),
+            seq_lens=tensor(seq_lens, torch.int32),
+            slot_mapping=tensor(slot_mapping, torch.int64),
+            block_table=tensor(block_table, torch.int32),
+            state_indices=tensor(state_indices, torch.int32),
+        )
+        with set_forward_context(ctx):
+            hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
+        sampling = [(i, r) for i, r in enumerate(sched.scheduled) if r.sample]
+        if not sampling:
+            return RunnerOutput({})
+        last_token = tensor([cu_seqlens[i + 1] - 1 for i, _ in sampling], torch.int64)
+        logits = self.model.compute_logits(hidden[last_token])  # [B, V]
+        request_ids = [r.request_id for _, r in sampling]
+        sampled = self.sampler(logits, request_ids, [r.sampling_params for _, r in sampling])
+        return RunnerOutput(dict(zip(request_ids, sampled)))
