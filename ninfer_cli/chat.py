@@ -1,0 +1,108 @@
+"""`ninfer chat`: a line-based REPL with streaming output, or a one-shot answer with --prompt."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from engine.config import DTYPES
+from engine.errors import NinferError
+from ninfer_cli.errors import exits_cleanly
+
+HELP_LINE = (
+    "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
+)
+
+
+def _stream_reply(llm, messages, params, out) -> str:
+    reply = []
+    try:
+        for delta, _ in llm.stream_chat(messages, params):
+            if delta:
+                out.write(delta)
+                out.flush()
+                reply.append(delta)
+    except KeyboardInterrupt:
+        out.write(" [interrupted]")
+    out.write("\n")
+    out.flush()
+    return "".join(reply)
+
+
+@exits_cleanly
+def chat(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="HF checkpoint directory or .gguf file; default: the embedded SmolLM2-135M"),
+    ] = None,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="Answer this one message and exit.")
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="System message.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option()] = 1.0,
+    top_k: Annotated[int, typer.Option(help="0 = off.")] = 0,
+    seed: Annotated[int | None, typer.Option()] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help=f"One of {', '.join(DTYPES)}.")] = "float32",
+    max_model_len: Annotated[int | None, typer.Option(help="Context limit in tokens.")] = None,
+):
+    """Chat with a model in the terminal (streaming)."""
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+    )
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    console = Console(stderr=True)
+    with console.status("loading model…"):
+        llm = LLM(model, device=device, dtype=dtype, max_model_len=max_model_len, max_num_seqs=1)
+    base = [{"role": "system", "content": system}] if system else []
+    out = sys.stdout
+    if prompt is not None:
+        _stream_reply(llm, [*base, {"role": "user", "content": prompt}], params, out)
+        return
+    console.print(f"[bold]ninfer chat[/bold] — {llm.description}")
+    console.print(HELP_LINE)
+    messages = list(base)
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("> ") if interactive else _read_piped_line(out)
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            messages = list(base)
+            console.print("conversation cleared")
+            continue
+        messages.append({"role": "user", "content": text})
+        try:
+            reply = _stream_reply(llm, messages, params, out)
+        except NinferError as e:  # e.g. the conversation outgrew the context: say so, keep the session
+            messages.pop()
+            console.print(f"[red]error:[/red] {e} (try /reset)")
+            continue
+        messages.append({"role": "assistant", "content": reply})
+
+
+def _read_piped_line(out) -> str:
+    out.write("> ")
+    out.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line

@@ -1,0 +1,87 @@
+"""Bad input at the CLI: one line, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import save_tiny, tiny_hf_model
+from typer.testing import CliRunner
+
+from ninfer_cli.main import app
+
+runner = CliRunner()
+
+
+def _run(*args):
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_help_lists_only_working_commands():
+    code, out = _run("--help")
+    assert code == 0
+    assert "chat" in out
+    for planned in ("serve", "bench", "plan", "fetch", "convert"):
+        assert planned not in out
+
+
+def test_missing_model_path():
+    code, out = _run("chat", "/no/such/model", "--prompt", "hi")
+    assert code == 2
+    assert (
+        out.strip() == "error: /no/such/model does not exist; pass an HF checkpoint directory or a .gguf file"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny(
+        tiny_hf_model("llama", tied=False), tmp_path_factory.mktemp("tiny"), max_shard_size="200KB"
+    )
+
+
+def test_unsupported_architecture(tiny_dir, tmp_path):
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    cfg["architectures"] = ["MistralForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out = _run("chat", str(tmp_path), "--prompt", "hi")
+    assert code == 2
+    line = out.strip()
+    assert "\n" not in line
+    assert "MistralForCausalLM" in line
+    assert "LlamaForCausalLM" in line and "Qwen3ForCausalLM" in line and "Qwen3_5ForCausalLM" in line
+
+
+def _copy(src, dst):
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_missing_shard_is_named(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path)
+    shard = sorted(d.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    code, out = _run("chat", str(d), "--prompt", "hi")
+    assert code == 2
+    assert str(shard) in out and "missing" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("keep", [4, 200, -100])
+def test_truncated_shard_is_named(tiny_dir, tmp_path, keep):
+    d = _copy(tiny_dir, tmp_path)
+    shard = sorted(d.glob("model-*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:keep])
+    code, out = _run("chat", str(d), "--prompt", "hi")
+    assert code == 2
+    assert str(shard) in out and "truncated" in out
+    assert "Traceback" not in out
+
+
+def test_bad_sampling_flag():
+    code, out = _run("chat", "--prompt", "hi", "--top-p", "1.5")
+    assert code == 2
+    assert "top_p" in out

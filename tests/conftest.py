@@ -1,0 +1,76 @@
+"""Shared fixtures: seeds, tiny random-initialised HF models saved as checkpoints, tolerances."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# shapes small enough for CPU, big enough to exercise GQA, partial rotary and the hybrid layout
+TINY_COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    # wide enough init that continuations are varied (a tied tiny model otherwise repeats its input)
+    initializer_range=0.2,
+)
+
+
+def tiny_hf_model(arch: str, tied: bool, seed: int = 0):
+    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_5)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if arch == "llama":
+        cfg = tf.LlamaConfig(num_hidden_layers=2, rope_theta=10000.0, tie_word_embeddings=tied, **TINY_COMMON)
+        model = tf.LlamaForCausalLM(cfg)
+    elif arch == "qwen3":
+        cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **TINY_COMMON)
+        model = tf.Qwen3ForCausalLM(cfg)
+    elif arch == "qwen3_5":
+        cfg = tf.Qwen3_5TextConfig(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=tied,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+            **TINY_COMMON,
+        )
+        model = tf.Qwen3_5ForCausalLM(cfg)
+    else:
+        raise ValueError(arch)
+    # random norms and biases too, so that a norm applied the wrong way shows up
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("dt_bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
+    return model.eval()
+
+
+def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    return path
+
+
+@pytest.fixture
+def seed():
+    torch.manual_seed(0)
+    return 0
