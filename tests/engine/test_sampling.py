@@ -1,0 +1,82 @@
+"""Sampler and stop handling through the offline API on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+from engine.sample.sampler import Sampler
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return LLM(save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path_factory.mktemp("q3")))
+
+
+PROMPT = [5, 9, 200, 31, 77]
+
+
+def gen(llm, **kw):
+    return llm.generate(prompt_token_ids=PROMPT, sampling_params=SamplingParams(ignore_eos=True, **kw))[0]
+
+
+def test_seed_reproducible_and_different_seeds_differ(llm):
+    a = gen(llm, max_tokens=24, temperature=1.0, seed=1)
+    b = gen(llm, max_tokens=24, temperature=1.0, seed=1)
+    c = gen(llm, max_tokens=24, temperature=1.0, seed=2)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(llm):
+    greedy = gen(llm, max_tokens=12, temperature=0.0).token_ids
+    assert gen(llm, max_tokens=12, temperature=1.5, top_k=1, seed=3).token_ids == greedy
+    assert gen(llm, max_tokens=12, temperature=1.5, top_p=1e-6, seed=3).token_ids == greedy
+
+
+def test_logprobs_hold_chosen_and_top_n(llm):
+    out = gen(llm, max_tokens=6, temperature=1.0, seed=5, logprobs=3)
+    assert len(out.logprobs) == 6
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert tok in lp and 3 <= len(lp) <= 4
+        assert all(v <= 0 for v in lp.values())
+        top = sorted(lp.values(), reverse=True)[:3]
+        assert math.fsum(math.exp(v) for v in top) <= 1 + 1e-5
+
+
+def test_max_tokens_gives_length(llm):
+    out = gen(llm, max_tokens=5, temperature=0.0)
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+
+
+def test_sampled_distribution_follows_top_k():
+    sampler = Sampler()
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
+    counts = torch.zeros(5)
+    for i in range(2000):
+        params = SamplingParams(temperature=1.0, top_k=2, seed=i)
+        counts[sampler(logits, [f"r{i}"], [params])[0].token_id] += 1
+    assert counts[2:].sum() == 0
+    p0 = math.exp(2.0) / (math.exp(2.0) + math.exp(1.0))
+    assert abs(counts[0].item() / 2000 - p0) < 0.05
+
+
+def test_bad_params_are_sentences():
+    with pytest.raises(NinferError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(NinferError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_out_of_vocab_prompt(llm):
+    with pytest.raises(NinferError, match="outside the vocabulary"):
+        llm.generate(prompt_token_ids=[1, 99999], sampling_params=SamplingParams())
+
+
+def test_text_generation_needs_a_tokenizer(llm):
+    with pytest.raises(NinferError, match="no tokenizer"):
+        llm.generate("hello")

@@ -1,0 +1,137 @@
+"""The scheduler on CPU, without a model: budgets, admission, chunked prefill, preemption, freeing."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cache.block_pool import BlockPool
+from engine.cache.state_pool import StatePool
+from engine.errors import NinferError
+from engine.request import Request, SamplingParams
+from engine.scheduler.output import RunnerOutput, SampledToken
+from engine.scheduler.scheduler import Scheduler
+
+
+def make(num_blocks=64, block_size=4, max_num_seqs=4, budget=32, max_len=256, slots=None):
+    pool = StatePool(slots) if slots else None
+    return Scheduler(BlockPool(num_blocks, block_size), pool, max_num_seqs, budget, max_len)
+
+
+def req(rid, n, max_tokens=4, **kw):
+    return Request(
+        rid, list(range(3, 3 + n)), SamplingParams(max_tokens=max_tokens, **kw), eos_token_ids=(2,)
+    )
+
+
+def run_step(s, token=7):
+    out = s.schedule()
+    sampled = {r.request_id: SampledToken(token, None) for r in out.scheduled if r.sample}
+    s.update_from_output(out, RunnerOutput(sampled))
+    return out
+
+
+def test_prefill_then_decode_one_token_each():
+    s = make()
+    s.add_request(req("a", 10))
+    s.add_request(req("b", 3))
+    out = run_step(s)
+    assert out.num_scheduled_tokens == {"a": 10, "b": 3}
+    assert all(r.sample for r in out.scheduled)
+    out = run_step(s)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1}
+    assert [r.start_pos for r in out.scheduled] == [10, 3]
+
+
+def test_chunked_prefill_respects_budget_and_samples_only_at_the_end():
+    s = make(budget=8)
+    s.add_request(req("a", 20))
+    chunks = []
+    while True:
+        out = run_step(s)
+        chunks.append((out.num_scheduled_tokens["a"], out.scheduled[0].sample))
+        if out.scheduled[0].sample:
+            break
+    assert chunks == [(8, False), (8, False), (4, True)]
+
+
+def test_decode_goes_first_and_a_new_prompt_is_chunked_beside_it():
+    s = make(budget=8)
+    s.add_request(req("a", 4, max_tokens=10))
+    run_step(s)
+    s.add_request(req("b", 30))
+    out = run_step(s)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 7}
+
+
+def test_max_num_seqs_limits_admission():
+    s = make(max_num_seqs=2)
+    for rid in "abc":
+        s.add_request(req(rid, 2))
+    out = run_step(s)
+    assert set(out.num_scheduled_tokens) == {"a", "b"}
+
+
+def test_finish_frees_blocks_and_state_slots():
+    s = make(num_blocks=8, slots=2)
+    s.add_request(req("a", 5, max_tokens=2))
+    run_step(s)
+    assert s.block_pool.num_free_blocks == 6 and s.state_pool.num_free_slots == 1
+    run_step(s)  # second token: max_tokens reached
+    assert not s.has_unfinished_requests()
+    assert s.block_pool.num_free_blocks == 8 and s.state_pool.num_free_slots == 2
+
+
+def test_eos_and_stop_token_ids_finish():
+    s = make()
+    r = req("a", 3, max_tokens=50)
+    s.add_request(r)
+    run_step(s, token=2)
+    assert r.finish_reason == "stop"
+    r2 = req("b", 3, max_tokens=50, stop_token_ids=[9])
+    s.add_request(r2)
+    run_step(s, token=9)
+    assert r2.finish_reason == "stop"
+    r3 = req("c", 3, max_tokens=50, ignore_eos=True)
+    s.add_request(r3)
+    run_step(s, token=2)
+    assert not r3.is_finished
+
+
+def test_abort_frees_at_once():
+    s = make(num_blocks=8)
+    s.add_request(req("a", 9, max_tokens=50))
+    run_step(s)
+    s.finish_request("a", "abort")
+    assert s.block_pool.num_free_blocks == 8
+    assert not s.has_unfinished_requests()
+    assert s.schedule().finished_request_ids == ["a"]
+
+
+def test_preemption_when_pages_run_out_then_recompute():
+    s = make(num_blocks=4, block_size=4, budget=64)  # 16 token slots in all
+    a, b = req("a", 7, max_tokens=20), req("b", 7, max_tokens=20)
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)  # each holds 2 blocks (8 slots) after prefill
+    run_step(s)  # token 8 fits in the second block
+    out = run_step(s)  # token 9 needs a third block for a: b is preempted
+    assert list(out.num_scheduled_tokens) == ["a"]
+    assert b.num_computed_tokens == 0 and b.block_ids == [] and s.num_preemptions == 1
+    assert "b" in out.finished_request_ids
+    s.finish_request("a", "abort")
+    out = run_step(s)
+    # b is recomputed from its prompt plus the tokens it had produced
+    assert out.num_scheduled_tokens == {"b": 7 + 2}
+
+
+def test_context_limit_and_empty_prompt():
+    s = make(max_len=16)
+    with pytest.raises(NinferError, match="context limit is 16"):
+        s.add_request(req("a", 16))
+    with pytest.raises(NinferError, match="empty"):
+        s.add_request(req("b", 0))
+    r = req("c", 14, max_tokens=50)
+    s.add_request(r)
+    run_step(s)
+    run_step(s)
+    assert r.finish_reason == "length" and r.num_tokens == 16

@@ -1,0 +1,157 @@
+"""Each naive op against an independent formulation (transformers' reference functions or dense math).
+
+The Triton kernels will be tested against these naive twins; here the twins themselves are pinned down.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
+
+import kernels
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (
+        (a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt().clamp_min(1e-12)
+    ).item()
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm(zero_centered, with_residual, dtype):
+    x, res, w = torch.randn(7, 64, dtype=dtype), torch.randn(7, 64, dtype=dtype), torch.randn(64, dtype=dtype)
+    out = kernels.rmsnorm(x, w, 1e-6, res if with_residual else None, zero_centered)
+    h = x + res if with_residual else x
+    if with_residual:
+        out, new_res = out
+        assert torch.equal(new_res, h)
+    norm = ref.Qwen3_5RMSNorm(64) if zero_centered else None
+    if zero_centered:
+        norm.weight.data = w
+        expected = norm(h)
+    else:
+        hf = h.float()
+        expected = w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    assert out.dtype == dtype
+    assert rel_err(out, expected) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_rmsnorm_gated():
+    x, z, w = torch.randn(5, 4, 32), torch.randn(5, 4, 32), torch.randn(32)
+    norm = ref.Qwen3_5RMSNormGated(32)
+    norm.weight.data = w
+    expected = norm(x.reshape(-1, 32), z.reshape(-1, 32)).reshape(5, 4, 32)
+    assert rel_err(kernels.rmsnorm_gated(x, z, w, 1e-6), expected) < 1e-6
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 128), (256, 64)])
+def test_rope_neox_partial(head_dim, rotary_dim):
+    q, k = torch.randn(9, 4, head_dim), torch.randn(9, 2, head_dim)
+    positions = torch.tensor([0, 1, 2, 7, 100, 5000, 3, 3, 65535])
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = positions.float()[:, None] * inv_freq
+    emb = torch.cat([freqs, freqs], -1)
+    eq, ek = ref.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin(), unsqueeze_dim=1)
+    oq, ok = kernels.rope(q, k, positions, inv_freq)
+    assert rel_err(oq, eq) < 1e-6 and rel_err(ok, ek) < 1e-6
+
+
+def test_silu_mul():
+    x = torch.randn(6, 2 * 48)
+    assert torch.allclose(kernels.silu_mul(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (6, 1)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_paged_attention_matches_dense_causal(head_dim, num_heads, num_kv_heads, block_size):
+    torch.manual_seed(0)
+    # two sequences: one prefilling 11 new tokens after a 6-token prefix, one decoding 1 token after 20
+    prefix, new = [6, 20], [11, 1]
+    num_blocks = 32
+    k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    perm = torch.randperm(num_blocks).tolist()  # pages scattered, not contiguous
+    tables, full_k, full_v = [], [], []
+    for b in range(2):
+        total = prefix[b] + new[b]
+        blocks = [perm.pop() for _ in range(-(-total // block_size))]
+        tables.append(blocks + [0] * (8 - len(blocks)))
+        k, v = torch.randn(total, num_kv_heads, head_dim), torch.randn(total, num_kv_heads, head_dim)
+        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(total)])
+        kernels.kv_store(k, v, k_cache, v_cache, slots)
+        full_k.append(k)
+        full_v.append(v)
+    q = torch.randn(sum(new), num_heads, head_dim)
+    cu = torch.tensor([0, new[0], new[0] + new[1]], dtype=torch.int32)
+    seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], dtype=torch.int32)
+    out = kernels.paged_attention(
+        q, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32), seq_lens, cu, head_dim**-0.5
+    )
+    for b in range(2):
+        qb = q[cu[b] : cu[b + 1]].transpose(0, 1)  # [H, Q, D]
+        kb = full_k[b].repeat_interleave(num_heads // num_kv_heads, 1).transpose(0, 1)
+        vb = full_v[b].repeat_interleave(num_heads // num_kv_heads, 1).transpose(0, 1)
+        total, q_len = kb.shape[1], qb.shape[1]
+        mask = torch.arange(total)[None, :] <= torch.arange(total - q_len, total)[:, None]
+        expected = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+        assert rel_err(out[cu[b] : cu[b + 1]], expected.transpose(0, 1)) < 1e-5
+
+
+def test_kv_store_skips_negative_slots():
+    k_cache = torch.zeros(2, 4, 1, 8)
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.ones(3, 1, 8)
+    kernels.kv_store(k, k, k_cache, v_cache, torch.tensor([0, -1, 7]))
+    assert k_cache.view(-1, 8).sum(-1).tolist() == [8, 0, 0, 0, 0, 0, 0, 8]
+
+
+@pytest.mark.parametrize("lens", [[1], [9, 1, 4]])
+def test_causal_conv1d_continues_from_state(lens):
+    channels, kernel = 12, 4
+    weight = torch.randn(channels, kernel)
+    seqs = [torch.randn(n * 2, channels) for n in lens]
+    state = torch.zeros(len(lens), channels, kernel - 1)
+    idx = torch.arange(len(lens), dtype=torch.int32)
+    outs = [[], []]
+    for half in range(2):  # run each sequence in two pieces; the state carries across
+        pieces = [s[half * n : (half + 1) * n] for s, n in zip(seqs, lens)]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        out = kernels.causal_conv1d(torch.cat(pieces), weight, state, cu, idx)
+        for b in range(len(lens)):
+            outs[half].append(out[cu[b] : cu[b + 1]])
+    for b, s in enumerate(seqs):
+        expected = ref.causal_conv1d_fn(s.t()[None], weight, activation="silu")[0].t()
+        assert rel_err(torch.cat([outs[0][b], outs[1][b]]), expected) < 1e-6
+
+
+@pytest.mark.parametrize("num_k_heads,num_v_heads", [(2, 2), (2, 4)])
+def test_gated_delta_rule_matches_chunked_reference(num_k_heads, num_v_heads):
+    torch.manual_seed(0)
+    lens, dk, dv = [37, 5], 16, 8
+    total = sum(lens)
+    q, k = torch.randn(total, num_k_heads, dk), torch.randn(total, num_k_heads, dk)
+    v = torch.randn(total, num_v_heads, dv)
+    g = -torch.rand(total, num_v_heads)
+    beta = torch.rand(total, num_v_heads)
+    init = torch.randn(2, num_v_heads, dk, dv) * 0.1
+    state = init.clone()
+    cu = torch.tensor([0, lens[0], total], dtype=torch.int32)
+    out = kernels.gated_delta_rule(q, k, v, g, beta, state, cu, torch.tensor([1, 0], dtype=torch.int32))
+    for b, slot in enumerate([1, 0]):
+        s, e = cu[b], cu[b + 1]
+        exp_o, exp_state = ref.torch_chunk_gated_delta_rule(
+            q[None, s:e],
+            k[None, s:e],
+            v[None, s:e],
+            g=g[None, s:e],
+            beta=beta[None, s:e],
+            initial_state=init[slot : slot + 1],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        assert rel_err(out[s:e], exp_o[0]) < 1e-5
+        assert rel_err(state[slot], exp_state[0]) < 1e-5
