@@ -128,7 +128,14 @@ class LLM:
             requests = [(list(ids), None) for ids in batch]
         else:
             raise NinferError("generate() needs prompts or prompt_token_ids")
-        ids = [self.add_request(toks, params, prompt=text) for toks, text in requests]
+        ids: list[str] = []
+        try:
+            for toks, text in requests:
+                ids.append(self.add_request(toks, params, prompt=text))
+        except NinferError:
+            for request_id in ids:  # one bad prompt rejects the whole batch; nothing stays queued
+                self.abort_request(request_id)
+            raise
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(ids):
             for out, _ in self.step():

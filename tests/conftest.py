@@ -27,16 +27,17 @@ TINY_COMMON = dict(
 )
 
 
-def tiny_hf_model(arch: str, tied: bool, seed: int = 0):
+def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_5)."""
     import transformers as tf
 
     torch.manual_seed(seed)
+    common = {**TINY_COMMON, **overrides}
     if arch == "llama":
-        cfg = tf.LlamaConfig(num_hidden_layers=2, rope_theta=10000.0, tie_word_embeddings=tied, **TINY_COMMON)
+        cfg = tf.LlamaConfig(num_hidden_layers=2, rope_theta=10000.0, tie_word_embeddings=tied, **common)
         model = tf.LlamaForCausalLM(cfg)
     elif arch == "qwen3":
-        cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **TINY_COMMON)
+        cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **common)
         model = tf.Qwen3ForCausalLM(cfg)
     elif arch == "qwen3_5":
         cfg = tf.Qwen3_5TextConfig(
@@ -49,7 +50,7 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0):
             linear_conv_kernel_dim=4,
             tie_word_embeddings=tied,
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-            **TINY_COMMON,
+            **common,
         )
         model = tf.Qwen3_5ForCausalLM(cfg)
     else:
@@ -74,3 +75,13 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
 def seed():
     torch.manual_seed(0)
     return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA; without it they are skipped, saying why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -77,6 +77,12 @@ def test_out_of_vocab_prompt(llm):
         llm.generate(prompt_token_ids=[1, 99999], sampling_params=SamplingParams())
 
 
+def test_a_bad_prompt_in_a_batch_leaves_nothing_queued(llm):
+    with pytest.raises(NinferError, match="empty"):
+        llm.generate(prompt_token_ids=[[5, 6, 7], []], sampling_params=SamplingParams())
+    assert not llm.has_unfinished_requests()
+
+
 def test_text_generation_needs_a_tokenizer(llm):
     with pytest.raises(NinferError, match="no tokenizer"):
         llm.generate("hello")
