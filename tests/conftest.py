@@ -85,3 +85,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer():
+    """ninfer's tokenizer of the embedded default model (built from the GGUF metadata)."""
+    from engine.models.loader import default_model_path, open_source
+
+    return open_source(default_model_path()).tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_default_tokenizer():
+    """transformers' tokenizer of the same GGUF file: the reference."""
+    from transformers import AutoTokenizer
+
+    from engine.models.loader import default_model_path
+
+    path = default_model_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

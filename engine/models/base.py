@@ -11,11 +11,28 @@ from engine.formats.source import WeightIterator
 from engine.layers.linear import Embedding, Linear
 
 
+class DecoderModel(nn.Module):
+    """embed -> decoder layers (each returns (hidden, residual)) -> final norm. Subclasses build the parts."""
+
+    embed_tokens: Embedding
+    layers: nn.ModuleList
+    norm: nn.Module
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
 class CausalLM(nn.Module):
     # checkpoint sub-name -> (fused parameter sub-name, shard id)
     packed_modules_mapping: dict[str, tuple[str, str]] = {}
     # checkpoint sub-name -> parameter sub-name, for tensors stored under another name
     renamed_params: dict[str, str] = {}
+
+    model: DecoderModel
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -32,6 +49,10 @@ class CausalLM(nn.Module):
     def checkpoint_name(self, name: str) -> str | None:
         """Map a checkpoint tensor name to this model's naming; None skips the tensor."""
         return name
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: [T] -> hidden: [T, hidden]
+        return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [B, hidden] -> [B, vocab] fp32

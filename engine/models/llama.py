@@ -11,7 +11,7 @@ from engine.layers.attention import Attention
 from engine.layers.linear import Embedding, Linear, MergedLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM
+from engine.models.base import CausalLM, DecoderModel
 
 
 class GatedMLP(nn.Module):
@@ -72,7 +72,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(DecoderModel):
     def __init__(self, config: ModelConfig, qk_norm: bool):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
@@ -80,13 +80,6 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, qk_norm) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
 
 class LlamaForCausalLM(CausalLM):
@@ -103,9 +96,6 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(config)
         self.model = LlamaModel(config, self.qk_norm)
         self.make_lm_head(self.model.embed_tokens)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -11,8 +11,8 @@ from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import Embedding, Linear, MergedLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM
-from engine.models.llama import GatedMLP
+from engine.models.base import CausalLM, DecoderModel
+from engine.models.llama import GatedMLP, LlamaForCausalLM
 
 
 class Qwen3_5Attention(nn.Module):
@@ -72,28 +72,17 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class Qwen3_5Model(nn.Module):
+class Qwen3_5Model(DecoderModel):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t) for t in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
 
 class Qwen3_5ForCausalLM(CausalLM):
     packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", "gate"),
-        "up_proj": ("gate_up_proj", "up"),
+        **LlamaForCausalLM.packed_modules_mapping,
         "in_proj_qkv": ("in_proj", "qkv"),
         "in_proj_z": ("in_proj", "z"),
         "in_proj_b": ("in_proj", "b"),
@@ -113,6 +102,3 @@ class Qwen3_5ForCausalLM(CausalLM):
         if name.startswith("model.language_model."):
             return "model." + name[len("model.language_model.") :]
         return name
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)

@@ -7,7 +7,6 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.chat_template import render_chat_template
 from engine.errors import NinferError
-from engine.models.loader import default_model_path, open_source
 
 # A Qwen3-style template (tools in the system turn, <tool_call> JSON, <tool_response>, think blocks,
 # enable_thinking), written for this test.
@@ -79,30 +78,21 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ours():
-    return open_source(default_model_path()).tokenizer
-
-
-@pytest.fixture(scope="module")
-def hf_tok():
-    from transformers import AutoTokenizer
-
-    path = default_model_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-
-
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("gen_prompt", [True, False])
-def test_smollm2_template_matches_transformers(ours, hf_tok, conv, gen_prompt):
+def test_smollm2_template_matches_transformers(default_tokenizer, hf_default_tokenizer, conv, gen_prompt):
     messages = [m for m in CONVERSATIONS[conv] if m["role"] in ("user", "system", "assistant")]
-    expected = hf_tok.apply_chat_template(messages, add_generation_prompt=gen_prompt, tokenize=False)
-    assert ours.apply_chat_template(messages, add_generation_prompt=gen_prompt) == expected
+    expected = hf_default_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=gen_prompt, tokenize=False
+    )
+    assert default_tokenizer.apply_chat_template(messages, add_generation_prompt=gen_prompt) == expected
 
 
 @pytest.fixture(scope="module")
-def qwen_style_hf(ours):
-    return PreTrainedTokenizerFast(tokenizer_object=ours.backend, eos_token="<|im_end|>", bos_token=None)
+def qwen_style_hf(default_tokenizer):
+    return PreTrainedTokenizerFast(
+        tokenizer_object=default_tokenizer.backend, eos_token="<|im_end|>", bos_token=None
+    )
 
 
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
