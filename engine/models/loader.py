@@ -12,6 +12,7 @@ from engine.errors import NinferError
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
+from engine.layers.linear import store_weights_column_major
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 
@@ -57,4 +58,6 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     finally:
         torch.set_default_dtype(prev_dtype)
     model.load_weights(source.weights())
+    if engine_config.device == "cpu":
+        store_weights_column_major(model)
     return model.eval()
