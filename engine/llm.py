@@ -83,7 +83,8 @@ class LLM:
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
 
-    def abort_request(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> None:
+        """Stop a request now: its KV pages and state slot are freed at once."""
         self.scheduler.finish_request(request_id, "abort")
         self._streams.pop(request_id, None)
 
@@ -134,7 +135,7 @@ class LLM:
                 ids.append(self.add_request(toks, params, prompt=text))
         except NinferError:
             for request_id in ids:  # one bad prompt rejects the whole batch; nothing stays queued
-                self.abort_request(request_id)
+                self.abort(request_id)
             raise
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(ids):
@@ -174,7 +175,7 @@ class LLM:
                         return
         finally:
             if request_id in self._streams:  # the caller stopped early (Ctrl-C): free the slot and KV
-                self.abort_request(request_id)
+                self.abort(request_id)
 
     def _tokenizer_or_raise(self):
         if self.tokenizer is None:

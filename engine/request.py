@@ -16,6 +16,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens less likely than min_p x the top token's probability
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output (logit / p or * p)
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str | None = None
     stop_token_ids: tuple[int, ...] | list[int] | None = None
@@ -32,6 +36,14 @@ class SamplingParams:
             raise NinferError(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
             raise NinferError(f"top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        if not 0 <= self.min_p <= 1:
+            raise NinferError(f"min_p must be in [0, 1] (got {self.min_p})")
+        if self.repetition_penalty <= 0:
+            raise NinferError(
+                f"repetition_penalty must be > 0, 1 meaning off (got {self.repetition_penalty})"
+            )
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            raise NinferError("presence_penalty and frequency_penalty must be between -2 and 2")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
         stop = self.stop
@@ -43,6 +55,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class RequestStatus(enum.Enum):

@@ -15,6 +15,8 @@ class ScheduledRequest(NamedTuple):
     state_slot: int  # recurrent-state slot, -1 when the model has none
     sample: bool  # True when this step reaches the end of the known tokens, so a new token is sampled
     sampling_params: SamplingParams
+    # (prompt ids, output ids) when the request's penalties need its history; None otherwise
+    history: tuple[list[int], list[int]] | None = None
 
 
 class SchedulerOutput(NamedTuple):

@@ -103,6 +103,9 @@ class Scheduler:
             state_slot=req.state_slot,
             sample=start + n == req.num_tokens,
             sampling_params=req.sampling_params,
+            history=(req.prompt_token_ids, req.output_token_ids)
+            if req.sampling_params.has_penalties
+            else None,
         )
 
     def _grow(self, req: Request, num_tokens: int) -> bool:

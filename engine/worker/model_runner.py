@@ -98,5 +98,7 @@ class ModelRunner:
         last_token = tensor([cu_seqlens[i + 1] - 1 for i, _ in sampling], torch.int64)
         logits = self.model.compute_logits(hidden[last_token])  # [B, V]
         request_ids = [r.request_id for _, r in sampling]
-        sampled = self.sampler(logits, request_ids, [r.sampling_params for _, r in sampling])
+        sampled = self.sampler(
+            logits, request_ids, [r.sampling_params for _, r in sampling], [r.history for _, r in sampling]
+        )
         return RunnerOutput(dict(zip(request_ids, sampled)))

@@ -9,7 +9,7 @@ import torch
 from conftest import save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
-from engine.sample.sampler import Sampler
+from engine.sample.sampler import Sampler, apply_penalties
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,38 @@ def test_a_bad_prompt_in_a_batch_leaves_nothing_queued(llm):
 def test_text_generation_needs_a_tokenizer(llm):
     with pytest.raises(NinferError, match="no tokenizer"):
         llm.generate("hello")
+
+
+def test_min_p_one_is_greedy(llm):
+    greedy = gen(llm, max_tokens=12, temperature=0.0).token_ids
+    assert gen(llm, max_tokens=12, temperature=2.0, min_p=1.0, seed=4).token_ids == greedy
+
+
+def test_strong_repetition_penalty_never_repeats(llm):
+    out = gen(llm, max_tokens=24, temperature=0.0, repetition_penalty=1e4)
+    assert len(set(out.token_ids)) == 24
+    assert not set(out.token_ids) & set(PROMPT)
+
+
+def test_penalty_arithmetic():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    params = SamplingParams(repetition_penalty=2.0)
+    out = apply_penalties(logits.clone(), params, prompt_ids=[0], output_ids=[1])
+    assert out.tolist() == [1.0, -2.0, 0.5, 3.0]
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(logits.clone(), params, prompt_ids=[3], output_ids=[2, 2, 0])
+    assert out.tolist() == [2.0 - 0.75, -1.0, 0.5 - 1.0, 3.0]
+
+
+def test_penalised_requests_batched_with_plain_ones_keep_their_outputs(llm):
+    plain = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    penal = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, frequency_penalty=1.5)
+    alone = [llm.generate(prompt_token_ids=PROMPT, sampling_params=p)[0].token_ids for p in (plain, penal)]
+    a = llm.add_request(PROMPT, plain)
+    b = llm.add_request(PROMPT, penal)
+    done = {}
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert [done[a], done[b]] == alone
