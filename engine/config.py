@@ -152,10 +152,19 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
     kv_capacity_tokens: int | None = None  # None: max_model_len * max_num_seqs
+    kv_dtype: str = "auto"  # auto = the model dtype; see engine/cache/kv_layout.py
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
+        from engine.cache.kv_layout import resolve_kv_dtype
+
+        kv = (
+            {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+            if self.kv_dtype == "auto"
+            else self.kv_dtype
+        )
+        object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise NinferError("block size, max sequences and max batched tokens must all be positive")
 

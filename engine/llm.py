@@ -31,6 +31,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         block_size: int = 16,
         kv_capacity_tokens: int | None = None,
+        kv_dtype: str = "auto",
     ):
         self.engine_config = EngineConfig(
             model=str(model) if model is not None else "",
@@ -41,6 +42,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             kv_capacity_tokens=kv_capacity_tokens,
+            kv_dtype=kv_dtype,
         )
         source = open_source(model)
         self.model_config, self.tokenizer = source.config, source.tokenizer

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import kernels
+from engine.cache.kv_layout import KVCache
 from engine.worker.forward_context import get_forward_context
 
 
@@ -20,15 +21,14 @@ class Attention(nn.Module):
             head_dim,
             scale,
         )
-        # bound by the model runner once the cache is allocated: [num_blocks, block_size, Hk, D] each
-        self.k_cache: torch.Tensor | None = None
-        self.v_cache: torch.Tensor | None = None
+        # bound by the model runner once the cache is allocated
+        self.kv_cache: KVCache | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, Hq, D], k/v: [T, Hk, D] -> [T, Hq, D]
         ctx = get_forward_context()
-        assert self.k_cache is not None, "KV cache not bound: the model runner allocates it before a forward"
-        kernels.kv_store(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        assert self.kv_cache is not None, "KV cache not bound: the model runner allocates it before a forward"
+        kernels.kv_store(k, v, self.kv_cache, ctx.slot_mapping)
         return kernels.paged_attention(
-            q, self.k_cache, self.v_cache, ctx.block_table, ctx.seq_lens, ctx.cu_seqlens_q, self.scale
+            q, self.kv_cache, ctx.block_table, ctx.seq_lens, ctx.cu_seqlens_q, self.scale
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.cache.kv_layout import KVCache
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
@@ -29,10 +30,14 @@ class ModelRunner:
         dtype = engine_config.torch_dtype
         for module in model.modules():
             if isinstance(module, Attention):
-                shape = (num_blocks, self.block_size, module.num_kv_heads, module.head_dim)
-                # NOTE: empty, not zeros: pages are written (kv_store) before they are read
-                module.k_cache = torch.empty(shape, dtype=dtype, device=self.device)
-                module.v_cache = torch.empty(shape, dtype=dtype, device=self.device)
+                module.kv_cache = KVCache.allocate(
+                    engine_config.kv_dtype,
+                    num_blocks,
+                    self.block_size,
+                    module.num_kv_heads,
+                    module.head_dim,
+                    self.device,
+                )
             elif isinstance(module, GatedDeltaNet):
                 kernel = model_config.linear_conv_kernel_dim
                 module.conv_state = torch.zeros(
@@ -47,6 +52,10 @@ class ModelRunner:
                     device=self.device,
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(m.kv_cache.num_bytes for m in self.model.modules() if isinstance(m, Attention))
 
     def _reset_state(self, slot: int) -> None:
         for layer in self._state_layers:

@@ -1,10 +1,11 @@
 import torch
 
+from kernels.kv_quant.naive import read_kv
+
 
 def paged_attention(
     q: torch.Tensor,  # [T, Hq, D]; the query tokens of all sequences, packed
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hk, D]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, Hk, D]
+    cache,  # engine.cache.kv_layout.KVCache in any KV dtype; dequantized on read
     block_table: torch.Tensor,  # [B, max_blocks] int32
     seq_lens: torch.Tensor,  # [B] int32; context length of each sequence after this step
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32; query tokens of sequence b are q[cu[b]:cu[b+1]]
@@ -16,7 +17,7 @@ def paged_attention(
     chunked prefill, decode and speculative verification. GQA: Hq is a multiple of Hk.
     """
     num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_size, num_kv_heads = cache.k_data.shape[1], cache.k_data.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
@@ -28,8 +29,7 @@ def paged_attention(
             continue
         num_blocks = (seq_len + block_size - 1) // block_size
         blocks = block_table[b, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()  # [S, Hk, D]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k, v = read_kv(cache, blocks, seq_len)  # [S, Hk, D] fp32 each
         qb = q[start:end].float().view(q_len, num_kv_heads, group, head_dim)  # [Q, Hk, G, D]
         scores = torch.einsum("qhgd,shd->hgqs", qb, k) * scale  # [Hk, G, Q, S]
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]

@@ -10,6 +10,8 @@ import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
 
 import kernels
+from engine.cache.kv_layout import KVCache
+from kernels.kv_quant.naive import V4_GROUP, dequantize_int4_grouped, quantize_int4_grouped, quantize_int8
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -64,16 +66,27 @@ def test_silu_mul():
     assert torch.allclose(kernels.silu_mul(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:])
 
 
+# RMS-relative error bound of the attention output per KV dtype (fp32 reference, random unit-scale data)
+KV_TOL = {
+    "fp32": 1e-5,
+    "bf16": 1e-2,
+    "fp16": 2e-3,
+    "fp8": 8e-2,
+    "int8": 2e-2,
+    "k8v4": 0.15,
+}  # int4 V: ~9% RMS per 32-group
+
+
+@pytest.mark.parametrize("kv_dtype", list(KV_TOL))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (6, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_paged_attention_matches_dense_causal(head_dim, num_heads, num_kv_heads, block_size):
+def test_paged_attention_matches_dense_causal(kv_dtype, head_dim, num_heads, num_kv_heads, block_size):
     torch.manual_seed(0)
     # two sequences: one prefilling 11 new tokens after a 6-token prefix, one decoding 1 token after 20
     prefix, new = [6, 20], [11, 1]
     num_blocks = 32
-    k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache = torch.zeros_like(k_cache)
+    cache = KVCache.allocate(kv_dtype, num_blocks, block_size, num_kv_heads, head_dim, "cpu")
     perm = torch.randperm(num_blocks).tolist()  # pages scattered, not contiguous
     tables, full_k, full_v = [], [], []
     for b in range(2):
@@ -82,14 +95,14 @@ def test_paged_attention_matches_dense_causal(head_dim, num_heads, num_kv_heads,
         tables.append(blocks + [0] * (8 - len(blocks)))
         k, v = torch.randn(total, num_kv_heads, head_dim), torch.randn(total, num_kv_heads, head_dim)
         slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(total)])
-        kernels.kv_store(k, v, k_cache, v_cache, slots)
+        kernels.kv_store(k, v, cache, slots)
         full_k.append(k)
         full_v.append(v)
     q = torch.randn(sum(new), num_heads, head_dim)
     cu = torch.tensor([0, new[0], new[0] + new[1]], dtype=torch.int32)
     seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], dtype=torch.int32)
     out = kernels.paged_attention(
-        q, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32), seq_lens, cu, head_dim**-0.5
+        q, cache, torch.tensor(tables, dtype=torch.int32), seq_lens, cu, head_dim**-0.5
     )
     for b in range(2):
         qb = q[cu[b] : cu[b + 1]].transpose(0, 1)  # [H, Q, D]
@@ -98,15 +111,28 @@ def test_paged_attention_matches_dense_causal(head_dim, num_heads, num_kv_heads,
         total, q_len = kb.shape[1], qb.shape[1]
         mask = torch.arange(total)[None, :] <= torch.arange(total - q_len, total)[:, None]
         expected = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
-        assert rel_err(out[cu[b] : cu[b + 1]], expected.transpose(0, 1)) < 1e-5
+        assert rel_err(out[cu[b] : cu[b + 1]], expected.transpose(0, 1)) < KV_TOL[kv_dtype]
 
 
 def test_kv_store_skips_negative_slots():
-    k_cache = torch.zeros(2, 4, 1, 8)
-    v_cache = torch.zeros_like(k_cache)
+    cache = KVCache(kv_dtype="fp32", k_data=torch.zeros(2, 4, 1, 8), v_data=torch.zeros(2, 4, 1, 8))
     k = torch.ones(3, 1, 8)
-    kernels.kv_store(k, k, k_cache, v_cache, torch.tensor([0, -1, 7]))
-    assert k_cache.view(-1, 8).sum(-1).tolist() == [8, 0, 0, 0, 0, 0, 0, 8]
+    kernels.kv_store(k, k, cache, torch.tensor([0, -1, 7]))
+    assert cache.k_data.view(-1, 8).sum(-1).tolist() == [8, 0, 0, 0, 0, 0, 0, 8]
+
+
+def test_int8_and_int4_round_trip():
+    x = torch.randn(5, 3, 64) * 4
+    q, scale = quantize_int8(x)
+    assert q.dtype == torch.int8 and scale.shape == (5, 3, 1)
+    assert ((q.float() * scale.float() - x).abs() <= scale.float() * 0.5 + 1e-3).all()
+    packed, scale4 = quantize_int4_grouped(x)
+    assert (
+        packed.shape == (5, 3, 32) and packed.dtype == torch.uint8 and scale4.shape == (5, 3, 64 // V4_GROUP)
+    )
+    back = dequantize_int4_grouped(packed, scale4)
+    bound = scale4.float().repeat_interleave(V4_GROUP, -1) * 0.5 + 1e-3
+    assert ((back - x).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("lens", [[1], [9, 1, 4]])

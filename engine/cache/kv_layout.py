@@ -1,0 +1,106 @@
+"""KV cache dtypes: storage layout, exact bytes per token, quantize on store, dequantize on read.
+
+Per layer, the cache of each of K and V is a data tensor [num_blocks, block_size, Hk, D'] plus, for
+quantized dtypes, a scale tensor [num_blocks, block_size, Hk, S] in fp16:
+
+| dtype | K data | K scale | V data | V scale |
+| --- | --- | --- | --- | --- |
+| fp32 / bf16 / fp16 | D of that dtype | - | D of that dtype | - |
+| fp8 (e4m3) | D x 1 byte | - | D x 1 byte | - |
+| int8 | D x int8 | 1 per token-head | D x int8 | 1 per token-head |
+| k8v4 | D x int8 | 1 per token-head | D/2 bytes (two int4 per byte) | D / V4_GROUP per token-head |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import NinferError
+from kernels.kv_quant.naive import SCALE_DTYPE, V4_GROUP
+
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "k8v4")
+ALIASES = {"rk8v4": "k8v4", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8"}
+_PLAIN = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+def resolve_kv_dtype(name: str, device: torch.device | str = "cpu") -> str:
+    """Canonical KV dtype name; refuses unknown names and fp8 on CUDA devices below SM 8.9."""
+    kv = ALIASES.get(name, name)
+    if kv not in KV_DTYPES:
+        raise NinferError(f"unknown KV dtype '{name}'; use one of {', '.join(KV_DTYPES)} (rk8v4 = k8v4)")
+    device = torch.device(device)
+    if kv == "fp8" and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise NinferError(
+                f"fp8 KV needs compute capability 8.9 or newer; this GPU is {major}.{minor}; use --kv-dtype k8v4 or int8"
+            )
+    return kv
+
+
+def bytes_per_token_per_layer(kv_dtype: str, num_kv_heads: int, head_dim: int) -> int:
+    """Exact bytes one token occupies in one attention layer's K and V caches (data + scales)."""
+    kv = ALIASES.get(kv_dtype, kv_dtype)
+    h, d = num_kv_heads, head_dim
+    scale = torch.tensor([], dtype=SCALE_DTYPE).element_size()
+    if kv in _PLAIN:
+        return 2 * h * d * torch.tensor([], dtype=_PLAIN[kv]).element_size()
+    if kv == "int8":
+        return 2 * (h * d + h * scale)
+    if kv == "k8v4":
+        return (h * d + h * scale) + (h * d // 2 + h * (d // V4_GROUP) * scale)
+    raise NinferError(f"unknown KV dtype '{kv_dtype}'")
+
+
+@dataclass
+class KVCache:
+    """One attention layer's paged K/V storage in a given KV dtype."""
+
+    kv_dtype: str
+    k_data: torch.Tensor  # [num_blocks, block_size, Hk, D]
+    v_data: torch.Tensor  # [num_blocks, block_size, Hk, D] (k8v4: D / 2 uint8)
+    k_scale: torch.Tensor | None = None  # [num_blocks, block_size, Hk, 1]
+    v_scale: torch.Tensor | None = None  # [num_blocks, block_size, Hk, 1] (k8v4: D / V4_GROUP)
+
+    @staticmethod
+    def allocate(kv_dtype: str, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, device):
+        kv = ALIASES.get(kv_dtype, kv_dtype)
+        if kv == "k8v4" and head_dim % V4_GROUP:
+            raise NinferError(
+                f"k8v4 KV needs a head_dim divisible by {V4_GROUP} (this model: {head_dim}); use int8"
+            )
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        scale_shape = (num_blocks, block_size, num_kv_heads, 1)
+        # NOTE: empty, not zeros: pages are written (kv_store) before they are read
+        if kv in _PLAIN:
+            return KVCache(
+                kv,
+                torch.empty(shape, dtype=_PLAIN[kv], device=device),
+                torch.empty(shape, dtype=_PLAIN[kv], device=device),
+            )
+        k = torch.empty(shape, dtype=torch.int8, device=device)
+        k_scale = torch.empty(scale_shape, dtype=SCALE_DTYPE, device=device)
+        if kv == "int8":
+            return KVCache(kv, k, torch.empty_like(k), k_scale, torch.empty_like(k_scale))
+        v = torch.empty((*shape[:3], head_dim // 2), dtype=torch.uint8, device=device)
+        v_scale = torch.empty((*shape[:3], head_dim // V4_GROUP), dtype=SCALE_DTYPE, device=device)
+        return KVCache(kv, k, v, k_scale, v_scale)
+
+    @property
+    def num_bytes(self) -> int:
+        tensors = [self.k_data, self.v_data, self.k_scale, self.v_scale]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    @property
+    def block_size(self) -> int:
+        return self.k_data.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_data.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_data.shape[3]

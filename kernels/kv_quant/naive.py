@@ -1,0 +1,53 @@
+"""KV quantization shared by kv_store (quantize on write) and paged_attention (dequantize on read)."""
+
+from __future__ import annotations
+
+import torch
+
+V4_GROUP = 32  # head_dim elements sharing one V int4 scale
+SCALE_DTYPE = torch.float16
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per [..., D] row: x ~ q * scale. Returns q [..., D] int8, scale [..., 1] fp16."""
+    scale = (x.float().abs().amax(-1, keepdim=True) / 127.0).clamp_min(1e-8).to(SCALE_DTYPE)
+    q = (x.float() / scale.float()).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4_grouped(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int4 in groups of V4_GROUP along D, two values per byte (low nibble first).
+
+    Returns packed [..., D/2] uint8 and scale [..., D/V4_GROUP] fp16.
+    """
+    groups = x.float().unflatten(-1, (-1, V4_GROUP))  # [..., G, V4_GROUP]
+    scale = (groups.abs().amax(-1, keepdim=True) / 7.0).clamp_min(1e-8).to(SCALE_DTYPE)
+    q = (groups / scale.float()).round().clamp(-7, 7).to(torch.int8).flatten(-2) + 8  # [..., D] in 1..15
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).to(torch.uint8)
+    return packed, scale.squeeze(-1)
+
+
+def dequantize_int4_grouped(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    low = (packed & 0xF).to(torch.int8) - 8
+    high = (packed >> 4).to(torch.int8) - 8
+    q = torch.stack([low, high], dim=-1).flatten(-2).float()  # [..., D]
+    return (q.unflatten(-1, (-1, V4_GROUP)) * scale.float().unsqueeze(-1)).flatten(-2)
+
+
+def read_kv(cache, blocks: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seq_len tokens of a sequence's pages, dequantized: k, v [S, Hk, D] fp32."""
+    num_kv_heads = cache.k_data.shape[2]
+
+    def flat(t):
+        return t[blocks].reshape(-1, num_kv_heads, t.shape[-1])[:seq_len]
+
+    k, v = flat(cache.k_data).float(), None
+    if cache.k_scale is not None:
+        k = k * flat(cache.k_scale).float()
+    if cache.kv_dtype == "k8v4":
+        v = dequantize_int4_grouped(flat(cache.v_data), flat(cache.v_scale))
+    else:
+        v = flat(cache.v_data).float()
+        if cache.v_scale is not None:
+            v = v * flat(cache.v_scale).float()
+    return k, v
