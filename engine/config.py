@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.cache.kv_layout import resolve_kv_dtype
 from engine.errors import NinferError
 
 SUPPORTED_ARCHITECTURES = (
@@ -157,13 +158,9 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
-        from engine.cache.kv_layout import resolve_kv_dtype
-
         kv = (
-            {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-            if self.kv_dtype == "auto"
-            else self.kv_dtype
-        )
+            self.dtype if self.kv_dtype == "auto" else self.kv_dtype
+        )  # auto: the model dtype (an alias there)
         object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise NinferError("block size, max sequences and max batched tokens must all be positive")
