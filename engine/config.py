@@ -158,9 +158,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
-        kv = (
-            self.dtype if self.kv_dtype == "auto" else self.kv_dtype
-        )  # auto: the model dtype (an alias there)
+        # auto: the model dtype, which kv_layout accepts as an alias (float32 -> fp32, ...)
+        kv = self.dtype if self.kv_dtype == "auto" else self.kv_dtype
         object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise NinferError("block size, max sequences and max batched tokens must all be positive")

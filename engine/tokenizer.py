@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,6 @@ class Tokenizer:
     unk_token: str | None = None
     add_bos_token: bool = False
     extra_eos_token_ids: tuple[int, ...] = ()
-    _special_ids: set[int] = field(default_factory=set)
-
-    def __post_init__(self):
-        self._special_ids = {t.id for t in [*self._added_tokens()] if t.special}
-
-    def _added_tokens(self):
-        return [
-            _AddedToken(i, t.content, t.special) for i, t in self.backend.get_added_tokens_decoder().items()
-        ]
 
     @property
     def vocab_size(self) -> int:
@@ -123,13 +114,6 @@ class Tokenizer:
             add_bos_token=bool(cfg.get("add_bos_token", False)),
             extra_eos_token_ids=extra_eos,
         )
-
-
-@dataclass(frozen=True)
-class _AddedToken:
-    id: int
-    content: str
-    special: bool
 
 
 class IncrementalDetokenizer:

@@ -41,17 +41,11 @@ def resolve_kv_dtype(name: str, device: torch.device | str = "cpu") -> str:
 
 
 def bytes_per_token_per_layer(kv_dtype: str, num_kv_heads: int, head_dim: int) -> int:
-    """Exact bytes one token occupies in one attention layer's K and V caches (data + scales)."""
-    kv = ALIASES.get(kv_dtype, kv_dtype)
-    h, d = num_kv_heads, head_dim
-    scale = torch.tensor([], dtype=SCALE_DTYPE).element_size()
-    if kv in _PLAIN:
-        return 2 * h * d * torch.tensor([], dtype=_PLAIN[kv]).element_size()
-    if kv == "int8":
-        return 2 * (h * d + h * scale)
-    if kv == "k8v4":
-        return (h * d + h * scale) + (h * d // 2 + h * (d // V4_GROUP) * scale)
-    raise NinferError(f"unknown KV dtype '{kv_dtype}'")
+    """Exact bytes one token occupies in one attention layer's K and V caches (data + scales).
+
+    NOTE: measured on a one-token cache on the meta device, so the layout has one source: KVCache.allocate.
+    """
+    return KVCache.allocate(kv_dtype, 1, 1, num_kv_heads, head_dim, "meta").num_bytes
 
 
 @dataclass
@@ -67,6 +61,10 @@ class KVCache:
     @staticmethod
     def allocate(kv_dtype: str, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, device):
         kv = ALIASES.get(kv_dtype, kv_dtype)
+        if kv not in KV_DTYPES:
+            raise NinferError(
+                f"unknown KV dtype '{kv_dtype}'; use one of {', '.join(KV_DTYPES)} (rk8v4 = k8v4)"
+            )
         if kv == "k8v4" and head_dim % V4_GROUP:
             raise NinferError(
                 f"k8v4 KV needs a head_dim divisible by {V4_GROUP} (this model: {head_dim}); use int8"
@@ -92,15 +90,3 @@ class KVCache:
     def num_bytes(self) -> int:
         tensors = [self.k_data, self.v_data, self.k_scale, self.v_scale]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-    @property
-    def block_size(self) -> int:
-        return self.k_data.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k_data.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.k_data.shape[3]

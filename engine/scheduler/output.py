@@ -27,10 +27,6 @@ class SchedulerOutput(NamedTuple):
     def num_scheduled_tokens(self) -> dict[str, int]:
         return {r.request_id: len(r.token_ids) for r in self.scheduled}
 
-    @property
-    def total_num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.scheduled)
-
 
 class SampledToken(NamedTuple):
     token_id: int

@@ -41,7 +41,7 @@ def read_kv(cache, blocks: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, to
     def flat(t):
         return t[blocks].reshape(-1, num_kv_heads, t.shape[-1])[:seq_len]
 
-    k, v = flat(cache.k_data).float(), None
+    k = flat(cache.k_data).float()
     if cache.k_scale is not None:
         k = k * flat(cache.k_scale).float()
     if cache.kv_dtype == "k8v4":
