@@ -47,7 +47,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(device="cpu", dtype="float32", max_num_seqs=1)
+    llm = LLM(device="cpu", dtype="float32", max_concurrency=1)
     ids = llm.tokenizer.encode_chat(MESSAGES)
 
     def ours(n: int) -> None:

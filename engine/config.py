@@ -142,18 +142,35 @@ def _arch_from_model_type(model_type: str) -> str:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler needs, resolved against the model (see EngineConfig for the meaning)."""
+
+    max_concurrency: int = 4
+    prefill_chunk: int = 2048
+    max_context: int = 4096
+    max_pending: int | None = None
+    pending_timeout_ms: float | None = None
+    state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
+
+
+@dataclass(frozen=True)
 class EngineConfig:
-    """How the engine runs a model: device, dtype, cache and batch limits."""
+    """How the engine runs a model. Field names are the `ninfer serve` flags (--max-context, ...)."""
 
     model: str
     device: str = "cpu"
     dtype: str = "float32"
-    block_size: int = 16
-    max_num_seqs: int = 4
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
-    kv_capacity_tokens: int | None = None  # None: max_model_len * max_num_seqs
     kv_dtype: str = "auto"  # auto = the model dtype; see engine/cache/kv_layout.py
+    kv_capacity: int | None = None  # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts
+    max_context: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
+    max_concurrency: int = 8  # requests running at once
+    max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
+    pending_timeout_ms: float | None = None  # a request waiting longer than this expires
+    prefill_chunk: int = 2048  # tokens per engine step, shared by decode and prompt chunks
+    enable_prefix_caching: bool = True
+    state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
+    state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
+    block_size: int = 16
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -161,19 +178,51 @@ class EngineConfig:
         # auto: the model dtype, which kv_layout accepts as an alias (float32 -> fp32, ...)
         kv = self.dtype if self.kv_dtype == "auto" else self.kv_dtype
         object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))
-        if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
-            raise NinferError("block size, max sequences and max batched tokens must all be positive")
+        for name in ("block_size", "max_concurrency", "prefill_chunk", "kv_capacity", "max_context"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise NinferError(f"{name} must be positive (got {value})")
+        if self.prefill_chunk < self.max_concurrency:
+            raise NinferError(
+                f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "
+                "every running request needs one token of each step's budget"
+            )
+        for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise NinferError(f"{name} must be >= 0 (got {value})")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    def resolved_max_model_len(self, model_config: ModelConfig) -> int:
+    def resolved_max_context(self, model_config: ModelConfig) -> int:
         limit = model_config.max_position_embeddings
-        if self.max_model_len is None:
+        if self.max_context is None:
             return min(limit, 32768) if self.device == "cpu" else limit
-        return self.max_model_len
+        return self.max_context
+
+    def resolved_kv_capacity(self, model_config: ModelConfig) -> int:
+        """KV pool size in tokens, a whole number of blocks."""
+        tokens = self.kv_capacity or self.resolved_max_context(model_config) * min(self.max_concurrency, 2)
+        return math.ceil(tokens / self.block_size) * self.block_size
 
     def num_kv_blocks(self, model_config: ModelConfig) -> int:
-        tokens = self.kv_capacity_tokens or self.resolved_max_model_len(model_config) * self.max_num_seqs
-        return math.ceil(tokens / self.block_size)
+        return self.resolved_kv_capacity(model_config) // self.block_size
+
+    @property
+    def num_state_snapshots(self) -> int:
+        if not self.enable_prefix_caching:
+            return 0
+        return 2 * self.max_concurrency if self.state_snapshots is None else self.state_snapshots
+
+    def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+        interval = self.state_snapshot_interval // self.block_size * self.block_size
+        return SchedulerConfig(
+            max_concurrency=self.max_concurrency,
+            prefill_chunk=self.prefill_chunk,
+            max_context=self.resolved_max_context(model_config),
+            max_pending=self.max_pending,
+            pending_timeout_ms=self.pending_timeout_ms,
+            state_snapshot_interval=interval if self.enable_prefix_caching else 0,
+        )

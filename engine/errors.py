@@ -3,3 +3,7 @@ class NinferError(Exception):
 
     The CLI prints it on one line and exits with code 2; the server maps it to a 4xx.
     """
+
+
+class EngineOverloaded(NinferError):
+    """The admission queue is full (the server answers 429 / Anthropic 529 overloaded_error)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,44 +22,31 @@ from engine.worker.model_runner import ModelRunner
 class LLM:
     """Load a model (an HF checkpoint directory or a GGUF file; None = the embedded default) and generate."""
 
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        device: str = "cpu",
-        dtype: str = "float32",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 4,
-        max_num_batched_tokens: int = 2048,
-        block_size: int = 16,
-        kv_capacity_tokens: int | None = None,
-        kv_dtype: str = "auto",
-    ):
-        self.engine_config = EngineConfig(
-            model=str(model) if model is not None else "",
-            device=device,
-            dtype=dtype,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            kv_capacity_tokens=kv_capacity_tokens,
-            kv_dtype=kv_dtype,
-        )
+    def __init__(self, model: str | Path | None = None, **options: Any):
+        """`options` are EngineConfig's fields, named as the `ninfer serve` flags: device, dtype,
+        kv_dtype, kv_capacity, max_context, max_concurrency, max_pending, pending_timeout_ms,
+        prefill_chunk, enable_prefix_caching, state_snapshot_interval, state_snapshots, block_size."""
+        known = {f.name for f in fields(EngineConfig)} - {"model"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise NinferError(
+                f"unknown LLM option {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
+            )
+        self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
         source = open_source(model)
         self.model_config, self.tokenizer = source.config, source.tokenizer
         self.description = source.description
-        self.model = load_model(source, self.engine_config)
-        self.max_model_len = self.engine_config.resolved_max_model_len(self.model_config)
-        num_blocks = self.engine_config.num_kv_blocks(self.model_config)
+        self.model = load_model(source, config)
+        self.max_context = config.resolved_max_context(self.model_config)
+        num_blocks = config.num_kv_blocks(self.model_config)
         hybrid = self.model_config.num_linear_attention_layers > 0
-        num_slots = max_num_seqs if hybrid else 0
-        self.runner = ModelRunner(self.model, self.model_config, self.engine_config, num_blocks, num_slots)
+        state_pool = StatePool(config.max_concurrency, config.num_state_snapshots) if hybrid else None
+        num_state_slots = state_pool.num_total_slots if state_pool else 0
+        self.runner = ModelRunner(self.model, self.model_config, config, num_blocks, num_state_slots)
         self.scheduler = Scheduler(
-            BlockPool(num_blocks, block_size),
-            StatePool(num_slots) if hybrid else None,
-            max_num_seqs,
-            max_num_batched_tokens,
-            self.max_model_len,
+            config.scheduler_config(self.model_config),
+            BlockPool(num_blocks, config.block_size, config.enable_prefix_caching),
+            state_pool,
         )
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
@@ -94,10 +82,14 @@ class LLM:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[tuple[RequestOutput, str]]:
-        """Run one engine step; return (output so far, new text) for each request that got a token."""
+        """Run one engine step; return (output so far, new text) for each request that got a token
+        (and a final output for each request that expired waiting for admission)."""
         sched = self.scheduler.schedule()
         result = self.runner.execute(sched)
         results = []
+        for req in self.scheduler.expired:
+            results.append((self._streams.pop(req.request_id).output(req.finish_reason), ""))
+        self.scheduler.expired.clear()
         for req in self.scheduler.update_from_output(sched, result):
             stream = self._streams[req.request_id]
             stream.push(req.output_token_ids[-1])

@@ -50,4 +50,6 @@ class RequestStream:
             text=self.text,
             logprobs=list(req.output_logprobs) if req.sampling_params.logprobs is not None else None,
             finish_reason=finish_reason,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            error=req.error,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 from engine.errors import NinferError
@@ -81,6 +82,13 @@ class Request:
     finish_reason: str | None = None
     block_ids: list[int] = field(default_factory=list)
     state_slot: int = -1  # recurrent-state slot (hybrid models); -1 when none
+    arrival_time: float = field(default_factory=time.monotonic)
+    admitted: bool = False  # once admitted, a request never expires (preempted ones wait again)
+    num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of the full pages of all_token_ids
+    num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
+    rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
+    error: str | None = None  # why the request ended without finishing (expired)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -109,8 +117,9 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None
+    finish_reason: str | None  # stop, length, abort, expired
     num_cached_tokens: int = 0
+    error: str | None = None  # set when the request ended without running (expired)
 
     @property
     def finished(self) -> bool:

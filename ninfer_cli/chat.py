@@ -49,7 +49,10 @@ def chat(
     seed: Annotated[int | None, typer.Option()] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help=f"One of {', '.join(DTYPES)}.")] = "float32",
-    max_model_len: Annotated[int | None, typer.Option(help="Context limit in tokens.")] = None,
+    max_context: Annotated[int | None, typer.Option(help="Context limit in tokens.")] = None,
+    kv_dtype: Annotated[
+        str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")
+    ] = "auto",
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -64,7 +67,9 @@ def chat(
             raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
     console = Console(stderr=True)
     with console.status("loading model…"):
-        llm = LLM(model, device=device, dtype=dtype, max_model_len=max_model_len, max_num_seqs=1)
+        llm = LLM(
+            model, device=device, dtype=dtype, kv_dtype=kv_dtype, max_context=max_context, max_concurrency=1
+        )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout
     if prompt is not None:

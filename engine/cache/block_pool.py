@@ -1,21 +1,68 @@
-"""Fixed-size KV pages: a free list with all-or-nothing allocation.
+"""Fixed-size KV pages with refcounts, and a prefix cache over full pages.
+
+A full page (block_size computed tokens) is named by a hash chain: hash(parent page's hash, its tokens),
+so one hash names a whole prefix. Pages of finished requests keep their hash while unreferenced and sit
+in the free queue in LRU order; a later request whose prompt starts with the same tokens takes them
+back instead of recomputing them. Allocation takes never-cached pages first, then evicts the least
+recently used cached page.
 
 NOTE: slot = block_id * block_size + offset indexes the flattened [num_blocks * block_size] cache.
+NOTE: only full pages are shared, so a request never writes to a page another request reads.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+ROOT_HASH = b""
+
+
+def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
+    """The name of a full page: its tokens and (through `parent`) every token before it."""
+    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+def hash_blocks(token_ids: list[int], block_size: int, parent: bytes = ROOT_HASH) -> list[bytes]:
+    """Hashes of each full page of `token_ids`, chained from `parent`."""
+    out = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size])
+        out.append(parent)
+    return out
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of which found in the cache
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # full-page hash -> block id
+        # unreferenced pages; never-cached ones at the front, cached ones behind in LRU order
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.stats = PrefixCacheStats()
 
     @property
     def num_free_blocks(self) -> int:
+        """Pages that can be handed out now (free ones and unreferenced cached ones)."""
         return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
 
     def blocks_needed(self, num_tokens: int, num_held: int) -> int:
         """Extra blocks a sequence holding `num_held` blocks needs to store `num_tokens` tokens."""
@@ -23,7 +70,53 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         assert n <= len(self._free), f"asked for {n} blocks with {len(self._free)} free"
-        return [self._free.popleft() for _ in range(n)]
+        out = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            h = self.block_hash[block_id]
+            if h is not None:  # evict: this page no longer names its prefix
+                if self.cached.get(h) == block_id:
+                    del self.cached[h]
+                self.block_hash[block_id] = None
+            self.ref_cnt[block_id] = 1
+            out.append(block_id)
+        return out
 
     def free(self, block_ids: list[int]) -> None:
-        self._free.extend(block_ids)
+        """Drop one reference from each page; unreferenced pages become free (cached ones stay named)."""
+        # NOTE: reversed, so a request's last pages (the least likely to be shared) are evicted first
+        for block_id in reversed(block_ids):
+            self.ref_cnt[block_id] -= 1
+            assert self.ref_cnt[block_id] >= 0, f"block {block_id} freed twice"
+            if self.ref_cnt[block_id] == 0:
+                self._free[block_id] = None
+                if self.block_hash[block_id] is None:
+                    self._free.move_to_end(block_id, last=False)
+
+    def lookup(self, hashes: list[bytes]) -> list[int]:
+        """Cached pages for the longest run of leading `hashes` (no references taken)."""
+        out = []
+        for h in hashes:
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            out.append(block_id)
+        return out
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take a reference on cached pages a new request reuses."""
+        for block_id in block_ids:
+            if self.ref_cnt[block_id] == 0:
+                del self._free[block_id]
+            self.ref_cnt[block_id] += 1
+
+    def register(self, block_id: int, block_hash: bytes) -> None:
+        """Name a page that now holds a full page of computed tokens."""
+        if not self.enable_prefix_caching or block_hash in self.cached:
+            return  # another request computed the same prefix first; keep that page
+        self.block_hash[block_id] = block_hash
+        self.cached[block_hash] = block_id
+
+    def record_lookup(self, num_queried: int, num_hit: int) -> None:
+        self.stats.queries += num_queried
+        self.stats.hits += num_hit

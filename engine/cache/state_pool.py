@@ -1,12 +1,31 @@
-"""Recurrent-state slots for hybrid models: one per running sequence, taken at admission, returned at finish."""
+"""Recurrent-state slots for hybrid models, and state snapshots for prefix caching.
+
+A running sequence holds one slot (conv state + delta-rule state of every linear-attention layer),
+taken at admission and returned at finish or abort. A KV prefix hit is usable on a hybrid model only
+together with the recurrent state at exactly that position, so the state is also snapshotted at
+page-aligned positions (the end of the prompt, the last page a request completes, every
+`state_snapshot_interval` tokens) into snapshot slots named by the page hash of that prefix. The
+snapshot slots live in the same state tensors after the running slots and are LRU-evicted.
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 
 class StatePool:
-    def __init__(self, num_slots: int):
-        self.num_slots = num_slots
+    def __init__(self, num_slots: int, num_snapshots: int = 0):
+        self.num_slots, self.num_snapshots = num_slots, num_snapshots
         self._free = list(range(num_slots - 1, -1, -1))
+        # snapshot slots: num_slots .. num_slots + num_snapshots - 1
+        self._free_snapshots = list(range(num_slots + num_snapshots - 1, num_slots - 1, -1))
+        self.snapshots: OrderedDict[bytes, int] = OrderedDict()  # prefix hash -> snapshot slot, LRU first
+        self._pinned: set[int] = set()  # snapshot slots read or written in the step being scheduled
+        self._fresh: set[bytes] = set()  # snapshots saved by the step being scheduled (not written yet)
+
+    @property
+    def num_total_slots(self) -> int:
+        return self.num_slots + self.num_snapshots
 
     @property
     def num_free_slots(self) -> int:
@@ -19,3 +38,39 @@ class StatePool:
     def free(self, slot: int) -> None:
         assert 0 <= slot < self.num_slots and slot not in self._free, f"bad state slot {slot}"
         self._free.append(slot)
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def find_snapshot(self, prefix_hash: bytes) -> int | None:
+        slot = None if prefix_hash in self._fresh else self.snapshots.get(prefix_hash)
+        if slot is not None:
+            self.snapshots.move_to_end(prefix_hash)
+            self._pinned.add(slot)
+        return slot
+
+    def new_snapshot(self, prefix_hash: bytes) -> int | None:
+        """A snapshot slot to save the state at this prefix into; None when one exists or none is free."""
+        if self.num_snapshots == 0 or prefix_hash in self.snapshots:
+            return None
+        if self._free_snapshots:
+            slot = self._free_snapshots.pop()
+        else:
+            victim = next((h for h, s in self.snapshots.items() if s not in self._pinned), None)
+            if victim is None:
+                return None
+            slot = self.snapshots.pop(victim)
+        self.snapshots[prefix_hash] = slot
+        self._pinned.add(slot)
+        self._fresh.add(prefix_hash)
+        return slot
+
+    def drop_snapshot(self, prefix_hash: bytes) -> None:
+        slot = self.snapshots.pop(prefix_hash, None)
+        if slot is not None and slot not in self._pinned:
+            self._free_snapshots.append(slot)
+        elif slot is not None:
+            self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
+
+    def end_step(self) -> None:
+        """The step's copies are issued; its snapshot slots may be evicted again."""
+        self._pinned.clear()
+        self._fresh.clear()

@@ -48,6 +48,10 @@ class Sampler:
     def __init__(self):
         self._generators: dict[str, torch.Generator] = {}
 
+    @property
+    def num_live_generators(self) -> int:
+        return len(self._generators)
+
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 

@@ -17,11 +17,13 @@ class ScheduledRequest(NamedTuple):
     sampling_params: SamplingParams
     # (prompt ids, output ids) when the request's penalties need its history; None otherwise
     history: tuple[list[int], list[int]] | None = None
+    state_restore: int = -1  # snapshot slot to copy into state_slot before running (a prefix-cache hit)
 
 
 class SchedulerOutput(NamedTuple):
     scheduled: list[ScheduledRequest]
     finished_request_ids: list[str]  # finished or aborted since the last step (runner drops their state)
+    state_saves: list[tuple[int, int]] = []  # (state slot, snapshot slot) to copy after the forward
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

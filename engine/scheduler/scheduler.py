@@ -1,19 +1,33 @@
 """One scheduling code path: each step gives every request a number of tokens to run.
 
 A request's tokens are prompt + output; it runs `num_tokens - num_computed_tokens` of them, capped by the
-step's token budget. That one rule covers prefill, chunked prefill and decode. Running requests go
-first (decode latency), then waiting ones are admitted while there are slots, pages and budget.
-When pages run out, the most recently admitted request is preempted: its pages are freed and it is
-recomputed later from its prompt and the tokens it already produced.
+step's token budget (`prefill_chunk`). That one rule covers prefill, chunked prefill and decode.
+
+Admission policy (docs/architecture.md):
+* Running requests go first, in admission order, so decode continues every step while a long prompt
+  is prefilled in chunks with what is left of the budget.
+* Waiting requests are admitted first-come first-served while there is a running slot
+  (`max_concurrency`), a recurrent-state slot (hybrid models), pages and budget. The queue head
+  blocks those behind it (no overtaking, so a long prompt is never starved).
+* A new request is refused as overloaded when `max_pending` requests already wait beyond the free
+  running slots; one that waits longer than `pending_timeout_ms` without being admitted expires.
+* When pages run out mid-run, the most recently admitted request is preempted: its pages are freed
+  (full ones stay in the prefix cache) and it is recomputed later from its prompt and the tokens it
+  already produced, usually straight from the prefix cache.
+* At admission the longest cached prefix of full pages is reused (hybrid models: the longest one
+  that also has a recurrent-state snapshot), always leaving at least one token to compute.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
-from engine.cache.block_pool import BlockPool
+from engine.cache.block_pool import BlockPool, hash_blocks
 from engine.cache.state_pool import StatePool
-from engine.errors import NinferError
+from engine.config import SchedulerConfig
+from engine.errors import EngineOverloaded, NinferError
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -21,92 +35,182 @@ from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOut
 class Scheduler:
     def __init__(
         self,
+        config: SchedulerConfig,
         block_pool: BlockPool,
-        state_pool: StatePool | None,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
+        state_pool: StatePool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.block_pool, self.state_pool = block_pool, state_pool
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.max_model_len = max_model_len
+        self.config, self.block_pool, self.state_pool, self.clock = config, block_pool, state_pool, clock
+        self.block_size = block_pool.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
+        self.expired: list[Request] = []  # ended while waiting; the front end reports them
         self.num_preemptions = 0
 
+    @property
+    def snapshots_enabled(self) -> bool:
+        return self.state_pool is not None and self.state_pool.num_snapshots > 0
+
     def add_request(self, request: Request) -> None:
-        n = request.num_prompt_tokens
+        n, limit = request.num_prompt_tokens, self.config.max_context
         if n == 0:
             raise NinferError("the prompt is empty; give at least one token")
-        if n >= self.max_model_len:
+        if n >= limit:
             raise NinferError(
-                f"the prompt is {n} tokens but the context limit is {self.max_model_len} (max_model_len); "
-                "shorten the prompt or raise max_model_len"
+                f"the prompt is {n} tokens but the context limit is {limit} (max_context); "
+                "shorten the prompt or raise max_context"
             )
-        capacity = self.block_pool.num_blocks * self.block_pool.block_size
+        capacity = self.block_pool.num_blocks * self.block_size
         if n + 1 > capacity:
             raise NinferError(
-                f"the prompt is {n} tokens but the KV cache holds {capacity}; raise the KV capacity"
+                f"the prompt is {n} tokens but the KV cache holds {capacity}; raise kv_capacity"
             )
         if request.request_id in self.requests:
             raise NinferError(f"request id {request.request_id} is already in use")
+        max_pending = self.config.max_pending
+        if max_pending is not None:
+            free_running = max(0, self.config.max_concurrency - len(self.running))
+            if len(self.waiting) - free_running >= max_pending:
+                raise EngineOverloaded(
+                    f"overloaded: {len(self.waiting)} requests are already waiting for admission "
+                    f"(max_pending={max_pending}); retry later or raise max_pending"
+                )
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
+        self._expire_waiting()
+        budget = self.config.prefill_chunk
         scheduled: list[ScheduledRequest] = []
+        state_saves: list[tuple[int, int]] = []
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._num_to_run(req, budget)
             while not self._grow(req, req.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is req:
                     break
             else:
-                scheduled.append(self._scheduled(req, n))
+                scheduled.append(self._scheduled(req, n, -1, state_saves))
                 budget -= n
                 i += 1
                 continue
             break  # req itself was preempted; it was the last running request
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_concurrency:
             req = self.waiting[0]
             if self.state_pool is not None and self.state_pool.num_free_slots == 0:
                 break
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._grow(req, req.num_computed_tokens + n):
+            hit_blocks, restore = self._lookup_prefix(req)
+            num_cached = len(hit_blocks) * self.block_size
+            n = self._num_to_run(req, budget, num_cached)
+            need = self.block_pool.blocks_needed(num_cached + n, len(hit_blocks))
+            reclaimed = sum(self.block_pool.ref_cnt[b] == 0 for b in hit_blocks)
+            if need > self.block_pool.num_free_blocks - reclaimed:
                 break
             self.waiting.popleft()
+            self.block_pool.touch(hit_blocks)
+            req.block_ids = hit_blocks + self.block_pool.allocate(need)
+            req.num_computed_tokens, req.num_registered_blocks = num_cached, len(hit_blocks)
+            if not req.admitted:
+                req.admitted, req.num_cached_tokens = True, num_cached
+                self.block_pool.record_lookup(req.num_prompt_tokens, num_cached)
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append(self._scheduled(req, n))
+            scheduled.append(self._scheduled(req, n, restore, state_saves))
             budget -= n
+        if self.state_pool is not None:
+            self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled, finished)
+        return SchedulerOutput(scheduled, finished, state_saves)
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+    def _num_to_run(self, req: Request, budget: int, start: int | None = None) -> int:
+        start = req.num_computed_tokens if start is None else start
+        n = min(req.num_tokens - start, budget)
+        if self.snapshots_enabled:
+            # end the chunk at the next snapshot position, so the state there can be saved
+            stop = next((p for p in self._prefill_snapshot_points(req) if start < p < start + n), None)
+            if stop is not None:
+                n = stop - start
+        return n
+
+    def _prefill_snapshot_points(self, req: Request) -> list[int]:
+        """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
+        bs, interval = self.block_size, self.config.state_snapshot_interval
+        points = list(range(interval, req.num_prompt_tokens, interval)) if interval else []
+        prompt_end = req.num_prompt_tokens // bs * bs
+        if prompt_end:
+            points.append(prompt_end)
+        return sorted(points)
+
+    def _lookup_prefix(self, req: Request) -> tuple[list[int], int]:
+        """Cached pages to reuse for the request's leading tokens, and the snapshot slot to restore (-1)."""
+        if not self.block_pool.enable_prefix_caching:
+            return [], -1
+        hashes = self._block_hashes(req, (req.num_tokens - 1) // self.block_size)
+        hits = self.block_pool.lookup(hashes)
+        if self.state_pool is None:
+            return hits, -1
+        for k in range(len(hits), 0, -1):
+            slot = self.state_pool.find_snapshot(hashes[k - 1])
+            if slot is not None:
+                return hits[:k], slot
+        return [], -1
+
+    def _block_hashes(self, req: Request, num_blocks: int) -> list[bytes]:
+        """The request's page hashes for its first `num_blocks` full pages (computed once, then extended)."""
+        have = len(req.block_hashes)
+        if num_blocks > have:
+            bs = self.block_size
+            parent = req.block_hashes[-1] if have else b""
+            tokens = req.all_token_ids[have * bs : num_blocks * bs]
+            req.block_hashes.extend(hash_blocks(tokens, bs, parent))
+        return req.block_hashes[:num_blocks]
+
+    def _scheduled(
+        self, req: Request, n: int, restore: int, state_saves: list[tuple[int, int]]
+    ) -> ScheduledRequest:
         start = req.num_computed_tokens
+        end = start + n
+        if self.snapshots_enabled and end % self.block_size == 0:
+            self._plan_snapshot(req, end, state_saves)
         return ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start : start + n],
+            token_ids=req.all_token_ids[start:end],
             start_pos=start,
             block_ids=req.block_ids,
             state_slot=req.state_slot,
-            sample=start + n == req.num_tokens,
+            sample=end == req.num_tokens,
             sampling_params=req.sampling_params,
             history=(req.prompt_token_ids, req.output_token_ids)
             if req.sampling_params.has_penalties
             else None,
+            state_restore=restore,
         )
+
+    def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
+        """After this step the request's state is at page-aligned `end`: save it where it is useful."""
+        in_prompt = end in self._prefill_snapshot_points(req)
+        if not in_prompt and end <= req.num_prompt_tokens:
+            return
+        prefix_hash = self._block_hashes(req, end // self.block_size)[-1]
+        slot = self.state_pool.new_snapshot(prefix_hash)
+        if slot is None:
+            return
+        state_saves.append((req.state_slot, slot))
+        if not in_prompt:  # a rolling snapshot of the request's last page: keep only the newest
+            if req.rolling_snapshot is not None:
+                self.state_pool.drop_snapshot(req.rolling_snapshot)
+            req.rolling_snapshot = prefix_hash
 
     def _grow(self, req: Request, num_tokens: int) -> bool:
         need = self.block_pool.blocks_needed(num_tokens, len(req.block_ids))
@@ -118,6 +222,7 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.block_pool.free(req.block_ids)
         req.block_ids = []
+        req.num_registered_blocks = 0
         if req.state_slot >= 0:
             self.state_pool.free(req.state_slot)
             req.state_slot = -1
@@ -131,6 +236,22 @@ class Scheduler:
         self._finished_ids.append(req.request_id)  # the runner drops its per-request state
         self.num_preemptions += 1
 
+    def _expire_waiting(self) -> None:
+        timeout = self.config.pending_timeout_ms
+        if timeout is None or not self.waiting:
+            return
+        now = self.clock()
+        for req in [r for r in self.waiting if not r.admitted]:
+            waited_ms = (now - req.arrival_time) * 1000.0
+            if waited_ms > timeout:
+                req.error = (
+                    f"inference request expired while waiting for admission after {waited_ms:.0f} ms; "
+                    "raise --pending-timeout-ms or lower --max-concurrency"
+                )
+                self.finish_request(req.request_id, "expired")
+                self.expired.append(req)
+
+    # -- results -------------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> list[Request]:
         """Advance requests by what ran; append sampled tokens; return requests that got a new token."""
         updated = []
@@ -139,6 +260,7 @@ class Scheduler:
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted during the step
             req.num_computed_tokens += len(s.token_ids)
+            self._register_full_blocks(req)
             sampled = out.sampled.get(s.request_id)
             if sampled is None:
                 continue
@@ -151,15 +273,25 @@ class Scheduler:
             updated.append(req)
         return updated
 
+    def _register_full_blocks(self, req: Request) -> None:
+        """Name the pages that now hold a full page of computed tokens in the prefix cache."""
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= req.num_registered_blocks or not self.block_pool.enable_prefix_caching:
+            return
+        hashes = self._block_hashes(req, num_full)
+        for i in range(req.num_registered_blocks, num_full):
+            self.block_pool.register(req.block_ids[i], hashes[i])
+        req.num_registered_blocks = num_full
+
     def _stop_reason(self, req: Request, token_id: int) -> str | None:
         params = req.sampling_params
         if not params.ignore_eos and token_id in req.eos_token_ids:
             return "stop"
         if token_id in params.stop_token_ids:
             return "stop"
-        capacity = self.block_pool.num_blocks * self.block_pool.block_size
+        capacity = self.block_pool.num_blocks * self.block_size
         if len(req.output_token_ids) >= params.max_tokens or req.num_tokens >= min(
-            self.max_model_len, capacity
+            self.config.max_context, capacity
         ):
             return "length"
         return None

@@ -62,6 +62,11 @@ class ModelRunner:
             layer.conv_state[slot].zero_()
             layer.ssm_state[slot].zero_()
 
+    def _copy_state(self, src: int, dst: int) -> None:
+        for layer in self._state_layers:
+            layer.conv_state[dst].copy_(layer.conv_state[src])
+            layer.ssm_state[dst].copy_(layer.ssm_state[src])
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         for request_id in sched.finished_request_ids:
@@ -84,7 +89,9 @@ class ModelRunner:
             cu_seqlens.append(cu_seqlens[-1] + n)
             seq_lens.append(r.start_pos + n)
             state_indices.append(r.state_slot)
-            if r.start_pos == 0 and r.state_slot >= 0:
+            if r.state_restore >= 0:  # a prefix-cache hit: continue from the snapshot
+                self._copy_state(r.state_restore, r.state_slot)
+            elif r.start_pos == 0 and r.state_slot >= 0:
                 self._reset_state(r.state_slot)
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
@@ -101,6 +108,8 @@ class ModelRunner:
         )
         with set_forward_context(ctx):
             hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
+        for slot, snapshot in sched.state_saves:
+            self._copy_state(slot, snapshot)
         sampling = [(i, r) for i, r in enumerate(sched.scheduled) if r.sample]
         if not sampling:
             return RunnerOutput({})

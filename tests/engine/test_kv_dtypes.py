@@ -44,7 +44,7 @@ def test_quantized_kv_logprobs_within_bound(model_dir, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "fp8", "int8", "k8v4", "rk8v4"])
 def test_allocated_bytes_match_kv_layout(model_dir, kv_dtype):
-    llm = LLM(model_dir, kv_dtype=kv_dtype, kv_capacity_tokens=256, block_size=16)
+    llm = LLM(model_dir, kv_dtype=kv_dtype, kv_capacity=256, block_size=16)
     cfg = llm.model_config
     per_token = bytes_per_token_per_layer(kv_dtype, cfg.num_key_value_heads, cfg.head_dim)
     assert llm.runner.kv_cache_bytes == 256 * cfg.num_full_attention_layers * per_token

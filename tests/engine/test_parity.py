@@ -88,7 +88,7 @@ def test_chunked_prefill_and_batching_match_single_runs(model_pair, tmp_path):
     single = [llm.generate(prompt_token_ids=p, sampling_params=params)[0] for p in prompts]
     batched = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     assert [o.token_ids for o in batched] == [o.token_ids for o in single]
-    chunked = LLM(llm.engine_config.model, max_num_batched_tokens=16, max_num_seqs=2)
+    chunked = LLM(llm.engine_config.model, prefill_chunk=16, max_concurrency=2)
     outs = chunked.generate(prompt_token_ids=prompts, sampling_params=params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in single]
     for a, b in zip(outs, single):

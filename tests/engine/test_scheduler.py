@@ -6,15 +6,27 @@ import pytest
 
 from engine.cache.block_pool import BlockPool
 from engine.cache.state_pool import StatePool
+from engine.config import SchedulerConfig
 from engine.errors import NinferError
 from engine.request import Request, SamplingParams
 from engine.scheduler.output import RunnerOutput, SampledToken
 from engine.scheduler.scheduler import Scheduler
 
 
-def make(num_blocks=64, block_size=4, max_num_seqs=4, budget=32, max_len=256, slots=None):
-    pool = StatePool(slots) if slots else None
-    return Scheduler(BlockPool(num_blocks, block_size), pool, max_num_seqs, budget, max_len)
+def make(
+    num_blocks=64,
+    block_size=4,
+    max_num_seqs=4,
+    budget=32,
+    max_len=256,
+    slots=None,
+    prefix_caching=False,
+    snapshots=0,
+    **config,
+):
+    pool = StatePool(slots, snapshots) if slots else None
+    cfg = SchedulerConfig(max_concurrency=max_num_seqs, prefill_chunk=budget, max_context=max_len, **config)
+    return Scheduler(cfg, BlockPool(num_blocks, block_size, prefix_caching), pool)
 
 
 def req(rid, n, max_tokens=4, **kw):

@@ -1,0 +1,191 @@
+"""Continuous batching on tiny random models: concurrent requests equal solo runs; long prefills do not stall
+decode; prefix-cache hits (dense and hybrid) equal cold runs; nothing leaks under random aborts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, SamplingParams
+
+TIE = 1e-3  # a step whose solo top-2 logprobs are this close is a numerical tie
+ARCHS = ["llama", "qwen3", "qwen3_5"]
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 512, (n,), generator=g).tolist()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def model_dir(request, tmp_path_factory):
+    arch = request.param
+    return save_tiny(tiny_hf_model(arch, tied=False, seed=7), tmp_path_factory.mktemp(arch))
+
+
+def assert_same_or_tie(ours: list[int], solo, what: str):
+    """Tokens equal the solo run's until a step where the solo run's top two logprobs tie."""
+    assert len(ours) == len(solo.token_ids), what
+    for step, (tok, ref) in enumerate(zip(ours, solo.token_ids)):
+        if tok != ref:
+            top2 = sorted(solo.logprobs[step].values(), reverse=True)[:2]
+            assert top2[0] - top2[1] < TIE, f"{what}: token {step} is {tok}, solo gave {ref}, no tie"
+            return
+
+
+@pytest.mark.parametrize("prefill_chunk", [2048, 7])
+def test_concurrent_requests_equal_solo_runs(model_dir, prefill_chunk):
+    lengths = [1, 300, 17, 64, 150, 3, 233, 40]
+    max_tokens = [12, 5, 20, 9, 16, 24, 7, 11]
+    prompts = [_prompt(n, seed=n) for n in lengths]
+    solo_llm = LLM(model_dir, max_concurrency=1, enable_prefix_caching=False)
+    solo = [
+        solo_llm.generate(
+            prompt_token_ids=p,
+            sampling_params=SamplingParams(max_tokens=m, temperature=0.0, logprobs=2, ignore_eos=True),
+        )[0]
+        for p, m in zip(prompts, max_tokens)
+    ]
+    # all 8 are in flight at once; a 7-token step budget runs at most 7 of them (one token each)
+    llm = LLM(model_dir, max_concurrency=min(8, prefill_chunk), prefill_chunk=prefill_chunk)
+    ids = [
+        llm.add_request(p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+        for p, m in zip(prompts, max_tokens)
+    ]
+    outs, max_running = {}, 0
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            if out.finished:
+                outs[out.request_id] = out
+        max_running = max(max_running, len(llm.scheduler.running))
+    assert max_running >= (4 if prefill_chunk > 8 else 2), "the requests did not run concurrently"
+    for rid, ref, n in zip(ids, solo, lengths):
+        assert_same_or_tie(outs[rid].token_ids, ref, f"prompt of {n} tokens")
+
+
+def test_long_prefill_does_not_stall_decode(tmp_path):
+    """While a 2,000-token prompt is prefilled in chunks, a running request gets a token every step."""
+    path = save_tiny(tiny_hf_model("llama", tied=False, seed=3, max_position_embeddings=4096), tmp_path)
+    llm = LLM(path, prefill_chunk=256, max_concurrency=2)
+    log = []
+    schedule = llm.scheduler.schedule
+
+    def logged_schedule():
+        out = schedule()
+        log.append({r.request_id: (len(r.token_ids), r.sample) for r in out.scheduled})
+        return out
+
+    llm.scheduler.schedule = logged_schedule
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    llm.add_request(_prompt(10, 1), params, request_id="running")
+    llm.step()  # its prefill; it is decoding from now on
+    llm.add_request(_prompt(2000, 2), params, request_id="long")
+    del log[:]
+    while llm.scheduler.requests["long"].num_computed_tokens < 2000:
+        llm.step()
+    prefill_steps = [s for s in log if "long" in s]
+    assert len(prefill_steps) >= 8, "the long prompt was not chunked"
+    for step in log:
+        assert step["running"] == (1, True), f"the running request did not decode in step {step}"
+        assert sum(n for n, _ in step.values()) <= 256
+
+
+def test_prefix_cache_dense_hit_equals_cold_run(tmp_path):
+    path = save_tiny(tiny_hf_model("qwen3", tied=False, seed=5), tmp_path)
+    prefix = _prompt(200, 11)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    warm = LLM(path)
+    first = warm.generate(prompt_token_ids=prefix + _prompt(9, 12), sampling_params=params)[0]
+    assert first.num_cached_tokens == 0
+    second_prompt = prefix + _prompt(30, 13)
+    second = warm.generate(prompt_token_ids=second_prompt, sampling_params=params)[0]
+    assert second.num_cached_tokens >= 192
+    cold = LLM(path, enable_prefix_caching=False).generate(
+        prompt_token_ids=second_prompt, sampling_params=params
+    )[0]
+    assert cold.num_cached_tokens == 0
+    assert second.token_ids == cold.token_ids
+    stats = warm.scheduler.block_pool.stats
+    assert stats.hits == second.num_cached_tokens and stats.queries == len(first.prompt_token_ids) + len(
+        second_prompt
+    )
+
+
+def test_prefix_cache_hybrid_multi_turn_conversation(tmp_path):
+    """A growing 5-turn conversation on the hybrid model: every turn reuses at least the previous prompt
+    (rounded down to a page) through KV pages plus a recurrent-state snapshot, with cold-run outputs."""
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=9), tmp_path)
+    warm, cold = LLM(path), LLM(path, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompt, prev_len = _prompt(37, 20), 0
+    for turn in range(5):
+        out = warm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
+        ref = cold.generate(prompt_token_ids=prompt, sampling_params=params)[0]
+        assert out.token_ids == ref.token_ids, f"turn {turn}"
+        if turn:
+            assert out.num_cached_tokens >= prev_len // 16 * 16, f"turn {turn}"
+        prev_len = len(prompt)
+        prompt = prompt + out.token_ids + _prompt(23 + turn, 30 + turn)  # the next user message
+
+
+def test_prefix_cache_hybrid_needs_a_snapshot(tmp_path):
+    """Without state snapshots a hybrid model never takes a KV-only prefix hit (it would be wrong)."""
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=9), tmp_path)
+    llm = LLM(path, state_snapshots=0)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompt = _prompt(100, 40)
+    llm.generate(prompt_token_ids=prompt, sampling_params=params)
+    again = llm.generate(prompt_token_ids=prompt + [5, 6, 7], sampling_params=params)[0]
+    assert again.num_cached_tokens == 0
+    assert llm.scheduler.block_pool.num_cached_blocks > 0  # the pages are cached, the state is not
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_no_leaks_under_random_aborts(tmp_path, arch):
+    """200 random requests, 30% aborted mid-stream, tight KV (preemptions): all pages and slots come back."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, seed=1), tmp_path)
+    llm = LLM(path, max_concurrency=4, kv_capacity=256, prefill_chunk=64, state_snapshots=3)
+    pool, states = llm.scheduler.block_pool, llm.scheduler.state_pool
+    free_blocks = pool.num_free_blocks
+    free_slots = states.num_free_slots if states else None
+    rng = random.Random(0)
+    shared = _prompt(48, 99)
+    pending = list(range(200))
+    abort_after: dict[str, int] = {}
+    got: dict[str, int] = {}
+    while pending or llm.has_unfinished_requests():
+        while pending and len(llm.scheduler.waiting) < 3:
+            i = pending.pop()
+            n = rng.randint(1, 80)
+            prompt = (
+                shared[: rng.randint(0, 48)] + _prompt(n, 1000 + i) if rng.random() < 0.4 else _prompt(n, i)
+            )
+            params = SamplingParams(
+                max_tokens=rng.randint(1, 24),
+                temperature=rng.choice([0.0, 0.7, 1.3]),
+                top_p=rng.choice([1.0, 0.9]),
+                top_k=rng.choice([0, 20]),
+                repetition_penalty=rng.choice([1.0, 1.2]),
+                seed=rng.choice([None, i]),
+                logprobs=rng.choice([None, 3]),
+            )
+            rid = llm.add_request(prompt, params)
+            if rng.random() < 0.3:
+                abort_after[rid] = rng.randint(0, params.max_tokens - 1)
+        for out, _ in llm.step():
+            got[out.request_id] = len(out.token_ids)
+        for rid, after in list(abort_after.items()):
+            if got.get(rid, -1) >= after:
+                llm.abort(rid)
+                del abort_after[rid]
+    llm.step()  # an idle step hands the last finished ids to the runner, which drops their state
+    assert pending == [] and not llm.scheduler.requests and not llm._streams
+    assert pool.num_free_blocks == free_blocks
+    assert all(c == 0 for c in pool.ref_cnt)
+    if states:
+        assert states.num_free_slots == free_slots
+    assert llm.runner.sampler.num_live_generators == 0
+    assert llm.scheduler.num_preemptions > 0, "the KV pool was meant to run short"
