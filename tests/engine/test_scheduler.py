@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cache.block_pool import BlockPool
+from engine.cache.block_pool import BlockPool, hash_blocks
 from engine.cache.state_pool import StatePool
 from engine.config import SchedulerConfig
-from engine.errors import NinferError
+from engine.errors import EngineOverloaded, NinferError
 from engine.request import Request, SamplingParams
 from engine.scheduler.output import RunnerOutput, SampledToken
 from engine.scheduler.scheduler import Scheduler
@@ -147,3 +147,83 @@ def test_context_limit_and_empty_prompt():
     run_step(s)
     run_step(s)
     assert r.finish_reason == "length" and r.num_tokens == 16
+
+
+def test_overloaded_beyond_max_pending():
+    s = make(max_num_seqs=1, max_pending=2)
+    s.add_request(req("a", 3, max_tokens=1))  # will take the free running slot
+    s.add_request(req("b", 3))
+    s.add_request(req("c", 3))
+    with pytest.raises(EngineOverloaded, match="max_pending=2"):
+        s.add_request(req("d", 3))
+    assert "d" not in s.requests and len(s.waiting) == 3
+    run_step(s)  # a runs and finishes; its running slot is free for b, so c is the only one pending
+    s.add_request(req("d", 3))
+
+
+def test_pending_timeout_expires_waiting_requests_only():
+    now = [0.0]
+    s = make(max_num_seqs=1, pending_timeout_ms=500)
+    s.clock = lambda: now[0]
+    for rid in "ab":
+        r = req(rid, 3, max_tokens=50)
+        r.arrival_time = 0.0
+        s.add_request(r)
+    run_step(s)  # a runs, b waits
+    now[0] = 0.4
+    run_step(s)
+    assert not s.expired
+    now[0] = 0.75
+    run_step(s)
+    (b,) = s.expired
+    assert b.request_id == "b" and b.finish_reason == "expired"
+    assert b.error == (
+        "inference request expired while waiting for admission after 750 ms; "
+        "raise --pending-timeout-ms or lower --max-concurrency"
+    )
+    assert s.requests.keys() == {"a"}  # the running request is untouched
+
+
+def test_block_pool_refcounts_prefix_hits_and_lru_eviction():
+    pool = BlockPool(num_blocks=4, block_size=2)
+    hashes = hash_blocks([5, 6, 7, 8, 9], 2)
+    assert len(hashes) == 2 and hashes != hash_blocks([5, 6, 7, 9], 2)
+    a = pool.allocate(2)
+    pool.register(a[0], hashes[0])
+    pool.register(a[1], hashes[1])
+    assert pool.lookup(hashes) == a and pool.num_free_blocks == 2
+    pool.touch(a)  # a second sequence shares both pages
+    pool.free(a)
+    assert pool.num_free_blocks == 2  # still referenced by the second
+    pool.free(a)
+    assert pool.num_free_blocks == 4 and pool.num_cached_blocks == 2  # free, still named
+    fresh = pool.allocate(2)
+    assert set(fresh).isdisjoint(a)  # never-cached pages go first
+    pool.free(fresh)
+    pool.allocate(3)  # then the least recently used cached page is evicted: the chain's tail first
+    assert pool.lookup(hashes) == [a[0]]
+
+
+def test_prefix_hit_skips_cached_pages_and_keeps_one_token_to_compute():
+    s = make(num_blocks=16, block_size=4, prefix_caching=True)
+    s.add_request(req("a", 12, max_tokens=1))
+    run_step(s)  # 12 prompt tokens computed: 3 full pages named
+    s.add_request(req("b", 12, max_tokens=1))  # the same prompt
+    out = run_step(s)
+    assert out.num_scheduled_tokens == {"b": 4} and out.scheduled[0].start_pos == 8
+    assert s.block_pool.stats.hits == 8 and s.block_pool.stats.queries == 24
+
+
+def test_hybrid_prefill_stops_at_the_prompt_snapshot_point():
+    s = make(block_size=4, slots=2, snapshots=2, prefix_caching=True)
+    s.add_request(req("a", 10, max_tokens=2))
+    out = run_step(s)
+    # the chunk ends at the last page boundary of the prompt, where the state is snapshotted
+    assert out.num_scheduled_tokens == {"a": 8}
+    assert out.state_saves == [(s.requests["a"].state_slot, 2)]
+    out = run_step(s)
+    assert out.num_scheduled_tokens == {"a": 2} and out.scheduled[0].sample
+    s.add_request(req("b", 11, max_tokens=1))
+    out = run_step(s)
+    hit = next(r for r in out.scheduled if r.request_id == "b")
+    assert hit.start_pos == 8 and hit.state_restore == 2

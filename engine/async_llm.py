@@ -1,0 +1,199 @@
+"""AsyncLLM: the engine loop in a background thread, one async stream per request (the server's engine).
+
+Only the engine thread touches the LLM. Callers send it commands (add, abort) through a queue; it
+answers each add through a future (so a bad request fails in the caller before any streaming) and
+delivers (RequestOutput, new text) items to the request's asyncio queue on the caller's event loop.
+A stream that is closed before its request finishes (a client that went away) aborts the request,
+which frees its KV pages and state slot at the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import NinferError
+from engine.llm import LLM
+from engine.request import RequestOutput, SamplingParams
+
+_STOP = object()
+
+
+class EngineDeadError(NinferError):
+    """The engine loop failed; the server must be restarted."""
+
+
+@dataclass
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: Any) -> bool:
+        """Deliver to the caller's event loop; False when that loop is gone (the caller went away)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+
+class AsyncStream:
+    """The outputs of one request: `async for out, delta in stream`; `abort()` (or `aclose()`) stops it."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, sink: _Sink):
+        self.engine, self.request_id, self._sink = engine, request_id, sink
+        self.finished = False
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> tuple[RequestOutput, str]:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._sink.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        out, delta = item
+        self.finished = out.finished
+        return out, delta
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+
+class AsyncLLM:
+    """`LLM(model, **options)` run by a background engine thread; see LLM for the options."""
+
+    def __init__(self, model: str | Path | None = None, **options: Any):
+        self.llm = LLM(model, **options)
+        self.tokenizer = self.llm.tokenizer
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    # -- caller side (any thread, any event loop) ---------------------------------------------
+    async def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncStream:
+        """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused."""
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(("add", list(prompt_token_ids), sampling_params, request_id, prompt, sink, done))
+        request_id = await asyncio.wrap_future(done)
+        return AsyncStream(self, request_id, sink)
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        prompt: str | None = None,
+    ) -> AsyncIterator[tuple[RequestOutput, str]]:
+        """(output so far, new text) as tokens arrive; leaving the loop early aborts the request."""
+        stream = await self.add_request(prompt_token_ids, sampling_params, request_id, prompt)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._send(_STOP)
+        self._thread.join(timeout=30)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._error is None
+
+    def stats(self) -> dict[str, float]:
+        """A snapshot for /metrics and /health (read without locking: plain ints)."""
+        sched = self.llm.scheduler
+        pool = sched.block_pool
+        return {
+            "num_running": len(sched.running),
+            "num_waiting": len(sched.waiting),
+            "kv_blocks_total": pool.num_blocks,
+            "kv_blocks_free": pool.num_free_blocks,
+            "prefix_cache_queries": pool.stats.queries,
+            "prefix_cache_hits": pool.stats.hits,
+            "num_preemptions": sched.num_preemptions,
+        }
+
+    def _send(self, command: Any) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped after an internal error ({self._error!r}); restart it")
+        self._commands.put(command)
+        self._wakeup.set()
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        llm = self.llm
+        while True:
+            if not llm.has_unfinished_requests():
+                self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._drain_commands():
+                break
+            if not llm.has_unfinished_requests():
+                continue
+            try:
+                results = llm.step()
+            except BaseException as e:  # noqa: BLE001 - a bug: fail every stream, refuse new requests
+                self._error = e
+                for sink in self._sinks.values():
+                    sink.put(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
+                self._sinks.clear()
+                raise
+            for out, delta in results:
+                sink = self._sinks.get(out.request_id)
+                if sink is None:
+                    continue
+                if out.finished:
+                    del self._sinks[out.request_id]
+                if not sink.put((out, delta)) and not out.finished:
+                    del self._sinks[out.request_id]
+                    llm.abort(out.request_id)
+
+    def _drain_commands(self) -> bool:
+        """Apply queued commands; False once shutdown was asked for."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command is _STOP:
+                return False
+            if command[0] == "abort":
+                if self._sinks.pop(command[1], None) is not None:
+                    self.llm.abort(command[1])
+                continue
+            _, prompt_token_ids, params, request_id, prompt, sink, done = command
+            try:
+                request_id = self.llm.add_request(prompt_token_ids, params, request_id, prompt)
+            except NinferError as e:
+                done.set_exception(e)
+                continue
+            self._sinks[request_id] = sink
+            done.set_result(request_id)
