@@ -26,21 +26,27 @@ def apply_penalties(
     return logits
 
 
-def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    # logits: [V] fp32, already divided by temperature
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+def _filter(
+    logits: torch.Tensor,  # [B, V] fp32, already divided by temperature
+    top_k: torch.Tensor,  # [B] int64, V = off
+    top_p: torch.Tensor,  # [B] fp32, 1 = off
+    min_p: torch.Tensor,  # [B] fp32, 0 = off
+    use_sort: bool,
+    use_min_p: bool,
+) -> torch.Tensor:
+    """Mask tokens outside top-k, then outside the top-p nucleus, then below min_p x the top probability."""
+    if use_sort:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))  # [B, 1]
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))  # ties at k stay
+        probs = sorted_logits.softmax(-1)
         # drop tokens once the mass before them already reaches top_p (the top token always stays)
-        drop = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = (probs.cumsum(-1) - probs) >= top_p.unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    if min_p > 0.0:
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    if use_min_p:
         probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+        logits = logits.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(-1, keepdim=True), float("-inf"))
     return logits
 
 
@@ -73,34 +79,52 @@ class Sampler:
         params: list[SamplingParams],
         histories: list[tuple[list[int], list[int]] | None] | None = None,
     ) -> list[SampledToken]:
-        logprobs = None
-        if any(p.logprobs is not None for p in params):
-            logprobs = torch.log_softmax(logits, dim=-1)  # NOTE: of the raw model distribution
+        """One token per row. All on the device; the only host sync is reading the chosen ids back."""
+        num_rows, vocab = logits.shape
+        device = logits.device
+        raw = logits
+        if any(p.has_penalties for p in params):
+            logits = logits.clone()
+            for i, p in enumerate(params):
+                if p.has_penalties:
+                    assert histories is not None and histories[i] is not None, "penalties need the token history"
+                    apply_penalties(logits[i], p, *histories[i])
         token_ids = logits.argmax(dim=-1)  # [B]
-        for i, p in enumerate(params):
-            row = logits[i]
-            if p.has_penalties:
-                assert histories is not None and histories[i] is not None, "penalties need the token history"
-                row = apply_penalties(row.clone(), p, *histories[i])
-                if p.greedy:
-                    token_ids[i] = row.argmax()
-            if p.greedy:
-                continue
-            row = _filter(row / p.temperature, p.top_k, p.top_p, p.min_p)
-            probs = row.softmax(-1)
-            gen = self._generator(request_ids[i], p, logits.device)
-            # exponential race: argmax(p / E) with E ~ Exp(1) samples from p
-            noise = torch.empty_like(probs).exponential_(generator=gen)
-            token_ids[i] = (probs / noise).argmax()
-        ids = token_ids.tolist()
+        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows, device=device)
+            sub = [params[i] for i in sampled_rows]
+            temperature = torch.tensor([p.temperature for p in sub], device=device)
+            top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in sub], device=device)
+            top_p = torch.tensor([p.top_p for p in sub], device=device)
+            min_p = torch.tensor([p.min_p for p in sub], device=device)
+            use_sort = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in sub)
+            use_min_p = any(p.min_p > 0.0 for p in sub)
+            x = _filter(logits[rows] / temperature.unsqueeze(1), top_k, top_p, min_p, use_sort, use_min_p)
+            probs = x.softmax(-1)  # [S, V]
+            # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws from its own
+            # generator over the whole vocabulary, so a seeded request's draws do not depend on the batch
+            noise = torch.empty_like(probs)
+            for j, i in enumerate(sampled_rows):
+                noise[j].exponential_(generator=self._generator(request_ids[i], params[i], device))
+            token_ids = token_ids.index_copy(0, rows, (probs / noise).argmax(dim=-1))
+        max_logprobs = max((p.logprobs for p in params if p.logprobs is not None), default=None)
+        if max_logprobs is None:
+            return [SampledToken(t, None) for t in token_ids.tolist()]
+        logprobs = torch.log_softmax(raw, dim=-1)  # NOTE: of the raw model distribution
+        chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        top = torch.topk(logprobs, max(max_logprobs, 1), dim=-1)
+        ids, chosen, top_ids, top_vals = (
+            token_ids.tolist(),
+            chosen.tolist(),
+            top.indices.tolist(),
+            top.values.tolist(),
+        )
         out = []
         for i, p in enumerate(params):
             lp = None
             if p.logprobs is not None:
-                row = logprobs[i]
-                lp = {ids[i]: row[ids[i]].item()}
-                if p.logprobs > 0:
-                    top = torch.topk(row, p.logprobs)
-                    lp.update(zip(top.indices.tolist(), top.values.tolist()))
+                lp = {ids[i]: chosen[i]}
+                lp.update(zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs]))
             out.append(SampledToken(ids[i], lp))
         return out

@@ -121,3 +121,39 @@ def test_penalised_requests_batched_with_plain_ones_keep_their_outputs(llm):
             if out.finished:
                 done[out.request_id] = out.token_ids
     assert [done[a], done[b]] == alone
+
+
+def test_a_seeded_request_samples_the_same_whatever_else_is_in_the_batch(llm):
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=11, ignore_eos=True)
+    alone = llm.generate(prompt_token_ids=PROMPT, sampling_params=seeded)[0].token_ids
+    others = [
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=1.3, top_k=5, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, min_p=0.1, seed=3, ignore_eos=True),
+    ]
+    ids = [llm.add_request([7, 8, 9, 10][: i + 1], p) for i, p in enumerate(others)]
+    rid = llm.add_request(PROMPT, seeded)
+    done = {}
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert done[rid] == alone and set(done) == {rid, *ids}
+
+
+def test_batched_filters_match_each_rows_own_settings():
+    """top_k, top_p and min_p per row in one batch: each row keeps exactly the tokens its settings allow."""
+    sampler = Sampler()
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
+    rows = [
+        SamplingParams(temperature=1.0, top_k=2),  # {0, 1}
+        SamplingParams(temperature=1.0, top_p=0.7),  # 0.5 + 0.3 reaches 0.7: {0, 1}
+        SamplingParams(temperature=1.0, min_p=0.5),  # >= 0.25: {0, 1}
+        SamplingParams(temperature=1.0),  # all
+    ]
+    seen = [set() for _ in rows]
+    for i in range(400):
+        out = sampler(logits, [f"{i}-{j}" for j in range(4)], rows)
+        for j, t in enumerate(out):
+            seen[j].add(t.token_id)
+    assert seen[:3] == [{0, 1}] * 3 and seen[3] == {0, 1, 2, 3}
