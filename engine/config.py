@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
 )
 
+WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -161,6 +162,9 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     kv_dtype: str = "auto"  # auto = the model dtype; see engine/cache/kv_layout.py
+    # CPU weight-only quantization of linear layers (engine/quant/cpu.py): none, int8, int4, or auto =
+    # keep the checkpoint's own precision (a 4-bit GGUF tensor runs as int4, an 8-bit one as int8)
+    weight_quant: str = "auto"
     kv_capacity: int | None = None  # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts
     max_context: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
     max_concurrency: int = 8  # requests running at once
@@ -178,6 +182,15 @@ class EngineConfig:
         # auto: the model dtype, which kv_layout accepts as an alias (float32 -> fp32, ...)
         kv = self.dtype if self.kv_dtype == "auto" else self.kv_dtype
         object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))
+        if self.weight_quant not in WEIGHT_QUANT_MODES:
+            raise NinferError(
+                f"unknown weight_quant '{self.weight_quant}'; use one of {', '.join(WEIGHT_QUANT_MODES)}"
+            )
+        if self.weight_quant in ("int8", "int4") and self.device != "cpu":
+            raise NinferError(
+                f"weight_quant {self.weight_quant} runs on the CPU only; use weight_quant none (or auto) on "
+                f"{self.device}"
+            )
         for name in ("block_size", "max_concurrency", "prefill_chunk", "kv_capacity", "max_context"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -200,6 +213,11 @@ class EngineConfig:
         limit = model_config.max_position_embeddings
         if self.max_context is None:
             return min(limit, 32768) if self.device == "cpu" else limit
+        if self.max_context > limit:
+            raise NinferError(
+                f"max_context {self.max_context} is beyond the model's {limit} positions "
+                f"(max_position_embeddings); use max_context {limit} or less"
+            )
         return self.max_context
 
     def resolved_kv_capacity(self, model_config: ModelConfig) -> int:

@@ -182,4 +182,12 @@ def load_gguf(path: Path) -> ModelSource:
                 tensor = _unpermute(tensor, config.num_key_value_heads)
             yield name, tensor
 
-    return ModelSource(config, _build_tokenizer(reader), weights, f"{path} (GGUF {config.architecture})")
+    tensor_bits = {}
+    for t in reader.tensors:
+        bits = re.search(r"Q(\d)", t.tensor_type.name)  # Q4_1 -> 4, Q6_K -> 6, IQ4_NL -> 4; F16 -> none
+        name = _hf_name(t.name)
+        if bits and name:
+            tensor_bits[name] = int(bits.group(1))
+    return ModelSource(
+        config, _build_tokenizer(reader), weights, f"{path} (GGUF {config.architecture})", tensor_bits
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,3 +21,5 @@ class ModelSource:
     # checkpoint never needs twice its size in memory
     weights: Callable[[], WeightIterator]
     description: str
+    # bits per weight of checkpoint tensors stored quantized (GGUF blocks), by the names weights() yields
+    tensor_bits: dict[str, int] = field(default_factory=dict)

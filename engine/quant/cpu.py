@@ -1,0 +1,86 @@
+"""Weight-only int8 / int4 linear weights for the CPU, on torch's packed CPU matmul kernels.
+
+Decode on a CPU is bound by reading weights, so fewer bytes per weight is the lever: int4 reads an
+eighth of fp32. The kernels take bf16 activations (their fp32 path is a slow fallback), so a
+quantized layer runs x -> bf16 -> matmul -> back to x's dtype.
+
+* int4: groups of INT4_GROUP input columns, asymmetric: w = (q - 8) * scale + zero, q in [0, 15]. A GGUF
+  Q4_0 / Q4_1 block (32 weights, w = q * d + m) is exactly such a group, so a 4-bit GGUF keeps its
+  weights (the scales are rounded to bf16).
+* int8: per output channel, symmetric: w = q * scale, q in [-127, 127].
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT4_GROUP = 32
+MODES = ("none", "int8", "int4")
+
+
+class CpuInt8Weight:
+    def __init__(self, w: torch.Tensor):
+        # w: [N, K]
+        w = w.float()
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
+        self.qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [N, K]
+        self.scales = scales.to(torch.bfloat16)
+        self.shape = tuple(w.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., K] -> [..., N]
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[0])
+
+
+class CpuInt4Weight:
+    def __init__(self, w: torch.Tensor):
+        # w: [N, K], K a multiple of INT4_GROUP
+        n, k = w.shape
+        g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
+        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        zero = lo + 8.0 * scale
+        self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        # [K / G, N, 2]: (scale, zero) per group, as the kernel wants them
+        self.scales_and_zeros = (
+            torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        )
+        self.shape = (n, k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() * self.qweight.element_size() + self.scales_and_zeros.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)
+        return self(eye).float().t()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_and_zeros)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[0])
+
+
+def quantizable(w: torch.Tensor, mode: str) -> bool:
+    return mode == "int8" or (mode == "int4" and w.shape[1] % INT4_GROUP == 0)
+
+
+def quantize_weight(w: torch.Tensor, mode: str) -> CpuInt8Weight | CpuInt4Weight:
+    return CpuInt8Weight(w) if mode == "int8" else CpuInt4Weight(w)
+
+
+def mode_for_bits(bits: int | None) -> str:
+    """The CPU mode that keeps a checkpoint tensor's precision: 4-bit blocks -> int4, 5..8-bit -> int8."""
+    if bits is None or bits > 8:
+        return "none"
+    return "int4" if bits <= 4 else "int8"
