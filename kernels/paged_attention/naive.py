@@ -18,7 +18,6 @@ def paged_attention(
     chunked prefill, decode and speculative verification. GQA: Hq is a multiple of Hk.
     Sequences with one query token (decode) are computed together; the others one by one.
     """
-    num_heads, head_dim = q.shape[1], q.shape[2]
     block_size = cache.k_data.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
