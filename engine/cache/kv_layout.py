@@ -71,19 +71,18 @@ class KVCache:
             )
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         scale_shape = (num_blocks, block_size, num_kv_heads, 1)
-        # NOTE: empty, not zeros: pages are written (kv_store) before they are read
+        # NOTE: zeros, not empty: a page slot past a sequence's end may be read as padding (naive attention
+        # reads whole pages and masks), and garbage there can be NaN, which no mask hides from a dot product
+        def zeros(shape, dtype):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
         if kv in _PLAIN:
-            return KVCache(
-                kv,
-                torch.empty(shape, dtype=_PLAIN[kv], device=device),
-                torch.empty(shape, dtype=_PLAIN[kv], device=device),
-            )
-        k = torch.empty(shape, dtype=torch.int8, device=device)
-        k_scale = torch.empty(scale_shape, dtype=SCALE_DTYPE, device=device)
+            return KVCache(kv, zeros(shape, _PLAIN[kv]), zeros(shape, _PLAIN[kv]))
+        k, k_scale = zeros(shape, torch.int8), zeros(scale_shape, SCALE_DTYPE)
         if kv == "int8":
-            return KVCache(kv, k, torch.empty_like(k), k_scale, torch.empty_like(k_scale))
-        v = torch.empty((*shape[:3], head_dim // 2), dtype=torch.uint8, device=device)
-        v_scale = torch.empty((*shape[:3], head_dim // V4_GROUP), dtype=SCALE_DTYPE, device=device)
+            return KVCache(kv, k, zeros(shape, torch.int8), k_scale, zeros(scale_shape, SCALE_DTYPE))
+        v = zeros((*shape[:3], head_dim // 2), torch.uint8)
+        v_scale = zeros((*shape[:3], head_dim // V4_GROUP), SCALE_DTYPE)
         return KVCache(kv, k, v, k_scale, v_scale)
 
     @property

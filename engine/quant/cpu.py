@@ -19,25 +19,31 @@ MODES = ("none", "int8", "int4")
 
 
 class CpuInt8Weight:
+    """int8 weights times int8 activations quantized per token on the fly (as llama.cpp's Q8_0 path does):
+    the int8 dot products run on the CPU's integer units (VNNI), faster than any float path here."""
+
     def __init__(self, w: torch.Tensor):
         # w: [N, K]
         w = w.float()
         scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
-        self.qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [N, K]
-        self.scales = scales.to(torch.bfloat16)
+        qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [N, K]
+        self.qweight_t = qweight.t()  # [K, N] view: the GEMV then streams each output's K weights
+        self.scales = scales
         self.shape = tuple(w.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.numel() + self.scales.numel() * 2
+        return self.qweight_t.numel() + self.scales.numel() * 4
 
     def dequantize(self) -> torch.Tensor:
-        return self.qweight.float() * self.scales.float()[:, None]
+        return self.qweight_t.t().float() * self.scales[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., K] -> [..., N]
-        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # [M, 1]
+        xq = torch.round(x2 / x_scale).to(torch.int8)
+        y = torch._int_mm(xq, self.qweight_t).float() * (x_scale * self.scales)  # [M, N]
         return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[0])
 
 
@@ -72,7 +78,7 @@ class CpuInt4Weight:
 
 
 def quantizable(w: torch.Tensor, mode: str) -> bool:
-    return mode == "int8" or (mode == "int4" and w.shape[1] % INT4_GROUP == 0)
+    return w.shape[1] % (8 if mode == "int8" else INT4_GROUP) == 0
 
 
 def quantize_weight(w: torch.Tensor, mode: str) -> CpuInt8Weight | CpuInt4Weight:

@@ -32,10 +32,8 @@ def paged_attention(
         k, v = k[:, :max_len], v[:, :max_len]
         mask = None
         if len(decode) > 1:  # shorter sequences: attend to their own length only
+            # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
             mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[rows].long()[:, None]  # [N, S]
-            # padding may hold anything, NaN included, which a mask added to the scores would not hide
-            pad = ~mask[:, :, None, None]
-            k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
             mask = mask[:, None, None, :]
         qd = q[tokens].float().unsqueeze(2)  # [N, Hq, 1, D]
         o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
