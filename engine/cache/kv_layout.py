@@ -71,6 +71,7 @@ class KVCache:
             )
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         scale_shape = (num_blocks, block_size, num_kv_heads, 1)
+
         # NOTE: zeros, not empty: a page slot past a sequence's end may be read as padding (naive attention
         # reads whole pages and masks), and garbage there can be NaN, which no mask hides from a dot product
         def zeros(shape, dtype):

@@ -39,12 +39,12 @@ class CpuInt8Weight:
         return self.qweight_t.t().float() * self.scales[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., K] -> [..., N]
-        x2 = x.reshape(-1, x.shape[-1]).float()
-        x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # [M, 1]
-        xq = torch.round(x2 / x_scale).to(torch.int8)
+        # x: [M, K] -> [M, N]
+        xf = x.float()
+        x_scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # [M, 1]
+        xq = torch.round(xf / x_scale).to(torch.int8)
         y = torch._int_mm(xq, self.qweight_t).float() * (x_scale * self.scales)  # [M, N]
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[0])
+        return y.to(x.dtype)
 
 
 class CpuInt4Weight:
@@ -72,9 +72,11 @@ class CpuInt4Weight:
         return self(eye).float().t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_and_zeros)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[0])
+        # x: [M, K] -> [M, N]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.qweight, INT4_GROUP, self.scales_and_zeros
+        )
+        return y.to(x.dtype)
 
 
 def quantizable(w: torch.Tensor, mode: str) -> bool:

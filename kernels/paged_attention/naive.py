@@ -24,16 +24,20 @@ def paged_attention(
     lens = seq_lens.tolist()
     block_table = block_table.long()
     decode = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
-    if decode:
+    if len(decode) == len(lens):  # a pure decode step: every row, in order
+        rows, tokens, decode_lens = slice(None), slice(None), seq_lens
+    elif decode:
         rows = torch.tensor(decode, device=q.device)
         tokens = torch.tensor([cu[b] for b in decode], device=q.device)
+        decode_lens = seq_lens[rows]
+    if decode:
         max_len = max(lens[b] for b in decode)
         k, v = read_kv(cache, block_table[rows, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
         k, v = k[:, :max_len], v[:, :max_len]
         mask = None
         if len(decode) > 1:  # shorter sequences: attend to their own length only
             # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
-            mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[rows].long()[:, None]  # [N, S]
+            mask = torch.arange(max_len, device=q.device)[None, :] < decode_lens.long()[:, None]  # [N, S]
             mask = mask[:, None, None, :]
         qd = q[tokens].float().unsqueeze(2)  # [N, Hq, 1, D]
         o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)

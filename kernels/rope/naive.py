@@ -10,9 +10,7 @@ def rope(
     """Rotary position embedding, NeoX (rotate-half) layout, on the first R dims of each head (R <= D)."""
     cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, R/2] each
     half = cos.shape[-1]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
-
-    return rotate(q), rotate(k)
+    x = torch.cat([q, k], dim=1)  # [T, Hq + Hk, D]: both rotated at once
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    x = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+    return x.split([q.shape[1], k.shape[1]], dim=1)
