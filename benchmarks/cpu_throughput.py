@@ -118,14 +118,14 @@ def main() -> None:
     for c in levels:
         prompts = distinct_prompts(ids, c)
 
-        def run_ours(n: int) -> None:
+        def run_ours(n: int, prompts=prompts) -> None:
             params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
             assert all(len(o.token_ids) == n for o in outs)
 
         batch = torch.tensor(prompts)
 
-        def run_hf(n: int) -> None:
+        def run_hf(n: int, batch=batch) -> None:
             with torch.inference_mode():
                 out = hf.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
             assert out.shape[1] == len(ids) + n
