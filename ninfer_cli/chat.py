@@ -53,6 +53,9 @@ def chat(
     kv_dtype: Annotated[
         str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")
     ] = "auto",
+    weight_quant: Annotated[
+        str, typer.Option(help="CPU linear weights: auto (as the checkpoint stores them), none, int8, int4.")
+    ] = "auto",
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -68,7 +71,13 @@ def chat(
     console = Console(stderr=True)
     with console.status("loading model…"):
         llm = LLM(
-            model, device=device, dtype=dtype, kv_dtype=kv_dtype, max_context=max_context, max_concurrency=1
+            model,
+            device=device,
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+            weight_quant=weight_quant,
+            max_context=max_context,
+            max_concurrency=1,
         )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout

@@ -11,6 +11,7 @@ TEXTS = [
     "  leading spaces and\ttabs\nand newlines\n\n",
     "def f(x):\n    return x ** two  # comment",
     "Ünïcödé — “quotes” and emoji 🙂🚀 and 漢字",
+    "你好，世界！这是一个关于长上下文推理的测试。👩‍💻🇫🇷",
     "<|im_start|>user\nspecial tokens inline<|im_end|>",
 ]
 
