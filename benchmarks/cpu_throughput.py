@@ -94,13 +94,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--weight-quant", default="auto", help="ninfer's weight_quant (auto, none, int8, int4)")
+    ap.add_argument("--dtype", default="float32", help="ninfer's activation dtype (float32, bfloat16)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
     from transformers import AutoModelForCausalLM
 
     path = default_model_path()
-    llm = LLM(max_concurrency=max(levels), enable_prefix_caching=False, weight_quant=args.weight_quant)
+    llm = LLM(
+        max_concurrency=max(levels),
+        enable_prefix_caching=False,
+        weight_quant=args.weight_quant,
+        dtype=args.dtype,
+    )
     ids = llm.tokenizer.encode_chat(MESSAGES)
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
@@ -110,7 +116,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads"
     )
     print(
-        f"model: {path.name}; ninfer weight_quant={args.weight_quant}, transformers fp32; prompt {len(ids)} "
+        f"model: {path.name}; ninfer {args.dtype} weight_quant={args.weight_quant}, transformers fp32; prompt {len(ids)} "
         f"tokens, decode {args.tokens} tokens, median of {args.repeat}"
     )
     ours: dict[int, float] = {}
