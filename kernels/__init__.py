@@ -1,20 +1,28 @@
-"""Public ops of ninfer. Each op has a naive torch twin (fp32 reference) under kernels/<op>/naive.py.
+"""Public ops of ninfer. Each op has a naive torch twin (fp32 reference) under kernels/<op>/naive.py and,
+where written, a Triton kernel under kernels/<op>/triton.py with the same signature.
 
-Dispatch: Triton on CUDA tensors where an op has a Triton implementation, the naive twin elsewhere;
-NINFER_KERNELS=naive|triton forces one. Triton implementations land op by op; until an op has one,
-every device runs its naive twin.
+Dispatch: Triton on CUDA tensors, the naive twin elsewhere; NINFER_KERNELS=naive|triton forces one
+(triton on CPU tensors needs TRITON_INTERPRET=1, which the tests use). Triton modules are imported on
+first use, so a CPU-only run never imports Triton.
 
 NOTE: `kernels` is also the import name of a Hugging Face library that transformers probes; keep this
 module free of import-time side effects and without a `__version__`.
 """
 
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
 from kernels.conv1d.naive import causal_conv1d
 from kernels.gated_delta.naive import gated_delta_rule
-from kernels.kv_store.naive import kv_store
-from kernels.paged_attention.naive import paged_attention
-from kernels.rmsnorm.naive import rmsnorm, rmsnorm_gated
-from kernels.rope.naive import rope
-from kernels.silu_mul.naive import silu_mul
+from kernels.kv_store import naive as _kv_store_naive
+from kernels.paged_attention import naive as _paged_attention_naive
+from kernels.rmsnorm import naive as _rmsnorm_naive
+from kernels.rope import naive as _rope_naive
+from kernels.silu_mul import naive as _silu_mul_naive
 
 __all__ = [
     "causal_conv1d",
@@ -25,4 +33,47 @@ __all__ = [
     "rmsnorm_gated",
     "rope",
     "silu_mul",
+    "use_triton",
 ]
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether an op on `x` runs its Triton kernel (see the module docstring)."""
+    forced = os.environ.get("NINFER_KERNELS", "")
+    if forced == "naive":
+        return False
+    return forced == "triton" or x.is_cuda
+
+
+def _triton(op: str):
+    return importlib.import_module(f"kernels.{op}.triton")
+
+
+def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
+    impl = _triton("rmsnorm") if use_triton(x) else _rmsnorm_naive
+    return impl.rmsnorm(x, weight, eps, residual, zero_centered)
+
+
+def rmsnorm_gated(x, gate, weight, eps):
+    impl = _triton("rmsnorm") if use_triton(x) else _rmsnorm_naive
+    return impl.rmsnorm_gated(x, gate, weight, eps)
+
+
+def rope(q, k, positions, cos_sin_cache):
+    impl = _triton("rope") if use_triton(q) else _rope_naive
+    return impl.rope(q, k, positions, cos_sin_cache)
+
+
+def silu_mul(x):
+    impl = _triton("silu_mul") if use_triton(x) else _silu_mul_naive
+    return impl.silu_mul(x)
+
+
+def kv_store(k, v, cache, slot_mapping):
+    impl = _triton("kv_store") if use_triton(k) else _kv_store_naive
+    return impl.kv_store(k, v, cache, slot_mapping)
+
+
+def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
+    impl = _triton("paged_attention") if use_triton(q) else _paged_attention_naive
+    return impl.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not torch.cuda.is_available():
+    # Triton kernels run on CPU tensors through the interpreter; set before any kernel module imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # shapes small enough for CPU, big enough to exercise GQA, partial rotary and the hybrid layout
 TINY_COMMON = dict(

@@ -6,11 +6,12 @@ import torch
 
 V4_GROUP = 32  # head_dim elements sharing one V int4 scale
 SCALE_DTYPE = torch.float16
+MIN_SCALE = 2.0**-14  # the smallest normal fp16: an all-zero row keeps a usable scale
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per [..., D] row: x ~ q * scale. Returns q [..., D] int8, scale [..., 1] fp16."""
-    scale = (x.float().abs().amax(-1, keepdim=True) / 127.0).clamp_min(1e-8).to(SCALE_DTYPE)
+    scale = (x.float().abs().amax(-1, keepdim=True) / 127.0).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
     q = (x.float() / scale.float()).round().clamp(-127, 127).to(torch.int8)
     return q, scale
 
@@ -21,7 +22,7 @@ def quantize_int4_grouped(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns packed [..., D/2] uint8 and scale [..., D/V4_GROUP] fp16.
     """
     groups = x.float().unflatten(-1, (-1, V4_GROUP))  # [..., G, V4_GROUP]
-    scale = (groups.abs().amax(-1, keepdim=True) / 7.0).clamp_min(1e-8).to(SCALE_DTYPE)
+    scale = (groups.abs().amax(-1, keepdim=True) / 7.0).clamp_min(MIN_SCALE).to(SCALE_DTYPE)
     q = (groups / scale.float()).round().clamp(-7, 7).to(torch.int8).flatten(-2) + 8  # [..., D] in 1..15
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).to(torch.uint8)
     return packed, scale.squeeze(-1)

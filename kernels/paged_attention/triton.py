@@ -1,0 +1,396 @@
+"""Paged attention in Triton: a flash-attention prefill kernel and a split-K (flash-decoding) decode kernel.
+
+Both read K/V pages through the block table and dequantize every KV dtype in the kernel (see
+engine/cache/kv_layout.py): plain dtypes are cast; int8 K/V carry one fp16 scale per token-head; k8v4's V
+is int4, two dims per byte (even dim in the low nibble), one fp16 scale per V4_GROUP dims. For k8v4 the
+P @ V product runs on the even and the odd dims separately, so no interleave is needed.
+
+Cache layout: data [num_blocks, block_size, Hk, D'] contiguous; token p of sequence b lives in row
+(block_table[b, p // block_size] * block_size + p % block_size) * Hk + h of the flattened cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.kv_quant.naive import V4_GROUP
+
+_PLAIN, _INT8, _K8V4 = 0, 1, 2
+
+
+@triton.jit
+def _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE: tl.constexpr):
+    """Flat cache slots of key positions offs_n of sequence b."""
+    page = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+    return page.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+
+
+@triton.jit
+def _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE: tl.constexpr):
+    """K tile [BLOCK_N, BLOCK_D] in fp32 for head-vector rows `rows` ([BLOCK_N] = slot * Hk + h)."""
+    mask = n_mask[:, None] & (d[None, :] < D)
+    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if MODE != 0:
+        k = k * tl.load(k_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    return k
+
+
+@triton.jit
+def _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE: tl.constexpr):
+    """V tile [BLOCK_N, BLOCK_D] (plain and int8 modes)."""
+    mask = n_mask[:, None] & (d[None, :] < D)
+    v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if MODE == 1:
+        v = v * tl.load(v_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    return v
+
+
+@triton.jit
+def _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP: tl.constexpr):
+    """k8v4 V as (even dims, odd dims) tiles [BLOCK_N, BLOCK_D / 2], dequantized to fp32."""
+    half = D // 2
+    mask = n_mask[:, None] & (j[None, :] < half)
+    packed = tl.load(v_ptr + rows[:, None] * half + j[None, :], mask=mask, other=0).to(tl.int32)
+    num_groups = D // V4_GROUP
+    group = (2 * j) // V4_GROUP
+    scale = tl.load(v_scale_ptr + rows[:, None] * num_groups + group[None, :], mask=mask, other=0.0)
+    scale = scale.to(tl.float32)
+    even = ((packed & 15) - 8).to(tl.float32) * scale
+    odd = ((packed >> 4) - 8).to(tl.float32) * scale
+    return even, odd
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [T, Hq, D]
+    out_ptr,  # [T, Hq, D]
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    cu_seqlens_ptr,  # [B + 1] int32
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    scale,
+    Hk,
+    D,
+    GROUP: tl.constexpr,  # Hq / Hk
+    MODE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # page size
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    V4_GROUP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    m_block = tl.program_id(1)
+    hq = tl.program_id(2)
+    hk = hq // GROUP
+    q_start = tl.load(cu_seqlens_ptr + b)
+    q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    first_pos = seq_len - q_len  # position of this sequence's first query token
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = first_pos + offs_m
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + (q_start + offs_m)[:, None] * stride_qt + hq * stride_qh + d[None, :],
+        mask=m_mask[:, None] & (d[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    q = q * scale
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if MODE == 2:
+        acc_e = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+        acc_o = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+        j = tl.arange(0, BLOCK_D // 2)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # causal: keys up to the last query position of this block
+    kv_end = tl.minimum(seq_len, first_pos + (m_block + 1) * BLOCK_M)
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_end
+        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
+        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MODE == 2:
+            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
+            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even, input_precision=PRECISION)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd, input_precision=PRECISION)
+        else:
+            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    out_rows = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
+    if MODE == 2:
+        mask = m_mask[:, None] & (j[None, :] < D // 2)
+        tl.store(out_rows + 2 * j[None, :], (acc_e / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_rows + 2 * j[None, :] + 1, (acc_o / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask
+        )
+    else:
+        mask = m_mask[:, None] & (d[None, :] < D)
+        tl.store(out_rows + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [B * Q, Hq, D]: Q query tokens per sequence (1 for decode, k + 1 for verification)
+    partial_ptr,  # [B * Q, Hq, NUM_SPLITS, D] fp32: each split's normalised output
+    lse_ptr,  # [B * Q, Hq, NUM_SPLITS] fp32: each split's log-sum-exp (-inf when it saw no key)
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    scale,
+    Hk,
+    D,
+    Q: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # >= Q * GROUP rows: the query tokens x the q heads sharing this kv head
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    V4_GROUP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    r = tl.arange(0, BLOCK_R)
+    qi = r // GROUP  # query token of the row
+    hq = hk * GROUP + r % GROUP
+    r_mask = r < Q * GROUP
+    tok = b * Q + qi
+    q_pos = seq_len - Q + qi
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + hq[:, None] * stride_qh + d[None, :],
+        mask=r_mask[:, None] & (d[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    q = q * scale
+    # this split's share of the keys, in whole BLOCK_N tiles
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(seq_len, start + per_split)
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    if MODE == 2:
+        acc_e = tl.zeros([BLOCK_R, BLOCK_D // 2], tl.float32)
+        acc_o = tl.zeros([BLOCK_R, BLOCK_D // 2], tl.float32)
+        j = tl.arange(0, BLOCK_D // 2)
+    else:
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
+        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_R, BLOCK_N]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MODE == 2:
+            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
+            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even, input_precision=PRECISION)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd, input_precision=PRECISION)
+        else:
+            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+    lse = tl.where(l_i > 0.0, m_i + tl.log(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    num_q_heads = Hk * GROUP
+    base = (tok * num_q_heads + hq) * NUM_SPLITS + split  # [BLOCK_R]
+    tl.store(lse_ptr + base, lse, mask=r_mask)
+    if MODE == 2:
+        mask = r_mask[:, None] & (j[None, :] < D // 2)
+        dst = partial_ptr + base[:, None] * D + 2 * j[None, :]
+        tl.store(dst, acc_e / l_safe[:, None], mask=mask)
+        tl.store(dst + 1, acc_o / l_safe[:, None], mask=mask)
+    else:
+        mask = r_mask[:, None] & (d[None, :] < D)
+        tl.store(partial_ptr + base[:, None] * D + d[None, :], acc / l_safe[:, None], mask=mask)
+
+
+@triton.jit
+def _reduce_kernel(
+    partial_ptr,  # [T, Hq, NUM_SPLITS, D] fp32
+    lse_ptr,  # [T, Hq, NUM_SPLITS] fp32
+    out_ptr,  # [T, Hq, D]
+    stride_ot,
+    stride_oh,
+    Hq,
+    D,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    row = t * Hq + h
+    lse = tl.load(lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp(lse - m)  # splits that saw no key weigh 0
+    parts = tl.load(
+        partial_ptr + (row * NUM_SPLITS + s)[:, None] * D + d[None, :],
+        mask=(s[:, None] < NUM_SPLITS) & (d[None, :] < D),
+        other=0.0,
+    )
+    o = tl.sum(parts * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def _mode(cache) -> int:
+    return {"int8": _INT8, "k8v4": _K8V4}.get(cache.kv_dtype, _PLAIN)
+
+
+def _common(q: torch.Tensor, cache) -> dict:
+    head_dim = q.shape[2]
+    dummy = cache.k_data
+    return dict(
+        k_ptr=cache.k_data,
+        v_ptr=cache.v_data,
+        k_scale_ptr=cache.k_scale if cache.k_scale is not None else dummy,
+        v_scale_ptr=cache.v_scale if cache.v_scale is not None else dummy,
+        MODE=_mode(cache),
+        BLOCK_SIZE=cache.k_data.shape[1],
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        V4_GROUP=V4_GROUP,
+        # fp32 models get exact fp32 products; half-precision ones the tensor-core path
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+
+
+def num_decode_splits(max_context: int) -> int:
+    """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context."""
+    return max(1, min(32, triton.cdiv(max_context, 1024)))
+
+
+def paged_attention_decode(
+    q: torch.Tensor,  # [B * Q, Hq, D]: Q tokens per sequence, the last Q positions of each
+    cache,
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    scale: float,
+    q_per_seq: int = 1,
+) -> torch.Tensor:
+    """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs, num_kv_heads = block_table.shape[0], cache.k_data.shape[2]
+    assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
+    group = num_q_heads // num_kv_heads
+    # NOTE: from the block table's width (a host-side shape), so no device sync picks the split count
+    splits = num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
+    out = torch.empty_like(q)
+    partial = torch.empty((num_tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+        q_ptr=q,
+        partial_ptr=partial,
+        lse_ptr=lse,
+        block_table_ptr=block_table,
+        seq_lens_ptr=seq_lens,
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_bt=block_table.stride(0),
+        scale=scale,
+        Hk=num_kv_heads,
+        D=head_dim,
+        Q=q_per_seq,
+        GROUP=group,
+        NUM_SPLITS=splits,
+        BLOCK_R=max(16, triton.next_power_of_2(q_per_seq * group)),
+        BLOCK_N=max(16, cache.k_data.shape[1]),
+        **_common(q, cache),
+    )
+    _reduce_kernel[(num_tokens, num_q_heads)](
+        partial,
+        lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        num_q_heads,
+        head_dim,
+        NUM_SPLITS=splits,
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    cache,
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    scale: float,
+) -> torch.Tensor:
+    """See kernels/paged_attention/naive.py. One token per sequence (T == B) takes the split-K decode
+    kernel; anything else the prefill kernel."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs = block_table.shape[0]
+    if num_tokens == num_seqs:
+        return paged_attention_decode(q, cache, block_table, seq_lens, scale)
+    assert q.stride(-1) == 1 and cache.k_data.is_contiguous()
+    out = torch.empty_like(q)
+    block_m = 32
+    num_kv_heads = cache.k_data.shape[2]
+    # NOTE: T bounds every sequence's query count, so the grid needs no device sync
+    _prefill_kernel[(num_seqs, triton.cdiv(num_tokens, block_m), num_q_heads)](
+        q_ptr=q,
+        out_ptr=out,
+        block_table_ptr=block_table,
+        seq_lens_ptr=seq_lens,
+        cu_seqlens_ptr=cu_seqlens_q,
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_ot=out.stride(0),
+        stride_oh=out.stride(1),
+        stride_bt=block_table.stride(0),
+        scale=scale,
+        Hk=num_kv_heads,
+        D=head_dim,
+        GROUP=num_q_heads // num_kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_N=max(16, cache.k_data.shape[1]),
+        **_common(q, cache),
+    )
+    return out
