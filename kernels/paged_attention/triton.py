@@ -18,6 +18,7 @@ import triton.language as tl
 from kernels.kv_quant.naive import V4_GROUP
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
+_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
@@ -89,6 +90,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     V4_GROUP: tl.constexpr,
     PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
 ):
     b = tl.program_id(0)
     m_block = tl.program_id(1)
@@ -109,7 +111,7 @@ def _prefill_kernel(
         mask=m_mask[:, None] & (d[None, :] < D),
         other=0.0,
     ).to(tl.float32)
-    q = q * scale
+    q = (q * scale).to(DOT_DTYPE)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     if MODE == 2:
@@ -125,7 +127,7 @@ def _prefill_kernel(
         n_mask = offs_n < kv_end
         rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
         k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -135,11 +137,15 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MODE == 2:
             v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
-            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even, input_precision=PRECISION)
-            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd, input_precision=PRECISION)
+            acc_e = acc_e * alpha[:, None] + tl.dot(
+                p.to(DOT_DTYPE), v_even.to(DOT_DTYPE), input_precision=PRECISION
+            )
+            acc_o = acc_o * alpha[:, None] + tl.dot(
+                p.to(DOT_DTYPE), v_odd.to(DOT_DTYPE), input_precision=PRECISION
+            )
         else:
             v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out_rows = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
@@ -181,6 +187,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     V4_GROUP: tl.constexpr,
     PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -198,7 +205,7 @@ def _decode_kernel(
         mask=r_mask[:, None] & (d[None, :] < D),
         other=0.0,
     ).to(tl.float32)
-    q = q * scale
+    q = (q * scale).to(DOT_DTYPE)
     # this split's share of the keys, in whole BLOCK_N tiles
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
@@ -216,7 +223,7 @@ def _decode_kernel(
         n_mask = offs_n < end
         rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
         k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_R, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [BLOCK_R, BLOCK_N]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -226,11 +233,15 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MODE == 2:
             v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
-            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even, input_precision=PRECISION)
-            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd, input_precision=PRECISION)
+            acc_e = acc_e * alpha[:, None] + tl.dot(
+                p.to(DOT_DTYPE), v_even.to(DOT_DTYPE), input_precision=PRECISION
+            )
+            acc_o = acc_o * alpha[:, None] + tl.dot(
+                p.to(DOT_DTYPE), v_odd.to(DOT_DTYPE), input_precision=PRECISION
+            )
         else:
             v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
     lse = tl.where(l_i > 0.0, m_i + tl.log(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -293,9 +304,16 @@ def _common(q: torch.Tensor, cache) -> dict:
         BLOCK_SIZE=cache.k_data.shape[1],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         V4_GROUP=V4_GROUP,
-        # fp32 models get exact fp32 products; half-precision ones the tensor-core path
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # fp32 models get exact fp32 products; half-precision models on a GPU multiply in their own dtype
+        # (the tensor-core path). NOTE: the interpreter keeps fp32 (its half-precision arithmetic is unreliable)
+        PRECISION="ieee" if q.dtype == torch.float32 or not q.is_cuda else "tf32",
+        DOT_DTYPE=_DOT_DTYPES.get(q.dtype, tl.float32) if q.is_cuda else tl.float32,
     )
+
+
+def _block_n(cache) -> int:
+    """Keys per inner step: several pages at once (a page may hold as few as 4 tokens), fewer at head_dim 256."""
+    return max(16, cache.k_data.shape[1], min(64, 8192 // cache.k_data.shape[3]))
 
 
 def num_decode_splits(max_context: int) -> int:
@@ -337,7 +355,7 @@ def paged_attention_decode(
         GROUP=group,
         NUM_SPLITS=splits,
         BLOCK_R=max(16, triton.next_power_of_2(q_per_seq * group)),
-        BLOCK_N=max(16, cache.k_data.shape[1]),
+        BLOCK_N=_block_n(cache),
         **_common(q, cache),
     )
     _reduce_kernel[(num_tokens, num_q_heads)](
@@ -390,7 +408,7 @@ def paged_attention(
         D=head_dim,
         GROUP=num_q_heads // num_kv_heads,
         BLOCK_M=block_m,
-        BLOCK_N=max(16, cache.k_data.shape[1]),
+        BLOCK_N=_block_n(cache),
         **_common(q, cache),
     )
     return out

@@ -1,0 +1,161 @@
+"""Microbenchmarks of the Triton kernels on a CUDA device: shape, time, achieved GB/s or TFLOP/s and % of
+the device's peak, as a markdown table (and JSON with --json FILE).
+
+Shapes are the Qwen3.5-27B ones (hidden 5120, 24 q heads / 4 kv heads x 256, MLP 17408), random data.
+
+    python benchmarks/gpu_kernels.py [--json FILE] [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+from engine.cache.kv_layout import KVCache
+from kernels.kv_store import triton as kv_store_triton
+from kernels.paged_attention import triton as attention
+from kernels.rmsnorm import triton as rmsnorm_triton
+from kernels.rope import triton as rope_triton
+from kernels.silu_mul import triton as silu_mul_triton
+
+# dense peaks (no sparsity): HBM bytes/s and bf16 tensor FLOP/s
+PEAKS = {
+    "H200": (4.8e12, 989e12),
+    "H100": (3.35e12, 989e12),
+    "RTX 3090": (936e9, 71e12),
+    "A100": (2.0e12, 312e12),
+}
+
+
+def device_peaks() -> tuple[float, float, str]:
+    name = torch.cuda.get_device_name()
+    for key, (bw, flops) in PEAKS.items():
+        if key in name:
+            return bw, flops, f"{name} (table)"
+    try:  # memory clock x bus width from NVML for other cards
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM) * 1e6
+        bw = clock * 2 * pynvml.nvmlDeviceGetMemoryBusWidth(h) / 8
+        return bw, float("nan"), f"{name} (NVML memory clock x bus width)"
+    except Exception:  # noqa: BLE001 - any NVML failure: no peak, the table shows n/a
+        return float("nan"), float("nan"), name
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e-3  # seconds
+
+
+def decode_case(kv_dtype: str, context: int, batch: int = 1):
+    num_q, num_kv, head_dim, block_size = 24, 4, 256, 16
+    blocks_per_seq = context // block_size
+    cache = KVCache.allocate(kv_dtype, batch * blocks_per_seq, block_size, num_kv, head_dim, "cuda")
+    for t in (cache.k_data, cache.v_data):
+        t.view(torch.uint8).random_(0, 120)  # finite values of any dtype
+    for t in (cache.k_scale, cache.v_scale):
+        if t is not None:
+            t.fill_(0.01)
+    table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device="cuda").view(batch, -1)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, num_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    return q, cache, table, seq_lens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    peak_bw, peak_flops, device = device_peaks()
+    rows = []
+
+    def record(kernel, shape, seconds, bytes_moved=None, flops=None):
+        row = {"kernel": kernel, "shape": shape, "us": seconds * 1e6}
+        if bytes_moved is not None:
+            row["GB/s"] = bytes_moved / seconds / 1e9
+            row["% peak"] = 100 * bytes_moved / seconds / peak_bw
+        if flops is not None:
+            row["TFLOP/s"] = flops / seconds / 1e12
+            row["% peak"] = 100 * flops / seconds / peak_flops
+        rows.append(row)
+        print(row, flush=True)
+
+    bf = torch.bfloat16
+    for tokens in (1, 8192):
+        x = torch.randn(tokens, 5120, device="cuda", dtype=bf)
+        w = torch.randn(5120, device="cuda", dtype=bf)
+        r = torch.randn(tokens, 5120, device="cuda", dtype=bf)
+        t = bench(lambda x=x, w=w, r=r: rmsnorm_triton.rmsnorm(x, w, 1e-6, r))
+        record("rmsnorm+residual", f"[{tokens}, 5120] bf16", t, bytes_moved=x.numel() * 2 * 5)
+        g = torch.randn(tokens, 2 * 17408, device="cuda", dtype=bf)
+        t = bench(lambda g=g: silu_mul_triton.silu_mul(g))
+        record("silu_mul", f"[{tokens}, 2x17408] bf16", t, bytes_moved=g.numel() * 2 * 3 // 2)
+        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
+        k = torch.randn(tokens, 4, 256, device="cuda", dtype=bf)
+        pos = torch.arange(tokens, device="cuda")
+        cache = torch.randn(262144, 64, device="cuda")
+        t = bench(lambda q=q, k=k, pos=pos, cache=cache: rope_triton.rope(q, k, pos, cache))
+        record(
+            "rope",
+            f"q [{tokens}, 24, 256], k [{tokens}, 4, 256], rotary 64",
+            t,
+            bytes_moved=(q.numel() + k.numel()) * 4,
+        )
+        for kv in ("bf16", "k8v4"):
+            kvc = KVCache.allocate(kv, tokens // 16 + 1, 16, 4, 256, "cuda")
+            slots = torch.arange(tokens, device="cuda")
+            t = bench(lambda k=k, kvc=kvc, slots=slots: kv_store_triton.kv_store(k, k, kvc, slots))
+            written = kvc.num_bytes * tokens // (kvc.k_data.shape[0] * 16)
+            record(f"kv_store {kv}", f"[{tokens}, 4, 256]", t, bytes_moved=k.numel() * 2 * 2 + written)
+    for kv in ("bf16", "fp8", "int8", "k8v4"):
+        if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+            continue
+        for context in (32768, 131072):
+            q, cache, table, seq_lens = decode_case(kv, context)
+            t = bench(
+                lambda q=q, cache=cache, table=table, seq_lens=seq_lens: attention.paged_attention_decode(
+                    q, cache, table, seq_lens, 0.0625
+                )
+            )
+            record(
+                f"decode attention {kv}",
+                f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
+                t,
+                bytes_moved=cache.num_bytes,
+            )
+    # prefill: 8K new tokens, causal, bf16 KV
+    tokens = 8192
+    q, cache, table, seq_lens = decode_case("bf16", tokens)
+    q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
+    flops = 2 * 2 * 24 * 256 * tokens * tokens / 2  # QK^T and PV, causal half
+    record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=flops)
+
+    lines = [
+        f"device: {device}; peaks: {peak_bw / 1e9:.0f} GB/s, {peak_flops / 1e12:.0f} TFLOP/s bf16",
+        "",
+        "| kernel | shape | µs | GB/s | TFLOP/s | % peak |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kernel']} | {r['shape']} | {r['us']:.1f} | {r.get('GB/s', float('nan')):.0f} | "
+            f"{r.get('TFLOP/s', float('nan')):.1f} | {r.get('% peak', float('nan')):.0f} |"
+        )
+    print("\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
