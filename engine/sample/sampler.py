@@ -6,6 +6,7 @@ import torch
 
 from engine.request import SamplingParams
 from engine.scheduler.output import SampledToken
+from engine.transfer import to_device
 
 
 def apply_penalties(
@@ -14,13 +15,13 @@ def apply_penalties(
     """Repetition penalty over prompt + output tokens; presence / frequency penalties over output tokens."""
     # logits: [V] fp32 (a copy: modified in place)
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
+        seen = to_device(sorted(set(prompt_ids) | set(output_ids)), torch.long, logits.device)
         vals = logits[seen]
         logits[seen] = torch.where(
             vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
         )
     if output_ids and (params.presence_penalty or params.frequency_penalty):
-        ids = torch.tensor(output_ids, dtype=torch.long, device=logits.device)
+        ids = to_device(output_ids, torch.long, logits.device)
         counts = torch.zeros_like(logits).index_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -94,12 +95,12 @@ class Sampler:
         token_ids = logits.argmax(dim=-1)  # [B]
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
-            rows = torch.tensor(sampled_rows, device=device)
+            rows = to_device(sampled_rows, torch.long, device)
             sub = [params[i] for i in sampled_rows]
-            temperature = torch.tensor([p.temperature for p in sub], device=device)
-            top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in sub], device=device)
-            top_p = torch.tensor([p.top_p for p in sub], device=device)
-            min_p = torch.tensor([p.min_p for p in sub], device=device)
+            temperature = to_device([p.temperature for p in sub], torch.float32, device)
+            top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in sub], torch.long, device)
+            top_p = to_device([p.top_p for p in sub], torch.float32, device)
+            min_p = to_device([p.min_p for p in sub], torch.float32, device)
             use_sort = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in sub)
             use_min_p = any(p.min_p > 0.0 for p in sub)
             x = _filter(logits[rows] / temperature.unsqueeze(1), top_k, top_p, min_p, use_sort, use_min_p)

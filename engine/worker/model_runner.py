@@ -11,6 +11,7 @@ from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
+from engine.transfer import to_device
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 
@@ -97,7 +98,7 @@ class ModelRunner:
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
 
         def tensor(x, dtype):
-            return torch.tensor(x, dtype=dtype, device=self.device)
+            return to_device(x, dtype, self.device)
 
         ctx = ForwardContext(
             cu_seqlens_q=tensor(cu_seqlens, torch.int32),
