@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ninfer_cli import chat
+from ninfer_cli import chat, convert
 
 app = typer.Typer(
     name="ninfer",
@@ -21,6 +21,7 @@ def main() -> None:
 
 
 app.command("chat")(chat.chat)
+app.command("convert")(convert.convert)
 
 if __name__ == "__main__":
     app()

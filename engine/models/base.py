@@ -50,6 +50,22 @@ class CausalLM(nn.Module):
         """Map a checkpoint tensor name to this model's naming; None skips the tensor."""
         return name
 
+    def param_for(self, ckpt_name: str) -> tuple[str, str | None] | None:
+        """(parameter name, shard id or None) a checkpoint tensor loads into; None when it has none here
+        (skipped tensors, mtp.* heads, a tied head stored anyway)."""
+        name = self.checkpoint_name(ckpt_name)
+        if name is None or name.startswith("mtp."):
+            return None
+        shard = None
+        for part, (fused, shard_id) in self.packed_modules_mapping.items():
+            if f".{part}." in name:
+                name, shard = name.replace(f".{part}.", f".{fused}."), shard_id
+                break
+        for part, new in self.renamed_params.items():
+            if name.endswith(part):
+                name = name[: -len(part)] + new
+        return name, shard
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids, positions: [T] -> hidden: [T, hidden]
         return self.model(input_ids, positions)
@@ -68,20 +84,13 @@ class CausalLM(nn.Module):
         expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
         loaded: set[tuple[str, str | None]] = set()
         for ckpt_name, tensor in weights:
-            name = self.checkpoint_name(ckpt_name)
-            if name is None:
+            mapped = self.param_for(ckpt_name)
+            if mapped is None:
+                name = self.checkpoint_name(ckpt_name)
+                if name is not None and name.startswith("mtp."):
+                    self.extra_weights[name] = tensor.to(self.lm_head.weight.dtype)
                 continue
-            if name.startswith("mtp."):
-                self.extra_weights[name] = tensor.to(self.lm_head.weight.dtype)
-                continue
-            shard = None
-            for part, (fused, shard_id) in self.packed_modules_mapping.items():
-                if f".{part}." in name:
-                    name, shard = name.replace(f".{part}.", f".{fused}."), shard_id
-                    break
-            for part, new in self.renamed_params.items():
-                if name.endswith(part):
-                    name = name[: -len(part)] + new
+            name, shard = mapped
             param = params.get(name)
             if param is None:
                 continue  # e.g. a tied lm_head stored anyway, or rotary buffers of old checkpoints

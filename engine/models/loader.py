@@ -9,6 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import NinferError
+from engine.formats.container import SUFFIX, load_container
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
@@ -38,14 +39,20 @@ def default_model_path() -> Path:
 def open_source(model: str | Path | None) -> ModelSource:
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
-        raise NinferError(f"{path} does not exist; pass an HF checkpoint directory or a .gguf file")
+        raise NinferError(
+            f"{path} does not exist; pass an HF checkpoint directory, a .gguf or a .ninfer file"
+        )
     if path.is_dir():
         return load_hf_dir(path)
     if path.suffix == ".gguf":
         return load_gguf(path)
+    if path.suffix == SUFFIX:
+        return load_container(path)
     if path.name == "config.json":
         return load_hf_dir(path.parent)
-    raise NinferError(f"cannot tell the format of {path}; pass an HF checkpoint directory or a .gguf file")
+    raise NinferError(
+        f"cannot tell the format of {path}; pass an HF checkpoint directory, a .gguf or a .ninfer file"
+    )
 
 
 def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:

@@ -1,0 +1,94 @@
+"""Perplexity of the embedded SmolLM2 model under every `ninfer convert` recipe, against the dequantized
+source (the GGUF's weights in fp32) as the reference, on a fixed English text that ships with Python.
+
+Text: the topics of Python's own documentation (`pydoc_data.topics`, sorted by name, joined by blank
+lines), its first --tokens tokens, scored in windows of --window tokens (each window scored from its
+first token, no overlap). Every engine runs weight_quant=none, so a recipe's own rounding is what is
+measured. Prints bits/weight, perplexity and the change against the reference.
+
+    python benchmarks/quant_quality.py [--tokens 24576] [--window 1024] [--recipes q4.6,w4g128,w6g128,w8g128,bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import pydoc_data.topics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from engine import LLM
+from engine.models.loader import default_model_path
+from engine.quant.calibration import sequence_logprobs
+from engine.quant.convert import convert
+
+
+def corpus() -> str:
+    topics = pydoc_data.topics.topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def perplexity(llm: LLM, tokens: list[int], window: int) -> float:
+    nll, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, window):
+        chunk = tokens[start : start + window + 1]
+        if len(chunk) < 2:
+            break
+        lp = sequence_logprobs(llm, chunk[:-1])  # [W, V]
+        target = torch.tensor(chunk[1:])
+        nll -= lp.gather(1, target[:, None]).sum().item()
+        count += len(chunk) - 1
+    return math.exp(nll / count)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=24576)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--recipes", default="q4.6,w4g128,w6g128,w8g128,bf16")
+    args = ap.parse_args()
+    src = default_model_path()
+    options = dict(
+        weight_quant="none", enable_prefix_caching=False, max_concurrency=1, max_context=args.window + 8
+    )
+    reference = LLM(src, **options)
+    tokens = reference.tokenizer.encode(corpus(), add_special_tokens=False)[: args.tokens]
+    print(
+        f"python {sys.version.split()[0]} pydoc_data.topics, {len(tokens)} tokens, windows of {args.window}"
+    )
+    print(f"machine: {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    t0 = time.perf_counter()
+    base = perplexity(reference, tokens, args.window)
+    print(
+        f"{'source (GGUF Q4_1/Q8_0 dequantized)':38s} ppl {base:8.3f}   ({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
+    del reference
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in args.recipes.split(","):
+            out = Path(tmp) / f"smollm2-{recipe}.ninfer"
+            t0 = time.perf_counter()
+            rows = convert(src, out, recipe)
+            weights = sum(r["bytes"] * 8 / r["bits_per_weight"] for r in rows if r["bits_per_weight"])
+            matrix_rows = [r for r in rows if r["kind"].endswith("weight") and r["bits"] not in ("32",)]
+            matrix_bits = sum(r["bytes"] * 8 for r in matrix_rows) / max(
+                sum(r["bytes"] * 8 / r["bits_per_weight"] for r in matrix_rows), 1
+            )
+            llm = LLM(out, **options)
+            ppl = perplexity(llm, tokens, args.window)
+            print(
+                f"{recipe:38s} ppl {ppl:8.3f}   {100 * (ppl / base - 1):+6.2f}%   "
+                f"{matrix_bits:5.2f} bits/weight (matrices), {out.stat().st_size / 2**20:6.1f} MiB, "
+                f"{weights / 1e6:.0f}M weights   ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+            del llm
+
+
+if __name__ == "__main__":
+    main()

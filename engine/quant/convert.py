@@ -1,0 +1,139 @@
+"""`ninfer convert`: an HF checkpoint directory or a GGUF file -> a `.ninfer` container, tensor by tensor."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.errors import NinferError
+from engine.formats.container import SUFFIX, write_container
+from engine.models.loader import open_source
+from engine.quant.calibration import sequence_logprobs
+from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
+from engine.quant.recipes import (
+    CALIBRATION_TEXT,
+    GROUP_SIZE,
+    RECIPES,
+    Plan,
+    is_quantizable,
+    mixed_plan,
+    uniform_plan,
+)
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def _kind(name: str) -> str:
+    return re.sub(r"\.\d+\.", ".*.", name)
+
+
+@torch.inference_mode()
+def measure_sensitivity(
+    src: str | Path, progress: Progress | None = None
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Per quantizable checkpoint tensor: KL(unquantized || that tensor alone at 4 bits) of the next-token
+    distributions over the calibration text, and its number of weights."""
+    from engine.llm import LLM
+
+    llm = LLM(src, weight_quant="none", enable_prefix_caching=False, max_concurrency=1, prefill_chunk=4096)
+    model = llm.model
+    if llm.tokenizer is not None:
+        tokens = llm.tokenizer.encode(CALIBRATION_TEXT)
+    else:
+        generator = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, llm.model_config.vocab_size, (160,), generator=generator).tolist()
+    tokens = tokens[: llm.max_context - 1]
+
+    def logprobs() -> torch.Tensor:
+        return sequence_logprobs(llm, tokens)
+
+    base = logprobs()
+    params = dict(model.named_parameters())
+    source = open_source(src)
+    names = [(name, t) for name, t in source.weights() if is_quantizable(name, t)]
+    sensitivity, numel = {}, {}
+    for i, (name, tensor) in enumerate(names):
+        mapped = model.param_for(name)
+        param = params.get(mapped[0]) if mapped else None
+        numel[name] = tensor.numel()
+        if param is None:
+            sensitivity[name] = 0.0
+            continue
+        shard = mapped[1]
+
+        def load(t, param=param, shard=shard):
+            param.weight_loader(param, t, shard) if shard else param.weight_loader(param, t)
+
+        load(dequantize(quantize(tensor, 4, GROUP_SIZE)))
+        perturbed = logprobs()
+        load(tensor)
+        sensitivity[name] = torch.sum(base.exp() * (base - perturbed), dim=-1).mean().item()
+        if progress:
+            progress("measuring sensitivity", i + 1, len(names))
+    return sensitivity, numel
+
+
+def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None) -> list[dict]:
+    """Write `out` (.ninfer) from `src` under `recipe`; returns the per-kind summary rows."""
+    if recipe not in RECIPES:
+        raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
+    out = Path(out)
+    if out.suffix != SUFFIX:
+        raise NinferError(f"the output must end in {SUFFIX} (got {out.name})")
+    if not out.parent.is_dir():
+        raise NinferError(f"{out.parent} does not exist; create it or write elsewhere")
+    source = open_source(src)
+    if recipe == "q4.6":
+        sensitivity, numel = measure_sensitivity(src, progress)
+        plan = mixed_plan(sensitivity, numel)
+    else:
+        plan = uniform_plan(recipe, {})  # uniform: decided per tensor as it streams
+
+    summary: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "weights": 0, "bytes": 0, "bits": set()})
+    state = {"done": 0}
+
+    def stored():
+        for name, tensor in source.weights():
+            kept = _store(plan, recipe, name, tensor)
+            row = summary[_kind(name)]
+            row["tensors"] += 1
+            row["weights"] += tensor.numel()
+            if isinstance(kept, QuantizedTensor):
+                row["bytes"] += kept.nbytes
+                row["bits"].add(kept.bits)
+            else:
+                row["bytes"] += kept.numel() * kept.element_size()
+                row["bits"].add(kept.element_size() * 8)
+            state["done"] += 1
+            if progress:
+                progress("writing", state["done"], 0)
+            yield name, kept
+
+    src_desc = {"path": str(src), "description": source.description}
+    write_container(out, source.config, source.tokenizer, stored(), recipe, src_desc)
+    rows = []
+    for kind, row in sorted(summary.items()):
+        rows.append(
+            {
+                "kind": kind,
+                "tensors": row["tensors"],
+                "bits": "/".join(str(b) for b in sorted(row["bits"])),
+                "bytes": row["bytes"],
+                "bits_per_weight": 8 * row["bytes"] / max(row["weights"], 1),
+            }
+        )
+    return rows
+
+
+def _store(plan: Plan, recipe: str, name: str, tensor: torch.Tensor):
+    if recipe == "bf16":
+        return tensor.to(torch.bfloat16)
+    if recipe == "q4.6":
+        return plan.quantize(name, tensor)
+    if is_quantizable(name, tensor):
+        return quantize(tensor, int(recipe[1]), GROUP_SIZE)
+    return tensor.float()

@@ -1,0 +1,135 @@
+"""Group-wise weight quantization along the input dimension, with packing.
+
+A weight W [N, K] is split into groups of `group_size` input columns (K padded with zeros to a multiple).
+* 4 and 6 bits: asymmetric, w ~ q * scale + minimum, q in [0, 2^bits - 1], fp16 scale and minimum per
+  group. 4-bit codes are stored two per byte (even column in the low nibble); 6-bit codes four per three
+  bytes (little-endian 24-bit words).
+* 8 bits: symmetric, w ~ q * scale, q in [-127, 127], one fp16 scale per group, stored as int8.
+
+Each group's range is chosen by a clipping search: the candidate range (shrunk by one of CLIP_RATIOS)
+with the least squared reconstruction error of the group wins, which trims outliers that would
+otherwise waste most of the grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BITS = (4, 6, 8)
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+
+
+@dataclass
+class QuantizedTensor:
+    bits: int
+    group_size: int
+    shape: tuple[int, int]  # [N, K] of the original weight
+    packed: torch.Tensor  # uint8 [N, Kp / 2] (4-bit), [N, 3 Kp / 4] (6-bit), int8 [N, Kp] (8-bit)
+    scales: torch.Tensor  # fp16 [N, Kp / group_size]
+    minimums: torch.Tensor | None  # fp16 [N, Kp / group_size] (4 and 6 bits)
+
+    @property
+    def padded_k(self) -> int:
+        return self.scales.shape[1] * self.group_size
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.minimums.numel() * 2 if self.minimums is not None else 0
+        return self.packed.numel() * self.packed.element_size() + self.scales.numel() * 2 + extra
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / (self.shape[0] * self.shape[1])
+
+
+def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = w.shape
+    kp = -(-k // group_size) * group_size
+    if kp != k:
+        w = torch.nn.functional.pad(w, (0, kp - k))
+    return w.reshape(n, kp // group_size, group_size)  # [N, G, group]
+
+
+def _fake_quant(g: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor):
+    """Quantize groups g [N, G, S] to the range [lo, hi] (asymmetric) or [-hi, hi] (8-bit symmetric)."""
+    if bits == 8:
+        scale = (hi / 127.0).clamp_min(1e-10).half().float()
+        q = torch.round(g / scale[..., None]).clamp(-127, 127)
+        return q, scale, None, q * scale[..., None]
+    levels = 2**bits - 1
+    scale = ((hi - lo) / levels).clamp_min(1e-10).half().float()
+    minimum = lo.half().float()
+    q = torch.round((g - minimum[..., None]) / scale[..., None]).clamp(0, levels)
+    return q, scale, minimum, q * scale[..., None] + minimum[..., None]
+
+
+def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: bool = True) -> QuantizedTensor:
+    """Quantize W [N, K] group-wise (see the module docstring)."""
+    assert bits in BITS, f"bits must be one of {BITS}"
+    g = _grouped(w.float(), group_size)
+    if bits == 8:
+        base_lo, base_hi = None, g.abs().amax(-1)
+    else:
+        base_lo, base_hi = g.amin(-1), g.amax(-1)
+    best = None
+    for ratio in CLIP_RATIOS if clip_search else (1.0,):
+        lo = base_lo * ratio if base_lo is not None else None
+        q, scale, minimum, deq = _fake_quant(g, bits, lo, base_hi * ratio)
+        err = (deq - g).pow(2).sum(-1)  # [N, G]
+        if best is None:
+            best = [err, q, scale, minimum]
+            continue
+        better = err < best[0]
+        best[0] = torch.where(better, err, best[0])
+        best[1] = torch.where(better[..., None], q, best[1])
+        best[2] = torch.where(better, scale, best[2])
+        if minimum is not None:
+            best[3] = torch.where(better, minimum, best[3])
+    _, q, scale, minimum = best
+    n = w.shape[0]
+    codes = q.reshape(n, -1)
+    return QuantizedTensor(
+        bits=bits,
+        group_size=group_size,
+        shape=(w.shape[0], w.shape[1]),
+        packed=pack(codes, bits),
+        scales=scale.half(),
+        minimums=minimum.half() if minimum is not None else None,
+    )
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes [N, Kp] (float or int) -> packed storage (see the module docstring)."""
+    if bits == 8:
+        return codes.to(torch.int8)
+    c = codes.to(torch.int32)
+    if bits == 4:
+        return (c[:, 0::2] | (c[:, 1::2] << 4)).to(torch.uint8)
+    word = c[:, 0::4] | (c[:, 1::4] << 6) | (c[:, 2::4] << 12) | (c[:, 3::4] << 18)  # 24-bit words
+    return (
+        torch.stack([word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF], dim=-1).flatten(1).to(torch.uint8)
+    )
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packed storage -> codes [N, Kp] int32 (8-bit: the signed values)."""
+    if bits == 8:
+        return packed.to(torch.int32)
+    p = packed.to(torch.int32)
+    if bits == 4:
+        return torch.stack([p & 0xF, p >> 4], dim=-1).flatten(1)
+    b = p.reshape(p.shape[0], -1, 3)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    return torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(1)
+
+
+def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [N, K] the quantized tensor stands for."""
+    n, k = qt.shape
+    codes = unpack(qt.packed, qt.bits).float().reshape(n, -1, qt.group_size)
+    w = codes * qt.scales.float()[..., None]
+    if qt.minimums is not None:
+        w = w + qt.minimums.float()[..., None]
+    return w.reshape(n, -1)[:, :k].to(dtype)
