@@ -20,6 +20,7 @@ from kernels.conv1d.naive import causal_conv1d
 from kernels.gated_delta.naive import gated_delta_rule
 from kernels.kv_store import naive as _kv_store_naive
 from kernels.paged_attention import naive as _paged_attention_naive
+from kernels.quant_matmul import naive as _quant_matmul_naive
 from kernels.rmsnorm import naive as _rmsnorm_naive
 from kernels.rope import naive as _rope_naive
 from kernels.silu_mul import naive as _silu_mul_naive
@@ -29,6 +30,7 @@ __all__ = [
     "gated_delta_rule",
     "kv_store",
     "paged_attention",
+    "quant_matmul",
     "rmsnorm",
     "rmsnorm_gated",
     "rope",
@@ -77,3 +79,8 @@ def kv_store(k, v, cache, slot_mapping):
 def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     impl = _triton("paged_attention") if use_triton(q) else _paged_attention_naive
     return impl.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+
+
+def quant_matmul(x, packed, scales, minimums, bits, group_size):
+    impl = _triton("quant_matmul") if use_triton(x) else _quant_matmul_naive
+    return impl.quant_matmul(x, packed, scales, minimums, bits, group_size)

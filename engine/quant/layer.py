@@ -1,0 +1,53 @@
+"""A linear weight kept group-wise quantized in memory, multiplied by the fused dequant matmul kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from engine.quant.groupwise import QuantizedTensor
+
+
+@dataclass
+class GroupwiseWeight:
+    bits: int
+    group_size: int
+    k: int
+    packed: torch.Tensor  # [N, Kp / 2] uint8 (4-bit) or [N, Kp] int8 (8-bit)
+    scales: torch.Tensor  # [N, G] fp16
+    minimums: torch.Tensor | None  # [N, G] fp16 (4-bit)
+
+    @staticmethod
+    def from_shards(shards: list[QuantizedTensor], device: torch.device | str) -> GroupwiseWeight:
+        """One weight from checkpoint tensors fused along the output dim (q|k|v, gate|up): rows concatenated."""
+        first = shards[0]
+        assert all(
+            (s.bits, s.group_size, s.shape[1]) == (first.bits, first.group_size, first.shape[1])
+            for s in shards
+        )
+
+        def cat(ts):
+            return torch.cat(ts, dim=0).to(device).contiguous()
+
+        return GroupwiseWeight(
+            bits=first.bits,
+            group_size=first.group_size,
+            k=first.shape[1],
+            packed=cat([s.packed for s in shards]),
+            scales=cat([s.scales for s in shards]),
+            minimums=cat([s.minimums for s in shards]) if first.minimums is not None else None,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.packed, self.scales, self.minimums]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [M, K] -> [M, N]
+        return kernels.quant_matmul(x, self.packed, self.scales, self.minimums, self.bits, self.group_size)
+
+
+SUPPORTED_BITS = (4, 8)  # the fused kernel's widths; 6-bit tensors are dequantized at load
