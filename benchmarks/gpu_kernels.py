@@ -15,8 +15,10 @@ import torch
 import triton.testing
 
 from engine.cache.kv_layout import KVCache
+from engine.quant.groupwise import quantize
 from kernels.kv_store import triton as kv_store_triton
 from kernels.paged_attention import triton as attention
+from kernels.quant_matmul import triton as quant_matmul_triton
 from kernels.rmsnorm import triton as rmsnorm_triton
 from kernels.rope import triton as rope_triton
 from kernels.silu_mul import triton as silu_mul_triton
@@ -128,6 +130,23 @@ def main() -> None:
                 t,
                 bytes_moved=cache.num_bytes,
             )
+    # W4A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes counted
+    w = torch.randn(17408, 5120) * 0.02
+    for bits in (4, 8):
+        qt = quantize(w, bits, 128, clip_search=False)
+        packed, scales = qt.packed.cuda(), qt.scales.cuda()
+        mins = qt.minimums.cuda() if qt.minimums is not None else None
+        for m in (1, 8, 512):
+            x = torch.randn(m, 5120, device="cuda", dtype=bf)
+            t = bench(
+                lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
+                    x, p, s, z, b, 128
+                )
+            )
+            if m <= 8:
+                record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+            else:
+                record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
     # prefill: 8K new tokens, causal, bf16 KV
     tokens = 8192
     q, cache, table, seq_lens = decode_case("bf16", tokens)
