@@ -68,6 +68,22 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     return model.eval()
 
 
+def hf_greedy_reference(model, ids: list[int], num_tokens: int):
+    """transformers' greedy continuation of `ids` and the log-softmax of each step's logits (fp32)."""
+    # NOTE: no EOS in the reference's generation config, so it runs every step without suppressing a token
+    model.generation_config.eos_token_id = None
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=num_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    return tokens, [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]
+
+
 def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kwargs)

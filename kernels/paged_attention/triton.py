@@ -64,6 +64,78 @@ def _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP: tl.constexpr):
 
 
 @triton.jit
+def _attend(
+    q,  # [ROWS, BLOCK_D] queries, pre-scaled, in DOT_DTYPE
+    q_pos,  # [ROWS] position of each query row
+    start,
+    end,  # the key positions [start, end) this program covers
+    b,
+    hk,
+    block_table_ptr,
+    stride_bt,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    Hk,
+    D,
+    ROWS: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    V4_GROUP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """Online softmax over keys [start, end), causal by q_pos. Returns (m, l, acc, acc_even, acc_odd): the
+    unnormalised output is acc (plain / int8) or the even and odd dims (k8v4)."""
+    d = tl.arange(0, BLOCK_D)
+    j = tl.arange(0, BLOCK_D // 2)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    acc_e = tl.zeros([ROWS, BLOCK_D // 2], tl.float32)
+    acc_o = tl.zeros([ROWS, BLOCK_D // 2], tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
+        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = p.to(DOT_DTYPE)
+        if MODE == 2:
+            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
+            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even.to(DOT_DTYPE), input_precision=PRECISION)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd.to(DOT_DTYPE), input_precision=PRECISION)
+        else:
+            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc, acc_e, acc_o
+
+
+@triton.jit
+def _store_rows(base, r_mask, acc, acc_e, acc_o, inv_l, D, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store the normalised output rows at base [ROWS, 1] (pointers to each row's first dim)."""
+    if MODE == 2:
+        j = tl.arange(0, BLOCK_D // 2)[None, :]
+        mask = r_mask[:, None] & (j < D // 2)
+        tl.store(base + 2 * j, (acc_e * inv_l[:, None]).to(base.dtype.element_ty), mask=mask)
+        tl.store(base + 2 * j + 1, (acc_o * inv_l[:, None]).to(base.dtype.element_ty), mask=mask)
+    else:
+        d = tl.arange(0, BLOCK_D)[None, :]
+        tl.store(base + d, (acc * inv_l[:, None]).to(base.dtype.element_ty), mask=r_mask[:, None] & (d < D))
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,  # [T, Hq, D]
     out_ptr,  # [T, Hq, D]
@@ -112,52 +184,35 @@ def _prefill_kernel(
         other=0.0,
     ).to(tl.float32)
     q = (q * scale).to(DOT_DTYPE)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    if MODE == 2:
-        acc_e = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
-        acc_o = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
-        j = tl.arange(0, BLOCK_D // 2)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # causal: keys up to the last query position of this block
     kv_end = tl.minimum(seq_len, first_pos + (m_block + 1) * BLOCK_M)
-    for start_n in range(0, kv_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
-        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MODE == 2:
-            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
-            acc_e = acc_e * alpha[:, None] + tl.dot(
-                p.to(DOT_DTYPE), v_even.to(DOT_DTYPE), input_precision=PRECISION
-            )
-            acc_o = acc_o * alpha[:, None] + tl.dot(
-                p.to(DOT_DTYPE), v_odd.to(DOT_DTYPE), input_precision=PRECISION
-            )
-        else:
-            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        m_i = m_new
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    out_rows = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
-    if MODE == 2:
-        mask = m_mask[:, None] & (j[None, :] < D // 2)
-        tl.store(out_rows + 2 * j[None, :], (acc_e / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(
-            out_rows + 2 * j[None, :] + 1, (acc_o / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask
-        )
-    else:
-        mask = m_mask[:, None] & (d[None, :] < D)
-        tl.store(out_rows + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    _, l_i, acc, acc_e, acc_o = _attend(
+        q,
+        q_pos,
+        0,
+        kv_end,
+        b,
+        hk,
+        block_table_ptr,
+        stride_bt,
+        k_ptr,
+        v_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        Hk,
+        D,
+        BLOCK_M,
+        MODE,
+        BLOCK_SIZE,
+        BLOCK_N,
+        BLOCK_D,
+        V4_GROUP,
+        PRECISION,
+        DOT_DTYPE,
+    )
+    inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
+    base = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
+    _store_rows(base, m_mask, acc, acc_e, acc_o, inv_l, D, MODE, BLOCK_D)
 
 
 @triton.jit
@@ -210,52 +265,46 @@ def _decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(seq_len, start + per_split)
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    if MODE == 2:
-        acc_e = tl.zeros([BLOCK_R, BLOCK_D // 2], tl.float32)
-        acc_o = tl.zeros([BLOCK_R, BLOCK_D // 2], tl.float32)
-        j = tl.arange(0, BLOCK_D // 2)
-    else:
-        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
-        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [BLOCK_R, BLOCK_N]
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MODE == 2:
-            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
-            acc_e = acc_e * alpha[:, None] + tl.dot(
-                p.to(DOT_DTYPE), v_even.to(DOT_DTYPE), input_precision=PRECISION
-            )
-            acc_o = acc_o * alpha[:, None] + tl.dot(
-                p.to(DOT_DTYPE), v_odd.to(DOT_DTYPE), input_precision=PRECISION
-            )
-        else:
-            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        m_i = m_new
-    lse = tl.where(l_i > 0.0, m_i + tl.log(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    m_i, l_i, acc, acc_e, acc_o = _attend(
+        q,
+        q_pos,
+        start,
+        end,
+        b,
+        hk,
+        block_table_ptr,
+        stride_bt,
+        k_ptr,
+        v_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        Hk,
+        D,
+        BLOCK_R,
+        MODE,
+        BLOCK_SIZE,
+        BLOCK_N,
+        BLOCK_D,
+        V4_GROUP,
+        PRECISION,
+        DOT_DTYPE,
+    )
+    seen = l_i > 0.0
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
     num_q_heads = Hk * GROUP
-    base = (tok * num_q_heads + hq) * NUM_SPLITS + split  # [BLOCK_R]
-    tl.store(lse_ptr + base, lse, mask=r_mask)
-    if MODE == 2:
-        mask = r_mask[:, None] & (j[None, :] < D // 2)
-        dst = partial_ptr + base[:, None] * D + 2 * j[None, :]
-        tl.store(dst, acc_e / l_safe[:, None], mask=mask)
-        tl.store(dst + 1, acc_o / l_safe[:, None], mask=mask)
-    else:
-        mask = r_mask[:, None] & (d[None, :] < D)
-        tl.store(partial_ptr + base[:, None] * D + d[None, :], acc / l_safe[:, None], mask=mask)
+    row = (tok * num_q_heads + hq) * NUM_SPLITS + split  # [BLOCK_R]
+    tl.store(lse_ptr + row, lse, mask=r_mask)
+    _store_rows(
+        partial_ptr + row[:, None] * D,
+        r_mask,
+        acc,
+        acc_e,
+        acc_o,
+        1.0 / tl.where(seen, l_i, 1.0),
+        D,
+        MODE,
+        BLOCK_D,
+    )
 
 
 @triton.jit

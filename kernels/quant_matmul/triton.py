@@ -85,12 +85,12 @@ def _tile_product(
 
 
 @triton.jit
-def _gemm_kernel(
+def _quant_matmul_kernel(
     x_ptr,
     packed_ptr,
     scales_ptr,
     mins_ptr,
-    out_ptr,
+    out_ptr,  # [M, N]: x's dtype, or fp32 zeroed and accumulated into when SPLIT_K
     M,
     N,
     K,
@@ -98,68 +98,18 @@ def _gemm_kernel(
     stride_xm,
     stride_om,
     num_groups,
+    GROUPS_PER_SPLIT,
     BITS: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     HAS_MINS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, GROUP_SIZE):
-        acc += _tile_product(
-            x_ptr,
-            packed_ptr,
-            scales_ptr,
-            mins_ptr,
-            offs_m,
-            offs_n,
-            k0,
-            M,
-            N,
-            K,
-            KP,
-            stride_xm,
-            num_groups,
-            BITS,
-            GROUP_SIZE,
-            HAS_MINS,
-            BLOCK_M,
-            BLOCK_N,
-            PRECISION,
-        )
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(
-        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask
-    )
-
-
-@triton.jit
-def _gemv_split_k_kernel(
-    x_ptr,
-    packed_ptr,
-    scales_ptr,
-    mins_ptr,
-    out_ptr,  # out: [M, N] fp32, zeroed, accumulated into
-    M,
-    N,
-    K,
-    KP,
-    stride_xm,
-    num_groups,
-    GROUPS_PER_SPLIT,
-    BITS: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    HAS_MINS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_start = tl.program_id(1) * GROUPS_PER_SPLIT * GROUP_SIZE
+    k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
     k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, GROUP_SIZE):
@@ -185,7 +135,11 @@ def _gemv_split_k_kernel(
             PRECISION,
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.atomic_add(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K:
+        tl.atomic_add(dst, acc, mask=mask)
+    else:
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 GEMV_MAX_M = 8
@@ -212,36 +166,17 @@ def quant_matmul(
         PRECISION="ieee" if x.dtype == torch.float32 or not x.is_cuda else "tf32",
     )
     mins = minimums if minimums is not None else scales
-    if m <= GEMV_MAX_M:
+    groups = triton.cdiv(k, group_size)
+    block_n = 64
+    if m <= GEMV_MAX_M:  # split-K GEMV: enough K slices that small-N matrices still fill the GPU
         out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        block_n = 64
-        groups = triton.cdiv(k, group_size)
-        # enough K slices that small-N matrices still spread over the GPU
-        splits = max(1, min(groups, 256 // triton.cdiv(n, block_n)))
-        per_split = triton.cdiv(groups, splits)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
-        _gemv_split_k_kernel[grid](
-            x,
-            packed,
-            scales,
-            mins,
-            out,
-            m,
-            n,
-            k,
-            kp,
-            x.stride(0),
-            num_groups,
-            per_split,
-            BLOCK_M=16,
-            BLOCK_N=block_n,
-            **common,
-        )
-        return out.to(x.dtype)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m, block_n = 32, 64
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _gemm_kernel[grid](
+        block_m = 16
+        per_split = triton.cdiv(groups, max(1, min(groups, 256 // triton.cdiv(n, block_n))))
+    else:  # tiled GEMM, K whole in every program
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        block_m, per_split = 32, groups
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
+    _quant_matmul_kernel[grid](
         x,
         packed,
         scales,
@@ -254,8 +189,10 @@ def quant_matmul(
         x.stride(0),
         out.stride(0),
         num_groups,
+        per_split,
+        SPLIT_K=m <= GEMV_MAX_M,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         **common,
     )
-    return out
+    return out.to(x.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
 
@@ -30,17 +30,7 @@ def pair(request, tmp_path_factory):
 def test_cuda_fp32_greedy_matches_transformers(pair, prompt_len):
     ref, path = pair
     ids = _prompt(prompt_len)
-    ref.generation_config.eos_token_id = None
-    out = ref.generate(
-        torch.tensor([ids]),
-        max_new_tokens=GEN,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    ref_tokens = out.sequences[0, len(ids) :].tolist()
-    ref_lp = [torch.log_softmax(s[0].float(), -1) for s in out.logits]
+    ref_tokens, ref_lp = hf_greedy_reference(ref, ids, GEN)
     llm = LLM(path, device="cuda", dtype="float32", max_concurrency=2)
     ours = llm.generate(
         prompt_token_ids=ids,

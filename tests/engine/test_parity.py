@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
 
@@ -28,19 +28,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _reference(model, ids: list[int]):
-    # NOTE: no EOS in the reference's generation config, so it runs GEN steps without suppressing any token
-    model.generation_config.eos_token_id = None
-    out = model.generate(
-        torch.tensor([ids]),
-        max_new_tokens=GEN,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]
-    return tokens, logprobs
+    return hf_greedy_reference(model, ids, GEN)
 
 
 def assert_matches_reference(ours, ref_tokens, ref_logprobs):
