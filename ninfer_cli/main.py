@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ninfer_cli import chat, convert
+from ninfer_cli import chat, convert, fetch
 
 app = typer.Typer(
     name="ninfer",
@@ -22,6 +22,7 @@ def main() -> None:
 
 app.command("chat")(chat.chat)
 app.command("convert")(convert.convert)
+app.command("fetch")(fetch.fetch)
 
 if __name__ == "__main__":
     app()
