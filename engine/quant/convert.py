@@ -15,13 +15,14 @@ from engine.models.loader import open_source
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
 from engine.quant.recipes import (
+    BASE,
     CALIBRATION_TEXT,
     GROUP_SIZE,
+    Q46_OPTIONS,
     RECIPES,
     Plan,
     is_quantizable,
     mixed_plan,
-    uniform_plan,
 )
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -55,11 +56,14 @@ def measure_sensitivity(
     params = dict(model.named_parameters())
     source = open_source(src)
     names = [(name, t) for name, t in source.weights() if is_quantizable(name, t)]
-    sensitivity, numel = {}, {}
+    sensitivity, numel, errors = {}, {}, {}
     for i, (name, tensor) in enumerate(names):
         mapped = model.param_for(name)
         param = params.get(mapped[0]) if mapped else None
         numel[name] = tensor.numel()
+        norm = tensor.float().pow(2).sum().clamp_min(1e-30)
+        dequantized = {o: dequantize(quantize(tensor, *o)) for o in Q46_OPTIONS}
+        errors[name] = {o: ((d - tensor).pow(2).sum() / norm).item() for o, d in dequantized.items()}
         if param is None:
             sensitivity[name] = 0.0
             continue
@@ -68,13 +72,13 @@ def measure_sensitivity(
         def load(t, param=param, shard=shard):
             param.weight_loader(param, t, shard) if shard else param.weight_loader(param, t)
 
-        load(dequantize(quantize(tensor, 4, GROUP_SIZE)))
+        load(dequantized[BASE])
         perturbed = logprobs()
         load(tensor)
         sensitivity[name] = torch.sum(base.exp() * (base - perturbed), dim=-1).mean().item()
         if progress:
             progress("measuring sensitivity", i + 1, len(names))
-    return sensitivity, numel
+    return sensitivity, numel, errors
 
 
 def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None) -> list[dict]:
@@ -88,10 +92,9 @@ def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | 
         raise NinferError(f"{out.parent} does not exist; create it or write elsewhere")
     source = open_source(src)
     if recipe == "q4.6":
-        sensitivity, numel = measure_sensitivity(src, progress)
-        plan = mixed_plan(sensitivity, numel)
+        plan = mixed_plan(*measure_sensitivity(src, progress))
     else:
-        plan = uniform_plan(recipe, {})  # uniform: decided per tensor as it streams
+        plan = None  # uniform recipes: decided per tensor as it streams
 
     summary: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "weights": 0, "bytes": 0, "bits": set()})
     state = {"done": 0}
@@ -129,7 +132,7 @@ def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | 
     return rows
 
 
-def _store(plan: Plan, recipe: str, name: str, tensor: torch.Tensor):
+def _store(plan: Plan | None, recipe: str, name: str, tensor: torch.Tensor):
     if recipe == "bf16":
         return tensor.to(torch.bfloat16)
     if recipe == "q4.6":

@@ -2,11 +2,13 @@
 
 * bf16: every tensor in bf16.
 * w4g128 / w6g128 / w8g128: every matrix (linear weights, embeddings) at 4 / 6 / 8 bits, group 128.
-* q4.6: a mixed recipe reaching ~4.6 bits per weight. Every matrix starts at 4 bits; the matrices whose
-  4-bit error moves the model's output most per byte are raised to 6 and then 8 bits while the budget
-  lasts. The error is measured, not assumed: each matrix alone is replaced by its 4-bit version and the
-  KL divergence of the next-token distributions on a calibration text is taken against the unquantized
-  model.
+* q4.6: a mixed recipe reaching ~4.6 stored bits per matrix weight. Every matrix starts at 4 bits, group
+  128; upgrades are bought where they lower the model's output error most per added bit, while the
+  budget lasts. The options per matrix: 4 bits with group 32 (a 4-bit GGUF block: exact for such a
+  source), 6 bits and 8 bits (group 128). The error is measured, not assumed: each matrix alone is
+  replaced by its 4-bit g128 version and the KL divergence of the next-token distributions on a
+  calibration text is taken against the unquantized model; an option's KL is estimated from it by the
+  ratio of the option's squared reconstruction error to the 4-bit one.
 Vectors (norms, biases, gates) and small matrices stay in fp32 (bf16 in the bf16 recipe).
 """
 
@@ -22,8 +24,17 @@ RECIPES = ("q4.6", "w4g128", "w6g128", "w8g128", "bf16")
 GROUP_SIZE = 128
 MIN_DIM = 16  # matrices smaller than this in either dimension stay unquantized
 Q46_TARGET_BITS = 4.6
-# bits per weight of each width at group 128 (codes + fp16 scale, and fp16 minimum below 8 bits)
-STORED_BITS = {4: 4 + 32 / GROUP_SIZE, 6: 6 + 32 / GROUP_SIZE, 8: 8 + 16 / GROUP_SIZE}
+# (bits, group size) options of q4.6 and their stored bits per weight (codes + fp16 scale, and an fp16
+# minimum below 8 bits), K a multiple of the group
+Option = tuple[int, int]
+BASE: Option = (4, GROUP_SIZE)
+Q46_OPTIONS: tuple[Option, ...] = (BASE, (4, 32), (6, GROUP_SIZE), (8, GROUP_SIZE))
+
+
+def stored_bits(option: Option) -> float:
+    bits, group = option
+    return bits + (16 if bits == 8 else 32) / group
+
 
 CALIBRATION_TEXT = (
     "The lighthouse keeper climbed the spiral stairs at dusk, as he had done every evening for thirty "
@@ -42,52 +53,54 @@ def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """Bits per checkpoint tensor name (absent: unquantized)."""
+    """(bits, group size) per checkpoint tensor name (absent: unquantized)."""
 
     recipe: str
-    bits: dict[str, int]
+    options: dict[str, Option]
 
     def quantize(self, name: str, tensor: torch.Tensor):
         """The stored form of one checkpoint tensor under this plan."""
         if self.recipe == "bf16":
             return tensor.to(torch.bfloat16)
-        bits = self.bits.get(name)
-        if bits is None:
+        option = self.options.get(name)
+        if option is None:
             return tensor.float()
-        return quantize(tensor, bits, GROUP_SIZE)
-
-
-def uniform_plan(recipe: str, shapes: dict[str, torch.Size]) -> Plan:
-    if recipe == "bf16":
-        return Plan(recipe, {})
-    bits = int(recipe[1])
-    return Plan(
-        recipe,
-        {n: bits for n, s in shapes.items() if len(s) == 2 and min(s) >= MIN_DIM and n.endswith("weight")},
-    )
+        return quantize(tensor, option[0], option[1])
 
 
 def mixed_plan(
-    sensitivity: dict[str, float], numel: dict[str, int], target_bits: float = Q46_TARGET_BITS
+    sensitivity: dict[str, float],
+    numel: dict[str, int],
+    errors: dict[str, dict[Option, float]],
+    target_bits: float = Q46_TARGET_BITS,
 ) -> Plan:
-    """Raise the most output-sensitive matrices per weight to 6, then 8 bits while the average stays <= target.
+    """Greedy: repeatedly buy the upgrade with the largest estimated KL drop per added bit that fits.
 
-    sensitivity: checkpoint tensor name -> output error (KL) with only that tensor at 4 bits.
+    sensitivity: name -> KL with only that tensor at BASE; errors: name -> option -> squared relative
+    reconstruction error.
     """
-    bits = dict.fromkeys(sensitivity, 4)
-    total = sum(numel[n] for n in bits)
-    budget = target_bits * total - sum(STORED_BITS[4] * numel[n] for n in bits)
-    order = sorted(bits, key=lambda n: sensitivity[n] / numel[n], reverse=True)
-    for step_to in (6, 8):
-        for name in order:
-            cost = (STORED_BITS[step_to] - STORED_BITS[bits[name]]) * numel[name]
-            if bits[name] < step_to and cost <= budget and sensitivity[name] > 0:
-                bits[name] = step_to
-                budget -= cost
-    return Plan("q4.6", bits)
+    options = dict.fromkeys(sensitivity, BASE)
+    budget = sum((target_bits - stored_bits(BASE)) * numel[n] for n in options)
+
+    def kl(name: str, option: Option) -> float:
+        base_err = errors[name][BASE]
+        return sensitivity[name] * (errors[name][option] / base_err if base_err > 0 else 0.0)
+
+    while True:
+        best, best_gain = None, 0.0
+        for name, current in options.items():
+            for option in Q46_OPTIONS:
+                cost = (stored_bits(option) - stored_bits(current)) * numel[name]
+                gain = kl(name, current) - kl(name, option)
+                if cost > 0 and cost <= budget and gain > 0 and gain / cost > best_gain:
+                    best, best_gain = (name, option, cost), gain / cost
+        if best is None:
+            return Plan("q4.6", options)
+        name, option, cost = best
+        options[name] = option
+        budget -= cost
 
 
 def average_bits(plan: Plan, numel: dict[str, int]) -> float:
-    quantized = [n for n in plan.bits]
-    total = sum(numel[n] for n in quantized)
-    return sum(STORED_BITS[plan.bits[n]] * numel[n] for n in quantized) / max(total, 1)
+    total = sum(numel[n] for n in plan.options)
+    return sum(stored_bits(o) * numel[n] for n, o in plan.options.items()) / max(total, 1)

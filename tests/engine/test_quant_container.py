@@ -16,7 +16,7 @@ from engine.formats.container import MAX_READ_VERSION, read_header
 from engine.models.loader import default_model_path
 from engine.quant.convert import convert
 from engine.quant.groupwise import dequantize, pack, quantize, unpack
-from engine.quant.recipes import STORED_BITS, mixed_plan
+from engine.quant.recipes import BASE, Q46_OPTIONS, mixed_plan, stored_bits
 
 # RMS-relative reconstruction error of Gaussian weights with one outlier, per width (measured over these
 # shapes: up to 0.10, 0.025, 0.0084): the grid step halves per added bit; 8 bits is symmetric, so its
@@ -35,7 +35,7 @@ def test_round_trip_error_bounds(bits, k):
     assert unpack(qt.packed, bits).shape == (64, -(-k // 128) * 128)
     rel = ((dequantize(qt) - w).norm() / w.norm()).item()
     assert rel < ROUND_TRIP[bits]
-    assert qt.bits_per_weight <= STORED_BITS[bits] * (-(-k // 128) * 128) / k + 1e-6
+    assert qt.bits_per_weight <= stored_bits((bits, 128)) * (-(-k // 128) * 128) / k + 1e-6
 
 
 def test_clipping_search_beats_round_to_nearest():
@@ -53,12 +53,17 @@ def test_pack_unpack_is_exact(bits, top):
     assert torch.equal(unpack(pack(codes, bits), bits), codes)
 
 
-def test_mixed_plan_spends_the_budget_on_the_most_sensitive():
-    numel = {"a": 1000, "b": 1000, "c": 1000, "d": 1000}
-    plan = mixed_plan({"a": 5.0, "b": 0.1, "c": 0.01, "d": 2.0}, numel, target_bits=5.3)
-    assert plan.bits["a"] > 4 and plan.bits["c"] == 4
-    avg = sum(STORED_BITS[b] for b in plan.bits.values()) / 4
-    assert avg <= 5.3
+def test_mixed_plan_buys_the_largest_error_drop_per_bit_within_budget():
+    numel = dict.fromkeys("abcd", 1000)
+    # squared reconstruction errors per option: halving per bit; "d" is a 4-bit-g32 source (exact at g32)
+    errors = {n: {BASE: 1.0, (4, 32): 0.5, (6, 128): 0.06, (8, 128): 0.004} for n in "abc"}
+    errors["d"] = {BASE: 1.0, (4, 32): 0.0, (6, 128): 0.06, (8, 128): 0.004}
+    plan = mixed_plan({"a": 5.0, "b": 0.1, "c": 0.01, "d": 2.0}, numel, errors, target_bits=5.0)
+    assert plan.options["c"] == BASE  # the least sensitive stays at 4 bits, group 128
+    assert plan.options["d"] == (4, 32)  # exact for its source: the cheapest full fix
+    assert plan.options["a"] != BASE
+    avg = sum(stored_bits(o) for o in plan.options.values()) / 4
+    assert avg <= 5.0 and set(plan.options.values()) <= set(Q46_OPTIONS)
 
 
 @pytest.fixture(scope="module")
