@@ -18,6 +18,7 @@ class RequestStream:
         self.text = ""
         self.emitted = 0
         self.stopped = False
+        self.matched_stop: str | None = None
 
     def push(self, token_id: int) -> None:
         """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it)."""
@@ -31,7 +32,7 @@ class RequestStream:
         for s in self.stop:
             at = self.text.find(s, search_from)
             if at >= 0:
-                self.text, self.stopped = self.text[:at], True
+                self.text, self.stopped, self.matched_stop = self.text[:at], True, s
 
     def take_delta(self, finished: bool) -> str:
         end = (
@@ -52,4 +53,5 @@ class RequestStream:
             finish_reason=finish_reason,
             num_cached_tokens=max(req.num_cached_tokens, 0),
             error=req.error,
+            stop_string=self.matched_stop,
         )

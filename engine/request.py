@@ -120,6 +120,7 @@ class RequestOutput:
     finish_reason: str | None  # stop, length, abort, expired
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request ended without running (expired)
+    stop_string: str | None = None  # the stop string that ended the request, if one did
 
     @property
     def finished(self) -> bool:

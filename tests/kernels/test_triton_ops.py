@@ -21,6 +21,11 @@ TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
 KV_DTYPES = ["fp32", "bf16", "fp16", "fp8", "int8", "k8v4"]
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)  # each case draws the same data whatever ran before
+
+
 def triton_op(op: str):
     return importlib.import_module(f"kernels.{op}.triton")
 

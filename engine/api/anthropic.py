@@ -1,0 +1,292 @@
+"""Anthropic-native routes: /v1/messages and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.api.common import check_expired, collect, field, read_json, sampling_params, start
+from engine.api.errors import ApiError
+from engine.api.state import ServerState
+from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
+from engine.request import RequestOutput
+
+router = APIRouter()
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or an array of content blocks")
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise ApiError(400, f"{where}.content[{i}] must be an object with a 'type'")
+    return content
+
+
+def _tool_result_text(block: dict, where: str) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for i, b in enumerate(content):
+            if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+                raise ApiError(400, f"{where}.content[{i}] of a tool_result must be a text block")
+            parts.append(b["text"])
+        text = "".join(parts)
+    else:
+        raise ApiError(400, f"{where}.content must be a string or an array of text blocks")
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def template_messages(body: dict) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        if isinstance(system, str):
+            text = system
+        elif isinstance(system, list) and all(
+            isinstance(b, dict) and b.get("type") == "text" for b in system
+        ):
+            text = "\n\n".join(str(b.get("text", "")) for b in system)
+        else:
+            raise ApiError(400, "'system' must be a string or an array of text blocks")
+        if text:
+            out.append({"role": "system", "content": text})
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise ApiError(400, f"{where}.role must be 'user' or 'assistant'")
+        texts, calls = [], []
+        for j, block in enumerate(_blocks(m.get("content"), where)):
+            kind, bw = block["type"], f"{where}.content[{j}]"
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise ApiError(400, f"{bw}.text must be a string")
+                texts.append(block["text"])
+            elif kind == "image" or kind == "document":
+                raise ApiError(400, f"{bw} is an {kind}; this model takes text only")
+            elif kind == "tool_use" and m["role"] == "assistant":
+                if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                    raise ApiError(400, f"{bw} needs a string 'name' and an object 'input'")
+                calls.append(
+                    {
+                        "type": "function",
+                        "id": block.get("id"),
+                        "function": {"name": block["name"], "arguments": block.get("input", {})},
+                    }
+                )
+            elif kind == "tool_result" and m["role"] == "user":
+                if texts:
+                    out.append({"role": "user", "content": "".join(texts)})
+                    texts = []
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id"),
+                        "content": _tool_result_text(block, bw),
+                    }
+                )
+            elif kind in ("thinking", "redacted_thinking"):
+                continue  # earlier reasoning is not fed back (as the Qwen templates drop it)
+            else:
+                raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
+        if texts or calls or not any(o.get("role") == "tool" for o in out[-1:]):
+            msg: dict[str, Any] = {"role": m["role"], "content": "".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def _tools(body: dict) -> list[dict[str, Any]] | None:
+    tools = field(body, "tools", list)
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ApiError(400, f"tools[{i}] needs a string 'name'")
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "parameters": t.get("input_schema", {}),
+                },
+            }
+        )
+    return out
+
+
+def _template_kwargs(body: dict) -> dict[str, Any]:
+    thinking = field(body, "thinking", dict)
+    if thinking is None:
+        return {}
+    kind = thinking.get("type")
+    if kind not in ("enabled", "disabled"):
+        raise ApiError(400, "'thinking.type' must be 'enabled' or 'disabled'")
+    return {"enable_thinking": kind == "enabled"}
+
+
+def _stop_sequences(body: dict) -> list[str] | None:
+    stops = field(body, "stop_sequences", list)
+    if stops is not None and not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "'stop_sequences' must be an array of strings")
+    return stops
+
+
+def _stop_reason(out: RequestOutput) -> str:
+    if out.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if out.stop_string is not None else "end_turn"
+
+
+def _usage(out: RequestOutput) -> dict[str, int]:
+    cached = out.num_cached_tokens
+    return {
+        "input_tokens": len(out.prompt_token_ids) - cached,
+        "output_tokens": len(out.token_ids),
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _prepare(state: ServerState, body: dict) -> tuple[str, list[int]]:
+    return state.render(template_messages(body), _tools(body), _template_kwargs(body))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    _, ids = _prepare(state, body)
+    return {"input_tokens": len(ids)}
+
+
+@router.post("/v1/messages")
+async def messages(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    field(body, "model", str, required=True)
+    max_tokens = field(body, "max_tokens", int, required=True)
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
+    prompt_text, ids = _prepare(state, body)
+    in_reasoning = prompt_text.rstrip().endswith("<think>")
+    params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body))
+    stream = field(body, "stream", bool, False)
+    engine_stream = await start(state, ids, params)
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    if not stream:
+        out = await collect(engine_stream, request)
+        check_expired(out)
+        state.metrics.finished(out)
+        reasoning, content = split_reasoning(out.text, in_reasoning)
+        blocks = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
+        blocks.append({"type": "text", "text": content})
+        return JSONResponse(
+            {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "model": state.model_id,
+                "content": blocks,
+                "stop_reason": _stop_reason(out),
+                "stop_sequence": out.stop_string,
+                "usage": _usage(out),
+            }
+        )
+
+    def event(kind: str, data: dict[str, Any]) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+    async def events():
+        splitter = ReasoningSplitter(in_reasoning)
+        block = {"index": -1, "type": None}
+
+        def switch(kind: str):
+            if block["type"] == kind:
+                return
+            if block["type"] is not None:
+                yield event("content_block_stop", {"index": block["index"]})
+            block["index"] += 1
+            block["type"] = kind
+            empty = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+            yield event("content_block_start", {"index": block["index"], "content_block": empty})
+
+        out = None
+        try:
+            start_usage = {
+                "input_tokens": len(ids),
+                "output_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            }
+            yield event(
+                "message_start",
+                {
+                    "message": {
+                        "id": mid,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": state.model_id,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": start_usage,
+                    }
+                },
+            )
+            yield event("ping", {})
+            async for out, delta in engine_stream:
+                if out.finish_reason == "expired":
+                    yield event("error", {"error": {"type": "overloaded_error", "message": out.error}})
+                    return
+                state.metrics.token(out)
+                reasoning, content = splitter.feed(delta, final=out.finished)
+                if reasoning:
+                    for e in switch("thinking"):
+                        yield e
+                    yield event(
+                        "content_block_delta",
+                        {"index": block["index"], "delta": {"type": "thinking_delta", "thinking": reasoning}},
+                    )
+                if content:
+                    for e in switch("text"):
+                        yield e
+                    yield event(
+                        "content_block_delta",
+                        {"index": block["index"], "delta": {"type": "text_delta", "text": content}},
+                    )
+            if block["type"] is None:
+                for e in switch("text"):
+                    yield e
+            yield event("content_block_stop", {"index": block["index"]})
+            state.metrics.finished(out)
+            yield event(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": _stop_reason(out), "stop_sequence": out.stop_string},
+                    "usage": _usage(out),
+                },
+            )
+            yield event("message_stop", {})
+        finally:
+            engine_stream.abort()
+
+    return StreamingResponse(events(), media_type="text/event-stream")

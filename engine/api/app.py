@@ -1,0 +1,78 @@
+"""The HTTP server: FastAPI app with the OpenAI and Anthropic routes, auth, errors, health and metrics."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.api import anthropic, openai
+from engine.api.errors import ApiError, anthropic_error, openai_error
+from engine.api.state import ServerState
+
+log = logging.getLogger("ninfer.api")
+
+
+def _is_anthropic(request: Request) -> bool:
+    return request.url.path.startswith("/v1/messages")
+
+
+def error_response(request: Request, e: ApiError) -> JSONResponse:
+    return anthropic_error(e) if _is_anthropic(request) else openai_error(e)
+
+
+def _authorized(request: Request, key: str) -> bool:
+    offered = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if offered is None and auth.lower().startswith("bearer "):
+        offered = auth[7:].strip()
+    return offered is not None and hmac.compare_digest(offered.encode(), key.encode())
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="ninfer", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ninfer = state
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if state.api_key and request.url.path.startswith("/v1/") and not _authorized(request, state.api_key):
+            return error_response(
+                request,
+                ApiError(401, "a valid API key is needed (Authorization: Bearer KEY or x-api-key: KEY)"),
+            )
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return error_response(request, e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        message = "no such endpoint" if e.status_code == 404 else str(e.detail)
+        return error_response(
+            request, ApiError(e.status_code, f"{message}: {request.method} {request.url.path}")
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return error_response(
+            request, ApiError(500, f"internal error ({type(e).__name__}); see the server log")
+        )
+
+    @app.get("/health")
+    async def health():
+        if not state.engine.is_running:
+            return JSONResponse({"status": "error", "message": "the engine stopped"}, status_code=503)
+        return {"status": "ok", "model": state.model_id}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.include_router(openai.router)
+    app.include_router(anthropic.router)
+    return app

@@ -1,0 +1,138 @@
+"""Shared request handling: body parsing, field validation, sampling parameters, engine calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import Request
+
+from engine.api.errors import ApiError
+from engine.async_llm import AsyncStream
+from engine.errors import EngineOverloaded, NinferError
+from engine.request import RequestOutput, SamplingParams
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    ctype = request.headers.get("content-type", "")
+    if "json" not in ctype:
+        raise ApiError(
+            415, f"the body must be JSON (Content-Type: application/json), not '{ctype or 'none'}'"
+        )
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the body is {int(declared)} bytes; the limit is {MAX_BODY_BYTES}")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise ApiError(
+            400, f"the body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from e
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def field(body: dict, name: str, kind: type | tuple, default: Any = None, required: bool = False) -> Any:
+    """body[name] checked against `kind` (bool is never taken for a number)."""
+    if name not in body or body[name] is None:
+        if required:
+            raise ApiError(400, f"'{name}' is required", name)
+        return default
+    value = body[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise ApiError(400, f"'{name}' must be {_kind_name(kinds)}, not a boolean", name)
+    if float in kinds and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, kinds):
+        raise ApiError(400, f"'{name}' must be {_kind_name(kinds)}, not {type(value).__name__}", name)
+    return value
+
+
+def _kind_name(kinds: tuple) -> str:
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        list: "an array",
+        dict: "an object",
+    }
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def sampling_params(
+    body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
+) -> SamplingParams:
+    max_tokens = field(body, max_tokens_field, int, default_max_tokens)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=field(body, "temperature", float, 1.0),
+            top_p=field(body, "top_p", float, 1.0),
+            top_k=max(0, field(body, "top_k", int, 0)),
+            min_p=field(body, "min_p", float, 0.0),
+            presence_penalty=field(body, "presence_penalty", float, 0.0),
+            frequency_penalty=field(body, "frequency_penalty", float, 0.0),
+            repetition_penalty=field(body, "repetition_penalty", float, 1.0),
+            seed=field(body, "seed", int),
+            stop=stop,
+            **extra,
+        )
+    except NinferError as e:
+        raise ApiError(400, str(e)) from e
+
+
+async def start(state, ids: list[int], params: SamplingParams) -> AsyncStream:
+    """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After)."""
+    max_context = state.max_context
+    if len(ids) + 1 > max_context:
+        raise ApiError(
+            400, f"the prompt is {len(ids)} tokens but the context limit is {max_context} (--max-context)"
+        )
+    try:
+        stream = await state.engine.add_request(ids, params)
+    except EngineOverloaded as e:
+        raise ApiError(429, str(e), retry_after=1) from e
+    except NinferError as e:
+        raise ApiError(400, str(e)) from e
+    state.metrics.started(stream.request_id)
+    return stream
+
+
+async def collect(stream: AsyncStream, request: Request) -> RequestOutput:
+    """Wait for the whole output; a client that goes away aborts the request at once."""
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+        stream.abort()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        last = None
+        async for item in stream:
+            last = item[0]
+        return last
+    finally:
+        watcher.cancel()
+        stream.abort()
+
+
+def check_expired(out: RequestOutput) -> None:
+    if out.finish_reason == "expired":
+        raise ApiError(503, out.error or "the request expired in the queue")
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,71 @@
+"""Prometheus metrics of one server (its own registry)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.request import RequestOutput
+
+
+class Metrics:
+    def __init__(self, engine):
+        self.engine = engine
+        self.registry = r = CollectorRegistry()
+        self.running = Gauge("ninfer_requests_running", "Requests running in the engine", registry=r)
+        self.waiting = Gauge("ninfer_requests_waiting", "Requests waiting for admission", registry=r)
+        self.kv_used = Gauge("ninfer_kv_pages_used", "KV cache pages in use", registry=r)
+        self.kv_total = Gauge("ninfer_kv_pages_total", "KV cache pages in all", registry=r)
+        self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("ninfer_generation_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = Counter(
+            "ninfer_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
+        self.ttft = Histogram(
+            "ninfer_time_to_first_token_seconds",
+            "Time to first token",
+            registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.itl = Histogram(
+            "ninfer_inter_token_latency_seconds",
+            "Time between streamed tokens",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+        )
+        self._last: dict[str, float] = {}
+        self._start: dict[str, float] = {}
+
+    def started(self, request_id: str) -> None:
+        self._start[request_id] = time.monotonic()
+
+    def token(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        last = self._last.get(out.request_id)
+        if last is None:
+            start = self._start.get(out.request_id)
+            if start is not None:
+                self.ttft.observe(now - start)
+        else:
+            self.itl.observe(now - last)
+        self._last[out.request_id] = now
+
+    def finished(self, out: RequestOutput | None) -> None:
+        if out is None:
+            return
+        self._last.pop(out.request_id, None)
+        self._start.pop(out.request_id, None)
+        self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.generation_tokens.inc(len(out.token_ids))
+        self.cached_tokens.inc(out.num_cached_tokens)
+        self.requests.labels(out.finish_reason or "unknown").inc()
+
+    def render(self) -> bytes:
+        stats = self.engine.stats()
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv_total.set(stats["kv_blocks_total"])
+        self.kv_used.set(stats["kv_blocks_total"] - stats["kv_blocks_free"])
+        return generate_latest(self.registry)

@@ -1,0 +1,304 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.api.common import check_expired, collect, field, now, read_json, sampling_params, start
+from engine.api.errors import ApiError
+from engine.api.state import ServerState
+from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
+from engine.request import RequestOutput
+
+router = APIRouter()
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def _text_of(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or "type" not in part:
+                raise ApiError(400, f"{where}.content[{i}] must be an object with a 'type'")
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    raise ApiError(400, f"{where}.content[{i}].text must be a string")
+                parts.append(part["text"])
+            elif part["type"] in ("image_url", "input_audio", "file"):
+                raise ApiError(400, f"{where}.content[{i}] is {part['type']}; this model takes text only")
+            else:
+                raise ApiError(400, f"{where}.content[{i}] has unknown type '{part['type']}'")
+        return "".join(parts)
+    raise ApiError(400, f"{where}.content must be a string or an array of content parts")
+
+
+def template_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"{where} must be an object", "messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(
+                400, f"{where}.role is '{role}'; use one of {', '.join(sorted(ROLES))}", "messages"
+            )
+        msg: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _text_of(m.get("content"), where),
+        }
+        if role == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list):
+                raise ApiError(400, f"{where}.tool_calls must be an array", "messages")
+            msg["tool_calls"] = [
+                _tool_call_for_template(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)
+            ]
+        if role == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id")
+        out.append(msg)
+    return out
+
+
+def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ApiError(400, f"{where}.function.name must be a string", "messages")
+    args = fn.get("arguments", "{}")
+    try:
+        parsed = json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"{where}.function.arguments is not valid JSON ({e.msg})", "messages") from e
+    return {"type": "function", "id": call.get("id"), "function": {"name": fn["name"], "arguments": parsed}}
+
+
+def _stop_list(body: dict) -> list[str] | None:
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
+        return stop
+    raise ApiError(400, "'stop' must be a string or an array of at most 16 strings", "stop")
+
+
+def _logprobs_settings(body: dict) -> int | None:
+    if not field(body, "logprobs", bool, False):
+        return None
+    return field(body, "top_logprobs", int, 0)
+
+
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+    }
+
+
+def _finish(out: RequestOutput) -> str | None:
+    return {"stop": "stop", "length": "length", "abort": "stop"}.get(
+        out.finish_reason or "", out.finish_reason
+    )
+
+
+def _logprobs_content(state: ServerState, out: RequestOutput, top: int) -> dict[str, Any]:
+    tok = state.engine.tokenizer
+    items = []
+    for token, lp in zip(out.token_ids, out.logprobs or []):
+        alts = sorted(((t, v) for t, v in lp.items()), key=lambda tv: -tv[1])[:top]
+        items.append(
+            {
+                "token": tok.decode([token], skip_special_tokens=False),
+                "logprob": lp.get(token, float("-inf")),
+                "top_logprobs": [
+                    {"token": tok.decode([t], skip_special_tokens=False), "logprob": v} for t, v in alts
+                ],
+            }
+        )
+    return {"content": items}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state: ServerState = request.app.state.ninfer
+    return {
+        "object": "list",
+        "data": [{"id": state.model_id, "object": "model", "created": state.started, "owned_by": "ninfer"}],
+    }
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    messages = template_messages(body.get("messages"))
+    if field(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n=1 is supported", "n")
+    tools = field(body, "tools", list)
+    kwargs = field(body, "chat_template_kwargs", dict, {})
+    stream = field(body, "stream", bool, False)
+    include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
+    top_logprobs = _logprobs_settings(body)
+    max_tokens_field = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    params = sampling_params(
+        body, max_tokens_field, state.default_max_tokens(), _stop_list(body), logprobs=top_logprobs
+    )
+    prompt_text, ids = state.render(messages, tools, kwargs)
+    in_reasoning = prompt_text.rstrip().endswith("<think>")
+    engine_stream = await start(state, ids, params)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
+    if not stream:
+        out = await collect(engine_stream, request)
+        check_expired(out)
+        state.metrics.finished(out)
+        reasoning, content = split_reasoning(out.text, in_reasoning)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": _finish(out),
+            "logprobs": None,
+        }
+        if top_logprobs is not None:
+            choice["logprobs"] = _logprobs_content(state, out, top_logprobs)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": state.model_id,
+                "choices": [choice],
+                "usage": _usage(out),
+            }
+        )
+
+    def chunk(
+        delta: dict[str, Any], finish: str | None = None, usage: dict | None = None, choices: bool = True
+    ) -> str:
+        payload: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": state.model_id,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+            if choices
+            else [],
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def events():
+        splitter = ReasoningSplitter(in_reasoning)
+        out = None
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            async for out, delta in engine_stream:
+                if out.finish_reason == "expired":
+                    err = {
+                        "error": {"message": out.error, "type": "server_error", "param": None, "code": None}
+                    }
+                    yield f"data: {json.dumps(err)}\n\n"
+                    return
+                state.metrics.token(out)
+                reasoning, content = splitter.feed(delta, final=out.finished)
+                if reasoning:
+                    yield chunk({"reasoning_content": reasoning})
+                if content:
+                    yield chunk({"content": content})
+            state.metrics.finished(out)
+            yield chunk({}, _finish(out))
+            if include_usage:
+                yield chunk({}, usage=_usage(out), choices=False)
+            yield "data: [DONE]\n\n"
+        finally:
+            engine_stream.abort()  # the client went away mid-stream: free its KV now
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = state.engine.tokenizer.encode(prompt)
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        ids = list(prompt)
+    else:
+        raise ApiError(
+            400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt"
+        )
+    if field(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n=1 is supported", "n")
+    stream = field(body, "stream", bool, False)
+    params = sampling_params(body, "max_tokens", 16, _stop_list(body))
+    engine_stream = await start(state, ids, params)
+    rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
+    if not stream:
+        out = await collect(engine_stream, request)
+        check_expired(out)
+        state.metrics.finished(out)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": state.model_id,
+                "choices": [{"index": 0, "text": out.text, "finish_reason": _finish(out), "logprobs": None}],
+                "usage": _usage(out),
+            }
+        )
+
+    async def events():
+        try:
+            out = None
+            async for out, delta in engine_stream:
+                state.metrics.token(out)
+                if delta or out.finished:
+                    payload = {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": state.model_id,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": delta,
+                                "finish_reason": _finish(out) if out.finished else None,
+                            }
+                        ],
+                    }
+                    yield f"data: {json.dumps(payload)}\n\n"
+            state.metrics.finished(out)
+            yield "data: [DONE]\n\n"
+        finally:
+            engine_stream.abort()
+
+    return StreamingResponse(events(), media_type="text/event-stream")

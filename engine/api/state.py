@@ -1,0 +1,45 @@
+"""What the routes share: the engine, the served model's name, the auth key, metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api.errors import ApiError
+from engine.api.metrics import Metrics
+from engine.async_llm import AsyncLLM
+from engine.errors import NinferError
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLM
+    model_id: str
+    api_key: str | None = None
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.metrics = Metrics(self.engine)
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.llm.max_context
+
+    def default_max_tokens(self) -> int:
+        return max(1, min(4096, self.max_context // 2))
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list | None, kwargs: dict[str, Any]
+    ) -> tuple[str, list[int]]:
+        """The chat template's text and its token ids."""
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
+        try:
+            text = tok.apply_chat_template(messages, tools, True, **kwargs)
+        except NinferError as e:
+            raise ApiError(400, str(e)) from e
+        except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+            raise ApiError(400, f"the chat template could not render these messages ({e})") from e
+        return text, tok.encode(text, add_special_tokens=False)

@@ -1,0 +1,79 @@
+"""`ninfer serve`: the OpenAI-compatible and Anthropic-native HTTP server."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.sizes import parse_size
+
+
+@exits_cleanly
+def serve(
+    model: Annotated[
+        str | None, typer.Argument(help="HF directory, .gguf or .ninfer; none = the embedded default.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_id: Annotated[
+        str | None, typer.Option(help="The model name clients see (default: from the path).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="NINFER_API_KEY", help="Require this key (Bearer or x-api-key).")
+    ] = None,
+    max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 180k.")] = None,
+    kv_capacity: Annotated[str, typer.Option(help="KV pool in tokens, or auto.")] = "auto",
+    max_concurrency: Annotated[int, typer.Option(help="Requests running at once.")] = 4,
+    max_pending_requests: Annotated[
+        int, typer.Option(help="Requests queued beyond those; more get 429 / 529.")
+    ] = 16,
+    pending_timeout_ms: Annotated[
+        int, typer.Option(help="A queued request expires after this long.")
+    ] = 600_000,
+    prefill_chunk: Annotated[
+        int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")
+    ] = 2048,
+    kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
+):
+    """Serve a model over the OpenAI and Anthropic protocols."""
+    import uvicorn
+
+    from engine.api.app import create_app
+    from engine.api.state import ServerState
+    from engine.async_llm import AsyncLLM
+    from engine.errors import NinferError
+
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    options = dict(
+        device=device,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        weight_quant=weight_quant,
+        max_concurrency=max_concurrency,
+        max_pending=max_pending_requests,
+        pending_timeout_ms=pending_timeout_ms,
+        prefill_chunk=prefill_chunk,
+        max_context=parse_size(max_context, "--max-context") if max_context else None,
+        kv_capacity=None if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = AsyncLLM(model, **options)
+    name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
+    app = create_app(ServerState(engine, name, api_key))
+    logging.getLogger("ninfer").info(
+        "serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description
+    )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,41 @@
+"""Start the HTTP server on 127.0.0.1 in a thread, for the API tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from engine.api.app import create_app
+from engine.api.state import ServerState
+from engine.async_llm import AsyncLLM
+
+
+class RunningServer:
+    def __init__(self, engine: AsyncLLM, model_id: str = "smollm2", api_key: str | None = None):
+        self.engine = engine
+        self.state = ServerState(engine, model_id, api_key)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(self.state), host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> RunningServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.engine.shutdown()

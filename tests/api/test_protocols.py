@@ -1,0 +1,140 @@
+"""The server through the official openai and anthropic SDKs, on the embedded default model."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+KEY = "test-key"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with RunningServer(AsyncLLM(max_concurrency=4), api_key=KEY) as s:
+        yield s
+
+
+@pytest.fixture
+def oai(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+
+
+def test_openai_chat_and_stream(oai):
+    r = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=24, **GREEDY)
+    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    chunks = list(
+        oai.chat.completions.create(
+            model="smollm2",
+            messages=QUESTION,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [m.id for m in oai.models.list().data] == ["smollm2"]
+
+
+def test_openai_completions(oai):
+    r = oai.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, **GREEDY)
+    assert r.choices[0].text and r.usage.prompt_tokens == 5 or r.usage.prompt_tokens > 0
+
+
+def test_anthropic_message_and_stream(claude):
+    m = claude.messages.create(model="smollm2", max_tokens=24, messages=QUESTION, extra_body=GREEDY)
+    assert m.content[0].type == "text" and "Paris" in m.content[0].text and m.stop_reason == "end_turn"
+    with claude.messages.stream(
+        model="smollm2", max_tokens=24, messages=QUESTION, extra_body=GREEDY
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == m.content[0].text and final.usage.output_tokens == m.usage.output_tokens
+
+
+def test_anthropic_event_order(server):
+    body = {"model": "smollm2", "max_tokens": 8, "messages": QUESTION, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{server.url}/v1/messages", json=body, headers={"x-api-key": KEY}) as r:
+        kinds = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert set(kinds[3:-3]) == {"content_block_delta"}
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_stop_sequences_and_max_tokens(claude):
+    m = claude.messages.create(model="smollm2", max_tokens=3, messages=QUESTION, extra_body=GREEDY)
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
+    m = claude.messages.create(
+        model="smollm2", max_tokens=24, messages=QUESTION, stop_sequences=["France"], extra_body=GREEDY
+    )
+    assert (
+        m.stop_reason == "stop_sequence" and m.stop_sequence == "France" and "France" not in m.content[0].text
+    )
+
+
+def test_count_tokens_equals_the_engines_count(claude, server):
+    counted = claude.messages.count_tokens(model="smollm2", messages=QUESTION, system="Be brief.")
+    ids = server.engine.tokenizer.encode_chat([{"role": "system", "content": "Be brief."}, *QUESTION])
+    assert counted.input_tokens == len(ids)
+
+
+def test_repeated_long_prefix_reports_cached_tokens(oai, claude):
+    system = "You are a careful assistant. " * 40  # ~240 tokens shared by both calls
+    for prompt in ("Name a color.", "Name a fruit."):
+        r = oai.chat.completions.create(
+            model="smollm2",
+            max_tokens=4,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+            **GREEDY,
+        )
+    assert r.usage.prompt_tokens_details.cached_tokens >= 200
+    for prompt in ("Name a city.", "Name a river."):
+        m = claude.messages.create(
+            model="smollm2",
+            max_tokens=4,
+            system=system,
+            messages=[{"role": "user", "content": prompt}],
+            extra_body=GREEDY,
+        )
+    assert m.usage.cache_read_input_tokens >= 200
+
+
+def test_auth_in_both_shapes(server):
+    bad_oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_oai.models.list()
+    bad_claude = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        bad_claude.messages.create(model="x", max_tokens=5, messages=QUESTION)
+    assert e.value.body["error"]["type"] == "authentication_error"
+    none = httpx.post(f"{server.url}/v1/messages", json={})
+    assert none.status_code == 401 and none.json()["type"] == "error"
+    for headers in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
+        assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 200
+
+
+def test_health_and_metrics(server):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in (
+        "ninfer_requests_running",
+        "ninfer_kv_pages_used",
+        "ninfer_time_to_first_token_seconds",
+        "ninfer_prefix_cache_hit_tokens_total",
+    ):
+        assert name in text
