@@ -96,6 +96,10 @@ def sampling_params(
 async def start(state, ids: list[int], params: SamplingParams) -> AsyncStream:
     """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After)."""
     max_context = state.max_context
+    if params.max_tokens >= max_context:
+        raise ApiError(
+            400, f"max_tokens {params.max_tokens} is beyond the context limit {max_context} (--max-context)"
+        )
     if len(ids) + 1 > max_context:
         raise ApiError(
             400, f"the prompt is {len(ids)} tokens but the context limit is {max_context} (--max-context)"

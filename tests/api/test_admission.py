@@ -1,0 +1,90 @@
+"""Admission through HTTP: a full queue is refused in each protocol's shape, a queued request past its timeout
+gets the engine's expiry sentence, and a client that goes away mid-stream frees its KV at once."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+CHAT = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
+
+
+def _kv_used(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return float(re.search(r"^ninfer_kv_pages_used (\S+)$", text, re.M).group(1))
+
+
+def _stream_in_background(url: str, started: threading.Event, stop: threading.Event) -> threading.Thread:
+    def run():
+        body = {"model": "m", "messages": CHAT, "stream": True, "max_tokens": 400, "temperature": 0}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+            for _ in r.iter_lines():
+                started.set()
+                if stop.is_set():
+                    return
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture
+def tight():
+    engine = AsyncLLM(max_concurrency=1, max_pending=1, pending_timeout_ms=1500)
+    with RunningServer(engine) as server:
+        yield server
+
+
+def test_full_queue_is_429_and_529_then_the_queued_one_expires(tight):
+    url = tight.url
+    started, stop = threading.Event(), threading.Event()
+    runner = _stream_in_background(url, started, stop)  # takes the one running slot
+    assert started.wait(60)
+    queued: dict = {}
+
+    def wait_in_queue():
+        body = {"model": "m", "messages": CHAT, "max_tokens": 5}
+        queued["response"] = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+    waiter = threading.Thread(target=wait_in_queue, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while tight.engine.stats()["num_waiting"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    over = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": CHAT, "max_tokens": 5})
+    assert over.status_code == 429 and over.headers["Retry-After"] == "1"
+    assert "overloaded" in over.json()["error"]["message"]
+    body = {"model": "m", "max_tokens": 5, "messages": CHAT}
+    over = httpx.post(f"{url}/v1/messages", json=body)
+    assert over.status_code == 529 and over.json()["error"]["type"] == "overloaded_error"
+    waiter.join(30)
+    expired = queued["response"]
+    assert expired.status_code == 503
+    assert "expired while waiting for admission" in expired.json()["error"]["message"]
+    stop.set()
+    runner.join(30)
+
+
+def test_disconnect_mid_stream_frees_kv_within_a_second(tight):
+    url = tight.url
+    baseline = _kv_used(url)
+    started, stop = threading.Event(), threading.Event()
+    runner = _stream_in_background(url, started, stop)
+    assert started.wait(60)
+    time.sleep(0.3)
+    assert _kv_used(url) > baseline
+    stop.set()  # the client closes the connection
+    runner.join(10)
+    deadline = time.monotonic() + 1.0
+    while _kv_used(url) > baseline:
+        assert time.monotonic() < deadline, "the aborted request still holds KV pages"
+        time.sleep(0.02)
+    assert tight.engine.stats()["num_running"] == 0

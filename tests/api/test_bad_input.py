@@ -1,0 +1,148 @@
+"""Malformed requests: each gets a 4xx in its protocol's error shape; the server keeps serving; nothing leaks."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import pytest
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+OK_MSG = [{"role": "user", "content": "hi"}]
+CHAT, COMPLETIONS, MESSAGES, COUNT = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
+
+
+def chat(**kw):
+    return {"model": "m", "messages": OK_MSG, "max_tokens": 4, **kw}
+
+
+def msg(**kw):
+    return {"model": "m", "max_tokens": 4, "messages": OK_MSG, **kw}
+
+
+def without(body, key):
+    return {k: v for k, v in body.items() if k != key}
+
+
+LONG_TEXT = "word " * 9000  # far beyond the server's 2048-token context
+
+CASES = [
+    (CHAT, without(chat(), "messages")),
+    (CHAT, chat(messages="hi")),
+    (CHAT, chat(messages=[])),
+    (CHAT, chat(messages=[1])),
+    (CHAT, chat(messages=[{"role": "wizard", "content": "hi"}])),
+    (CHAT, chat(messages=[{"content": "hi"}])),
+    (CHAT, chat(messages=[{"role": "user", "content": 123}])),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"text": "no type"}]}])),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "video", "url": "x"}]}])),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])),
+    (CHAT, chat(max_tokens=-5)),
+    (CHAT, chat(max_tokens=0)),
+    (CHAT, chat(max_tokens="ten")),
+    (CHAT, chat(max_tokens=10**12)),
+    (CHAT, chat(max_tokens=True)),
+    (CHAT, chat(temperature=-1)),
+    (CHAT, chat(temperature="hot")),
+    (CHAT, chat(top_p=0)),
+    (CHAT, chat(top_p=1.5)),
+    (CHAT, chat(n=2)),
+    (CHAT, chat(stop=123)),
+    (CHAT, chat(stop=["ok", 5])),
+    (CHAT, chat(stream="yes")),
+    (CHAT, chat(logprobs="true")),
+    (CHAT, chat(logprobs=True, top_logprobs=50)),
+    (CHAT, chat(tools="calculator")),
+    (CHAT, chat(chat_template_kwargs="thinking")),
+    (CHAT, chat(messages=[{"role": "user", "content": LONG_TEXT}])),
+    (CHAT, chat(seed="lucky")),
+    (
+        CHAT,
+        chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}],
+                }
+            ]
+        ),
+    ),
+    (CHAT, chat(presence_penalty=5)),
+    (COMPLETIONS, {"model": "m", "max_tokens": 4}),
+    (COMPLETIONS, {"model": "m", "prompt": 42}),
+    (COMPLETIONS, {"model": "m", "prompt": ["one", "two"]}),
+    (COMPLETIONS, {"model": "m", "prompt": [1, 2, 10**9]}),
+    (MESSAGES, without(msg(), "max_tokens")),
+    (MESSAGES, without(msg(), "model")),
+    (MESSAGES, without(msg(), "messages")),
+    (MESSAGES, msg(messages=[{"role": "system", "content": "hi"}])),
+    (MESSAGES, msg(messages=[{"role": "user", "content": [{"text": "no type"}]}])),
+    (MESSAGES, msg(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])),
+    (
+        MESSAGES,
+        msg(messages=[{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]),
+    ),
+    (MESSAGES, msg(system=5)),
+    (MESSAGES, msg(thinking={"type": "maybe"})),
+    (MESSAGES, msg(stop_sequences=[1, 2])),
+    (MESSAGES, msg(max_tokens=0)),
+    (MESSAGES, msg(max_tokens=-1)),
+    (MESSAGES, msg(messages=[{"role": "user", "content": LONG_TEXT}])),
+    (MESSAGES, msg(top_k="many")),
+    (COUNT, {"model": "m"}),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with RunningServer(AsyncLLM(max_concurrency=2, max_context=2048)) as s:
+        yield s
+
+
+def _assert_shape(path: str, r: httpx.Response) -> None:
+    assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:300])
+    body = r.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] and body["error"]["message"], body
+    else:
+        assert body["error"]["message"] and body["error"]["type"], body
+
+
+@pytest.mark.parametrize(
+    "path,body", CASES, ids=[f"{i}-{p.split('/')[-1]}" for i, (p, _) in enumerate(CASES)]
+)
+def test_malformed_json_requests(server, path, body):
+    _assert_shape(path, httpx.post(server.url + path, json=body, timeout=60))
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES])
+def test_malformed_bodies(server, path):
+    url = server.url + path
+    cases = [
+        (b"{not json", {"content-type": "application/json"}),
+        (b'{"model": "m", "messages": "\xff\xfe"}', {"content-type": "application/json"}),
+        (b"[1, 2, 3]", {"content-type": "application/json"}),
+        (b'{"model": "m"}', {"content-type": "text/plain"}),
+        (b"{" + b" " * (20 * 1024 * 1024) + b"}", {"content-type": "application/json"}),
+    ]
+    for raw, headers in cases:
+        _assert_shape(path, httpx.post(url, content=raw, headers=headers, timeout=60))
+
+
+def test_unknown_endpoint_and_method(server):
+    _assert_shape("/v1/nothing", httpx.post(server.url + "/v1/nothing", json={}))
+    _assert_shape(CHAT, httpx.get(server.url + CHAT))
+
+
+def test_still_serving_and_nothing_leaked(server):
+    r = httpx.post(server.url + CHAT, json=chat(max_tokens=3), timeout=60)
+    assert r.status_code == 200
+    stats = server.engine.stats()
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
