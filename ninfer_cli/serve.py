@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 from typing import Annotated
 
 import typer
@@ -73,7 +75,32 @@ def serve(
     logging.getLogger("ninfer").info(
         "serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description
     )
+    _Server = _server_class()
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+        _Server(config).run()
     finally:
         engine.shutdown()
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """SIGTERM / Ctrl-C: stop accepting, let running requests finish (30 s grace), exit 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            def stop(signum, frame):
+                if self.should_exit:
+                    self.force_exit = True
+                self.should_exit = True
+
+            previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return Server

@@ -19,6 +19,7 @@ from engine.quant.recipes import (
     CALIBRATION_TEXT,
     GROUP_SIZE,
     Q46_OPTIONS,
+    Q46_TARGET_BITS,
     RECIPES,
     Plan,
     is_quantizable,
@@ -56,14 +57,16 @@ def measure_sensitivity(
     params = dict(model.named_parameters())
     source = open_source(src)
     names = [(name, t) for name, t in source.weights() if is_quantizable(name, t)]
-    sensitivity, numel, errors = {}, {}, {}
+    sensitivity, numel, errors, costs = {}, {}, {}, {}
     for i, (name, tensor) in enumerate(names):
         mapped = model.param_for(name)
         param = params.get(mapped[0]) if mapped else None
         numel[name] = tensor.numel()
         norm = tensor.float().pow(2).sum().clamp_min(1e-30)
-        dequantized = {o: dequantize(quantize(tensor, *o)) for o in Q46_OPTIONS}
+        quantized = {o: quantize(tensor, *o) for o in Q46_OPTIONS}
+        dequantized = {o: dequantize(q) for o, q in quantized.items()}
         errors[name] = {o: ((d - tensor).pow(2).sum() / norm).item() for o, d in dequantized.items()}
+        costs[name] = {o: q.bits_per_weight for o, q in quantized.items()}
         if param is None:
             sensitivity[name] = 0.0
             continue
@@ -78,7 +81,7 @@ def measure_sensitivity(
         sensitivity[name] = torch.sum(base.exp() * (base - perturbed), dim=-1).mean().item()
         if progress:
             progress("measuring sensitivity", i + 1, len(names))
-    return sensitivity, numel, errors
+    return sensitivity, numel, errors, Q46_TARGET_BITS, costs
 
 
 def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None) -> list[dict]:

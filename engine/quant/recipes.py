@@ -73,14 +73,20 @@ def mixed_plan(
     numel: dict[str, int],
     errors: dict[str, dict[Option, float]],
     target_bits: float = Q46_TARGET_BITS,
+    costs: dict[str, dict[Option, float]] | None = None,
 ) -> Plan:
     """Greedy: repeatedly buy the upgrade with the largest estimated KL drop per added bit that fits.
 
     sensitivity: name -> KL with only that tensor at BASE; errors: name -> option -> squared relative
-    reconstruction error.
+    reconstruction error; costs: name -> option -> stored bits per weight as actually written (padding of
+    K to the group included); default: stored_bits(option).
     """
     options = dict.fromkeys(sensitivity, BASE)
-    budget = sum((target_bits - stored_bits(BASE)) * numel[n] for n in options)
+
+    def bits(name: str, option: Option) -> float:
+        return costs[name][option] if costs else stored_bits(option)
+
+    budget = sum((target_bits - bits(n, BASE)) * numel[n] for n in options)
 
     def kl(name: str, option: Option) -> float:
         base_err = errors[name][BASE]
@@ -90,7 +96,7 @@ def mixed_plan(
         best, best_gain = None, 0.0
         for name, current in options.items():
             for option in Q46_OPTIONS:
-                cost = (stored_bits(option) - stored_bits(current)) * numel[name]
+                cost = (bits(name, option) - bits(name, current)) * numel[name]
                 gain = kl(name, current) - kl(name, option)
                 if cost > 0 and cost <= budget and gain > 0 and gain / cost > best_gain:
                     best, best_gain = (name, option, cost), gain / cost

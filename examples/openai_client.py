@@ -1,0 +1,15 @@
+"""Talk to `ninfer serve` with the official OpenAI SDK (start the server first: `ninfer serve`)."""
+
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused-unless---api-key")
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+
+reply = client.chat.completions.create(model="ninfer", messages=messages, max_tokens=64, temperature=0)
+print(reply.choices[0].message.content)
+print("cached prompt tokens:", reply.usage.prompt_tokens_details.cached_tokens)
+
+for chunk in client.chat.completions.create(model="ninfer", messages=messages, max_tokens=64, stream=True):
+    if chunk.choices and chunk.choices[0].delta.content:
+        print(chunk.choices[0].delta.content, end="", flush=True)
+print()
