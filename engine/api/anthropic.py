@@ -13,6 +13,7 @@ from engine.api.common import check_expired, collect, field, read_json, sampling
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
+from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -110,7 +111,10 @@ def template_messages(body: dict) -> list[dict[str, Any]]:
 
 def _tools(body: dict) -> list[dict[str, Any]] | None:
     tools = field(body, "tools", list)
-    if not tools:
+    choice = field(body, "tool_choice", dict)
+    if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise ApiError(400, "'tool_choice.type' must be auto, any, tool or none")
+    if not tools or (choice or {}).get("type") == "none":
         return None
     out = []
     for i, t in enumerate(tools):
@@ -146,7 +150,9 @@ def _stop_sequences(body: dict) -> list[str] | None:
     return stops
 
 
-def _stop_reason(out: RequestOutput) -> str:
+def _stop_reason(out: RequestOutput, called: bool = False) -> str:
+    if called:
+        return "tool_use"
     if out.finish_reason == "length":
         return "max_tokens"
     return "stop_sequence" if out.stop_string is not None else "end_turn"
@@ -162,15 +168,26 @@ def _usage(out: RequestOutput) -> dict[str, int]:
     }
 
 
-def _prepare(state: ServerState, body: dict) -> tuple[str, list[int]]:
-    return state.render(template_messages(body), _tools(body), _template_kwargs(body))
+def _prepare(state: ServerState, body: dict) -> tuple[str, list[int], list[dict[str, Any]] | None]:
+    tools = _tools(body)
+    text, ids = state.render(template_messages(body), tools, _template_kwargs(body))
+    return text, ids, tools
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{uuid.uuid4().hex[:24]}",
+        "name": call.name,
+        "input": call.arguments,
+    }
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    _, ids = _prepare(state, body)
+    _, ids, _ = _prepare(state, body)
     return {"input_tokens": len(ids)}
 
 
@@ -182,7 +199,7 @@ async def messages(request: Request):
     max_tokens = field(body, "max_tokens", int, required=True)
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
-    prompt_text, ids = _prepare(state, body)
+    prompt_text, ids, tools = _prepare(state, body)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body))
     stream = field(body, "stream", bool, False)
@@ -193,8 +210,13 @@ async def messages(request: Request):
         check_expired(out)
         state.metrics.finished(out)
         reasoning, content = split_reasoning(out.text, in_reasoning)
+        calls: list[ToolCall] = []
+        if tools:
+            content, calls = parse_tool_calls(content, tools)
         blocks = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
-        blocks.append({"type": "text", "text": content})
+        if content or not calls:
+            blocks.append({"type": "text", "text": content})
+        blocks += [_tool_use(c) for c in calls]
         return JSONResponse(
             {
                 "id": mid,
@@ -202,7 +224,7 @@ async def messages(request: Request):
                 "role": "assistant",
                 "model": state.model_id,
                 "content": blocks,
-                "stop_reason": _stop_reason(out),
+                "stop_reason": _stop_reason(out, bool(calls)),
                 "stop_sequence": out.stop_string,
                 "usage": _usage(out),
             }
@@ -213,6 +235,8 @@ async def messages(request: Request):
 
     async def events():
         splitter = ReasoningSplitter(in_reasoning)
+        parser = ToolCallParser(tools) if tools else None
+        called = False
         block = {"index": -1, "type": None}
 
         def switch(kind: str):
@@ -266,13 +290,27 @@ async def messages(request: Request):
                         "content_block_delta",
                         {"index": block["index"], "delta": {"type": "thinking_delta", "thinking": reasoning}},
                     )
-                if content:
-                    for e in switch("text"):
-                        yield e
-                    yield event(
-                        "content_block_delta",
-                        {"index": block["index"], "delta": {"type": "text_delta", "text": content}},
-                    )
+                for piece in parser.feed(content, final=out.finished) if parser else [content]:
+                    if isinstance(piece, ToolCall):
+                        called = True
+                        if block["type"] is not None:
+                            yield event("content_block_stop", {"index": block["index"]})
+                        use = _tool_use(piece)
+                        block["index"] += 1
+                        block["type"] = "tool_use"
+                        start_block = {**use, "input": {}}
+                        yield event(
+                            "content_block_start", {"index": block["index"], "content_block": start_block}
+                        )
+                        partial = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}
+                        yield event("content_block_delta", {"index": block["index"], "delta": partial})
+                    elif piece:
+                        for e in switch("text"):
+                            yield e
+                        yield event(
+                            "content_block_delta",
+                            {"index": block["index"], "delta": {"type": "text_delta", "text": piece}},
+                        )
             if block["type"] is None:
                 for e in switch("text"):
                     yield e
@@ -281,7 +319,7 @@ async def messages(request: Request):
             yield event(
                 "message_delta",
                 {
-                    "delta": {"stop_reason": _stop_reason(out), "stop_sequence": out.stop_string},
+                    "delta": {"stop_reason": _stop_reason(out, called), "stop_sequence": out.stop_string},
                     "usage": _usage(out),
                 },
             )

@@ -13,6 +13,7 @@ from engine.api.common import check_expired, collect, field, now, read_json, sam
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
+from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -110,6 +111,14 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
     }
 
 
+def _tool_call_json(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+    }
+
+
 def _finish(out: RequestOutput) -> str | None:
     return {"stop": "stop", "length": "length", "abort": "stop"}.get(
         out.finish_reason or "", out.finish_reason
@@ -150,6 +159,8 @@ async def chat_completions(request: Request):
     if field(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
     tools = field(body, "tools", list)
+    if body.get("tool_choice") == "none":
+        tools = None  # the model neither sees nor may call them
     kwargs = field(body, "chat_template_kwargs", dict, {})
     stream = field(body, "stream", bool, False)
     include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
@@ -169,13 +180,18 @@ async def chat_completions(request: Request):
         check_expired(out)
         state.metrics.finished(out)
         reasoning, content = split_reasoning(out.text, in_reasoning)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        calls: list[ToolCall] = []
+        if tools:
+            content, calls = parse_tool_calls(content, tools)
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
         if reasoning:
             message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = [_tool_call_json(c) for c in calls]
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "finish_reason": _finish(out),
+            "finish_reason": "tool_calls" if calls else _finish(out),
             "logprobs": None,
         }
         if top_logprobs is not None:
@@ -209,6 +225,8 @@ async def chat_completions(request: Request):
 
     async def events():
         splitter = ReasoningSplitter(in_reasoning)
+        parser = ToolCallParser(tools) if tools else None
+        num_calls = 0
         out = None
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -223,10 +241,14 @@ async def chat_completions(request: Request):
                 reasoning, content = splitter.feed(delta, final=out.finished)
                 if reasoning:
                     yield chunk({"reasoning_content": reasoning})
-                if content:
-                    yield chunk({"content": content})
+                for piece in parser.feed(content, final=out.finished) if parser else [content]:
+                    if isinstance(piece, ToolCall):
+                        yield chunk({"tool_calls": [{"index": num_calls, **_tool_call_json(piece)}]})
+                        num_calls += 1
+                    elif piece:
+                        yield chunk({"content": piece})
             state.metrics.finished(out)
-            yield chunk({}, _finish(out))
+            yield chunk({}, "tool_calls" if num_calls else _finish(out))
             if include_usage:
                 yield chunk({}, usage=_usage(out), choices=False)
             yield "data: [DONE]\n\n"

@@ -1,0 +1,196 @@
+"""Qwen tool calls in generated text, parsed as they stream.
+
+Two forms inside `<tool_call>…</tool_call>`:
+* Qwen3 JSON: `{"name": "get_weather", "arguments": {"city": "Paris"}}`
+* Qwen3.5 XML: `<function=get_weather><parameter=city>Paris</parameter></function>`; parameter values are
+  text, typed here by the tool's JSON schema (integer, number, boolean, object, array; else string).
+A call is emitted once complete. The JSON form is scanned as JSON (a string holding `</tool_call>` does not
+end it), the XML form parameter by parameter. Text outside calls passes through; a partial `<tool_call>`
+tag at the end of a delta is held back, so no tag leaks into the text. A call that never completes or does
+not parse is given back as text at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
+_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
+_END_FUNCTION = re.compile(r"\s*</function>\s*</tool_call>")
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    out = {}
+    for tool in tools or []:
+        fn = tool.get("function", tool)
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out[fn["name"]] = (fn.get("parameters") or fn.get("input_schema") or {}).get("properties") or {}
+    return out
+
+
+def _typed(value: str, schema: dict[str, Any]) -> Any:
+    value = value[1:] if value.startswith("\n") else value
+    value = value[:-1] if value.endswith("\n") else value
+    kind = schema.get("type")
+    try:
+        if kind == "integer":
+            return int(value.strip())
+        if kind == "number":
+            return float(value.strip())
+        if kind == "boolean":
+            lowered = value.strip().lower()
+            if lowered in ("true", "false"):
+                return lowered == "true"
+            return value
+        if kind in ("object", "array"):
+            return json.loads(value)
+    except ValueError:
+        return value
+    return value
+
+
+class ToolCallParser:
+    def __init__(self, tools: list[dict[str, Any]] | None):
+        self.schemas = _schemas(tools)
+        self.buffer = ""
+        self.in_call = False
+
+    def feed(self, delta: str, final: bool = False) -> list[str | ToolCall]:
+        """Text pieces and complete ToolCalls, in order."""
+        self.buffer += delta
+        events: list[str | ToolCall] = []
+        while self.buffer:
+            if not self.in_call:
+                at = self.buffer.find(OPEN)
+                if at < 0:
+                    keep = 0 if final else _partial_suffix(self.buffer, OPEN)
+                    text, self.buffer = (
+                        self.buffer[: len(self.buffer) - keep],
+                        self.buffer[len(self.buffer) - keep :],
+                    )
+                    if text:
+                        events.append(text)
+                    break
+                if at:
+                    events.append(self.buffer[:at])
+                self.buffer, self.in_call = self.buffer[at + len(OPEN) :], True
+                continue
+            parsed = self._parse_call(self.buffer)
+            if parsed is None:  # incomplete
+                if final:
+                    events.append(OPEN + self.buffer)
+                    self.buffer, self.in_call = "", False
+                break
+            call, used = parsed
+            if call is None:  # complete but not a call we can read: give it back as text
+                events.append(OPEN + self.buffer[:used])
+            else:
+                events.append(call)
+            self.buffer, self.in_call = self.buffer[used:], False
+        return events
+
+    def _parse_call(self, text: str) -> tuple[ToolCall | None, int] | None:
+        stripped = len(text) - len(text.lstrip())
+        body = text[stripped:]
+        if not body:
+            return None
+        if body.startswith("{"):
+            return self._parse_json(text, stripped)
+        if body.startswith("<function=") or "<function=".startswith(body[:10]):
+            return self._parse_xml(text)
+        end = text.find(CLOSE)
+        return None if end < 0 else (None, end + len(CLOSE))
+
+    def _parse_json(self, text: str, start: int) -> tuple[ToolCall | None, int] | None:
+        try:
+            obj, end = json.JSONDecoder().raw_decode(text, start)
+        except json.JSONDecodeError:
+            close = _close_after_json(text, start)
+            return None if close < 0 else (None, close)
+        rest = text[end:]
+        tail = len(rest) - len(rest.lstrip())
+        if not rest[tail:].startswith(CLOSE):
+            if len(rest[tail:]) < len(CLOSE) and CLOSE.startswith(rest[tail:]):
+                return None
+            close = text.find(CLOSE, end)
+            return None if close < 0 else (None, close + len(CLOSE))
+        used = end + tail + len(CLOSE)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None, used
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None, used
+        return (ToolCall(obj["name"], args) if isinstance(args, dict) else None), used
+
+    def _parse_xml(self, text: str) -> tuple[ToolCall | None, int] | None:
+        m = _FUNCTION.match(text)
+        if m is None:
+            return None if CLOSE not in text else (None, text.find(CLOSE) + len(CLOSE))
+        name, pos = m.group(1).strip(), m.end()
+        schema = self.schemas.get(name, {})
+        args: dict[str, Any] = {}
+        while True:
+            end = _END_FUNCTION.match(text, pos)
+            if end is not None:
+                return ToolCall(name, args), end.end()
+            p = _PARAMETER.match(text, pos)
+            if p is None:
+                # neither a parameter nor the end yet: incomplete, unless a close tag shows it is malformed
+                rest = text[pos:].lstrip()
+                if rest and not ("<parameter=".startswith(rest[:11]) or "</function>".startswith(rest[:11])):
+                    close = text.find(CLOSE, pos)
+                    return None if close < 0 else (None, close + len(CLOSE))
+                return None
+            value_end = text.find("</parameter>", p.end())
+            if value_end < 0:
+                return None
+            arg = p.group(1).strip()
+            args[arg] = _typed(text[p.end() : value_end], schema.get(arg, {}))
+            pos = value_end + len("</parameter>")
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _close_after_json(text: str, start: int) -> int:
+    """Malformed JSON: the end of the first </tool_call> outside any JSON string, or -1 if not seen yet."""
+    in_string = escaped = False
+    i = start
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif text.startswith(CLOSE, i):
+            return i + len(CLOSE)
+        i += 1
+    return -1
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> tuple[str, list[ToolCall]]:
+    """(text outside the calls, the calls) of a whole reply."""
+    events = ToolCallParser(tools).feed(text, final=True)
+    return "".join(e for e in events if isinstance(e, str)), [e for e in events if isinstance(e, ToolCall)]

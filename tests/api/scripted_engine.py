@@ -1,0 +1,92 @@
+"""An engine double for protocol tests: the replies are scripted text, streamed in small pieces.
+
+It renders prompts with a Qwen-style chat template (tools, tool calls, tool responses, think tags) over
+the embedded model's tokenizer, so everything the protocol layer does is real but the model's words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import replace
+
+from engine.models.loader import default_model_path, open_source
+from engine.request import RequestOutput
+
+QWEN_STYLE_TEMPLATE = """{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for m in messages %}{% if m.role == 'user' %}<|im_start|>user
+{{ m.content }}<|im_end|>
+{% elif m.role == 'assistant' %}<|im_start|>assistant
+{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% endif %}{% endfor %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking %}<think>
+{% endif %}"""
+
+
+class ScriptedStream:
+    def __init__(self, request_id: str, output: RequestOutput, text: str, piece: int):
+        self.request_id, self.output, self.text, self.piece = request_id, output, text, piece
+        self.aborted = False
+
+    def __aiter__(self):
+        return self._run()
+
+    async def _run(self):
+        pieces = [self.text[i : i + self.piece] for i in range(0, len(self.text), self.piece)] or [""]
+        for i, delta in enumerate(pieces):
+            await asyncio.sleep(0)
+            last = i == len(pieces) - 1
+            out = replace(
+                self.output,
+                text=self.text[: (i + 1) * self.piece],
+                token_ids=list(range(i + 1)),
+                finish_reason="stop" if last else None,
+            )
+            yield out, delta
+
+    def abort(self):
+        self.aborted = True
+
+
+class _Stats:
+    max_context = 4096
+
+
+class ScriptedEngine:
+    def __init__(self, replies: list[str], piece: int = 3):
+        self.tokenizer = replace(
+            open_source(default_model_path()).tokenizer, chat_template=QWEN_STYLE_TEMPLATE
+        )
+        self.replies = list(replies)
+        self.prompts: list[str] = []
+        self.piece = piece
+        self.llm = _Stats()
+        self.is_running = True
+        self._ids = itertools.count()
+
+    async def add_request(self, prompt_token_ids, sampling_params, request_id=None, prompt=None):
+        self.prompts.append(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False))
+        request_id = request_id or f"scripted-{next(self._ids)}"
+        output = RequestOutput(request_id, None, list(prompt_token_ids), [], "", None, "stop")
+        return ScriptedStream(request_id, output, self.replies.pop(0), self.piece)
+
+    def stats(self):
+        return {"num_running": 0, "num_waiting": 0, "kv_blocks_total": 1, "kv_blocks_free": 1}
+
+    def shutdown(self):
+        pass

@@ -1,0 +1,101 @@
+"""The streaming tool-call parser on awkward splits of both Qwen forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "metric": {"type": "boolean"},
+                    "extra": {"type": "object"},
+                    "ratio": {"type": "number"},
+                },
+            },
+        },
+    }
+]
+
+JSON_REPLY = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "note": "a </tool_call> inside", "nested": {"a": [1, {"b": "}"}]}}}\n</tool_call>'
+XML_REPLY = (
+    "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan </parameter-ish> Francisco\n</parameter>\n"
+    '<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=extra>\n{"wind": true}\n</parameter>\n'
+    "<parameter=ratio>\n0.5\n</parameter>\n</function>\n</tool_call>"
+)
+JSON_CALL = ToolCall(
+    "get_weather", {"city": "Paris", "note": "a </tool_call> inside", "nested": {"a": [1, {"b": "}"}]}}
+)
+XML_CALL = ToolCall(
+    "get_weather",
+    {
+        "city": "San </parameter-ish> Francisco",
+        "days": 3,
+        "metric": True,
+        "extra": {"wind": True},
+        "ratio": 0.5,
+    },
+)
+
+
+def feed_in_pieces(text: str, size: int) -> list:
+    parser = ToolCallParser(TOOLS)
+    events = []
+    for i in range(0, len(text), size):
+        events += parser.feed(text[i : i + size])
+    return events + parser.feed("", final=True)
+
+
+def collapse(events: list) -> tuple[str, list[ToolCall]]:
+    return "".join(e for e in events if isinstance(e, str)), [e for e in events if isinstance(e, ToolCall)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 11, 1000])
+@pytest.mark.parametrize(
+    "reply,call,prefix", [(JSON_REPLY, JSON_CALL, "Let me check.\n"), (XML_REPLY, XML_CALL, "Checking.\n")]
+)
+def test_any_split_gives_the_same_call_and_no_tag_leaks(size, reply, call, prefix):
+    text, calls = collapse(feed_in_pieces(reply, size))
+    assert calls == [call]
+    assert text == prefix and "<" not in text
+
+
+def test_two_calls_and_text_between():
+    reply = JSON_REPLY + "\nthen\n" + XML_REPLY
+    text, calls = parse_tool_calls(reply, TOOLS)
+    assert calls == [JSON_CALL, XML_CALL]
+    assert text == "Let me check.\n\nthen\nChecking.\n"
+
+
+def test_plain_text_with_angle_brackets_passes_through():
+    text, calls = parse_tool_calls("a < b and <tool> is not <tool_call", TOOLS)
+    assert calls == [] and text == "a < b and <tool> is not <tool_call"
+
+
+def test_malformed_call_is_given_back_as_text():
+    reply = "x <tool_call>{not json}</tool_call> y"
+    text, calls = parse_tool_calls(reply, TOOLS)
+    assert calls == [] and text == reply
+
+
+def test_unfinished_call_is_given_back_at_the_end():
+    text, calls = parse_tool_calls('<tool_call>{"name": "get_weather", "argu', TOOLS)
+    assert calls == [] and text == '<tool_call>{"name": "get_weather", "argu'
+
+
+def test_string_arguments_are_decoded():
+    text, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', None)
+    assert calls == [ToolCall("f", {"a": 1})]
+
+
+def test_untyped_xml_values_stay_strings():
+    reply = "<tool_call><function=other><parameter=n>\n42\n</parameter></function></tool_call>"
+    assert parse_tool_calls(reply, TOOLS)[1] == [ToolCall("other", {"n": "42"})]

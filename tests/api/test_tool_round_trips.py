@@ -1,0 +1,132 @@
+"""Tool round trips through the official SDKs' typed objects, with a scripted engine double standing in for
+the model (the protocol layer is under test): Qwen3 JSON and Qwen3.5 XML tool calls, streaming and not."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+from scripted_engine import ScriptedEngine
+from server import RunningServer
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+}
+JSON_CALL = 'I will look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+XML_CALL = (
+    "I will look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
+FINAL = "It is sunny in Paris."
+
+
+@pytest.mark.parametrize("call_text", [JSON_CALL, XML_CALL], ids=["qwen3-json", "qwen3.5-xml"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_tool_round_trip(call_text, stream):
+    engine = ScriptedEngine([call_text, FINAL])
+    with RunningServer(engine) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        tools = [{"type": "function", "function": WEATHER}]
+        if stream:
+            chunks = list(
+                client.chat.completions.create(model="m", messages=messages, tools=tools, stream=True)
+            )
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            call_id, name, args = calls[0].id, calls[0].function.name, calls[0].function.arguments
+            assert finish == ["tool_calls"]
+        else:
+            r = client.chat.completions.create(model="m", messages=messages, tools=tools)
+            message = r.choices[0].message
+            assert r.choices[0].finish_reason == "tool_calls"
+            content, (call,) = message.content, message.tool_calls
+            call_id, name, args = call.id, call.function.name, call.function.arguments
+        assert content == "I will look.\n" and "<tool_call>" not in content
+        assert name == "get_weather" and json.loads(args) == {"city": "Paris", "days": 2}
+        messages += [
+            {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": "sunny, 21 C"},
+        ]
+        r = client.chat.completions.create(model="m", messages=messages, tools=tools)
+        assert r.choices[0].message.content == FINAL and r.choices[0].finish_reason == "stop"
+    second_prompt = engine.prompts[1]
+    assert '"name": "get_weather", "arguments": {"city": "Paris", "days": 2}' in second_prompt
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in second_prompt
+
+
+@pytest.mark.parametrize("call_text", [JSON_CALL, XML_CALL], ids=["qwen3-json", "qwen3.5-xml"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_tool_round_trip(call_text, stream):
+    engine = ScriptedEngine([call_text, FINAL])
+    with RunningServer(engine) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [
+            {
+                "name": WEATHER["name"],
+                "description": WEATHER["description"],
+                "input_schema": WEATHER["parameters"],
+            }
+        ]
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        if stream:
+            with client.messages.stream(model="m", max_tokens=100, messages=messages, tools=tools) as s:
+                message = s.get_final_message()
+        else:
+            message = client.messages.create(model="m", max_tokens=100, messages=messages, tools=tools)
+        assert message.stop_reason == "tool_use"
+        text, use = message.content
+        assert text.type == "text" and text.text == "I will look.\n"
+        assert (
+            use.type == "tool_use" and use.name == "get_weather" and use.input == {"city": "Paris", "days": 2}
+        )
+        messages += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use.id,
+                        "content": [{"type": "text", "text": "sunny, 21 C"}],
+                    }
+                ],
+            },
+        ]
+        final = client.messages.create(model="m", max_tokens=100, messages=messages, tools=tools)
+        assert final.content[0].text == FINAL and final.stop_reason == "end_turn"
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in engine.prompts[1]
+
+
+def test_thinking_is_split_in_both_protocols():
+    engine = ScriptedEngine(["Let me think.\n</think>\n\nFour.", "Let me think.\n</think>\n\nFour."])
+    with RunningServer(engine) as server:
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        r = oai.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "2+2?"}],
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+        )
+        assert r.choices[0].message.content == "Four."
+        assert r.choices[0].message.model_extra["reasoning_content"] == "Let me think.\n"
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        with claude.messages.stream(
+            model="m",
+            max_tokens=50,
+            messages=[{"role": "user", "content": "2+2?"}],
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        ) as s:
+            m = s.get_final_message()
+        assert [b.type for b in m.content] == ["thinking", "text"]
+        assert m.content[0].thinking == "Let me think.\n" and m.content[1].text == "Four."
