@@ -7,6 +7,7 @@ the embedded model's tokenizer, so everything the protocol layer does is real bu
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from dataclasses import replace
 
@@ -36,6 +37,11 @@ QWEN_STYLE_TEMPLATE = """{%- if tools %}<|im_start|>system
 {% endif %}{% endfor %}<|im_start|>assistant
 {% if enable_thinking is defined and enable_thinking %}<think>
 {% endif %}"""
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    return replace(open_source(default_model_path()).tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
 
 
 class ScriptedStream:
@@ -69,9 +75,7 @@ class _Stats:
 
 class ScriptedEngine:
     def __init__(self, replies: list[str], piece: int = 3):
-        self.tokenizer = replace(
-            open_source(default_model_path()).tokenizer, chat_template=QWEN_STYLE_TEMPLATE
-        )
+        self.tokenizer = _tokenizer()
         self.replies = list(replies)
         self.prompts: list[str] = []
         self.piece = piece
