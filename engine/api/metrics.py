@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.request import RequestOutput
+
+_log = logging.getLogger("ninfer.requests")
 
 
 class Metrics:
@@ -37,6 +40,7 @@ class Metrics:
         )
         self._last: dict[str, float] = {}
         self._start: dict[str, float] = {}
+        self._first: dict[str, float] = {}
 
     def started(self, request_id: str) -> None:
         self._start[request_id] = time.monotonic()
@@ -46,6 +50,7 @@ class Metrics:
         last = self._last.get(out.request_id)
         if last is None:
             start = self._start.get(out.request_id)
+            self._first[out.request_id] = now
             if start is not None:
                 self.ttft.observe(now - start)
         else:
@@ -53,10 +58,30 @@ class Metrics:
         self._last[out.request_id] = now
 
     def finished(self, out: RequestOutput | None) -> None:
+        """Count a finished request and log its one line: id, tokens, cache hit, TTFT, decode rate."""
         if out is None:
             return
-        self._last.pop(out.request_id, None)
-        self._start.pop(out.request_id, None)
+        last = self._last.pop(out.request_id, None)
+        start = self._start.pop(out.request_id, None)
+        first = self._first.pop(out.request_id, None)
+        ttft = f"{(first - start) * 1000:.0f} ms" if first is not None and start is not None else "-"
+        n = len(out.token_ids)
+        rate = (
+            f"{(n - 1) / (last - first):.1f} tok/s"
+            if n > 1 and first is not None and last and last > first
+            else "-"
+        )
+        _log.info(
+            "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s",
+            out.request_id,
+            len(out.prompt_token_ids),
+            out.num_cached_tokens,
+            n,
+            ttft,
+            rate,
+            out.finish_reason,
+        )
+
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(len(out.token_ids))
         self.cached_tokens.inc(out.num_cached_tokens)
