@@ -1,15 +1,39 @@
-"""Talk to `ninfer serve` with the official Anthropic SDK (start the server first: `ninfer serve`)."""
+"""Talk to `ninfer serve` with the official Anthropic SDK, including a tool round trip.
+
+Start a server first (`ninfer serve MODEL`); the tool round trip needs a model that calls tools (Qwen3,
+Qwen3.5), the embedded default just answers in text.
+"""
 
 from anthropic import Anthropic
 
 client = Anthropic(base_url="http://127.0.0.1:8000", api_key="unused-unless---api-key")
-messages = [{"role": "user", "content": "Name three primary colors."}]
+tools = [
+    {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
+messages = [{"role": "user", "content": "What's the weather in Paris?"}]
 
-message = client.messages.create(model="ninfer", max_tokens=64, system="Be brief.", messages=messages)
-print(message.content[0].text, message.stop_reason, message.usage)
+reply = client.messages.create(model="ninfer", max_tokens=256, tools=tools, messages=messages)
+print(reply.stop_reason, [block.type for block in reply.content])
+if reply.stop_reason == "tool_use":
+    call = next(block for block in reply.content if block.type == "tool_use")
+    print("the model asked for", call.name, call.input)
+    messages += [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in reply.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21 C"}],
+        },
+    ]
+    reply = client.messages.create(model="ninfer", max_tokens=256, tools=tools, messages=messages)
+print(reply.content[-1].text if reply.content[-1].type == "text" else reply.content)
 
-with client.messages.stream(model="ninfer", max_tokens=64, messages=messages) as stream:
+with client.messages.stream(
+    model="ninfer", max_tokens=64, messages=[{"role": "user", "content": "Hi!"}]
+) as stream:
     for text in stream.text_stream:
         print(text, end="", flush=True)
 print()
-print("tokens:", client.messages.count_tokens(model="ninfer", messages=messages).input_tokens)

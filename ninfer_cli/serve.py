@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import threading
 from typing import Annotated
 
 import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.sizes import parse_size
+
+GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 
 
 @exits_cleanly
@@ -71,14 +74,17 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = AsyncLLM(model, **options)
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
-    app = create_app(ServerState(engine, name, api_key))
+    state = ServerState(engine, name, api_key)
+    app = create_app(state)
     logging.getLogger("ninfer").info(
         "serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description
     )
     _Server = _server_class()
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S + 2
+    )
     try:
-        _Server(config).run()
+        _Server(config, state).run()
     finally:
         engine.shutdown()
 
@@ -87,7 +93,12 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """SIGTERM / Ctrl-C: stop accepting, let running requests finish (30 s grace), exit 0."""
+        """SIGTERM / Ctrl-C: stop accepting, let running requests finish for GRACE_S, then end the rest
+        with a final error event; exit 0. A second signal exits at once."""
+
+        def __init__(self, config, state):
+            super().__init__(config)
+            self.ninfer_state = state
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -95,6 +106,12 @@ def _server_class():
                 if self.should_exit:
                     self.force_exit = True
                 self.should_exit = True
+                logging.getLogger("ninfer").info(
+                    "shutting down: running requests get %d s to finish", GRACE_S
+                )
+                timer = threading.Timer(GRACE_S, lambda: setattr(self.ninfer_state, "ending", True))
+                timer.daemon = True
+                timer.start()
 
             previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
             try:

@@ -17,6 +17,7 @@ from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from engine.request import RequestOutput
 
 router = APIRouter()
+SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -280,6 +281,9 @@ async def messages(request: Request):
             async for out, delta in engine_stream:
                 if out.finish_reason == "expired":
                     yield event("error", {"error": {"type": "overloaded_error", "message": out.error}})
+                    return
+                if state.ending:
+                    yield event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
                     return
                 state.metrics.token(out)
                 reasoning, content = splitter.feed(delta, final=out.finished)

@@ -17,6 +17,7 @@ from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
 from engine.request import RequestOutput
 
 router = APIRouter()
+SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -234,6 +235,12 @@ async def chat_completions(request: Request):
                 if out.finish_reason == "expired":
                     err = {
                         "error": {"message": out.error, "type": "server_error", "param": None, "code": None}
+                    }
+                    yield f"data: {json.dumps(err)}\n\n"
+                    return
+                if state.ending:
+                    err = {
+                        "error": {"message": SHUTDOWN, "type": "server_error", "param": None, "code": None}
                     }
                     yield f"data: {json.dumps(err)}\n\n"
                     return

@@ -18,6 +18,8 @@ class ServerState:
     model_id: str
     api_key: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
+    # set when a shutdown's grace period is over: running streams end with a final error event
+    ending: bool = False
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine)

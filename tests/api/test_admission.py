@@ -88,3 +88,23 @@ def test_disconnect_mid_stream_frees_kv_within_a_second(tight):
         assert time.monotonic() < deadline, "the aborted request still holds KV pages"
         time.sleep(0.02)
     assert tight.engine.stats()["num_running"] == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_shutdown_after_grace_ends_running_streams_with_an_error_event(tight, path):
+    body = {"model": "m", "messages": CHAT, "stream": True, "max_tokens": 300, "temperature": 0}
+    lines = []
+    try:
+        with httpx.stream("POST", tight.url + path, json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 6:
+                    tight.state.ending = True  # what the SIGTERM timer sets when the grace period is over
+    finally:
+        tight.state.ending = False
+    data = [line for line in lines if line.startswith("data: ")]
+    assert "shutting down" in data[-1] and len(data) < 100
+    deadline = time.monotonic() + 2
+    while tight.engine.stats()["num_running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
