@@ -9,11 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import check_expired, collect, field, read_json, sampling_params, start
+from engine.api.common import complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
-from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
-from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
+from engine.parsers.reply import ReplyParser
+from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -207,13 +207,7 @@ async def messages(request: Request):
     engine_stream = await start(state, ids, params)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if not stream:
-        out = await collect(engine_stream, request)
-        check_expired(out)
-        state.metrics.finished(out)
-        reasoning, content = split_reasoning(out.text, in_reasoning)
-        calls: list[ToolCall] = []
-        if tools:
-            content, calls = parse_tool_calls(content, tools)
+        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
         blocks = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
         if content or not calls:
             blocks.append({"type": "text", "text": content})
@@ -235,8 +229,7 @@ async def messages(request: Request):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
     async def events():
-        splitter = ReasoningSplitter(in_reasoning)
-        parser = ToolCallParser(tools) if tools else None
+        parser = ReplyParser(in_reasoning, tools)
         called = False
         block = {"index": -1, "type": None}
 
@@ -286,16 +279,13 @@ async def messages(request: Request):
                     yield event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
                     return
                 state.metrics.token(out)
-                reasoning, content = splitter.feed(delta, final=out.finished)
-                if reasoning:
-                    for e in switch("thinking"):
-                        yield e
-                    yield event(
-                        "content_block_delta",
-                        {"index": block["index"], "delta": {"type": "thinking_delta", "thinking": reasoning}},
-                    )
-                for piece in parser.feed(content, final=out.finished) if parser else [content]:
-                    if isinstance(piece, ToolCall):
+                for kind, piece in parser.feed(delta, final=out.finished):
+                    if kind == "reasoning":
+                        for e in switch("thinking"):
+                            yield e
+                        delta_block = {"type": "thinking_delta", "thinking": piece}
+                        yield event("content_block_delta", {"index": block["index"], "delta": delta_block})
+                    elif kind == "tool_call":
                         called = True
                         if block["type"] is not None:
                             yield event("content_block_stop", {"index": block["index"]})
@@ -308,7 +298,7 @@ async def messages(request: Request):
                         )
                         partial = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}
                         yield event("content_block_delta", {"index": block["index"], "delta": partial})
-                    elif piece:
+                    else:
                         for e in switch("text"):
                             yield e
                         yield event(

@@ -12,6 +12,7 @@ from fastapi import Request
 from engine.api.errors import ApiError
 from engine.async_llm import AsyncStream
 from engine.errors import EngineOverloaded, NinferError
+from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput, SamplingParams
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -140,3 +141,11 @@ def check_expired(out: RequestOutput) -> None:
 
 def now() -> int:
     return int(time.time())
+
+
+async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools):
+    """A non-streamed reply: (output, reasoning, answer text, tool calls)."""
+    out = await collect(stream, request)
+    check_expired(out)
+    state.metrics.finished(out)
+    return (out, *parse_reply(out.text, in_reasoning, tools))

@@ -9,11 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import check_expired, collect, field, now, read_json, sampling_params, start
+from engine.api.common import check_expired, collect, complete, field, now, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
-from engine.parsers.reasoning import ReasoningSplitter, split_reasoning
-from engine.parsers.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
+from engine.parsers.reply import ReplyParser
+from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -177,13 +177,7 @@ async def chat_completions(request: Request):
     engine_stream = await start(state, ids, params)
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
-        out = await collect(engine_stream, request)
-        check_expired(out)
-        state.metrics.finished(out)
-        reasoning, content = split_reasoning(out.text, in_reasoning)
-        calls: list[ToolCall] = []
-        if tools:
-            content, calls = parse_tool_calls(content, tools)
+        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
         message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
         if reasoning:
             message["reasoning_content"] = reasoning
@@ -225,8 +219,7 @@ async def chat_completions(request: Request):
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
-        splitter = ReasoningSplitter(in_reasoning)
-        parser = ToolCallParser(tools) if tools else None
+        parser = ReplyParser(in_reasoning, tools)
         num_calls = 0
         out = None
         try:
@@ -245,15 +238,12 @@ async def chat_completions(request: Request):
                     yield f"data: {json.dumps(err)}\n\n"
                     return
                 state.metrics.token(out)
-                reasoning, content = splitter.feed(delta, final=out.finished)
-                if reasoning:
-                    yield chunk({"reasoning_content": reasoning})
-                for piece in parser.feed(content, final=out.finished) if parser else [content]:
-                    if isinstance(piece, ToolCall):
+                for kind, piece in parser.feed(delta, final=out.finished):
+                    if kind == "tool_call":
                         yield chunk({"tool_calls": [{"index": num_calls, **_tool_call_json(piece)}]})
                         num_calls += 1
-                    elif piece:
-                        yield chunk({"content": piece})
+                    else:
+                        yield chunk({"reasoning_content" if kind == "reasoning" else "content": piece})
             state.metrics.finished(out)
             yield chunk({}, "tool_calls" if num_calls else _finish(out))
             if include_usage:

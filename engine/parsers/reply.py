@@ -1,0 +1,34 @@
+"""A model reply taken apart as it streams: reasoning, answer text and tool calls, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.parsers.reasoning import ReasoningSplitter
+from engine.parsers.tool_calls import ToolCall, ToolCallParser
+
+
+class ReplyParser:
+    """feed(delta) -> [("reasoning", str) | ("text", str) | ("tool_call", ToolCall)], never a partial tag."""
+
+    def __init__(self, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None):
+        self.reasoning = ReasoningSplitter(starts_in_reasoning)
+        self.tools = ToolCallParser(tools) if tools else None
+
+    def feed(self, delta: str, final: bool = False) -> list[tuple[str, Any]]:
+        reasoning, content = self.reasoning.feed(delta, final)
+        pieces: list[tuple[str, Any]] = [("reasoning", reasoning)] if reasoning else []
+        for piece in self.tools.feed(content, final) if self.tools else [content]:
+            if isinstance(piece, ToolCall):
+                pieces.append(("tool_call", piece))
+            elif piece:
+                pieces.append(("text", piece))
+        return pieces
+
+
+def parse_reply(text: str, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None):
+    """(reasoning, answer text, tool calls) of a whole reply."""
+    pieces = ReplyParser(starts_in_reasoning, tools).feed(text, final=True)
+    reasoning = "".join(v for k, v in pieces if k == "reasoning")
+    content = "".join(v for k, v in pieces if k == "text")
+    return reasoning, content, [v for k, v in pieces if k == "tool_call"]
