@@ -126,11 +126,12 @@ def _finish(out: RequestOutput) -> str | None:
     )
 
 
-def _logprobs_content(state: ServerState, out: RequestOutput, top: int) -> dict[str, Any]:
+def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs.content for the output tokens from `start` on."""
     tok = state.engine.tokenizer
     items = []
-    for token, lp in zip(out.token_ids, out.logprobs or []):
-        alts = sorted(((t, v) for t, v in lp.items()), key=lambda tv: -tv[1])[:top]
+    for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]:
+        alts = sorted(lp.items(), key=lambda tv: -tv[1])[:top]
         items.append(
             {
                 "token": tok.decode([token], skip_special_tokens=False),
@@ -203,14 +204,18 @@ async def chat_completions(request: Request):
         )
 
     def chunk(
-        delta: dict[str, Any], finish: str | None = None, usage: dict | None = None, choices: bool = True
+        delta: dict[str, Any],
+        finish: str | None = None,
+        usage: dict | None = None,
+        choices: bool = True,
+        logprobs: dict | None = None,
     ) -> str:
         payload: dict[str, Any] = {
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": state.model_id,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
             if choices
             else [],
         }
@@ -220,7 +225,7 @@ async def chat_completions(request: Request):
 
     async def events():
         parser = ReplyParser(in_reasoning, tools)
-        num_calls = 0
+        num_calls = sent_logprobs = 0
         out = None
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -238,6 +243,10 @@ async def chat_completions(request: Request):
                     yield f"data: {json.dumps(err)}\n\n"
                     return
                 state.metrics.token(out)
+                if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs:
+                    # the new tokens' logprobs, in a chunk of their own (text may be held back a while)
+                    yield chunk({}, logprobs=_logprobs_content(state, out, top_logprobs, sent_logprobs))
+                    sent_logprobs = len(out.logprobs)
                 for kind, piece in parser.feed(delta, final=out.finished):
                     if kind == "tool_call":
                         yield chunk({"tool_calls": [{"index": num_calls, **_tool_call_json(piece)}]})

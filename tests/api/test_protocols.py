@@ -138,3 +138,17 @@ def test_health_and_metrics(server):
         "ninfer_prefix_cache_hit_tokens_total",
     ):
         assert name in text
+
+
+def test_openai_logprobs_plain_and_streamed(oai):
+    kwargs = dict(model="smollm2", messages=QUESTION, max_tokens=6, logprobs=True, top_logprobs=2, **GREEDY)
+    r = oai.chat.completions.create(**kwargs)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+    assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob)  # greedy: the top token
+    chunks = list(oai.chat.completions.create(stream=True, **kwargs))
+    streamed = [
+        item for c in chunks if c.choices and c.choices[0].logprobs for item in c.choices[0].logprobs.content
+    ]
+    assert [item.token for item in streamed] == [item.token for item in content]
