@@ -123,7 +123,9 @@ def test_auth_in_both_shapes(server):
         bad_claude.messages.create(model="x", max_tokens=5, messages=QUESTION)
     assert e.value.body["error"]["type"] == "authentication_error"
     none = httpx.post(f"{server.url}/v1/messages", json={})
-    assert none.status_code == 401 and none.json()["type"] == "error"
+    assert none.status_code == 401 and none.json()["error"]["type"] == "authentication_error"
+    none = httpx.get(f"{server.url}/v1/models")
+    assert none.status_code == 401 and none.json()["error"]["type"] == "authentication_error"
     for headers in ({"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
         assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 200
 
@@ -152,3 +154,17 @@ def test_openai_logprobs_plain_and_streamed(oai):
         item for c in chunks if c.choices and c.choices[0].logprobs for item in c.choices[0].logprobs.content
     ]
     assert [item.token for item in streamed] == [item.token for item in content]
+
+
+def test_anthropic_beta_query_and_headers_are_tolerated(server):
+    r = httpx.post(
+        f"{server.url}/v1/messages?beta=true",
+        headers={
+            "x-api-key": KEY,
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "prompt-caching-2024-07-31",
+        },
+        json={"model": "smollm2", "max_tokens": 4, "messages": QUESTION},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["type"] == "message"
