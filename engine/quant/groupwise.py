@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 BITS = (4, 6, 8)
+MIN_GROUP = 32
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 
@@ -65,9 +66,22 @@ def _fake_quant(g: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor):
     return q, scale, minimum, q * scale[..., None] + minimum[..., None]
 
 
+def fitting_group(k: int, group_size: int) -> int:
+    """The group actually used for K columns: group_size, or the largest power-of-two fraction of it (down to
+    MIN_GROUP) that divides K, so that K = 576 stores 576 columns in groups of 64 instead of 640 padded ones.
+    When none divides K, group_size with zero padding."""
+    g = group_size
+    while g >= MIN_GROUP:
+        if k % g == 0:
+            return g
+        g //= 2
+    return group_size
+
+
 def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: bool = True) -> QuantizedTensor:
-    """Quantize W [N, K] group-wise (see the module docstring)."""
+    """Quantize W [N, K] group-wise (see the module docstring); the group is fitting_group(K, group_size)."""
     assert bits in BITS, f"bits must be one of {BITS}"
+    group_size = fitting_group(w.shape[1], group_size)
     g = _grouped(w.float(), group_size)
     if bits == 8:
         base_lo, base_hi = None, g.abs().amax(-1)

@@ -22,17 +22,20 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("n,k", [(96, 256), (80, 300), (64, 130)])  # K = 300, 130: not multiples of 128
+@pytest.mark.parametrize(
+    "n,k", [(96, 256), (80, 300), (64, 130), (48, 576)]
+)  # 300, 130: padded; 576: groups of 64
 @pytest.mark.parametrize("m", [1, 3, 16, 77])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
     torch.manual_seed(m + k)
     qt = quantize(torch.randn(n, k) * 0.05, bits, 128)
+    assert qt.group_size == (64 if k == 576 else 128)
     packed, scales = qt.packed.to(DEVICE), qt.scales.to(DEVICE)
     mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
     x = torch.randn(m, k, device=DEVICE).to(dtype)
-    got = fused.quant_matmul(x, packed, scales, mins, bits, 128)
-    want = naive.quant_matmul(x, packed, scales, mins, bits, 128)
+    got = fused.quant_matmul(x, packed, scales, mins, bits, qt.group_size)
+    want = naive.quant_matmul(x, packed, scales, mins, bits, qt.group_size)
     assert got.shape == (m, n) and got.dtype == dtype
     assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
     # the naive twin is x @ dequantize(W)^T
