@@ -105,8 +105,3 @@ def mixed_plan(
         name, option, cost = best
         options[name] = option
         budget -= cost
-
-
-def average_bits(plan: Plan, numel: dict[str, int]) -> float:
-    total = sum(numel[n] for n in plan.options)
-    return sum(stored_bits(o) * numel[n] for n, o in plan.options.items()) / max(total, 1)
