@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -55,6 +56,8 @@ def field(body: dict, name: str, kind: type | tuple, default: Any = None, requir
         raise ApiError(400, f"'{name}' must be {_kind_name(kinds)}, not a boolean", name)
     if float in kinds and isinstance(value, int):
         value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a finite number (got {value})", name)
     if not isinstance(value, kinds):
         raise ApiError(400, f"'{name}' must be {_kind_name(kinds)}, not {type(value).__name__}", name)
     return value

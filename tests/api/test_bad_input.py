@@ -129,6 +129,15 @@ def test_malformed_bodies(server, path):
         (b'{"model": "m", "messages": "\xff\xfe"}', {"content-type": "application/json"}),
         (b"[1, 2, 3]", {"content-type": "application/json"}),
         (b'{"model": "m"}', {"content-type": "text/plain"}),
+        # NaN / Infinity parse as JSON numbers in Python; sampling must refuse them
+        (
+            b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+            {"content-type": "application/json"},
+        ),
+        (
+            b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
+            {"content-type": "application/json"},
+        ),
         (b"{" + b" " * (20 * 1024 * 1024) + b"}", {"content-type": "application/json"}),
     ]
     for raw, headers in cases:
