@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,16 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self):
+        floats = (
+            self.temperature,
+            self.top_p,
+            self.min_p,
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+        )
+        if not all(math.isfinite(v) for v in floats):
+            raise NinferError("sampling parameters must be finite numbers (got NaN or infinity)")
         if self.max_tokens < 1:
             raise NinferError(f"max_tokens must be at least 1 (got {self.max_tokens})")
         if self.temperature < 0:

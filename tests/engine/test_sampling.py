@@ -70,6 +70,8 @@ def test_bad_params_are_sentences():
         SamplingParams(temperature=-1)
     with pytest.raises(NinferError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+    with pytest.raises(NinferError, match="finite"):
+        SamplingParams(temperature=float("nan"))
 
 
 def test_out_of_vocab_prompt(llm):
