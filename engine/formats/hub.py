@@ -138,11 +138,8 @@ def fetch_file(
     if meta.size is not None and have > meta.size:
         partial.unlink()
         have = 0
-    sha = hashlib.sha256()
-    if have:  # the bytes already there enter the hash once; the rest is hashed as it arrives
-        with open(partial, "rb") as f:
-            while chunk := f.read(CHUNK):
-                sha.update(chunk)
+    # the bytes already there enter the hash once; the rest is hashed as it arrives
+    sha = _hash_file(partial) if have else hashlib.sha256()
     headers = build_hf_headers(token=_token())
     headers["Accept-Encoding"] = "identity"
     if have:
@@ -188,12 +185,16 @@ def fetch_file(
     return Fetched(dest, digest, done, have, False)
 
 
-def _check_existing(path: Path, expected: str | None) -> str:
+def _hash_file(path: Path):
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             sha.update(chunk)
-    digest = sha.hexdigest()
+    return sha
+
+
+def _check_existing(path: Path, expected: str | None) -> str:
+    digest = _hash_file(path).hexdigest()
     if expected is not None and digest != expected.lower():
         raise NinferError(
             f"{path} is already there but does not match: expected {expected.lower()}, got {digest}; delete it "

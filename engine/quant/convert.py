@@ -17,7 +17,6 @@ from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
 from engine.quant.recipes import (
     BASE,
     CALIBRATION_TEXT,
-    GROUP_SIZE,
     Q46_OPTIONS,
     Q46_TARGET_BITS,
     RECIPES,
@@ -97,14 +96,14 @@ def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | 
     if recipe == "q4.6":
         plan = mixed_plan(*measure_sensitivity(src, progress))
     else:
-        plan = None  # uniform recipes: decided per tensor as it streams
+        plan = Plan(recipe)  # uniform recipes: decided per tensor as it streams
 
     summary: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "weights": 0, "bytes": 0, "bits": set()})
     state = {"done": 0}
 
     def stored():
         for name, tensor in source.weights():
-            kept = _store(plan, recipe, name, tensor)
+            kept = plan.quantize(name, tensor)
             row = summary[_kind(name)]
             row["tensors"] += 1
             row["weights"] += tensor.numel()
@@ -133,13 +132,3 @@ def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | 
             }
         )
     return rows
-
-
-def _store(plan: Plan | None, recipe: str, name: str, tensor: torch.Tensor):
-    if recipe == "bf16":
-        return tensor.to(torch.bfloat16)
-    if recipe == "q4.6":
-        return plan.quantize(name, tensor)
-    if is_quantizable(name, tensor):
-        return quantize(tensor, int(recipe[1]), GROUP_SIZE)
-    return tensor.float()

@@ -14,7 +14,7 @@ Vectors (norms, biases, gates) and small matrices stay in fp32 (bf16 in the bf16
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,19 +53,23 @@ def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """(bits, group size) per checkpoint tensor name (absent: unquantized)."""
+    """How a recipe stores each checkpoint tensor. q4.6 carries its (bits, group size) per tensor name
+    (absent: unquantized); the uniform recipes decide from the tensor itself."""
 
     recipe: str
-    options: dict[str, Option]
+    options: dict[str, Option] = field(default_factory=dict)
 
     def quantize(self, name: str, tensor: torch.Tensor):
         """The stored form of one checkpoint tensor under this plan."""
         if self.recipe == "bf16":
             return tensor.to(torch.bfloat16)
-        option = self.options.get(name)
+        if self.recipe == "q4.6":
+            option = self.options.get(name)
+        else:
+            option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor) else None
         if option is None:
             return tensor.float()
-        return quantize(tensor, option[0], option[1])
+        return quantize(tensor, *option)
 
 
 def mixed_plan(
