@@ -111,17 +111,23 @@ def test_penalty_arithmetic():
     assert out.tolist() == [2.0 - 0.75, -1.0, 0.5 - 1.0, 3.0]
 
 
+def finished_token_ids(llm) -> dict[str, list[int]]:
+    """Step the LLM until every queued request ends; the output token ids of each."""
+    done = {}
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    return done
+
+
 def test_penalised_requests_batched_with_plain_ones_keep_their_outputs(llm):
     plain = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     penal = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, frequency_penalty=1.5)
     alone = [llm.generate(prompt_token_ids=PROMPT, sampling_params=p)[0].token_ids for p in (plain, penal)]
     a = llm.add_request(PROMPT, plain)
     b = llm.add_request(PROMPT, penal)
-    done = {}
-    while llm.has_unfinished_requests():
-        for out, _ in llm.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
+    done = finished_token_ids(llm)
     assert [done[a], done[b]] == alone
 
 
@@ -135,11 +141,7 @@ def test_a_seeded_request_samples_the_same_whatever_else_is_in_the_batch(llm):
     ]
     ids = [llm.add_request([7, 8, 9, 10][: i + 1], p) for i, p in enumerate(others)]
     rid = llm.add_request(PROMPT, seeded)
-    done = {}
-    while llm.has_unfinished_requests():
-        for out, _ in llm.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
+    done = finished_token_ids(llm)
     assert done[rid] == alone and set(done) == {rid, *ids}
 
 
