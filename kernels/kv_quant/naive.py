@@ -41,7 +41,7 @@ def read_kv(cache, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     def flat(t):
         return t[blocks].flatten(-4, -3)  # [..., nb, bs, Hk, X] -> [..., nb * bs, Hk, X]
 
-    k = flat(cache.k_data).float()
+    k = flat(cache.k_data).to(torch.float32)
     if cache.k_scale is not None:
         k = k * flat(cache.k_scale).float()
     if cache.kv_dtype == "k8v4":

@@ -19,29 +19,18 @@ def paged_attention(
     Sequences with one query token (decode) are computed together; the others one by one.
     """
     block_size = cache.k_data.shape[1]
-    out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     block_table = block_table.long()
     decode = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
     if len(decode) == len(lens):  # a pure decode step: every row, in order
-        rows, tokens, decode_lens = slice(None), slice(None), seq_lens
-    elif decode:
+        return _decode(q, cache, block_table, seq_lens, max(lens), scale)
+    out = torch.empty_like(q)
+    if decode:
         rows = torch.tensor(decode, device=q.device)
         tokens = torch.tensor([cu[b] for b in decode], device=q.device)
-        decode_lens = seq_lens[rows]
-    if decode:
         max_len = max(lens[b] for b in decode)
-        k, v = read_kv(cache, block_table[rows, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
-        k, v = k[:, :max_len], v[:, :max_len]
-        mask = None
-        if len(decode) > 1:  # shorter sequences: attend to their own length only
-            # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
-            mask = torch.arange(max_len, device=q.device)[None, :] < decode_lens.long()[:, None]  # [N, S]
-            mask = mask[:, None, None, :]
-        qd = q[tokens].float().unsqueeze(2)  # [N, Hq, 1, D]
-        o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
-        out[tokens] = o.squeeze(2).to(q.dtype)
+        out[tokens] = _decode(q[tokens], cache, block_table[rows], seq_lens[rows], max_len, scale)
     for b, seq_len in enumerate(lens):
         start, end = cu[b], cu[b + 1]
         q_len = end - start
@@ -56,3 +45,19 @@ def paged_attention(
         o = sdpa(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)  # [Hq, Q, D]
         out[start:end] = o.transpose(0, 1).to(q.dtype)
     return out
+
+
+def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torch.Tensor:
+    """One query token per sequence: q [N, Hq, D] over block_table [N, *] with lengths seq_lens [N]."""
+    block_size = cache.k_data.shape[1]
+    k, v = read_kv(cache, block_table[:, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
+    mask = None
+    if q.shape[0] > 1:  # shorter sequences: attend to their own length only
+        # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
+        mask = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.long()[:, None]  # [N, S]
+        mask = mask[:, None, None, :]
+    elif k.shape[1] != max_len:
+        k, v = k[:, :max_len], v[:, :max_len]
+    qd = q.unsqueeze(2) if q.dtype == torch.float32 else q.float().unsqueeze(2)  # [N, Hq, 1, D]
+    o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.squeeze(2).to(q.dtype)

@@ -16,6 +16,9 @@ def rmsnorm(
     if residual is not None:
         x = x + residual
         residual = x
+    if x.dtype == torch.float32 and not zero_centered:  # one fused op, the same math
+        out = torch.nn.functional.rms_norm(x, (x.shape[-1],), weight.float(), eps)
+        return out if residual is None else (out, residual)
     xf = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     if zero_centered:
         out = (xf * (1.0 + weight.float())).to(x.dtype)
