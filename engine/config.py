@@ -51,6 +51,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     checkpoint_dtype: str = "float32"
+    mtp_num_hidden_layers: int = 0  # multi-token-prediction layers shipped for speculative decoding
+    # the multimodal checkpoint's vision tower (transformers' vision_config), None when there is none
+    vision_config: dict[str, Any] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -130,6 +133,8 @@ class ModelConfig:
             bos_token_id=text.get("bos_token_id", cfg.get("bos_token_id")),
             eos_token_ids=eos_ids,
             checkpoint_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
+            mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0) or 0),
+            vision_config=cfg.get("vision_config") or None,
         )
 
 
@@ -165,7 +170,9 @@ class EngineConfig:
     # CPU weight-only quantization of linear layers (engine/quant/cpu.py): none, int8, int4, or auto =
     # keep the checkpoint's own precision (a 4-bit GGUF tensor runs as int4, an 8-bit one as int8)
     weight_quant: str = "auto"
-    kv_capacity: int | None = None  # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts
+    # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts; "auto": sized from the memory
+    # free after loading (engine/plan/runtime.py)
+    kv_capacity: int | str | None = None
     max_context: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
     max_concurrency: int = 8  # requests running at once
     max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
@@ -191,10 +198,14 @@ class EngineConfig:
                 f"weight_quant {self.weight_quant} runs on the CPU only; use weight_quant none (or auto) on "
                 f"{self.device}"
             )
-        for name in ("block_size", "max_concurrency", "prefill_chunk", "kv_capacity", "max_context"):
+        if isinstance(self.kv_capacity, str) and self.kv_capacity != "auto":
+            raise NinferError(f"kv_capacity must be a number of tokens or auto (got {self.kv_capacity!r})")
+        for name in ("block_size", "max_concurrency", "prefill_chunk", "max_context"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise NinferError(f"{name} must be positive (got {value})")
+        if isinstance(self.kv_capacity, int) and self.kv_capacity <= 0:
+            raise NinferError(f"kv_capacity must be positive (got {self.kv_capacity})")
         if self.prefill_chunk < self.max_concurrency:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "
@@ -222,11 +233,9 @@ class EngineConfig:
 
     def resolved_kv_capacity(self, model_config: ModelConfig) -> int:
         """KV pool size in tokens, a whole number of blocks."""
-        tokens = self.kv_capacity or self.resolved_max_context(model_config) * min(self.max_concurrency, 2)
+        tokens = self.kv_capacity if isinstance(self.kv_capacity, int) else None
+        tokens = tokens or self.resolved_max_context(model_config) * min(self.max_concurrency, 2)
         return math.ceil(tokens / self.block_size) * self.block_size
-
-    def num_kv_blocks(self, model_config: ModelConfig) -> int:
-        return self.resolved_kv_capacity(model_config) // self.block_size
 
     @property
     def num_state_snapshots(self) -> int:
@@ -234,12 +243,13 @@ class EngineConfig:
             return 0
         return 2 * self.max_concurrency if self.state_snapshots is None else self.state_snapshots
 
-    def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+    def scheduler_config(self, max_context: int) -> SchedulerConfig:
+        """max_context: as resolved at start-up (engine/plan/runtime.py: `auto` may set it from the pool)."""
         interval = self.state_snapshot_interval // self.block_size * self.block_size
         return SchedulerConfig(
             max_concurrency=self.max_concurrency,
             prefill_chunk=self.prefill_chunk,
-            max_context=self.resolved_max_context(model_config),
+            max_context=max_context,
             max_pending=self.max_pending,
             pending_timeout_ms=self.pending_timeout_ms,
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
+from engine.plan.runtime import size_kv_pool
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.worker.model_runner import ModelRunner
@@ -37,14 +38,15 @@ class LLM:
         self.model_config, self.tokenizer = source.config, source.tokenizer
         self.description = source.description
         self.model = load_model(source, config)
-        self.max_context = config.resolved_max_context(self.model_config)
-        num_blocks = config.num_kv_blocks(self.model_config)
+        # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
+        self.max_context, kv_tokens = size_kv_pool(config, self.model_config)
+        num_blocks = kv_tokens // config.block_size
         hybrid = self.model_config.num_linear_attention_layers > 0
         state_pool = StatePool(config.max_concurrency, config.num_state_snapshots) if hybrid else None
         num_state_slots = state_pool.num_total_slots if state_pool else 0
         self.runner = ModelRunner(self.model, self.model_config, config, num_blocks, num_state_slots)
         self.scheduler = Scheduler(
-            config.scheduler_config(self.model_config),
+            config.scheduler_config(self.max_context),
             BlockPool(num_blocks, config.block_size, config.enable_prefix_caching),
             state_pool,
         )

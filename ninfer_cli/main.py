@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ninfer_cli import chat, convert, fetch, serve
+from ninfer_cli import chat, convert, fetch, plan, serve
 
 app = typer.Typer(
     name="ninfer",
@@ -23,6 +23,7 @@ def main() -> None:
 app.command("chat")(chat.chat)
 app.command("convert")(convert.convert)
 app.command("fetch")(fetch.fetch)
+app.command("plan")(plan.plan)
 app.command("serve")(serve.serve)
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def serve(
         str | None, typer.Option(envvar="NINFER_API_KEY", help="Require this key (Bearer or x-api-key).")
     ] = None,
     max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 180k.")] = None,
-    kv_capacity: Annotated[str, typer.Option(help="KV pool in tokens, or auto.")] = "auto",
+    kv_capacity: Annotated[
+        str, typer.Option(help="KV pool in tokens, or auto: sized from the memory free after loading.")
+    ] = "auto",
     max_concurrency: Annotated[int, typer.Option(help="Requests running at once.")] = 4,
     max_pending_requests: Annotated[
         int, typer.Option(help="Requests queued beyond those; more get 429 / 529.")
@@ -69,7 +71,7 @@ def serve(
         pending_timeout_ms=pending_timeout_ms,
         prefill_chunk=prefill_chunk,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
-        kv_capacity=None if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
+        kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = AsyncLLM(model, **options)

@@ -78,6 +78,15 @@ def fitting_group(k: int, group_size: int) -> int:
     return group_size
 
 
+def stored_nbytes(shape: tuple[int, int], bits: int, group_size: int = 128) -> int:
+    """The bytes quantize() stores for a weight of `shape` (codes, fp16 scales, fp16 minimums below 8 bits)."""
+    n, k = shape
+    group = fitting_group(k, group_size)
+    kp = -(-k // group) * group
+    groups = n * kp // group
+    return n * kp * bits // 8 + groups * 2 * (1 if bits == 8 else 2)
+
+
 def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: bool = True) -> QuantizedTensor:
     """Quantize W [N, K] group-wise (see the module docstring); the group is fitting_group(K, group_size)."""
     assert bits in BITS, f"bits must be one of {BITS}"

@@ -1,0 +1,215 @@
+"""The VRAM ledger: every byte a deployment needs, by component. `ninfer plan` and `serve --kv-capacity
+auto` both size from it. Formulas and constants: docs/memory.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from engine.cache.kv_layout import bytes_per_token_per_layer
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.plan.shapes import vision_patch_width
+
+MIB, GIB = 1 << 20, 1 << 30
+CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)
+LIBRARY_WORKSPACE_BYTES = 64 * MIB  # cuBLAS / cuBLASLt workspaces of the matmuls torch still runs
+MARGIN_FRACTION, MIN_MARGIN_BYTES = 0.02, 256 * MIB  # allocator fragmentation, stray tensors
+GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured decode graph (its static inputs and bookkeeping)
+VISION_MAX_PATCHES = 16384  # the largest image encoded at once: 2048 x 2048 pixels at patch 16
+LOGIT_COPIES = 3  # fp32 logits, probabilities, and the sorted copy top-p / top-k work on
+SPECS = ("none", "mtp", "ngram")
+
+WEIGHTS, KV_POOL, CUDA_CONTEXT = "weights", "KV pool", "CUDA context + workspaces"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One configuration to account for. `weights` holds bytes per tensor kind as the engine keeps them."""
+
+    config: ModelConfig
+    kv_dtype: str
+    context: int  # tokens one request may reach (--max-context)
+    concurrency: int = 1  # requests running at once (--max-concurrency)
+    kv_capacity: int | None = None  # KV pool tokens shared by the running requests; None: the context
+    weights: dict[str, int] = field(default_factory=dict, compare=False)
+    prefill_chunk: int = 2048
+    spec: str = "none"
+    draft_tokens: int = 0
+    vision: bool = False
+    state_snapshots: int | None = None  # None: 2 x concurrency, the engine's default
+    dtype_bytes: int = 2
+    block_size: int = 16
+    device: str = "cuda"
+
+    def with_(self, **changes) -> Deployment:
+        return replace(self, **changes)
+
+    @property
+    def pool_tokens(self) -> int:
+        tokens = self.kv_capacity if self.kv_capacity is not None else self.context
+        return math.ceil(tokens / self.block_size) * self.block_size
+
+    @property
+    def hybrid(self) -> bool:
+        return self.config.num_linear_attention_layers > 0
+
+    @property
+    def num_snapshots(self) -> int:
+        if not self.hybrid:
+            return 0
+        return 2 * self.concurrency if self.state_snapshots is None else self.state_snapshots
+
+    @property
+    def decode_tokens(self) -> int:
+        """Query tokens per running request in a decode step: 1, or the draft plus the bonus token."""
+        return 1 + (self.draft_tokens if self.spec != "none" else 0)
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    bytes: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Ledger:
+    rows: tuple[Row, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(r.bytes for r in self.rows)
+
+    def get(self, component: str) -> int:
+        return sum(r.bytes for r in self.rows if r.component == component)
+
+    def without(self, *prefixes: str) -> int:
+        """The total less the rows whose component starts with any of `prefixes`."""
+        return sum(r.bytes for r in self.rows if not r.component.startswith(prefixes))
+
+
+def kv_layers(config: ModelConfig, spec: str = "none") -> int:
+    """Layers that keep KV: the full-attention ones, plus the MTP layers when they draft."""
+    return config.num_full_attention_layers + (config.mtp_num_hidden_layers if spec == "mtp" else 0)
+
+
+def kv_bytes_per_token(config: ModelConfig, kv_dtype: str, spec: str = "none") -> int:
+    per_layer = bytes_per_token_per_layer(kv_dtype, config.num_key_value_heads, config.head_dim)
+    return kv_layers(config, spec) * per_layer
+
+
+def state_slot_bytes(config: ModelConfig, dtype_bytes: int) -> int:
+    """One recurrent-state slot: per linear-attention layer, conv_state [conv_dim, K - 1] in the model dtype
+    and ssm_state [Hv, Dk, Dv] in fp32 (as the model runner allocates them)."""
+    conv_dim = 2 * config.linear_num_key_heads * config.linear_key_head_dim
+    conv_dim += config.linear_num_value_heads * config.linear_value_head_dim
+    conv = conv_dim * (config.linear_conv_kernel_dim - 1) * dtype_bytes
+    ssm = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
+    return config.num_linear_attention_layers * (conv + ssm)
+
+
+def activation_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
+    """Peak live activations per token of a step, in bytes: hidden + residual, plus the widest layer part."""
+    h, heads, kv, d = (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    gate = 2 if config.family == "qwen3_5" else 1  # Qwen3.5's q_proj also emits the output gate
+    attention = (gate * heads + 2 * kv) * d + heads * d
+    mlp = 3 * config.intermediate_size  # gate | up, then silu(gate) * up
+    linear = 0
+    if config.num_linear_attention_layers:
+        key = config.linear_num_key_heads * config.linear_key_head_dim
+        value = config.linear_num_value_heads * config.linear_value_head_dim
+        conv_dim = 2 * key + value
+        projected = conv_dim + value + 2 * config.linear_num_value_heads
+        # conv output, then q / k / v and the core output in fp32 for the delta rule
+        linear = projected + conv_dim + (conv_dim + value) * 4 // dtype_bytes
+    return (2 * h + max(attention, mlp, linear)) * dtype_bytes
+
+
+def decode_splits(context: int) -> int:
+    """Split-K partitions of decode attention (kernels/paged_attention/triton.py num_decode_splits)."""
+    return max(1, min(32, math.ceil(context / 1024)))
+
+
+def ledger(dep: Deployment, device_total: int) -> Ledger:
+    cfg, b = dep.config, dep.dtype_bytes
+    rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]
+    per_token = kv_bytes_per_token(cfg, dep.kv_dtype, dep.spec)
+    rows.append(
+        Row(
+            KV_POOL,
+            dep.pool_tokens * per_token,
+            f"{dep.pool_tokens:,} tokens x {per_token:,} B ({kv_layers(cfg, dep.spec)} layers, {dep.kv_dtype})",
+        )
+    )
+    slot = state_slot_bytes(cfg, b)
+    if dep.hybrid:
+        rows.append(
+            Row("recurrent state", dep.concurrency * slot, f"{dep.concurrency} slots x {slot / MIB:.1f} MiB")
+        )
+        rows.append(
+            Row("state snapshots", dep.num_snapshots * slot, f"{dep.num_snapshots} prefix-cache snapshots")
+        )
+    if dep.spec != "none":
+        rollback = dep.concurrency * dep.draft_tokens * slot if dep.hybrid else 0
+        draft_io = dep.concurrency * dep.decode_tokens * (cfg.vocab_size * 4 + cfg.hidden_size * b)
+        rows.append(
+            Row(
+                "draft buffers",
+                rollback + draft_io,
+                f"{dep.spec}, {dep.draft_tokens} draft tokens: state after each draft token + draft logits",
+            )
+        )
+    step_tokens = max(dep.prefill_chunk, dep.concurrency * dep.decode_tokens)
+    act = step_tokens * activation_bytes_per_token(cfg, b)
+    logits = dep.concurrency * dep.decode_tokens * cfg.vocab_size * 4 * LOGIT_COPIES
+    rows_q = dep.concurrency * dep.decode_tokens
+    partials = rows_q * cfg.num_attention_heads * decode_splits(dep.context) * (cfg.head_dim + 1) * 4
+    rows.append(Row("activations", act + logits + partials, f"step of {step_tokens:,} tokens + logits"))
+    if dep.vision:
+        vh, vi = vision_patch_width(cfg)
+        rows.append(
+            Row("vision activations", VISION_MAX_PATCHES * (6 * vh + vi) * b, f"{VISION_MAX_PATCHES} patches")
+        )
+    if dep.device.startswith("cuda"):
+        rows.append(Row(CUDA_CONTEXT, CUDA_CONTEXT_BYTES + LIBRARY_WORKSPACE_BYTES, "driver context, cuBLAS"))
+        buckets = graph_buckets(dep.concurrency * dep.decode_tokens)
+        decode_act = dep.concurrency * dep.decode_tokens * activation_bytes_per_token(cfg, b) + logits
+        rows.append(
+            Row(
+                "CUDA graph pools",
+                decode_act + len(buckets) * GRAPH_OVERHEAD_BYTES,
+                f"decode graphs for {len(buckets)} batch sizes",
+            )
+        )
+    margin = max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * device_total))
+    rows.append(Row("safety margin", margin, f"max(256 MiB, {MARGIN_FRACTION:.0%} of the device)"))
+    return Ledger(tuple(rows))
+
+
+def graph_buckets(max_tokens: int) -> list[int]:
+    """Decode batch sizes captured as CUDA graphs: powers of two up to the largest decode step."""
+    sizes, n = [], 1
+    while n < max_tokens:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, max_tokens]
+
+
+def validate(dep: Deployment) -> None:
+    if dep.spec not in SPECS:
+        raise NinferError(f"unknown --spec '{dep.spec}'; use one of {', '.join(SPECS)}")
+    if dep.spec == "mtp" and not dep.config.mtp_num_hidden_layers:
+        raise NinferError("this model has no MTP head; use --spec ngram or --spec none")
+    if dep.spec != "none" and dep.draft_tokens < 1:
+        raise NinferError(f"--spec {dep.spec} needs --draft-tokens 1 or more (e.g. 3)")
+    if dep.vision and not dep.config.vision_config:
+        raise NinferError("this model has no vision tower; drop --vision")
+    if dep.concurrency < 1 or dep.context < 1:
+        raise NinferError("--concurrency and --context must be positive")

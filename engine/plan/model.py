@@ -1,0 +1,84 @@
+"""What `ninfer plan` plans for: a preset, a `.ninfer` artifact, an HF directory, a config.json or a GGUF
+file, resolved to a config and weight bytes per kind."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.plan.presets import PRESETS, preset
+from engine.plan.weights import artifact_weight_bytes, recipe_weight_bytes
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    label: str
+    config: ModelConfig
+    weights: dict[str, int]
+    recipe: str  # how the weights were counted
+    serve_arg: str  # the MODEL argument of the printed serve line
+
+
+def resolve(
+    model: str | None,
+    preset_name: str | None,
+    recipe: str | None,
+    bits: float | None,
+    mtp: bool,
+    vision: bool,
+    dtype_bytes: int = 2,
+) -> PlannedModel:
+    if model and preset_name:
+        raise NinferError("pass either MODEL or --model PRESET, not both")
+    name = preset_name or (model if model and model.lower() in PRESETS and not Path(model).exists() else None)
+    if name:
+        p = preset(name)
+        config = p.config
+        how = recipe or p.recipe
+        weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
+        return PlannedModel(p.name, config, weights, _label(how, bits), f"<{p.name} artifact>")
+    if not model:
+        raise NinferError(
+            f"pass a MODEL (.ninfer, HF directory, config.json, .gguf) or --model PRESET ({', '.join(PRESETS)})"
+        )
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise NinferError(
+            f"{path} does not exist; pass a .ninfer file, an HF directory, a config.json, or --model PRESET"
+        )
+    if path.suffix == ".ninfer":
+        from engine.formats.container import model_config_from_json, read_header
+
+        meta = read_header(path)["__metadata__"]
+        config = model_config_from_json(meta["config"])
+        if recipe or bits:
+            weights = recipe_weight_bytes(config, recipe or "bf16", dtype_bytes, bits, mtp, vision)
+            how = _label(recipe or "bf16", bits)
+        else:
+            weights = artifact_weight_bytes(path, config, dtype_bytes, mtp, vision)
+            how = f"{meta.get('recipe', '?')} (as stored)"
+        return PlannedModel(path.name, config, weights, how, str(path))
+    if path.is_dir() or path.name == "config.json":
+        cfg_path = path / "config.json" if path.is_dir() else path
+        if not cfg_path.is_file():
+            raise NinferError(f"{path} has no config.json; pass an HF checkpoint directory")
+        config = ModelConfig.from_hf_dict(json.loads(cfg_path.read_text()))
+        serve_arg = str(cfg_path.parent)
+    elif path.suffix == ".gguf":
+        from engine.formats.gguf import load_gguf
+
+        config, serve_arg = load_gguf(path).config, str(path)
+    else:
+        raise NinferError(
+            f"cannot plan for {path.name}; pass a .ninfer file, an HF directory, a config.json or a .gguf"
+        )
+    how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
+    weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
+    return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg)
+
+
+def _label(recipe: str, bits: float | None) -> str:
+    return f"{bits:g} bits/weight" if bits is not None else recipe

@@ -1,0 +1,113 @@
+"""Models `ninfer plan` knows by name, without weights: their config.json shapes, and the recipe a
+single-GPU user would run them with. `default` is the embedded model, read from its own file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+
+_QWEN35_VISION = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "num_position_embeddings": 2304,
+}
+
+
+def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: int) -> dict:
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": False,
+        "vision_config": {**_QWEN35_VISION, "out_hidden_size": hidden},
+        "text_config": {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "intermediate_size": inter,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "full_attention_interval": 4,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": linear_v_heads,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "vocab_size": 248320,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            "mtp_num_hidden_layers": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+            "dtype": "bfloat16",
+        },
+    }
+
+
+def _dense(arch: str, hidden: int, layers: int, inter: int, heads: int, kv: int, vocab: int, ctx: int, **kw):
+    return {
+        "architectures": [arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": 128,
+        "vocab_size": vocab,
+        "max_position_embeddings": ctx,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        **kw,
+    }
+
+
+_CONFIGS = {
+    "qwen3.5-27b": _qwen35(5120, 64, 17408, 24, 48),
+    "qwen3.5-9b": _qwen35(4096, 32, 12288, 16, 32),
+    "qwen3-32b": _dense("Qwen3ForCausalLM", 5120, 64, 25600, 64, 8, 151936, 40960, rope_theta=1e6),
+    "qwen3-8b": _dense("Qwen3ForCausalLM", 4096, 36, 12288, 32, 8, 151936, 40960, rope_theta=1e6),
+    "llama-3.1-8b": _dense(
+        "LlamaForCausalLM",
+        4096,
+        32,
+        14336,
+        32,
+        8,
+        128256,
+        131072,
+        rope_theta=5e5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+}
+PRESETS = (*_CONFIGS, "default")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    config: ModelConfig
+    recipe: str  # what the weights are counted at unless --recipe / --bits says otherwise
+
+
+def preset(name: str) -> Preset:
+    key = name.lower()
+    if key == "default":
+        from engine.models.loader import open_source
+
+        # the embedded GGUF runs dequantized on a GPU: its weights count in the model dtype
+        return Preset("default", open_source(None).config, "bf16")
+    if key not in _CONFIGS:
+        raise NinferError(f"unknown preset '{name}'; the presets are {', '.join(PRESETS)}")
+    return Preset(key, ModelConfig.from_hf_dict(_CONFIGS[key]), "q4.6")

@@ -1,0 +1,251 @@
+"""The solver over the ledger: the largest context that fits, the frontier (KV dtype x concurrency), the
+best configuration for a target, and refusals that carry three ways out, each checked to fit.
+
+Preference (docs/memory.md): context first, then concurrency, then decode speed — the bytes a decode step
+reads (weights + the KV of the running requests); dtypes within SPEED_TIE of the fastest count as equally
+fast, and the most precise of them wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import NinferError
+from engine.memory import CUDA_CONTEXT, WEIGHTS, Deployment, kv_bytes_per_token, ledger
+
+PLAN_KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "k8v4")  # most precise first
+SPEED_TIE = 0.03
+MIN_PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    total_bytes: int
+    sm: tuple[int, int] | None = None  # compute capability; None: unknown (nothing excluded for it)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What must fit where: the whole ledger in the device (plan), or what is still to be allocated in
+    the memory free right now (serve, after the weights loaded and the CUDA context exists)."""
+
+    device_total: int
+    available: int
+    excluded: tuple[str, ...] = ()
+
+    @staticmethod
+    def whole(device: Device) -> Budget:
+        return Budget(device.total_bytes, device.total_bytes)
+
+    @staticmethod
+    def after_load(device_total: int, free: int) -> Budget:
+        return Budget(device_total, free, (WEIGHTS, CUDA_CONTEXT))
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    text: str  # what to change, in words
+    deployment: Deployment
+
+
+class PlanRefusal(NinferError):
+    def __init__(self, message: str, suggestions: list[Suggestion]):
+        super().__init__(message)
+        self.suggestions = suggestions
+
+
+def kv_unavailable(kv: str, dep: Deployment, device: Device) -> str | None:
+    """Why a KV dtype cannot run here, or None."""
+    if kv == "fp8" and device.sm is not None and device.sm < (8, 9):
+        return f"fp8 KV needs compute capability 8.9 or newer (SM89+); this GPU is SM{device.sm[0]}{device.sm[1]}"
+    if kv == "k8v4" and dep.config.head_dim % 32:
+        return f"k8v4 needs a head_dim divisible by 32 (this model: {dep.config.head_dim})"
+    return None
+
+
+def needed(dep: Deployment, budget: Budget) -> int:
+    return ledger(dep, budget.device_total).without(*budget.excluded)
+
+
+def fits(dep: Deployment, budget: Budget) -> bool:
+    return needed(dep, budget) <= budget.available
+
+
+def max_pool_tokens(dep: Deployment, budget: Budget) -> int:
+    """The most KV pool tokens (whole pages) that fit beside everything else; 0 when not one page does."""
+    fixed = needed(dep.with_(kv_capacity=0), budget)
+    per_token = kv_bytes_per_token(dep.config, dep.kv_dtype, dep.spec)
+    tokens = max(0, budget.available - fixed) // per_token // dep.block_size * dep.block_size
+    return tokens
+
+
+def max_context(dep: Deployment, budget: Budget) -> int:
+    """The longest context (pool = context) that fits, at most the model's positions; 0 when none does."""
+    limit = dep.config.max_position_embeddings // dep.block_size * dep.block_size
+    ctx = min(max_pool_tokens(dep.with_(context=limit), budget), limit)
+    return ctx if ctx >= dep.block_size else 0
+
+
+def frontier(dep: Deployment, device: Device, concurrencies=(1, 2, 3, 4)) -> dict[str, dict[int, int | str]]:
+    """Max context per KV dtype x concurrency (or the reason the dtype is excluded)."""
+    budget = Budget.whole(device)
+    table: dict[str, dict[int, int | str]] = {}
+    for kv in PLAN_KV_DTYPES:
+        reason = kv_unavailable(kv, dep, device)
+        table[kv] = {
+            c: reason or max_context(dep.with_(kv_dtype=kv, concurrency=c, kv_capacity=None), budget)
+            for c in concurrencies
+        }
+    return table
+
+
+def decode_bytes(dep: Deployment) -> int:
+    """Bytes one decode step reads: the weights and the KV of every running request at full context."""
+    return sum(dep.weights.values()) + dep.concurrency * dep.context * kv_bytes_per_token(
+        dep.config, dep.kv_dtype, dep.spec
+    )
+
+
+def solve(dep: Deployment, device: Device, context: int | None, kv_dtype: str | None) -> Deployment:
+    """The best deployment at dep.concurrency for a target context (None: as long as fits) and KV dtype
+    (None: chosen). Raises PlanRefusal with three suggestions when the target does not fit."""
+    budget = Budget.whole(device)
+    if kv_dtype is not None:
+        reason = kv_unavailable(kv_dtype, dep, device)
+        if reason:
+            others = [k for k in PLAN_KV_DTYPES if k != kv_dtype and not kv_unavailable(k, dep, device)]
+            raise NinferError(f"{reason}; use --kv-dtype {' or '.join(others[-2:])}")
+    choices = []
+    for kv in [kv_dtype] if kv_dtype else PLAN_KV_DTYPES:
+        if kv_unavailable(kv, dep, device):
+            continue
+        trial = dep.with_(kv_dtype=kv, kv_capacity=None)
+        reach = max_context(trial, budget)
+        if reach and (context is None or reach >= context):
+            choices.append(trial.with_(context=context or reach))
+    if not choices:
+        raise _refusal(dep, device, context, kv_dtype)
+    longest = max(c.context for c in choices)
+    choices = [c for c in choices if c.context == longest]
+    fastest = min(decode_bytes(c) for c in choices)
+    choices = [c for c in choices if decode_bytes(c) <= fastest * (1 + SPEED_TIE)]
+    return min(choices, key=lambda c: PLAN_KV_DTYPES.index(c.kv_dtype))
+
+
+@dataclass(frozen=True)
+class Flags:
+    """How the suggestions name the knobs: plan's flags, or serve's."""
+
+    context: str = "--context"
+    concurrency: str = "--concurrency"
+    kv_dtype: str = "--kv-dtype"
+
+
+SERVE_FLAGS = Flags("--kv-capacity", "--max-concurrency", "--kv-dtype")
+
+
+def usable_kv_dtypes(dep: Deployment, device: Device) -> list[str]:
+    return [k for k in PLAN_KV_DTYPES if not kv_unavailable(k, dep, device)]
+
+
+def _refusal(dep: Deployment, device: Device, context: int | None, kv_dtype: str | None) -> PlanRefusal:
+    budget = Budget.whole(device)
+    usable = usable_kv_dtypes(dep, device)
+    kv = kv_dtype or max(usable, key=lambda k: max_context(dep.with_(kv_dtype=k), budget))
+    want = dep.with_(kv_dtype=kv, context=context or dep.block_size, kv_capacity=None)
+    gib = 1 << 30
+    message = (
+        f"{want.context:,} tokens of context at concurrency {want.concurrency} with {kv} KV needs "
+        f"{needed(want, budget) / gib:.2f} GiB; {device.name} has {device.total_bytes / gib:.2f} GiB"
+    )
+    ways = suggestions(want, budget, usable, Flags())
+    if not ways:
+        weights = sum(want.weights.values())
+        message += (
+            f"; the weights alone take {weights / gib:.2f} GiB: fewer bits per weight (--recipe w4g128, or "
+            "--bits 4) or a bigger GPU"
+        )
+    return PlanRefusal(message, ways)
+
+
+def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flags) -> list[Suggestion]:
+    """Up to three changes to `want` that fit `budget`: a smaller pool / context, fewer running requests,
+    a smaller KV dtype (then, where one of those is impossible: no vision, no speculation, smaller steps)."""
+    out: list[Suggestion] = []
+    if want.kv_capacity is None:  # plan: the pool is the context
+        ctx = max_context(want, budget)
+        if ctx:
+            out.append(Suggestion(f"a shorter context: {flags.context} {ctx}", want.with_(context=ctx)))
+    else:
+        pool = max_pool_tokens(want, budget)
+        if pool:
+            out.append(
+                Suggestion(
+                    f"a smaller KV pool: {flags.context} {pool}",
+                    want.with_(kv_capacity=pool, context=min(want.context, pool)),
+                )
+            )
+    for c in range(want.concurrency - 1, 0, -1):
+        if fits(want.with_(concurrency=c), budget):
+            out.append(
+                Suggestion(f"fewer running requests: {flags.concurrency} {c}", want.with_(concurrency=c))
+            )
+            break
+    else:  # no lower concurrency holds the whole target: one request, with what it does reach
+        if want.concurrency > 1:
+            out += _shrunk(
+                want.with_(concurrency=1), budget, flags, f"fewer running requests: {flags.concurrency} 1"
+            )
+    smaller = [k for k in usable if _kv_size(want, k) < _kv_size(want, want.kv_dtype)]
+    for k in smaller:  # the most precise smaller dtype that holds the whole target
+        if fits(want.with_(kv_dtype=k), budget):
+            out.append(Suggestion(f"a smaller KV dtype: {flags.kv_dtype} {k}", want.with_(kv_dtype=k)))
+            break
+    else:
+        for k in reversed(smaller):  # none does: the smallest, with what it does reach
+            found = _shrunk(
+                want.with_(kv_dtype=k), budget, flags, f"a smaller KV dtype: {flags.kv_dtype} {k}"
+            )
+            if found:
+                out += found
+                break
+    fallbacks = [
+        ("without the vision tower: drop --vision", want.with_(vision=False), want.vision),
+        (
+            "without speculative decoding: --spec none",
+            want.with_(spec="none", draft_tokens=0),
+            want.spec != "none",
+        ),
+        (
+            f"smaller prefill steps: --prefill-chunk {MIN_PREFILL_CHUNK}",
+            want.with_(prefill_chunk=MIN_PREFILL_CHUNK),
+            want.prefill_chunk > MIN_PREFILL_CHUNK,
+        ),
+    ]
+    fallbacks += [
+        (f"fewer running requests: {flags.concurrency} {c}", want.with_(concurrency=c), True)
+        for c in range(want.concurrency - 1, 1, -1)
+    ]
+    for text, dep, applies in fallbacks:  # whole target first, then with what each reaches
+        if len(out) < 3 and applies and fits(dep, budget):
+            out.append(Suggestion(text, dep))
+    for text, dep, applies in fallbacks:
+        if len(out) < 3 and applies and not fits(dep, budget):
+            out += _shrunk(dep, budget, flags, text)
+    return out[:3]
+
+
+def _shrunk(trial: Deployment, budget: Budget, flags: Flags, text: str) -> list[Suggestion]:
+    """`trial` with its context (plan) or pool (serve) cut to what fits; [] when not one page does."""
+    if trial.kv_capacity is None:
+        tokens = max_context(trial, budget)
+        changed = trial.with_(context=tokens)
+    else:
+        tokens = max_pool_tokens(trial, budget)
+        changed = trial.with_(kv_capacity=tokens, context=min(trial.context, tokens))
+    return [Suggestion(f"{text} {flags.context} {tokens}", changed)] if tokens else []
+
+
+def _kv_size(dep: Deployment, kv: str) -> int:
+    return kv_bytes_per_token(dep.config, kv, dep.spec)

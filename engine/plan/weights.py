@@ -1,0 +1,145 @@
+"""Weight bytes per tensor kind, as the engine holds them on the GPU: from a recipe over the model's shapes,
+or exactly from a `.ninfer` artifact.
+
+Rules (what the CUDA loader does, engine/models/loader.py):
+* 4- and 8-bit matrices stay packed (codes + fp16 scales / minimums) for the fused dequant matmul;
+* the embedding table is dequantized to the model dtype (the lookup reads rows, not a matmul), and so is
+  a 6-bit matrix (no 6-bit kernel yet); vectors (norms, biases, gates) are in the model dtype;
+* a recipe estimate of q4.6 counts every matrix at 4.6 bits (its mix is chosen per checkpoint by
+  measurement, so only the artifact knows it exactly).
+The MTP head and the vision tower are counted from the config (engine/plan/shapes.py); the vision tower
+stays in the model dtype.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
+from engine.quant.groupwise import stored_nbytes
+from engine.quant.recipes import GROUP_SIZE, MIN_DIM, Q46_TARGET_BITS, RECIPES
+
+KINDS = (
+    "embedding",
+    "lm_head",
+    "attention",
+    "linear attention",
+    "mlp",
+    "vectors",
+    "mtp head",
+    "vision tower",
+)
+
+
+def tensor_kind(name: str, shape: tuple[int, ...]) -> str:
+    if len(shape) < 2:
+        return "vectors"
+    if "embed_tokens" in name:
+        return "embedding"
+    if "lm_head" in name:
+        return "lm_head"
+    if ".linear_attn." in name:
+        return "linear attention"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "mlp"
+    return "vectors"
+
+
+def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and min(shape) >= MIN_DIM and name.endswith("weight")
+
+
+def recipe_tensor_bytes(
+    name: str, shape: tuple[int, ...], recipe: str, dtype_bytes: int, bits: float | None = None
+) -> int:
+    """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead)."""
+    numel = _numel(shape)
+    dense = numel * dtype_bytes
+    if not _is_matrix(name, shape) or tensor_kind(name, shape) == "embedding":
+        return dense
+    if bits is not None:
+        return round(numel * bits / 8)
+    if recipe == "bf16":
+        return dense
+    if recipe == "q4.6":
+        return round(numel * Q46_TARGET_BITS / 8)
+    width = int(recipe[1])
+    if width == 6:
+        return dense
+    return stored_nbytes((shape[0], shape[1]), width, GROUP_SIZE)
+
+
+def recipe_weight_bytes(
+    config: ModelConfig,
+    recipe: str,
+    dtype_bytes: int = 2,
+    bits: float | None = None,
+    mtp: bool = False,
+    vision: bool = False,
+) -> dict[str, int]:
+    """Bytes per kind for the model's shapes under a recipe (bits overrides the matrices' bits/weight)."""
+    if recipe not in RECIPES:
+        raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
+    if bits is not None and not 1.0 <= bits <= 16.0:
+        raise NinferError(f"--bits {bits} is outside 1..16 bits per weight")
+    out: dict[str, int] = dict.fromkeys(KINDS, 0)
+    for name, shape in model_tensors(config):
+        out[tensor_kind(name, shape)] += recipe_tensor_bytes(name, shape, recipe, dtype_bytes, bits)
+    if mtp:
+        for name, shape in mtp_tensors(config):
+            out["mtp head"] += recipe_tensor_bytes(name, shape, recipe, dtype_bytes, bits)
+    if vision:
+        out["vision tower"] = sum(_numel(s) for _, s in vision_tensors(config)) * dtype_bytes
+    return out
+
+
+def artifact_weight_bytes(
+    path: Path, config: ModelConfig, dtype_bytes: int = 2, mtp: bool = False, vision: bool = False
+) -> dict[str, int]:
+    """Bytes per kind of a `.ninfer` artifact as the CUDA loader keeps it (see the module docstring)."""
+    from engine.formats.container import read_header
+
+    header = read_header(path)
+    quant = json.loads(header["__metadata__"].get("quant") or "{}")
+    parts = {f"{n}.{p}" for n in quant for p in ("qpacked", "qscales", "qmins")}
+    out: dict[str, int] = dict.fromkeys(KINDS, 0)
+    packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
+    for name, q in quant.items():
+        shape = tuple(q["shape"])
+        kind = tensor_kind(name, shape)
+        if kind == "embedding" or q["bits"] not in (4, 8):
+            out[kind] += _numel(shape) * dtype_bytes
+            continue
+        stored = sum(
+            _span(header[f"{name}.{p}"]) for p in ("qpacked", "qscales", "qmins") if f"{name}.{p}" in header
+        )
+        out[kind] += stored
+        packed_bytes, packed_weights = packed_bytes + stored, packed_weights + _numel(shape)
+    for name, info in header.items():
+        if name != "__metadata__" and name not in parts:
+            shape = tuple(info["shape"])
+            out[tensor_kind(name, shape)] += _numel(shape) * dtype_bytes
+    if mtp:  # an artifact holds no MTP head yet: counted at the artifact's average bits per packed weight
+        bits = 8 * packed_bytes / packed_weights if packed_weights else None
+        for name, shape in mtp_tensors(config):
+            out["mtp head"] += recipe_tensor_bytes(name, shape, "bf16", dtype_bytes, bits)
+    if vision:
+        out["vision tower"] = sum(_numel(s) for _, s in vision_tensors(config)) * dtype_bytes
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _span(info: dict) -> int:
+    start, end = info["data_offsets"]
+    return end - start

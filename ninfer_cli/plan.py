@@ -1,0 +1,210 @@
+"""`ninfer plan`: will it fit, and how — the VRAM ledger, the frontier, and the serve line that fits."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.sizes import parse_size
+
+GIB = 1 << 30
+
+
+@exits_cleanly
+def plan(
+    model: Annotated[
+        str | None, typer.Argument(help=".ninfer, HF directory, config.json, .gguf, or a preset name.")
+    ] = None,
+    preset_name: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, llama-3.1-8b, default."
+        ),
+    ] = None,
+    vram: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24G (default: the local GPU).")] = None,
+    sm: Annotated[str | None, typer.Option(help="Compute capability, e.g. 86 (RTX 3090), 89, 90.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Requests running at once.")] = 1,
+    context: Annotated[
+        str | None, typer.Option(help="Target context, e.g. 180k (default: the most that fits).")
+    ] = None,
+    kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
+    spec: Annotated[str, typer.Option(help="Speculative decoding: none, mtp, ngram.")] = "none",
+    draft_tokens: Annotated[int, typer.Option(help="Draft tokens per step with --spec.")] = 3,
+    vision: Annotated[bool, typer.Option("--vision", help="Load the vision tower too.")] = False,
+    recipe: Annotated[
+        str | None,
+        typer.Option(help="Weights as q4.6, w4g128, w6g128, w8g128 or bf16 (default: the artifact's)."),
+    ] = None,
+    bits: Annotated[
+        float | None, typer.Option(help="Weights at this many bits per matrix weight instead.")
+    ] = None,
+    prefill_chunk: Annotated[int, typer.Option(help="Tokens per engine step.")] = 2048,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+):
+    """Solve the VRAM budget: context, concurrency and KV dtype for a model on a GPU."""
+    from engine.cache.kv_layout import resolve_kv_dtype
+    from engine.errors import NinferError
+    from engine.memory import Deployment, ledger, validate
+    from engine.plan.gpu import local_gpu, parse_sm
+    from engine.plan.model import resolve
+    from engine.plan.solver import Device, PlanRefusal, frontier, solve
+
+    if vram is None and sm is not None:
+        raise NinferError("--sm goes with --vram; without --vram the local GPU is read")
+    device = (
+        local_gpu()
+        if vram is None
+        else Device(f"a {vram} GPU", parse_size(vram, "--vram"), parse_sm(sm) if sm else None)
+    )
+    kv = None if kv_dtype == "auto" else resolve_kv_dtype(kv_dtype)
+    if kv == "fp32":
+        raise NinferError("fp32 KV is for tests; use bf16, fp16, fp8, int8 or k8v4")
+    target = parse_size(context, "--context") if context else None
+    spec_on = spec != "none"
+    planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
+    dep = Deployment(
+        planned.config,
+        kv or "k8v4",
+        target or planned.config.max_position_embeddings,
+        concurrency=concurrency,
+        weights=planned.weights,
+        prefill_chunk=prefill_chunk,
+        spec=spec,
+        draft_tokens=draft_tokens if spec_on else 0,
+        vision=vision,
+    )
+    validate(dep)
+    table = frontier(dep, device)
+    try:
+        chosen = solve(dep, device, target, kv)
+    except PlanRefusal as refusal:
+        if as_json:
+            print(json.dumps(_json(planned, device, None, table, refusal), indent=2))
+        else:
+            _print_refusal(planned, device, table, refusal)
+        raise typer.Exit(2) from None
+    rows = ledger(chosen, device.total_bytes)
+    line = serve_line(planned.serve_arg, chosen)
+    if as_json:
+        print(json.dumps(_json(planned, device, (chosen, rows, line), table, None), indent=2))
+        return
+    _print_plan(planned, device, chosen, rows, table, line)
+
+
+def serve_line(model_arg: str, dep) -> str:
+    return (
+        f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
+        f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
+        f"--prefill-chunk {dep.prefill_chunk}"
+    )
+
+
+def _header(planned, device) -> str:
+    sm = f", SM{device.sm[0]}{device.sm[1]}" if device.sm else ", compute capability not given"
+    return f"{planned.label} ({planned.recipe}) on {device.name}: {device.total_bytes / GIB:.2f} GiB{sm}"
+
+
+def _print_plan(planned, device, chosen, rows, table, line) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(_header(planned, device))
+    t = Table(
+        title=f"ledger: {chosen.context:,} tokens of context, {chosen.concurrency} running, {chosen.kv_dtype} KV"
+    )
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    t.add_column("how")
+    for r in rows.rows:
+        t.add_row(r.component, f"{r.bytes / GIB:.3f}", r.detail)
+    t.add_row("total", f"{rows.total / GIB:.3f}", "", style="bold")
+    t.add_row(
+        "left", f"{(device.total_bytes - rows.total) / GIB:.3f}", f"of {device.total_bytes / GIB:.2f} GiB"
+    )
+    console.print(t)
+    _print_frontier(console, table)
+    if chosen.spec != "none" or chosen.vision:
+        console.print(
+            "note: the ledger reserves memory for --spec / --vision; serve does not run them yet, so they are "
+            "not in the serve line"
+        )
+    console.print("serve it:")
+    console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _print_frontier(console, table) -> None:
+    from rich.table import Table
+
+    f = Table(title="frontier: the longest context per KV dtype and concurrency")
+    f.add_column("KV dtype")
+    concurrencies = next(iter(table.values())).keys()
+    for c in concurrencies:
+        f.add_column(f"C{c}", justify="right")
+    reasons = []
+    for kv, row in table.items():
+        cells = []
+        for value in row.values():
+            if isinstance(value, str):
+                cells.append("excluded")
+                if value not in reasons:
+                    reasons.append(value)
+            else:
+                cells.append(f"{value:,}" if value else "does not fit")
+        f.add_row(kv, *cells)
+    console.print(f)
+    for reason in reasons:
+        console.print(f"excluded: {reason}")
+
+
+def _print_refusal(planned, device, table, refusal) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    console.print(_header(planned, device), highlight=False)
+    _print_frontier(console, table)
+    console.print(f"does not fit: {refusal}", highlight=False, markup=False)
+    if refusal.suggestions:
+        console.print("ways out:")
+    for s in refusal.suggestions:
+        console.print(f"  - {s.text}", highlight=False, markup=False)
+
+
+def _json(planned, device, result, table, refusal) -> dict:
+    out = {
+        "model": planned.label,
+        "weights_recipe": planned.recipe,
+        "device": {"name": device.name, "total_bytes": device.total_bytes, "sm": device.sm},
+        "frontier": {kv: {str(c): v for c, v in row.items()} for kv, row in table.items()},
+    }
+    if result:
+        chosen, rows, line = result
+        out["plan"] = {
+            "context": chosen.context,
+            "concurrency": chosen.concurrency,
+            "kv_dtype": chosen.kv_dtype,
+            "kv_capacity": chosen.pool_tokens,
+            "ledger": [{"component": r.component, "bytes": r.bytes, "detail": r.detail} for r in rows.rows],
+            "total_bytes": rows.total,
+            "serve": line,
+        }
+    if refusal:
+        out["refusal"] = {
+            "message": str(refusal),
+            "suggestions": [
+                {
+                    "text": s.text,
+                    "context": s.deployment.context,
+                    "concurrency": s.deployment.concurrency,
+                    "kv_dtype": s.deployment.kv_dtype,
+                    "spec": s.deployment.spec,
+                    "vision": s.deployment.vision,
+                    "prefill_chunk": s.deployment.prefill_chunk,
+                }
+                for s in refusal.suggestions
+            ],
+        }
+    return out

@@ -1,0 +1,146 @@
+"""`ninfer plan` at the CLI: ledger + frontier + serve line, JSON, refusals with ways out, every MODEL form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import save_tiny, tiny_hf_model
+from typer.testing import CliRunner
+
+from engine.quant.convert import convert
+from ninfer_cli.main import app
+
+runner = CliRunner()
+
+
+def _run(*args):
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
+    code, out = _run(
+        "plan",
+        "--model",
+        "qwen3.5-27b",
+        "--vram",
+        "24G",
+        "--sm",
+        "86",
+        "--concurrency",
+        "2",
+        "--kv-dtype",
+        "k8v4",
+        "--spec",
+        "mtp",
+        "--draft-tokens",
+        "3",
+    )
+    assert code == 0, out
+    for part in (
+        "weights: mlp",
+        "KV pool",
+        "recurrent state",
+        "state snapshots",
+        "draft buffers",
+        "activations",
+        "CUDA context",
+        "CUDA graph pools",
+        "safety margin",
+        "frontier",
+        "excluded: fp8 KV needs",
+    ):
+        assert part in out, part
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert "--kv-dtype k8v4 --prefill-chunk 2048" in line and "--max-concurrency 2" in line
+    context = int(line.split("--max-context ")[1].split()[0])
+    assert context >= 170_000
+
+
+def test_json_and_refusal_exit_2_with_three_ways_out():
+    code, out = _run(
+        "plan",
+        "qwen3.5-27b",
+        "--vram",
+        "24G",
+        "--sm",
+        "86",
+        "--concurrency",
+        "2",
+        "--context",
+        "200k",
+        "--kv-dtype",
+        "int8",
+        "--json",
+    )
+    assert code == 2
+    data = json.loads(out)
+    assert "204,800 tokens" in data["refusal"]["message"]
+    assert len(data["refusal"]["suggestions"]) == 3
+    for s in data["refusal"]["suggestions"]:  # each fed back fits
+        code, out2 = _run(
+            "plan",
+            "qwen3.5-27b",
+            "--vram",
+            "24G",
+            "--sm",
+            "86",
+            "--concurrency",
+            str(s["concurrency"]),
+            "--context",
+            str(s["context"]),
+            "--kv-dtype",
+            s["kv_dtype"],
+            "--json",
+        )
+        assert code == 0, out2
+        assert json.loads(out2)["plan"]["context"] == s["context"]
+
+
+def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
+    from engine.plan import gpu
+
+    def no_nvml():
+        raise ImportError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(gpu, "_nvml", no_nvml)
+    code, out = _run("plan", "--model", "qwen3-8b")
+    assert code == 2
+    assert "no GPU found here" in out and "--vram 24G" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "qwen3-8b", "--vram", "24G", "--vision"], "no vision tower"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--spec", "mtp"], "no MTP head"),
+        (["--model", "gpt-5", "--vram", "24G"], "unknown preset 'gpt-5'"),
+        (["--model", "qwen3-8b", "--vram", "lots"], "--vram 'lots' is not a size"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--sm", "x"], "--sm 'x' is not a compute capability"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--kv-dtype", "int3"], "unknown KV dtype 'int3'"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--sm", "86", "--kv-dtype", "fp8"], "fp8 KV needs compute"),
+    ],
+)
+def test_bad_input_is_one_line(args, message):
+    code, out = _run("plan", *args)
+    assert code == 2
+    assert message in out and "Traceback" not in out
+
+
+def test_model_forms_hf_dir_config_json_and_ninfer(tmp_path):
+    src = save_tiny(tiny_hf_model("qwen3", tied=False, head_dim=32), tmp_path / "src")
+    artifact = tmp_path / "tiny.ninfer"
+    convert(src, artifact, "w4g128")
+    for model in (str(src), str(src / "config.json"), str(artifact)):
+        code, out = _run("plan", model, "--vram", "1G", "--json")
+        assert code == 0, out
+        data = json.loads(out)
+        assert data["plan"]["context"] == 1024  # the tiny model's positions
+        assert data["plan"]["serve"].startswith("ninfer serve ")
+    # the artifact counts its packed bytes: less than the bf16 directory
+    weights = {}
+    for model in (str(src), str(artifact)):
+        ledger = json.loads(_run("plan", model, "--vram", "1G", "--json")[1])["plan"]["ledger"]
+        weights[model] = sum(r["bytes"] for r in ledger if r["component"].startswith("weights"))
+    assert weights[str(artifact)] < weights[str(src)]

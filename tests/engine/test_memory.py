@@ -1,0 +1,179 @@
+"""The VRAM ledger (engine/memory.py) and its solver: bytes equal what the engine allocates, field sanity on
+presets, refusals whose suggestions fit, serve-time sizing refused before allocation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError
+from engine.layers.attention import Attention
+from engine.layers.gated_deltanet import GatedDeltaNet
+from engine.memory import GIB, KV_POOL, Deployment, ledger
+from engine.plan import runtime
+from engine.plan.presets import PRESETS, preset
+from engine.plan.solver import Budget, Device, PlanRefusal, fits, frontier, max_context, needed, solve
+from engine.plan.weights import recipe_weight_bytes
+from engine.quant.groupwise import quantize, stored_nbytes
+
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "k8v4")
+RTX_3090 = Device("RTX 3090", 24 * GIB, (8, 6))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
+def tiny_dir(request, tmp_path_factory):
+    return save_tiny(
+        tiny_hf_model(request.param, tied=False, head_dim=32), tmp_path_factory.mktemp(request.param)
+    )
+
+
+def _allocated(llm) -> tuple[int, int]:
+    kv = state = 0
+    for m in llm.model.modules():
+        if isinstance(m, Attention):
+            kv += m.kv_cache.num_bytes
+        elif isinstance(m, GatedDeltaNet):
+            state += m.conv_state.numel() * m.conv_state.element_size()
+            state += m.ssm_state.numel() * m.ssm_state.element_size()
+    return kv, state
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_ledger_kv_and_state_bytes_equal_the_allocated_tensors(tiny_dir, kv_dtype):
+    llm = LLM(
+        tiny_dir, kv_dtype=kv_dtype, max_context=200, kv_capacity=333, max_concurrency=3, dtype="bfloat16"
+    )
+    cfg = llm.engine_config
+    dep = Deployment(
+        llm.model_config,
+        cfg.kv_dtype,
+        llm.max_context,
+        concurrency=cfg.max_concurrency,
+        kv_capacity=cfg.kv_capacity,
+        state_snapshots=cfg.num_state_snapshots,
+        dtype_bytes=2,
+        device="cpu",
+    )
+    rows = ledger(dep, 24 * GIB)
+    kv, state = _allocated(llm)
+    assert rows.get(KV_POOL) == kv > 0
+    assert rows.get("recurrent state") + rows.get("state snapshots") == state
+    assert (state > 0) == (llm.model_config.num_linear_attention_layers > 0)
+
+
+def test_stored_nbytes_matches_quantize():
+    for shape, bits in [((48, 576), 4), ((40, 200), 6), ((33, 256), 8), ((16, 96), 4)]:
+        assert stored_nbytes(shape, bits) == quantize(torch.randn(shape), bits).nbytes
+
+
+def _dep(name="qwen3.5-27b", kv="k8v4", concurrency=2, spec="mtp", vision=False, **kw):
+    p = preset(name)
+    weights = recipe_weight_bytes(p.config, p.recipe, mtp=spec == "mtp", vision=vision)
+    return Deployment(
+        p.config,
+        kv,
+        p.config.max_position_embeddings,
+        concurrency=concurrency,
+        weights=weights,
+        spec=spec,
+        draft_tokens=3 if spec != "none" else 0,
+        vision=vision,
+        **kw,
+    )
+
+
+def test_field_sanity_qwen35_27b_on_24_gib():
+    budget = Budget.whole(RTX_3090)
+    k8v4 = max_context(_dep(), budget)
+    assert k8v4 >= 170_000
+    assert max_context(_dep(kv="int8"), budget) < k8v4
+    assert max_context(_dep(vision=True), budget) < k8v4
+    assert max_context(_dep(concurrency=1), budget) > k8v4
+    best = solve(_dep(), RTX_3090, 170_000, None)
+    assert best.context == 170_000 and fits(best, budget)
+
+
+def test_fp8_refused_on_sm86_with_the_reason():
+    table = frontier(_dep(), RTX_3090)
+    assert all("compute capability 8.9" in str(v) for v in table["fp8"].values())
+    with pytest.raises(NinferError, match="fp8 KV needs compute capability 8.9.*SM86"):
+        solve(_dep(), RTX_3090, None, "fp8")
+    h200 = Device("H200", 141 * GIB, (9, 0))
+    assert isinstance(frontier(_dep(), h200)["fp8"][1], int)
+
+
+@pytest.mark.parametrize(
+    "kv, concurrency, context",
+    [("int8", 2, 204_800), ("bf16", 4, 150_000), ("k8v4", 3, 262_144), ("bf16", 1, 120_000)],
+)
+def test_refusal_gives_three_suggestions_that_each_fit(kv, concurrency, context):
+    dep = _dep(kv=kv, concurrency=concurrency)
+    with pytest.raises(PlanRefusal) as e:
+        solve(dep, RTX_3090, context, kv)
+    assert "GiB" in str(e.value) and f"{context:,}" in str(e.value)
+    ways = e.value.suggestions
+    assert len(ways) == 3, [s.text for s in ways]
+    for s in ways:
+        d = s.deployment
+        got = solve(d, RTX_3090, d.context, d.kv_dtype)  # fed back: no refusal
+        assert got.context == d.context and fits(got, Budget.whole(RTX_3090)), s.text
+
+
+def test_every_preset_plans():
+    for name in PRESETS:
+        p = preset(name)
+        dep = Deployment(p.config, "bf16", 4096, weights=recipe_weight_bytes(p.config, p.recipe))
+        best = solve(dep, Device("H200", 141 * GIB, (9, 0)), None, None)
+        assert best.context > 0
+
+
+def test_serve_auto_fills_free_memory_and_refuses_what_does_not_fit(tiny_dir, monkeypatch):
+    gib = GIB
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (64 * gib, 4 * gib))
+    llm = LLM(tiny_dir, kv_capacity=4096, max_context=512)
+    assert llm.runner.kv_cache_bytes > 0
+    # 2 GiB free with a 1.28 GiB safety margin: a 10M-token pool does not fit; refused before allocating
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (64 * gib, 2 * gib))
+    with pytest.raises(
+        NinferError, match=r"does not fit.*Ways out: a smaller KV pool: --kv-capacity (\d+)"
+    ) as e:
+        LLM(tiny_dir, kv_capacity=10_000_000, max_context=512, max_concurrency=2)
+    text = str(e.value)
+    assert "--max-concurrency" in text or "--kv-dtype" in text
+    pool = int(text.split("--kv-capacity ")[1].split(";")[0].split()[0])
+    LLM(tiny_dir, kv_capacity=pool, max_context=512, max_concurrency=2)  # the suggestion fits
+
+
+def test_serve_auto_on_cuda_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
+    from engine.config import EngineConfig
+
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (8 * GIB, 1 * GIB))
+    llm = LLM(tiny_dir)
+    config = EngineConfig(model="", device="cuda", kv_capacity="auto", max_concurrency=2, kv_dtype="bf16")
+    context, pool = runtime.size_kv_pool(config, llm.model_config)
+    assert context == llm.model_config.max_position_embeddings  # the tiny model: the pool holds it all
+    assert pool == context * 2  # capped at every running request at full context
+    # room for 96 tokens beside the reserves: the context becomes what the pool holds, and says so
+    dep = runtime.deployment(config, llm.model_config, 1024)
+    budget = Budget.after_load(8 * GIB, 0)
+    free = needed(dep.with_(kv_capacity=96), budget)
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (8 * GIB, free))
+    assert runtime.size_kv_pool(config, llm.model_config) == (96, 96)  # whole pages of 16
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (8 * GIB, 200 * (1 << 20)))
+    with pytest.raises(NinferError, match="does not fit"):
+        runtime.size_kv_pool(config, llm.model_config)
+    # an explicit --max-context the pool cannot hold is refused, not shrunk
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (8 * GIB, free))
+    with pytest.raises(NinferError, match="--kv-capacity 96"):
+        runtime.size_kv_pool(
+            EngineConfig(
+                model="",
+                device="cuda",
+                kv_capacity="auto",
+                max_concurrency=2,
+                kv_dtype="bf16",
+                max_context=512,
+            ),
+            llm.model_config,
+        )
