@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ninfer_cli import chat, convert, fetch, plan, serve
+from ninfer_cli import bench, chat, convert, fetch, plan, serve
 
 app = typer.Typer(
     name="ninfer",
@@ -20,6 +20,7 @@ def main() -> None:
     """Single-GPU LLM inference engine for Qwen3-family models."""
 
 
+app.command("bench")(bench.bench)
 app.command("chat")(chat.chat)
 app.command("convert")(convert.convert)
 app.command("fetch")(fetch.fetch)

@@ -38,7 +38,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
-        if state.api_key and request.url.path.startswith("/v1/") and not _authorized(request, state.api_key):
+        guarded = request.url.path.startswith("/v1/") or request.url.path == "/tokenize"
+        if state.api_key and guarded and not _authorized(request, state.api_key):
             return error_response(
                 request,
                 ApiError(401, "a valid API key is needed (Authorization: Bearer KEY or x-api-key: KEY)"),

@@ -90,6 +90,7 @@ def sampling_params(
             frequency_penalty=field(body, "frequency_penalty", float, 0.0),
             repetition_penalty=field(body, "repetition_penalty", float, 1.0),
             seed=field(body, "seed", int),
+            ignore_eos=field(body, "ignore_eos", bool, False),
             stop=stop,
             **extra,
         )

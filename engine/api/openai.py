@@ -264,6 +264,22 @@ async def chat_completions(request: Request):
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    """vLLM-compatible token counting: `messages` (rendered with the chat template, as chat completions does)
+    or `prompt`; answers count, tokens and max_model_len."""
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    if body.get("messages") is not None:
+        kwargs = field(body, "chat_template_kwargs", dict, {})
+        _, ids = state.render(template_messages(body.get("messages")), field(body, "tools", list), kwargs)
+    elif isinstance(body.get("prompt"), str):
+        ids = state.engine.tokenizer.encode(body["prompt"])
+    else:
+        raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
+    return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}
+
+
 @router.post("/v1/completions")
 async def completions(request: Request):
     state: ServerState = request.app.state.ninfer

@@ -37,18 +37,21 @@ def paged_attention(
         if q_len <= 1:
             continue
         k, v = read_kv(cache, block_table[b, : -(-seq_len // block_size)])  # [S', Hk, D] fp32 each
-        k, v = k[:seq_len].transpose(0, 1), v[:seq_len].transpose(0, 1)  # [Hk, S, D]
-        # query i sits at position seq_len - q_len + i and sees keys 0 .. that position
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos  # [Q, S]
-        qb = q[start:end].float().transpose(0, 1)  # [Hq, Q, D]
-        o = sdpa(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)  # [Hq, Q, D]
-        out[start:end] = o.transpose(0, 1).to(q.dtype)
+        k, v = k[None, :seq_len], v[None, :seq_len]
+        # query i sits at position seq_len - q_len + i: it sees the whole prefix and the new keys up to itself
+        # NOTE: 4-D inputs: torch's CPU flash kernel takes them (3-D ones fall back to the slow math path)
+        qb = q[start:end].float().transpose(0, 1)[None]  # [1, Hq, Q, D]
+        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [1, Hk, S, D]
+        prefix = seq_len - q_len
+        o = attend_parts(qb, kt, vt, [(0, prefix, False), (prefix, seq_len, True)], scale)  # [1, Hq, Q, D]
+        out[start:end] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
 
 def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torch.Tensor:
     """One query token per sequence: q [N, Hq, D] over block_table [N, *] with lengths seq_lens [N]."""
+    if q.shape[0] == 1:
+        return _decode_one(q, cache, block_table, max_len, scale)
     block_size = cache.k_data.shape[1]
     k, v = read_kv(cache, block_table[:, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
     mask = None
@@ -56,8 +59,94 @@ def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torc
         # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
         mask = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.long()[:, None]  # [N, S]
         mask = mask[:, None, None, :]
-    elif k.shape[1] != max_len:
-        k, v = k[:, :max_len], v[:, :max_len]
     qd = q.unsqueeze(2) if q.dtype == torch.float32 else q.float().unsqueeze(2)  # [N, Hq, 1, D]
     o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(2).to(q.dtype)
+
+
+# the last single-sequence page layout seen: every layer of a step asks about the same block row (keyed on
+# a copy of its values and the length, so an updated table is never served stale)
+_last_layout: tuple | None = None
+
+
+def _page_range(row: torch.Tensor, seq_len: int, block_size: int):
+    """(first page, hole) when the row's pages are exactly a range of page ids, in any order, else None.
+    hole = the key slots (start, end) of the range view past the sequence's end (its last page's unused
+    tail), or None."""
+    global _last_layout
+    if _last_layout is not None:
+        saved, saved_len, layout = _last_layout
+        if saved_len == seq_len and saved.shape == row.shape and torch.equal(saved, row):
+            return layout
+    ids = row.tolist()
+    first = min(ids)
+    layout = None
+    if max(ids) - first + 1 == len(ids):  # page ids are distinct: a full range
+        used = seq_len - (len(ids) - 1) * block_size  # tokens in the last page
+        last = (ids[-1] - first) * block_size
+        layout = (first, (last + used, last + block_size) if used < block_size else None)
+    _last_layout = (row.clone(), seq_len, layout)
+    return layout
+
+
+def _decode_one(q, cache, block_table, seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence's decode query q [1, Hq, D]. Softmax attention does not depend on the order of the keys,
+    so an fp32 cache whose pages form a range of ids is read in place (a view) whatever their order, the
+    unused tail of the last page left out."""
+    block_size = cache.k_data.shape[1]
+    row = block_table[0, : -(-seq_len // block_size)]
+    qd = q.float().unsqueeze(2)  # [1, Hq, 1, D]
+    layout = _page_range(row, seq_len, block_size) if cache.k_data.dtype == torch.float32 else None
+    if layout is not None:
+        first, hole = layout
+        pages = slice(first, first + row.shape[0])
+        k = cache.k_data[pages].flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, S', D] views
+        v = cache.v_data[pages].flatten(0, 1)[None].transpose(1, 2)
+        end = k.shape[2]
+        parts = [(0, end, False)] if hole is None else [(0, hole[0], False), (hole[1], end, False)]
+        o = attend_parts(qd, k, v, parts, scale)
+    else:
+        k, v = read_kv(cache, row)  # [S', Hk, D]
+        k, v = k[None, :seq_len].transpose(1, 2), v[None, :seq_len].transpose(1, 2)
+        o = sdpa(qd, k, v, scale=scale, enable_gqa=True)
+    return o.squeeze(2).to(q.dtype)
+
+
+def attend_parts(q, k, v, parts: list[tuple[int, int, bool]], scale: float) -> torch.Tensor:
+    """Attention of q [1, Hq, Q, D] over the key ranges `parts` [(start, end, causal)] of k / v [1, Hk, S, D],
+    as if they were one key sequence: each part by the CPU flash kernel, merged by their log-sum-exps
+    (causal = the part's keys align with the queries: query i sees keys start .. start + i)."""
+    parts = [p for p in parts if p[1] > p[0]]
+    if len(parts) == 1:
+        a, b, causal = parts[0]
+        return sdpa(q, k[:, :, a:b], v[:, :, a:b], is_causal=causal, scale=scale, enable_gqa=True)
+    if _flash_with_lse is None:  # one call over the kept keys, masked
+        keep = torch.cat([torch.arange(a, b, device=q.device) for a, b, _ in parts])
+        mask = _mask_for(parts, q.shape[2], q.device)
+        kk, vv = k.index_select(2, keep), v.index_select(2, keep)
+        return sdpa(q, kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
+    outs, lses = [], []
+    for a, b, causal in parts:
+        o, lse = _flash_with_lse(q, k[:, :, a:b], v[:, :, a:b], 0.0, causal, scale=scale)
+        outs.append(o)
+        lses.append(lse.unsqueeze(-1))  # [1, Hq, Q, 1]
+    top = torch.maximum(*lses) if len(lses) == 2 else torch.stack(lses).amax(0)
+    weights = [torch.exp(lse - top) for lse in lses]
+    return sum(o * w for o, w in zip(outs, weights)) / sum(weights)
+
+
+def _mask_for(parts, num_q: int, device) -> torch.Tensor:
+    """[Q, kept keys] visibility over the concatenated parts, for the single-call path."""
+    cols = []
+    for a, b, causal in parts:
+        if causal:
+            cols.append(
+                torch.arange(b - a, device=device)[None, :] <= torch.arange(num_q, device=device)[:, None]
+            )
+        else:
+            cols.append(torch.ones(num_q, b - a, dtype=torch.bool, device=device))
+    return torch.cat(cols, dim=1)
+
+
+# torch's CPU flash attention with its log-sum-exp (a private op; without it the parts run as one masked call)
+_flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

@@ -93,6 +93,29 @@ def test_count_tokens_equals_the_engines_count(claude, server):
     assert counted.input_tokens == len(ids)
 
 
+def test_tokenize_counts_as_chat_completions_does_and_ignore_eos(oai, server):
+    r = httpx.post(
+        f"{server.url}/tokenize", json={"messages": QUESTION}, headers={"x-api-key": KEY}, timeout=30
+    )
+    assert r.status_code == 200
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) == len(server.engine.tokenizer.encode_chat(QUESTION))
+    assert body["max_model_len"] == server.engine.llm.max_context
+    chat = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=1, **GREEDY)
+    assert chat.usage.prompt_tokens == body["count"]
+    plain = httpx.post(f"{server.url}/tokenize", json={"prompt": "hello world"}, headers={"x-api-key": KEY})
+    assert plain.json()["count"] == len(server.engine.tokenizer.encode("hello world"))
+    assert httpx.post(f"{server.url}/tokenize", json={}, headers={"x-api-key": KEY}).status_code == 400
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}).status_code == 401  # the key guards it
+    # the short answer ends with EOS well before 40 tokens; ignore_eos runs all 40
+    short = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=40, **GREEDY)
+    assert short.usage.completion_tokens < 40
+    full = oai.chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=40, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    assert full.usage.completion_tokens == 40
+
+
 def test_repeated_long_prefix_reports_cached_tokens(oai, claude):
     system = "You are a careful assistant. " * 40  # ~240 tokens shared by both calls
     for prompt in ("Name a color.", "Name a fruit."):

@@ -19,24 +19,15 @@ def _run(*args):
     return result.exit_code, result.output
 
 
+def _plan_27b_3090(*args: str):
+    return _run("plan", "qwen3.5-27b", "--vram", "24G", "--sm", "86", *args)
+
+
 def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
-    code, out = _run(
-        "plan",
-        "--model",
-        "qwen3.5-27b",
-        "--vram",
-        "24G",
-        "--sm",
-        "86",
-        "--concurrency",
-        "2",
-        "--kv-dtype",
-        "k8v4",
-        "--spec",
-        "mtp",
-        "--draft-tokens",
-        "3",
+    flags = (
+        "--model qwen3.5-27b --vram 24G --sm 86 --concurrency 2 --kv-dtype k8v4 --spec mtp --draft-tokens 3"
     )
+    code, out = _run("plan", *flags.split())
     assert code == 0, out
     for part in (
         "weights: mlp",
@@ -59,33 +50,13 @@ def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
 
 
 def test_json_and_refusal_exit_2_with_three_ways_out():
-    code, out = _run(
-        "plan",
-        "qwen3.5-27b",
-        "--vram",
-        "24G",
-        "--sm",
-        "86",
-        "--concurrency",
-        "2",
-        "--context",
-        "200k",
-        "--kv-dtype",
-        "int8",
-        "--json",
-    )
+    code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "200k", "--kv-dtype", "int8", "--json"])
     assert code == 2
     data = json.loads(out)
     assert "204,800 tokens" in data["refusal"]["message"]
     assert len(data["refusal"]["suggestions"]) == 3
     for s in data["refusal"]["suggestions"]:  # each fed back fits
-        code, out2 = _run(
-            "plan",
-            "qwen3.5-27b",
-            "--vram",
-            "24G",
-            "--sm",
-            "86",
+        code, out2 = _plan_27b_3090(
             "--concurrency",
             str(s["concurrency"]),
             "--context",

@@ -2,59 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx2 as httpx
 import pytest
+from serve_process import start_serve
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_serve_default_model_then_sigterm():
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "ninfer_cli.main",
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        "k",
-        "--max-context",
-        "4k",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc, port = start_serve("--api-key", "k", "--max-context", "4k")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             headers={"Authorization": "Bearer k"},

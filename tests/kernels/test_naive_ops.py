@@ -182,3 +182,23 @@ def test_gated_delta_rule_matches_chunked_reference(num_k_heads, num_v_heads):
         )
         assert rel_err(out[s:e], exp_o[0]) < 1e-5
         assert rel_err(state[slot], exp_state[0]) < 1e-5
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_attend_parts_equals_one_masked_attention(monkeypatch, merged):
+    """Key ranges attended part by part (flash + log-sum-exp merge, or one masked call) = plain attention."""
+    import importlib
+
+    naive = importlib.import_module("kernels.paged_attention.naive")
+    if not merged:
+        monkeypatch.setattr(naive, "_flash_with_lse", None)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 6, 5, 32), torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
+    got = naive.attend_parts(q, k, v, [(0, 30, False), (35, 40, True)], 0.2)
+    keys = torch.cat([torch.arange(30), torch.arange(35, 40)])
+    mask = torch.ones(5, 35, dtype=torch.bool)
+    mask[:, 30:] = torch.arange(5)[None, :] <= torch.arange(5)[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=0.2, enable_gqa=True
+    )
+    assert (got - want).abs().max() < 1e-5

@@ -1,0 +1,210 @@
+"""Run a batch of prompts at once and time every token: in process (the engine's step loop) or over HTTP
+(the OpenAI streaming protocol, so vLLM, SGLang and llama-server are measured the same way).
+
+A request's record: prompt tokens, cached tokens, generated tokens, t_start / t_first / t_last and the
+arrival time of each streamed chunk (perf_counter seconds).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+from engine.bench.workloads import Prompt
+from engine.errors import NinferError
+
+
+@dataclass
+class Timing:
+    prompt_tokens: int
+    cached_tokens: int
+    generated: int
+    t_start: float
+    t_first: float
+    t_last: float
+    chunk_times: list[float] = field(default_factory=list)
+    spec_acceptance: float | None = None  # accepted / drafted tokens, when the server reports it
+    error: str | None = None
+
+
+class InProcess:
+    """The engine itself: prompts enter as token ids, so the count is exactly the target."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+
+    def count(self, messages, tools) -> int:
+        return len(self.ids(messages, tools))
+
+    def ids(self, messages, tools) -> list[int]:
+        return self.tokenizer.encode_chat(messages, tools, True, enable_thinking=False)
+
+    def run(self, prompts: list[Prompt], gen: int) -> list[Timing]:
+        from engine.request import SamplingParams
+
+        params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+        t_start = time.perf_counter()
+        rids = [self.llm.add_request(self.ids(p.messages, p.tools), params) for p in prompts]
+        times: dict[str, list[float]] = {r: [] for r in rids}
+        final = {}
+        while len(final) < len(rids):
+            outs = self.llm.step()
+            now = time.perf_counter()
+            for out, _ in outs:
+                got = times[out.request_id]
+                got += [now] * (len(out.token_ids) - len(got))
+                if out.finished:
+                    final[out.request_id] = out
+        return [
+            Timing(
+                len(final[r].prompt_token_ids),
+                final[r].num_cached_tokens,
+                len(final[r].token_ids),
+                t_start,
+                times[r][0],
+                times[r][-1],
+                times[r],
+                error=final[r].error,
+            )
+            for r in rids
+        ]
+
+
+class OverHttp:
+    """An OpenAI-compatible server. Tokens are counted by its /tokenize endpoint (vLLM, ninfer) or
+    /apply-template + /tokenize (llama-server)."""
+
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = 3600):
+        parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise NinferError(f"--url {url} is not an http(s) URL; write e.g. http://127.0.0.1:8000")
+        self.scheme, self.host, self.port = parsed.scheme, parsed.hostname, parsed.port
+        self.base = parsed.path.rstrip("/").removesuffix("/v1")
+        self.api_key, self.timeout = api_key, timeout
+        self.model = model or self._first_model()
+
+    def _conn(self):
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=self.timeout)
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        conn = self._conn()
+        try:
+            conn.request(
+                method, self.base + path, json.dumps(body) if body is not None else None, self._headers()
+            )
+            resp = conn.getresponse()
+            raw = resp.read()
+        except OSError as e:
+            raise NinferError(f"cannot reach {self.host}:{self.port} ({e}); is the server running?") from e
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            return resp.status, {"raw": raw[:200].decode(errors="replace")}
+
+    def _first_model(self) -> str:
+        status, data = self._request("GET", "/v1/models")
+        models = data.get("data") or []
+        if status != 200 or not models:
+            raise NinferError(f"GET /v1/models answered {status}; pass --model NAME")
+        return models[0]["id"]
+
+    def count(self, messages, tools) -> int:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "add_generation_prompt": True,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        if tools:
+            body["tools"] = tools
+        status, data = self._request("POST", "/tokenize", body)
+        if status == 200 and "count" in data:
+            return int(data["count"])
+        status, data = self._request("POST", "/apply-template", {"messages": messages})
+        if status == 200 and "prompt" in data:
+            status, data = self._request("POST", "/tokenize", {"content": data["prompt"]})
+            if status == 200 and "tokens" in data:
+                return len(data["tokens"])
+        raise NinferError(
+            "this server counts no tokens (no /tokenize); prompts cannot be built to an exact length against it"
+        )
+
+    def run(self, prompts: list[Prompt], gen: int) -> list[Timing]:
+        results: list[Timing | None] = [None] * len(prompts)
+        barrier = threading.Barrier(len(prompts))
+
+        def one(i: int) -> None:
+            barrier.wait()
+            results[i] = self._stream(prompts[i], gen)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results  # type: ignore[return-value]
+
+    def _stream(self, prompt: Prompt, gen: int) -> Timing:
+        body = {
+            "model": self.model,
+            "messages": prompt.messages,
+            "max_tokens": gen,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,  # vLLM, SGLang, llama-server and ninfer honour it: a fixed generation length
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        if prompt.tools:
+            body["tools"] = prompt.tools
+        conn = self._conn()
+        t_start = time.perf_counter()
+        chunks: list[float] = []
+        usage: dict = {}
+        try:
+            conn.request("POST", self.base + "/v1/chat/completions", json.dumps(body), self._headers())
+            resp = conn.getresponse()
+            if resp.status != 200:
+                text = resp.read()[:300].decode(errors="replace")
+                return Timing(0, 0, 0, t_start, t_start, t_start, error=f"HTTP {resp.status}: {text}")
+            while line := resp.readline():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage = event["usage"]
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                        chunks.append(time.perf_counter())
+        finally:
+            conn.close()
+        if not chunks:
+            return Timing(0, 0, 0, t_start, t_start, t_start, error="the stream carried no tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        return Timing(
+            int(usage.get("prompt_tokens", 0)),
+            int(details.get("cached_tokens") or 0),
+            int(usage.get("completion_tokens", len(chunks))),
+            t_start,
+            chunks[0],
+            chunks[-1],
+            chunks,
+        )

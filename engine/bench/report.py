@@ -1,0 +1,141 @@
+"""Benchmark output: the rich table of a run, and `compare` of two runs with ratios and crossover contexts."""
+
+from __future__ import annotations
+
+import math
+
+METRICS = ("pp", "tg")
+
+
+def _med(stats: dict | None) -> float | None:
+    return stats["median"] if stats else None
+
+
+def _cell(stats: dict | None, digits: int = 1) -> str:
+    if not stats:
+        return "-"
+    d = 0 if stats["median"] >= 100 else digits
+    return f"{stats['median']:.{d}f} ({stats['min']:.{d}f}-{stats['max']:.{d}f})"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def run_table(result: dict):
+    from rich.table import Table
+
+    t = Table(
+        title=f"ninfer bench: {result['label']}  (median (min-max) over {result['config']['repeat']} repeats)"
+    )
+    for col, justify in [
+        ("scenario", "left"),
+        ("ctx", "right"),
+        ("C", "right"),
+        ("kind", "left"),
+        ("pp tok/s", "right"),
+        ("tg tok/s", "right"),
+        ("TTFT s", "right"),
+        ("ITL p50/p99 ms", "right"),
+        ("decode %BW", "right"),
+        ("prefill %peak", "right"),
+        ("status", "left"),
+    ]:
+        t.add_column(col, justify=justify)
+    for row in result["rows"]:
+        p50, p99 = _med(row.get("itl_p50_ms")), _med(row.get("itl_p99_ms"))
+        itl = "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
+        status = row["status"]
+        roof = row.get("roofline") or {}
+        t.add_row(
+            row["scenario"],
+            f"{row['context']:,}",
+            str(row["concurrency"]),
+            row["kind"],
+            _cell(row.get("pp")),
+            _cell(row.get("tg")),
+            _cell(row.get("ttft_s"), 2),
+            itl,
+            _pct(roof.get("decode_pct")),
+            _pct(roof.get("prefill_pct")),
+            f"[bold red]{status}[/]" if status.startswith("INVALID") else status,
+        )
+    return t
+
+
+def compare(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
+    """Side-by-side rows (A, B, B/A per metric and context) and the crossovers: where B's curve crosses A's."""
+
+    def index(result):
+        return {(r["scenario"], r["concurrency"], r["kind"], r["context"]): r for r in result["rows"]}
+
+    ia, ib = index(a), index(b)
+    series = sorted({k[:3] for k in ia} & {k[:3] for k in ib})
+    rows, crossovers = [], []
+    for key in series:
+        contexts = sorted({k[3] for k in ia if k[:3] == key} & {k[3] for k in ib if k[:3] == key})
+        for metric in METRICS:
+            points = []
+            for ctx in contexts:
+                va, vb = _med(ia[(*key, ctx)].get(metric)), _med(ib[(*key, ctx)].get(metric))
+                rows.append(
+                    {
+                        "series": key,
+                        "metric": metric,
+                        "context": ctx,
+                        "a": va,
+                        "b": vb,
+                        "ratio": vb / va if va and vb is not None else None,
+                    }
+                )
+                if va is not None and vb is not None:
+                    points.append((ctx, vb - va))
+            crossovers += _crossings(key, metric, points)
+    return rows, crossovers
+
+
+def _crossings(key, metric, points: list[tuple[int, float]]) -> list[dict]:
+    out = []
+    for (c1, d1), (c2, d2) in zip(points, points[1:]):
+        if d1 == 0 or (d1 < 0) == (d2 < 0):
+            continue
+        # linear in log(context) between the two measured contexts
+        x = math.log(c1) + (math.log(c2) - math.log(c1)) * d1 / (d1 - d2)
+        out.append(
+            {
+                "series": key,
+                "metric": metric,
+                "between": (c1, c2),
+                "context": round(math.exp(x)),
+                "overtakes": "B" if d2 > 0 else "A",
+            }
+        )
+    return out
+
+
+def compare_tables(a: dict, b: dict):
+    from rich.table import Table
+
+    rows, crossovers = compare(a, b)
+    t = Table(title=f"A = {a['label']}   B = {b['label']}")
+    for col in ("scenario", "C", "kind", "metric", "ctx", "A tok/s", "B tok/s", "B/A"):
+        t.add_column(col, justify="left" if col in ("scenario", "kind", "metric") else "right")
+    for r in rows:
+        scenario, c, kind = r["series"]
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        t.add_row(
+            scenario,
+            str(c),
+            kind,
+            r["metric"],
+            f"{r['context']:,}",
+            fmt(r["a"]),
+            fmt(r["b"]),
+            "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+        )
+    lines = [
+        f"{x['metric']} ({x['series'][0]}, C{x['series'][1]} {x['series'][2]}): {x['overtakes']} overtakes near "
+        f"{x['context']:,} tokens (between {x['between'][0]:,} and {x['between'][1]:,})"
+        for x in crossovers
+    ] or ["no crossover: one side leads at every common context"]
+    return t, lines

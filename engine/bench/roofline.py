@@ -1,0 +1,106 @@
+"""Roofline: what share of the device's peak a measured rate reaches.
+
+decode % = bytes one decode step reads per token (weights + the KV at that context) x tg / peak bandwidth
+prefill % = FLOPs per prompt token (2 x matmul weights + causal attention at that context) x pp / peak FLOP/s
+Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a table by GPU name, or given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+from engine.memory import kv_bytes_per_token
+
+# name fragment -> (bytes/s, FLOP/s)
+PEAKS = {
+    "H200": (4.8e12, 989e12),
+    "H100": (3.35e12, 989e12),
+    "A100": (2.04e12, 312e12),
+    "L40S": (0.864e12, 362e12),
+    "RTX 5090": (1.792e12, 209.5e12),
+    "RTX 4090": (1.008e12, 165.2e12),
+    "RTX 3090": (0.936e12, 71e12),
+}
+
+
+@dataclass(frozen=True)
+class Peaks:
+    bandwidth: float | None  # bytes/s
+    flops: float | None  # FLOP/s
+    source: str
+
+
+def peaks_for(gpu_name: str | None, bandwidth: float | None = None, flops: float | None = None) -> Peaks:
+    """The table's entry for `gpu_name`, each value overridable (--peak-bw, --peak-tflops)."""
+    known = next((v for k, v in PEAKS.items() if gpu_name and k.lower() in gpu_name.lower()), (None, None))
+    source = "given" if bandwidth or flops else (f"table: {gpu_name}" if known[0] else "unknown")
+    return Peaks(bandwidth or known[0], flops or known[1], source)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    config: ModelConfig
+    weight_bytes: int  # as the engine reads them per decode step
+    matmul_weights: int  # weights multiplied per token (no embedding lookup)
+    kv_dtype: str
+
+    def decode_bytes(self, context: int, streams: int = 1) -> float:
+        """Bytes one decode step reads: the weights once, and the KV of every stream."""
+        return self.weight_bytes + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
+
+    def prefill_flops(self, context: int) -> float:
+        c = self.config
+        attention = 4 * (context / 2) * c.num_attention_heads * c.head_dim * c.num_full_attention_layers
+        return 2 * self.matmul_weights + attention
+
+
+def roofline(
+    cost: ModelCost | None, peaks: Peaks, context: int, pp: float, tg: float, streams: int = 1
+) -> dict:
+    """tg: tokens/s over all `streams` (one token per stream per decode step)."""
+    if cost is None:
+        return {"decode_pct": None, "prefill_pct": None}
+    steps = tg / streams
+    decode = (
+        cost.decode_bytes(context, streams) * steps / peaks.bandwidth * 100
+        if peaks.bandwidth and tg
+        else None
+    )
+    prefill = cost.prefill_flops(context) * pp / peaks.flops * 100 if peaks.flops and pp else None
+    return {"decode_pct": decode, "prefill_pct": prefill}
+
+
+def matmul_weights(config: ModelConfig) -> int:
+    """Weights multiplied per token: every matrix but the embedding lookup (a tied head counts once)."""
+    from engine.plan.shapes import model_tensors
+
+    total = 0
+    for name, shape in model_tensors(config):
+        if len(shape) == 2 and "embed_tokens" not in name:
+            total += shape[0] * shape[1]
+    if config.tie_word_embeddings:
+        total += config.vocab_size * config.hidden_size
+    return total
+
+
+def cost_of_llm(llm) -> ModelCost:
+    """The loaded engine's own bytes per decode step: its parameters and packed weights, as they sit."""
+    seen: set[int] = set()
+    weight_bytes = 0
+    for p in llm.model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            weight_bytes += p.numel() * p.element_size()
+    for module in llm.model.modules():
+        q = getattr(module, "qweight", None)
+        if q is not None and id(q) not in seen:
+            seen.add(id(q))
+            weight_bytes += q.nbytes
+    table = llm.model.model.embed_tokens.weight
+    weight_bytes -= table.numel() * table.element_size()  # the embedding is looked up (one row per token)
+    head = llm.model.lm_head
+    if head.qweight is None and head.weight is table:  # a tied head streams the table itself
+        weight_bytes += table.numel() * table.element_size()
+    cfg = llm.model_config
+    return ModelCost(cfg, max(weight_bytes, 0), matmul_weights(cfg), llm.engine_config.kv_dtype)

@@ -1,0 +1,144 @@
+"""The benchmark loop: for each context x concurrency x repeat, fresh prompts (new nonces), one timed batch,
+one record per request; then rows with min / median / max over repeats (docs/benchmarks.md, methodology).
+
+Per request: TTFT = first token - start; pp = prompt tokens / TTFT; tg = (generated - 1) / (last - first);
+inter-token latency p50 / p99 from the streamed chunks; cached tokens (any in a cold run: INVALID).
+Concurrency above 1: per-stream rows, and aggregate rows per repeat (sum of the streams' decoded tokens over
+the window from the first first-token to the last token; sum of prompt tokens over the slowest TTFT).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.bench.drivers import Timing
+from engine.bench.roofline import ModelCost, Peaks, roofline
+from engine.bench.telemetry import Telemetry
+from engine.bench.workloads import build
+
+WARMUP_TOKENS, WARMUP_GEN = 128, 8
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    contexts: tuple[int, ...]
+    concurrencies: tuple[int, ...]
+    scenario: str = "random"
+    gen: int = 256
+    repeat: int = 3
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def request_record(t: Timing, target: int) -> dict:
+    ttft = t.t_first - t.t_start
+    window = t.t_last - t.t_first
+    gaps = [b - a for a, b in zip(t.chunk_times, t.chunk_times[1:])]
+    return {
+        "target_tokens": target,
+        "prompt_tokens": t.prompt_tokens,
+        "cached_tokens": t.cached_tokens,
+        "generated": t.generated,
+        "ttft_s": ttft,
+        "pp": t.prompt_tokens / ttft if ttft > 0 else None,
+        "tg": (t.generated - 1) / window if window > 0 and t.generated > 1 else None,
+        "itl_p50_ms": (_percentile(gaps, 0.5) or 0) * 1000 if gaps else None,
+        "itl_p99_ms": (_percentile(gaps, 0.99) or 0) * 1000 if gaps else None,
+        "t_start": t.t_start,
+        "t_first": t.t_first,
+        "t_last": t.t_last,
+        "spec_acceptance": t.spec_acceptance,
+        "error": t.error,
+    }
+
+
+def run_suite(
+    driver,
+    cfg: BenchConfig,
+    telemetry: Telemetry,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Every request's record (with its context, concurrency, repeat, stream and telemetry windows)."""
+    warm = build(cfg.scenario, max(WARMUP_TOKENS, min(cfg.contexts) // 8), driver.count)
+    driver.run([warm], WARMUP_GEN)
+    records = []
+    seed = 0
+    for ctx in cfg.contexts:
+        for c in cfg.concurrencies:
+            for r in range(cfg.repeat):
+                if progress:
+                    progress(f"{cfg.scenario} ctx {ctx} C{c} repeat {r + 1}/{cfg.repeat}")
+                prompts = []
+                for _ in range(c):
+                    seed += 1
+                    prompts.append(build(cfg.scenario, ctx, driver.count, seed=seed))
+                for stream, t in enumerate(driver.run(prompts, cfg.gen)):
+                    rec = request_record(t, prompts[stream].tokens)
+                    rec.update(context=ctx, concurrency=c, repeat=r, stream=stream, scenario=cfg.scenario)
+                    rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)
+                    rec["telemetry_decode"] = telemetry.window(t.t_first, t.t_last)
+                    records.append(rec)
+    return records
+
+
+def _stats(values: list[float | None]) -> dict | None:
+    got = [v for v in values if v is not None]
+    if not got:
+        return None
+    return {"min": min(got), "median": statistics.median(got), "max": max(got)}
+
+
+def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list[dict]:
+    """One row per (scenario, context, concurrency, kind): kind C1, or per-stream and aggregate above C1."""
+    rows = []
+    keys = sorted({(r["scenario"], r["context"], r["concurrency"]) for r in records})
+    for scenario, ctx, c in keys:
+        group = [r for r in records if (r["scenario"], r["context"], r["concurrency"]) == (scenario, ctx, c)]
+        cached = sum(r["cached_tokens"] for r in group)
+        errors = [r["error"] for r in group if r["error"]]
+        off = sorted({r["prompt_tokens"] - r["target_tokens"] for r in group} - {0})
+        status = "ok"
+        if cached:
+            status = f"INVALID: {cached} cached tokens in a cold run"
+        elif errors:
+            status = f"INVALID: {errors[0]}"
+        base = {
+            "scenario": scenario,
+            "context": ctx,
+            "concurrency": c,
+            "status": status,
+            "prompt_off_by": off,
+        }
+        per = {
+            "pp": _stats([r["pp"] for r in group]),
+            "tg": _stats([r["tg"] for r in group]),
+            "ttft_s": _stats([r["ttft_s"] for r in group]),
+            "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
+            "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
+        }
+        rows.append({**base, "kind": "stream" if c > 1 else "C1", **per, **_roof(cost, peaks, ctx, per)})
+        if c > 1:
+            agg_pp, agg_tg = [], []
+            for rep in sorted({r["repeat"] for r in group}):
+                batch = [r for r in group if r["repeat"] == rep]
+                t0 = min(r["t_start"] for r in batch)
+                slowest = max(r["t_first"] for r in batch) - t0
+                window = max(r["t_last"] for r in batch) - min(r["t_first"] for r in batch)
+                agg_pp.append(sum(r["prompt_tokens"] for r in batch) / slowest if slowest > 0 else None)
+                agg_tg.append(sum(r["generated"] - 1 for r in batch) / window if window > 0 else None)
+            agg = {"pp": _stats(agg_pp), "tg": _stats(agg_tg)}
+            rows.append({**base, "kind": "aggregate", **agg, **_roof(cost, peaks, ctx, agg, streams=c)})
+    return rows
+
+
+def _roof(cost, peaks, ctx, stats, streams: int = 1) -> dict:
+    pp = (stats.get("pp") or {}).get("median")
+    tg = (stats.get("tg") or {}).get("median")
+    return {"roofline": roofline(cost, peaks, ctx, pp or 0, tg or 0, streams)}

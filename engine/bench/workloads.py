@@ -1,0 +1,292 @@
+"""Benchmark prompts built to an exact token count, each opening with a unique nonce (a cold prefix cache).
+
+Scenarios:
+* random: random English-like words;
+* coding: a long real source file (Python's own standard library, a fixed file list) and an edit request;
+* agent: a system prompt, tool definitions, and turns of tool calls with JSON results, then a question.
+
+One part of each prompt (the filler) is cut to length: its character count is searched (secant steps to
+bracket the target, then bisection) until the counted tokens of the whole chat prompt equal the target.
+`count` is the model's own tokenizer in process, or the server's count endpoint over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sysconfig
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = ("random", "coding", "agent")
+CODING_FILES = (
+    "argparse.py",
+    "inspect.py",
+    "typing.py",
+    "dataclasses.py",
+    "difflib.py",
+    "ast.py",
+    "functools.py",
+    "statistics.py",
+    "textwrap.py",
+)
+WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": list(props)},
+        },
+    }
+    for name, desc, props in (
+        ("read_file", "Read a file of the repository.", {"path": {"type": "string"}}),
+        ("grep", "Search the repository for a regular expression.", {"pattern": {"type": "string"}}),
+        ("run_tests", "Run the test suite and report failures.", {"selector": {"type": "string"}}),
+    )
+]
+Messages = list[dict[str, Any]]
+Counter = Callable[[Messages, list | None], int]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: Messages
+    tools: list | None
+    tokens: int  # as counted
+    nonce: str
+
+
+def _stdlib_source() -> str:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts = [
+        f"# file: {n}\n{(root / n).read_text(encoding='utf-8')}" for n in CODING_FILES if (root / n).is_file()
+    ]
+    return "\n\n".join(parts)
+
+
+def _random_text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def _agent_results(seed: int, chars: int) -> list[str]:
+    """JSON tool results, enough of them to hold `chars` characters."""
+    rng = random.Random(seed)
+    out, size, i = [], 0, 0
+    while size < chars:
+        files = [
+            {
+                "path": f"src/{rng.choice(WORDS)}/{rng.choice(WORDS)}_{j}.py",
+                "line": rng.randint(1, 900),
+                "match": f"def {rng.choice(WORDS)}_{rng.choice(WORDS)}(self, {rng.choice(WORDS)}):",
+            }
+            for j in range(40)
+        ]
+        text = json.dumps({"call": i, "matches": files, "truncated": False})
+        out.append(text)
+        size, i = size + len(text), i + 1
+    return out
+
+
+class Scenario:
+    """The messages of a scenario with the filler cut to `n` characters."""
+
+    def __init__(self, name: str, nonce: str, seed: int, max_chars: int):
+        if name not in SCENARIOS:
+            raise ValueError(f"unknown scenario '{name}'; use one of {', '.join(SCENARIOS)}")
+        self.name, self.nonce = name, nonce
+        if name == "random":
+            self.source = _random_text(seed, max_chars // 5 + 16)
+        elif name == "coding":
+            text = _stdlib_source()
+            self.source = (text * (1 + max_chars // max(len(text), 1)))[: max_chars + 1]
+        else:
+            self.results = _agent_results(seed, max_chars)
+            self.source = "\n".join(self.results)
+        self.max_chars = len(self.source)
+
+    def messages(self, n: int) -> tuple[Messages, list | None]:
+        head = f"[bench {self.nonce}] "
+        filler = self.source[:n]
+        if self.name == "random":
+            return [
+                {"role": "system", "content": head + "You are a helpful assistant."},
+                {"role": "user", "content": f"{filler}\n\nContinue the list of words above."},
+            ], None
+        if self.name == "coding":
+            return [
+                {"role": "system", "content": head + "You are an expert Python programmer."},
+                {
+                    "role": "user",
+                    "content": f"```python\n{filler}\n```\n\nRename every helper function above that starts "
+                    "with an underscore so that it no longer does, and show the changed lines.",
+                },
+            ], None
+        return self._agent_messages(head, filler), TOOLS
+
+    def _agent_messages(self, head: str, filler: str) -> Messages:
+        msgs: Messages = [
+            {"role": "system", "content": head + "You are a coding agent. Use the tools to answer."},
+            {"role": "user", "content": "Where is the configuration parsed, and which tests cover it?"},
+        ]
+        pos = 0
+        for i, result in enumerate(self.results):
+            if pos >= len(filler):
+                break
+            piece = filler[pos : pos + len(result) + 1]
+            pos += len(result) + 1
+            call = {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": "grep", "arguments": json.dumps({"pattern": f"config_{i}"})},
+            }
+            msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": piece})
+        msgs.append({"role": "user", "content": "Summarise what you found in three sentences."})
+        return msgs
+
+
+def build(scenario: str, target: int, count: Counter, seed: int = 0, nonce: str | None = None) -> Prompt:
+    """A prompt of `scenario` counting exactly `target` tokens (the nearest below when the tokenizer jumps)."""
+    nonce = nonce or uuid.uuid4().hex[:12]
+    sc = Scenario(scenario, nonce, seed, max_chars=target * 8 + 4096)
+
+    def tokens(n: int) -> int:
+        msgs, tools = sc.messages(n)
+        return count(msgs, tools)
+
+    base = tokens(0)
+    if base > target:
+        raise ValueError(f"a {scenario} prompt needs at least {base} tokens; ask for more than {target}")
+    lo, lo_count = 0, base  # lo_count <= target
+    hi = None
+    n = min(sc.max_chars, max(1, (target - base) * 4))
+    for _ in range(12):  # secant steps until the target is bracketed or hit
+        c = tokens(n)
+        if c == target:
+            return Prompt(*sc.messages(n), c, nonce)
+        if c < target:
+            lo, lo_count = n, c
+            if n == sc.max_chars:
+                break
+            rate = (c - base) / n if n and c > base else 0.25
+            n = min(sc.max_chars, n + max(1, int((target - c) / rate)))
+        else:
+            hi = n
+            break
+    while hi is not None and hi - lo > 1:  # bisection
+        mid = (lo + hi) // 2
+        c = tokens(mid)
+        if c == target:
+            return Prompt(*sc.messages(mid), c, nonce)
+        if c < target:
+            lo, lo_count = mid, c
+        else:
+            hi = mid
+    return Prompt(*sc.messages(lo), lo_count, nonce)

@@ -1,0 +1,257 @@
+"""`ninfer bench`: pp / tg measured apart on cold prompts of exact length, in process or against any
+OpenAI-compatible server; `ninfer bench compare A.json B.json` puts two runs side by side."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.sizes import parse_size
+
+
+def _list(text: str, what: str, parse) -> tuple[int, ...]:
+    from engine.errors import NinferError
+
+    try:
+        values = tuple(parse(v) for v in text.split(",") if v.strip())
+    except NinferError:
+        raise
+    except ValueError as e:
+        raise NinferError(f"{what} '{text}' is not a comma-separated list; write e.g. 1,2") from e
+    if not values or any(v <= 0 for v in values):
+        raise NinferError(f"{what} '{text}' needs positive values, e.g. 1,2")
+    return values
+
+
+@exits_cleanly
+def bench(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help="MODEL (in process; none = the embedded default), or: compare A.json B.json"),
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="Benchmark this OpenAI-compatible server instead.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="The server's API key.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="The served model name (default: the first listed).")
+    ] = None,
+    ctx: Annotated[str, typer.Option(help="Prompt lengths in tokens, e.g. 1k,4k,32k,128k.")] = "1k,4k",
+    concurrency: Annotated[str, typer.Option(help="Requests at once, e.g. 1,2.")] = "1,2",
+    scenario: Annotated[str, typer.Option(help="random, coding or agent.")] = "random",
+    gen: Annotated[int, typer.Option(help="Tokens generated per request (EOS ignored).")] = 256,
+    repeat: Annotated[int, typer.Option(help="Runs per context x concurrency.")] = 3,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write every measurement here.")] = None,
+    label: Annotated[str | None, typer.Option(help="Name of this run in tables and compare.")] = None,
+    device: Annotated[str, typer.Option(help="In process: cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="In process: float32, bfloat16, float16.")] = "float32",
+    kv_dtype: Annotated[str, typer.Option(help="In process: auto, bf16, fp16, fp8, int8, k8v4.")] = "auto",
+    weight_quant: Annotated[str, typer.Option(help="In process, CPU: auto, none, int8, int4.")] = "auto",
+    model_config: Annotated[
+        str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
+    ] = None,
+    peak_bw: Annotated[
+        float | None, typer.Option(help="Peak memory bandwidth in GB/s (default: GPU table).")
+    ] = None,
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="Peak 16-bit tensor TFLOP/s (default: table).")
+    ] = None,
+):
+    """Benchmark prefill and decode on cold prompts of exact length (C1 and C2 apart)."""
+    from engine.errors import NinferError
+
+    args = args or []
+    if args and args[0] == "compare":
+        if len(args) != 3:
+            raise NinferError("compare needs two result files: ninfer bench compare A.json B.json")
+        return _compare(Path(args[1]), Path(args[2]))
+    if len(args) > 1:
+        raise NinferError(
+            f"one MODEL at most (got {len(args)}); to compare runs: ninfer bench compare A.json B.json"
+        )
+    if url and args:
+        raise NinferError("pass either MODEL (in process) or --url (a server), not both")
+    from engine.bench.workloads import SCENARIOS
+
+    if scenario not in SCENARIOS:
+        raise NinferError(f"unknown --scenario '{scenario}'; use one of {', '.join(SCENARIOS)}")
+    if gen < 2 or repeat < 1:
+        raise NinferError("--gen must be at least 2 (tg needs two tokens) and --repeat at least 1")
+    contexts = _list(ctx, "--ctx", lambda v: parse_size(v, "--ctx"))
+    concurrencies = _list(concurrency, "--concurrency", int)
+    _run(
+        _Options(
+            args[0] if args else None,
+            url,
+            api_key,
+            model,
+            contexts,
+            concurrencies,
+            scenario,
+            gen,
+            repeat,
+            json_file,
+            label,
+            device,
+            dtype,
+            kv_dtype,
+            weight_quant,
+            model_config,
+            peak_bw,
+            peak_tflops,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The command's flags, parsed."""
+
+    model_path: str | None
+    url: str | None
+    api_key: str | None
+    served: str | None
+    contexts: tuple[int, ...]
+    concurrencies: tuple[int, ...]
+    scenario: str
+    gen: int
+    repeat: int
+    json_file: Path | None
+    label: str | None
+    device: str
+    dtype: str
+    kv_dtype: str
+    weight_quant: str
+    model_config: str | None
+    peak_bw: float | None
+    peak_tflops: float | None
+
+
+def _run(o: _Options) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from engine.bench.drivers import InProcess, OverHttp
+    from engine.bench.report import run_table
+    from engine.bench.roofline import ModelCost, cost_of_llm, matmul_weights, peaks_for
+    from engine.bench.suite import BenchConfig, run_suite, summarise
+    from engine.bench.telemetry import Telemetry
+    from engine.errors import NinferError
+
+    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat)
+    flags = {"device": o.device, "dtype": o.dtype, "kv_dtype": o.kv_dtype, "weight_quant": o.weight_quant}
+    if o.url:
+        driver = OverHttp(o.url, o.api_key, o.served)
+        name = o.label or f"{driver.model} @ {o.url}"
+        cost = None
+        if o.model_config:
+            from engine.plan.model import resolve
+
+            planned = resolve(o.model_config, None, None, None, False, False)
+            weights = sum(planned.weights.values()) - planned.weights.get("embedding", 0)
+            cost = ModelCost(planned.config, weights, matmul_weights(planned.config), "bf16")
+        flags = {"url": o.url, "model": driver.model, "model_config": o.model_config}
+    else:
+        from engine import LLM
+
+        longest = max(o.contexts) + o.gen
+        llm = LLM(
+            o.model_path,
+            device=o.device,
+            dtype=o.dtype,
+            kv_dtype=o.kv_dtype,
+            weight_quant=o.weight_quant,
+            max_context=longest,
+            max_concurrency=max(o.concurrencies),
+            kv_capacity=longest * max(o.concurrencies),
+            prefill_chunk=max(2048, max(o.concurrencies)),
+        )
+        if llm.tokenizer is None:
+            raise NinferError("this model has no tokenizer; benchmark prompts are built with it")
+        driver = InProcess(llm)
+        from engine.models.loader import default_model_path
+
+        name = o.label or f"ninfer {Path(o.model_path or default_model_path()).name} ({o.device})"
+        cost = cost_of_llm(llm)
+    telemetry = Telemetry()
+    peaks = peaks_for(
+        telemetry.environment.get("gpu"),
+        o.peak_bw * 1e9 if o.peak_bw else None,
+        o.peak_tflops * 1e12 if o.peak_tflops else None,
+    )
+    total = len(o.contexts) * len(o.concurrencies) * o.repeat
+    started = time.time()
+    with Progress(console=Console(stderr=True), transient=True) as progress, telemetry:
+        task = progress.add_task("warm-up", total=total)
+        calls = [0]
+
+        def step(text: str) -> None:  # called before each run: the previous one is done
+            progress.update(task, description=text, completed=calls[0])
+            calls[0] += 1
+
+        records = run_suite(driver, cfg, telemetry, step)
+        progress.update(task, completed=total)
+    rows = summarise(records, cost, peaks)
+    result = {
+        "label": name,
+        "mode": "http" if o.url else "in-process",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
+        "environment": {
+            **telemetry.environment,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "flags": flags,
+            "command": sys.argv,
+        },
+        "peaks": {"bandwidth_bytes_s": peaks.bandwidth, "flops": peaks.flops, "source": peaks.source},
+        "config": {
+            "contexts": o.contexts,
+            "concurrencies": o.concurrencies,
+            "scenario": o.scenario,
+            "gen": o.gen,
+            "repeat": o.repeat,
+        },
+        "rows": rows,
+        "records": records,
+    }
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: wide enough for every column
+        console = Console(width=170)
+    console.print(run_table(result))
+    if o.json_file:
+        o.json_file.write_text(json.dumps(result, indent=1))
+        Console(stderr=True).print(f"wrote {o.json_file}")
+
+
+def _compare(a_path: Path, b_path: Path) -> None:
+    from rich.console import Console
+
+    from engine.bench.report import compare_tables
+    from engine.errors import NinferError
+
+    runs = []
+    for path in (a_path, b_path):
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NinferError(
+                f"{path} does not exist; pass two files written by ninfer bench --json"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise NinferError(
+                f"{path} is not JSON ({e}); pass files written by ninfer bench --json"
+            ) from None
+        if not isinstance(data, dict) or "rows" not in data or "label" not in data:
+            raise NinferError(f"{path} is not a ninfer bench result (no rows / label)")
+        runs.append(data)
+    table, lines = compare_tables(*runs)
+    console = Console()
+    console.print(table)
+    for line in lines:
+        console.print(line, highlight=False)

@@ -1,0 +1,41 @@
+"""`ninfer serve` as a real subprocess on 127.0.0.1, for tests that talk to it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx2 as httpx
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_serve(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, int]:
+    """Start `ninfer serve ARGS --port P` and wait until /health answers; (process, port)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ninfer_cli.main", "serve", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)

@@ -1,0 +1,302 @@
+"""`ninfer bench`: in process and against a real `ninfer serve`; exact prompt lengths, cold-cache proof,
+the INVALID mark, compare's crossover, telemetry summaries, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from serve_process import start_serve
+from typer.testing import CliRunner
+
+from engine.bench.report import compare
+from engine.bench.telemetry import Telemetry
+from engine.bench.workloads import SCENARIOS, build
+from ninfer_cli.main import app
+
+runner = CliRunner()
+
+
+def _run(*args):
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_prompts_hit_the_exact_token_count(default_tokenizer, scenario):
+    def count(messages, tools):
+        return len(default_tokenizer.encode_chat(messages, tools, True, enable_thinking=False))
+
+    for target in (300, 1000, 5000):
+        p = build(scenario, target, count, seed=target)
+        assert p.tokens == target == count(p.messages, p.tools)
+        assert p.messages[0]["content"].startswith(f"[bench {p.nonce}]")  # the nonce opens the prompt
+    a, b = build(scenario, 300, count), build(scenario, 300, count)
+    assert a.nonce != b.nonce
+
+
+def test_in_process_table_and_json(tmp_path):
+    out = tmp_path / "run.json"
+    code, text = _run(
+        "bench",
+        "--ctx",
+        "96,200",
+        "--concurrency",
+        "1,2",
+        "--gen",
+        "5",
+        "--repeat",
+        "2",
+        "--scenario",
+        "agent",
+        "--json",
+        str(out),
+    )
+    assert code == 0, text
+    assert "ninfer bench" in text and "aggregate" in text
+    data = json.loads(out.read_text())
+    assert data["mode"] == "in-process" and data["config"]["contexts"] == [96, 200]
+    assert len(data["records"]) == 2 * (1 + 2) * 2
+    for r in data["records"]:
+        assert r["prompt_tokens"] == r["target_tokens"] == r["context"]  # exact, +-0
+        assert r["cached_tokens"] == 0 and r["generated"] == 5
+        assert r["ttft_s"] > 0 and r["tg"] > 0 and r["pp"] > 0
+    kinds = {(r["context"], r["concurrency"], r["kind"]) for r in data["rows"]}
+    assert kinds == {(c, 1, "C1") for c in (96, 200)} | {
+        (c, 2, k) for c in (96, 200) for k in ("stream", "aggregate")
+    }
+    assert all(r["status"] == "ok" for r in data["rows"])
+    assert all(set(r["tg"]) == {"min", "median", "max"} for r in data["rows"])
+
+
+@pytest.mark.slow
+def test_against_a_real_ninfer_serve(tmp_path):
+    proc, port = start_serve("--max-context", "2k", "--api-key", "k", "--max-concurrency", "2")
+    try:
+        out = tmp_path / "http.json"
+        code, text = _run(
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--api-key",
+            "k",
+            "--ctx",
+            "128,256",
+            "--concurrency",
+            "1,2",
+            "--gen",
+            "6",
+            "--repeat",
+            "1",
+            "--scenario",
+            "coding",
+            "--json",
+            str(out),
+            "--model-config",
+            "default",
+        )
+        assert code == 0, text
+        data = json.loads(out.read_text())
+        assert data["mode"] == "http"
+        for r in data["records"]:
+            assert r["prompt_tokens"] == r["target_tokens"] == r["context"]  # the server's own count
+            assert r["cached_tokens"] == 0 and r["generated"] == 6
+        assert all(r["status"] == "ok" for r in data["rows"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+class _CachingServer(BaseHTTPRequestHandler):
+    """An OpenAI-compatible stub that reports a prefix-cache hit on every request."""
+
+    def log_message(self, *args):
+        pass
+
+    def _json(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._json({"data": [{"id": "stub"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        size = len(json.dumps(body.get("messages")))
+        if self.path == "/tokenize":
+            return self._json({"count": size})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(body["max_tokens"]):
+            chunk = {"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.002)
+        usage = {
+            "prompt_tokens": size,
+            "completion_tokens": body["max_tokens"],
+            "prompt_tokens_details": {"cached_tokens": 64},
+        }
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+
+
+def test_cached_tokens_mark_the_row_invalid(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CachingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "stub.json"
+        code, text = _run(
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{server.server_port}",
+            "--ctx",
+            "2000",
+            "--concurrency",
+            "1",
+            "--gen",
+            "4",
+            "--repeat",
+            "1",
+            "--json",
+            str(out),
+        )
+        assert code == 0, text
+        assert "INVALID" in text
+        row = json.loads(out.read_text())["rows"][0]
+        assert row["status"].startswith("INVALID: 64 cached tokens")
+    finally:
+        server.shutdown()
+
+
+def _synthetic(label, tg_by_ctx):
+    rows = [
+        {
+            "scenario": "random",
+            "context": c,
+            "concurrency": 1,
+            "kind": "C1",
+            "status": "ok",
+            "pp": {"min": 1000, "median": 1000, "max": 1000},
+            "tg": {"min": v, "median": v, "max": v},
+        }
+        for c, v in tg_by_ctx.items()
+    ]
+    return {"label": label, "rows": rows, "config": {"repeat": 1}}
+
+
+def test_compare_finds_the_crossover(tmp_path):
+    # A falls fast with depth, B stays flat: B overtakes between 32K and 64K
+    a = _synthetic("vllm", {4096: 110, 32768: 57, 65536: 38, 131072: 31})
+    b = _synthetic("ninfer", {4096: 80, 32768: 70, 65536: 66, 131072: 60})
+    rows, crossings = compare(a, b)
+    tg = [x for x in crossings if x["metric"] == "tg"]
+    assert len(tg) == 1 and tg[0]["overtakes"] == "B" and tg[0]["between"] == (4096, 32768)
+    a2 = _synthetic("vllm", {4096: 110, 32768: 80, 65536: 38})
+    (x,) = [x for x in compare(a2, b)[1] if x["metric"] == "tg"]
+    assert x["between"] == (32768, 65536) and 32768 < x["context"] < 65536
+    ratio = next(r for r in rows if r["metric"] == "tg" and r["context"] == 131072)["ratio"]
+    assert ratio == pytest.approx(60 / 31)
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a2))
+    pb.write_text(json.dumps(b))
+    code, text = _run("bench", "compare", str(pa), str(pb))
+    assert code == 0, text
+    assert "B overtakes near" in text and "between 32,768 and 65,536" in text
+
+
+class _FakeNvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+
+    def __init__(self):
+        self.pcie = 100  # KB/s
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return "h"
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "570.1"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("M", (), {"total": 141 << 30})()
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return type("U", (), {"gpu": 90, "memory": 70})()
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 450_000
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980 if kind == 1 else 3200
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 61
+
+    def nvmlDeviceGetPcieThroughput(self, h, kind):
+        return self.pcie
+
+
+def test_telemetry_windows_and_pcie_spill_flag():
+    nvml = _FakeNvml()
+    tel = Telemetry(interval=0.005, nvml=nvml)
+    assert (
+        tel.available and tel.environment["gpu"] == "NVIDIA H200" and tel.environment["power_limit_w"] == 700
+    )
+    with tel:
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        t1 = time.perf_counter()
+        nvml.pcie = 3_000_000  # ~3 GB/s each way: weights or KV crossing PCIe
+        time.sleep(0.05)
+        t2 = time.perf_counter()
+    quiet, spill = tel.window(t0, t1), tel.window(t1 + 0.01, t2)
+    assert quiet["power_avg_w"] == 450 and quiet["sm_mhz_min"] == 1980 and not quiet["pcie_spill"]
+    assert spill["pcie_spill"]
+
+
+def test_no_gpu_means_no_telemetry_and_no_error(monkeypatch):
+    from engine.bench import telemetry
+
+    def missing():
+        raise OSError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(telemetry, "_nvml", missing)
+    tel = Telemetry()
+    assert not tel.available and "NVML Shared Library Not Found" in tel.environment["reason"]
+    with tel:
+        pass
+    assert tel.window(0, time.perf_counter()) is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--scenario", "chat"], "unknown --scenario 'chat'"),
+        (["--ctx", "abc"], "--ctx 'abc' is not a size"),
+        (["--concurrency", "0"], "--concurrency '0' needs positive values"),
+        (["compare", "/no/a.json", "/no/b.json"], "/no/a.json does not exist"),
+        (["compare", "a.json"], "compare needs two result files"),
+        (["--url", "ftp://x"], "is not an http(s) URL"),
+        (["--url", "http://127.0.0.1:9"], "cannot reach 127.0.0.1:9"),
+        (["--gen", "1"], "--gen must be at least 2"),
+    ],
+)
+def test_bad_input_is_one_line(args, message):
+    code, out = _run("bench", *args)
+    assert code == 2, out
+    assert message in out and "Traceback" not in out
