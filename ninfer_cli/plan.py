@@ -26,7 +26,12 @@ def plan(
     ] = None,
     vram: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24G (default: the local GPU).")] = None,
     sm: Annotated[str | None, typer.Option(help="Compute capability, e.g. 86 (RTX 3090), 89, 90.")] = None,
-    concurrency: Annotated[int, typer.Option(help="Requests running at once.")] = 1,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Requests running at once (default: 1, or with --context the most, up to 4, that fit)."
+        ),
+    ] = None,
     context: Annotated[
         str | None, typer.Option(help="Target context, e.g. 180k (default: the most that fits).")
     ] = None,
@@ -50,7 +55,7 @@ def plan(
     from engine.memory import Deployment, ledger, validate
     from engine.plan.gpu import local_gpu, parse_sm
     from engine.plan.model import resolve
-    from engine.plan.solver import Device, PlanRefusal, frontier, solve
+    from engine.plan.solver import Device, PlanRefusal, frontier, solve, solve_any_concurrency
 
     if vram is None and sm is not None:
         raise NinferError("--sm goes with --vram; without --vram the local GPU is read")
@@ -59,6 +64,8 @@ def plan(
         if vram is None
         else Device(f"a {vram} GPU", parse_size(vram, "--vram"), parse_sm(sm) if sm else None)
     )
+    if concurrency is not None and concurrency < 1:
+        raise NinferError(f"--concurrency must be 1 or more (got {concurrency})")
     kv = None if kv_dtype == "auto" else resolve_kv_dtype(kv_dtype)
     if kv == "fp32":
         raise NinferError("fp32 KV is for tests; use bf16, fp16, fp8, int8 or k8v4")
@@ -69,7 +76,7 @@ def plan(
         planned.config,
         kv or "k8v4",
         target or planned.config.max_position_embeddings,
-        concurrency=concurrency,
+        concurrency=concurrency or 1,
         weights=planned.weights,
         prefill_chunk=prefill_chunk,
         spec=spec,
@@ -79,7 +86,10 @@ def plan(
     validate(dep)
     table = frontier(dep, device)
     try:
-        chosen = solve(dep, device, target, kv)
+        if concurrency is None and target is not None:  # preferring context, then concurrency
+            chosen = solve_any_concurrency(dep, device, target, kv)
+        else:
+            chosen = solve(dep, device, target, kv)
     except PlanRefusal as refusal:
         if as_json:
             print(json.dumps(_json(planned, device, None, table, refusal), indent=2))

@@ -42,11 +42,28 @@ def run_table(result: dict):
         ("status", "left"),
     ]:
         t.add_column(col, justify=justify)
+    gpu = any(row.get("telemetry") for row in result["rows"])
+    if gpu:
+        t.add_column("decode W avg/max", justify="right")
+        t.add_column("SM MHz avg/min", justify="right")
     for row in result["rows"]:
         p50, p99 = _med(row.get("itl_p50_ms")), _med(row.get("itl_p99_ms"))
         itl = "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
         status = row["status"]
         roof = row.get("roofline") or {}
+        tel = row.get("telemetry")
+        extra = []
+        if gpu:
+            extra = (
+                ["-", "-"]
+                if not tel
+                else [
+                    f"{tel['power_avg_w']:.0f} / {tel['power_max_w']:.0f}",
+                    f"{tel['sm_mhz_avg']:.0f} / {tel['sm_mhz_min']:.0f}",
+                ]
+            )
+        if tel and tel["pcie_spill"] and status == "ok":
+            status = "[yellow]PCIe busy in decode: KV or weights spilling to host?[/]"
         t.add_row(
             row["scenario"],
             f"{row['context']:,}",
@@ -59,6 +76,7 @@ def run_table(result: dict):
             _pct(roof.get("decode_pct")),
             _pct(roof.get("prefill_pct")),
             f"[bold red]{status}[/]" if status.startswith("INVALID") else status,
+            *extra,
         )
     return t
 

@@ -123,6 +123,7 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
             "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
         }
+        per["telemetry"] = _telemetry(group)
         rows.append({**base, "kind": "stream" if c > 1 else "C1", **per, **_roof(cost, peaks, ctx, per)})
         if c > 1:
             agg_pp, agg_tg = [], []
@@ -136,6 +137,25 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             agg = {"pp": _stats(agg_pp), "tg": _stats(agg_tg)}
             rows.append({**base, "kind": "aggregate", **agg, **_roof(cost, peaks, ctx, agg, streams=c)})
     return rows
+
+
+def _telemetry(group: list[dict]) -> dict | None:
+    """The decode windows' GPU telemetry of a row: power, clocks, temperature, PCIe (None without a GPU)."""
+    windows = [r["telemetry_decode"] for r in group if r.get("telemetry_decode")]
+    if not windows:
+        return None
+    return {
+        "power_avg_w": statistics.median(w["power_avg_w"] for w in windows),
+        "power_max_w": max(w["power_max_w"] for w in windows),
+        "sm_mhz_avg": statistics.median(w["sm_mhz_avg"] for w in windows),
+        "sm_mhz_min": min(w["sm_mhz_min"] for w in windows),
+        "mem_mhz_avg": statistics.median(w["mem_mhz_avg"] for w in windows),
+        "temp_c_max": max(w["temp_c_max"] for w in windows),
+        "util_gpu_avg": statistics.median(w["util_gpu_avg"] for w in windows),
+        "pcie_rx_avg": statistics.median(w["pcie_rx_avg"] for w in windows),
+        "pcie_tx_avg": statistics.median(w["pcie_tx_avg"] for w in windows),
+        "pcie_spill": any(w["pcie_spill"] for w in windows),
+    }
 
 
 def _roof(cost, peaks, ctx, stats, streams: int = 1) -> dict:

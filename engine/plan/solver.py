@@ -107,6 +107,19 @@ def decode_bytes(dep: Deployment) -> int:
     )
 
 
+MAX_PLANNED_CONCURRENCY = 4
+
+
+def solve_any_concurrency(dep: Deployment, device: Device, context: int, kv_dtype: str | None) -> Deployment:
+    """A target context without a concurrency: the most running requests (up to 4) that reach it."""
+    for c in range(MAX_PLANNED_CONCURRENCY, 1, -1):
+        try:
+            return solve(dep.with_(concurrency=c), device, context, kv_dtype)
+        except PlanRefusal:
+            continue
+    return solve(dep.with_(concurrency=1), device, context, kv_dtype)
+
+
 def solve(dep: Deployment, device: Device, context: int | None, kv_dtype: str | None) -> Deployment:
     """The best deployment at dep.concurrency for a target context (None: as long as fits) and KV dtype
     (None: chosen). Raises PlanRefusal with three suggestions when the target does not fit."""

@@ -300,3 +300,54 @@ def test_bad_input_is_one_line(args, message):
     code, out = _run("bench", *args)
     assert code == 2, out
     assert message in out and "Traceback" not in out
+
+
+def test_rows_carry_decode_telemetry_and_flag_pcie_spill():
+    from rich.console import Console
+
+    from engine.bench.report import run_table
+    from engine.bench.roofline import Peaks
+    from engine.bench.suite import summarise
+
+    def record(stream, spill):
+        window = {
+            "power_avg_w": 300.0 + stream,
+            "power_max_w": 350.0,
+            "sm_mhz_avg": 1800.0,
+            "sm_mhz_min": 1500.0,
+            "mem_mhz_avg": 9500.0,
+            "temp_c_max": 70,
+            "util_gpu_avg": 95.0,
+            "pcie_rx_avg": 4e9 if spill else 1e6,
+            "pcie_tx_avg": 1e6,
+            "pcie_spill": spill,
+        }
+        return {
+            "scenario": "random",
+            "context": 1024,
+            "concurrency": 1,
+            "repeat": stream,
+            "stream": 0,
+            "target_tokens": 1024,
+            "prompt_tokens": 1024,
+            "cached_tokens": 0,
+            "generated": 16,
+            "ttft_s": 0.5,
+            "pp": 2048.0,
+            "tg": 50.0,
+            "itl_p50_ms": 20.0,
+            "itl_p99_ms": 25.0,
+            "t_start": 0.0,
+            "t_first": 0.5,
+            "t_last": 0.8,
+            "error": None,
+            "telemetry_decode": window,
+        }
+
+    rows = summarise([record(0, False), record(1, True)], None, Peaks(None, None, "unknown"))
+    tel = rows[0]["telemetry"]
+    assert tel["power_max_w"] == 350 and tel["sm_mhz_min"] == 1500 and tel["pcie_spill"]
+    console = Console(record=True, width=250)
+    console.print(run_table({"label": "x", "config": {"repeat": 2}, "rows": rows}))
+    text = console.export_text()
+    assert "decode W avg/max" in text and "300 / 350" in text and "PCIe busy in decode" in text

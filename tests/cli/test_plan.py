@@ -69,6 +69,17 @@ def test_json_and_refusal_exit_2_with_three_ways_out():
         assert json.loads(out2)["plan"]["context"] == s["context"]
 
 
+def test_a_target_context_without_concurrency_takes_the_most_requests_that_fit():
+    code, out = _plan_27b_3090("--context", "100k", "--json")
+    assert code == 0, out
+    plan = json.loads(out)["plan"]
+    assert plan["context"] == 102_400 and plan["concurrency"] == 4
+    code, out = _plan_27b_3090("--context", "200k", "--json")
+    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 3  # k8v4: 220K at C3, 202K at C4
+    code, out = _plan_27b_3090("--context", "250k", "--json")
+    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 1  # only one request reaches 250K
+
+
 def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
     from engine.plan import gpu
 
@@ -85,6 +96,7 @@ def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
     "args, message",
     [
         (["--model", "qwen3-8b", "--vram", "24G", "--vision"], "no vision tower"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--concurrency", "0"], "--concurrency must be 1 or more"),
         (["--model", "qwen3-8b", "--vram", "24G", "--spec", "mtp"], "no MTP head"),
         (["--model", "gpt-5", "--vram", "24G"], "unknown preset 'gpt-5'"),
         (["--model", "qwen3-8b", "--vram", "lots"], "--vram 'lots' is not a size"),
