@@ -155,12 +155,20 @@ def _run(o: _Options) -> None:
 
             planned = resolve(o.model_config, None, None, None, False, False)
             weights = sum(planned.weights.values()) - planned.weights.get("embedding", 0)
-            cost = ModelCost(planned.config, weights, matmul_weights(planned.config), "bf16")
+            kv = "bf16" if o.kv_dtype == "auto" else o.kv_dtype  # the server's KV class, as far as we know it
+            cost = ModelCost(planned.config, weights, matmul_weights(planned.config), kv)
         flags = {"url": o.url, "model": driver.model, "model_config": o.model_config}
     else:
         from engine import LLM
+        from engine.models.loader import open_source
 
         longest = max(o.contexts) + o.gen
+        limit = open_source(o.model_path).config.max_position_embeddings
+        if longest > limit:
+            raise NinferError(
+                f"--ctx {max(o.contexts)} + --gen {o.gen} = {longest} tokens is beyond the model's {limit} "
+                f"positions; use --ctx up to {limit - o.gen}"
+            )
         llm = LLM(
             o.model_path,
             device=o.device,
