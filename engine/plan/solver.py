@@ -186,12 +186,14 @@ def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flag
     """Up to three changes to `want` that fit `budget`: a smaller pool / context, fewer running requests,
     a smaller KV dtype (then, where one of those is impossible: no vision, no speculation, smaller steps)."""
     out: list[Suggestion] = []
+    # a change that only fits after cutting the context / pool is offered when it keeps more than the cut alone
+    floor = max_context(want, budget) if want.kv_capacity is None else max_pool_tokens(want, budget)
     if want.kv_capacity is None:  # plan: the pool is the context
-        ctx = max_context(want, budget)
+        ctx = floor
         if ctx:
             out.append(Suggestion(f"a shorter context: {flags.context} {ctx}", want.with_(context=ctx)))
     else:
-        pool = max_pool_tokens(want, budget)
+        pool = floor
         if pool:
             out.append(
                 Suggestion(
@@ -208,7 +210,11 @@ def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flag
     else:  # no lower concurrency holds the whole target: one request, with what it does reach
         if want.concurrency > 1:
             out += _shrunk(
-                want.with_(concurrency=1), budget, flags, f"fewer running requests: {flags.concurrency} 1"
+                want.with_(concurrency=1),
+                budget,
+                flags,
+                f"fewer running requests: {flags.concurrency} 1",
+                floor,
             )
     smaller = [k for k in usable if _kv_size(want, k) < _kv_size(want, want.kv_dtype)]
     for k in smaller:  # the most precise smaller dtype that holds the whole target
@@ -218,7 +224,7 @@ def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flag
     else:
         for k in reversed(smaller):  # none does: the smallest, with what it does reach
             found = _shrunk(
-                want.with_(kv_dtype=k), budget, flags, f"a smaller KV dtype: {flags.kv_dtype} {k}"
+                want.with_(kv_dtype=k), budget, flags, f"a smaller KV dtype: {flags.kv_dtype} {k}", floor
             )
             if found:
                 out += found
@@ -245,19 +251,20 @@ def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flag
             out.append(Suggestion(text, dep))
     for text, dep, applies in fallbacks:
         if len(out) < 3 and applies and not fits(dep, budget):
-            out += _shrunk(dep, budget, flags, text)
+            out += _shrunk(dep, budget, flags, text, floor)
     return out[:3]
 
 
-def _shrunk(trial: Deployment, budget: Budget, flags: Flags, text: str) -> list[Suggestion]:
-    """`trial` with its context (plan) or pool (serve) cut to what fits; [] when not one page does."""
+def _shrunk(trial: Deployment, budget: Budget, flags: Flags, text: str, floor: int) -> list[Suggestion]:
+    """`trial` with its context (plan) or pool (serve) cut to what fits; [] unless that keeps more than
+    `floor` tokens."""
     if trial.kv_capacity is None:
         tokens = max_context(trial, budget)
         changed = trial.with_(context=tokens)
     else:
         tokens = max_pool_tokens(trial, budget)
         changed = trial.with_(kv_capacity=tokens, context=min(trial.context, tokens))
-    return [Suggestion(f"{text} {flags.context} {tokens}", changed)] if tokens else []
+    return [Suggestion(f"{text} {flags.context} {tokens}", changed)] if tokens > floor else []
 
 
 def _kv_size(dep: Deployment, kv: str) -> int:

@@ -139,10 +139,18 @@ def test_serve_auto_fills_free_memory_and_refuses_what_does_not_fit(tiny_dir, mo
         NinferError, match=r"does not fit.*Ways out: a smaller KV pool: --kv-capacity (\d+)"
     ) as e:
         LLM(tiny_dir, kv_capacity=10_000_000, max_context=512, max_concurrency=2)
-    text = str(e.value)
-    assert "--max-concurrency" in text or "--kv-dtype" in text
-    pool = int(text.split("--kv-capacity ")[1].split(";")[0].split()[0])
-    LLM(tiny_dir, kv_capacity=pool, max_context=512, max_concurrency=2)  # the suggestion fits
+    ways = str(e.value).split("Ways out: ")[1].split("; ")
+    assert len(ways) == 3 and "--kv-dtype" in ways[1] + ways[2], ways
+    flags = {
+        "--kv-capacity": "kv_capacity",
+        "--max-concurrency": "max_concurrency",
+        "--kv-dtype": "kv_dtype",
+        "--prefill-chunk": "prefill_chunk",
+    }
+    for way in ways:  # every suggestion, taken, starts
+        words = way.split(": ")[1].split()
+        options = {flags[f]: (v if f == "--kv-dtype" else int(v)) for f, v in zip(words[::2], words[1::2])}
+        LLM(tiny_dir, **{"kv_capacity": 10_000_000, "max_context": 512, "max_concurrency": 2, **options})
 
 
 def test_serve_auto_on_cuda_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
