@@ -60,19 +60,27 @@ class InProcess:
                 got += [now] * (len(out.token_ids) - len(got))
                 if out.finished:
                     final[out.request_id] = out
-        return [
-            Timing(
-                len(final[r].prompt_token_ids),
-                final[r].num_cached_tokens,
-                len(final[r].token_ids),
-                t_start,
-                times[r][0],
-                times[r][-1],
-                times[r],
-                error=final[r].error,
+        out = []
+        for r in rids:
+            got, done = times[r], final[r]
+            if not got:  # ended without a token (expired waiting for admission, or aborted)
+                out.append(
+                    Timing(0, 0, 0, t_start, t_start, t_start, error=done.error or "no token generated")
+                )
+                continue
+            out.append(
+                Timing(
+                    len(done.prompt_token_ids),
+                    done.num_cached_tokens,
+                    len(done.token_ids),
+                    t_start,
+                    got[0],
+                    got[-1],
+                    got,
+                    error=done.error,
+                )
             )
-            for r in rids
-        ]
+        return out
 
 
 class OverHttp:
