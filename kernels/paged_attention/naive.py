@@ -67,43 +67,50 @@ def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torc
 # the last single-sequence page layout seen: every layer of a step asks about the same block row (keyed on
 # a copy of its values and the length, so an updated table is never served stale)
 _last_layout: tuple | None = None
+MAX_RUNS = 8  # more runs of consecutive pages than this: gather the pages instead
 
 
-def _page_range(row: torch.Tensor, seq_len: int, block_size: int):
-    """(first page, hole) when the row's pages are exactly a range of page ids, in any order, else None.
-    hole = the key slots (start, end) of the range view past the sequence's end (its last page's unused
-    tail), or None."""
+def _slot_runs(row: torch.Tensor, seq_len: int, block_size: int) -> list[tuple[int, int, bool]] | None:
+    """The sequence's key slots in the flat cache as a few runs [(start, end, False)]: its pages grouped into
+    runs of consecutive page ids (softmax attention does not depend on key order), less the unused tail of
+    its last page; None when there are more than MAX_RUNS runs."""
     global _last_layout
     if _last_layout is not None:
         saved, saved_len, layout = _last_layout
         if saved_len == seq_len and saved.shape == row.shape and torch.equal(saved, row):
             return layout
     ids = row.tolist()
-    first = min(ids)
+    runs: list[list[int]] = []
+    for page in sorted(ids):
+        if runs and page == runs[-1][1]:
+            runs[-1][1] = page + 1
+        else:
+            runs.append([page, page + 1])
     layout = None
-    if max(ids) - first + 1 == len(ids):  # page ids are distinct: a full range
+    if len(runs) <= MAX_RUNS:
         used = seq_len - (len(ids) - 1) * block_size  # tokens in the last page
-        last = (ids[-1] - first) * block_size
-        layout = (first, (last + used, last + block_size) if used < block_size else None)
+        hole = (ids[-1] * block_size + used, (ids[-1] + 1) * block_size)
+        layout = []
+        for a, b in runs:
+            a, b = a * block_size, b * block_size
+            if a <= hole[0] < b:  # the run holding the last page: skip its unused tail
+                layout += [(a, hole[0], False), (hole[1], b, False)]
+            else:
+                layout.append((a, b, False))
     _last_layout = (row.clone(), seq_len, layout)
     return layout
 
 
 def _decode_one(q, cache, block_table, seq_len: int, scale: float) -> torch.Tensor:
-    """One sequence's decode query q [1, Hq, D]. Softmax attention does not depend on the order of the keys,
-    so an fp32 cache whose pages form a range of ids is read in place (a view) whatever their order, the
-    unused tail of the last page left out."""
+    """One sequence's decode query q [1, Hq, D]. An fp32 cache is read in place: a view of the whole cache,
+    attended run by run over the sequence's slots; a sequence scattered over many runs is gathered."""
     block_size = cache.k_data.shape[1]
     row = block_table[0, : -(-seq_len // block_size)]
     qd = q.float().unsqueeze(2)  # [1, Hq, 1, D]
-    layout = _page_range(row, seq_len, block_size) if cache.k_data.dtype == torch.float32 else None
-    if layout is not None:
-        first, hole = layout
-        pages = slice(first, first + row.shape[0])
-        k = cache.k_data[pages].flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, S', D] views
-        v = cache.v_data[pages].flatten(0, 1)[None].transpose(1, 2)
-        end = k.shape[2]
-        parts = [(0, end, False)] if hole is None else [(0, hole[0], False), (hole[1], end, False)]
+    parts = _slot_runs(row, seq_len, block_size) if cache.k_data.dtype == torch.float32 else None
+    if parts is not None:
+        k = cache.k_data.flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, num_blocks * block_size, D] views
+        v = cache.v_data.flatten(0, 1)[None].transpose(1, 2)
         o = attend_parts(qd, k, v, parts, scale)
     else:
         k, v = read_kv(cache, row)  # [S', Hk, D]
@@ -130,7 +137,7 @@ def attend_parts(q, k, v, parts: list[tuple[int, int, bool]], scale: float) -> t
         o, lse = _flash_with_lse(q, k[:, :, a:b], v[:, :, a:b], 0.0, causal, scale=scale)
         outs.append(o)
         lses.append(lse.unsqueeze(-1))  # [1, Hq, Q, 1]
-    top = torch.maximum(*lses) if len(lses) == 2 else torch.stack(lses).amax(0)
+    top = torch.stack(lses).amax(0)
     weights = [torch.exp(lse - top) for lse in lses]
     return sum(o * w for o, w in zip(outs, weights)) / sum(weights)
 

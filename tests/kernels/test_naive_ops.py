@@ -202,3 +202,34 @@ def test_attend_parts_equals_one_masked_attention(monkeypatch, merged):
         q, k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=0.2, enable_gqa=True
     )
     assert (got - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "pages",
+    [
+        [3, 4, 5, 6, 7],  # one run, ascending
+        [7, 6, 5, 4, 3],  # one run, descending: the last page's unused tail sits mid-run
+        [9, 2, 3, 14, 10],  # three runs
+        [0, 2, 4, 6, 8, 10, 12, 14, 16, 18],  # ten runs: gathered instead
+    ],
+)
+@pytest.mark.parametrize("seq_len_in_last_page", [1, 4])
+def test_single_sequence_decode_reads_page_runs_in_place(pages, seq_len_in_last_page):
+    torch.manual_seed(1)
+    block_size, hk, hq, d = 4, 2, 6, 32
+    cache = KVCache.allocate("fp32", 20, block_size, hk, d, "cpu")
+    cache.k_data.normal_()  # garbage in every slot the sequence does not own
+    cache.v_data.normal_()
+    seq_len = (len(pages) - 1) * block_size + seq_len_in_last_page
+    k, v = torch.randn(seq_len, hk, d), torch.randn(seq_len, hk, d)
+    slots = torch.tensor([pages[p // block_size] * block_size + p % block_size for p in range(seq_len)])
+    kernels.kv_store(k, v, cache, slots)
+    q = torch.randn(1, hq, d)
+    table = torch.tensor([pages + [0] * 2], dtype=torch.int32)
+    out = kernels.paged_attention(q, cache, table, torch.tensor([seq_len]), torch.tensor([0, 1]), d**-0.5)
+    ke, ve = (
+        k.repeat_interleave(hq // hk, 1).transpose(0, 1),
+        v.repeat_interleave(hq // hk, 1).transpose(0, 1),
+    )
+    expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), ke, ve)  # [H, 1, D]
+    assert rel_err(out, expected.transpose(0, 1)) < 1e-5
