@@ -67,7 +67,7 @@ def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torc
 # the last single-sequence page layout seen: every layer of a step asks about the same block row (keyed on
 # a copy of its values and the length, so an updated table is never served stale)
 _last_layout: tuple | None = None
-MAX_RUNS = 8  # more runs of consecutive pages than this: gather the pages instead
+MAX_RUNS = 32  # more runs of consecutive pages than this: gather the pages instead (18 runs at 4K: 53 vs 83 ms a step)
 
 
 def _slot_runs(row: torch.Tensor, seq_len: int, block_size: int) -> list[tuple[int, int, bool]] | None:

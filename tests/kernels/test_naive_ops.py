@@ -210,14 +210,14 @@ def test_attend_parts_equals_one_masked_attention(monkeypatch, merged):
         [3, 4, 5, 6, 7],  # one run, ascending
         [7, 6, 5, 4, 3],  # one run, descending: the last page's unused tail sits mid-run
         [9, 2, 3, 14, 10],  # three runs
-        [0, 2, 4, 6, 8, 10, 12, 14, 16, 18],  # ten runs: gathered instead
+        list(range(0, 80, 2)),  # forty runs: gathered instead
     ],
 )
 @pytest.mark.parametrize("seq_len_in_last_page", [1, 4])
 def test_single_sequence_decode_reads_page_runs_in_place(pages, seq_len_in_last_page):
     torch.manual_seed(1)
     block_size, hk, hq, d = 4, 2, 6, 32
-    cache = KVCache.allocate("fp32", 20, block_size, hk, d, "cpu")
+    cache = KVCache.allocate("fp32", 80, block_size, hk, d, "cpu")
     cache.k_data.normal_()  # garbage in every slot the sequence does not own
     cache.v_data.normal_()
     seq_len = (len(pages) - 1) * block_size + seq_len_in_last_page
