@@ -30,6 +30,11 @@ class Timing:
     spec_acceptance: float | None = None  # accepted / drafted tokens, when the server reports it
     error: str | None = None
 
+    @staticmethod
+    def failed(t_start: float, error: str) -> Timing:
+        """A request that ended without a token."""
+        return Timing(0, 0, 0, t_start, t_start, t_start, error=error)
+
 
 class InProcess:
     """The engine itself: prompts enter as token ids, so the count is exactly the target."""
@@ -64,9 +69,7 @@ class InProcess:
         for r in rids:
             got, done = times[r], final[r]
             if not got:  # ended without a token (expired waiting for admission, or aborted)
-                out.append(
-                    Timing(0, 0, 0, t_start, t_start, t_start, error=done.error or "no token generated")
-                )
+                out.append(Timing.failed(t_start, done.error or "no token generated"))
                 continue
             out.append(
                 Timing(
@@ -94,6 +97,7 @@ class OverHttp:
         self.scheme, self.host, self.port = parsed.scheme, parsed.hostname, parsed.port
         self.base = parsed.path.rstrip("/").removesuffix("/v1")
         self.api_key, self.timeout = api_key, timeout
+        self._chat_tokenize = True  # /tokenize takes chat messages (vLLM, ninfer); else llama-server's way
         self.model = model or self._first_model()
 
     def _conn(self):
@@ -139,9 +143,11 @@ class OverHttp:
         }
         if tools:
             body["tools"] = tools
-        status, data = self._request("POST", "/tokenize", body)
-        if status == 200 and "count" in data:
-            return int(data["count"])
+        if self._chat_tokenize:
+            status, data = self._request("POST", "/tokenize", body)
+            if status == 200 and "count" in data:
+                return int(data["count"])
+            self._chat_tokenize = False  # not this server's shape: ask the other way from now on
         status, data = self._request("POST", "/apply-template", {"messages": messages})
         if status == 200 and "prompt" in data:
             status, data = self._request("POST", "/tokenize", {"content": data["prompt"]})
@@ -188,7 +194,7 @@ class OverHttp:
             resp = conn.getresponse()
             if resp.status != 200:
                 text = resp.read()[:300].decode(errors="replace")
-                return Timing(0, 0, 0, t_start, t_start, t_start, error=f"HTTP {resp.status}: {text}")
+                return Timing.failed(t_start, f"HTTP {resp.status}: {text}")
             while line := resp.readline():
                 if not line.startswith(b"data:"):
                     continue
@@ -205,7 +211,7 @@ class OverHttp:
         finally:
             conn.close()
         if not chunks:
-            return Timing(0, 0, 0, t_start, t_start, t_start, error="the stream carried no tokens")
+            return Timing.failed(t_start, "the stream carried no tokens")
         details = usage.get("prompt_tokens_details") or {}
         return Timing(
             int(usage.get("prompt_tokens", 0)),

@@ -44,9 +44,8 @@ def device_memory(device: str) -> tuple[int, int]:
     return vm.total, vm.available
 
 
-def _device(device: str) -> Device:
+def _device(device: str, total: int) -> Device:
     """For the suggestions: the compute capability decides whether fp8 KV is one of them."""
-    total = device_memory(device)[0]
     if device.startswith("cuda") and torch.cuda.is_available():
         return Device(device, total, torch.cuda.get_device_capability(torch.device(device)))
     return Device(device, total)
@@ -92,8 +91,7 @@ def size_kv_pool(config: EngineConfig, model_config: ModelConfig) -> tuple[int, 
         if pool >= max(context, config.block_size):
             return context, pool
     else:
-        tokens = config.kv_capacity if isinstance(config.kv_capacity, int) else None
-        dep = dep.with_(kv_capacity=tokens or config.resolved_kv_capacity(model_config))
+        dep = dep.with_(kv_capacity=config.resolved_kv_capacity(model_config))
         if fits(dep, budget):
             return context, dep.pool_tokens
     raise _refusal(dep, budget, config)
@@ -102,7 +100,9 @@ def size_kv_pool(config: EngineConfig, model_config: ModelConfig) -> tuple[int, 
 def _refusal(dep: Deployment, budget: Budget, config: EngineConfig) -> NinferError:
     want = dep.with_(kv_capacity=max(dep.pool_tokens, dep.context))
     reserve = needed(want.with_(kv_capacity=0), budget)
-    ways = suggestions(want, budget, usable_kv_dtypes(want, _device(config.device)), SERVE_FLAGS)
+    ways = suggestions(
+        want, budget, usable_kv_dtypes(want, _device(config.device, budget.device_total)), SERVE_FLAGS
+    )
     ways_text = "; ".join(s.text for s in ways) or "use a smaller model or a bigger device"
     return NinferError(
         f"a KV pool of {want.pool_tokens:,} tokens ({want.kv_dtype}) does not fit: it needs "

@@ -14,6 +14,7 @@ stays in the model dtype.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from engine.config import ModelConfig
@@ -58,7 +59,7 @@ def recipe_tensor_bytes(
     name: str, shape: tuple[int, ...], recipe: str, dtype_bytes: int, bits: float | None = None
 ) -> int:
     """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead)."""
-    numel = _numel(shape)
+    numel = math.prod(shape)
     dense = numel * dtype_bytes
     if not _is_matrix(name, shape) or tensor_kind(name, shape) == "embedding":
         return dense
@@ -94,7 +95,7 @@ def recipe_weight_bytes(
         for name, shape in mtp_tensors(config):
             out["mtp head"] += recipe_tensor_bytes(name, shape, recipe, dtype_bytes, bits)
     if vision:
-        out["vision tower"] = sum(_numel(s) for _, s in vision_tensors(config)) * dtype_bytes
+        out["vision tower"] = sum(math.prod(s) for _, s in vision_tensors(config)) * dtype_bytes
     return out
 
 
@@ -113,31 +114,24 @@ def artifact_weight_bytes(
         shape = tuple(q["shape"])
         kind = tensor_kind(name, shape)
         if kind == "embedding" or q["bits"] not in (4, 8):
-            out[kind] += _numel(shape) * dtype_bytes
+            out[kind] += math.prod(shape) * dtype_bytes
             continue
         stored = sum(
             _span(header[f"{name}.{p}"]) for p in ("qpacked", "qscales", "qmins") if f"{name}.{p}" in header
         )
         out[kind] += stored
-        packed_bytes, packed_weights = packed_bytes + stored, packed_weights + _numel(shape)
+        packed_bytes, packed_weights = packed_bytes + stored, packed_weights + math.prod(shape)
     for name, info in header.items():
         if name != "__metadata__" and name not in parts:
             shape = tuple(info["shape"])
-            out[tensor_kind(name, shape)] += _numel(shape) * dtype_bytes
+            out[tensor_kind(name, shape)] += math.prod(shape) * dtype_bytes
     if mtp:  # an artifact holds no MTP head yet: counted at the artifact's average bits per packed weight
         bits = 8 * packed_bytes / packed_weights if packed_weights else None
         for name, shape in mtp_tensors(config):
             out["mtp head"] += recipe_tensor_bytes(name, shape, "bf16", dtype_bytes, bits)
     if vision:
-        out["vision tower"] = sum(_numel(s) for _, s in vision_tensors(config)) * dtype_bytes
+        out["vision tower"] = sum(math.prod(s) for _, s in vision_tensors(config)) * dtype_bytes
     return out
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _span(info: dict) -> int:
