@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through the interpreter; set before any kernel module imports triton
@@ -88,6 +90,13 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kwargs)
     return path
+
+
+@pytest.fixture
+def kernel_backend(monkeypatch):
+    """kernels.force_backend for one test; the start-up backend comes back after it."""
+    monkeypatch.setattr(kernels, "_forced", kernels._forced)
+    return kernels.force_backend
 
 
 @pytest.fixture

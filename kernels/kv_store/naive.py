@@ -1,6 +1,19 @@
 import torch
 
 from kernels.kv_quant.naive import quantize_int4_grouped, quantize_int8
+from kernels.step_memo import StepMemo
+
+# every layer of a step stores at the same slots
+_SLOTS = StepMemo()
+_NO_INDEX_COPY = (torch.float8_e4m3fn,)  # index_copy_ has no fp8 kernel on the CPU
+
+
+def _valid_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The slots to write, and the mask of the tokens that have one (None: all of them)."""
+    valid = slot_mapping >= 0
+    if bool(valid.all()):
+        return slot_mapping.clone(), None  # a copy: the memo may serve it for an equal tensor
+    return slot_mapping[valid], valid
 
 
 def kv_store(
@@ -10,13 +23,16 @@ def kv_store(
     slot_mapping: torch.Tensor,  # [T] int64; slot = block_id * block_size + offset; -1 = skip
 ) -> None:
     """Write the step's K/V into the paged cache at slot_mapping (in place), quantizing for its KV dtype."""
-    slots = slot_mapping
-    if bool((slot_mapping < 0).any()):  # padding tokens (no slot)
-        valid = slot_mapping >= 0
-        slots, k, v = slot_mapping[valid], k[valid], v[valid]
+    slots, valid = _SLOTS.get((slot_mapping,), (), lambda: _valid_slots(slot_mapping))
+    if valid is not None:  # padding tokens (no slot)
+        k, v = k[valid], v[valid]
 
     def put(dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.view(-1, *dst.shape[2:])[slots] = src.to(dst.dtype)
+        src = src if src.dtype == dst.dtype else src.to(dst.dtype)
+        if dst.dtype in _NO_INDEX_COPY:
+            dst.view(-1, *dst.shape[2:])[slots] = src
+        else:
+            dst.view(-1, *dst.shape[2:]).index_copy_(0, slots, src)
 
     if cache.kv_dtype in ("int8", "k8v4"):
         kq, ks = quantize_int8(k)

@@ -1,7 +1,47 @@
+from dataclasses import dataclass
+
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from kernels.kv_quant.naive import read_kv
+from kernels.step_memo import StepMemo
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A step's host-side view of the attention metadata, shared by every layer of the step."""
+
+    cu: list[int]  # cu_seqlens_q
+    lens: list[int]  # seq_lens
+    block_table: torch.Tensor  # [B, max_blocks] int64
+    decode: list[int]  # sequences with one query token
+    decode_rows: torch.Tensor | None  # [N] those sequences (a step that mixes them with prefill)
+    decode_tokens: torch.Tensor | None  # [N] their query tokens
+    decode_mask: torch.Tensor | None  # [N, 1, 1, S] keys each decode row sees (several decode rows)
+    runs: list[tuple[int, int, bool]] | None  # the one decode sequence, over an fp32 cache: its slot runs
+
+
+_PLAN = StepMemo()
+
+
+def _plan_for(block_table, seq_lens, cu_seqlens_q, block_size: int, in_place: bool) -> _Plan:
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    decode = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
+    rows = tokens = mask = runs = None
+    if decode and len(decode) < len(lens):
+        rows = torch.tensor(decode, device=block_table.device)
+        tokens = torch.tensor([cu[b] for b in decode], device=block_table.device)
+    if len(decode) > 1:  # shorter sequences attend to their own length only
+        # NOTE: the padding read past them must be finite (KVCache.allocate zeroes the pages)
+        max_len = max(lens[b] for b in decode)
+        width = -(-max_len // block_size) * block_size
+        dl = torch.tensor([lens[b] for b in decode], device=block_table.device)
+        mask = (torch.arange(width, device=block_table.device)[None, :] < dl[:, None])[:, None, None, :]
+    if len(decode) == 1 and in_place:
+        b = decode[0]
+        runs = _slot_runs(block_table[b, : -(-lens[b] // block_size)].tolist(), lens[b], block_size)
+    table = block_table.to(torch.int64, copy=True)  # a copy: the memo may serve it for an equal tensor
+    return _Plan(cu, lens, table, decode, rows, tokens, mask, runs)
 
 
 def paged_attention(
@@ -19,24 +59,26 @@ def paged_attention(
     Sequences with one query token (decode) are computed together; the others one by one.
     """
     block_size = cache.k_data.shape[1]
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
-    block_table = block_table.long()
-    decode = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
-    if len(decode) == len(lens):  # a pure decode step: every row, in order
-        return _decode(q, cache, block_table, seq_lens, max(lens), scale)
+    in_place = cache.k_data.dtype == torch.float32
+    plan = _PLAN.get(
+        (block_table, seq_lens, cu_seqlens_q),
+        (block_size, in_place),
+        lambda: _plan_for(block_table, seq_lens, cu_seqlens_q, block_size, in_place),
+    )
+    cu, lens = plan.cu, plan.lens
+    if len(plan.decode) == len(lens):  # a pure decode step: every row, in order
+        return _decode(q, cache, plan.block_table, plan, max(lens), scale)
     out = torch.empty_like(q)
-    if decode:
-        rows = torch.tensor(decode, device=q.device)
-        tokens = torch.tensor([cu[b] for b in decode], device=q.device)
-        max_len = max(lens[b] for b in decode)
-        out[tokens] = _decode(q[tokens], cache, block_table[rows], seq_lens[rows], max_len, scale)
+    if plan.decode:
+        max_len = max(lens[b] for b in plan.decode)
+        table = plan.block_table[plan.decode_rows]
+        out[plan.decode_tokens] = _decode(q[plan.decode_tokens], cache, table, plan, max_len, scale)
     for b, seq_len in enumerate(lens):
         start, end = cu[b], cu[b + 1]
         q_len = end - start
         if q_len <= 1:
             continue
-        k, v = read_kv(cache, block_table[b, : -(-seq_len // block_size)])  # [S', Hk, D] fp32 each
+        k, v = read_kv(cache, plan.block_table[b, : -(-seq_len // block_size)])  # [S', Hk, D] fp32 each
         k, v = k[None, :seq_len], v[None, :seq_len]
         # query i sits at position seq_len - q_len + i: it sees the whole prefix and the new keys up to itself
         # NOTE: 4-D inputs: torch's CPU flash kernel takes them (3-D ones fall back to the slow math path)
@@ -48,75 +90,49 @@ def paged_attention(
     return out
 
 
-def _decode(q, cache, block_table, seq_lens, max_len: int, scale: float) -> torch.Tensor:
-    """One query token per sequence: q [N, Hq, D] over block_table [N, *] with lengths seq_lens [N]."""
-    if q.shape[0] == 1:
-        return _decode_one(q, cache, block_table, max_len, scale)
+def _decode(q, cache, block_table, plan: _Plan, max_len: int, scale: float) -> torch.Tensor:
+    """One query token per sequence: q [N, Hq, D] over block_table [N, *] (int64), longest max_len."""
     block_size = cache.k_data.shape[1]
+    qd = q.float().unsqueeze(2)  # [N, Hq, 1, D]
+    if q.shape[0] == 1:
+        if plan.runs is not None:  # an fp32 cache read in place: views of the whole cache, run by run
+            k = cache.k_data.flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, num_blocks * block_size, D]
+            v = cache.v_data.flatten(0, 1)[None].transpose(1, 2)
+            return attend_parts(qd, k, v, plan.runs, scale).squeeze(2).to(q.dtype)
+        k, v = read_kv(cache, block_table[0, : -(-max_len // block_size)])  # [S', Hk, D]
+        k, v = k[None, :max_len].transpose(1, 2), v[None, :max_len].transpose(1, 2)
+        return sdpa(qd, k, v, scale=scale, enable_gqa=True).squeeze(2).to(q.dtype)
     k, v = read_kv(cache, block_table[:, : -(-max_len // block_size)])  # [N, S, Hk, D] fp32 each
-    mask = None
-    if q.shape[0] > 1:  # shorter sequences: attend to their own length only
-        # NOTE: the padding read here must be finite (KVCache.allocate zeroes the pages)
-        mask = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.long()[:, None]  # [N, S]
-        mask = mask[:, None, None, :]
-    qd = q.unsqueeze(2) if q.dtype == torch.float32 else q.float().unsqueeze(2)  # [N, Hq, 1, D]
+    mask = plan.decode_mask[..., : k.shape[1]]
     o = sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(2).to(q.dtype)
 
 
-# the last single-sequence page layout seen: every layer of a step asks about the same block row (keyed on
-# a copy of its values and the length, so an updated table is never served stale)
-_last_layout: tuple | None = None
 MAX_RUNS = 32  # more runs of consecutive pages than this: gather the pages instead (18 runs at 4K: 53 vs 83 ms a step)
 
 
-def _slot_runs(row: torch.Tensor, seq_len: int, block_size: int) -> list[tuple[int, int, bool]] | None:
-    """The sequence's key slots in the flat cache as a few runs [(start, end, False)]: its pages grouped into
-    runs of consecutive page ids (softmax attention does not depend on key order), less the unused tail of
-    its last page; None when there are more than MAX_RUNS runs."""
-    global _last_layout
-    if _last_layout is not None:
-        saved, saved_len, layout = _last_layout
-        if saved_len == seq_len and saved.shape == row.shape and torch.equal(saved, row):
-            return layout
-    ids = row.tolist()
+def _slot_runs(ids: list[int], seq_len: int, block_size: int) -> list[tuple[int, int, bool]] | None:
+    """The sequence's key slots in the flat cache as a few runs [(start, end, False)]: its pages `ids`
+    grouped into runs of consecutive page ids (softmax attention does not depend on key order), less the
+    unused tail of its last page; None when there are more than MAX_RUNS runs."""
     runs: list[list[int]] = []
     for page in sorted(ids):
         if runs and page == runs[-1][1]:
             runs[-1][1] = page + 1
         else:
             runs.append([page, page + 1])
-    layout = None
-    if len(runs) <= MAX_RUNS:
-        used = seq_len - (len(ids) - 1) * block_size  # tokens in the last page
-        hole = (ids[-1] * block_size + used, (ids[-1] + 1) * block_size)
-        layout = []
-        for a, b in runs:
-            a, b = a * block_size, b * block_size
-            if a <= hole[0] < b:  # the run holding the last page: skip its unused tail
-                layout += [(a, hole[0], False), (hole[1], b, False)]
-            else:
-                layout.append((a, b, False))
-    _last_layout = (row.clone(), seq_len, layout)
+    if len(runs) > MAX_RUNS:
+        return None
+    used = seq_len - (len(ids) - 1) * block_size  # tokens in the last page
+    hole = (ids[-1] * block_size + used, (ids[-1] + 1) * block_size)
+    layout = []
+    for a, b in runs:
+        a, b = a * block_size, b * block_size
+        if a <= hole[0] < b:  # the run holding the last page: skip its unused tail
+            layout += [(a, hole[0], False), (hole[1], b, False)]
+        else:
+            layout.append((a, b, False))
     return layout
-
-
-def _decode_one(q, cache, block_table, seq_len: int, scale: float) -> torch.Tensor:
-    """One sequence's decode query q [1, Hq, D]. An fp32 cache is read in place: a view of the whole cache,
-    attended run by run over the sequence's slots; a sequence scattered over many runs is gathered."""
-    block_size = cache.k_data.shape[1]
-    row = block_table[0, : -(-seq_len // block_size)]
-    qd = q.float().unsqueeze(2)  # [1, Hq, 1, D]
-    parts = _slot_runs(row, seq_len, block_size) if cache.k_data.dtype == torch.float32 else None
-    if parts is not None:
-        k = cache.k_data.flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, num_blocks * block_size, D] views
-        v = cache.v_data.flatten(0, 1)[None].transpose(1, 2)
-        o = attend_parts(qd, k, v, parts, scale)
-    else:
-        k, v = read_kv(cache, row)  # [S', Hk, D]
-        k, v = k[None, :seq_len].transpose(1, 2), v[None, :seq_len].transpose(1, 2)
-        o = sdpa(qd, k, v, scale=scale, enable_gqa=True)
-    return o.squeeze(2).to(q.dtype)
 
 
 def attend_parts(q, k, v, parts: list[tuple[int, int, bool]], scale: float) -> torch.Tensor:

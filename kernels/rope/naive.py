@@ -1,22 +1,19 @@
 import torch
 
-# The gathered cos/sin of the last positions: every layer of a step rotates at the same positions, so
-# the gather is done once per step (keyed on a copy of the positions' values, so a tensor updated in
-# place is never served stale).
-_last: tuple | None = None
+from kernels.step_memo import StepMemo
+
+# every layer of a step rotates at the same positions: the cos/sin gather is done once per step
+_COS_SIN = StepMemo()
 
 
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
     """cos2 = [cos | cos], sin2 = [-sin | sin]: [T, 1, R] each, in `dtype`."""
-    global _last
-    if _last is not None:
-        pos, cache, dt = _last[0]
-        if cache is cos_sin_cache and dt == dtype and torch.equal(pos, positions):
-            return _last[1]
-    cos, sin = cos_sin_cache[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, R/2] each
-    tables = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-    _last = ((positions.clone(), cos_sin_cache, dtype), tables)
-    return tables
+
+    def gather():
+        cos, sin = cos_sin_cache[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, R/2] each
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+    return _COS_SIN.get((positions,), (cos_sin_cache, dtype), gather)
 
 
 def rope(

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import save_tiny, tiny_hf_model
 
+import engine.quant.cpu as cpu_quant
 from engine import LLM, NinferError, SamplingParams
 from engine.layers.linear import Linear
 from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, CpuInt8Weight, mode_for_bits
@@ -34,13 +35,34 @@ def test_int4_keeps_q4_1_blocks_up_to_bf16_scales():
     assert rel_err(packed(x), x @ w.t()) < 1e-2  # + bf16 activations
 
 
+@pytest.fixture(params=["fbgemm", "int_mm"])
+def int8_kernel(request, monkeypatch):
+    """CpuInt8Weight on fbgemm's prepacked matmul (where this torch has it) and on the `_int_mm` fallback."""
+    if request.param == "fbgemm" and not cpu_quant.FBGEMM:
+        pytest.skip("this torch build has no fbgemm")
+    monkeypatch.setattr(cpu_quant, "FBGEMM", request.param == "fbgemm")
+    return request.param
+
+
 @pytest.mark.parametrize("m", [1, 8])
-def test_int8_matmul_matches_its_dequantized_weight(m):
+def test_int8_matmul_matches_its_dequantized_weight(m, int8_kernel):
     w = torch.randn(200, 64)
     packed = CpuInt8Weight(w)
     assert rel_err(packed.dequantize(), w) < 1e-2
     x = torch.randn(m, 64)
     assert rel_err(packed(x), x @ packed.dequantize().t()) < 1.5e-2  # int8 activations per token
+
+
+def test_int8_rows_keep_their_precision_beside_a_large_row(int8_kernel):
+    """A prompt's first token can be 1000x larger than the rest; the others keep their own precision."""
+    w = torch.randn(300, 128)
+    packed = CpuInt8Weight(w)
+    x = torch.randn(6, 128)
+    x[0] *= 1000.0
+    want = x @ packed.dequantize().t()
+    got = packed(x)
+    for row in range(6):
+        assert rel_err(got[row], want[row]) < 1e-3, row
 
 
 def test_mode_for_bits():

@@ -54,7 +54,7 @@ def test_groupwise_weight_concatenates_fused_shards():
 
 
 @pytest.mark.slow
-def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, monkeypatch):
+def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_backend):
     """A w4g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on CPU)
     generate the tokens the dequantized dense weights do."""
     src = save_tiny(
@@ -64,9 +64,9 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, monkeypa
     convert(src, out, "w4g128")
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     prompt = list(range(40, 61))
-    monkeypatch.setenv("NINFER_KERNELS", "naive")
+    kernel_backend("naive")
     dense = LLM(out, weight_quant="none").generate(prompt_token_ids=prompt, sampling_params=params)[0]
-    monkeypatch.setenv("NINFER_KERNELS", "triton")
+    kernel_backend("triton")
     packed_llm = LLM(out, weight_quant="none")
     layer = packed_llm.model.model.layers[0]
     assert (

@@ -3,6 +3,10 @@ same greedy tokens as through the naive twins, on the tiny dense models."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import save_tiny, tiny_hf_model
@@ -13,18 +17,30 @@ from engine import LLM, SamplingParams
 pytestmark = pytest.mark.slow
 
 
-def test_dispatch_follows_device_and_override(monkeypatch):
+def test_dispatch_follows_device_and_override(kernel_backend):
     x = torch.zeros(1)
-    monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    kernel_backend("")
     assert kernels.use_triton(x) is False  # a CPU tensor: the naive twin
-    monkeypatch.setenv("NINFER_KERNELS", "triton")
+    kernel_backend("triton")
     assert kernels.use_triton(x) is True
-    monkeypatch.setenv("NINFER_KERNELS", "naive")
+    kernel_backend("naive")
     assert kernels.use_triton(x) is False
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda'"):
+        kernel_backend("cuda")
+
+
+def test_environment_variable_sets_the_backend_at_start_up():
+    probe = "import kernels, torch; print(kernels.use_triton(torch.zeros(1)))"
+    for value, expected in (("triton", "True"), ("naive", "False")):
+        env = {**os.environ, "NINFER_KERNELS": value}
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == expected
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, arch):
+def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, kernel_backend, arch):
     path = save_tiny(tiny_hf_model(arch, tied=False, seed=6), tmp_path)
     prompts = [
         [int(t) for t in torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n))]
@@ -33,9 +49,9 @@ def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, ar
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
     # 16-token chunks: prefill after a cached prefix, decode rows beside a prefill, and pure decode steps
     options = dict(prefill_chunk=16, max_concurrency=2, enable_prefix_caching=False)
-    monkeypatch.setenv("NINFER_KERNELS", "naive")
+    kernel_backend("naive")
     naive = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=params)
-    monkeypatch.setenv("NINFER_KERNELS", "triton")
+    kernel_backend("triton")
     calls = []
     real = kernels._triton
     monkeypatch.setattr(kernels, "_triton", lambda op: calls.append(op) or real(op))
