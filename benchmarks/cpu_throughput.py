@@ -29,25 +29,47 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMACPP_PYTHON = ROOT / ".venv-llamacpp" / "bin" / "python"
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 
-# runs inside .venv-llamacpp: argv = gguf path, tokens, repeat, prompt ids as JSON; prints the tok/s
-LLAMACPP_SCRIPT = r"""
-import json, statistics, sys, time
+# runs inside .venv-llamacpp as a worker: argv = gguf path, prompt ids as JSON, threads; for each line "K" on
+# stdin it generates K tokens greedily from the prompt (cold: reset) and prints the seconds it took
+LLAMACPP_WORKER = r"""
+import json, sys, time
 from llama_cpp import Llama
-path, n, repeat, ids = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
-llm = Llama(model_path=path, n_ctx=2048, n_threads=int(sys.argv[5]), n_batch=512, verbose=False)
-def run(k):
+path, ids = sys.argv[1], json.loads(sys.argv[2])
+llm = Llama(model_path=path, n_ctx=2048, n_threads=int(sys.argv[3]), n_batch=512, verbose=False)
+print(json.dumps({"version": __import__("llama_cpp").__version__}), flush=True)
+for line in sys.stdin:
+    k = int(line)
     t0 = time.perf_counter()
     for i, _ in enumerate(llm.generate(ids, temp=0.0, reset=True)):
         if i + 1 == k:
             break
-    return time.perf_counter() - t0
-run(2)
-rates = []
-for _ in range(repeat):
-    t1, tn = run(1), run(n)
-    rates.append((n - 1) / (tn - t1))
-print(json.dumps({"rate": statistics.median(rates), "version": __import__("llama_cpp").__version__}))
+    print(time.perf_counter() - t0, flush=True)
 """
+
+
+class LlamaCpp:
+    """llama.cpp on the same GGUF in its own venv, kept running so its runs can alternate with ninfer's."""
+
+    def __init__(self, path: Path, ids: list[int]):
+        cmd = [
+            str(LLAMACPP_PYTHON),
+            "-c",
+            LLAMACPP_WORKER,
+            str(path),
+            json.dumps(ids),
+            str(torch.get_num_threads()),
+        ]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.version = json.loads(self.proc.stdout.readline())["version"]
+
+    def run(self, n: int) -> None:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def _timed(fn) -> float:
@@ -70,22 +92,19 @@ def distinct_prompts(ids: list[int], count: int) -> list[list[int]]:
     return [[ids[0] + i, *ids[1:]] for i in range(count)]
 
 
-def llamacpp_rate(path: Path, ids: list[int], n: int, repeat: int) -> tuple[float, str] | None:
-    if not LLAMACPP_PYTHON.exists():
-        print("llama.cpp     (skipped: run `bash benchmarks/setup_llamacpp.sh` to build .venv-llamacpp)")
-        return None
-    cmd = [
-        str(LLAMACPP_PYTHON),
-        "-c",
-        LLAMACPP_SCRIPT,
-        str(path),
-        str(n),
-        str(repeat),
-        json.dumps(ids),
-        str(torch.get_num_threads()),
-    ]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return out["rate"], out["version"]
+def paired_c1(run_ours, llama: LlamaCpp, n: int, repeat: int) -> tuple[float, float, float]:
+    """ninfer and llama.cpp C1 measured in alternation, round by round, so a drift in the machine's speed
+    reaches both: (ninfer rate, llama.cpp rate, median of the per-round ratios)."""
+    run_ours(2)
+    llama.run(2)
+    ours, theirs, ratios = [], [], []
+    for _ in range(repeat):
+        t1, tn = _timed(lambda: run_ours(1)), _timed(lambda: run_ours(n))
+        ours.append((n - 1) / (tn - t1))
+        t1, tn = _timed(lambda: llama.run(1)), _timed(lambda: llama.run(n))
+        theirs.append((n - 1) / (tn - t1))
+        ratios.append(ours[-1] / theirs[-1])
+    return statistics.median(ours), statistics.median(theirs), statistics.median(ratios)
 
 
 def main() -> None:
@@ -119,36 +138,54 @@ def main() -> None:
         f"model: {path.name}; ninfer {args.dtype} weight_quant={args.weight_quant}, transformers fp32; prompt {len(ids)} "
         f"tokens, decode {args.tokens} tokens, median of {args.repeat}"
     )
+    llama = None
+    if LLAMACPP_PYTHON.exists():
+        llama = LlamaCpp(path, ids)
+    else:
+        print("llama.cpp     (skipped: run `bash benchmarks/setup_llamacpp.sh` to build .venv-llamacpp)")
     ours: dict[int, float] = {}
     theirs: dict[int, float] = {}
-    for c in levels:
+    paired: tuple[float, float, float] | None = None
+
+    def runner(c: int):
         prompts = distinct_prompts(ids, c)
 
-        def run_ours(n: int, prompts=prompts) -> None:
+        def run_ours(n: int) -> None:
             params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
             assert all(len(o.token_ids) == n for o in outs)
 
-        batch = torch.tensor(prompts)
+        return run_ours
+
+    for c in levels:
+        batch = torch.tensor(distinct_prompts(ids, c))
 
         def run_hf(n: int, batch=batch) -> None:
             with torch.inference_mode():
                 out = hf.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
             assert out.shape[1] == len(ids) + n
 
-        ours[c] = decode_rate(run_ours, c, args.tokens, args.repeat)
+        if c == 1 and llama is not None:
+            paired = paired_c1(runner(1), llama, args.tokens, args.repeat)
+            ours[c] = paired[0]
+        else:
+            ours[c] = decode_rate(runner(c), c, args.tokens, args.repeat)
         theirs[c] = decode_rate(run_hf, c, args.tokens, args.repeat)
         print(
             f"C{c}: ninfer {ours[c]:7.1f} tok/s   transformers {theirs[c]:7.1f} tok/s   "
             f"ratio {ours[c] / theirs[c]:5.2f}x"
         )
-    llama = llamacpp_rate(path, ids, args.tokens, args.repeat)
+    if llama is not None and paired is None:  # the llama.cpp ratios need a paired ninfer C1
+        paired = paired_c1(runner(1), llama, args.tokens, args.repeat)
     first, last = levels[0], levels[-1]
     print(f"ninfer C{last} / ninfer C{first}:        {ours[last] / ours[first]:5.2f}x")
     if llama is not None:
-        rate, version = llama
-        print(f"llama.cpp C1 (llama-cpp-python {version}): {rate:7.1f} tok/s")
-        print(f"ninfer C{first} / llama.cpp C1:      {ours[first] / rate:5.2f}x")
+        llama.close()
+        rate = paired[1]
+        print(
+            f"llama.cpp C1 (llama-cpp-python {llama.version}): {rate:7.1f} tok/s (runs alternating with ninfer C1)"
+        )
+        print(f"ninfer C1 / llama.cpp C1:      {paired[2]:5.2f}x (median of the per-round ratios)")
         print(f"ninfer C{last} / llama.cpp C1:      {ours[last] / rate:5.2f}x")
     sys.stdout.flush()
 

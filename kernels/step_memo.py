@@ -25,17 +25,19 @@ class StepMemo:
         """compute(), or the value it gave for equal `tensors` (same shape, dtype, values) and `extra`
         (plain values compared by ==, tensors among them by identity: held here, so never a reused id)."""
         saved = self._tensors
-        if (
-            saved is not None
-            and len(self._extra) == len(extra)
-            and all(_same(a, b) for a, b in zip(self._extra, extra))
-            and len(saved) == len(tensors)
-            and all(
-                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-                for a, b in zip(saved, tensors)
-            )
-        ):
-            return self._value
+        if saved is not None and len(saved) == len(tensors) and len(self._extra) == len(extra):
+            hit = True
+            for a, b in zip(self._extra, extra):
+                if not _same(a, b):
+                    hit = False
+                    break
+            if hit:
+                for a, b in zip(saved, tensors):
+                    if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+                        hit = False
+                        break
+            if hit:
+                return self._value
         value = compute()
         self._tensors = tuple(t.clone() for t in tensors)
         self._extra, self._value = extra, value

@@ -13,6 +13,7 @@ quantized dtypes, a scale tensor [num_blocks, block_size, Hk, S] in fp16:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +91,9 @@ class KVCache:
     def num_bytes(self) -> int:
         tensors = [self.k_data, self.v_data, self.k_scale, self.v_scale]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    @functools.cached_property
+    def flat_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_data and v_data as [1, Hk, num_blocks * block_size, D'] views (every slot in a row, for
+        attention that reads a sequence's slots in place); built once, they see every later write."""
+        return tuple(t.flatten(0, 1)[None].transpose(1, 2) for t in (self.k_data, self.v_data))

@@ -43,10 +43,8 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(hidden).view(num_tokens, -1, self.head_dim)  # [T, Hq + 2 Hk, D]
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)  # [T, H*, D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)

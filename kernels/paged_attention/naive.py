@@ -93,12 +93,12 @@ def paged_attention(
 def _decode(q, cache, block_table, plan: _Plan, max_len: int, scale: float) -> torch.Tensor:
     """One query token per sequence: q [N, Hq, D] over block_table [N, *] (int64), longest max_len."""
     block_size = cache.k_data.shape[1]
-    qd = q.float().unsqueeze(2)  # [N, Hq, 1, D]
+    qd = (q if q.dtype == torch.float32 else q.float()).unsqueeze(2)  # [N, Hq, 1, D]
     if q.shape[0] == 1:
         if plan.runs is not None:  # an fp32 cache read in place: views of the whole cache, run by run
-            k = cache.k_data.flatten(0, 1)[None].transpose(1, 2)  # [1, Hk, num_blocks * block_size, D]
-            v = cache.v_data.flatten(0, 1)[None].transpose(1, 2)
-            return attend_parts(qd, k, v, plan.runs, scale).squeeze(2).to(q.dtype)
+            k, v = cache.flat_views  # [1, Hk, num_blocks * block_size, D] each
+            o = attend_parts(qd, k, v, plan.runs, scale).squeeze(2)
+            return o if o.dtype == q.dtype else o.to(q.dtype)
         k, v = read_kv(cache, block_table[0, : -(-max_len // block_size)])  # [S', Hk, D]
         k, v = k[None, :max_len].transpose(1, 2), v[None, :max_len].transpose(1, 2)
         return sdpa(qd, k, v, scale=scale, enable_gqa=True).squeeze(2).to(q.dtype)

@@ -4,6 +4,27 @@ from kernels.step_memo import StepMemo
 
 # every layer of a step rotates at the same positions: the cos/sin gather is done once per step
 _COS_SIN = StepMemo()
+_ROTATIONS = StepMemo()
+# up to this many tokens (decode, speculative verification) each token's rotation is applied as one
+# [D, D] matrix: two batched matmuls instead of ~8 slicing and elementwise calls, which a decode step of
+# small rows pays in every layer
+MATRIX_MAX_TOKENS = 16
+
+
+def _rotations(positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_dim: int, dtype: torch.dtype):
+    """[T, D, D]: x @ R[t] rotates x [.., D] at positions[t] (NeoX pairs (i, i + R/2); dims >= R pass)."""
+
+    def build():
+        cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, R/2] fp32 each
+        half = cos.shape[-1]
+        r = torch.eye(head_dim, dtype=torch.float32, device=positions.device).repeat(len(positions), 1, 1)
+        i = torch.arange(half, device=positions.device)
+        # out[i] = x[i] cos - x[i+h] sin, out[i+h] = x[i+h] cos + x[i] sin; R[src, dst]
+        r[:, i, i], r[:, i + half, i + half] = cos, cos
+        r[:, i + half, i], r[:, i, i + half] = -sin, sin
+        return r.to(dtype)
+
+    return _ROTATIONS.get((positions,), (cos_sin_cache, head_dim, dtype), build)
 
 
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
@@ -27,6 +48,9 @@ def rope(
     With x = [x1 | x2] (halves of the rotated dims): out = [x1 cos - x2 sin | x2 cos + x1 sin]
     = x * [cos | cos] + [x2 | x1] * [-sin | sin].
     """
+    if q.shape[0] <= MATRIX_MAX_TOKENS:
+        r = _rotations(positions, cos_sin_cache, q.shape[-1], q.dtype)  # [T, D, D]
+        return torch.matmul(q, r), torch.matmul(k, r)
     cos2, sin2 = _cos_sin(positions, cos_sin_cache, q.dtype)
     rot = cos2.shape[-1]
     half = rot // 2

@@ -50,9 +50,10 @@ def test_rmsnorm_gated():
 
 
 @pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 128), (256, 64)])
-def test_rope_neox_partial(head_dim, rotary_dim):
-    q, k = torch.randn(9, 4, head_dim), torch.randn(9, 2, head_dim)
-    positions = torch.tensor([0, 1, 2, 7, 100, 5000, 3, 3, 65535])
+@pytest.mark.parametrize("tokens", [9, 40])  # decode-sized steps take the per-token rotation matrices
+def test_rope_neox_partial(head_dim, rotary_dim, tokens):
+    q, k = torch.randn(tokens, 4, head_dim), torch.randn(tokens, 2, head_dim)
+    positions = torch.tensor([0, 1, 2, 7, 100, 5000, 3, 3, 65535, *range(11, tokens + 2)])[:tokens]
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
     freqs = positions.float()[:, None] * inv_freq
     emb = torch.cat([freqs, freqs], -1)
