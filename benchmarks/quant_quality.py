@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24576)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--recipes", default="q4.6,w4g128,w6g128,w8g128,bf16")
+    ap.add_argument(
+        "--methods", default="gptq", help="convert's methods to score each recipe with: gptq, rtn"
+    )
     args = ap.parse_args()
     src = default_model_path()
     options = dict(
@@ -70,10 +73,14 @@ def main() -> None:
     )
     del reference
     with tempfile.TemporaryDirectory() as tmp:
-        for recipe in args.recipes.split(","):
-            out = Path(tmp) / f"smollm2-{recipe}.ninfer"
+        runs = [(r, m) for r in args.recipes.split(",") for m in args.methods.split(",")]
+        for recipe, method in runs:
+            if recipe == "bf16" and method != runs[0][1]:
+                continue  # nothing to quantize: one bf16 row
+            label = recipe if recipe == "bf16" else f"{recipe} {method}"
+            out = Path(tmp) / f"smollm2-{recipe}-{method}.ninfer"
             t0 = time.perf_counter()
-            rows = convert(src, out, recipe)
+            rows = convert(src, out, recipe, method=method)
             weights = sum(r["bytes"] * 8 / r["bits_per_weight"] for r in rows if r["bits_per_weight"])
             matrix_rows = [r for r in rows if r["kind"].endswith("weight") and r["bits"] not in ("32",)]
             matrix_bits = sum(r["bytes"] * 8 for r in matrix_rows) / max(
@@ -82,7 +89,7 @@ def main() -> None:
             llm = LLM(out, **options)
             ppl = perplexity(llm, tokens, args.window)
             print(
-                f"{recipe:38s} ppl {ppl:8.3f}   {100 * (ppl / base - 1):+6.2f}%   "
+                f"{label:38s} ppl {ppl:8.3f}   {100 * (ppl / base - 1):+6.2f}%   "
                 f"{matrix_bits:5.2f} bits/weight (matrices), {out.stat().st_size / 2**20:6.1f} MiB, "
                 f"{weights / 1e6:.0f}M weights   ({time.perf_counter() - t0:.0f} s)",
                 flush=True,

@@ -19,8 +19,16 @@ def convert(
     recipe: Annotated[
         str, typer.Option(help="q4.6 (mixed, ~4.6 bits/weight), w4g128, w6g128, w8g128 or bf16.")
     ] = "q4.6",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="gptq: each linear weight quantized against its inputs on calibration text (error "
+            "compensation); rtn: round to nearest."
+        ),
+    ] = "gptq",
 ):
     """Quantize a model into one .ninfer file (streamed tensor by tensor)."""
+    from engine.quant.convert import METHODS
     from engine.quant.convert import convert as run_convert
     from engine.quant.recipes import RECIPES
 
@@ -28,6 +36,10 @@ def convert(
         from engine.errors import NinferError
 
         raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
+    if method not in METHODS:
+        from engine.errors import NinferError
+
+        raise NinferError(f"unknown method '{method}'; use one of {', '.join(METHODS)}")
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
@@ -38,8 +50,8 @@ def convert(
                 tasks[phase] = bar.add_task(phase, total=total or None)
             bar.update(tasks[phase], completed=done)
 
-        rows = run_convert(src, out, recipe, progress)
-    table = Table(title=f"{out} ({recipe})")
+        rows = run_convert(src, out, recipe, progress, method)
+    table = Table(title=f"{out} ({recipe}, {method})")
     for col in ("tensor kind", "tensors", "bits", "MiB", "bits/weight"):
         table.add_column(col, justify="left" if col == "tensor kind" else "right")
     total_bytes = 0

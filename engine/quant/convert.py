@@ -13,6 +13,14 @@ from engine.errors import NinferError
 from engine.formats.container import SUFFIX, write_container
 from engine.models.loader import open_source
 from engine.quant.calibration import sequence_logprobs
+from engine.quant.gptq import (
+    CALIBRATION_TOKENS,
+    MAX_HESSIAN_BYTES,
+    WINDOW,
+    calibration_text,
+    collect_hessians,
+    hessian_bytes,
+)
 from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
 from engine.quant.recipes import (
     BASE,
@@ -26,28 +34,38 @@ from engine.quant.recipes import (
 )
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+METHODS = ("gptq", "rtn")
 
 
 def _kind(name: str) -> str:
     return re.sub(r"\.\d+\.", ".*.", name)
 
 
+def calibration_llm(src: str | Path):
+    """The source model, unquantized, for calibration runs of up to WINDOW tokens."""
+    from engine.llm import LLM
+
+    return LLM(src, weight_quant="none", enable_prefix_caching=False, max_concurrency=1, prefill_chunk=4096)
+
+
+def calibration_tokens(llm, text: str, count: int) -> list[int]:
+    """`text` tokenized (random ids for a model without a tokenizer), at most `count` tokens."""
+    if llm.tokenizer is not None:
+        tokens = llm.tokenizer.encode(text)
+    else:
+        generator = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, llm.model_config.vocab_size, (count,), generator=generator).tolist()
+    return tokens[:count]
+
+
 @torch.inference_mode()
 def measure_sensitivity(
-    src: str | Path, progress: Progress | None = None
+    llm, src: str | Path, progress: Progress | None = None
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Per quantizable checkpoint tensor: KL(unquantized || that tensor alone at 4 bits) of the next-token
     distributions over the calibration text, and its number of weights."""
-    from engine.llm import LLM
-
-    llm = LLM(src, weight_quant="none", enable_prefix_caching=False, max_concurrency=1, prefill_chunk=4096)
     model = llm.model
-    if llm.tokenizer is not None:
-        tokens = llm.tokenizer.encode(CALIBRATION_TEXT)
-    else:
-        generator = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, llm.model_config.vocab_size, (160,), generator=generator).tolist()
-    tokens = tokens[: llm.max_context - 1]
+    tokens = calibration_tokens(llm, CALIBRATION_TEXT, 160)[: llm.max_context - 1]
 
     def logprobs() -> torch.Tensor:
         return sequence_logprobs(llm, tokens)
@@ -83,8 +101,13 @@ def measure_sensitivity(
     return sensitivity, numel, errors, Q46_TARGET_BITS, costs
 
 
-def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None) -> list[dict]:
-    """Write `out` (.ninfer) from `src` under `recipe`; returns the per-kind summary rows."""
+def convert(
+    src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None, method: str = "gptq"
+) -> list[dict]:
+    """Write `out` (.ninfer) from `src` under `recipe`; returns the per-kind summary rows.
+
+    method: "gptq" quantizes each linear weight against its inputs on calibration text (engine/quant/gptq.py),
+    "rtn" rounds each weight to nearest (with the clipping search); embeddings are always rounded."""
     if recipe not in RECIPES:
         raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
     out = Path(out)
@@ -92,18 +115,38 @@ def convert(src: str | Path, out: str | Path, recipe: str, progress: Progress | 
         raise NinferError(f"the output must end in {SUFFIX} (got {out.name})")
     if not out.parent.is_dir():
         raise NinferError(f"{out.parent} does not exist; create it or write elsewhere")
+    if method not in METHODS:
+        raise NinferError(f"unknown method '{method}'; use one of {', '.join(METHODS)}")
     source = open_source(src)
+    llm = calibration_llm(src) if recipe == "q4.6" or (method == "gptq" and recipe != "bf16") else None
     if recipe == "q4.6":
-        plan = mixed_plan(*measure_sensitivity(src, progress))
+        plan = mixed_plan(*measure_sensitivity(llm, src, progress))
     else:
         plan = Plan(recipe)  # uniform recipes: decided per tensor as it streams
+    hessians: dict[str, torch.Tensor] = {}
+    if llm is not None and method == "gptq":
+        if hessian_bytes(llm.model) <= MAX_HESSIAN_BYTES:
+            if progress:
+                progress("collecting calibration activations", 0, 1)
+            tokens = calibration_tokens(llm, calibration_text(), CALIBRATION_TOKENS)
+            hessians = collect_hessians(llm, tokens, min(WINDOW, llm.max_context))
+            if progress:
+                progress("collecting calibration activations", 1, 1)
+        elif progress:
+            progress("GPTQ skipped (activation statistics too large): round-to-nearest", 1, 1)
+    model = llm.model if llm is not None else None
+    del llm
+
+    def hessian_for(name: str) -> torch.Tensor | None:
+        mapped = model.param_for(name) if model is not None else None
+        return hessians.get(mapped[0]) if mapped else None
 
     summary: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "weights": 0, "bytes": 0, "bits": set()})
     state = {"done": 0}
 
     def stored():
         for name, tensor in source.weights():
-            kept = plan.quantize(name, tensor)
+            kept = plan.quantize(name, tensor, hessian_for(name))
             row = summary[_kind(name)]
             row["tensors"] += 1
             row["weights"] += tensor.numel()

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.quant.groupwise import quantize
+from engine.quant.gptq import gptq_quantize
+from engine.quant.groupwise import fitting_group, quantize
 
 RECIPES = ("q4.6", "w4g128", "w6g128", "w8g128", "bf16")
 GROUP_SIZE = 128
@@ -59,8 +60,9 @@ class Plan:
     recipe: str
     options: dict[str, Option] = field(default_factory=dict)
 
-    def quantize(self, name: str, tensor: torch.Tensor):
-        """The stored form of one checkpoint tensor under this plan."""
+    def quantize(self, name: str, tensor: torch.Tensor, hessian: torch.Tensor | None = None):
+        """The stored form of one checkpoint tensor under this plan; with `hessian` (the layer's input
+        statistics) quantized by GPTQ below 8 bits where its shape allows, else rounded to nearest."""
         if self.recipe == "bf16":
             return tensor.to(torch.bfloat16)
         if self.recipe == "q4.6":
@@ -69,6 +71,12 @@ class Plan:
             option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor) else None
         if option is None:
             return tensor.float()
+        bits, group = option
+        # NOTE: 8-bit weights are rounded to nearest: their error is already small, and compensating it
+        # against the calibration text's statistics measured worse on other text (perplexity +0.32% vs
+        # -0.14% on the default model; 6 bits: +1.85% vs +3.14%, 4 bits: +57% vs +90%)
+        if hessian is not None and bits < 8 and tensor.shape[1] % fitting_group(tensor.shape[1], group) == 0:
+            return gptq_quantize(tensor, hessian, bits, group)
         return quantize(tensor, *option)
 
 

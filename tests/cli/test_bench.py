@@ -103,7 +103,10 @@ def test_against_a_real_ninfer_serve(tmp_path):
         data = json.loads(out.read_text())
         assert data["mode"] == "http"
         for r in data["records"]:
-            assert r["prompt_tokens"] == r["target_tokens"] == r["context"]  # the server's own count
+            assert r["prompt_tokens"] == r["target_tokens"]  # the server's own count, as /tokenize said
+            # NOTE: the fit lands one below the context when one more character adds two tokens (rare;
+            # the prompts carry a random nonce)
+            assert r["context"] - 1 <= r["target_tokens"] <= r["context"]
             assert r["cached_tokens"] == 0 and r["generated"] == 6
         assert all(r["status"] == "ok" for r in data["rows"])
     finally:

@@ -1,0 +1,172 @@
+"""Error-compensating group-wise quantization (GPTQ-style) from calibration activations.
+
+Round-to-nearest treats every weight alone. Here a linear weight W [N, K] is quantized column by column,
+and each column's rounding error is pushed onto the columns not yet quantized, weighted by how the layer's
+inputs correlate: with H = sum over calibration tokens of x x^T [K, K], the update minimises
+||X W^T - X Q^T||^2 (the layer's output error on those inputs), not ||W - Q||^2. A group's scale and
+minimum are chosen (with the same clipping search as round-to-nearest) when the walk reaches its first
+column, from the weights as updated so far; the stored format is exactly round-to-nearest's.
+
+H comes from running the source model over calibration text with the engine (`collect_hessians`): one
+matrix per linear layer, shared by the checkpoint tensors fused into it (q/k/v, gate/up).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.quant.groupwise import (
+    CLIP_RATIOS,
+    QuantizedTensor,
+    _fake_quant,
+    fitting_group,
+    pack,
+)
+
+DAMP = 0.01  # added to H's diagonal, as a fraction of its mean: keeps the inverse stable
+BLOCK = 128  # columns updated together before the rest of W sees their errors
+
+
+def _group_params(g: torch.Tensor, bits: int, clip_search: bool = True):
+    """The (scale, minimum) of groups g [N, 1, S] with the least squared reconstruction error."""
+    base_lo, base_hi = (None, g.abs().amax(-1)) if bits == 8 else (g.amin(-1), g.amax(-1))
+    best = None
+    for ratio in CLIP_RATIOS if clip_search else (1.0,):
+        lo = base_lo * ratio if base_lo is not None else None
+        _, scale, minimum, deq = _fake_quant(g, bits, lo, base_hi * ratio)
+        err = (deq - g).pow(2).sum(-1)  # [N, 1]
+        if best is None:
+            best = [err, scale, minimum]
+            continue
+        better = err < best[0]
+        best[0] = torch.where(better, err, best[0])
+        best[1] = torch.where(better, scale, best[1])
+        if minimum is not None:
+            best[2] = torch.where(better, minimum, best[2])
+    return best[1][:, 0], (best[2][:, 0] if best[2] is not None else None)  # [N] each
+
+
+def _quantize_column(w: torch.Tensor, bits: int, scale: torch.Tensor, minimum: torch.Tensor | None):
+    """Codes and dequantized values of one column w [N] on a group's grid."""
+    if bits == 8:
+        q = torch.round(w / scale).clamp(-127, 127)
+        return q, q * scale
+    q = torch.round((w - minimum) / scale).clamp(0, 2**bits - 1)
+    return q, q * scale + minimum
+
+
+def gptq_quantize(
+    w: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int = 128
+) -> QuantizedTensor:
+    """Quantize W [N, K] group-wise (groupwise.quantize's format) minimising the output error under H [K, K].
+
+    K must be a multiple of the fitting group (groupwise.fitting_group); callers fall back to
+    round-to-nearest otherwise.
+    """
+    n, k = w.shape
+    group = fitting_group(k, group_size)
+    assert k % group == 0 and BLOCK % group == 0, "gptq_quantize needs K to be a multiple of the group"
+    w = w.double().clone()
+    h = hessian.double().clone()
+    dead = torch.diagonal(h) == 0  # inputs never active: their weights do not matter
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    h += torch.eye(k, dtype=h.dtype) * DAMP * torch.diagonal(h).mean()
+    # the upper Cholesky factor of H^-1: row i holds how column i's error spreads to the later columns
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    codes = torch.zeros(n, k, dtype=torch.float64)
+    scales = torch.zeros(n, k // group, dtype=torch.float64)
+    minimums = torch.zeros(n, k // group, dtype=torch.float64) if bits != 8 else None
+    scale = minimum = None
+    for start in range(0, k, BLOCK):
+        end = min(start + BLOCK, k)
+        block = w[:, start:end].clone()  # [N, B]
+        errors = torch.zeros_like(block)
+        for j in range(end - start):
+            col = start + j
+            if col % group == 0:  # a new group: its grid from the weights as updated so far
+                g = block[:, j : j + group]  # BLOCK is a multiple of every fitting group
+                scale, minimum = _group_params(g.float()[:, None, :], bits)
+                scale, minimum = scale.double(), (minimum.double() if minimum is not None else None)
+                scales[:, col // group] = scale
+                if minimums is not None:
+                    minimums[:, col // group] = minimum
+            q, deq = _quantize_column(block[:, j], bits, scale, minimum)
+            codes[:, col] = q
+            err = (block[:, j] - deq) / hinv[col, col]
+            block[:, j:] -= err[:, None] * hinv[col, start + j : end][None, :]
+            errors[:, j] = err
+        w[:, end:] -= errors @ hinv[start:end, end:]
+    return QuantizedTensor(
+        bits=bits,
+        group_size=group,
+        shape=(n, k),
+        packed=pack(codes, bits),
+        scales=scales.half(),
+        minimums=minimums.half() if minimums is not None else None,
+    )
+
+
+# stdlib modules whose docstrings (with recipes.CALIBRATION_TEXT) make the calibration text: English
+# technical prose that ships with every Python, and not the text benchmarks/quant_quality.py scores
+CALIBRATION_MODULES = (
+    "argparse", "asyncio", "collections", "contextlib", "csv", "dataclasses", "decimal", "difflib",
+    "email", "enum", "fractions", "functools", "heapq", "http.server", "inspect", "ipaddress",
+    "logging", "pathlib", "pickle", "shutil", "statistics", "string", "subprocess", "tarfile",
+    "textwrap", "threading", "typing", "unittest", "urllib.parse", "uuid", "zipfile",
+)  # fmt: skip
+CALIBRATION_TOKENS = 4096
+WINDOW = 1024
+MAX_HESSIAN_BYTES = 8 << 30  # above this (big models), round-to-nearest: GPTQ needs every layer's H at once
+
+
+def calibration_text() -> str:
+    import importlib
+    import inspect
+
+    from engine.quant.recipes import CALIBRATION_TEXT
+
+    docs = [CALIBRATION_TEXT]
+    for name in CALIBRATION_MODULES:
+        doc = inspect.getdoc(importlib.import_module(name))
+        if doc:
+            docs.append(doc)
+    return "\n\n".join(docs)
+
+
+def hessian_bytes(model) -> int:
+    from engine.layers.linear import Linear
+
+    return sum(m.in_features**2 * 4 for m in model.modules() if isinstance(m, Linear))
+
+
+@torch.inference_mode()
+def collect_hessians(llm, tokens: list[int], window: int = WINDOW) -> dict[str, torch.Tensor]:
+    """H = sum of x x^T [K, K] fp32 over the calibration tokens, per linear weight parameter name (the
+    input each linear layer sees when the model runs over `tokens` in windows of `window`)."""
+    from engine.layers.linear import Linear
+    from engine.quant.calibration import sequence_logprobs
+
+    sums: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, module in llm.model.named_modules():
+        if isinstance(module, Linear):
+            key = f"{name}.weight"
+
+            def hook(mod, args, key=key):
+                x = args[0].reshape(-1, args[0].shape[-1]).float()  # [T, K]
+                if key in sums:
+                    sums[key].addmm_(x.t(), x)
+                else:
+                    sums[key] = x.t() @ x
+
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        for start in range(0, len(tokens), window):
+            chunk = tokens[start : start + window]
+            if len(chunk) > 1:
+                sequence_logprobs(llm, chunk)
+    finally:
+        for h in hooks:
+            h.remove()
+    return sums
