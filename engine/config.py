@@ -182,6 +182,7 @@ class EngineConfig:
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
+    cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

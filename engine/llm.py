@@ -26,7 +26,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, **options: Any):
         """`options` are EngineConfig's fields, named as the `ninfer serve` flags: device, dtype,
         kv_dtype, kv_capacity, max_context, max_concurrency, max_pending, pending_timeout_ms,
-        prefill_chunk, enable_prefix_caching, state_snapshot_interval, state_snapshots, block_size."""
+        prefill_chunk, enable_prefix_caching, state_snapshot_interval, state_snapshots, block_size,
+        cuda_graphs."""
         known = {f.name for f in fields(EngineConfig)} - {"model"}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -44,7 +45,9 @@ class LLM:
         hybrid = self.model_config.num_linear_attention_layers > 0
         state_pool = StatePool(config.max_concurrency, config.num_state_snapshots) if hybrid else None
         num_state_slots = state_pool.num_total_slots if state_pool else 0
-        self.runner = ModelRunner(self.model, self.model_config, config, num_blocks, num_state_slots)
+        self.runner = ModelRunner(
+            self.model, self.model_config, config, num_blocks, num_state_slots, self.max_context
+        )
         self.scheduler = Scheduler(
             config.scheduler_config(self.max_context),
             BlockPool(num_blocks, config.block_size, config.enable_prefix_caching),

@@ -47,6 +47,9 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
+    cuda_graphs: Annotated[
+        bool, typer.Option(help="CUDA: replay decode steps from captured graphs (hybrid models run eagerly).")
+    ] = True,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -70,6 +73,7 @@ def serve(
         max_pending=max_pending_requests,
         pending_timeout_ms=pending_timeout_ms,
         prefill_chunk=prefill_chunk,
+        cuda_graphs=cuda_graphs,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

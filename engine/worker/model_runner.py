@@ -12,6 +12,7 @@ from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
 from engine.transfer import to_device
+from engine.worker.cuda_graphs import DecodeGraphs
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 
@@ -23,6 +24,7 @@ class ModelRunner:
         engine_config: EngineConfig,
         num_blocks: int,
         num_state_slots: int,
+        max_context: int | None = None,
     ):
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
@@ -53,6 +55,12 @@ class ModelRunner:
                     device=self.device,
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+        self.graphs: DecodeGraphs | None = None
+        if engine_config.cuda_graphs and self.device.type == "cuda" and not self._state_layers:
+            assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
+            max_blocks = -(-max_context // self.block_size)
+            self.graphs = DecodeGraphs(model, engine_config.max_concurrency, max_blocks, self.device)
+            self.graphs.capture()
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -94,6 +102,11 @@ class ModelRunner:
                 self._copy_state(r.state_restore, r.state_slot)
             elif r.start_pos == 0 and r.state_slot >= 0:
                 self._reset_state(r.state_slot)
+        if self._graph_step(sched):
+            self.graphs.stage(
+                input_ids, positions, slot_mapping, seq_lens, [r.block_ids for r in sched.scheduled]
+            )
+            return self._sample(self.graphs.replay(len(input_ids)), list(enumerate(sched.scheduled)))
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
 
@@ -115,7 +128,18 @@ class ModelRunner:
         if not sampling:
             return RunnerOutput({})
         last_token = tensor([cu_seqlens[i + 1] - 1 for i, _ in sampling], torch.int64)
-        logits = self.model.compute_logits(hidden[last_token])  # [B, V]
+        return self._sample(self.model.compute_logits(hidden[last_token]), sampling)  # logits [B, V]
+
+    def _graph_step(self, sched: SchedulerOutput) -> bool:
+        """A pure decode step (one token per request, every one sampled) that a captured graph holds."""
+        return (
+            self.graphs is not None
+            and len(sched.scheduled) <= self.graphs.max_batch
+            and all(len(r.token_ids) == 1 and r.sample for r in sched.scheduled)
+            and not sched.state_saves
+        )
+
+    def _sample(self, logits: torch.Tensor, sampling: list) -> RunnerOutput:
         request_ids = [r.request_id for _, r in sampling]
         sampled = self.sampler(
             logits, request_ids, [r.sampling_params for _, r in sampling], [r.history for _, r in sampling]

@@ -1,0 +1,116 @@
+"""CUDA graphs for decode steps.
+
+A decode step launches every kernel of every layer for one token per sequence; at small batch the launches,
+not the GPU, set the pace. Each batch-size bucket's forward (model + logits) is captured once into a CUDA
+graph over static input buffers; a step copies its inputs into the buffers and replays the bucket that
+holds its batch. Rows past the batch are padding: slot -1 (kv_store skips it), length 1 over page 0 (read,
+never written), their logits dropped.
+
+The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
+every length; the split-K decode kernel divides each sequence's own length among its splits. Models with
+recurrent state (hybrid Gated DeltaNet layers) run eagerly: padding rows there would write a state slot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.memory import graph_buckets
+from engine.worker.forward_context import ForwardContext, set_forward_context
+
+log = logging.getLogger("ninfer.graphs")
+WARMUP_RUNS = 2  # eager runs per bucket before capture: Triton compiles its kernels, the allocator settles
+
+
+class DecodeGraphs:
+    def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device):
+        self.model = model
+        self.buckets = graph_buckets(max_batch)
+        size = self.buckets[-1]
+
+        def zeros(*shape, dtype=torch.int32):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        # static inputs, the largest bucket; a bucket of b rows uses the first b
+        self.input_ids = zeros(size, dtype=torch.int64)
+        self.positions = zeros(size, dtype=torch.int64)
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
+        self.block_table = zeros(size, max_blocks)
+        self.state_indices = zeros(size)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # [b, V] each, written by its graph
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def _context(self, b: int) -> ForwardContext:
+        return ForwardContext(
+            cu_seqlens_q=self.cu_seqlens_q[: b + 1],
+            seq_lens=self.seq_lens[:b],
+            slot_mapping=self.slot_mapping[:b],
+            block_table=self.block_table[:b],
+            state_indices=self.state_indices[:b],
+        )
+
+    def _forward(self, b: int) -> torch.Tensor:
+        with set_forward_context(self._context(b)):
+            hidden = self.model(self.input_ids[:b], self.positions[:b])  # [b, hidden]
+            return self.model.compute_logits(hidden)  # [b, V]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one shared memory pool. The buffers hold padding only,
+        so the warm-up and capture runs write no KV cache slot."""
+        pool = None
+        for b in reversed(self.buckets):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    self._forward(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[b] = self._forward(b)
+            pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+        log.info("captured decode CUDA graphs for batch sizes %s", ", ".join(map(str, self.buckets)))
+
+    def bucket_for(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def stage(self, input_ids, positions, slot_mapping, seq_lens, block_rows: list[list[int]]) -> int:
+        """Copy one decode step (n rows) into the static buffers, padding up to its bucket; returns the bucket."""
+        n = len(input_ids)
+        b = self.bucket_for(n)
+        pad = b - n
+        host = torch.tensor(
+            [*input_ids, *[0] * pad, *positions, *[0] * pad, *slot_mapping, *[-1] * pad], dtype=torch.int64
+        ).view(3, b)
+        device = self.input_ids.device
+        host = host.pin_memory() if device.type == "cuda" else host
+        self.input_ids[:b].copy_(host[0], non_blocking=True)
+        self.positions[:b].copy_(host[1], non_blocking=True)
+        self.slot_mapping[:b].copy_(host[2], non_blocking=True)
+        self.seq_lens[:b].copy_(torch.tensor([*seq_lens, *[1] * pad], dtype=torch.int32))
+        table = torch.zeros(b, self.block_table.shape[1], dtype=torch.int32)
+        for i, row in enumerate(block_rows):
+            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        self.block_table[:b].copy_(table)
+        return b
+
+    def replay(self, n: int) -> torch.Tensor:
+        """Run the staged step through its bucket's graph: logits [n, V]."""
+        b = self.bucket_for(n)
+        self.graphs[b].replay()
+        return self.logits[b][:n]
+
+    def run_eager(self, n: int) -> torch.Tensor:
+        """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
+        return self._forward(self.bucket_for(n))[:n]
