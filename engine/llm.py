@@ -118,6 +118,10 @@ class LLM:
         requests: list[tuple[list[int], str | None]] = []
         if prompts is not None:
             for text in [prompts] if isinstance(prompts, str) else prompts:
+                if not isinstance(text, str):
+                    raise NinferError(
+                        f"prompts are strings (got {type(text).__name__}); pass token ids as prompt_token_ids="
+                    )
                 requests.append((self._tokenizer_or_raise().encode(text), text))
         elif prompt_token_ids is not None:
             batch = (

@@ -97,3 +97,12 @@ def test_half_precision_runs_close_to_fp32(qwen35_dir, dtype):
 def test_unknown_dtype():
     with pytest.raises(NinferError, match="unknown dtype 'fp8'"):
         LLM(dtype="fp8")
+
+
+def test_token_ids_passed_as_prompts_are_refused_in_one_line():
+    llm = LLM(max_concurrency=1)
+    with pytest.raises(
+        NinferError, match="prompts are strings \\(got list\\); pass token ids as prompt_token_ids="
+    ):
+        llm.generate([[1, 2, 3]])
+    assert not llm.has_unfinished_requests()
