@@ -92,3 +92,15 @@ def test_convert_gptq_is_closer_to_the_source_than_rtn(tiny, tmp_path):
 def test_unknown_method_is_refused(tiny, tmp_path):
     with pytest.raises(NinferError, match="unknown method 'awq'; use one of gptq, rtn"):
         convert(tiny, tmp_path / "m.ninfer", "w4g128", method="awq")
+
+
+def test_a_tied_head_keys_its_statistics_by_the_embedding(tmp_path):
+    """The table shared by the lookup and the head is quantized for the head's inputs."""
+    path = save_tiny(
+        tiny_hf_model("llama", tied=True, seed=6, hidden_size=128, intermediate_size=256), tmp_path / "src"
+    )
+    llm = LLM(path, weight_quant="none", enable_prefix_caching=False)
+    tokens = torch.randint(3, 500, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    hessians = collect_hessians(llm, tokens, window=128)
+    assert "model.embed_tokens.weight" in hessians and "lm_head.weight" not in hessians
+    assert hessians["model.embed_tokens.weight"].shape == (128, 128)
