@@ -152,5 +152,9 @@ def test_cli_convert_prints_a_summary_and_refuses_bad_input(tiny, tmp_path):
     assert out.exists()
     bad = subprocess.run(run[:-1] + ["w5"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown recipe 'w5'")
+    method = subprocess.run(run + ["--method", "awq"], capture_output=True, text=True, timeout=300)
+    assert method.returncode == 2 and method.stderr.startswith(
+        "error: unknown method 'awq'; use one of gptq, rtn"
+    )
     wrong = subprocess.run(run[:5] + [str(tmp_path / "x.bin")], capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "must end in .ninfer" in wrong.stderr
