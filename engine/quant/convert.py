@@ -106,8 +106,9 @@ def convert(
 ) -> list[dict]:
     """Write `out` (.ninfer) from `src` under `recipe`; returns the per-kind summary rows.
 
-    method: "gptq" quantizes each linear weight against its inputs on calibration text (engine/quant/gptq.py),
-    "rtn" rounds each weight to nearest (with the clipping search); embeddings are always rounded."""
+    method: "gptq" quantizes each linear weight below 8 bits against its inputs on calibration text
+    (engine/quant/gptq.py; an embedding tied to the head counts as the head), "rtn" rounds each weight to
+    nearest (with the clipping search); untied embeddings and 8-bit weights are always rounded."""
     if recipe not in RECIPES:
         raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
     out = Path(out)

@@ -18,36 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.groupwise import (
-    CLIP_RATIOS,
-    QuantizedTensor,
-    _fake_quant,
-    fitting_group,
-    pack,
-)
+from engine.quant.groupwise import QuantizedTensor, best_grid, fitting_group, pack
 
 DAMP = 0.01  # added to H's diagonal, as a fraction of its mean: keeps the inverse stable
 BLOCK = 128  # columns updated together before the rest of W sees their errors
 ACT_ORDER = True  # default model, q4.6 perplexity: +5.84% with, +6.77% without
-
-
-def _group_params(g: torch.Tensor, bits: int, clip_search: bool = True):
-    """The (scale, minimum) [N, G] of groups g [N, G, S] with the least squared reconstruction error."""
-    base_lo, base_hi = (None, g.abs().amax(-1)) if bits == 8 else (g.amin(-1), g.amax(-1))
-    best = None
-    for ratio in CLIP_RATIOS if clip_search else (1.0,):
-        lo = base_lo * ratio if base_lo is not None else None
-        _, scale, minimum, deq = _fake_quant(g, bits, lo, base_hi * ratio)
-        err = (deq - g).pow(2).sum(-1)  # [N, G]
-        if best is None:
-            best = [err, scale, minimum]
-            continue
-        better = err < best[0]
-        best[0] = torch.where(better, err, best[0])
-        best[1] = torch.where(better, scale, best[1])
-        if minimum is not None:
-            best[2] = torch.where(better, minimum, best[2])
-    return best[1], best[2]  # [N, G] each (minimum None at 8 bits)
 
 
 def _quantize_column(w: torch.Tensor, bits: int, scale: torch.Tensor, minimum: torch.Tensor | None):
@@ -81,7 +56,7 @@ def gptq_quantize(
         # static groups: every group's grid from the weights as given, then the columns walked from the
         # most active input to the least, so the loudest inputs are quantized while the most columns are
         # left to absorb their error
-        scales, minimums = _group_params(w.float().reshape(n, k // group, group), bits)
+        _, scales, minimums = best_grid(w.float().reshape(n, k // group, group), bits)
         scales = scales.double()
         minimums = minimums.double() if minimums is not None else None
         order = torch.argsort(torch.diagonal(h), descending=True)
@@ -101,7 +76,7 @@ def gptq_quantize(
             gi = col // group
             if not ACT_ORDER and col % group == 0:  # a new group: its grid from the weights as updated so far
                 g = block[:, j : j + group]  # BLOCK is a multiple of every fitting group
-                sc, mn = _group_params(g.float()[:, None, :], bits)
+                _, sc, mn = best_grid(g.float()[:, None, :], bits)
                 scales[:, gi] = sc[:, 0].double()
                 if minimums is not None:
                     minimums[:, gi] = mn[:, 0].double()

@@ -87,11 +87,9 @@ def stored_nbytes(shape: tuple[int, int], bits: int, group_size: int = 128) -> i
     return n * kp * bits // 8 + groups * 2 * (1 if bits == 8 else 2)
 
 
-def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: bool = True) -> QuantizedTensor:
-    """Quantize W [N, K] group-wise (see the module docstring); the group is fitting_group(K, group_size)."""
-    assert bits in BITS, f"bits must be one of {BITS}"
-    group_size = fitting_group(w.shape[1], group_size)
-    g = _grouped(w.float(), group_size)
+def best_grid(g: torch.Tensor, bits: int, clip_search: bool = True):
+    """Groups g [N, G, S] on the grid (of the CLIP_RATIOS candidates) with the least squared reconstruction
+    error: codes [N, G, S], scale [N, G], minimum [N, G] (None at 8 bits)."""
     if bits == 8:
         base_lo, base_hi = None, g.abs().amax(-1)
     else:
@@ -110,7 +108,14 @@ def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: boo
         best[2] = torch.where(better, scale, best[2])
         if minimum is not None:
             best[3] = torch.where(better, minimum, best[3])
-    _, q, scale, minimum = best
+    return best[1], best[2], best[3]
+
+
+def quantize(w: torch.Tensor, bits: int, group_size: int = 128, clip_search: bool = True) -> QuantizedTensor:
+    """Quantize W [N, K] group-wise (see the module docstring); the group is fitting_group(K, group_size)."""
+    assert bits in BITS, f"bits must be one of {BITS}"
+    group_size = fitting_group(w.shape[1], group_size)
+    q, scale, minimum = best_grid(_grouped(w.float(), group_size), bits, clip_search)
     n = w.shape[0]
     codes = q.reshape(n, -1)
     return QuantizedTensor(

@@ -6,11 +6,9 @@ import torch
 
 V4_GROUP = 32  # head_dim elements sharing one V int4 scale
 SCALE_DTYPE = torch.float16
-MIN_SCALE = 2.0**-14
-_FP8 = (
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-)  # the smallest normal fp16: an all-zero row keeps a usable scale
+MIN_SCALE = 2.0**-14  # the smallest normal fp16: an all-zero row keeps a usable scale
+# fp8 dtypes: the CPU has no index_select / index_copy_ kernel for them, so they take advanced indexing
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +41,7 @@ def read_kv(cache, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens of pages `blocks` [..., nb] in order, dequantized: k, v [..., nb * block_size, Hk, D] fp32."""
 
     def flat(t):
-        if t.dtype in _FP8:  # index_select has no fp8 kernel on the CPU
+        if t.dtype in FP8_DTYPES:
             pages = t[blocks]
         else:  # index_select: the same pages, about twice as fast as advanced indexing here
             pages = t.index_select(0, blocks.reshape(-1).long()).view(*blocks.shape, *t.shape[1:])

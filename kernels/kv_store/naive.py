@@ -1,11 +1,10 @@
 import torch
 
-from kernels.kv_quant.naive import quantize_int4_grouped, quantize_int8
+from kernels.kv_quant.naive import FP8_DTYPES, quantize_int4_grouped, quantize_int8
 from kernels.step_memo import StepMemo
 
 # every layer of a step stores at the same slots
 _SLOTS = StepMemo()
-_NO_INDEX_COPY = (torch.float8_e4m3fn,)  # index_copy_ has no fp8 kernel on the CPU
 
 
 def _valid_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -29,7 +28,7 @@ def kv_store(
 
     def put(dst: torch.Tensor, src: torch.Tensor) -> None:
         src = src if src.dtype == dst.dtype else src.to(dst.dtype)
-        if dst.dtype in _NO_INDEX_COPY:
+        if dst.dtype in FP8_DTYPES:
             dst.view(-1, *dst.shape[2:])[slots] = src
         else:
             dst.view(-1, *dst.shape[2:]).index_copy_(0, slots, src)
