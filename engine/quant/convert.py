@@ -13,7 +13,8 @@ from engine.errors import NinferError
 from engine.formats.container import SUFFIX, write_container
 from engine.models.loader import open_source
 from engine.quant.calibration import sequence_logprobs
-from engine.quant.gptq import (
+from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
+from engine.quant.hessians import (
     CALIBRATION_TOKENS,
     MAX_HESSIAN_BYTES,
     WINDOW,
@@ -21,7 +22,6 @@ from engine.quant.gptq import (
     collect_hessians,
     hessian_bytes,
 )
-from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
 from engine.quant.recipes import (
     BASE,
     CALIBRATION_TEXT,
@@ -140,7 +140,9 @@ def convert(
 
     def hessian_for(name: str) -> torch.Tensor | None:
         mapped = model.param_for(name) if model is not None else None
-        return hessians.get(mapped[0]) if mapped else None
+        if not mapped:
+            return None
+        return hessians.get(mapped, hessians.get(mapped[0]))  # rows with their own statistics first
 
     summary: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "weights": 0, "bytes": 0, "bits": set()})
     state = {"done": 0}

@@ -12,8 +12,9 @@ from engine import LLM, NinferError
 from engine.layers.linear import Linear
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
-from engine.quant.gptq import collect_hessians, gptq_quantize
-from engine.quant.groupwise import dequantize, quantize
+from engine.quant.gptq import gptq_quantize
+from engine.quant.groupwise import dequantize, quantize, unpack
+from engine.quant.hessians import attention_mass, collect_hessians
 
 
 def correlated_inputs(k: int, seed: int) -> torch.Tensor:
@@ -62,9 +63,10 @@ def test_hessians_are_each_linear_layers_input_statistics(tiny):
     tokens = torch.randint(3, 500, (300,), generator=torch.Generator().manual_seed(0)).tolist()
     hessians = collect_hessians(llm, tokens, window=128)
     linears = {f"{n}.weight": m for n, m in llm.model.named_modules() if isinstance(m, Linear)}
-    assert set(hessians) == set(linears)
-    for name, h in hessians.items():
-        k = linears[name].in_features
+    plain = {key for key in hessians if isinstance(key, str)}
+    assert plain == set(linears)
+    for name in plain:
+        k, h = linears[name].in_features, hessians[name]
         assert h.shape == (k, k) and torch.allclose(h, h.t(), atol=1e-3 * h.abs().max())
     # the head's inputs are the final hidden states of every position: H = sum of their outer products
     hidden = []
@@ -74,6 +76,74 @@ def test_hessians_are_each_linear_layers_input_statistics(tiny):
     hook.remove()
     x = torch.cat(hidden)
     assert torch.allclose(hessians["lm_head.weight"], x.t() @ x, rtol=1e-4, atol=1e-3)
+
+
+def test_key_and_value_rows_weigh_tokens_by_the_attention_they_receive(tiny):
+    llm = LLM(tiny, weight_quant="none", enable_prefix_caching=False)
+    tokens = torch.randint(3, 500, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    hessians = collect_hessians(llm, tokens, window=128)
+    layer = llm.model.model.layers[1]
+    name = "model.layers.1.self_attn.qkv_proj.weight"
+    per_head = hessians[(name, "v")]
+    assert hessians[(name, "k")] is per_head and per_head.shape == (2, 128, 128)  # [Hk, K, K]
+    # the same statistic from the layer's own inputs and an explicit softmax, query by query
+    seen = {}
+    hooks = [
+        layer.self_attn.qkv_proj.register_forward_pre_hook(
+            lambda m, a: seen.setdefault("x", []).append(a[0])
+        ),
+        layer.self_attn.attn.register_forward_pre_hook(lambda m, a: seen.setdefault("qk", []).append(a[:2])),
+    ]
+    for start in range(0, 200, 128):
+        sequence_logprobs(llm, tokens[start : start + 128])
+    for h in hooks:
+        h.remove()
+    expected = torch.zeros(2, 128, 128)
+    for x, (q, k) in zip(seen["x"], seen["qk"], strict=True):
+        t, group = x.shape[0], q.shape[1] // k.shape[1]
+        for head in range(2):
+            mass = torch.zeros(t)
+            for qh in range(head * group, (head + 1) * group):
+                for i in range(t):
+                    mass[: i + 1] += torch.softmax(
+                        k[: i + 1, head] @ q[i, qh] * layer.self_attn.attn.scale, 0
+                    )
+            expected[head] += (x * (mass / group)[:, None]).t() @ x
+    assert torch.allclose(per_head, expected, rtol=1e-3, atol=1e-3 * expected.abs().max())
+    # the down projection: plain and weighted statistics, each of trace 1, added
+    assert hessians["model.layers.1.mlp.down_proj.weight"].trace().item() == pytest.approx(2.0, rel=1e-4)
+
+
+def test_attention_mass_sums_to_the_query_count():
+    q, k = torch.randn(7, 4, 16), torch.randn(7, 2, 16)
+    mass = attention_mass(q, k, 0.25)
+    assert mass.shape == (2, 7) and torch.allclose(mass.sum(-1), torch.full((2,), 7.0))
+    assert (mass[:, 0] >= 1.0).all()  # every query sees the first key; the first sees only it
+
+
+def test_row_blocks_use_their_own_statistics():
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    hs = torch.stack([correlated_inputs(256, seed=s).t() @ correlated_inputs(256, seed=s) for s in (4, 5)])
+    whole = gptq_quantize(w, hs, 4)
+    halves = [gptq_quantize(w[:32], hs[0], 4), gptq_quantize(w[32:], hs[1], 4)]
+    assert whole.shape == (64, 256)
+    assert torch.equal(dequantize(whole), torch.cat([dequantize(h) for h in halves]))
+    assert not torch.equal(dequantize(whole), dequantize(gptq_quantize(w, hs[0], 4)))
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_refit_lowers_the_output_error(bits, monkeypatch):
+    w = torch.randn(96, 576, generator=torch.Generator().manual_seed(bits))
+    x = correlated_inputs(576, seed=7)
+
+    def output_error(qt):
+        return (x @ (dequantize(qt) - w).t()).norm().item()
+
+    refitted = gptq_quantize(w, x.t() @ x, bits)
+    monkeypatch.setattr(gptq, "refit_grid", lambda w, h, codes, scales, minimums, group: (scales, minimums))
+    walked = gptq_quantize(w, x.t() @ x, bits)
+    assert torch.equal(unpack(refitted.packed, bits), unpack(walked.packed, bits))  # the codes stay
+    assert output_error(refitted) < 0.99 * output_error(walked)
 
 
 def test_convert_gptq_is_closer_to_the_source_than_rtn(tiny, tmp_path):
