@@ -97,6 +97,15 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tens
     return weights.sum(dim=2).mean(dim=1)  # [Hk, T]
 
 
+def _accumulate(store: dict, key, x: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+    """store[key] += sum_t c_t x_t x_t^T for x [T, K] and token weights c [T] (1 when None)."""
+    xw = x if weights is None else x * weights[:, None]
+    if key in store:
+        store[key].addmm_(xw.t(), x)
+    else:
+        store[key] = xw.t() @ x
+
+
 @torch.inference_mode()
 def collect_hessians(llm, tokens: list[int], window: int = WINDOW) -> dict[Key, torch.Tensor]:
     """H [K, K] fp32 per linear weight, keyed by its parameter name, over `tokens` run in windows of
@@ -112,19 +121,12 @@ def collect_hessians(llm, tokens: list[int], window: int = WINDOW) -> dict[Key, 
     sums: dict[Key, torch.Tensor] = {}
     hooks = []
 
-    def add(key: Key, x: torch.Tensor, weights: torch.Tensor | None = None) -> None:
-        xw = x if weights is None else x * weights[:, None]
-        if key in sums:
-            sums[key].addmm_(xw.t(), x)
-        else:
-            sums[key] = xw.t() @ x
-
     for module in model.modules():
         if isinstance(module, Linear) and module.weight is not None:
             key = param_names[id(module.weight)]
 
             def hook(mod, args, key=key):
-                add(key, args[0].reshape(-1, args[0].shape[-1]).float())  # x: [T, K]
+                _accumulate(sums, key, args[0].reshape(-1, args[0].shape[-1]).float())  # x: [T, K]
 
             hooks.append(module.register_forward_pre_hook(hook))
 
@@ -156,11 +158,7 @@ def collect_hessians(llm, tokens: list[int], window: int = WINDOW) -> dict[Key, 
 
             def weigh_down(mod, args, down_name=down_name, seen=seen):
                 x = args[0].reshape(-1, args[0].shape[-1]).float()
-                xw = x * seen["mass"][:, None]
-                if down_name in down_weighted:
-                    down_weighted[down_name].addmm_(xw.t(), x)
-                else:
-                    down_weighted[down_name] = xw.t() @ x
+                _accumulate(down_weighted, down_name, x, seen["mass"])
 
             hooks.append(down.register_forward_pre_hook(weigh_down))
     try:
