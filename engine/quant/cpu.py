@@ -6,7 +6,8 @@ quantized layer runs x -> bf16 -> matmul -> back to x's dtype.
 
 * int4: groups of INT4_GROUP input columns, asymmetric: w = (q - 8) * scale + zero, q in [0, 15]. A GGUF
   Q4_0 / Q4_1 block (32 weights, w = q * d + m) is exactly such a group, so a 4-bit GGUF keeps its
-  weights (the scales are rounded to bf16).
+  weights (the scales are rounded to bf16). Prefill rows run a bf16 GEMM on the weight unpacked from the
+  kernel's own packing (`unpack_int4pack`), so the codes are held once.
 * int8: per output channel, symmetric: w = q * scale, q in [-127, 127].
 """
 
@@ -105,6 +106,32 @@ class CpuInt8Weight:
         return y[m:].div_(a).add_(y[:m]).mul_(row_max)  # [M, N]
 
 
+# torch's int4 CPU packing (AVX-512 builds, probed): blocks of 64 output rows stored as [K, 32] bytes, byte j
+# of column k holding rows j (low nibble) and j + 32 (high nibble); a tail of fewer rows is packed otherwise
+PACK_BLOCK_N = 64
+_PACKING_KNOWN: bool | None = None
+
+
+def unpack_int4pack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Codes [N, K] uint8 from `_convert_weight_to_int4pack_for_cpu`'s output, N a multiple of PACK_BLOCK_N."""
+    blocks = packed.view(n // PACK_BLOCK_N, k, PACK_BLOCK_N // 2).transpose(1, 2)  # [N / 64, 32, K]
+    return torch.cat([blocks & 0xF, blocks >> 4], dim=1).view(n, k)  # per block: rows j, then j + 32
+
+
+def packing_known() -> bool:
+    """Whether this torch packs int4 as unpack_int4pack reads it (checked once, on a random matrix): the
+    packing is the kernel's own and may differ between builds; where it does, codes are kept twice."""
+    global _PACKING_KNOWN
+    if _PACKING_KNOWN is None:
+        q = torch.randint(
+            0, 16, (2 * PACK_BLOCK_N, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0)
+        )
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        _PACKING_KNOWN = packed.dtype == torch.uint8 and packed.numel() * 2 == q.numel()
+        _PACKING_KNOWN = _PACKING_KNOWN and torch.equal(unpack_int4pack(packed, *q.shape).to(torch.int32), q)
+    return _PACKING_KNOWN
+
+
 class CpuInt4Weight:
     def __init__(self, w: torch.Tensor):
         # w: [N, K], K a multiple of INT4_GROUP
@@ -115,8 +142,11 @@ class CpuInt4Weight:
         q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
         zero = lo + 8.0 * scale
         self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        # the same codes, two per byte (even column in the low nibble), for the prefill path
-        self.codes = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # [N, K / 2]
+        # the prefill path reads the codes back out of the kernel's packing where its layout is known;
+        # elsewhere a second copy, two per byte (even column in the low nibble)
+        self.codes = None
+        if n % PACK_BLOCK_N or not packing_known():
+            self.codes = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # [N, K / 2]
         # [K / G, N, 2]: (scale, zero) per group, as the kernel wants them
         self.scales_and_zeros = (
             torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
@@ -135,7 +165,10 @@ class CpuInt4Weight:
     def dense_bf16(self) -> torch.Tensor:
         """W [N, K] in bf16: (q - 8) * scale + zero per group, as the int4 kernel computes it."""
         n, k = self.shape
-        q = torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).view(n, k // INT4_GROUP, INT4_GROUP)
+        if self.codes is None:
+            q = unpack_int4pack(self.qweight, n, k).view(n, k // INT4_GROUP, INT4_GROUP)
+        else:
+            q = torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).view(n, k // INT4_GROUP, INT4_GROUP)
         sz = self.scales_and_zeros.transpose(0, 1).float()  # [N, K / G, 2]
         w = (q.float() - 8.0) * sz[..., :1] + sz[..., 1:]
         return w.view(n, k).to(torch.bfloat16)

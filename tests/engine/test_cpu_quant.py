@@ -35,6 +35,28 @@ def test_int4_keeps_q4_1_blocks_up_to_bf16_scales():
     assert rel_err(packed(x), x @ w.t()) < 1e-2  # + bf16 activations
 
 
+@pytest.mark.parametrize("n", [128, 96])  # 96: a tail of 32 rows, packed otherwise: the codes are kept
+def test_int4_prefill_reads_the_kernels_own_packing(n, monkeypatch):
+    w = q4_1_blocks(n, 256)
+    packed = CpuInt4Weight(w)
+    if cpu_quant.packing_known():
+        assert (packed.codes is None) == (n % cpu_quant.PACK_BLOCK_N == 0)  # one copy of the codes
+    monkeypatch.setattr(cpu_quant, "_PACKING_KNOWN", False)
+    kept = CpuInt4Weight(w)
+    assert kept.codes is not None
+    assert torch.equal(packed.dense_bf16(), kept.dense_bf16())
+    x = torch.randn(cpu_quant.DENSE_MIN_ROWS, 256)  # prefill rows: the dense path
+    assert torch.equal(packed(x), kept(x)) and rel_err(packed(x), x @ w.t()) < 1e-2
+
+
+def test_int4_packing_probe_reads_back_random_codes():
+    q = torch.randint(0, 16, (192, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(4))
+    if not cpu_quant.packing_known():
+        pytest.skip("this torch build packs int4 differently: the codes are kept twice instead")
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert torch.equal(cpu_quant.unpack_int4pack(packed, 192, 96).to(torch.int32), q)
+
+
 @pytest.fixture(params=["fbgemm", "int_mm"])
 def int8_kernel(request, monkeypatch):
     """CpuInt8Weight on fbgemm's prepacked matmul (where this torch has it) and on the `_int_mm` fallback."""
