@@ -158,6 +158,26 @@ def test_convert_gptq_is_closer_to_the_source_than_rtn(tiny, tmp_path):
     assert kl["gptq"] < kl["rtn"]
 
 
+def test_convert_hands_each_checkpoint_tensor_its_statistics(tiny, tmp_path, monkeypatch):
+    import engine.quant.recipes as recipes
+
+    calls = []  # (weight shape, H)
+    real = recipes.gptq_quantize
+
+    def recording(w, hessian, bits, group_size=128):
+        calls.append((tuple(w.shape), hessian))
+        return real(w, hessian, bits, group_size)
+
+    monkeypatch.setattr(recipes, "gptq_quantize", recording)
+    convert(tiny, tmp_path / "w4.ninfer", "w4g128", method="gptq")
+    shapes = {(w, tuple(h.shape)) for w, h in calls}
+    assert ((32, 128), (2, 128, 128)) in shapes  # k_proj / v_proj rows: one H per KV head
+    assert ((64, 128), (128, 128)) in shapes  # q_proj: the plain statistics
+    downs = [h for w, h in calls if w == (128, 256)]
+    assert len(downs) == 2  # one per layer: plain + weighted, each of trace 1
+    assert all(h.trace().item() == pytest.approx(2.0, rel=1e-4) for h in downs)
+
+
 def test_unknown_method_is_refused(tiny, tmp_path):
     with pytest.raises(NinferError, match="unknown method 'awq'; use one of gptq, rtn"):
         convert(tiny, tmp_path / "m.ninfer", "w4g128", method="awq")
