@@ -126,11 +126,12 @@ def convert(
         plan = Plan(recipe)  # uniform recipes: decided per tensor as it streams
     hessians: dict[str, torch.Tensor] = {}
     if llm is not None and method == "gptq":
-        if hessian_bytes(llm.model) <= MAX_HESSIAN_BYTES:
+        per_kv_head = hessian_bytes(llm.model, per_kv_head=True) <= MAX_HESSIAN_BYTES
+        if per_kv_head or hessian_bytes(llm.model, per_kv_head=False) <= MAX_HESSIAN_BYTES:
             if progress:
                 progress("collecting calibration activations", 0, 1)
             tokens = calibration_tokens(llm, calibration_text(), CALIBRATION_TOKENS)
-            hessians = collect_hessians(llm, tokens, min(WINDOW, llm.max_context))
+            hessians = collect_hessians(llm, tokens, min(WINDOW, llm.max_context), per_kv_head)
             if progress:
                 progress("collecting calibration activations", 1, 1)
         elif progress:

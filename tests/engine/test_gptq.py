@@ -14,7 +14,7 @@ from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 from engine.quant.gptq import gptq_quantize
 from engine.quant.groupwise import dequantize, quantize, unpack
-from engine.quant.hessians import attention_mass, collect_hessians
+from engine.quant.hessians import attention_mass, collect_hessians, hessian_bytes
 
 
 def correlated_inputs(k: int, seed: int) -> torch.Tensor:
@@ -112,6 +112,31 @@ def test_key_and_value_rows_weigh_tokens_by_the_attention_they_receive(tiny):
     assert torch.allclose(per_head, expected, rtol=1e-3, atol=1e-3 * expected.abs().max())
     # the down projection: plain and weighted statistics, each of trace 1, added
     assert hessians["model.layers.1.mlp.down_proj.weight"].trace().item() == pytest.approx(2.0, rel=1e-4)
+
+
+def test_one_statistic_per_layer_when_per_head_ones_do_not_fit(tiny, tmp_path, monkeypatch):
+    llm = LLM(tiny, weight_quant="none", enable_prefix_caching=False)
+    tokens = torch.randint(3, 500, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+    per_head = collect_hessians(llm, tokens, window=128)
+    averaged = collect_hessians(llm, tokens, window=128, per_kv_head=False)
+    name = ("model.layers.0.self_attn.qkv_proj.weight", "v")
+    assert averaged[name].shape == (1, 128, 128)
+    assert torch.allclose(averaged[name][0], per_head[name].mean(0), rtol=1e-4, atol=1e-4)
+    small, large = hessian_bytes(llm.model, per_kv_head=False), hessian_bytes(llm.model)
+    assert large - small == 2 * (2 - 1) * 128 * 128 * 4  # two layers, Hk = 2 matrices instead of one
+    import engine.quant.convert as convert_module
+    import engine.quant.recipes as recipes
+
+    calls = []
+    real = recipes.gptq_quantize
+    monkeypatch.setattr(recipes, "gptq_quantize", lambda w, h, *a: calls.append(h.shape) or real(w, h, *a))
+    monkeypatch.setattr(convert_module, "MAX_HESSIAN_BYTES", small)  # per-head statistics no longer fit
+    convert(tiny, tmp_path / "w4.ninfer", "w4g128", method="gptq")
+    assert (1, 128, 128) in calls and (2, 128, 128) not in calls
+    calls.clear()
+    monkeypatch.setattr(convert_module, "MAX_HESSIAN_BYTES", small - 1)  # nothing fits: round-to-nearest
+    convert(tiny, tmp_path / "rtn.ninfer", "w4g128", method="gptq")
+    assert calls == []
 
 
 def test_attention_mass_sums_to_the_query_count():
