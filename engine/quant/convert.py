@@ -124,7 +124,7 @@ def convert(
         plan = mixed_plan(*measure_sensitivity(llm, src, progress))
     else:
         plan = Plan(recipe)  # uniform recipes: decided per tensor as it streams
-    hessians: dict[str, torch.Tensor] = {}
+    hessians: dict = {}  # hessians.Key -> H
     if llm is not None and method == "gptq":
         per_kv_head = hessian_bytes(llm.model, per_kv_head=True) <= MAX_HESSIAN_BYTES
         if per_kv_head or hessian_bytes(llm.model, per_kv_head=False) <= MAX_HESSIAN_BYTES:

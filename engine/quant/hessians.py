@@ -115,10 +115,11 @@ def collect_hessians(
     `window` (see the module docstring); the K and V shards of a softmax-attention layer also get
     (name, "k") / (name, "v") -> [Hk, K, K] (one tensor, shared), or [1, K, K] with the token masses
     averaged over the KV heads when not `per_kv_head` (Hk times less memory; default model, 8K tokens,
-    K/V/down weighted on an otherwise plain-GPTQ w4g128: +9.5% against +9.3% per head). A head tied to the embedding is keyed by
-    the embedding's name: the shared table is quantized for the head's inputs (measured on the default
-    model: w4g128 perplexity +57% -> +36%, q4.6 +22.5% -> +6.8%, although the lookup then sees
-    error-compensated rather than rounded rows)."""
+    K/V/down weighted on an otherwise plain-GPTQ w4g128: +9.5% against +9.3% per head).
+
+    A head tied to the embedding is keyed by the embedding's name: the shared table is quantized for the
+    head's inputs (measured on the default model: w4g128 perplexity +57% -> +36%, q4.6 +22.5% -> +6.8%,
+    although the lookup then sees error-compensated rather than rounded rows)."""
     from engine.quant.calibration import sequence_logprobs
 
     model = llm.model
@@ -135,7 +136,7 @@ def collect_hessians(
 
             hooks.append(module.register_forward_pre_hook(hook))
 
-    weighted: dict[str, torch.Tensor] = {}  # qkv name -> [Hk, K, K]
+    weighted: dict[str, torch.Tensor] = {}  # qkv name -> [Hk, K, K] ([1, K, K] not per_kv_head)
     down_weighted: dict[str, torch.Tensor] = {}  # down name -> [K, K]
     for qkv, attn, down in _attention_blocks(model):
         name = param_names[id(qkv.weight)]
