@@ -77,7 +77,7 @@ def _gptq_rows(w: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: in
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     h += torch.eye(k, dtype=h.dtype) * DAMP * torch.diagonal(h).mean()
-    target, target_h = w.clone(), h.clone()  # in column order, for the refit
+    target, target_h = w.clone(), h  # in column order, for the refit (the walk updates w in place, not h)
     codes = torch.zeros(n, k, dtype=torch.float64)
     if ACT_ORDER:
         # static groups: every group's grid from the weights as given, then the columns walked from the
