@@ -1,8 +1,10 @@
 """Public ops of ninfer. Each op has a naive torch twin (fp32 reference) under kernels/<op>/naive.py and,
 where written, a Triton kernel under kernels/<op>/triton.py with the same signature.
 
-Dispatch: Triton on CUDA tensors, the naive twin elsewhere; NINFER_KERNELS=naive|triton forces one
-(triton on CPU tensors needs TRITON_INTERPRET=1, which the tests use). The variable is read once, at
+Dispatch: Triton on CUDA tensors; on the CPU the op's C twin (kernels/<op>/native.c, built once by
+kernels/native_build.py) where it is built and takes the arguments (fp32, the layouts the model passes),
+else the naive twin. NINFER_KERNELS=naive|triton forces one (triton on CPU tensors needs
+TRITON_INTERPRET=1, which the tests use); NINFER_CPU_KERNELS=torch keeps the CPU on the naive twins. The variable is read once, at
 import (every op asks, and an environment lookup per op cost ~0.2 ms a decode step); `force_backend`
 switches later. Triton modules are imported on
 first use, so a CPU-only run never imports Triton.
@@ -18,14 +20,20 @@ import os
 
 import torch
 
+from kernels import native_build
 from kernels.conv1d.naive import causal_conv1d
 from kernels.gated_delta.naive import gated_delta_rule
 from kernels.kv_store import naive as _kv_store_naive
+from kernels.kv_store import native as _kv_store_native
 from kernels.paged_attention import naive as _paged_attention_naive
+from kernels.paged_attention import native as _paged_attention_native
 from kernels.quant_matmul import naive as _quant_matmul_naive
 from kernels.rmsnorm import naive as _rmsnorm_naive
+from kernels.rmsnorm import native as _rmsnorm_native
 from kernels.rope import naive as _rope_naive
+from kernels.rope import native as _rope_native
 from kernels.silu_mul import naive as _silu_mul_naive
+from kernels.silu_mul import native as _silu_mul_native
 
 __all__ = [
     "causal_conv1d",
@@ -60,13 +68,23 @@ def use_triton(x: torch.Tensor) -> bool:
     return _forced == "triton" or x.is_cuda
 
 
+def use_native() -> bool:
+    """Whether a CPU op tries its C twin first (built, and no backend forced)."""
+    return _forced == "" and native_build.library() is not None
+
+
 def _triton(op: str):
     return importlib.import_module(f"kernels.{op}.triton")
 
 
 def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
-    impl = _triton("rmsnorm") if use_triton(x) else _rmsnorm_naive
-    return impl.rmsnorm(x, weight, eps, residual, zero_centered)
+    if use_triton(x):
+        return _triton("rmsnorm").rmsnorm(x, weight, eps, residual, zero_centered)
+    if use_native():
+        out = _rmsnorm_native.rmsnorm(x, weight, eps, residual, zero_centered)
+        if out is not None:
+            return out
+    return _rmsnorm_naive.rmsnorm(x, weight, eps, residual, zero_centered)
 
 
 def rmsnorm_gated(x, gate, weight, eps):
@@ -75,23 +93,43 @@ def rmsnorm_gated(x, gate, weight, eps):
 
 
 def rope(q, k, positions, cos_sin_cache):
-    impl = _triton("rope") if use_triton(q) else _rope_naive
-    return impl.rope(q, k, positions, cos_sin_cache)
+    if use_triton(q):
+        return _triton("rope").rope(q, k, positions, cos_sin_cache)
+    if use_native():
+        out = _rope_native.rope(q, k, positions, cos_sin_cache)
+        if out is not None:
+            return out
+    return _rope_naive.rope(q, k, positions, cos_sin_cache)
 
 
 def silu_mul(x):
-    impl = _triton("silu_mul") if use_triton(x) else _silu_mul_naive
-    return impl.silu_mul(x)
+    if use_triton(x):
+        return _triton("silu_mul").silu_mul(x)
+    if use_native():
+        out = _silu_mul_native.silu_mul(x)
+        if out is not None:
+            return out
+    return _silu_mul_naive.silu_mul(x)
 
 
 def kv_store(k, v, cache, slot_mapping):
-    impl = _triton("kv_store") if use_triton(k) else _kv_store_naive
-    return impl.kv_store(k, v, cache, slot_mapping)
+    if use_triton(k):
+        return _triton("kv_store").kv_store(k, v, cache, slot_mapping)
+    if use_native() and _kv_store_native.kv_store(k, v, cache, slot_mapping):
+        return None
+    return _kv_store_naive.kv_store(k, v, cache, slot_mapping)
 
 
 def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
-    impl = _triton("paged_attention") if use_triton(q) else _paged_attention_naive
-    return impl.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+    if use_triton(q):
+        return _triton("paged_attention").paged_attention(
+            q, cache, block_table, seq_lens, cu_seqlens_q, scale
+        )
+    if use_native():
+        out = _paged_attention_native.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+        if out is not None:
+            return out
+    return _paged_attention_naive.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
 
 
 def quant_matmul(x, packed, scales, minimums, bits, group_size):

@@ -8,6 +8,7 @@ import importlib
 
 import pytest
 import torch
+from paged_cases import paged_case
 
 from engine.cache.kv_layout import KVCache
 from kernels.kv_store import naive as kv_store_naive
@@ -123,27 +124,7 @@ def test_kv_store(kv_dtype, head_dim, num_kv_heads):
 
 
 def _paged_case(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefix, new, dtype):
-    """A paged cache holding sequences of prefix + new tokens (pages scattered), and queries for the new ones."""
-    num_blocks = sum(-(-(p + n) // block_size) for p, n in zip(prefix, new)) + 3
-    cache = KVCache.allocate(kv_dtype, num_blocks, block_size, num_kv_heads, head_dim, DEVICE)
-    free = torch.randperm(num_blocks).tolist()
-    width = max(-(-(p + n) // block_size) for p, n in zip(prefix, new)) + 1
-    tables = []
-    for p, n in zip(prefix, new):
-        total = p + n
-        blocks = [free.pop() for _ in range(-(-total // block_size))]
-        tables.append(blocks + [0] * (width - len(blocks)))
-        slots = torch.tensor([blocks[i // block_size] * block_size + i % block_size for i in range(total)])
-        kv_store_naive.kv_store(
-            randn(total, num_kv_heads, head_dim),
-            randn(total, num_kv_heads, head_dim),
-            cache,
-            slots.to(DEVICE),
-        )
-    q = randn(sum(new), num_q_heads, head_dim, dtype=dtype)
-    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], dtype=torch.int32, device=DEVICE)
-    return q, cache, torch.tensor(tables, dtype=torch.int32, device=DEVICE), seq_lens, cu
+    return paged_case(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefix, new, dtype, DEVICE)
 
 
 # head_dim x GQA ratio (1, 4, 6) x page size; every KV dtype; lengths not powers of two, pages crossed

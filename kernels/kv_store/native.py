@@ -1,0 +1,37 @@
+"""ctypes entry of native.c; False where it does not apply (the caller then runs the naive twin): an
+fp32 cache, fp32 K / V rows whose heads are D floats apart, int64 slots."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.native_build import check, library
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def kv_store(k, v, cache, slot_mapping) -> bool:
+    kc, vc = cache.k_data, cache.v_data
+    if cache.kv_dtype != "fp32" or not (_rows_ok(k) and _rows_ok(v)) or k.shape != v.shape:
+        return False
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+        return False
+    if not (kc.is_contiguous() and vc.is_contiguous()) or kc.shape[2:] != k.shape[1:]:
+        return False
+    num_slots = kc.shape[0] * kc.shape[1]
+    rc = library().ninfer_kv_store(
+        k.data_ptr(),
+        v.data_ptr(),
+        kc.data_ptr(),
+        vc.data_ptr(),
+        slot_mapping.data_ptr(),
+        k.shape[0],
+        k.stride(0),
+        v.stride(0),
+        k.shape[1] * k.shape[2],
+        num_slots,
+    )
+    check(rc, "kv_store")
+    return True

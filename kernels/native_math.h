@@ -1,0 +1,85 @@
+/* Shared by the native CPU ops (kernels/<op>/native.c). */
+#ifndef NINFER_NATIVE_MATH_H
+#define NINFER_NATIVE_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* e^x: a degree-6 polynomial on x = n ln2 + r, |r| <= ln2 / 2 (relative error ~1e-7), written so the
+   compiler vectorizes the loops that call it; libm's expf runs one value at a time. x is clamped to
+   [-87, 88] (e^-87 is still a normal float). */
+static inline float exp_poly(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = rintf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) << 23};
+    return p * two_n.f;
+}
+
+/* fixed-order reductions in 16 lanes (the tail of n % 16 goes to the first lanes), then a fixed tree
+   (8 + 8, 4 + 4, ...): the compiler keeps them in vector registers, where a running scalar would be n
+   dependent operations */
+static inline float sum_f32(const float *a, int64_t n) {
+    float lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] += a[i + l];
+    for (int l = 0; i < n; i++, l++) lanes[l] += a[i];
+    for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
+}
+
+static inline float max_f32(const float *a, int64_t n) {
+    float lanes[16];
+    for (int l = 0; l < 16; l++) lanes[l] = a[0];
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = a[i + l] > lanes[l] ? a[i + l] : lanes[l];
+    for (int l = 0; i < n; i++, l++) lanes[l] = a[i] > lanes[l] ? a[i] : lanes[l];
+    for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lanes[l] = lanes[l + w] > lanes[l] ? lanes[l + w] : lanes[l];
+    return lanes[0];
+}
+
+/* sum of a[i] * b[i], the same way */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    float lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) lanes[l] += a[i] * b[i];
+    for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
+}
+
+/* a per-thread buffer of at least `bytes`, kept between calls (NULL when allocation fails) */
+static inline void *scratch_bytes(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 63) / 64 * 64;
+        buf = aligned_alloc(64, cap);
+        if (!buf) cap = 0;
+    }
+    return buf;
+}
+
+/* kernels/native_pool.c: fn(ctx, i0, i1) over [0, n) in chunks, on the caller and a helper thread */
+typedef void (*pool_fn)(void *ctx, int64_t i0, int64_t i1);
+void pool_run(pool_fn fn, void *ctx, int64_t n, int64_t chunk);
+
+#endif

@@ -1,0 +1,94 @@
+/* A helper thread for the native CPU ops: pool_run(fn, ctx, n, chunk) runs fn over [0, n) in chunks on the
+   calling thread and on one helper thread beside it.
+
+   The caller never waits for the helper to start (it takes every chunk the helper has not), so a helper
+   without a free core costs only its wake-up; a job is posted only to an idle helper. The helper spins
+   briefly after a job, then sleeps on a futex (no core held while idle). Not reentrant: one engine thread
+   calls the ops. */
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "native_math.h"
+
+#define HELPER_SPINS 4000 /* pause loops (~50 us) before the idle helper sleeps */
+
+typedef struct {
+    pool_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    _Atomic int64_t next, done; /* items handed out / finished */
+} pool_job;
+
+static pool_job job;
+static _Atomic uint32_t posted, idle_seq, sleeping;
+static _Atomic int helper_state; /* 0 not started, 1 running, -1 could not start */
+
+static inline void relax(void) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void work(pool_job *j) {
+    for (;;) {
+        const int64_t i0 = atomic_fetch_add(&j->next, j->chunk);
+        if (i0 >= j->n) return;
+        const int64_t i1 = i0 + j->chunk < j->n ? i0 + j->chunk : j->n;
+        j->fn(j->ctx, i0, i1);
+        atomic_fetch_add(&j->done, i1 - i0);
+    }
+}
+
+static void *helper(void *arg) {
+    (void)arg;
+    uint32_t seen = 0;
+    for (;;) {
+        for (int spins = 0; atomic_load(&posted) == seen;) {
+            if (++spins < HELPER_SPINS) {
+                relax();
+                continue;
+            }
+            atomic_store(&sleeping, 1);
+            if (atomic_load(&posted) == seen) syscall(SYS_futex, &posted, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            atomic_store(&sleeping, 0);
+            spins = 0;
+        }
+        seen = atomic_load(&posted);
+        work(&job);
+        atomic_store(&idle_seq, seen);
+    }
+    return NULL;
+}
+
+static int helper_ready(void) {
+    int state = atomic_load(&helper_state);
+    if (state == 0) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        state = pthread_create(&thread, &attr, helper, NULL) == 0 ? 1 : -1;
+        pthread_attr_destroy(&attr);
+        atomic_store(&helper_state, state);
+    }
+    return state == 1 && atomic_load(&idle_seq) == atomic_load(&posted);
+}
+
+void pool_run(pool_fn fn, void *ctx, int64_t n, int64_t chunk) {
+    if (n < 2 * chunk || !helper_ready()) {
+        fn(ctx, 0, n);
+        return;
+    }
+    job.fn = fn, job.ctx = ctx, job.n = n, job.chunk = chunk;
+    atomic_store(&job.next, 0);
+    atomic_store(&job.done, 0);
+    atomic_fetch_add(&posted, 1);
+    if (atomic_load(&sleeping)) syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    work(&job);
+    while (atomic_load(&job.done) < n) relax(); /* the helper's last chunk */
+}

@@ -1,0 +1,48 @@
+"""ctypes entry of native.c; None where it does not apply (the caller then runs the naive twin): an fp32
+cache, fp32 q, int32 metadata, and at most MAX_QUERY_TOKENS query tokens per sequence (decode and
+speculative verification; prefill runs torch's flash kernel on two cores)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.native_build import check, library
+
+MAX_QUERY_TOKENS = 16
+
+
+def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
+    if cache.kv_dtype != "fp32" or q.dtype != torch.float32 or q.dim() != 3:
+        return None
+    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    # every sequence decodes (or verifies a few drafts) when the tokens are few per sequence
+    if num_tokens > MAX_QUERY_TOKENS * num_seqs:
+        return None
+    meta = (block_table, seq_lens, cu_seqlens_q)
+    if any(t.dtype != torch.int32 or not t.is_contiguous() for t in meta):
+        return None
+    kc, vc = cache.k_data, cache.v_data
+    if not (kc.is_contiguous() and vc.is_contiguous()):
+        return None
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    num_blocks, block_size, hk, d = kc.shape
+    rc = library().ninfer_decode_attention(
+        q.data_ptr(),
+        out.data_ptr(),
+        kc.data_ptr(),
+        vc.data_ptr(),
+        block_table.data_ptr(),
+        seq_lens.data_ptr(),
+        cu_seqlens_q.data_ptr(),
+        num_seqs,
+        block_table.shape[1],
+        block_size,
+        q.shape[1],
+        hk,
+        d,
+        num_blocks,
+        scale,
+    )
+    check(rc, "paged_attention")
+    return out

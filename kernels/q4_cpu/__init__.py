@@ -1,0 +1,60 @@
+"""int4 weights x int8 activations on x86 CPUs (AVX-512 VNNI): the CPU decode matmul of 4-bit layers.
+
+`pack` lays out codes and fp16 scales as native.c reads them, `unpack` reads them back (the prefill path
+and tests), `matmul` runs the compiled kernel (kernels/native_build.py) where `available()`, else the
+naive twin (same math in torch, float64). Shapes: N a multiple of ROWS, K a multiple of GROUP.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.native_build import check, has_q4, library
+from kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, q4_matmul, unpack
+
+__all__ = ["BLOCK_BYTES", "GROUP", "ROWS", "available", "matmul", "pack", "supports", "unpack"]
+
+FP16_MIN_NORMAL = 2.0**-14
+FP16_MAX = 65504.0
+
+
+def available() -> bool:
+    return has_q4()
+
+
+def supports(n: int, k: int, scale: torch.Tensor, minimum: torch.Tensor) -> bool:
+    """Whether a weight packs exactly enough: shape multiples, and fp16 holds its scales to 11 bits
+    (nonzero scales at least fp16's smallest normal, everything below fp16's largest value)."""
+    if n % ROWS or k % GROUP:
+        return False
+    nonzero = scale[scale > 0]
+    small = nonzero.numel() > 0 and nonzero.min().item() < FP16_MIN_NORMAL
+    large = max(scale.abs().max().item(), minimum.abs().max().item()) >= FP16_MAX
+    return not (small or large)
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15, scale / minimum [N, K / GROUP] (w = scale * code + minimum)
+    -> [N / ROWS, K / GROUP, BLOCK_BYTES] uint8."""
+    n, k = codes.shape
+    nb, g = n // ROWS, k // GROUP
+    steps = codes.to(torch.uint8).view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb, g, 8, 4 * ROWS)
+    nibbles = (steps[:, :, :4] | (steps[:, :, 4:] << 4)).reshape(nb, g, 4 * 4 * ROWS)  # step t | t + 4
+
+    def fp16_bytes(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [NB, G, 2 ROWS]
+        return t.reshape(nb, ROWS, g).transpose(1, 2).to(torch.float16).contiguous().view(torch.uint8)
+
+    return torch.cat([nibbles, fp16_bytes(scale), fp16_bytes(minimum)], dim=-1).contiguous()
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] fp32 -> [M, N] fp32."""
+    if not has_q4():
+        return q4_matmul(x, packed, n)
+    x = x.contiguous()
+    assert x.dtype == torch.float32 and packed.dtype == torch.uint8 and packed.is_contiguous()
+    m, k = x.shape
+    assert packed.shape == (n // ROWS, k // GROUP, BLOCK_BYTES), (tuple(packed.shape), n, k)
+    y = torch.empty(m, n)
+    check(library().ninfer_q4_matmul(packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k), "int4 matmul")
+    return y

@@ -1,0 +1,43 @@
+"""ctypes entry of native.c; None where the arguments are outside what it computes (the caller then runs
+the naive twin): fp32 only, rows with unit stride."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.native_build import check, library
+
+
+def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
+    f32 = torch.float32
+    if x.dtype != f32 or weight.dtype != f32 or not weight.is_contiguous() or x.stride(-1) != 1:
+        return None
+    if x.dim() != 2:
+        if not x.is_contiguous():
+            return None
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+    else:
+        shape = None
+    if residual is not None and (
+        residual.dtype != f32 or residual.shape != x.shape or not residual.is_contiguous()
+    ):
+        return None
+    rows, dim = x.shape
+    out = torch.empty(rows, dim, dtype=f32)
+    new_residual = None if residual is None else torch.empty(rows, dim, dtype=f32)
+    rc = library().ninfer_rmsnorm(
+        x.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        None if new_residual is None else new_residual.data_ptr(),
+        rows,
+        dim,
+        x.stride(0),
+        eps,
+        int(zero_centered),
+    )
+    check(rc, "rmsnorm")
+    if shape is not None:
+        out = out.view(shape)
+    return out if residual is None else (out, new_residual)

@@ -1,0 +1,208 @@
+"""The CPU ops in C (kernels/<op>/native.c) against their naive twins, RMS-relative error <= 1e-5 (both in
+fp32; the C ops sum in another order and take e^x from a polynomial), plus the build's fallbacks and the
+dispatch. The int4 matmul is checked against its own twin (same int8 activations) and the dense weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_cases import paged_case
+
+import kernels
+import kernels.q4_cpu as q4
+from engine.cache.kv_layout import KVCache
+from kernels import native_build
+from kernels.kv_store import naive as kv_store_naive
+from kernels.kv_store import native as kv_store_native
+from kernels.paged_attention import naive as attention_naive
+from kernels.paged_attention import native as attention_native
+from kernels.q4_cpu import naive as q4_naive
+from kernels.rmsnorm import naive as rmsnorm_naive
+from kernels.rmsnorm import native as rmsnorm_native
+from kernels.rope import naive as rope_naive
+from kernels.rope import native as rope_native
+from kernels.silu_mul import naive as silu_mul_naive
+from kernels.silu_mul import native as silu_mul_native
+
+TOL = 1e-5
+
+pytestmark = pytest.mark.skipif(
+    native_build.library() is None,
+    reason=f"native CPU kernels unavailable: {native_build.unavailable_reason()}",
+)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (3, 100)])  # 100: a tail past 16 lanes
+@pytest.mark.parametrize("residual,zero_centered", [(False, False), (True, False), (True, True)])
+def test_rmsnorm(rows, dim, residual, zero_centered):
+    x = torch.randn(rows, dim + 5)[:, :dim]  # rows with a stride, as a slice of a wider tensor
+    w, r = torch.randn(dim), torch.randn(rows, dim) if residual else None
+    got = rmsnorm_native.rmsnorm(x, w, 1e-6, r, zero_centered)
+    want = rmsnorm_naive.rmsnorm(x, w, 1e-6, r, zero_centered)
+    if residual:
+        assert torch.equal(got[1], want[1])
+        got, want = got[0], want[0]
+    assert rel_err(got, want) < TOL
+
+
+def test_rmsnorm_per_head_and_refusals():
+    x, w = torch.randn(5, 4, 64), torch.randn(64)  # q/k norm of Qwen3: [T, H, D]
+    assert rel_err(rmsnorm_native.rmsnorm(x, w, 1e-6), rmsnorm_naive.rmsnorm(x, w, 1e-6)) < TOL
+    assert rmsnorm_native.rmsnorm(x.bfloat16(), w, 1e-6) is None  # fp32 only: the caller runs the twin
+    assert rmsnorm_native.rmsnorm(x.transpose(0, 1), w, 1e-6) is None  # not row-contiguous
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 37)])
+def test_silu_mul(rows, inter):
+    x = torch.randn(rows, 2 * inter + 3)[:, : 2 * inter] * 6  # exp over a wide range, strided rows
+    assert rel_err(silu_mul_native.silu_mul(x), silu_mul_naive.silu_mul(x)) < TOL
+    extreme = torch.tensor([[-200.0, -30.0, 0.0, 30.0, 200.0, 1.0, 2.0, 3.0, 4.0, 5.0]])
+    assert rel_err(silu_mul_native.silu_mul(extreme), silu_mul_naive.silu_mul(extreme)) < TOL
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 20])  # 20: past the naive twin's rotation-matrix path
+@pytest.mark.parametrize(
+    "num_q,num_kv,head_dim,rotary_dim", [(9, 3, 64, 64), (8, 2, 128, 32), (4, 4, 256, 256)]
+)
+def test_rope(tokens, num_q, num_kv, head_dim, rotary_dim):
+    qkv = torch.randn(tokens, (num_q + 2 * num_kv) * head_dim)
+    q = qkv[:, : num_q * head_dim].view(tokens, num_q, head_dim)
+    k = qkv[:, num_q * head_dim : (num_q + num_kv) * head_dim].view(tokens, num_kv, head_dim)
+    positions = torch.randint(0, 4000, (tokens,))
+    freqs = torch.arange(4096.0)[:, None] * (10000.0 ** (-torch.arange(0, rotary_dim, 2) / rotary_dim))[None]
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    got, want = rope_native.rope(q, k, positions, cache), rope_naive.rope(q, k, positions, cache)
+    assert rel_err(got[0], want[0]) < TOL and rel_err(got[1], want[1]) < TOL
+    with pytest.raises(ValueError, match="out of range"):
+        rope_native.rope(q, k, torch.full((tokens,), 4096), cache)
+
+
+def test_kv_store_matches_and_refuses_a_slot_past_the_cache():
+    qkv = torch.randn(6, (4 + 2 * 2) * 64)
+    k, v = (qkv[:, a : a + 128].view(6, 2, 64) for a in (256, 384))
+    slots = torch.tensor([3, -1, 17, 40, 41, 8])
+    got, want = (KVCache.allocate("fp32", 4, 16, 2, 64, "cpu") for _ in range(2))
+    assert kv_store_native.kv_store(k, v, got, slots)
+    kv_store_naive.kv_store(k, v, want, slots)
+    assert torch.equal(got.k_data, want.k_data) and torch.equal(got.v_data, want.v_data)
+    before = got.k_data.clone()
+    with pytest.raises(ValueError, match="out of range"):
+        kv_store_native.kv_store(k, v, got, torch.tensor([0, 1, 2, 3, 4, 64]))
+    assert torch.equal(got.k_data, before)  # nothing written
+    assert not kv_store_native.kv_store(k, v, KVCache.allocate("int8", 4, 16, 2, 64, "cpu"), slots)
+
+
+# head_dim (48: the plain C path) x GQA ratio 1 / 3 / 4 / 6 x page size; lengths cross pages
+ATTN_SHAPES = [(64, 9, 3, 16), (128, 8, 2, 16), (256, 6, 1, 4), (64, 4, 4, 4), (48, 6, 2, 16)]
+
+
+@pytest.mark.parametrize("head_dim,num_q,num_kv,block_size", ATTN_SHAPES)
+@pytest.mark.parametrize("new", [[1, 1, 1, 1], [1, 4, 2, 1]])  # decode; speculative verification rows
+def test_paged_attention(head_dim, num_q, num_kv, block_size, new):
+    case = paged_case("fp32", head_dim, num_q, num_kv, block_size, [0, 17, 70, 5], new, torch.float32, "cpu")
+    got = attention_native.paged_attention(*case, head_dim**-0.5)
+    assert rel_err(got, attention_naive.paged_attention(*case, head_dim**-0.5)) < TOL
+
+
+def test_paged_attention_leaves_prefill_and_quantized_caches_to_the_twin():
+    prefill = paged_case("fp32", 64, 4, 2, 16, [0, 3], [40, 1], torch.float32, "cpu")
+    assert attention_native.paged_attention(*prefill, 0.125) is None
+    int8 = paged_case("int8", 64, 4, 2, 16, [5, 3], [1, 1], torch.float32, "cpu")
+    assert attention_native.paged_attention(*int8, 0.125) is None
+
+
+def test_paged_attention_refuses_a_page_outside_the_cache():
+    q, cache, table, seq_lens, cu = paged_case("fp32", 64, 4, 2, 16, [20], [1], torch.float32, "cpu")
+    table[0, 0] = cache.k_data.shape[0]
+    with pytest.raises(ValueError, match="out of range"):
+        attention_native.paged_attention(q, cache, table, seq_lens, cu, 0.125)
+
+
+def _q4_weight(n: int, k: int):
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scale, lo = torch.rand(n, k // q4.GROUP) * 0.02 + 0.001, -torch.rand(n, k // q4.GROUP) * 0.1
+    return codes, scale, lo
+
+
+def test_q4_pack_round_trip():
+    codes, scale, lo = _q4_weight(48, 96)
+    back = q4.unpack(q4.pack(codes, scale, lo), 48, 96)
+    assert torch.equal(back[0], codes)
+    assert torch.equal(back[1], scale.half().float()) and torch.equal(back[2], lo.half().float())
+
+
+@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9])  # row tiles of 4 and their remainders
+@pytest.mark.parametrize("n,k", [(16, 32), (960, 576), (48, 1536)])
+def test_q4_matmul(m, n, k):
+    codes, scale, lo = _q4_weight(n, k)
+    packed = q4.pack(codes, scale, lo)
+    x = torch.randn(m, k)
+    x[0, :32] *= 1000.0  # one group far larger than the rest keeps the others' precision
+    got = q4.matmul(x, packed, n)
+    assert rel_err(got, q4_naive.q4_matmul(x, packed, n)) < TOL
+    c, s, z = q4.unpack(packed, n, k)
+    dense = (c.float().view(n, -1, q4.GROUP) * s[..., None] + z[..., None]).view(n, k)
+    assert rel_err(got, x @ dense.t()) < 2e-4  # ~15-bit activations: two int8 terms per group
+
+
+def test_q4_supports_only_what_fp16_scales_hold():
+    codes, scale, lo = _q4_weight(32, 64)
+    assert q4.supports(32, 64, scale, lo)
+    assert not q4.supports(24, 64, scale, lo)  # rows not a multiple of 16
+    assert not q4.supports(32, 64, scale * 1e-3, lo)  # below fp16's normal range
+    assert not q4.supports(32, 64, scale, lo * 1e7)
+
+
+def test_dispatch_runs_the_native_op_unless_naive_is_forced(monkeypatch):
+    calls = []
+    real = rmsnorm_native.rmsnorm
+    monkeypatch.setattr(rmsnorm_native, "rmsnorm", lambda *a: calls.append(1) or real(*a))
+    x, w = torch.randn(2, 64), torch.randn(64)
+    kernels.rmsnorm(x, w, 1e-6)
+    assert calls == [1]
+    kernels.force_backend("naive")
+    try:
+        kernels.rmsnorm(x, w, 1e-6)
+    finally:
+        kernels.force_backend("")
+    assert calls == [1]
+    assert kernels.rmsnorm(x.bfloat16(), w.bfloat16(), 1e-6).dtype == torch.bfloat16  # refused: the twin
+
+
+def test_build_fallbacks_say_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "_state", {})
+    monkeypatch.setenv("NINFER_CPU_KERNELS", "torch")
+    assert native_build.library() is None and native_build.unavailable_reason() == "NINFER_CPU_KERNELS=torch"
+    monkeypatch.setattr(native_build, "_state", {})
+    monkeypatch.setenv("NINFER_CPU_KERNELS", "native")
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    assert native_build.library() is None
+    assert "building the native CPU kernels failed" in native_build.unavailable_reason()
+    assert list((tmp_path / "native").iterdir()) == []  # no half-written library left behind
+    monkeypatch.setattr(native_build, "_state", {})
+    monkeypatch.setenv("NINFER_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match="NINFER_CPU_KERNELS=fast"):
+        native_build.library()
+
+
+def test_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "_state", {})
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    assert native_build.library() is not None
+    built = list((tmp_path / "native").iterdir())
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(native_build, "_state", {})
+    assert native_build.library() is not None
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "native").iterdir()] == [mtime]  # not rebuilt
