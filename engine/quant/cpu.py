@@ -17,6 +17,8 @@ import warnings
 
 import torch
 
+import kernels.q4_cpu as q4_cpu
+
 INT4_GROUP = 32
 # from this many rows on (prefill), an int4 layer unpacks its weight to bf16 and runs the bf16 GEMM: on
 # this CPU class that is ~2.5x faster than the int4 kernel at M = 2048, and the unpack is cheap beside it
@@ -133,6 +135,14 @@ def packing_known() -> bool:
 
 
 class CpuInt4Weight:
+    """int4 weights, asymmetric groups of INT4_GROUP: w = scale * q + lo, q in [0, 15].
+
+    Decode rows (M < DENSE_MIN_ROWS) run the native kernel (kernels/q4_cpu: int8 activations on the
+    CPU's VNNI dot products, one thread) where it is built and the scales fit fp16, else torch's int4
+    kernel on bf16 activations. Prefill rows unpack the weight to bf16 for the dense GEMM; the codes are
+    held once either way.
+    """
+
     def __init__(self, w: torch.Tensor):
         # w: [N, K], K a multiple of INT4_GROUP
         n, k = w.shape
@@ -140,43 +150,54 @@ class CpuInt4Weight:
         lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
         scale = ((hi - lo) / 15.0).clamp(min=1e-12)
         q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        self.shape = (n, k)
+        self.native = self.qweight = self.codes = self.scales_and_zeros = None
+        if q4_cpu.available() and q4_cpu.supports(n, k, scale, lo):
+            self.native = q4_cpu.pack(q, scale, lo)  # [N / 16, K / 32, 320] uint8
+            return
         zero = lo + 8.0 * scale
         self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the prefill path reads the codes back out of the kernel's packing where its layout is known;
         # elsewhere a second copy, two per byte (even column in the low nibble)
-        self.codes = None
         if n % PACK_BLOCK_N or not packing_known():
             self.codes = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # [N, K / 2]
         # [K / G, N, 2]: (scale, zero) per group, as the kernel wants them
         self.scales_and_zeros = (
             torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         )
-        self.shape = (n, k)
 
     @property
     def nbytes(self) -> int:
-        """Bytes a decode step reads (the int4 kernel's packing and the group scales)."""
+        """Bytes a decode step reads (codes and group scales)."""
+        if self.native is not None:
+            return self.native.numel()
         return self.qweight.numel() * self.qweight.element_size() + self.scales_and_zeros.numel() * 2
 
-    def dequantize(self) -> torch.Tensor:
-        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)
-        return self(eye).float().t()
-
-    def dense_bf16(self) -> torch.Tensor:
-        """W [N, K] in bf16: (q - 8) * scale + zero per group, as the int4 kernel computes it."""
+    def dense(self) -> torch.Tensor:
+        """W [N, K] fp32, exactly as the decode kernel's codes and scales give it."""
         n, k = self.shape
+        if self.native is not None:
+            codes, scale, lo = q4_cpu.unpack(self.native, n, k)
+            q = codes.view(n, k // INT4_GROUP, INT4_GROUP).float()
+            return (q * scale[..., None] + lo[..., None]).view(n, k)
         if self.codes is None:
             q = unpack_int4pack(self.qweight, n, k).view(n, k // INT4_GROUP, INT4_GROUP)
         else:
             q = torch.stack([self.codes & 0xF, self.codes >> 4], dim=-1).view(n, k // INT4_GROUP, INT4_GROUP)
         sz = self.scales_and_zeros.transpose(0, 1).float()  # [N, K / G, 2]
-        w = (q.float() - 8.0) * sz[..., :1] + sz[..., 1:]
-        return w.view(n, k).to(torch.bfloat16)
+        return ((q.float() - 8.0) * sz[..., :1] + sz[..., 1:]).view(n, k)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.dense()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
         if x.shape[0] >= DENSE_MIN_ROWS:
-            return torch.nn.functional.linear(x.to(torch.bfloat16), self.dense_bf16()).to(x.dtype)
+            return torch.nn.functional.linear(x.to(torch.bfloat16), self.dense().to(torch.bfloat16)).to(
+                x.dtype
+            )
+        if self.native is not None:
+            return q4_cpu.matmul(x.float(), self.native, self.shape[0]).to(x.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.qweight, INT4_GROUP, self.scales_and_zeros
         )

@@ -27,16 +27,41 @@ def q4_1_blocks(n: int, k: int) -> torch.Tensor:
     return (q * d + m).reshape(n, k)
 
 
-def test_int4_keeps_q4_1_blocks_up_to_bf16_scales():
+@pytest.fixture(params=["native", "torch"])
+def int4_kernel(request, monkeypatch):
+    """CpuInt4Weight on the native VNNI kernel (where built) and on torch's int4 kernel."""
+    if request.param == "native" and not cpu_quant.q4_cpu.available():
+        pytest.skip("the native int4 kernel is not built here (no compiler, or no AVX-512 VNNI)")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_quant.q4_cpu, "available", lambda: False)
+    return request.param
+
+
+@pytest.mark.parametrize("m", [1, 5, cpu_quant.DENSE_MIN_ROWS])  # decode rows, a few, prefill (dense)
+def test_int4_keeps_q4_1_blocks(int4_kernel, m):
     w = q4_1_blocks(96, 128)
     packed = CpuInt4Weight(w)
-    assert rel_err(packed.dequantize(), w) < 4e-3  # bf16 scale and zero rounding only
-    x = torch.randn(5, 128)
-    assert rel_err(packed(x), x @ w.t()) < 1e-2  # + bf16 activations
+    assert (packed.native is not None) == (int4_kernel == "native")
+    # scales rounded to fp16 (native) or bf16 (torch); activations to two int8 terms (native decode) or
+    # to bf16 (torch's kernel, and the dense prefill GEMM of either)
+    native_rows = int4_kernel == "native" and m < cpu_quant.DENSE_MIN_ROWS
+    assert rel_err(packed.dequantize(), w) < (1e-3 if int4_kernel == "native" else 4e-3)
+    x = torch.randn(m, 128)
+    assert rel_err(packed(x), x @ w.t()) < (1e-3 if native_rows else 1e-2)
+
+
+@pytest.mark.skipif(not cpu_quant.q4_cpu.available(), reason="the native int4 kernel is not built here")
+def test_int4_native_needs_fp16_scales():
+    tiny = q4_1_blocks(32, 64) * 1e-4  # scales below fp16's normal range: torch's kernel instead
+    packed = CpuInt4Weight(tiny)
+    assert packed.native is None and packed.qweight is not None
+    x = torch.randn(1, 64)
+    assert rel_err(packed(x), x @ tiny.t()) < 1e-2
 
 
 @pytest.mark.parametrize("n", [128, 96])  # 96: a tail of 32 rows, packed otherwise: the codes are kept
 def test_int4_prefill_reads_the_kernels_own_packing(n, monkeypatch):
+    monkeypatch.setattr(cpu_quant.q4_cpu, "available", lambda: False)  # torch's packing
     w = q4_1_blocks(n, 256)
     packed = CpuInt4Weight(w)
     if cpu_quant.packing_known():
@@ -44,7 +69,7 @@ def test_int4_prefill_reads_the_kernels_own_packing(n, monkeypatch):
     monkeypatch.setattr(cpu_quant, "_PACKING_KNOWN", False)
     kept = CpuInt4Weight(w)
     assert kept.codes is not None
-    assert torch.equal(packed.dense_bf16(), kept.dense_bf16())
+    assert torch.equal(packed.dense(), kept.dense())
     x = torch.randn(cpu_quant.DENSE_MIN_ROWS, 256)  # prefill rows: the dense path
     assert torch.equal(packed(x), kept(x)) and rel_err(packed(x), x @ w.t()) < 1e-2
 
