@@ -55,12 +55,8 @@ def headers() -> list[Path]:
 
 
 def cache_dir() -> Path:
-    """$NINFER_CACHE_DIR, else $XDG_CACHE_HOME/ninfer, else ~/.cache/ninfer."""
-    root = os.environ.get("NINFER_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ninfer"
+    """$NINFER_HOME (as for fetched models), else ~/.cache/ninfer."""
+    return Path(os.environ.get("NINFER_HOME", Path.home() / ".cache" / "ninfer"))
 
 
 def _cpu_flags() -> str:

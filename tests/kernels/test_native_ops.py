@@ -185,7 +185,7 @@ def test_build_fallbacks_say_why(monkeypatch, tmp_path):
     assert native_build.library() is None and native_build.unavailable_reason() == "NINFER_CPU_KERNELS=torch"
     monkeypatch.setattr(native_build, "_state", {})
     monkeypatch.setenv("NINFER_CPU_KERNELS", "native")
-    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     assert native_build.library() is None
     assert "building the native CPU kernels failed" in native_build.unavailable_reason()
@@ -198,7 +198,7 @@ def test_build_fallbacks_say_why(monkeypatch, tmp_path):
 
 def test_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(native_build, "_state", {})
-    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
     assert native_build.library() is not None
     built = list((tmp_path / "native").iterdir())
     assert len(built) == 1
