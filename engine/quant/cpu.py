@@ -23,6 +23,9 @@ INT4_GROUP = 32
 # from this many rows on (prefill), an int4 layer unpacks its weight to bf16 and runs the bf16 GEMM: on
 # this CPU class that is ~2.5x faster than the int4 kernel at M = 2048, and the unpack is cheap beside it
 DENSE_MIN_ROWS = 64
+# the same for the native int4 kernel (kernels/q4_cpu), whose rows cost less: it matches unpack + bf16 GEMM
+# at ~1024 rows here (576 x 3072 and 1536 x 576), and is 2-4x faster below 256
+NATIVE_DENSE_MIN_ROWS = 512
 MODES = ("none", "int8", "int4")
 
 
@@ -137,10 +140,10 @@ def packing_known() -> bool:
 class CpuInt4Weight:
     """int4 weights, asymmetric groups of INT4_GROUP: w = scale * q + lo, q in [0, 15].
 
-    Decode rows (M < DENSE_MIN_ROWS) run the native kernel (kernels/q4_cpu: int8 activations on the
-    CPU's VNNI dot products, one thread) where it is built and the scales fit fp16, else torch's int4
-    kernel on bf16 activations. Prefill rows unpack the weight to bf16 for the dense GEMM; the codes are
-    held once either way.
+    Up to `dense_min_rows` rows run the native kernel (kernels/q4_cpu: int8 activations on the CPU's
+    VNNI dot products) where it is built and the scales fit fp16, else torch's int4 kernel on bf16
+    activations; more rows (long prefill chunks) unpack the weight to bf16 for the dense GEMM. The codes
+    are held once either way.
     """
 
     def __init__(self, w: torch.Tensor):
@@ -190,12 +193,16 @@ class CpuInt4Weight:
     def dequantize(self) -> torch.Tensor:
         return self.dense()
 
+    @property
+    def dense_min_rows(self) -> int:
+        """From this many rows on, a call unpacks the weight and runs the bf16 GEMM."""
+        return NATIVE_DENSE_MIN_ROWS if self.native is not None else DENSE_MIN_ROWS
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
-        if x.shape[0] >= DENSE_MIN_ROWS:
-            return torch.nn.functional.linear(x.to(torch.bfloat16), self.dense().to(torch.bfloat16)).to(
-                x.dtype
-            )
+        if x.shape[0] >= self.dense_min_rows:
+            w = self.dense().to(torch.bfloat16)
+            return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
         if self.native is not None:
             return q4_cpu.matmul(x.float(), self.native, self.shape[0]).to(x.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -37,14 +37,14 @@ def int4_kernel(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("m", [1, 5, cpu_quant.DENSE_MIN_ROWS])  # decode rows, a few, prefill (dense)
+@pytest.mark.parametrize("m", [1, 5, 64, 512])  # decode rows, a few, prefill chunks
 def test_int4_keeps_q4_1_blocks(int4_kernel, m):
     w = q4_1_blocks(96, 128)
     packed = CpuInt4Weight(w)
     assert (packed.native is not None) == (int4_kernel == "native")
-    # scales rounded to fp16 (native) or bf16 (torch); activations to two int8 terms (native decode) or
-    # to bf16 (torch's kernel, and the dense prefill GEMM of either)
-    native_rows = int4_kernel == "native" and m < cpu_quant.DENSE_MIN_ROWS
+    # scales rounded to fp16 (native) or bf16 (torch); activations to two int8 terms (native) or to bf16
+    # (torch's kernel, and the dense GEMM of long prefill chunks)
+    native_rows = int4_kernel == "native" and m < packed.dense_min_rows
     assert rel_err(packed.dequantize(), w) < (1e-3 if int4_kernel == "native" else 4e-3)
     x = torch.randn(m, 128)
     assert rel_err(packed(x), x @ w.t()) < (1e-3 if native_rows else 1e-2)
