@@ -4,10 +4,9 @@
 
    q [T, Hq, D] contiguous, the query tokens of sequence b at rows cu[b] .. cu[b + 1], its last positions:
    query i of q_len sees keys 0 .. seq_len - q_len + i. Caches [num_blocks, block_size, Hk, D]; key j of
-   sequence b sits in page block_table[b, j / block_size]. GQA: the Hq / Hk query heads of a KV head are
-   scored together, so each key and value row is read once per query token. Softmax in two passes over a
-   per-thread score buffer. Several sequences: (sequence, KV head) items shared with the helper thread
-   (kernels/native_pool.c). Returns 0, -1 (no scratch memory) or -2 (a length or page id out of range;
+   sequence b sits in page block_table[b, j / block_size]. GQA: query head h reads KV head h / (Hq / Hk);
+   a page is read once per pass for all heads (its query heads' rows then come from L1). Softmax in two passes over a
+   per-thread score buffer. Several sequences are shared with the helper thread (kernels/native_pool.c). Returns 0, -1 (no scratch memory) or -2 (a length or page id out of range;
    nothing written). */
 
 #include <stdatomic.h>
@@ -80,31 +79,40 @@ typedef struct {
     _Atomic int failed; /* set when a thread could not get its score buffer */
 } attention_job;
 
-/* items [i0, i1) of (sequence b, KV head g) = (i / Hk, i % Hk): all of b's query tokens for head group g */
-static void attend(void *ctx, int64_t i0, int64_t i1) {
+/* ask for the next page while this one is computed: pages are scattered, so the hardware prefetcher
+   does not see them coming */
+static inline void prefetch_page(const float *cache, int64_t page, int64_t floats) {
+    const char *start = (const char *)(cache + page * floats);
+    for (int64_t off = 0; off < floats * (int64_t)sizeof(float); off += 64) __builtin_prefetch(start + off, 0, 3);
+}
+
+/* sequences [b0, b1): each page is visited once per pass for all KV heads, so its slots stream from memory
+   in order (a cold cache is read at the hardware prefetcher's pace, not one row's latency at a time) */
+static void attend(void *ctx, int64_t b0, int64_t b1) {
     attention_job *j = (attention_job *)ctx;
     const int64_t Hq = j->Hq, Hk = j->Hk, D = j->D, block_size = j->block_size, group = Hq / Hk;
-    for (int64_t item = i0; item < i1; item++) {
-        const int64_t b = item / Hk, g = item % Hk;
+    for (int64_t b = b0; b < b1; b++) {
         const int32_t *pages = j->block_table + b * j->max_blocks;
         const int64_t q_len = j->cu[b + 1] - j->cu[b];
-        float *scores = (float *)scratch_bytes((size_t)(group * j->seq_lens[b] + 1) * sizeof(float));
+        float *scores = (float *)scratch_bytes((size_t)(Hq * j->seq_lens[b] + 1) * sizeof(float));
         if (!scores) {
             j->failed = 1;
             return;
         }
         for (int64_t i = 0; i < q_len; i++) {
             const int64_t t = j->cu[b] + i, keys = j->seq_lens[b] - q_len + i + 1;
-            const float *qh = j->q + (t * Hq + g * group) * D;
-            float *oh = j->out + (t * Hq + g * group) * D;
-            /* page by page: no division per key */
+            const float *qt = j->q + t * Hq * D;
+            float *ot = j->out + t * Hq * D;
+            /* scores[h * keys + key] for every query head h; page by page: no division per key */
             for (int64_t j0 = 0, p = 0; j0 < keys; j0 += block_size, p++) {
-                const float *kp = j->k_cache + ((int64_t)pages[p] * block_size * Hk + g) * D;
+                const float *kp = j->k_cache + (int64_t)pages[p] * block_size * Hk * D;
                 const int64_t n = keys - j0 < block_size ? keys - j0 : block_size;
-                for (int64_t h = 0; h < group; h++)
-                    score_rows(qh + h * D, kp, Hk * D, n, D, j->scale, scores + h * keys + j0);
+                if (j0 + block_size < keys) prefetch_page(j->k_cache, pages[p + 1], block_size * Hk * D);
+                for (int64_t h = 0; h < Hq; h++)
+                    score_rows(qt + h * D, kp + (h / group) * D, Hk * D, n, D, j->scale, scores + h * keys + j0);
             }
-            for (int64_t h = 0; h < group; h++) {
+            prefetch_page(j->v_cache, pages[0], block_size * Hk * D); /* arrives during the softmax */
+            for (int64_t h = 0; h < Hq; h++) {
                 float *s = scores + h * keys;
                 const float top = max_f32(s, keys);
                 /* separate loops: a running float sum would keep the exp loop from vectorizing */
@@ -112,12 +120,13 @@ static void attend(void *ctx, int64_t i0, int64_t i1) {
                 const float inv = 1.0f / sum_f32(s, keys);
                 for (int64_t k = 0; k < keys; k++) s[k] *= inv;
             }
-            memset(oh, 0, (size_t)(group * D) * sizeof(float));
+            memset(ot, 0, (size_t)(Hq * D) * sizeof(float));
             for (int64_t j0 = 0, p = 0; j0 < keys; j0 += block_size, p++) {
-                const float *vp = j->v_cache + ((int64_t)pages[p] * block_size * Hk + g) * D;
+                const float *vp = j->v_cache + (int64_t)pages[p] * block_size * Hk * D;
                 const int64_t n = keys - j0 < block_size ? keys - j0 : block_size;
-                for (int64_t h = 0; h < group; h++)
-                    accumulate_rows(scores + h * keys + j0, vp, Hk * D, n, D, oh + h * D);
+                if (j0 + block_size < keys) prefetch_page(j->v_cache, pages[p + 1], block_size * Hk * D);
+                for (int64_t h = 0; h < Hq; h++)
+                    accumulate_rows(scores + h * keys + j0, vp + (h / group) * D, Hk * D, n, D, ot + h * D);
             }
         }
     }
@@ -136,10 +145,7 @@ int ninfer_decode_attention(const float *q, float *out, const float *k_cache, co
     }
     attention_job job = {q, k_cache, v_cache, out, block_table, seq_lens, cu,
                          max_blocks, block_size, Hq, Hk, D, scale, 0};
-    /* one sequence: its few heads are too little work to wake the helper for */
-    if (B == 1)
-        attend(&job, 0, Hk);
-    else
-        pool_run(attend, &job, B * Hk, 1);
+    /* one sequence runs on the caller; several are shared with the helper thread */
+    pool_run(attend, &job, B, 1);
     return job.failed ? -1 : 0;
 }
