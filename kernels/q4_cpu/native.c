@@ -23,7 +23,7 @@
 #define ROWS 16
 #define GROUP 32
 #define BLOCK_BYTES 320
-#define M_TILE 4
+#define M_TILE 8 /* activation rows sharing one unpacking of a group's codes (8 of the 32 registers) */
 #define ABI_VERSION 1
 #define CHUNK_BLOCKS 4    /* row blocks a thread takes at a time */
 #define HELPER_MIN_ROWS 2 /* activation rows from which the helper thread joins */
@@ -122,7 +122,11 @@ static void run_block(const job_t *j, int64_t b) {
         case 1: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 1); break;
         case 2: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 2); break;
         case 3: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 3); break;
-        default: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 4); break;
+        case 4: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 4); break;
+        case 5: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 5); break;
+        case 6: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 6); break;
+        case 7: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 7); break;
+        default: block_tile(wb, a1, a2, sc, xs, out, G, K, N, 8); break;
         }
     }
 }

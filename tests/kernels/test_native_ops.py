@@ -141,7 +141,7 @@ def test_q4_pack_round_trip():
 
 
 @pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9])  # row tiles of 4 and their remainders
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 9, 17])  # row tiles of 8 and their remainders
 @pytest.mark.parametrize("n,k", [(16, 32), (960, 576), (48, 1536)])
 def test_q4_matmul(m, n, k):
     codes, scale, lo = _q4_weight(n, k)
