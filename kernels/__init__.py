@@ -4,9 +4,9 @@ where written, a Triton kernel under kernels/<op>/triton.py with the same signat
 Dispatch: Triton on CUDA tensors; on the CPU the op's C twin (kernels/<op>/native.c, built once by
 kernels/native_build.py) where it is built and takes the arguments (fp32, the layouts the model passes),
 else the naive twin. NINFER_KERNELS=naive|triton forces one (triton on CPU tensors needs
-TRITON_INTERPRET=1, which the tests use); NINFER_CPU_KERNELS=torch keeps the CPU on the naive twins. The variable is read once, at
-import (every op asks, and an environment lookup per op cost ~0.2 ms a decode step); `force_backend`
-switches later. Triton modules are imported on
+TRITON_INTERPRET=1, which the tests use); NINFER_CPU_KERNELS=torch keeps the CPU on the naive twins.
+NINFER_KERNELS is read once, at import (every op asks, and an environment lookup per op cost ~0.2 ms a
+decode step); `force_backend` switches later. Triton modules are imported on
 first use, so a CPU-only run never imports Triton.
 
 NOTE: `kernels` is also the import name of a Hugging Face library that transformers probes; keep this
