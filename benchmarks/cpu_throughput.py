@@ -3,7 +3,9 @@ the same process, and llama.cpp (llama-cpp-python, C1) on the same GGUF in its o
 
 Decode rate excludes prefill: tg = C x (N - 1) / (t(N tokens) - t(1 token)), greedy, fixed length (no
 EOS), C distinct prompts of equal length, median over repeats. Prefix caching is off for ninfer so every
-run prefills from scratch, as the others do. Prints each rate and the ratios the targets name.
+run prefills from scratch, as the others do. Prints each rate and the ratios the targets name; the ratios
+of two rates (ninfer C1 / llama.cpp C1, ninfer C8 / ninfer C1) also from runs that alternate round by
+round, since this VM's speed drifts between minutes.
 
     python benchmarks/cpu_throughput.py [--tokens 64] [--repeat 3] [--concurrency 1,4,8]
     bash benchmarks/setup_llamacpp.sh   # once, ~6 min: builds .venv-llamacpp for the llama.cpp column
@@ -92,19 +94,18 @@ def distinct_prompts(ids: list[int], count: int) -> list[list[int]]:
     return [[ids[0] + i, *ids[1:]] for i in range(count)]
 
 
-def paired_c1(run_ours, llama: LlamaCpp, n: int, repeat: int) -> tuple[float, float, float]:
-    """ninfer and llama.cpp C1 measured in alternation, round by round, so a drift in the machine's speed
-    reaches both: (ninfer rate, llama.cpp rate, median of the per-round ratios)."""
-    run_ours(2)
-    llama.run(2)
-    ours, theirs, ratios = [], [], []
+def paired(run_a, ca: int, run_b, cb: int, n: int, repeat: int) -> tuple[float, float, float]:
+    """Two runners (at concurrency ca and cb) measured in alternation, round by round, so a drift in the
+    machine's speed reaches both: (rate a, rate b, median of the per-round ratios a / b)."""
+    run_a(2)
+    run_b(2)
+    rates_a, rates_b, ratios = [], [], []
     for _ in range(repeat):
-        t1, tn = _timed(lambda: run_ours(1)), _timed(lambda: run_ours(n))
-        ours.append((n - 1) / (tn - t1))
-        t1, tn = _timed(lambda: llama.run(1)), _timed(lambda: llama.run(n))
-        theirs.append((n - 1) / (tn - t1))
-        ratios.append(ours[-1] / theirs[-1])
-    return statistics.median(ours), statistics.median(theirs), statistics.median(ratios)
+        for run, c, rates in ((run_a, ca, rates_a), (run_b, cb, rates_b)):
+            t1, tn = _timed(lambda run=run: run(1)), _timed(lambda run=run: run(n))
+            rates.append(c * (n - 1) / (tn - t1))
+        ratios.append(rates_a[-1] / rates_b[-1])
+    return statistics.median(rates_a), statistics.median(rates_b), statistics.median(ratios)
 
 
 def main() -> None:
@@ -145,7 +146,7 @@ def main() -> None:
         print("llama.cpp     (skipped: run `bash benchmarks/setup_llamacpp.sh` to build .venv-llamacpp)")
     ours: dict[int, float] = {}
     theirs: dict[int, float] = {}
-    paired: tuple[float, float, float] | None = None
+    with_llama: tuple[float, float, float] | None = None
 
     def runner(c: int):
         prompts = distinct_prompts(ids, c)
@@ -166,8 +167,8 @@ def main() -> None:
             assert out.shape[1] == len(ids) + n
 
         if c == 1 and llama is not None:
-            paired = paired_c1(runner(1), llama, args.tokens, args.repeat)
-            ours[c] = paired[0]
+            with_llama = paired(runner(1), 1, llama.run, 1, args.tokens, args.repeat)
+            ours[c] = with_llama[0]
         else:
             ours[c] = decode_rate(runner(c), c, args.tokens, args.repeat)
         theirs[c] = decode_rate(run_hf, c, args.tokens, args.repeat)
@@ -175,17 +176,23 @@ def main() -> None:
             f"C{c}: ninfer {ours[c]:7.1f} tok/s   transformers {theirs[c]:7.1f} tok/s   "
             f"ratio {ours[c] / theirs[c]:5.2f}x"
         )
-    if llama is not None and paired is None:  # the llama.cpp ratios need a paired ninfer C1
-        paired = paired_c1(runner(1), llama, args.tokens, args.repeat)
+    if llama is not None and with_llama is None:  # the llama.cpp ratios need a paired ninfer C1
+        with_llama = paired(runner(1), 1, llama.run, 1, args.tokens, args.repeat)
     first, last = levels[0], levels[-1]
-    print(f"ninfer C{last} / ninfer C{first}:        {ours[last] / ours[first]:5.2f}x")
+    print(f"ninfer C{last} / ninfer C{first}:        {ours[last] / ours[first]:5.2f}x (of the rates above)")
+    if last != first:
+        scaling = paired(runner(last), last, runner(first), first, args.tokens, args.repeat)
+        print(
+            f"ninfer C{last} / ninfer C{first}:        {scaling[2]:5.2f}x (median of the per-round ratios, "
+            f"C{last} and C{first} alternating: {scaling[0]:.1f} and {scaling[1]:.1f} tok/s)"
+        )
     if llama is not None:
         llama.close()
-        rate = paired[1]
+        rate = with_llama[1]
         print(
             f"llama.cpp C1 (llama-cpp-python {llama.version}): {rate:7.1f} tok/s (runs alternating with ninfer C1)"
         )
-        print(f"ninfer C1 / llama.cpp C1:      {paired[2]:5.2f}x (median of the per-round ratios)")
+        print(f"ninfer C1 / llama.cpp C1:      {with_llama[2]:5.2f}x (median of the per-round ratios)")
         print(f"ninfer C{last} / llama.cpp C1:      {ours[last] / rate:5.2f}x")
     sys.stdout.flush()
 
