@@ -3,8 +3,8 @@
 
    The caller never waits for the helper to start (it takes every chunk the helper has not), so a helper
    without a free core costs only its wake-up; a job is posted only to an idle helper. The helper spins
-   briefly after a job, then sleeps on a futex (no core held while idle). Not reentrant: one engine thread
-   calls the ops. */
+   briefly after a job, then sleeps on a futex (no core held while idle). One job at a time: a call from
+   a second thread while one runs computes its items alone. */
 
 #include <linux/futex.h>
 #include <pthread.h>
@@ -79,8 +79,15 @@ static int helper_ready(void) {
     return state == 1 && atomic_load(&idle_seq) == atomic_load(&posted);
 }
 
+static _Atomic int in_use; /* a second engine thread calling at the same time runs its job alone */
+
 void pool_run(pool_fn fn, void *ctx, int64_t n, int64_t chunk) {
-    if (n < 2 * chunk || !helper_ready()) {
+    if (n < 2 * chunk || atomic_exchange(&in_use, 1)) {
+        fn(ctx, 0, n);
+        return;
+    }
+    if (!helper_ready()) {
+        atomic_store(&in_use, 0);
         fn(ctx, 0, n);
         return;
     }
@@ -91,4 +98,5 @@ void pool_run(pool_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (atomic_load(&sleeping)) syscall(SYS_futex, &posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
     work(&job);
     while (atomic_load(&job.done) < n) relax(); /* the helper's last chunk */
+    atomic_store(&in_use, 0);
 }

@@ -155,6 +155,20 @@ def test_q4_matmul(m, n, k):
     assert rel_err(got, x @ dense.t()) < 2e-4  # ~15-bit activations: two int8 terms per group
 
 
+@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+def test_q4_matmul_from_two_threads_at_once():
+    """The helper thread takes one job at a time; a second engine thread computes its own alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    packed = q4.pack(*_q4_weight(960, 576))
+    xs = [torch.randn(8, 576) for _ in range(2)]
+    want = [q4.matmul(x, packed, 960) for x in xs]
+    with ThreadPoolExecutor(2) as pool:  # ctypes releases the GIL: the calls overlap
+        for _ in range(50):
+            got = list(pool.map(lambda x: q4.matmul(x, packed, 960), xs))
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_q4_supports_only_what_fp16_scales_hold():
     codes, scale, lo = _q4_weight(32, 64)
     assert q4.supports(32, 64, scale, lo)
