@@ -40,7 +40,7 @@ SIGNATURES = {
     "ninfer_silu_mul": [_P, _P, _I, _I, _I],
     "ninfer_rope": [_P] * 6 + [_I] * 8,
     "ninfer_kv_store": [_P] * 5 + [_I] * 5,
-    "ninfer_decode_attention": [_P] * 7 + [_I] * 7 + [_F],
+    "ninfer_decode_attention": [_P] * 7 + [_I] * 8 + [_F],
 }
 
 _state: dict[str, object] = {}

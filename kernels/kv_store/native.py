@@ -16,7 +16,11 @@ def kv_store(k, v, cache, slot_mapping) -> bool:
     kc, vc = cache.k_data, cache.v_data
     if cache.kv_dtype != "fp32" or not (_rows_ok(k) and _rows_ok(v)) or k.shape != v.shape:
         return False
-    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+    if (
+        slot_mapping.dtype != torch.int64
+        or not slot_mapping.is_contiguous()
+        or slot_mapping.shape != k.shape[:1]
+    ):
         return False
     if not (kc.is_contiguous() and vc.is_contiguous()) or kc.shape[2:] != k.shape[1:]:
         return False

@@ -5,9 +5,10 @@
    q [T, Hq, D] contiguous, the query tokens of sequence b at rows cu[b] .. cu[b + 1], its last positions:
    query i of q_len sees keys 0 .. seq_len - q_len + i. Caches [num_blocks, block_size, Hk, D]; key j of
    sequence b sits in page block_table[b, j / block_size]. GQA: query head h reads KV head h / (Hq / Hk);
-   a page is read once per pass for all heads (its query heads' rows then come from L1). Softmax in two passes over a
-   per-thread score buffer. Several sequences are shared with the helper thread (kernels/native_pool.c). Returns 0, -1 (no scratch memory) or -2 (a length or page id out of range;
-   nothing written). */
+   a page is read once per pass for all heads (its query heads' rows then come from L1). Softmax in two
+   passes over a per-thread score buffer. Several sequences are shared with the helper thread
+   (kernels/native_pool.c). Returns 0, -1 (no scratch memory) or -2 (query rows outside [0, T), a length
+   or a page id out of range; nothing written). */
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -134,8 +135,9 @@ static void attend(void *ctx, int64_t b0, int64_t b1) {
 
 int ninfer_decode_attention(const float *q, float *out, const float *k_cache, const float *v_cache,
                             const int32_t *block_table, const int32_t *seq_lens, const int32_t *cu,
-                            int64_t B, int64_t max_blocks, int64_t block_size, int64_t Hq, int64_t Hk,
+                            int64_t T, int64_t B, int64_t max_blocks, int64_t block_size, int64_t Hq, int64_t Hk,
                             int64_t D, int64_t num_blocks, float scale) {
+    if (cu[0] < 0 || cu[B] > T) return -2;
     for (int64_t b = 0; b < B; b++) {
         const int64_t q_len = cu[b + 1] - cu[b], len = seq_lens[b];
         if (q_len < 0 || len < q_len || (len + block_size - 1) / block_size > max_blocks) return -2;

@@ -24,9 +24,12 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     kc, vc = cache.k_data, cache.v_data
     if not (kc.is_contiguous() and vc.is_contiguous()):
         return None
+    num_blocks, block_size, hk, d = kc.shape
+    shapes_ok = q.shape[2] == d and q.shape[1] % hk == 0 and block_table.dim() == 2
+    if not shapes_ok or block_table.shape[0] != num_seqs or cu_seqlens_q.shape != (num_seqs + 1,):
+        return None
     q = q.contiguous()
     out = torch.empty_like(q)
-    num_blocks, block_size, hk, d = kc.shape
     rc = library().ninfer_decode_attention(
         q.data_ptr(),
         out.data_ptr(),
@@ -35,6 +38,7 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
         block_table.data_ptr(),
         seq_lens.data_ptr(),
         cu_seqlens_q.data_ptr(),
+        num_tokens,
         num_seqs,
         block_table.shape[1],
         block_size,

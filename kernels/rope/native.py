@@ -15,9 +15,11 @@ def _rows_ok(x: torch.Tensor) -> bool:
 def rope(q, k, positions, cos_sin_cache):
     if not (_rows_ok(q) and _rows_ok(k)) or q.shape[2] != k.shape[2] or q.shape[0] != k.shape[0]:
         return None
-    if positions.dtype != torch.int64 or not positions.is_contiguous():
+    if positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != q.shape[:1]:
         return None
     if cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous():
+        return None
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] > q.shape[2] or cos_sin_cache.shape[1] % 2:
         return None
     (t, hq, d), hk = q.shape, k.shape[1]
     q_out = torch.empty(t, hq, d, dtype=torch.float32)

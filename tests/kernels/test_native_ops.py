@@ -59,6 +59,7 @@ def test_rmsnorm_per_head_and_refusals():
     assert rel_err(rmsnorm_native.rmsnorm(x, w, 1e-6), rmsnorm_naive.rmsnorm(x, w, 1e-6)) < TOL
     assert rmsnorm_native.rmsnorm(x.bfloat16(), w, 1e-6) is None  # fp32 only: the caller runs the twin
     assert rmsnorm_native.rmsnorm(x.transpose(0, 1), w, 1e-6) is None  # not row-contiguous
+    assert rmsnorm_native.rmsnorm(x, w[:32], 1e-6) is None  # a weight of another width: the twin says so
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 37)])
@@ -122,9 +123,13 @@ def test_paged_attention_leaves_prefill_and_quantized_caches_to_the_twin():
 
 def test_paged_attention_refuses_a_page_outside_the_cache():
     q, cache, table, seq_lens, cu = paged_case("fp32", 64, 4, 2, 16, [20], [1], torch.float32, "cpu")
-    table[0, 0] = cache.k_data.shape[0]
+    bad_table = table.clone()
+    bad_table[0, 0] = cache.k_data.shape[0]
     with pytest.raises(ValueError, match="out of range"):
-        attention_native.paged_attention(q, cache, table, seq_lens, cu, 0.125)
+        attention_native.paged_attention(q, cache, bad_table, seq_lens, cu, 0.125)
+    with pytest.raises(ValueError, match="out of range"):  # query rows past q
+        attention_native.paged_attention(q, cache, table, seq_lens + 1, cu + 1, 0.125)
+    assert attention_native.paged_attention(q[:, :, :32], cache, table, seq_lens, cu, 0.125) is None
 
 
 def _q4_weight(n: int, k: int):
