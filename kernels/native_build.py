@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger("ninfer")
 
 KERNELS_DIR = Path(__file__).parent
@@ -151,6 +153,12 @@ def unavailable_reason() -> str | None:
     if _state.get("lib") is not None and not _state.get("q4"):
         return None
     return _state.get("reason")  # type: ignore[return-value]
+
+
+def heads_packed(x) -> bool:
+    """fp32 [T, H, D] whose heads are D floats apart and tokens any stride apart (views into a fused qkv
+    output are): the layout the C ops read."""
+    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def check(rc: int, op: str) -> None:

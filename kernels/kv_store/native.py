@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
-
-
-def _rows_ok(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+from kernels.native_build import check, heads_packed, library
 
 
 def kv_store(k, v, cache, slot_mapping) -> bool:
     kc, vc = cache.k_data, cache.v_data
-    if cache.kv_dtype != "fp32" or not (_rows_ok(k) and _rows_ok(v)) or k.shape != v.shape:
+    if cache.kv_dtype != "fp32" or not (heads_packed(k) and heads_packed(v)) or k.shape != v.shape:
         return False
     if (
         slot_mapping.dtype != torch.int64

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
-
-
-def _rows_ok(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+from kernels.native_build import check, heads_packed, library
 
 
 def rope(q, k, positions, cos_sin_cache):
-    if not (_rows_ok(q) and _rows_ok(k)) or q.shape[2] != k.shape[2] or q.shape[0] != k.shape[0]:
+    if not (heads_packed(q) and heads_packed(k)) or q.shape[2] != k.shape[2] or q.shape[0] != k.shape[0]:
         return None
     if positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != q.shape[:1]:
         return None
