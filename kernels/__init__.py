@@ -68,9 +68,15 @@ def use_triton(x: torch.Tensor) -> bool:
     return _forced == "triton" or x.is_cuda
 
 
-def use_native() -> bool:
-    """Whether a CPU op tries its C twin first (built, and no backend forced)."""
-    return _forced == "" and native_build.library() is not None
+def use_native(x: torch.Tensor) -> bool:
+    """Whether an op on `x` tries its C twin first (a CPU tensor, the library built, no backend forced)."""
+    return _forced == "" and x.device.type == "cpu" and native_build.library() is not None
+
+
+def _native_or_naive(native_op, naive_op, *args):
+    """The C twin where it is built and takes the arguments (it returns None where not), else the naive twin."""
+    out = native_op(*args) if use_native(args[0]) else None
+    return naive_op(*args) if out is None else out
 
 
 def _triton(op: str):
@@ -80,11 +86,8 @@ def _triton(op: str):
 def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
     if use_triton(x):
         return _triton("rmsnorm").rmsnorm(x, weight, eps, residual, zero_centered)
-    if use_native():
-        out = _rmsnorm_native.rmsnorm(x, weight, eps, residual, zero_centered)
-        if out is not None:
-            return out
-    return _rmsnorm_naive.rmsnorm(x, weight, eps, residual, zero_centered)
+    args = (x, weight, eps, residual, zero_centered)
+    return _native_or_naive(_rmsnorm_native.rmsnorm, _rmsnorm_naive.rmsnorm, *args)
 
 
 def rmsnorm_gated(x, gate, weight, eps):
@@ -95,27 +98,19 @@ def rmsnorm_gated(x, gate, weight, eps):
 def rope(q, k, positions, cos_sin_cache):
     if use_triton(q):
         return _triton("rope").rope(q, k, positions, cos_sin_cache)
-    if use_native():
-        out = _rope_native.rope(q, k, positions, cos_sin_cache)
-        if out is not None:
-            return out
-    return _rope_naive.rope(q, k, positions, cos_sin_cache)
+    return _native_or_naive(_rope_native.rope, _rope_naive.rope, q, k, positions, cos_sin_cache)
 
 
 def silu_mul(x):
     if use_triton(x):
         return _triton("silu_mul").silu_mul(x)
-    if use_native():
-        out = _silu_mul_native.silu_mul(x)
-        if out is not None:
-            return out
-    return _silu_mul_naive.silu_mul(x)
+    return _native_or_naive(_silu_mul_native.silu_mul, _silu_mul_naive.silu_mul, x)
 
 
 def kv_store(k, v, cache, slot_mapping):
     if use_triton(k):
         return _triton("kv_store").kv_store(k, v, cache, slot_mapping)
-    if use_native() and _kv_store_native.kv_store(k, v, cache, slot_mapping):
+    if use_native(k) and _kv_store_native.kv_store(k, v, cache, slot_mapping):
         return None
     return _kv_store_naive.kv_store(k, v, cache, slot_mapping)
 
@@ -125,11 +120,10 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
         return _triton("paged_attention").paged_attention(
             q, cache, block_table, seq_lens, cu_seqlens_q, scale
         )
-    if use_native():
-        out = _paged_attention_native.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
-        if out is not None:
-            return out
-    return _paged_attention_naive.paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+    args = (q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+    return _native_or_naive(
+        _paged_attention_native.paged_attention, _paged_attention_naive.paged_attention, *args
+    )
 
 
 def quant_matmul(x, packed, scales, minimums, bits, group_size):
