@@ -149,9 +149,8 @@ def has_q4() -> bool:
 
 
 def unavailable_reason() -> str | None:
+    """Why the library is not loaded; None where it is (then has_q4() says whether the int4 matmul is)."""
     library()
-    if _state.get("lib") is not None and not _state.get("q4"):
-        return None
     return _state.get("reason")  # type: ignore[return-value]
 
 

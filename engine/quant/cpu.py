@@ -1,13 +1,13 @@
-"""Weight-only int8 / int4 linear weights for the CPU, on torch's packed CPU matmul kernels.
+"""Weight-only int8 / int4 linear weights for the CPU.
 
 Decode on a CPU is bound by reading weights, so fewer bytes per weight is the lever: int4 reads an
-eighth of fp32. The kernels take bf16 activations (their fp32 path is a slow fallback), so a
-quantized layer runs x -> bf16 -> matmul -> back to x's dtype.
+eighth of fp32.
 
-* int4: groups of INT4_GROUP input columns, asymmetric: w = (q - 8) * scale + zero, q in [0, 15]. A GGUF
+* int4: groups of INT4_GROUP input columns, asymmetric: w = scale * q + lo, q in [0, 15]. A GGUF
   Q4_0 / Q4_1 block (32 weights, w = q * d + m) is exactly such a group, so a 4-bit GGUF keeps its
-  weights (the scales are rounded to bf16). Prefill rows run a bf16 GEMM on the weight unpacked from the
-  kernel's own packing (`unpack_int4pack`), so the codes are held once.
+  weights (the scales rounded to fp16 on the native kernel, kernels/q4_cpu, to bf16 on torch's int4
+  kernel, whose bf16 activations go x -> bf16 -> matmul -> back). Long prefill chunks run a bf16 GEMM on
+  the weight unpacked from the kernel's own packing, so the codes are held once.
 * int8: per output channel, symmetric: w = q * scale, q in [-127, 127].
 """
 
@@ -176,7 +176,7 @@ class CpuInt4Weight:
             return self.native.numel()
         return self.qweight.numel() * self.qweight.element_size() + self.scales_and_zeros.numel() * 2
 
-    def dense(self) -> torch.Tensor:
+    def dequantize(self) -> torch.Tensor:
         """W [N, K] fp32, exactly as the decode kernel's codes and scales give it."""
         n, k = self.shape
         if self.native is not None:
@@ -190,9 +190,6 @@ class CpuInt4Weight:
         sz = self.scales_and_zeros.transpose(0, 1).float()  # [N, K / G, 2]
         return ((q.float() - 8.0) * sz[..., :1] + sz[..., 1:]).view(n, k)
 
-    def dequantize(self) -> torch.Tensor:
-        return self.dense()
-
     @property
     def dense_min_rows(self) -> int:
         """From this many rows on, a call unpacks the weight and runs the bf16 GEMM."""
@@ -201,7 +198,7 @@ class CpuInt4Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
         if x.shape[0] >= self.dense_min_rows:
-            w = self.dense().to(torch.bfloat16)
+            w = self.dequantize().to(torch.bfloat16)
             return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
         if self.native is not None:
             return q4_cpu.matmul(x.float(), self.native, self.shape[0]).to(x.dtype)
