@@ -32,6 +32,7 @@ KERNELS_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fno-math-errno", "-shared", "-fPIC")
 LIBS = ("-lm", "-lpthread")
 CHOICES = ("native", "torch")
+POOLS = ("openmp", "helper")
 Q4_ABI_VERSION = 1
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -126,12 +127,51 @@ def _load() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         _state["reason"] = f"building the native CPU kernels failed ({e})"
         return None
+    bind(lib)
+    _state["q4"] = lib.ninfer_q4_abi() == Q4_ABI_VERSION
+    _state["pool"] = set_pool(lib, os.environ.get("NINFER_CPU_POOL", "openmp"))
+    return lib
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the library's function signatures."""
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
     lib.ninfer_q4_abi.restype = ctypes.c_int
-    _state["q4"] = lib.ninfer_q4_abi() == Q4_ABI_VERSION
+    lib.ninfer_pool_use_openmp.restype = ctypes.c_int
+    lib.ninfer_pool_use_openmp.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     return lib
+
+
+def _openmp_parallel() -> int | None:
+    """The address of libgomp's GOMP_parallel where torch has loaded libgomp (its x86 Linux wheels ship it);
+    None under another OpenMP runtime or none."""
+    try:
+        fn = ctypes.CDLL(None).GOMP_parallel
+    except AttributeError:
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def set_pool(lib: ctypes.CDLL, pool: str) -> str:
+    """Where the ops' parallel work runs: "openmp", torch's OpenMP team (where torch runs on libgomp and
+    has two threads or more), or "helper", a thread of the library's own; returns the one chosen. Two
+    pools on the same cores fight (see native_pool.c), so "openmp" is the default (NINFER_CPU_POOL)."""
+    if pool not in POOLS:
+        raise ValueError(f"NINFER_CPU_POOL={pool} is not one of {', '.join(POOLS)}")
+    parallel, threads = _openmp_parallel(), torch.get_num_threads()
+    if pool == "openmp" and parallel is not None and threads >= 2:
+        check(lib.ninfer_pool_use_openmp(parallel, threads), "pool")
+        return "openmp"
+    check(lib.ninfer_pool_use_openmp(None, 0), "pool")
+    return "helper"
+
+
+def pool() -> str | None:
+    """The worker pool of the loaded library (see set_pool); None where it is not loaded."""
+    library()
+    return _state.get("pool")  # type: ignore[return-value]
 
 
 def library() -> ctypes.CDLL | None:

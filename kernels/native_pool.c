@@ -1,5 +1,12 @@
-/* A helper thread for the native CPU ops: pool_run(fn, ctx, n, chunk) runs fn over [0, n) in chunks on the
-   calling thread and on one helper thread beside it.
+/* Worker threads for the native CPU ops: pool_run(fn, ctx, n, chunk) runs fn over [0, n) in chunks on the
+   calling thread and beside it.
+
+   Where torch runs on libgomp (its x86 Linux wheels do), the loader hands over libgomp's GOMP_parallel and
+   the items run on torch's own OpenMP team: one set of worker threads in the process. A second pool would
+   fight torch's workers, which spin on their cores for a while after every parallel torch op (measured: the
+   helper below then took 99% of the items and the caller spent its share waking it, one core in effect).
+
+   Elsewhere, one helper thread of our own:
 
    The caller never waits for the helper to start (it takes every chunk the helper has not), so a helper
    without a free core costs only its wake-up; a job is posted only to an idle helper. The helper spins
@@ -81,9 +88,31 @@ static int helper_ready(void) {
 
 static _Atomic int in_use; /* a second engine thread calling at the same time runs its job alone */
 
+/* libgomp's entry point for `#pragma omp parallel` (fn runs once on each thread of the team) */
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+static gomp_parallel_fn gomp_parallel;
+static unsigned gomp_threads;
+
+/* Called once by the loader: run jobs on the OpenMP team of `threads` threads (NULL: the helper thread). */
+int ninfer_pool_use_openmp(void *parallel, int64_t threads) {
+    if (parallel != NULL && threads < 2) return -2;
+    gomp_parallel = (gomp_parallel_fn)parallel;
+    gomp_threads = (unsigned)threads;
+    return 0;
+}
+
+static void work_on_team(void *j) { work((pool_job *)j); }
+
 void pool_run(pool_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (n < 2 * chunk || atomic_exchange(&in_use, 1)) {
         fn(ctx, 0, n);
+        return;
+    }
+    if (gomp_parallel != NULL) {
+        pool_job team_job = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk};
+        const int64_t most = (n + chunk - 1) / chunk;
+        gomp_parallel(work_on_team, &team_job, most < gomp_threads ? (unsigned)most : gomp_threads, 0);
+        atomic_store(&in_use, 0);
         return;
     }
     if (!helper_ready()) {

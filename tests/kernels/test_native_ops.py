@@ -162,7 +162,7 @@ def test_q4_matmul(m, n, k):
 
 @pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
 def test_q4_matmul_from_two_threads_at_once():
-    """The helper thread takes one job at a time; a second engine thread computes its own alone."""
+    """The pool takes one job at a time; a second engine thread computes its own alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     packed = q4.pack(*_q4_weight(960, 576))
@@ -172,6 +172,36 @@ def test_q4_matmul_from_two_threads_at_once():
         for _ in range(50):
             got = list(pool.map(lambda x: q4.matmul(x, packed, 960), xs))
             assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_pool_is_torchs_openmp_team_where_torch_runs_libgomp():
+    lib = native_build.library()
+    if native_build._openmp_parallel() is None or torch.get_num_threads() < 2:
+        pytest.skip("torch does not run a libgomp team of two threads or more here")
+    assert native_build.pool() == "openmp"
+    with pytest.raises(ValueError, match="NINFER_CPU_POOL=threads is not one of openmp, helper"):
+        native_build.set_pool(lib, "threads")
+
+
+@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+def test_both_pools_give_the_same_bits(tmp_path, monkeypatch):
+    """The pool only splits output blocks and sequences between threads: the arithmetic of each is the same."""
+    import ctypes
+    import shutil
+
+    packed = q4.pack(*_q4_weight(960, 576))
+    x = torch.randn(8, 576)
+    case = paged_case("fp32", 64, 4, 2, 16, [30, 0, 70, 5, 200, 1, 9, 40], [1] * 8, torch.float32, "cpu")
+    want = q4.matmul(x, packed, 960), attention_native.paged_attention(*case, 0.125)
+    for pool in native_build.POOLS:
+        copy = tmp_path / f"{pool}.so"  # a second copy loads apart from the first, with a pool of its own
+        shutil.copy(native_build.library()._name, copy)
+        lib = native_build.bind(ctypes.CDLL(str(copy)))
+        native_build.set_pool(lib, pool)
+        monkeypatch.setitem(native_build._state, "lib", lib)
+        for _ in range(20):
+            assert torch.equal(q4.matmul(x, packed, 960), want[0])
+            assert torch.equal(attention_native.paged_attention(*case, 0.125), want[1])
 
 
 def test_q4_supports_only_what_fp16_scales_hold():
