@@ -65,18 +65,22 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return lanes[0];
 }
 
-/* a per-thread buffer of at least `bytes`, kept between calls (NULL when allocation fails) */
-static inline void *scratch_bytes(size_t bytes) {
-    static __thread void *buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 63) / 64 * 64;
-        buf = aligned_alloc(64, cap);
-        if (!buf) cap = 0;
+/* per-thread buffers of at least `bytes`, kept between calls (NULL when allocation fails); a caller that
+   needs two at once takes two slots */
+#define SCRATCH_SLOTS 2
+static inline void *scratch_slot(int slot, size_t bytes) {
+    static __thread void *buf[SCRATCH_SLOTS];
+    static __thread size_t cap[SCRATCH_SLOTS];
+    if (bytes > cap[slot]) {
+        free(buf[slot]);
+        cap[slot] = (bytes + 63) / 64 * 64;
+        buf[slot] = aligned_alloc(64, cap[slot]);
+        if (!buf[slot]) cap[slot] = 0;
     }
-    return buf;
+    return buf[slot];
 }
+
+static inline void *scratch_bytes(size_t bytes) { return scratch_slot(0, bytes); }
 
 /* kernels/native_pool.c: fn(ctx, i0, i1) over [0, n) in chunks, on the caller and a helper thread */
 typedef void (*pool_fn)(void *ctx, int64_t i0, int64_t i1);

@@ -6,8 +6,10 @@
    query i of q_len sees keys 0 .. seq_len - q_len + i. Caches [num_blocks, block_size, Hk, D]; key j of
    sequence b sits in page block_table[b, j / block_size]. GQA: query head h reads KV head h / (Hq / Hk);
    a page is read once per pass for all heads (its query heads' rows then come from L1). Softmax in two
-   passes over a per-thread score buffer. Several sequences are shared with the helper thread
-   (kernels/native_pool.c). Returns 0, -1 (no scratch memory) or -2 (query rows outside [0, T), a length
+   passes over a per-thread score buffer. A sequence longer than PART_KEYS splits into parts of that many
+   keys (flash-decoding): each part's max, sum and unnormalized outputs are merged once all have run, so
+   one long sequence keeps every thread of the pool busy (kernels/native_pool.c). The split depends on
+   the sequence's own length alone: a sequence gets the same bits alone or batched. Returns 0, -1 (no scratch memory) or -2 (query rows outside [0, T), a length
    or a page id out of range; nothing written). */
 
 #include <stdatomic.h>
@@ -71,66 +73,127 @@ static void accumulate_rows(const float *w, const float *v, int64_t stride, int6
         for (int64_t d = 0; d < D; d++) acc[d] += w[o] * v[o * stride + d];
 }
 
+/* keys a work item covers (rounded to whole pages): a long sequence splits into parts that run on
+   different threads (flash-decoding), and a part's scores stay in L1 */
+#define PART_KEYS 256
+
 typedef struct {
     const float *q, *k_cache, *v_cache;
     float *out;
     const int32_t *block_table, *seq_lens, *cu;
     int64_t max_blocks, block_size, Hq, Hk, D;
     float scale;
-    _Atomic int failed; /* set when a thread could not get its score buffer */
+    int64_t part_pages;   /* pages a part covers */
+    const int64_t *first;  /* [B + 1]: sequence b's parts are work items first[b] .. first[b + 1] */
+    const int64_t *offset; /* [B]: sequence b's first partial result (see partial_of) */
+    float *partial;        /* per part and query token, per head: max, sum, then D unnormalized outputs */
+    _Atomic int failed;   /* set when a thread could not get its score buffer */
 } attention_job;
 
 /* ask for the next page while this one is computed: pages are scattered, so the hardware prefetcher
-   does not see them coming */
+   does not see them coming; into L2 (asking for L1 held up the loads of the page being computed) */
 static inline void prefetch_page(const float *cache, int64_t page, int64_t floats) {
     const char *start = (const char *)(cache + page * floats);
-    for (int64_t off = 0; off < floats * (int64_t)sizeof(float); off += 64) __builtin_prefetch(start + off, 0, 3);
+    for (int64_t off = 0; off < floats * (int64_t)sizeof(float); off += 64) __builtin_prefetch(start + off, 0, 1);
 }
 
-/* sequences [b0, b1): each page is visited once per pass for all KV heads, so its slots stream from memory
-   in order (a cold cache is read at the hardware prefetcher's pace, not one row's latency at a time) */
-static void attend(void *ctx, int64_t b0, int64_t b1) {
-    attention_job *j = (attention_job *)ctx;
-    const int64_t Hq = j->Hq, Hk = j->Hk, D = j->D, block_size = j->block_size, group = Hq / Hk;
-    for (int64_t b = b0; b < b1; b++) {
-        const int32_t *pages = j->block_table + b * j->max_blocks;
-        const int64_t q_len = j->cu[b + 1] - j->cu[b];
-        float *scores = (float *)scratch_bytes((size_t)(Hq * j->seq_lens[b] + 1) * sizeof(float));
-        if (!scores) {
-            j->failed = 1;
-            return;
+/* sequence b's keys [k0, k0 + n) for its query token i (row t): the softmax over them; where the part is
+   the whole sequence, normalized into out; else its max, sum and unnormalized outputs into dst */
+static void attend_keys(const attention_job *j, const int32_t *pages, int64_t t, int64_t k0, int64_t n,
+                        float *scores, float *dst) {
+    const int64_t Hq = j->Hq, Hk = j->Hk, D = j->D, bs = j->block_size, group = Hq / Hk, page_floats = bs * Hk * D;
+    const int64_t p0 = k0 / bs, stride = dst ? D + 2 : D;
+    const float *qt = j->q + t * Hq * D;
+    float *o = dst ? dst + 2 : j->out + t * Hq * D;
+    /* scores[h * n + key] for every query head h; page by page: no division per key */
+    for (int64_t j0 = 0, p = p0; j0 < n; j0 += bs, p++) {
+        const float *kp = j->k_cache + (int64_t)pages[p] * page_floats;
+        const int64_t m = n - j0 < bs ? n - j0 : bs;
+        if (j0 + bs < n) prefetch_page(j->k_cache, pages[p + 1], page_floats);
+        for (int64_t h = 0; h < Hq; h++)
+            score_rows(qt + h * D, kp + (h / group) * D, Hk * D, m, D, j->scale, scores + h * n + j0);
+    }
+    prefetch_page(j->v_cache, pages[p0], page_floats); /* arrives during the softmax */
+    for (int64_t h = 0; h < Hq; h++) {
+        float *s = scores + h * n;
+        const float top = max_f32(s, n);
+        /* separate loops: a running float sum would keep the exp loop from vectorizing */
+        for (int64_t k = 0; k < n; k++) s[k] = exp_poly(s[k] - top);
+        const float total = sum_f32(s, n);
+        if (dst) {
+            dst[h * stride] = top, dst[h * stride + 1] = total;
+        } else {
+            const float inv = 1.0f / total;
+            for (int64_t k = 0; k < n; k++) s[k] *= inv;
         }
+        memset(o + h * stride, 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t j0 = 0, p = p0; j0 < n; j0 += bs, p++) {
+        const float *vp = j->v_cache + (int64_t)pages[p] * page_floats;
+        const int64_t m = n - j0 < bs ? n - j0 : bs;
+        if (j0 + bs < n) prefetch_page(j->v_cache, pages[p + 1], page_floats);
+        for (int64_t h = 0; h < Hq; h++)
+            accumulate_rows(scores + h * n + j0, vp + (h / group) * D, Hk * D, m, D, o + h * stride);
+    }
+}
+
+/* the partial result of sequence b's part `part` for its query token i: Hq x (max, sum, D outputs) */
+static inline float *partial_of(const attention_job *j, int64_t b, int64_t part, int64_t i) {
+    const int64_t q_len = j->cu[b + 1] - j->cu[b];
+    return j->partial + (j->offset[b] + part * q_len + i) * j->Hq * (j->D + 2);
+}
+
+/* work items [i0, i1): one part of one sequence each */
+static void attend(void *ctx, int64_t i0, int64_t i1) {
+    attention_job *j = (attention_job *)ctx;
+    const int64_t part_keys = j->part_pages * j->block_size;
+    float *scores = (float *)scratch_bytes((size_t)(j->Hq * part_keys) * sizeof(float));
+    if (!scores) {
+        j->failed = 1;
+        return;
+    }
+    int64_t b = 0;
+    for (int64_t item = i0; item < i1; item++) {
+        while (j->first[b + 1] <= item) b++;
+        const int64_t part = item - j->first[b], whole = j->first[b + 1] - j->first[b] == 1;
+        const int64_t q_len = j->cu[b + 1] - j->cu[b], k0 = part * part_keys;
+        const int32_t *pages = j->block_table + b * j->max_blocks;
         for (int64_t i = 0; i < q_len; i++) {
-            const int64_t t = j->cu[b] + i, keys = j->seq_lens[b] - q_len + i + 1;
-            const float *qt = j->q + t * Hq * D;
-            float *ot = j->out + t * Hq * D;
-            /* scores[h * keys + key] for every query head h; page by page: no division per key */
-            for (int64_t j0 = 0, p = 0; j0 < keys; j0 += block_size, p++) {
-                const float *kp = j->k_cache + (int64_t)pages[p] * block_size * Hk * D;
-                const int64_t n = keys - j0 < block_size ? keys - j0 : block_size;
-                if (j0 + block_size < keys) prefetch_page(j->k_cache, pages[p + 1], block_size * Hk * D);
-                for (int64_t h = 0; h < Hq; h++)
-                    score_rows(qt + h * D, kp + (h / group) * D, Hk * D, n, D, j->scale, scores + h * keys + j0);
-            }
-            prefetch_page(j->v_cache, pages[0], block_size * Hk * D); /* arrives during the softmax */
-            for (int64_t h = 0; h < Hq; h++) {
-                float *s = scores + h * keys;
-                const float top = max_f32(s, keys);
-                /* separate loops: a running float sum would keep the exp loop from vectorizing */
-                for (int64_t k = 0; k < keys; k++) s[k] = exp_poly(s[k] - top);
-                const float inv = 1.0f / sum_f32(s, keys);
-                for (int64_t k = 0; k < keys; k++) s[k] *= inv;
-            }
-            memset(ot, 0, (size_t)(Hq * D) * sizeof(float));
-            for (int64_t j0 = 0, p = 0; j0 < keys; j0 += block_size, p++) {
-                const float *vp = j->v_cache + (int64_t)pages[p] * block_size * Hk * D;
-                const int64_t n = keys - j0 < block_size ? keys - j0 : block_size;
-                if (j0 + block_size < keys) prefetch_page(j->v_cache, pages[p + 1], block_size * Hk * D);
-                for (int64_t h = 0; h < Hq; h++)
-                    accumulate_rows(scores + h * keys + j0, vp + (h / group) * D, Hk * D, n, D, ot + h * D);
+            /* query i of q_len sees keys 0 .. seq_len - q_len + i */
+            const int64_t keys = j->seq_lens[b] - q_len + i + 1;
+            const int64_t n = (k0 + part_keys < keys ? k0 + part_keys : keys) - k0;
+            float *dst = whole ? NULL : partial_of(j, b, part, i);
+            if (n > 0) {
+                attend_keys(j, pages, j->cu[b] + i, k0, n, scores, dst);
+            } else { /* a verification row that ends before this part: nothing to add */
+                for (int64_t h = 0; h < j->Hq; h++) dst[h * (j->D + 2)] = -INFINITY, dst[h * (j->D + 2) + 1] = 0.0f;
             }
         }
     }
+}
+
+/* out = sum over parts of e^(max_p - max) o_p / sum over parts of e^(max_p - max) sum_p */
+static void merge_parts(const attention_job *j, int64_t b) {
+    const int64_t Hq = j->Hq, D = j->D, parts = j->first[b + 1] - j->first[b], q_len = j->cu[b + 1] - j->cu[b];
+    for (int64_t i = 0; i < q_len; i++)
+        for (int64_t h = 0; h < Hq; h++) {
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t p = 0; p < parts; p++) {
+                const float m = partial_of(j, b, p, i)[h * (D + 2)];
+                top = m > top ? m : top;
+            }
+            float *o = j->out + (j->cu[b] + i) * Hq * D + h * D;
+            memset(o, 0, (size_t)D * sizeof(float));
+            for (int64_t p = 0; p < parts; p++) {
+                const float *part = partial_of(j, b, p, i) + h * (D + 2);
+                if (part[1] == 0.0f) continue;
+                const float w = exp_poly(part[0] - top);
+                total += w * part[1];
+                for (int64_t d = 0; d < D; d++) o[d] += w * part[2 + d];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+        }
 }
 
 int ninfer_decode_attention(const float *q, float *out, const float *k_cache, const float *v_cache,
@@ -145,9 +208,30 @@ int ninfer_decode_attention(const float *q, float *out, const float *k_cache, co
             if (block_table[b * max_blocks + p] < 0 || block_table[b * max_blocks + p] >= num_blocks)
                 return -2;
     }
-    attention_job job = {q, k_cache, v_cache, out, block_table, seq_lens, cu,
-                         max_blocks, block_size, Hq, Hk, D, scale, 0};
-    /* one sequence runs on the caller; several are shared with the helper thread */
-    pool_run(attend, &job, B, 1);
+    /* parts of part_pages pages each; a sequence of one part writes out directly, others merge after */
+    const int64_t part_pages = PART_KEYS / block_size > 1 ? PART_KEYS / block_size : 1, part_keys = part_pages * block_size;
+    int64_t *first = (int64_t *)scratch_slot(1, (size_t)(2 * B + 1) * sizeof(int64_t));
+    if (!first) return -1;
+    int64_t *offset = first + B + 1, partials = 0;
+    first[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t parts = seq_lens[b] > 0 ? (seq_lens[b] + part_keys - 1) / part_keys : 1;
+        first[b + 1] = first[b] + parts;
+        offset[b] = partials;
+        if (parts > 1) partials += parts * (cu[b + 1] - cu[b]);
+    }
+    float *partial = NULL;
+    if (partials > 0) {
+        partial = (float *)malloc((size_t)(partials * Hq * (D + 2)) * sizeof(float));
+        if (!partial) return -1;
+    }
+    attention_job job = {q, k_cache, v_cache, out, block_table, seq_lens, cu, max_blocks, block_size,
+                         Hq, Hk, D, scale, part_pages, first, offset, partial, 0};
+    /* one part runs on the caller; several are shared out (kernels/native_pool.c) */
+    pool_run(attend, &job, first[B], 1);
+    if (!job.failed)
+        for (int64_t b = 0; b < B; b++)
+            if (first[b + 1] - first[b] > 1) merge_parts(&job, b);
+    free(partial);
     return job.failed ? -1 : 0;
 }

@@ -114,6 +114,23 @@ def test_paged_attention(head_dim, num_q, num_kv, block_size, new):
     assert rel_err(got, attention_naive.paged_attention(*case, head_dim**-0.5)) < TOL
 
 
+@pytest.mark.parametrize("block_size", [16, 4, 48])  # 48: parts of 240 keys, not 256
+@pytest.mark.parametrize("new", [[1, 1, 1, 1], [1, 4, 2, 3]])
+def test_paged_attention_splits_long_sequences(block_size, new):
+    """Past 256 keys a sequence runs in parts merged at the end; verification rows end on either side of
+    a part boundary (254 + 4: rows see 255 .. 258 keys)."""
+    case = paged_case("fp32", 64, 9, 3, block_size, [600, 254, 0, 1100], new, torch.float32, "cpu")
+    got = attention_native.paged_attention(*case, 0.125)
+    assert rel_err(got, attention_naive.paged_attention(*case, 0.125)) < TOL
+    q, cache, table, seq_lens, cu = case
+    for b in range(4):  # each sequence alone gives the same bits as in the batch
+        rows = slice(cu[b].item(), cu[b + 1].item())
+        alone = attention_native.paged_attention(
+            q[rows], cache, table[b : b + 1], seq_lens[b : b + 1], cu[b : b + 2] - cu[b], 0.125
+        )
+        assert torch.equal(alone, got[rows])
+
+
 def test_paged_attention_leaves_prefill_and_quantized_caches_to_the_twin():
     prefill = paged_case("fp32", 64, 4, 2, 16, [0, 3], [40, 1], torch.float32, "cpu")
     assert attention_native.paged_attention(*prefill, 0.125) is None
