@@ -208,7 +208,7 @@ def test_both_pools_give_the_same_bits(tmp_path, monkeypatch):
 
     packed = q4.pack(*_q4_weight(960, 576))
     x = torch.randn(8, 576)
-    case = paged_case("fp32", 64, 4, 2, 16, [30, 0, 70, 5, 200, 1, 9, 40], [1] * 8, torch.float32, "cpu")
+    case = paged_case("fp32", 64, 4, 2, 16, [30, 0, 700, 5, 200, 1, 9, 40], [1] * 8, torch.float32, "cpu")
     want = q4.matmul(x, packed, 960), attention_native.paged_attention(*case, 0.125)
     for pool in native_build.POOLS:
         copy = tmp_path / f"{pool}.so"  # a second copy loads apart from the first, with a pool of its own
