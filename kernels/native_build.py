@@ -39,6 +39,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # symbol -> argument types (every function returns int: 0, or a negative error code)
 SIGNATURES = {
     "ninfer_q4_matmul": [_P, _P, _P, _I, _I, _I],
+    "ninfer_q4_dequantize_t_bf16": [_P, _P, _I, _I],
     "ninfer_rmsnorm": [_P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
     "ninfer_silu_mul": [_P, _P, _I, _I, _I],
     "ninfer_rope": [_P] * 6 + [_I] * 8,

@@ -198,6 +198,9 @@ class CpuInt4Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
         if x.shape[0] >= self.dense_min_rows:
+            if self.native is not None:  # unpacked in C, transposed: [K, N]
+                wt = q4_cpu.dequantize_t_bf16(self.native, *self.shape)
+                return (x.to(torch.bfloat16) @ wt).to(x.dtype)
             w = self.dequantize().to(torch.bfloat16)
             return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
         if self.native is not None:

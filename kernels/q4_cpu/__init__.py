@@ -1,7 +1,7 @@
 """int4 weights x int8 activations on x86 CPUs (AVX-512 VNNI): the CPU decode matmul of 4-bit layers.
 
-`pack` lays out codes and fp16 scales as native.c reads them, `unpack` reads them back (the prefill path
-and tests), `matmul` runs the compiled kernel (kernels/native_build.py) where `available()`, else the
+`pack` lays out codes and fp16 scales as native.c reads them, `unpack` reads them back (tests),
+`dequantize_t_bf16` gives the weight transposed in bf16 (prefill's GEMM), `matmul` runs the compiled kernel (kernels/native_build.py) where `available()`, else the
 naive twin (same math in torch, float64). Shapes: N a multiple of ROWS, K a multiple of GROUP.
 """
 
@@ -12,7 +12,17 @@ import torch
 from kernels.native_build import check, has_q4, library
 from kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, q4_matmul, unpack
 
-__all__ = ["BLOCK_BYTES", "GROUP", "ROWS", "available", "matmul", "pack", "supports", "unpack"]
+__all__ = [
+    "BLOCK_BYTES",
+    "GROUP",
+    "ROWS",
+    "available",
+    "dequantize_t_bf16",
+    "matmul",
+    "pack",
+    "supports",
+    "unpack",
+]
 
 FP16_MIN_NORMAL = 2.0**-14
 FP16_MAX = 65504.0
@@ -58,3 +68,17 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
     y = torch.empty(m, n)
     check(library().ninfer_q4_matmul(packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k), "int4 matmul")
     return y
+
+
+def dequantize_t_bf16(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Wt [K, N] bf16: w = scale * code + minimum in fp32, rounded to bf16 (the same bits as unpacking in
+    torch and converting), transposed."""
+    if not has_q4():
+        codes, scale, lo = unpack(packed, n, k)
+        w = codes.float().view(n, k // GROUP, GROUP) * scale[..., None] + lo[..., None]
+        return w.view(n, k).to(torch.bfloat16).t().contiguous()
+    assert packed.dtype == torch.uint8 and packed.is_contiguous()
+    assert packed.shape == (n // ROWS, k // GROUP, BLOCK_BYTES), (tuple(packed.shape), n, k)
+    wt = torch.empty(k, n, dtype=torch.bfloat16)
+    check(library().ninfer_q4_dequantize_t_bf16(packed.data_ptr(), wt.data_ptr(), n, k), "int4 dequantize")
+    return wt

@@ -13,7 +13,10 @@
 
    One row (decode of one sequence) runs on the calling thread alone: one core already streams the weights
    as fast as this machine's memory delivers them (measured; a second thread added nothing). From two rows
-   on, the dot products are the bound and the helper thread of kernels/native_pool.c shares the row blocks. */
+   on, the dot products are the bound and the pool of kernels/native_pool.c shares the row blocks.
+
+   ninfer_q4_dequantize_t_bf16 unpacks the weight for prefill's bf16 GEMM, transposed: Wt [K, N] bf16, so
+   the 16 lanes of one code vector (16 output rows, one column) land as 16 consecutive bf16 values. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -135,6 +138,52 @@ static void run_blocks(void *ctx, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++) run_block((const job_t *)ctx, b);
 }
 
+typedef struct {
+    const uint8_t *w;
+    uint16_t *wt;
+    int64_t N, K;
+} unpack_job;
+
+/* fp32 -> bf16 bits, rounded to nearest even (as torch converts; the weights hold no NaN) */
+static inline __m256i to_bf16(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+/* row blocks [b0, b1): w = d * q + m, exact in fp32 (q < 16 times an 11-bit d), then rounded to bf16 */
+static void unpack_blocks(void *ctx, int64_t b0, int64_t b1) {
+    const unpack_job *j = (const unpack_job *)ctx;
+    const int64_t G = j->K / GROUP;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *blk = j->w + (b * G + g) * BLOCK_BYTES;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 4 * 64)));
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 4 * 64 + 2 * ROWS)));
+            uint16_t *col = j->wt + g * GROUP * j->N + b * ROWS; /* Wt[g * GROUP + c, b * ROWS + r] */
+            for (int s = 0; s < 4; s++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(blk + s * 64));
+                const __m512i steps[2] = {_mm512_and_si512(v, low_nibbles),
+                                          _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles)};
+                for (int half = 0; half < 2; half++) /* step s, then step s + 4 */
+                    for (int c = 0; c < 4; c++) {     /* byte c of each lane: column 4 * step + c */
+                        const __m512i q = _mm512_and_si512(_mm512_srli_epi32(steps[half], 8 * c), byte);
+                        const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+                        _mm256_storeu_si256((__m256i *)(col + (4 * (s + 4 * half) + c) * j->N), to_bf16(w));
+                    }
+            }
+        }
+}
+
+/* Wt [K, N] bf16 from the packed weight [N / ROWS, K / GROUP, BLOCK_BYTES]; returns 0 */
+int ninfer_q4_dequantize_t_bf16(const uint8_t *w, uint16_t *wt, int64_t N, int64_t K) {
+    unpack_job job = {.w = w, .wt = wt, .N = N, .K = K};
+    pool_run(unpack_blocks, &job, N / ROWS, CHUNK_BLOCKS);
+    return 0;
+}
+
 /* returns 0, or -1 when the scratch could not be allocated (y untouched) */
 int ninfer_q4_matmul(const uint8_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K) {
     const int64_t G = K / GROUP, NB = N / ROWS;
@@ -159,6 +208,10 @@ int ninfer_q4_matmul(const uint8_t *w, const float *x, float *y, int64_t M, int6
 int ninfer_q4_abi(void) { return 0; }
 int ninfer_q4_matmul(const uint8_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K) {
     (void)w; (void)x; (void)y; (void)M; (void)N; (void)K;
+    return -2;
+}
+int ninfer_q4_dequantize_t_bf16(const uint8_t *w, uint16_t *wt, int64_t N, int64_t K) {
+    (void)w; (void)wt; (void)N; (void)K;
     return -2;
 }
 #endif

@@ -177,6 +177,23 @@ def test_q4_matmul(m, n, k):
     assert rel_err(got, x @ dense.t()) < 2e-4  # ~15-bit activations: two int8 terms per group
 
 
+@pytest.mark.parametrize("n,k", [(16, 32), (960, 576), (48, 1536)])
+@pytest.mark.parametrize("native", [True, False])
+def test_q4_dequantize_t_bf16_gives_torchs_bits(n, k, native, monkeypatch):
+    if not native:
+        monkeypatch.setattr(q4, "has_q4", lambda: False)
+    elif not q4.available():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    codes, scale, lo = _q4_weight(n, k)
+    lo[0, 0] = 3e-6  # an fp16 subnormal minimum
+    packed = q4.pack(codes, scale, lo)
+    c, s, z = q4.unpack(packed, n, k)
+    want = (c.float().view(n, -1, q4.GROUP) * s[..., None] + z[..., None]).view(n, k).to(torch.bfloat16)
+    got = q4.dequantize_t_bf16(packed, n, k)
+    assert got.shape == (k, n) and got.dtype == torch.bfloat16
+    assert torch.equal(got.t(), want)
+
+
 @pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
 def test_q4_matmul_from_two_threads_at_once():
     """The pool takes one job at a time; a second engine thread computes its own alone."""
