@@ -43,8 +43,8 @@ SIGNATURES = {
     "ninfer_rmsnorm": [_P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
     "ninfer_silu_mul": [_P, _P, _I, _I, _I],
     "ninfer_rope": [_P] * 6 + [_I] * 8,
-    "ninfer_kv_store": [_P] * 5 + [_I] * 5,
-    "ninfer_decode_attention": [_P] * 7 + [_I] * 8 + [_F],
+    "ninfer_kv_store": [_P] * 7 + [_I] * 7,
+    "ninfer_decode_attention": [_P] * 9 + [_I] * 9 + [_F],
 }
 
 _state: dict[str, object] = {}

@@ -65,9 +65,58 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return lanes[0];
 }
 
+/* IEEE half and bfloat16 bits <-> float, rounding to nearest even as torch converts (plain C: the library
+   also builds where no half-precision type or instruction is at hand) */
+static inline uint32_t f32_bits(float f) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
+    return v.u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
+    return v.f;
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact */
+        const float v = (float)mantissa * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exponent == 31) return bits_f32(sign | 0x7F800000u | (mantissa << 13));
+    return bits_f32(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    x &= 0x7FFFFFFF;
+    if (x >= 0x47800000u) /* 65536 and beyond (65520 and up round there below), inf, NaN */
+        return (uint16_t)(sign | (x > 0x7F800000u ? 0x7E00 : 0x7C00));
+    if (x < 0x38800000u) { /* below 2^-14: subnormal; adding 0.5 leaves x * 2^24 rounded in the low bits */
+        return (uint16_t)(sign | (f32_bits(bits_f32(x) + 0.5f) - 0x3F000000u));
+    }
+    x += 0xC8000FFFu + ((x >> 13) & 1); /* rebias the exponent by -112, round half to even */
+    return (uint16_t)(sign | (x >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t f32_to_bf16(float f) {
+    const uint32_t x = f32_bits(f);
+    if ((x & 0x7FFFFFFF) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+}
+
 /* per-thread buffers of at least `bytes`, kept between calls (NULL when allocation fails); a caller that
    needs two at once takes two slots */
-#define SCRATCH_SLOTS 2
+#define SCRATCH_SLOTS 3
 static inline void *scratch_slot(int slot, size_t bytes) {
     static __thread void *buf[SCRATCH_SLOTS];
     static __thread size_t cap[SCRATCH_SLOTS];

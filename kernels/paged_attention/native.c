@@ -1,6 +1,8 @@
-/* Causal attention of a few query tokens per sequence over an fp32 paged cache: decode and speculative
+/* Causal attention of a few query tokens per sequence over a paged cache: decode and speculative
    verification (the naive twin: kernels/paged_attention/naive.py; prefill stays on torch's flash kernel).
-   Dot products and value sums on AVX-512 where built with it and D % 64 == 0, plain C otherwise.
+   Dot products and value sums on AVX-512 where built with it and D % 64 == 0, plain C otherwise. Every
+   KV dtype of engine/cache/kv_layout.py but fp8: an fp32 cache is read in place, the others one page at a
+   time into a per-thread fp32 page (the page is then read once for every query head of its group).
 
    q [T, Hq, D] contiguous, the query tokens of sequence b at rows cu[b] .. cu[b + 1], its last positions:
    query i of q_len sees keys 0 .. seq_len - q_len + i. Caches [num_blocks, block_size, Hk, D]; key j of
@@ -77,8 +79,15 @@ static void accumulate_rows(const float *w, const float *v, int64_t stride, int6
    different threads (flash-decoding), and a part's scores stay in L1 */
 #define PART_KEYS 256
 
+/* the cache's KV dtype (kv_layout.py): fp32 is read in place, the others a page at a time into fp32 */
+enum { KV_FP32, KV_BF16, KV_FP16, KV_INT8, KV_K8V4 };
+#define V4_GROUP 32 /* dims sharing one int4 V scale (kernels/kv_quant/naive.py) */
+
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;
+    const uint16_t *k_scale, *v_scale; /* fp16, per slot and head (k8v4's V: per V4_GROUP dims) */
+    int mode;
     float *out;
     const int32_t *block_table, *seq_lens, *cu;
     int64_t max_blocks, block_size, Hq, Hk, D;
@@ -90,30 +99,73 @@ typedef struct {
     _Atomic int failed;   /* set when a thread could not get its score buffer */
 } attention_job;
 
+/* bytes a slot's Hk rows take in the K (or V) cache */
+static inline int64_t slot_bytes(const attention_job *j, int value) {
+    static const int64_t elem[] = {4, 2, 2, 1, 1};
+    return value && j->mode == KV_K8V4 ? j->Hk * j->D / 2 : j->Hk * j->D * elem[j->mode];
+}
+
 /* ask for the next page while this one is computed: pages are scattered, so the hardware prefetcher
    does not see them coming; into L2 (asking for L1 held up the loads of the page being computed) */
-static inline void prefetch_page(const float *cache, int64_t page, int64_t floats) {
-    const char *start = (const char *)(cache + page * floats);
-    for (int64_t off = 0; off < floats * (int64_t)sizeof(float); off += 64) __builtin_prefetch(start + off, 0, 1);
+static inline void prefetch_page(const attention_job *j, int value, int64_t page) {
+    const int64_t bytes = j->block_size * slot_bytes(j, value);
+    const char *start = (const char *)(value ? j->v_cache : j->k_cache) + page * bytes;
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(start + off, 0, 1);
+}
+
+/* the first m slots of a page as fp32 [m, Hk, D]: in place for an fp32 cache, else dequantized into buf
+   (the same products as the naive twin's: an int8 or int4 code times its fp16 scale is exact in fp32) */
+static const float *page_f32(const attention_job *j, int value, int64_t page, int64_t m, float *buf) {
+    const int64_t Hk = j->Hk, D = j->D, rows = m * Hk, first = page * j->block_size * Hk;
+    const void *cache = value ? j->v_cache : j->k_cache;
+    const uint16_t *scale = value ? j->v_scale : j->k_scale;
+    if (j->mode == KV_FP32) return (const float *)cache + first * D;
+    if (j->mode == KV_BF16 || j->mode == KV_FP16) {
+        const uint16_t *src = (const uint16_t *)cache + first * D;
+        if (j->mode == KV_BF16)
+            for (int64_t i = 0; i < rows * D; i++) buf[i] = bf16_to_f32(src[i]);
+        else
+            for (int64_t i = 0; i < rows * D; i++) buf[i] = f16_to_f32(src[i]);
+    } else if (!value || j->mode == KV_INT8) {
+        const int8_t *src = (const int8_t *)cache + first * D;
+        for (int64_t r = 0; r < rows; r++) {
+            const float s = f16_to_f32(scale[first + r]);
+            for (int64_t d = 0; d < D; d++) buf[r * D + d] = (float)src[r * D + d] * s;
+        }
+    } else { /* k8v4's V: two dims a byte, the even one in the low nibble, code - 8 */
+        const uint8_t *src = (const uint8_t *)cache + first * D / 2;
+        const int64_t groups = D / V4_GROUP;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < groups; g++) {
+                const float s = f16_to_f32(scale[(first + r) * groups + g]);
+                const uint8_t *in = src + r * D / 2 + g * V4_GROUP / 2;
+                float *o = buf + r * D + g * V4_GROUP;
+                for (int64_t i = 0; i < V4_GROUP / 2; i++) {
+                    o[2 * i] = (float)((int)(in[i] & 15) - 8) * s;
+                    o[2 * i + 1] = (float)((int)(in[i] >> 4) - 8) * s;
+                }
+            }
+    }
+    return buf;
 }
 
 /* sequence b's keys [k0, k0 + n) for its query token i (row t): the softmax over them; where the part is
    the whole sequence, normalized into out; else its max, sum and unnormalized outputs into dst */
 static void attend_keys(const attention_job *j, const int32_t *pages, int64_t t, int64_t k0, int64_t n,
-                        float *scores, float *dst) {
-    const int64_t Hq = j->Hq, Hk = j->Hk, D = j->D, bs = j->block_size, group = Hq / Hk, page_floats = bs * Hk * D;
+                        float *scores, float *page, float *dst) {
+    const int64_t Hq = j->Hq, Hk = j->Hk, D = j->D, bs = j->block_size, group = Hq / Hk;
     const int64_t p0 = k0 / bs, stride = dst ? D + 2 : D;
     const float *qt = j->q + t * Hq * D;
     float *o = dst ? dst + 2 : j->out + t * Hq * D;
     /* scores[h * n + key] for every query head h; page by page: no division per key */
     for (int64_t j0 = 0, p = p0; j0 < n; j0 += bs, p++) {
-        const float *kp = j->k_cache + (int64_t)pages[p] * page_floats;
         const int64_t m = n - j0 < bs ? n - j0 : bs;
-        if (j0 + bs < n) prefetch_page(j->k_cache, pages[p + 1], page_floats);
+        const float *kp = page_f32(j, 0, pages[p], m, page);
+        if (j0 + bs < n) prefetch_page(j, 0, pages[p + 1]);
         for (int64_t h = 0; h < Hq; h++)
             score_rows(qt + h * D, kp + (h / group) * D, Hk * D, m, D, j->scale, scores + h * n + j0);
     }
-    prefetch_page(j->v_cache, pages[p0], page_floats); /* arrives during the softmax */
+    prefetch_page(j, 1, pages[p0]); /* arrives during the softmax */
     for (int64_t h = 0; h < Hq; h++) {
         float *s = scores + h * n;
         const float top = max_f32(s, n);
@@ -129,9 +181,9 @@ static void attend_keys(const attention_job *j, const int32_t *pages, int64_t t,
         memset(o + h * stride, 0, (size_t)D * sizeof(float));
     }
     for (int64_t j0 = 0, p = p0; j0 < n; j0 += bs, p++) {
-        const float *vp = j->v_cache + (int64_t)pages[p] * page_floats;
         const int64_t m = n - j0 < bs ? n - j0 : bs;
-        if (j0 + bs < n) prefetch_page(j->v_cache, pages[p + 1], page_floats);
+        const float *vp = page_f32(j, 1, pages[p], m, page);
+        if (j0 + bs < n) prefetch_page(j, 1, pages[p + 1]);
         for (int64_t h = 0; h < Hq; h++)
             accumulate_rows(scores + h * n + j0, vp + (h / group) * D, Hk * D, m, D, o + h * stride);
     }
@@ -148,7 +200,8 @@ static void attend(void *ctx, int64_t i0, int64_t i1) {
     attention_job *j = (attention_job *)ctx;
     const int64_t part_keys = j->part_pages * j->block_size;
     float *scores = (float *)scratch_bytes((size_t)(j->Hq * part_keys) * sizeof(float));
-    if (!scores) {
+    float *page = j->mode == KV_FP32 ? NULL : (float *)scratch_slot(2, (size_t)(j->block_size * j->Hk * j->D) * sizeof(float));
+    if (!scores || (j->mode != KV_FP32 && !page)) {
         j->failed = 1;
         return;
     }
@@ -164,7 +217,7 @@ static void attend(void *ctx, int64_t i0, int64_t i1) {
             const int64_t n = (k0 + part_keys < keys ? k0 + part_keys : keys) - k0;
             float *dst = whole ? NULL : partial_of(j, b, part, i);
             if (n > 0) {
-                attend_keys(j, pages, j->cu[b] + i, k0, n, scores, dst);
+                attend_keys(j, pages, j->cu[b] + i, k0, n, scores, page, dst);
             } else { /* a verification row that ends before this part: nothing to add */
                 for (int64_t h = 0; h < j->Hq; h++) dst[h * (j->D + 2)] = -INFINITY, dst[h * (j->D + 2) + 1] = 0.0f;
             }
@@ -196,11 +249,12 @@ static void merge_parts(const attention_job *j, int64_t b) {
         }
 }
 
-int ninfer_decode_attention(const float *q, float *out, const float *k_cache, const float *v_cache,
-                            const int32_t *block_table, const int32_t *seq_lens, const int32_t *cu,
-                            int64_t T, int64_t B, int64_t max_blocks, int64_t block_size, int64_t Hq, int64_t Hk,
-                            int64_t D, int64_t num_blocks, float scale) {
-    if (cu[0] < 0 || cu[B] > T) return -2;
+int ninfer_decode_attention(const float *q, float *out, const void *k_cache, const void *v_cache,
+                            const uint16_t *k_scale, const uint16_t *v_scale, const int32_t *block_table,
+                            const int32_t *seq_lens, const int32_t *cu, int64_t T, int64_t B, int64_t max_blocks,
+                            int64_t block_size, int64_t Hq, int64_t Hk, int64_t D, int64_t num_blocks, int64_t mode,
+                            float scale) {
+    if (cu[0] < 0 || cu[B] > T || mode < KV_FP32 || mode > KV_K8V4 || (mode == KV_K8V4 && D % V4_GROUP)) return -2;
     for (int64_t b = 0; b < B; b++) {
         const int64_t q_len = cu[b + 1] - cu[b], len = seq_lens[b];
         if (q_len < 0 || len < q_len || (len + block_size - 1) / block_size > max_blocks) return -2;
@@ -225,8 +279,8 @@ int ninfer_decode_attention(const float *q, float *out, const float *k_cache, co
         partial = (float *)malloc((size_t)(partials * Hq * (D + 2)) * sizeof(float));
         if (!partial) return -1;
     }
-    attention_job job = {q, k_cache, v_cache, out, block_table, seq_lens, cu, max_blocks, block_size,
-                         Hq, Hk, D, scale, part_pages, first, offset, partial, 0};
+    attention_job job = {q, k_cache, v_cache, k_scale, v_scale, (int)mode, out, block_table, seq_lens, cu,
+                         max_blocks, block_size, Hq, Hk, D, scale, part_pages, first, offset, partial, 0};
     /* one part runs on the caller; several are shared out (kernels/native_pool.c) */
     pool_run(attend, &job, first[B], 1);
     if (!job.failed)

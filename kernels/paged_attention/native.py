@@ -1,6 +1,6 @@
-"""ctypes entry of native.c; None where it does not apply (the caller then runs the naive twin): an fp32
-cache, fp32 q, int32 metadata, and at most MAX_QUERY_TOKENS query tokens per sequence (decode and
-speculative verification; prefill runs torch's flash kernel on two cores)."""
+"""ctypes entry of native.c; None where it does not apply (the caller then runs the naive twin): fp32 q, a
+cache of any KV dtype but fp8, int32 metadata, and at most MAX_QUERY_TOKENS query tokens per sequence
+(decode and speculative verification; prefill runs torch's flash kernel on two cores)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import torch
 from kernels.native_build import check, library
 
 MAX_QUERY_TOKENS = 16
+# kv_dtype -> native.c's mode
+MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3, "k8v4": 4}
 
 
 def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
-    if cache.kv_dtype != "fp32" or q.dtype != torch.float32 or q.dim() != 3:
+    mode = MODES.get(cache.kv_dtype)
+    if mode is None or q.dtype != torch.float32 or q.dim() != 3:
         return None
     num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
     # every sequence decodes (or verifies a few drafts) when the tokens are few per sequence
@@ -21,8 +24,8 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     meta = (block_table, seq_lens, cu_seqlens_q)
     if any(t.dtype != torch.int32 or not t.is_contiguous() for t in meta):
         return None
-    kc, vc = cache.k_data, cache.v_data
-    if not (kc.is_contiguous() and vc.is_contiguous()):
+    kc, vc, ks, vs = cache.k_data, cache.v_data, cache.k_scale, cache.v_scale
+    if not all(t is None or t.is_contiguous() for t in (kc, vc, ks, vs)):
         return None
     num_blocks, block_size, hk, d = kc.shape
     shapes_ok = q.shape[2] == d and q.shape[1] % hk == 0 and block_table.dim() == 2
@@ -35,6 +38,8 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
         out.data_ptr(),
         kc.data_ptr(),
         vc.data_ptr(),
+        None if ks is None else ks.data_ptr(),
+        None if vs is None else vs.data_ptr(),
         block_table.data_ptr(),
         seq_lens.data_ptr(),
         cu_seqlens_q.data_ptr(),
@@ -46,6 +51,7 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
         hk,
         d,
         num_blocks,
+        mode,
         scale,
     )
     check(rc, "paged_attention")

@@ -87,19 +87,49 @@ def test_rope(tokens, num_q, num_kv, head_dim, rotary_dim):
         rope_native.rope(q, k, torch.full((tokens,), 4096), cache)
 
 
-def test_kv_store_matches_and_refuses_a_slot_past_the_cache():
-    qkv = torch.randn(6, (4 + 2 * 2) * 64)
-    k, v = (qkv[:, a : a + 128].view(6, 2, 64) for a in (256, 384))
-    slots = torch.tensor([3, -1, 17, 40, 41, 8])
-    got, want = (KVCache.allocate("fp32", 4, 16, 2, 64, "cpu") for _ in range(2))
+def _caches(kv_dtype):
+    return [KVCache.allocate(kv_dtype, 4, 16, 2, 64, "cpu") for _ in range(2)]
+
+
+def _cache_tensors(cache):
+    return [t for t in (cache.k_data, cache.v_data, cache.k_scale, cache.v_scale) if t is not None]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "fp16", "int8", "k8v4"])
+def test_kv_store_gives_the_twins_bits(kv_dtype):
+    qkv = torch.randn(7, (4 + 2 * 2) * 64) * 3
+    k, v = (qkv[:, a : a + 128].view(7, 2, 64) for a in (256, 384))
+    k[4], v[4] = 0.0, 0.0  # an all-zero row: the scale clamps to fp16's smallest normal
+    k[5, 0, :2] = torch.tensor([1e-6, 7e4])  # fp16 subnormal and overflow; scales then large
+    v[6, 1] = torch.arange(64) * 0.5 - 16  # codes on rounding halves
+    slots = torch.tensor([3, -1, 17, 40, 41, 8, 63])
+    got, want = _caches(kv_dtype)
     assert kv_store_native.kv_store(k, v, got, slots)
     kv_store_naive.kv_store(k, v, want, slots)
-    assert torch.equal(got.k_data, want.k_data) and torch.equal(got.v_data, want.v_data)
-    before = got.k_data.clone()
+    for a, b in zip(_cache_tensors(got), _cache_tensors(want)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # bits, so NaN-free ties count too
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
+def test_kv_store_rounds_across_the_whole_range(kv_dtype):
+    """C's own float -> half / bfloat16 rounding against torch's over 2^-30 .. 2^17, both signs."""
+    x = torch.randn(64 * 64).sign() * 2.0 ** (torch.rand(64 * 64) * 47 - 30)
+    x[:3] = torch.tensor([65519.0, 65520.0, 2.0**-25])  # the largest half, the first to round to inf, a tie
+    k = x.view(64, 1, 64)
+    got, want = (KVCache.allocate(kv_dtype, 4, 16, 1, 64, "cpu") for _ in range(2))
+    assert kv_store_native.kv_store(k, k, got, torch.arange(64))
+    kv_store_naive.kv_store(k, k, want, torch.arange(64))
+    assert torch.equal(got.k_data.view(torch.int16), want.k_data.view(torch.int16))
+
+
+def test_kv_store_refuses_a_slot_past_the_cache():
+    qkv = torch.randn(6, (4 + 2 * 2) * 64)
+    k, v = (qkv[:, a : a + 128].view(6, 2, 64) for a in (256, 384))
+    got, _ = _caches("int8")
+    before = [t.clone() for t in _cache_tensors(got)]
     with pytest.raises(ValueError, match="out of range"):
         kv_store_native.kv_store(k, v, got, torch.tensor([0, 1, 2, 3, 4, 64]))
-    assert torch.equal(got.k_data, before)  # nothing written
-    assert not kv_store_native.kv_store(k, v, KVCache.allocate("int8", 4, 16, 2, 64, "cpu"), slots)
+    assert all(torch.equal(a, b) for a, b in zip(_cache_tensors(got), before))  # nothing written
 
 
 # head_dim (48: the plain C path) x GQA ratio 1 / 3 / 4 / 6 x page size; lengths cross pages
@@ -131,11 +161,20 @@ def test_paged_attention_splits_long_sequences(block_size, new):
         assert torch.equal(alone, got[rows])
 
 
-def test_paged_attention_leaves_prefill_and_quantized_caches_to_the_twin():
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16", "int8", "k8v4"])
+@pytest.mark.parametrize("head_dim,num_q,num_kv,block_size", [(64, 9, 3, 16), (128, 8, 2, 4), (96, 6, 1, 16)])
+@pytest.mark.parametrize("new", [[1, 1, 1], [1, 4, 2]])
+def test_paged_attention_reads_every_kv_dtype(kv_dtype, head_dim, num_q, num_kv, block_size, new):
+    """Against the naive twin on the same quantized cache (both dequantize to the same fp32 values); 96:
+    the plain C dot products; 300 keys: two parts."""
+    case = paged_case(kv_dtype, head_dim, num_q, num_kv, block_size, [20, 300, 3], new, torch.float32, "cpu")
+    got = attention_native.paged_attention(*case, head_dim**-0.5)
+    assert rel_err(got, attention_naive.paged_attention(*case, head_dim**-0.5)) < TOL
+
+
+def test_paged_attention_leaves_prefill_to_the_twin():
     prefill = paged_case("fp32", 64, 4, 2, 16, [0, 3], [40, 1], torch.float32, "cpu")
     assert attention_native.paged_attention(*prefill, 0.125) is None
-    int8 = paged_case("int8", 64, 4, 2, 16, [5, 3], [1, 1], torch.float32, "cpu")
-    assert attention_native.paged_attention(*int8, 0.125) is None
 
 
 def test_paged_attention_refuses_a_page_outside_the_cache():
