@@ -47,6 +47,9 @@ SIGNATURES = {
     "ninfer_decode_attention": [_P] * 9 + [_I] * 9 + [_F],
 }
 
+# kv_dtype -> the mode number kv_store and decode attention take (their enum in native.c; fp8 has none)
+KV_MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3, "k8v4": 4}
+
 _state: dict[str, object] = {}
 
 

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* e^x: a degree-6 polynomial on x = n ln2 + r, |r| <= ln2 / 2 (relative error ~1e-7), written so the
    compiler vectorizes the loops that call it; libm's expf runs one value at a time. x is clamped to
@@ -68,19 +69,15 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
 /* IEEE half and bfloat16 bits <-> float, rounding to nearest even as torch converts (plain C: the library
    also builds where no half-precision type or instruction is at hand) */
 static inline uint32_t f32_bits(float f) {
-    union {
-        float f;
-        uint32_t u;
-    } v = {.f = f};
-    return v.u;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
 }
 
 static inline float bits_f32(uint32_t u) {
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = u};
-    return v.f;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 static inline float f16_to_f32(uint16_t h) {

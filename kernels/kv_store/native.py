@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, heads_packed, library
-from kernels.paged_attention.native import MODES
+from kernels.native_build import KV_MODES, check, heads_packed, library
 
 
 def kv_store(k, v, cache, slot_mapping) -> bool:
     kc, vc, ks, vs = cache.k_data, cache.v_data, cache.k_scale, cache.v_scale
-    mode = MODES.get(cache.kv_dtype)
+    mode = KV_MODES.get(cache.kv_dtype)
     if mode is None or not (heads_packed(k) and heads_packed(v)) or k.shape != v.shape:
         return False
     if (

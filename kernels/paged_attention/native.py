@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
+from kernels.native_build import KV_MODES, check, library
 
 MAX_QUERY_TOKENS = 16
-# kv_dtype -> native.c's mode
-MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3, "k8v4": 4}
 
 
 def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
-    mode = MODES.get(cache.kv_dtype)
+    mode = KV_MODES.get(cache.kv_dtype)
     if mode is None or q.dtype != torch.float32 or q.dim() != 3:
         return None
     num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
