@@ -70,7 +70,7 @@ def use_triton(x: torch.Tensor) -> bool:
 
 def use_native(x: torch.Tensor) -> bool:
     """Whether an op on `x` tries its C twin first (a CPU tensor, the library built, no backend forced)."""
-    return _forced == "" and x.device.type == "cpu" and native_build.library() is not None
+    return _forced == "" and x.is_cpu and native_build.library() is not None
 
 
 def _native_or_naive(native_op, naive_op, *args):

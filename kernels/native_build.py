@@ -204,6 +204,13 @@ def heads_packed(x) -> bool:
     return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
+def cache_contiguous(cache) -> bool:
+    """A KVCache's data and scale tensors are contiguous (as allocated): the layout the C ops index."""
+    ks, vs = cache.k_scale, cache.v_scale
+    scales_ok = (ks is None or ks.is_contiguous()) and (vs is None or vs.is_contiguous())
+    return scales_ok and cache.k_data.is_contiguous() and cache.v_data.is_contiguous()
+
+
 def check(rc: int, op: str) -> None:
     """Turn a native op's error code into an exception (codes listed in each native.c)."""
     if rc == -1:

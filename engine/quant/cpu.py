@@ -197,14 +197,15 @@ class CpuInt4Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
+        if self.native is not None and x.shape[0] < NATIVE_DENSE_MIN_ROWS:  # decode: first, and lean
+            y = q4_cpu.matmul(x, self.native, self.shape[0])
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         if x.shape[0] >= self.dense_min_rows:
             if self.native is not None:  # unpacked in C, transposed: [K, N]
                 wt = q4_cpu.dequantize_t_bf16(self.native, *self.shape)
                 return (x.to(torch.bfloat16) @ wt).to(x.dtype)
             w = self.dequantize().to(torch.bfloat16)
             return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
-        if self.native is not None:
-            return q4_cpu.matmul(x.float(), self.native, self.shape[0]).to(x.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.qweight, INT4_GROUP, self.scales_and_zeros
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import KV_MODES, check, library
+from kernels.native_build import KV_MODES, cache_contiguous, check, library
 
 MAX_QUERY_TOKENS = 16
 
@@ -19,12 +19,12 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     # every sequence decodes (or verifies a few drafts) when the tokens are few per sequence
     if num_tokens > MAX_QUERY_TOKENS * num_seqs:
         return None
-    meta = (block_table, seq_lens, cu_seqlens_q)
-    if any(t.dtype != torch.int32 or not t.is_contiguous() for t in meta):
+    i32 = torch.int32  # written out, not looped: this runs for every layer of every decode step
+    meta_ok = block_table.dtype == i32 and seq_lens.dtype == i32 and cu_seqlens_q.dtype == i32
+    meta_ok = meta_ok and block_table.is_contiguous() and seq_lens.is_contiguous()
+    if not (meta_ok and cu_seqlens_q.is_contiguous() and cache_contiguous(cache)):
         return None
     kc, vc, ks, vs = cache.k_data, cache.v_data, cache.k_scale, cache.v_scale
-    if not all(t is None or t.is_contiguous() for t in (kc, vc, ks, vs)):
-        return None
     num_blocks, block_size, hk, d = kc.shape
     shapes_ok = q.shape[2] == d and q.shape[1] % hk == 0 and block_table.dim() == 2
     if not shapes_ok or block_table.shape[0] != num_seqs or cu_seqlens_q.shape != (num_seqs + 1,):

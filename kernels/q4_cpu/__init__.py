@@ -58,13 +58,15 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tor
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] fp32 -> [M, N] fp32."""
+    """x [M, K] -> [M, N] fp32 (x in fp32 or converted). Called ~120 times a decode step: checks kept to
+    what `pack` does not already guarantee (a contiguous uint8 [N / ROWS, K / GROUP, BLOCK_BYTES])."""
     if not has_q4():
-        return q4_matmul(x, packed, n)
-    x = x.contiguous()
-    assert x.dtype == torch.float32 and packed.dtype == torch.uint8 and packed.is_contiguous()
+        return q4_matmul(x.float(), packed, n)
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
     m, k = x.shape
-    assert packed.shape == (n // ROWS, k // GROUP, BLOCK_BYTES), (tuple(packed.shape), n, k)
+    if packed.shape[0] * ROWS != n or packed.shape[1] * GROUP != k:
+        raise ValueError(f"an int4 weight packed as {tuple(packed.shape)} is not [{n}, {k}]")
     y = torch.empty(m, n)
     check(library().ninfer_q4_matmul(packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k), "int4 matmul")
     return y

@@ -277,6 +277,14 @@ def test_both_pools_give_the_same_bits(tmp_path, monkeypatch):
             assert torch.equal(attention_native.paged_attention(*case, 0.125), want[1])
 
 
+@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+def test_q4_matmul_refuses_a_weight_of_another_shape():
+    packed = q4.pack(*_q4_weight(32, 64))
+    with pytest.raises(ValueError, match=r"packed as \(2, 2, 320\) is not \[32, 96\]"):
+        q4.matmul(torch.randn(2, 96), packed, 32)
+    assert q4.matmul(torch.randn(2, 64, dtype=torch.bfloat16), packed, 32).dtype == torch.float32
+
+
 def test_q4_supports_only_what_fp16_scales_hold():
     codes, scale, lo = _q4_weight(32, 64)
     assert q4.supports(32, 64, scale, lo)
