@@ -21,8 +21,10 @@ import os
 import torch
 
 from kernels import native_build
-from kernels.conv1d.naive import causal_conv1d
-from kernels.gated_delta.naive import gated_delta_rule
+from kernels.conv1d import naive as _conv1d_naive
+from kernels.conv1d import native as _conv1d_native
+from kernels.gated_delta import naive as _gated_delta_naive
+from kernels.gated_delta import native as _gated_delta_native
 from kernels.kv_store import naive as _kv_store_naive
 from kernels.kv_store import native as _kv_store_native
 from kernels.paged_attention import naive as _paged_attention_naive
@@ -105,6 +107,16 @@ def silu_mul(x):
     if use_triton(x):
         return _triton("silu_mul").silu_mul(x)
     return _native_or_naive(_silu_mul_native.silu_mul, _silu_mul_naive.silu_mul, x)
+
+
+def causal_conv1d(x, weight, conv_state, cu_seqlens, state_indices, apply_silu=True):
+    args = (x, weight, conv_state, cu_seqlens, state_indices, apply_silu)
+    return _native_or_naive(_conv1d_native.causal_conv1d, _conv1d_naive.causal_conv1d, *args)
+
+
+def gated_delta_rule(q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm=True):
+    args = (q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm)
+    return _native_or_naive(_gated_delta_native.gated_delta_rule, _gated_delta_naive.gated_delta_rule, *args)
 
 
 def kv_store(k, v, cache, slot_mapping):

@@ -45,6 +45,8 @@ SIGNATURES = {
     "ninfer_rope": [_P] * 6 + [_I] * 8,
     "ninfer_kv_store": [_P] * 7 + [_I] * 7,
     "ninfer_decode_attention": [_P] * 9 + [_I] * 9 + [_F],
+    "ninfer_gated_delta_rule": [_P] * 9 + [_I] * 11,
+    "ninfer_causal_conv1d": [_P] * 6 + [_I] * 7,
 }
 
 # kv_dtype -> the mode number kv_store and decode attention take (their enum in native.c; fp8 has none)
