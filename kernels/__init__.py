@@ -93,8 +93,10 @@ def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
 
 
 def rmsnorm_gated(x, gate, weight, eps):
-    impl = _triton("rmsnorm") if use_triton(x) else _rmsnorm_naive
-    return impl.rmsnorm_gated(x, gate, weight, eps)
+    if use_triton(x):
+        return _triton("rmsnorm").rmsnorm_gated(x, gate, weight, eps)
+    args = (x, gate, weight, eps)
+    return _native_or_naive(_rmsnorm_native.rmsnorm_gated, _rmsnorm_naive.rmsnorm_gated, *args)
 
 
 def rope(q, k, positions, cos_sin_cache):

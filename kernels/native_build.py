@@ -41,6 +41,7 @@ SIGNATURES = {
     "ninfer_q4_matmul": [_P, _P, _P, _I, _I, _I],
     "ninfer_q4_dequantize_t_bf16": [_P, _P, _I, _I],
     "ninfer_rmsnorm": [_P, _P, _P, _P, _P, _I, _I, _I, _F, _I],
+    "ninfer_rmsnorm_gated": [_P] * 4 + [_I] * 4 + [_F],
     "ninfer_silu_mul": [_P, _P, _I, _I, _I],
     "ninfer_rope": [_P] * 6 + [_I] * 8,
     "ninfer_kv_store": [_P] * 7 + [_I] * 7,

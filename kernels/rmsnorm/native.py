@@ -43,3 +43,28 @@ def rmsnorm(x, weight, eps, residual=None, zero_centered=False):
     if shape is not None:
         out = out.view(shape)
     return out if residual is None else (out, new_residual)
+
+
+def rmsnorm_gated(x, gate, weight, eps):
+    """x [T, H, D] fp32, gate [T, H, D] with heads D apart (tokens any stride apart), weight [D]."""
+    f32 = torch.float32
+    if x.dtype != f32 or gate.dtype != f32 or weight.dtype != f32 or x.dim() != 3 or gate.shape != x.shape:
+        return None
+    tokens, heads, dim = x.shape
+    gate_ok = gate.stride(2) == 1 and gate.stride(1) == dim
+    if not (gate_ok and x.is_contiguous() and weight.is_contiguous() and weight.shape == (dim,)):
+        return None
+    out = torch.empty(tokens, heads, dim)
+    rc = library().ninfer_rmsnorm_gated(
+        x.data_ptr(),
+        gate.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        tokens,
+        heads,
+        dim,
+        gate.stride(0),
+        eps,
+    )
+    check(rc, "rmsnorm_gated")
+    return out

@@ -58,6 +58,17 @@ def test_rmsnorm(rows, dim, residual, zero_centered):
     assert rel_err(got, want) < TOL
 
 
+@pytest.mark.parametrize("heads,dim", [(16, 128), (3, 100)])
+def test_rmsnorm_gated(heads, dim):
+    x = torch.randn(5, heads, dim)
+    proj = torch.randn(5, heads * dim + 7)  # the gate as a view into the input projection's output
+    gate = proj[:, 3 : 3 + heads * dim].view(5, heads, dim)
+    w = torch.randn(dim)
+    want = rmsnorm_naive.rmsnorm_gated(x, gate, w, 1e-6)
+    assert rel_err(rmsnorm_native.rmsnorm_gated(x, gate, w, 1e-6), want) < TOL
+    assert rmsnorm_native.rmsnorm_gated(x.bfloat16(), gate, w, 1e-6) is None
+
+
 def test_rmsnorm_per_head_and_refusals():
     x, w = torch.randn(5, 4, 64), torch.randn(64)  # q/k norm of Qwen3: [T, H, D]
     assert rel_err(rmsnorm_native.rmsnorm(x, w, 1e-6), rmsnorm_naive.rmsnorm(x, w, 1e-6)) < TOL
