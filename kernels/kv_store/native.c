@@ -27,7 +27,7 @@ static uint16_t quantize(const float *x, int64_t n, float limit, int8_t *codes) 
     const float s = f16_to_f32(half);
     for (int64_t i = 0; i < n; i++) {
         const float r = rintf(x[i] / s);
-        codes[i] = (int8_t)(r > limit ? limit : (r < -limit ? -limit : r));
+        codes[i] = r != r ? 0 : (int8_t)(r > limit ? limit : (r < -limit ? -limit : r)); /* NaN: 0, defined */
     }
     return half;
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import KV_MODES, cache_contiguous, check, heads_packed, library
+from kernels.native_build import KV_MODES, cache_readable, check, heads_packed, library
 
 
 def kv_store(k, v, cache, slot_mapping) -> bool:
@@ -19,7 +19,7 @@ def kv_store(k, v, cache, slot_mapping) -> bool:
         or slot_mapping.shape != k.shape[:1]
     ):
         return False
-    if not cache_contiguous(cache) or kc.shape[2:] != k.shape[1:]:
+    if not cache_readable(cache) or kc.shape[2:] != k.shape[1:]:
         return False
     num_slots = kc.shape[0] * kc.shape[1]
     rc = library().ninfer_kv_store(

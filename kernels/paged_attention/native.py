@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import KV_MODES, cache_contiguous, check, library
+from kernels.native_build import KV_MODES, cache_readable, check, library
 
 MAX_QUERY_TOKENS = 16
 
@@ -22,7 +22,7 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     i32 = torch.int32  # written out, not looped: this runs for every layer of every decode step
     meta_ok = block_table.dtype == i32 and seq_lens.dtype == i32 and cu_seqlens_q.dtype == i32
     meta_ok = meta_ok and block_table.is_contiguous() and seq_lens.is_contiguous()
-    if not (meta_ok and cu_seqlens_q.is_contiguous() and cache_contiguous(cache)):
+    if not (meta_ok and cu_seqlens_q.is_contiguous() and cache_readable(cache)):
         return None
     kc, vc, ks, vs = cache.k_data, cache.v_data, cache.k_scale, cache.v_scale
     num_blocks, block_size, hk, d = kc.shape

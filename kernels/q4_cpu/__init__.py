@@ -1,8 +1,9 @@
 """int4 weights x int8 activations on x86 CPUs (AVX-512 VNNI): the CPU decode matmul of 4-bit layers.
 
 `pack` lays out codes and fp16 scales as native.c reads them, `unpack` reads them back (tests),
-`dequantize_t_bf16` gives the weight transposed in bf16 (prefill's GEMM), `matmul` runs the compiled kernel (kernels/native_build.py) where `available()`, else the
-naive twin (same math in torch, float64). Shapes: N a multiple of ROWS, K a multiple of GROUP.
+`dequantize_t_bf16` gives the weight transposed in bf16 (prefill's GEMM), `matmul` runs the compiled
+kernel (kernels/native_build.py) where `available()`, else the naive twin (same math in torch, float64).
+Shapes: N a multiple of ROWS, K a multiple of GROUP.
 """
 
 from __future__ import annotations
