@@ -7,7 +7,7 @@ run prefills from scratch, as the others do. Prints each rate and the ratios the
 of two rates (ninfer C1 / llama.cpp C1, ninfer C8 / ninfer C1) also from runs that alternate round by
 round, since this VM's speed drifts between minutes.
 
-    python benchmarks/cpu_throughput.py [--tokens 64] [--repeat 3] [--concurrency 1,4,8]
+    python benchmarks/cpu_throughput.py [--tokens 64] [--repeat 3] [--concurrency 1,4,8] [--prefill 1024]
     bash benchmarks/setup_llamacpp.sh   # once, ~6 min: builds .venv-llamacpp for the llama.cpp column
 """
 
@@ -31,16 +31,21 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMACPP_PYTHON = ROOT / ".venv-llamacpp" / "bin" / "python"
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 
-# runs inside .venv-llamacpp as a worker: argv = gguf path, prompt ids as JSON, threads; for each line "K" on
-# stdin it generates K tokens greedily from the prompt (cold: reset) and prints the seconds it took
+# runs inside .venv-llamacpp as a worker: argv = gguf path, prompt ids as JSON, threads, context; for each
+# line "K" on stdin it generates K tokens greedily from the prompt and prints the seconds it took.
+# llama-cpp-python keeps the prompt's KV between calls (`generate` reuses a matching prefix), so "K cold"
+# first empties it: the prefill is then timed too (decode rates difference it away either way)
 LLAMACPP_WORKER = r"""
 import json, sys, time
 from llama_cpp import Llama
 path, ids = sys.argv[1], json.loads(sys.argv[2])
-llm = Llama(model_path=path, n_ctx=2048, n_threads=int(sys.argv[3]), n_batch=512, verbose=False)
+llm = Llama(model_path=path, n_ctx=int(sys.argv[4]), n_threads=int(sys.argv[3]), n_batch=512, verbose=False)
 print(json.dumps({"version": __import__("llama_cpp").__version__}), flush=True)
 for line in sys.stdin:
-    k = int(line)
+    k, *cold = line.split()
+    k = int(k)
+    if cold:
+        llm.reset()
     t0 = time.perf_counter()
     for i, _ in enumerate(llm.generate(ids, temp=0.0, reset=True)):
         if i + 1 == k:
@@ -60,12 +65,13 @@ class LlamaCpp:
             str(path),
             json.dumps(ids),
             str(torch.get_num_threads()),
+            str(max(2048, len(ids) + 256)),
         ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.version = json.loads(self.proc.stdout.readline())["version"]
 
-    def run(self, n: int) -> None:
-        self.proc.stdin.write(f"{n}\n")
+    def run(self, n: int, cold: bool = False) -> None:
+        self.proc.stdin.write(f"{n} cold\n" if cold else f"{n}\n")
         self.proc.stdin.flush()
         float(self.proc.stdout.readline())
 
@@ -108,6 +114,31 @@ def paired(run_a, ca: int, run_b, cb: int, n: int, repeat: int) -> tuple[float, 
     return statistics.median(rates_a), statistics.median(rates_b), statistics.median(ratios)
 
 
+def prefill_rates(llm, path: Path, ids: list[int], length: int, repeat: int) -> None:
+    """Prompt tok/s of ninfer and llama.cpp on one `length`-token prompt (the chat prompt repeated), the
+    time to a first token, rounds alternating; prints both and the median of the per-round ratios."""
+    prompt = (ids * (length // len(ids) + 1))[:length]
+    llama = LlamaCpp(path, prompt)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    runs = {
+        "ninfer": lambda: llm.generate(prompt_token_ids=[prompt], sampling_params=params),
+        "llama.cpp": lambda: llama.run(1, cold=True),
+    }
+    for run in runs.values():
+        run()  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            rates[name].append(length / _timed(run))
+    llama.close()
+    ratio = statistics.median(a / b for a, b in zip(rates["ninfer"], rates["llama.cpp"]))
+    ours, theirs = statistics.median(rates["ninfer"]), statistics.median(rates["llama.cpp"])
+    print(
+        f"prefill {length} tokens: ninfer {ours:7.1f} tok/s   llama.cpp {theirs:7.1f} tok/s   "
+        f"ratio {ratio:5.2f}x (median of the per-round ratios; time to the first token)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64)
@@ -115,6 +146,12 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--weight-quant", default="auto", help="ninfer's weight_quant (auto, none, int8, int4)")
     ap.add_argument("--dtype", default="float32", help="ninfer's activation dtype (float32, bfloat16)")
+    ap.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        help="also time the prefill of a prompt this long against llama.cpp (0: off)",
+    )
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -186,6 +223,8 @@ def main() -> None:
             f"ninfer C{last} / ninfer C{first}:        {scaling[2]:5.2f}x (median of the per-round ratios, "
             f"C{last} and C{first} alternating: {scaling[0]:.1f} and {scaling[1]:.1f} tok/s)"
         )
+    if llama is not None and args.prefill:
+        prefill_rates(llm, path, ids, args.prefill, args.repeat)
     if llama is not None:
         llama.close()
         rate = with_llama[1]
