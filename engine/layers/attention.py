@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 import kernels
 from engine.cache.kv_layout import KVCache
+from engine.layers.module import Module
 from engine.worker.forward_context import get_forward_context
 
 
-class Attention(nn.Module):
+class Attention(Module):
     """Stores the step's K/V at slot_mapping, then attends over each sequence's pages."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):

@@ -8,11 +8,12 @@ from torch import nn
 import kernels
 from engine.config import ModelConfig
 from engine.layers.linear import Linear, MergedLinear, make_param
+from engine.layers.module import Module
 from engine.layers.norm import GatedRMSNorm
 from engine.worker.forward_context import get_forward_context
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(Module):
     """in_proj (qkv | z | b | a, fused) -> causal conv1d + SiLU on qkv -> gated delta rule -> gated norm -> out_proj.
 
     Per-sequence state lives in the state pool: conv_state [slots, conv_dim, K - 1] and

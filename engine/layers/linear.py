@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.module import Module
+
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
     assert shard_id is None, f"unexpected shard {shard_id} for an unfused parameter"
@@ -23,7 +25,7 @@ def make_param(*shape: int, loader=default_weight_loader, shards: dict | None = 
     return p
 
 
-class Linear(nn.Module):
+class Linear(Module):
     """y = x W^T (+ b). W: [out, in]."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -74,7 +76,7 @@ class MergedLinear(Linear):
         return y.split([size for _, size in self.offsets.values()], dim=-1)
 
 
-class Embedding(nn.Module):
+class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.weight = make_param(num_embeddings, embedding_dim)

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 import kernels
 from engine.layers.linear import make_param
+from engine.layers.module import Module
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     """RMSNorm; `zero_centered` scales by (1 + w) (Qwen3.5). forward(x, residual) fuses the residual add."""
 
     def __init__(self, dim: int, eps: float, zero_centered: bool = False):
@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
         return kernels.rmsnorm(x, self.weight, self.eps, residual, self.zero_centered)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(Module):
     """weight * rms_norm(x) * silu(gate), per head (the Gated DeltaNet output norm)."""
 
     def __init__(self, dim: int, eps: float):

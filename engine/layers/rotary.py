@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 import kernels
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.layers.module import Module
 
 
 def inv_freq_for(config: ModelConfig) -> torch.Tensor:
@@ -60,7 +60,7 @@ def cos_sin_cache_for(config: ModelConfig, device: torch.device) -> torch.Tensor
 _COS_SIN_CACHES: dict[tuple, torch.Tensor] = {}
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         # NOTE: a plain attribute, not a buffer: models are built on uninitialised storage and loaded

@@ -9,9 +9,10 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.source import WeightIterator
 from engine.layers.linear import Embedding, Linear
+from engine.layers.module import Module
 
 
-class DecoderModel(nn.Module):
+class DecoderModel(Module):
     """embed -> decoder layers (each returns (hidden, residual)) -> final norm. Subclasses build the parts."""
 
     embed_tokens: Embedding
@@ -26,7 +27,7 @@ class DecoderModel(nn.Module):
         return hidden
 
 
-class CausalLM(nn.Module):
+class CausalLM(Module):
     # checkpoint sub-name -> (fused parameter sub-name, shard id)
     packed_modules_mapping: dict[str, tuple[str, str]] = {}
     # checkpoint sub-name -> parameter sub-name, for tensors stored under another name

@@ -9,12 +9,13 @@ import kernels
 from engine.config import ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.linear import Embedding, Linear, MergedLinear
+from engine.layers.module import Module
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(Module):
     """down(silu(gate(x)) * up(x)), gate and up fused."""
 
     def __init__(self, hidden_size: int, intermediate_size: int):
@@ -26,7 +27,7 @@ class GatedMLP(nn.Module):
         return self.down_proj(kernels.silu_mul(self.gate_up_proj(x)))
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(Module):
     def __init__(self, config: ModelConfig, qk_norm: bool):
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -52,7 +53,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(o.reshape(num_tokens, -1))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(Module):
     def __init__(self, config: ModelConfig, qk_norm: bool):
         super().__init__()
         self.self_attn = LlamaAttention(config, qk_norm)

@@ -9,13 +9,14 @@ from engine.config import ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import Embedding, Linear, MergedLinear
+from engine.layers.module import Module
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
 from engine.models.llama import GatedMLP, LlamaForCausalLM
 
 
-class Qwen3_5Attention(nn.Module):
+class Qwen3_5Attention(Module):
     """q_proj emits [q | gate] per head; output is o_proj(attn * sigmoid(gate)); q/k RMSNorm (1 + w);
     rotary on the first rotary_dim dims of each head."""
 
@@ -47,7 +48,7 @@ class Qwen3_5Attention(nn.Module):
         return self.o_proj(o.reshape(num_tokens, -1))
 
 
-class Qwen3_5DecoderLayer(nn.Module):
+class Qwen3_5DecoderLayer(Module):
     def __init__(self, config: ModelConfig, layer_type: str):
         super().__init__()
         self.layer_type = layer_type
