@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
+from kernels.native_build import check, heads_packed, library
 
 MAX_DIM = 512
 
 
-def _rows(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
-
-
 def gated_delta_rule(q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm=True):
-    if not (_rows(q) and _rows(k) and _rows(v)) or q.shape != k.shape:
+    if not (heads_packed(q) and heads_packed(k) and heads_packed(v)) or q.shape != k.shape:
         return None
     (num_tokens, hk, dk), (hv, dv) = q.shape, v.shape[1:]
-    shapes_ok = v.shape[0] == num_tokens and hv % hk == 0 and max(dk, dv) <= MAX_DIM
+    gates_ok = g.shape == (num_tokens, hv) and beta.shape == (num_tokens, hv)
+    shapes_ok = gates_ok and v.shape[0] == num_tokens and hv % hk == 0 and max(dk, dv) <= MAX_DIM
     state_ok = state.dtype == torch.float32 and state.is_contiguous() and state.shape[1:] == (hv, dk, dv)
     meta_ok = cu_seqlens.dtype == torch.int32 and state_indices.dtype == torch.int32
     if not (shapes_ok and state_ok and meta_ok and cu_seqlens.shape[0] == state_indices.shape[0] + 1):

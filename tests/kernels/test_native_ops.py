@@ -388,6 +388,9 @@ def test_gated_delta_rule_refuses_a_slot_outside_the_state():
         gated_delta_native.gated_delta_rule(q, k, v, g, beta, state, cu, slots)
     assert not state.any()  # nothing written
     assert gated_delta_native.gated_delta_rule(q.double(), k, v, g, beta, state, cu, slots) is None
+    assert (
+        gated_delta_native.gated_delta_rule(q, k, v, g[:1], beta, state, cu, slots) is None
+    )  # the twin names it
 
 
 @pytest.mark.parametrize("channels,kernel", [(300, 4), (40, 2), (520, 3)])  # blocks of 256 and a tail
