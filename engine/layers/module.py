@@ -1,9 +1,9 @@
 """The engine's module base class: calling a module runs its forward directly, unless a hook is registered.
 
 nn.Module.__call__ goes through a dozen hook registries and tracing checks before forward (~1.5 us a
-call); a CPU decode step of the embedded model makes ~330 module calls (5% of the step, measured). The
-engine registers hooks only for GPTQ calibration (engine/quant/hessians.py): a module with hooks of its
-own, or any global module hook, still takes torch's full call, so those keep firing.
+call); a CPU decode step of the embedded model makes ~330 module calls (3–5% of the step, measured:
+docs/benchmarks.md). The engine registers hooks only for GPTQ calibration (engine/quant/hessians.py): a
+module with hooks of its own, or any global module hook, still takes torch's full call, so those fire.
 """
 
 from __future__ import annotations
