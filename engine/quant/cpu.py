@@ -180,9 +180,7 @@ class CpuInt4Weight:
         """W [N, K] fp32, exactly as the decode kernel's codes and scales give it."""
         n, k = self.shape
         if self.native is not None:
-            codes, scale, lo = q4_cpu.unpack(self.native, n, k)
-            q = codes.view(n, k // INT4_GROUP, INT4_GROUP).float()
-            return (q * scale[..., None] + lo[..., None]).view(n, k)
+            return q4_cpu.dequantize(self.native, n, k)
         if self.codes is None:
             q = unpack_int4pack(self.qweight, n, k).view(n, k // INT4_GROUP, INT4_GROUP)
         else:
@@ -197,13 +195,14 @@ class CpuInt4Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
-        if self.native is not None and x.shape[0] < NATIVE_DENSE_MIN_ROWS:  # decode: first, and lean
-            y = q4_cpu.matmul(x, self.native, self.shape[0])
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        if x.shape[0] >= self.dense_min_rows:
-            if self.native is not None:  # unpacked in C, transposed: [K, N]
-                wt = q4_cpu.dequantize_t_bf16(self.native, *self.shape)
-                return (x.to(torch.bfloat16) @ wt).to(x.dtype)
+        long_chunk = x.shape[0] >= self.dense_min_rows
+        if self.native is not None:
+            if not long_chunk:  # decode: the hot path, first and lean
+                y = q4_cpu.matmul(x, self.native, self.shape[0])
+                return y if x.dtype == torch.float32 else y.to(x.dtype)
+            wt = q4_cpu.dequantize_t_bf16(self.native, *self.shape)  # [K, N], unpacked in C
+            return (x.to(torch.bfloat16) @ wt).to(x.dtype)
+        if long_chunk:
             w = self.dequantize().to(torch.bfloat16)
             return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 
 from kernels.native_build import check, has_q4, library
-from kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, q4_matmul, unpack
+from kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, dequantize, q4_matmul, unpack
 
 __all__ = [
     "BLOCK_BYTES",
     "GROUP",
     "ROWS",
     "available",
+    "dequantize",
     "dequantize_t_bf16",
     "matmul",
     "pack",
@@ -58,16 +59,22 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tor
     return torch.cat([nibbles, fp16_bytes(scale), fp16_bytes(minimum)], dim=-1).contiguous()
 
 
+def _check_shape(packed: torch.Tensor, n: int, k: int) -> None:
+    """What the C reads must be what `pack` made of an [n, k] weight: a contiguous uint8
+    [N / ROWS, K / GROUP, BLOCK_BYTES] (dtype and contiguity `pack` guarantees; the shape is the caller's)."""
+    if packed.shape[0] * ROWS != n or packed.shape[1] * GROUP != k:
+        raise ValueError(f"an int4 weight packed as {tuple(packed.shape)} is not [{n}, {k}]")
+
+
 def matmul(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] -> [M, N] fp32 (x in fp32 or converted). Called ~120 times a decode step: checks kept to
-    what `pack` does not already guarantee (a contiguous uint8 [N / ROWS, K / GROUP, BLOCK_BYTES])."""
+    """x [M, K] -> [M, N] fp32 (x in fp32 or converted). Called ~120 times a decode step: the checks are
+    kept to what `pack` does not already guarantee."""
     if not has_q4():
         return q4_matmul(x.float(), packed, n)
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     m, k = x.shape
-    if packed.shape[0] * ROWS != n or packed.shape[1] * GROUP != k:
-        raise ValueError(f"an int4 weight packed as {tuple(packed.shape)} is not [{n}, {k}]")
+    _check_shape(packed, n, k)
     y = torch.empty(m, n)
     check(library().ninfer_q4_matmul(packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k), "int4 matmul")
     return y
@@ -77,11 +84,8 @@ def dequantize_t_bf16(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Wt [K, N] bf16: w = scale * code + minimum in fp32, rounded to bf16 (the same bits as unpacking in
     torch and converting), transposed."""
     if not has_q4():
-        codes, scale, lo = unpack(packed, n, k)
-        w = codes.float().view(n, k // GROUP, GROUP) * scale[..., None] + lo[..., None]
-        return w.view(n, k).to(torch.bfloat16).t().contiguous()
-    assert packed.dtype == torch.uint8 and packed.is_contiguous()
-    assert packed.shape == (n // ROWS, k // GROUP, BLOCK_BYTES), (tuple(packed.shape), n, k)
+        return dequantize(packed, n, k).to(torch.bfloat16).t().contiguous()
+    _check_shape(packed, n, k)
     wt = torch.empty(k, n, dtype=torch.bfloat16)
     check(library().ninfer_q4_dequantize_t_bf16(packed.data_ptr(), wt.data_ptr(), n, k), "int4 dequantize")
     return wt

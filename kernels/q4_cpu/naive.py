@@ -23,6 +23,12 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Te
     return codes, fp16_at(4 * 4 * ROWS), fp16_at(4 * 4 * ROWS + 2 * ROWS)
 
 
+def dequantize(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """W [N, K] fp32: w = scale * code + minimum per (row, group)."""
+    codes, scale, lo = unpack(packed, n, k)
+    return (codes.float().view(n, k // GROUP, GROUP) * scale[..., None] + lo[..., None]).view(n, k)
+
+
 def quantize_activations(x: torch.Tensor):
     """x [M, K] fp32 -> q1, q2 [M, G, GROUP] (integers as fp32), scale and sum [M, G] fp32:
     x ~ scale * (254 q1 + q2) per group, scale = max|x| / 127 / 254, rounding as native.c rounds."""
