@@ -50,7 +50,7 @@ SIGNATURES = {
     "ninfer_causal_conv1d": [_P] * 6 + [_I] * 7,
 }
 
-# kv_dtype -> the mode number kv_store and decode attention take (their enum in native.c; fp8 has none)
+# kv_dtype -> the mode number kv_store and decode attention take (the enum in native_math.h; fp8 has none)
 KV_MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3, "k8v4": 4}
 
 _state: dict[str, object] = {}

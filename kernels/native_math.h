@@ -66,6 +66,11 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return lanes[0];
 }
 
+/* KV cache dtypes of kv_store and decode attention (engine/cache/kv_layout.py; native_build.KV_MODES
+   numbers them the same); k8v4's V shares one fp16 scale per V4_GROUP dims (kernels/kv_quant/naive.py) */
+enum { KV_FP32, KV_BF16, KV_FP16, KV_INT8, KV_K8V4 };
+#define V4_GROUP 32
+
 /* IEEE half and bfloat16 bits <-> float, rounding to nearest even as torch converts (plain C: the library
    also builds where no half-precision type or instruction is at hand) */
 static inline uint32_t f32_bits(float f) {

@@ -13,8 +13,6 @@
 
 #include "../native_math.h"
 
-enum { KV_FP32, KV_BF16, KV_FP16, KV_INT8, KV_K8V4 };
-#define V4_GROUP 32
 #define MIN_SCALE 0x1p-14f /* the smallest normal fp16: an all-zero row keeps a usable scale */
 
 /* symmetric codes of n values in [-limit, limit]: scale = max|x| / limit as fp16, code = round(x / scale) */

@@ -79,10 +79,6 @@ static void accumulate_rows(const float *w, const float *v, int64_t stride, int6
    different threads (flash-decoding), and a part's scores stay in L1 */
 #define PART_KEYS 256
 
-/* the cache's KV dtype (kv_layout.py): fp32 is read in place, the others a page at a time into fp32 */
-enum { KV_FP32, KV_BF16, KV_FP16, KV_INT8, KV_K8V4 };
-#define V4_GROUP 32 /* dims sharing one int4 V scale (kernels/kv_quant/naive.py) */
-
 typedef struct {
     const float *q;
     const void *k_cache, *v_cache;
