@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from kernels.kv_quant.naive import V4_GROUP
+from kernels.triton_config import dot_dtype, dot_precision
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
-_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
@@ -215,11 +215,13 @@ def _prefill_kernel(
     _store_rows(base, m_mask, acc, acc_e, acc_o, inv_l, D, MODE, BLOCK_D)
 
 
-@triton.jit
+# NOTE: the split count is a runtime value, not specialized, so decode compiles once per model as context
+# grows (it follows the block table's width, which grows with the longest sequence of an eager step)
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr,  # [B * Q, Hq, D]: Q query tokens per sequence (1 for decode, k + 1 for verification)
-    partial_ptr,  # [B * Q, Hq, NUM_SPLITS, D] fp32: each split's normalised output
-    lse_ptr,  # [B * Q, Hq, NUM_SPLITS] fp32: each split's log-sum-exp (-inf when it saw no key)
+    partial_ptr,  # [B * Q, Hq, num_splits, D] fp32: each split's normalised output
+    lse_ptr,  # [B * Q, Hq, num_splits] fp32: each split's log-sum-exp (-inf when it saw no key)
     k_ptr,
     v_ptr,
     k_scale_ptr,
@@ -232,9 +234,9 @@ def _decode_kernel(
     scale,
     Hk,
     D,
+    num_splits,
     Q: tl.constexpr,
     GROUP: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     MODE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,  # >= Q * GROUP rows: the query tokens x the q heads sharing this kv head
@@ -262,7 +264,7 @@ def _decode_kernel(
     ).to(tl.float32)
     q = (q * scale).to(DOT_DTYPE)
     # this split's share of the keys, in whole BLOCK_N tiles
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(seq_len, start + per_split)
     m_i, l_i, acc, acc_e, acc_o = _attend(
@@ -292,7 +294,7 @@ def _decode_kernel(
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
     num_q_heads = Hk * GROUP
-    row = (tok * num_q_heads + hq) * NUM_SPLITS + split  # [BLOCK_R]
+    row = (tok * num_q_heads + hq) * num_splits + split  # [BLOCK_R]
     tl.store(lse_ptr + row, lse, mask=r_mask)
     _store_rows(
         partial_ptr + row[:, None] * D,
@@ -307,17 +309,17 @@ def _decode_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
-    partial_ptr,  # [T, Hq, NUM_SPLITS, D] fp32
-    lse_ptr,  # [T, Hq, NUM_SPLITS] fp32
+    partial_ptr,  # [T, Hq, num_splits, D] fp32
+    lse_ptr,  # [T, Hq, num_splits] fp32
     out_ptr,  # [T, Hq, D]
     stride_ot,
     stride_oh,
     Hq,
     D,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    num_splits,
+    BLOCK_S: tl.constexpr,  # >= num_splits
     BLOCK_D: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -325,12 +327,12 @@ def _reduce_kernel(
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     row = t * Hq + h
-    lse = tl.load(lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
     m = tl.max(lse, axis=0)
     w = tl.exp(lse - m)  # splits that saw no key weigh 0
     parts = tl.load(
-        partial_ptr + (row * NUM_SPLITS + s)[:, None] * D + d[None, :],
-        mask=(s[:, None] < NUM_SPLITS) & (d[None, :] < D),
+        partial_ptr + (row * num_splits + s)[:, None] * D + d[None, :],
+        mask=(s[:, None] < num_splits) & (d[None, :] < D),
         other=0.0,
     )
     o = tl.sum(parts * w[:, None], axis=0) / tl.sum(w, axis=0)
@@ -354,9 +356,9 @@ def _common(q: torch.Tensor, cache) -> dict:
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         V4_GROUP=V4_GROUP,
         # fp32 models get exact fp32 products; half-precision models on a GPU multiply in their own dtype
-        # (the tensor-core path). NOTE: the interpreter keeps fp32 (its half-precision arithmetic is unreliable)
-        PRECISION="ieee" if q.dtype == torch.float32 or not q.is_cuda else "tf32",
-        DOT_DTYPE=_DOT_DTYPES.get(q.dtype, tl.float32) if q.is_cuda else tl.float32,
+        # (the tensor-core path); the interpreter keeps fp32
+        PRECISION=dot_precision(q.dtype),
+        DOT_DTYPE=dot_dtype(q.dtype),
     )
 
 
@@ -365,9 +367,12 @@ def _block_n(cache) -> int:
     return max(16, cache.k_data.shape[1], min(64, 8192 // cache.k_data.shape[3]))
 
 
+MAX_DECODE_SPLITS = 32
+
+
 def num_decode_splits(max_context: int) -> int:
     """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context."""
-    return max(1, min(32, triton.cdiv(max_context, 1024)))
+    return max(1, min(MAX_DECODE_SPLITS, triton.cdiv(max_context, 1024)))
 
 
 def paged_attention_decode(
@@ -400,9 +405,9 @@ def paged_attention_decode(
         scale=scale,
         Hk=num_kv_heads,
         D=head_dim,
+        num_splits=splits,
         Q=q_per_seq,
         GROUP=group,
-        NUM_SPLITS=splits,
         BLOCK_R=max(16, triton.next_power_of_2(q_per_seq * group)),
         BLOCK_N=_block_n(cache),
         **_common(q, cache),
@@ -415,8 +420,8 @@ def paged_attention_decode(
         out.stride(1),
         num_q_heads,
         head_dim,
-        NUM_SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits),
+        splits,
+        BLOCK_S=MAX_DECODE_SPLITS,
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_config import dot_precision
+
 
 @triton.jit
 def _tile_product(
@@ -163,7 +165,7 @@ def quant_matmul(
         BITS=bits,
         GROUP_SIZE=group_size,
         HAS_MINS=minimums is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 or not x.is_cuda else "tf32",
+        PRECISION=dot_precision(x.dtype),
     )
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)

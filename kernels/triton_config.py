@@ -1,0 +1,34 @@
+"""What the Triton wrappers choose by where a kernel runs: compiled for a GPU, or under the interpreter.
+
+The choice follows the interpreter, not the tensors' device, so a kernel compiled ahead of time from CPU
+tensors (scripts/cuda_compile_check.py) is the one a GPU compiles.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton.language as tl
+
+_HALF_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under the interpreter (TRITON_INTERPRET=1)."""
+    knobs = getattr(__import__("triton"), "knobs", None)  # Triton >= 3.4; older ones read the environment
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """input_precision of tl.dot: exact fp32 products for fp32 inputs and under the interpreter, tensor-core
+    (tf32) products for half-precision inputs on a GPU."""
+    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+
+
+def dot_dtype(dtype: torch.dtype):
+    """Operand dtype of tl.dot: the model's half dtype on a GPU; fp32 for fp32 models and under the
+    interpreter (its half-precision arithmetic is unreliable)."""
+    return tl.float32 if interpreting() else _HALF_DOT_DTYPES.get(dtype, tl.float32)

@@ -1,0 +1,332 @@
+"""Compile every Triton kernel for NVIDIA GPUs ahead of time, on a machine without one.
+
+Each case calls an op's Triton wrapper (kernels/<op>/triton.py) on CPU tensors shaped as the models pass
+them; every kernel launch becomes a compile-only warmup for the chosen compute capability, through
+Triton's own pipeline down to a cubin (its bundled ptxas; no driver, no GPU). This catches what the
+interpreter cannot: errors of the compiled path (types, layouts, tl.dot shapes and operand dtypes a target
+lacks) and shared memory past the device's per-block limit; ptxas then reports registers and spills per
+kernel, and the count of compiled variants per kernel shows where a runtime value recompiles a kernel.
+
+    python scripts/cuda_compile_check.py                 # SM 8.6 (RTX 3090) and SM 9.0 (H100 / H200)
+    python scripts/cuda_compile_check.py --arch 89 -k attention --json out.json
+
+Exit status 1 when a case fails to compile or a kernel needs more shared memory than its target has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not interpreted ones (read at decoration)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from engine.cache.kv_layout import KVCache  # noqa: E402
+
+# largest shared memory one block may use (opt-in), bytes, per compute capability
+SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+DEVICES = {80: "A100", 86: "RTX 3090 / A6000", 89: "RTX 4090 / L40", 90: "H100 / H200", 120: "RTX 5090"}
+FP8_MIN_ARCH = 89  # fp8 KV is refused below SM 8.9 (engine/cache/kv_layout.py)
+
+
+class _CompileOnlyDriver:
+    """What Triton's JIT asks the active driver for, answered for a target with no device behind it. The
+    current device is the capability itself, so each target keeps its own kernel cache."""
+
+    def __init__(self, arch: int):
+        self.arch = arch
+
+    def get_current_target(self):
+        return GPUTarget("cuda", self.arch, 32)
+
+    def get_current_device(self):
+        return self.arch
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def is_active(self):
+        return True
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    shared: int
+    num_warps: int
+    num_stages: int
+    hash: str  # the compiled variant
+    registers: int | None = None
+    spill_bytes: int | None = None
+
+
+@dataclass
+class Result:
+    case: str
+    arch: int
+    ok: bool
+    seconds: float
+    error: str = ""
+    kernels: list[Compiled] = field(default_factory=list)
+
+
+_launched: list = []  # (kernel name, CompiledKernel) of the case being compiled
+
+
+def _compile_only_run(self, *args, grid, warmup, **kwargs):
+    kernel = _JIT_RUN(self, *args, grid=grid, warmup=True, **kwargs)
+    _launched.append((self.fn.__name__, kernel))
+    return kernel
+
+
+_JIT_RUN = JITFunction.run
+
+
+# ---------------------------------------------------------------------------------------------- the cases
+
+
+def _randn(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape).to(dtype)
+
+
+def _op(name: str):
+    import importlib
+
+    return importlib.import_module(f"kernels.{name}.triton")
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "k8v4")
+# (head_dim, q heads, kv heads) as the supported models have them: SmolLM2-135M, Qwen3-8B, Qwen3.5's
+# full-attention layers, a GQA-1 model
+ATTN_MODELS = {"smollm2": (64, 9, 3), "qwen3": (128, 32, 8), "qwen3.5": (256, 24, 4), "mha": (128, 16, 16)}
+
+
+def case_rmsnorm(dtype: str, dim: int, variant: str):
+    x = _randn(5, dim, dtype=DTYPES[dtype])
+    residual = _randn(5, dim, dtype=DTYPES[dtype]) if variant != "plain" else None
+    _op("rmsnorm").rmsnorm(x, _randn(dim, dtype=DTYPES[dtype]), 1e-6, residual, variant == "zero_centered")
+
+
+def case_rmsnorm_gated(dtype: str, dim: int):
+    x, gate = _randn(5, 8, dim, dtype=DTYPES[dtype]), _randn(5, 8, dim, dtype=DTYPES[dtype])
+    _op("rmsnorm").rmsnorm_gated(x, gate, _randn(dim, dtype=DTYPES[dtype]), 1e-6)
+
+
+def case_rope(dtype: str, model: str, rotary_dim: int):
+    head_dim, hq, hk = ATTN_MODELS[model]
+    qkv = _randn(7, (hq + 2 * hk) * head_dim, dtype=DTYPES[dtype])
+    q = qkv[:, : hq * head_dim].view(7, hq, head_dim)
+    k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(7, hk, head_dim)
+    positions = torch.arange(7)
+    _op("rope").rope(q, k, positions, torch.randn(4096, rotary_dim))
+
+
+def case_silu_mul(dtype: str, inter: int):
+    _op("silu_mul").silu_mul(_randn(5, 2 * inter, dtype=DTYPES[dtype]))
+
+
+def case_kv_store(kv_dtype: str, model: str, dtype: str):
+    head_dim, _, hk = ATTN_MODELS[model]
+    cache = KVCache.allocate(kv_dtype, 4, 16, hk, head_dim, "cpu")
+    kv = _randn(9, 2 * hk * head_dim, dtype=DTYPES[dtype])
+    k, v = kv[:, : hk * head_dim].view(9, hk, head_dim), kv[:, hk * head_dim :].view(9, hk, head_dim)
+    _op("kv_store").kv_store(k, v, cache, torch.arange(9))
+
+
+def case_attention(
+    step: str, kv_dtype: str, model: str, dtype: str, context: int = 4096, block_size: int = 16
+):
+    """step: prefill (a 100-token chunk after a prefix), decode (one token per sequence), verify (4 query
+    tokens per sequence: speculative verification)."""
+    head_dim, hq, hk = ATTN_MODELS[model]
+    cache = KVCache.allocate(kv_dtype, 8, block_size, hk, head_dim, "cpu")
+    num_seqs = 2
+    block_table = torch.zeros(num_seqs, context // block_size, dtype=torch.int32)
+    seq_lens = torch.full((num_seqs,), context - 7, dtype=torch.int32)
+    attention = _op("paged_attention")
+    if step == "prefill":
+        q = _randn(200, hq, head_dim, dtype=DTYPES[dtype])
+        cu_seqlens = torch.tensor([0, 100, 200], dtype=torch.int32)
+        attention.paged_attention(q, cache, block_table, seq_lens, cu_seqlens, head_dim**-0.5)
+    else:
+        q_per_seq = 1 if step == "decode" else 4
+        q = _randn(num_seqs * q_per_seq, hq, head_dim, dtype=DTYPES[dtype])
+        attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
+
+
+def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120):
+    """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
+    group of 128), 8-bit symmetric."""
+    groups = k // 128
+    scales = torch.rand(n, groups).half()
+    if bits == 4:
+        packed, minimums = torch.zeros(n, k // 2, dtype=torch.uint8), -8 * scales
+    else:
+        packed, minimums = torch.zeros(n, k, dtype=torch.int8), None
+    _op("quant_matmul").quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
+
+
+def cases() -> list[tuple[str, callable, dict, int]]:
+    """(name, function, arguments, lowest capability it applies to)."""
+    out = []
+
+    def add(fn, min_arch=0, **kw):
+        name = fn.__name__.removeprefix("case_") + "[" + ",".join(str(v) for v in kw.values()) + "]"
+        out.append((name, fn, kw, min_arch))
+
+    for dtype in DTYPES:
+        for dim in (576, 5120):
+            for variant in ("plain", "residual", "zero_centered"):
+                add(case_rmsnorm, dtype=dtype, dim=dim, variant=variant)
+        add(case_rmsnorm_gated, dtype=dtype, dim=128)
+        add(case_silu_mul, dtype=dtype, inter=1536)
+        add(case_silu_mul, dtype=dtype, inter=17408)
+        for model, rotary in (("smollm2", 64), ("qwen3", 128), ("qwen3.5", 64)):
+            add(case_rope, dtype=dtype, model=model, rotary_dim=rotary)
+    for kv in KV_DTYPES:
+        min_arch = FP8_MIN_ARCH if kv == "fp8" else 0
+        for model in ("smollm2", "qwen3", "qwen3.5"):
+            add(case_kv_store, min_arch, kv_dtype=kv, model=model, dtype="bf16")
+            for step in ("prefill", "decode", "verify"):
+                add(case_attention, min_arch, step=step, kv_dtype=kv, model=model, dtype="bf16")
+    for dtype, kv in (("fp16", "fp16"), ("fp32", "fp32"), ("fp16", "k8v4")):
+        add(case_kv_store, kv_dtype=kv, model="qwen3", dtype=dtype)
+        for step in ("prefill", "decode"):
+            add(case_attention, step=step, kv_dtype=kv, model="qwen3", dtype=dtype)
+    for step in ("prefill", "decode"):
+        add(case_attention, step=step, kv_dtype="bf16", model="mha", dtype="bf16")
+    for context in (1024, 32768, 131072):  # decode at short and deep context: split counts differ
+        add(case_attention, step="decode", kv_dtype="k8v4", model="qwen3.5", dtype="bf16", context=context)
+    for bits in (4, 8):
+        for m in (1, 3, 16, 77):
+            add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
+    add(case_quant_matmul, bits=4, m=1, dtype="fp16")
+    add(case_quant_matmul, bits=4, m=77, dtype="fp16")
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the checks
+
+
+def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
+    """(registers per thread, spill bytes) as ptxas -v reports them for the kernel's PTX."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={target.group(1)}", str(src), "-o", str(src) + ".o"]
+        info = subprocess.run(cmd, capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
+    return (int(regs.group(1)) if regs else None), (max(spills) if spills else None)
+
+
+def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool) -> Result:
+    driver.set_active(_CompileOnlyDriver(arch))
+    _launched.clear()
+    start = time.perf_counter()
+    try:
+        fn(**kwargs)
+    except Exception as exc:  # a compile error starts with the kernel's line and column, ends with the cause
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [""]
+        message = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+        return Result(name, arch, False, time.perf_counter() - start, f"{type(exc).__name__}: {message}")
+    result = Result(name, arch, True, time.perf_counter() - start)
+    for kernel_name, kernel in _launched:
+        meta = kernel.metadata
+        compiled = Compiled(kernel_name, meta.shared, meta.num_warps, meta.num_stages, meta.hash[:16])
+        if ptxas_info:
+            compiled.registers, compiled.spill_bytes = _ptxas_info(kernel.asm["ptx"], arch)
+        if meta.shared > SHARED_LIMIT.get(arch, 101376):
+            result.ok = False
+            result.error = (
+                f"{kernel_name} needs {meta.shared} bytes of shared memory; SM{arch} has {SHARED_LIMIT[arch]}"
+            )
+        result.kernels.append(compiled)
+    return result
+
+
+def variants_per_kernel() -> dict[str, int]:
+    """Compiled variants per kernel and target, from the JIT caches."""
+    from kernels import paged_attention, quant_matmul, rmsnorm, rope, silu_mul  # noqa: F401
+
+    counts = {}
+    for module in sys.modules.values():
+        if getattr(module, "__name__", "").startswith("kernels.") and module.__name__.endswith(".triton"):
+            for name, obj in vars(module).items():
+                if isinstance(obj, JITFunction):
+                    for arch, cache in obj.device_caches.items():
+                        if cache[0]:
+                            counts[f"SM{arch} {name}"] = len(cache[0])
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="86,90", help="compute capabilities, e.g. 80,86,89,90,120")
+    parser.add_argument("-k", dest="select", default="", help="only cases whose name contains this")
+    parser.add_argument("--json", type=Path, help="write every result here")
+    parser.add_argument("--no-ptxas-info", action="store_true", help="skip the registers / spills report")
+    args = parser.parse_args(argv)
+    arches = [int(a) for a in args.arch.split(",")]
+    unknown = [a for a in arches if a not in SHARED_LIMIT]
+    if unknown:
+        parser.error(f"unknown compute capability {unknown}; use some of {sorted(SHARED_LIMIT)}")
+    JITFunction.run = _compile_only_run
+    torch.manual_seed(0)
+    print(f"triton {triton.__version__}, torch {torch.__version__}")
+    results = []
+    for arch in arches:
+        for name, fn, kwargs, min_arch in cases():
+            if args.select not in name or arch < min_arch:
+                continue
+            r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info)
+            results.append(r)
+            detail = r.error or "  ".join(
+                f"{c.kernel} smem {c.shared} warps {c.num_warps}"
+                + (f" regs {c.registers} spill {c.spill_bytes}" if c.registers is not None else "")
+                for c in r.kernels
+            )
+            print(f"SM{arch} {'ok  ' if r.ok else 'FAIL'} {r.seconds:5.1f}s {name}: {detail}", flush=True)
+    failed = [r for r in results if not r.ok]
+    spilling = sorted({(r.arch, c.kernel) for r in results for c in r.kernels if c.spill_bytes})
+    variants = variants_per_kernel()
+    print("compiled variants:", ", ".join(f"{k} {v}" for k, v in sorted(variants.items())))
+    if spilling:
+        print("kernels that spill registers:", ", ".join(f"SM{a} {k}" for a, k in spilling))
+    print(
+        f"{len(results) - len(failed)} of {len(results)} cases compiled for SM {', '.join(map(str, arches))}"
+    )
+    if args.json:
+        payload = {
+            "triton": triton.__version__,
+            "arches": arches,
+            "results": [asdict(r) for r in results],
+            "variants": variants,
+        }
+        args.json.write_text(json.dumps(payload, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Every Triton kernel compiles for the GPUs the product targets, on this machine without one:
+scripts/cuda_compile_check.py runs each op's wrapper with launches turned into compile-only warmups for SM
+8.6 (RTX 3090, the smallest shared memory) and SM 9.0 (H100 / H200), through Triton's own compiler and
+bundled ptxas. The interpreter tests check the kernels' arithmetic; this checks that the compiled path
+exists at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "cuda_compile_check.py"
+ARCHES = (86, 90)
+
+
+def _ptxas_missing() -> str:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return "" if Path(get_ptxas(90).path).exists() else "Triton's NVIDIA backend has no ptxas here"
+    except Exception as exc:  # no NVIDIA backend in this Triton build (e.g. not Linux x86-64)
+        return f"Triton's NVIDIA backend is not available: {exc}"
+
+
+pytestmark = pytest.mark.skipif(bool(_ptxas_missing()), reason=_ptxas_missing() or "-")
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "NINFER_KERNELS")}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton's default; set, so 3.9+ does not warn about it
+    return env
+
+
+def _launched_kernels() -> set[str]:
+    """Every launched Triton kernel (by the house convention, a @triton.jit function named _*_kernel)."""
+    names = set()
+    for path in (ROOT / "kernels").glob("*/triton.py"):
+        names |= set(re.findall(r"@triton\.jit[^\n]*\ndef (_\w+_kernel)\(", path.read_text()))
+    return names
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Both targets at once (one process each), then their JSON reports."""
+    out = tmp_path_factory.mktemp("cuda_compile")
+    procs = {
+        arch: subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--arch", str(arch), "--json", str(out / f"{arch}.json")],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for arch in ARCHES
+    }
+    reports = {}
+    for arch, proc in procs.items():
+        log = proc.communicate(timeout=1200)[0]
+        path = out / f"{arch}.json"
+        assert path.exists(), f"SM{arch}: the check wrote no report (exit {proc.returncode}):\n{log[-3000:]}"
+        reports[arch] = (proc.returncode, json.loads(path.read_text()), log)
+    return reports
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_case_compiles(compiled, arch):
+    code, report, log = compiled[arch]
+    failed = [f"{r['case']}: {r['error']}" for r in report["results"] if not r["ok"]]
+    assert not failed and code == 0, "\n".join(failed) or log[-3000:]
+    assert len(report["results"]) > 100
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_kernel_has_a_compile_case(compiled, arch):
+    seen = {k["kernel"] for r in compiled[arch][1]["results"] for k in r["kernels"]}
+    missing = _launched_kernels() - seen
+    assert _launched_kernels() and not missing, f"no case of scripts/cuda_compile_check.py launches {missing}"
+
+
+def test_fp8_cases_only_where_fp8_kv_is_allowed(compiled):
+    fp8 = {a: [r for r in compiled[a][1]["results"] if ",fp8," in r["case"]] for a in ARCHES}
+    assert not fp8[86] and fp8[90]
+
+
+def test_decode_compiles_once_for_any_context(compiled):
+    """The split count (which follows the block table's width) is a runtime value: one decode kernel serves
+    1K, 32K and 128K contexts."""
+    cases = [r for r in compiled[90][1]["results"] if r["case"].startswith("attention[decode,k8v4,qwen3.5")]
+    variants = {k["kernel"]: set() for r in cases for k in r["kernels"]}
+    for r in cases:
+        for k in r["kernels"]:
+            variants[k["kernel"]].add(k["hash"])
+    assert len(cases) >= 3 and set(variants) == {"_decode_kernel", "_reduce_kernel"}
+    assert len(variants["_decode_kernel"]) == 1 and len(variants["_reduce_kernel"]) == 1
+
+
+_DETECTOR = """
+import sys
+SCRIPTS = %r
+sys.path.insert(0, SCRIPTS)
+import cuda_compile_check as cc
+import torch, triton, triton.language as tl
+
+@triton.jit
+def _small_dot_kernel(x_ptr, BLOCK: tl.constexpr):  # tl.dot needs K >= 16: the compiler refuses
+    i = tl.arange(0, BLOCK)
+    a = tl.load(x_ptr + i[:, None] * BLOCK + i[None, :])
+    tl.store(x_ptr + i[:, None] * BLOCK + i[None, :], tl.dot(a, a))
+
+@triton.jit
+def _big_tile_kernel(x_ptr, BLOCK: tl.constexpr):  # pipelined 256 x 256 fp16 operands: ~512 KB of smem
+    i = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK, BLOCK], tl.float32)
+    for k in range(0, 4):
+        a = tl.load(x_ptr + k * BLOCK * BLOCK + i[:, None] * BLOCK + i[None, :])
+        acc += tl.dot(a, a)
+    tl.store(x_ptr + i[:, None] * BLOCK + i[None, :], acc.to(tl.float16))
+
+cc.JITFunction.run = cc._compile_only_run
+x = torch.zeros(4 * 256 * 256, dtype=torch.float16)
+for name, launch in [("small", lambda: _small_dot_kernel[(1,)](x, BLOCK=8)),
+                     ("big", lambda: _big_tile_kernel[(1,)](x, BLOCK=256)),
+                     ("fits", lambda: _big_tile_kernel[(1,)](x, BLOCK=32))]:
+    r = cc.run_case(name, launch, {}, 86, False)
+    print(name, r.ok, r.error)
+"""
+
+
+def test_the_check_catches_compile_errors_and_shared_memory_overflow(tmp_path):
+    script = tmp_path / "detector.py"  # a file: @triton.jit reads its function's source
+    script.write_text(_DETECTOR % str(SCRIPT.parent))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
+    )
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert lines["small"].startswith("False") and "K >= 16" in lines["small"]
+    assert lines["big"].startswith("False") and "shared memory; SM86 has 101376" in lines["big"]
+    assert lines["fits"] == "True "
