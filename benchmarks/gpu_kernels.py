@@ -1,7 +1,8 @@
 """Microbenchmarks of the Triton kernels on a CUDA device: shape, time, achieved GB/s or TFLOP/s and % of
 the device's peak, as a markdown table (and JSON with --json FILE).
 
-Shapes are the Qwen3.5-27B ones (hidden 5120, 24 q heads / 4 kv heads x 256, MLP 17408), random data.
+Shapes are the Qwen3.5-27B ones (hidden 5120, 24 q heads / 4 kv heads x 256, MLP 17408; Gated DeltaNet 16
+key / 48 value heads x 128, conv kernel 4), random data.
 
     python benchmarks/gpu_kernels.py [--json FILE] [--markdown FILE]
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import triton.testing
 
 from engine.cache.kv_layout import KVCache
 from engine.quant.groupwise import quantize
+from kernels.conv1d import triton as conv1d_triton
+from kernels.gated_delta import triton as gated_delta_triton
 from kernels.kv_store import triton as kv_store_triton
 from kernels.paged_attention import triton as attention
 from kernels.quant_matmul import triton as quant_matmul_triton
@@ -88,73 +92,122 @@ def main() -> None:
         print(row, flush=True)
 
     bf = torch.bfloat16
-    for tokens in (1, 8192):
-        x = torch.randn(tokens, 5120, device="cuda", dtype=bf)
-        w = torch.randn(5120, device="cuda", dtype=bf)
-        r = torch.randn(tokens, 5120, device="cuda", dtype=bf)
-        t = bench(lambda x=x, w=w, r=r: rmsnorm_triton.rmsnorm(x, w, 1e-6, r))
-        record("rmsnorm+residual", f"[{tokens}, 5120] bf16", t, bytes_moved=x.numel() * 2 * 5)
-        g = torch.randn(tokens, 2 * 17408, device="cuda", dtype=bf)
-        t = bench(lambda g=g: silu_mul_triton.silu_mul(g))
-        record("silu_mul", f"[{tokens}, 2x17408] bf16", t, bytes_moved=g.numel() * 2 * 3 // 2)
-        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
-        k = torch.randn(tokens, 4, 256, device="cuda", dtype=bf)
-        pos = torch.arange(tokens, device="cuda")
-        cache = torch.randn(262144, 64, device="cuda")
-        t = bench(lambda q=q, k=k, pos=pos, cache=cache: rope_triton.rope(q, k, pos, cache))
-        record(
-            "rope",
-            f"q [{tokens}, 24, 256], k [{tokens}, 4, 256], rotary 64",
-            t,
-            bytes_moved=(q.numel() + k.numel()) * 4,
-        )
-        for kv in ("bf16", "k8v4"):
-            kvc = KVCache.allocate(kv, tokens // 16 + 1, 16, 4, 256, "cuda")
-            slots = torch.arange(tokens, device="cuda")
-            t = bench(lambda k=k, kvc=kvc, slots=slots: kv_store_triton.kv_store(k, k, kvc, slots))
-            written = kvc.num_bytes * tokens // (kvc.k_data.shape[0] * 16)
-            record(f"kv_store {kv}", f"[{tokens}, 4, 256]", t, bytes_moved=k.numel() * 2 * 2 + written)
-    for kv in ("bf16", "fp8", "int8", "k8v4"):
-        if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
-            continue
-        for context in (32768, 131072):
-            q, cache, table, seq_lens = decode_case(kv, context)
-            t = bench(
-                lambda q=q, cache=cache, table=table, seq_lens=seq_lens: attention.paged_attention_decode(
-                    q, cache, table, seq_lens, 0.0625
-                )
-            )
+
+    def dense_ops():
+        for tokens in (1, 8192):
+            x = torch.randn(tokens, 5120, device="cuda", dtype=bf)
+            w = torch.randn(5120, device="cuda", dtype=bf)
+            r = torch.randn(tokens, 5120, device="cuda", dtype=bf)
+            t = bench(lambda x=x, w=w, r=r: rmsnorm_triton.rmsnorm(x, w, 1e-6, r))
+            record("rmsnorm+residual", f"[{tokens}, 5120] bf16", t, bytes_moved=x.numel() * 2 * 5)
+            g = torch.randn(tokens, 2 * 17408, device="cuda", dtype=bf)
+            t = bench(lambda g=g: silu_mul_triton.silu_mul(g))
+            record("silu_mul", f"[{tokens}, 2x17408] bf16", t, bytes_moved=g.numel() * 2 * 3 // 2)
+            q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
+            k = torch.randn(tokens, 4, 256, device="cuda", dtype=bf)
+            pos = torch.arange(tokens, device="cuda")
+            cache = torch.randn(262144, 64, device="cuda")
+            t = bench(lambda q=q, k=k, pos=pos, cache=cache: rope_triton.rope(q, k, pos, cache))
             record(
-                f"decode attention {kv}",
-                f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
+                "rope",
+                f"q [{tokens}, 24, 256], k [{tokens}, 4, 256], rotary 64",
                 t,
-                bytes_moved=cache.num_bytes,
+                bytes_moved=(q.numel() + k.numel()) * 4,
             )
-    # W4A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes counted
-    w = torch.randn(17408, 5120) * 0.02
-    for bits in (4, 8):
-        qt = quantize(w, bits, 128, clip_search=False)
-        packed, scales = qt.packed.cuda(), qt.scales.cuda()
-        mins = qt.minimums.cuda() if qt.minimums is not None else None
-        for m in (1, 8, 512):
-            x = torch.randn(m, 5120, device="cuda", dtype=bf)
+            for kv in ("bf16", "k8v4"):
+                kvc = KVCache.allocate(kv, tokens // 16 + 1, 16, 4, 256, "cuda")
+                slots = torch.arange(tokens, device="cuda")
+                t = bench(lambda k=k, kvc=kvc, slots=slots: kv_store_triton.kv_store(k, k, kvc, slots))
+                written = kvc.num_bytes * tokens // (kvc.k_data.shape[0] * 16)
+                record(f"kv_store {kv}", f"[{tokens}, 4, 256]", t, bytes_moved=k.numel() * 2 * 2 + written)
+
+    def decode_attention():
+        for kv in ("bf16", "fp8", "int8", "k8v4"):
+            if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+                continue
+            for context in (32768, 131072):
+                q, cache, table, seq_lens = decode_case(kv, context)
+                t = bench(
+                    lambda q=q, cache=cache, table=table, seq_lens=seq_lens: attention.paged_attention_decode(
+                        q, cache, table, seq_lens, 0.0625
+                    )
+                )
+                record(
+                    f"decode attention {kv}",
+                    f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
+                    t,
+                    bytes_moved=cache.num_bytes,
+                )
+
+    def gated_deltanet():
+        # Gated DeltaNet: decode reads and writes each sequence's fp32 state (48 x 128 x 128 a layer); a prefill
+        # chunk walks its tokens in order (the recurrent form), so its row is time per chunk
+        hk, hv, d = 16, 48, 128
+        channels = (2 * hk + hv) * d
+        state = torch.zeros(8, hv, d, d, device="cuda")
+        conv_state = torch.zeros(8, channels, 3, device="cuda", dtype=bf)
+        conv_w = torch.randn(channels, 4, device="cuda", dtype=bf)
+        for batch, length in ((1, 1), (4, 1), (1, 4096)):
+            tokens = batch * length
+            cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
+            slots = torch.arange(batch, dtype=torch.int32, device="cuda")
+            x = torch.randn(tokens, channels, device="cuda", dtype=bf)
             t = bench(
-                lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
-                    x, p, s, z, b, 128
+                lambda x=x, cu=cu, slots=slots: conv1d_triton.causal_conv1d(x, conv_w, conv_state, cu, slots)
+            )
+            shape = f"B={batch} x {length} tokens, {channels} channels"
+            record("causal_conv1d", shape, t, bytes_moved=x.numel() * 2 * 2 + batch * channels * 3 * 2 * 2)
+            q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
+            v = x[:, 2 * hk * d :].view(tokens, hv, d)
+            g = -torch.rand(tokens, hv, device="cuda")
+            beta = torch.rand(tokens, hv, device="cuda", dtype=bf)
+            t = bench(
+                lambda q=q, k=k, v=v, g=g, beta=beta, cu=cu, slots=slots: gated_delta_triton.gated_delta_rule(
+                    q, k, v, g, beta, state, cu, slots
                 )
             )
-            if m <= 8:
-                record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
-            else:
-                record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
-    # prefill: 8K new tokens, causal, bf16 KV
-    tokens = 8192
-    q, cache, table, seq_lens = decode_case("bf16", tokens)
-    q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
-    cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-    t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
-    flops = 2 * 2 * 24 * 256 * tokens * tokens / 2  # QK^T and PV, causal half
-    record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=flops)
+            shape = f"B={batch} x {length} tokens, {hk}k/{hv}v heads x {d}"
+            state_bytes = batch * hv * d * d * 4 * 2
+            record(
+                "gated_delta_rule", shape, t, bytes_moved=state_bytes + x.numel() * 2 + tokens * hv * d * 2
+            )
+
+    def quantized_matmul():
+        # W4A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes counted
+        w = torch.randn(17408, 5120) * 0.02
+        for bits in (4, 8):
+            qt = quantize(w, bits, 128, clip_search=False)
+            packed, scales = qt.packed.cuda(), qt.scales.cuda()
+            mins = qt.minimums.cuda() if qt.minimums is not None else None
+            for m in (1, 8, 512):
+                x = torch.randn(m, 5120, device="cuda", dtype=bf)
+                t = bench(
+                    lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
+                        x, p, s, z, b, 128
+                    )
+                )
+                if m <= 8:
+                    record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+                else:
+                    record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+
+    def prefill_attention():
+        # prefill: 8K new tokens, causal, bf16 KV
+        tokens = 8192
+        q, cache, table, seq_lens = decode_case("bf16", tokens)
+        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
+        cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+        t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
+        flops = 2 * 2 * 24 * 256 * tokens * tokens / 2  # QK^T and PV, causal half
+        record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=flops)
+
+    failed = []
+    for section in (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention):
+        try:  # one section's failure (a kernel that does not compile here) costs its rows, not the table
+            section()
+        except Exception as exc:  # noqa: BLE001
+            failed.append(f"{section.__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+            print("FAILED", failed[-1], flush=True)
 
     lines = [
         f"device: {device}; peaks: {peak_bw / 1e9:.0f} GB/s, {peak_flops / 1e12:.0f} TFLOP/s bf16",
@@ -167,13 +220,16 @@ def main() -> None:
             f"| {r['kernel']} | {r['shape']} | {r['us']:.1f} | {r.get('GB/s', float('nan')):.0f} | "
             f"{r.get('TFLOP/s', float('nan')):.1f} | {r.get('% peak', float('nan')):.0f} |"
         )
+    lines += [f"\nFAILED {f}" for f in failed]
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "rows": rows}, f, indent=1)
+            json.dump({"device": device, "rows": rows, "failed": failed}, f, indent=1)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

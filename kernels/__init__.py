@@ -113,11 +113,15 @@ def silu_mul(x):
 
 def causal_conv1d(x, weight, conv_state, cu_seqlens, state_indices, apply_silu=True):
     args = (x, weight, conv_state, cu_seqlens, state_indices, apply_silu)
+    if use_triton(x):
+        return _triton("conv1d").causal_conv1d(*args)
     return _native_or_naive(_conv1d_native.causal_conv1d, _conv1d_naive.causal_conv1d, *args)
 
 
 def gated_delta_rule(q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm=True):
     args = (q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm)
+    if use_triton(q):
+        return _triton("gated_delta").gated_delta_rule(*args)
     return _native_or_naive(_gated_delta_native.gated_delta_rule, _gated_delta_naive.gated_delta_rule, *args)
 
 

@@ -172,6 +172,37 @@ def case_attention(
         attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
 
 
+# Gated DeltaNet layers (Qwen3.5): key heads, value heads, head dim (keys and values alike)
+GDN_MODELS = {"qwen3.5-27b": (16, 48, 128), "qwen3.5-9b": (16, 32, 128)}
+
+
+def _gdn_batch(step: str):
+    """cu_seqlens and state slots: decode (4 sequences, one token each) or a 300-token prefill chunk."""
+    lengths = [1, 1, 1, 1] if step == "decode" else [300]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return cu, torch.arange(len(lengths), dtype=torch.int32), sum(lengths)
+
+
+def case_causal_conv1d(step: str, model: str, dtype: str, kernel: int = 4):
+    hk, hv, d = GDN_MODELS[model]
+    channels = 2 * hk * d + hv * d
+    cu, slots, t = _gdn_batch(step)
+    x = _randn(t, channels + hv * d, dtype=DTYPES[dtype])[:, :channels]  # a view, as in_proj's output
+    state = torch.zeros(4, channels, kernel - 1, dtype=DTYPES[dtype])
+    _op("conv1d").causal_conv1d(x, _randn(channels, kernel, dtype=DTYPES[dtype]), state, cu, slots)
+
+
+def case_gated_delta_rule(step: str, model: str, dtype: str):
+    hk, hv, d = GDN_MODELS[model]
+    cu, slots, t = _gdn_batch(step)
+    conv = _randn(t, (2 * hk + hv) * d, dtype=DTYPES[dtype])
+    q, k = conv[:, : hk * d].view(t, hk, d), conv[:, hk * d : 2 * hk * d].view(t, hk, d)
+    v = conv[:, 2 * hk * d :].view(t, hv, d)
+    g, beta = -torch.rand(t, hv), torch.rand(t, 2 * hv).to(DTYPES[dtype])[:, :hv]
+    state = torch.zeros(4, hv, d, d)
+    _op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, slots)
+
+
 def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
     group of 128), 8-bit symmetric."""
@@ -215,6 +246,11 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_attention, step=step, kv_dtype="bf16", model="mha", dtype="bf16")
     for context in (1024, 32768, 131072):  # decode at short and deep context: split counts differ
         add(case_attention, step="decode", kv_dtype="k8v4", model="qwen3.5", dtype="bf16", context=context)
+    for model in GDN_MODELS:
+        for step in ("decode", "prefill"):
+            for dtype in DTYPES:
+                add(case_causal_conv1d, step=step, model=model, dtype=dtype)
+                add(case_gated_delta_rule, step=step, model=model, dtype=dtype)
     for bits in (4, 8):
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
@@ -268,8 +304,6 @@ def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool) -> Result
 
 def variants_per_kernel() -> dict[str, int]:
     """Compiled variants per kernel and target, from the JIT caches."""
-    from kernels import paged_attention, quant_matmul, rmsnorm, rope, silu_mul  # noqa: F401
-
     counts = {}
     for module in sys.modules.values():
         if getattr(module, "__name__", "").startswith("kernels.") and module.__name__.endswith(".triton"):

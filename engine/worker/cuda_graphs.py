@@ -4,11 +4,12 @@ A decode step launches every kernel of every layer for one token per sequence; a
 not the GPU, set the pace. Each batch-size bucket's forward (model + logits) is captured once into a CUDA
 graph over static input buffers; a step copies its inputs into the buffers and replays the bucket that
 holds its batch. Rows past the batch are padding: slot -1 (kv_store skips it), length 1 over page 0 (read,
-never written), their logits dropped.
+never written), state slot -1 (the Gated DeltaNet ops give it zeros and touch no state), their logits
+dropped.
 
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
-every length; the split-K decode kernel divides each sequence's own length among its splits. Models with
-recurrent state (hybrid Gated DeltaNet layers) run eagerly: padding rows there would write a state slot.
+every length; the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
+recurrent-state resets, restores and snapshots are copies outside the graph, before and after it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
         self.block_table = zeros(size, max_blocks)
-        self.state_indices = zeros(size)
+        self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [b, V] each, written by its graph
 
@@ -85,8 +86,11 @@ class DecodeGraphs:
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def stage(self, input_ids, positions, slot_mapping, seq_lens, block_rows: list[list[int]]) -> int:
-        """Copy one decode step (n rows) into the static buffers, padding up to its bucket; returns the bucket."""
+    def stage(
+        self, input_ids, positions, slot_mapping, seq_lens, block_rows: list[list[int]], state_indices=None
+    ) -> int:
+        """Copy one decode step (n rows) into the static buffers, padding up to its bucket; returns the bucket.
+        state_indices: each row's recurrent-state slot (hybrid models; -1 where none)."""
         n = len(input_ids)
         b = self.bucket_for(n)
         pad = b - n
@@ -98,7 +102,10 @@ class DecodeGraphs:
         self.input_ids[:b].copy_(host[0], non_blocking=True)
         self.positions[:b].copy_(host[1], non_blocking=True)
         self.slot_mapping[:b].copy_(host[2], non_blocking=True)
-        self.seq_lens[:b].copy_(torch.tensor([*seq_lens, *[1] * pad], dtype=torch.int32))
+        slots = list(state_indices) if state_indices is not None else [-1] * n
+        small = torch.tensor([*seq_lens, *[1] * pad, *slots, *[-1] * pad], dtype=torch.int32).view(2, b)
+        self.seq_lens[:b].copy_(small[0])
+        self.state_indices[:b].copy_(small[1])
         table = torch.zeros(b, self.block_table.shape[1], dtype=torch.int32)
         for i, row in enumerate(block_rows):
             table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)

@@ -56,7 +56,7 @@ class ModelRunner:
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
         self.graphs: DecodeGraphs | None = None
-        if engine_config.cuda_graphs and self.device.type == "cuda" and not self._state_layers:
+        if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
             self.graphs = DecodeGraphs(model, engine_config.max_concurrency, max_blocks, self.device)
@@ -103,10 +103,11 @@ class ModelRunner:
             elif r.start_pos == 0 and r.state_slot >= 0:
                 self._reset_state(r.state_slot)
         if self._graph_step(sched):
-            self.graphs.stage(
-                input_ids, positions, slot_mapping, seq_lens, [r.block_ids for r in sched.scheduled]
-            )
-            return self._sample(self.graphs.replay(len(input_ids)), list(enumerate(sched.scheduled)))
+            block_rows = [r.block_ids for r in sched.scheduled]
+            self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices)
+            logits = self.graphs.replay(len(input_ids))
+            self._save_states(sched)
+            return self._sample(logits, list(enumerate(sched.scheduled)))
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
 
@@ -122,8 +123,7 @@ class ModelRunner:
         )
         with set_forward_context(ctx):
             hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
-        for slot, snapshot in sched.state_saves:
-            self._copy_state(slot, snapshot)
+        self._save_states(sched)
         sampling = [(i, r) for i, r in enumerate(sched.scheduled) if r.sample]
         if not sampling:
             return RunnerOutput({})
@@ -136,8 +136,12 @@ class ModelRunner:
             self.graphs is not None
             and len(sched.scheduled) <= self.graphs.max_batch
             and all(len(r.token_ids) == 1 and r.sample for r in sched.scheduled)
-            and not sched.state_saves
         )
+
+    def _save_states(self, sched: SchedulerOutput) -> None:
+        """The step's state snapshots (hybrid prefix caching), after its forward."""
+        for slot, snapshot in sched.state_saves:
+            self._copy_state(slot, snapshot)
 
     def _sample(self, logits: torch.Tensor, sampling: list) -> RunnerOutput:
         request_ids = [r.request_id for _, r in sampling]

@@ -11,7 +11,9 @@ def causal_conv1d(
 ) -> torch.Tensor:
     """Depthwise causal conv1d over each sequence, continuing from (and updating) its conv state.
 
-    A new sequence's slot must be zeroed beforehand (the state pool does this at admission).
+    A new sequence's slot must be zeroed beforehand (the state pool does this at admission). A sequence
+    whose slot is -1 is padding (a CUDA-graph row past the batch): its outputs are zero and no state is
+    read or written.
     """
     kernel = weight.shape[1]
     out = torch.empty_like(x)
@@ -19,6 +21,9 @@ def causal_conv1d(
     for b, slot in enumerate(state_indices.tolist()):
         start, end = cu[b], cu[b + 1]
         if end == start:
+            continue
+        if slot < 0:
+            out[start:end] = 0
             continue
         xb = torch.cat([conv_state[slot].to(x.dtype), x[start:end].t()], dim=-1)  # [C, K - 1 + L]
         conv_state[slot] = xb[:, -(kernel - 1) :].to(conv_state.dtype)

@@ -4,8 +4,9 @@
    x [T, C] rows x_stride floats apart (a view into the fused input projection), weight [C, K], state
    [num_slots, C, K - 1] (the last K - 1 inputs of each sequence, oldest first), out [T, C] contiguous, all
    fp32. y[t, c] = sum over j of weight[c, j] * window[j], the window being the K inputs up to t. The
-   (sequence, block of channels) pairs are the pool's work items. Returns 0, or -2 for a slot or token
-   range out of bounds or K past MAX_KERNEL (nothing written). */
+   (sequence, block of channels) pairs are the pool's work items. A sequence of slot -1 is padding: zero
+   outputs, no state read or written. Returns 0, or -2 for a slot or token range out of bounds or K past
+   MAX_KERNEL (nothing written). */
 
 #include <math.h>
 #include <stdint.h>
@@ -30,6 +31,11 @@ static void run_channels(void *ctx, int64_t i0, int64_t i1) {
         const int64_t b = item / j->blocks, c0 = item % j->blocks * CHANNEL_BLOCK;
         const int64_t c1 = c0 + CHANNEL_BLOCK < C ? c0 + CHANNEL_BLOCK : C, t0 = j->cu[b], t1 = j->cu[b + 1];
         if (t1 == t0) continue;
+        if (j->slots[b] < 0) {
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t c = c0; c < c1; c++) j->out[t * C + c] = 0.0f;
+            continue;
+        }
         float *state = j->state + (int64_t)j->slots[b] * C * (K - 1);
         for (int64_t c = c0; c < c1; c++) {
             float window[MAX_KERNEL];
@@ -52,7 +58,7 @@ int ninfer_causal_conv1d(const float *x, const float *weight, float *state, floa
                          int64_t num_slots, int64_t silu) {
     if (K < 1 || K > MAX_KERNEL || cu[0] < 0 || cu[B] > T) return -2;
     for (int64_t b = 0; b < B; b++)
-        if (cu[b + 1] < cu[b] || slots[b] < 0 || slots[b] >= num_slots) return -2;
+        if (cu[b + 1] < cu[b] || slots[b] < -1 || slots[b] >= num_slots) return -2;
     const int64_t blocks = (C + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK;
     conv_job job = {x, weight, state, out, cu, slots, C, K, x_stride, blocks, (int)silu};
     pool_run(run_channels, &job, B * blocks, 1);

@@ -19,7 +19,8 @@ def gated_delta_rule(
     """Gated delta rule, token by token (the recurrent form), for variable-length packed sequences.
 
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - S^T k_t))^T ;  o_t = S_t^T q_t / sqrt(Dk).
-    Returns o: [T, Hv, Dv] in v's dtype; each sequence's final state is written back to its slot.
+    Returns o: [T, Hv, Dv] in v's dtype; each sequence's final state is written back to its slot. A
+    sequence whose slot is -1 is padding: its outputs are zero and no state is read or written.
     """
     num_v_heads, head_k_dim = v.shape[1], q.shape[2]
     rep = num_v_heads // q.shape[1]
@@ -32,6 +33,9 @@ def gated_delta_rule(
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     cu = cu_seqlens.tolist()
     for b, slot in enumerate(state_indices.tolist()):
+        if slot < 0:
+            out[cu[b] : cu[b + 1]] = 0
+            continue
         s = state[slot].float()  # [Hv, Dk, Dv]
         for t in range(cu[b], cu[b + 1]):
             s = s * gf[t].exp()[:, None, None]

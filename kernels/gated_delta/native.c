@@ -8,8 +8,8 @@
    in two passes over S a token: decay and S^T k together, then the update and S^T q together. q / k / v
    rows are token_stride floats apart with heads D apart (views into the conv output); g and beta [T, Hv],
    out [T, Hv, Dv], state [num_slots, Hv, Dk, Dv], all fp32. The (sequence, head) pairs are the pool's work
-   items (kernels/native_pool.c). Returns 0, or -2 for a slot or token range out of bounds (nothing
-   written). */
+   items (kernels/native_pool.c). A sequence of slot -1 is padding: zero outputs, no state read or written.
+   Returns 0, or -2 for a slot or token range out of bounds (nothing written). */
 
 #include <math.h>
 #include <stdint.h>
@@ -40,6 +40,11 @@ static void run_heads(void *ctx, int64_t i0, int64_t i1) {
     float qn[MAX_DIM], kn[MAX_DIM], mem[MAX_DIM], delta[MAX_DIM];
     for (int64_t item = i0; item < i1; item++) {
         const int64_t b = item / Hv, h = item % Hv, kh = h / rep;
+        if (j->slots[b] < 0) {
+            for (int64_t t = j->cu[b]; t < j->cu[b + 1]; t++)
+                memset(j->out + (t * Hv + h) * Dv, 0, (size_t)Dv * sizeof(float));
+            continue;
+        }
         float *S = j->state + ((int64_t)j->slots[b] * Hv + h) * Dk * Dv;
         for (int64_t t = j->cu[b]; t < j->cu[b + 1]; t++) {
             normalized(j->q + t * j->sq + kh * Dk, Dk, j->l2norm, 1.0f / sqrtf((float)Dk), qn);
@@ -74,7 +79,7 @@ int ninfer_gated_delta_rule(const float *q, const float *k, const float *v, cons
                             int64_t sv, int64_t num_slots, int64_t l2norm) {
     if (Dk > MAX_DIM || Dv > MAX_DIM || Hk <= 0 || Hv % Hk || cu[0] < 0 || cu[B] > T) return -2;
     for (int64_t b = 0; b < B; b++)
-        if (cu[b + 1] < cu[b] || slots[b] < 0 || slots[b] >= num_slots) return -2;
+        if (cu[b + 1] < cu[b] || slots[b] < -1 || slots[b] >= num_slots) return -2;
     delta_job job = {q, k, v, g, beta, state, out, cu, slots, Hk, Hv, Dk, Dv, sq, sk, sv, (int)l2norm};
     pool_run(run_heads, &job, B * Hv, 1);
     return 0;

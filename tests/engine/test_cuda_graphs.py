@@ -32,10 +32,14 @@ class EagerGraphs(DecodeGraphs):
         return self.run_eager(n)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_static_buffer_path_gives_the_eager_tokens(tmp_path, arch):
+@pytest.mark.parametrize(
+    "arch,prefix_caching", [("llama", False), ("qwen3", False), ("qwen3_5", False), ("qwen3_5", True)]
+)
+def test_static_buffer_path_gives_the_eager_tokens(tmp_path, arch, prefix_caching):
+    """Hybrid (Qwen3.5): the padding row's state slot is -1, so its Gated DeltaNet ops touch no state; with
+    prefix caching, the step's state snapshots are copied after the graph's forward."""
     path = save_tiny(tiny_hf_model(arch, tied=False, seed=11), tmp_path)
-    options = dict(max_concurrency=4, enable_prefix_caching=False, max_context=512)
+    options = dict(max_concurrency=4, enable_prefix_caching=prefix_caching, max_context=512)
     want = LLM(path, **options).generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
     llm = LLM(path, **options)
     llm.runner.graphs = EagerGraphs(llm.model, 4, 512 // llm.engine_config.block_size, llm.runner.device)
@@ -47,15 +51,23 @@ def test_static_buffer_path_gives_the_eager_tokens(tmp_path, arch):
         assert g.token_ids == w.token_ids
         for a, b in zip(g.logprobs, w.logprobs):
             assert all(abs(a[t] - b[t]) < 1e-4 for t in b if t in a)
+    if prefix_caching:  # follow-ups hit the snapshots taken in graph steps (past each prompt): cold tokens
+        follow = [p + g.token_ids for p, g in zip(_prompts(), got)]
+        again = llm.generate(prompt_token_ids=follow, sampling_params=PARAMS)
+        cold = LLM(path, **{**options, "enable_prefix_caching": False})
+        for a, c in zip(again, cold.generate(prompt_token_ids=follow, sampling_params=PARAMS)):
+            assert a.token_ids == c.token_ids
+        assert any(a.num_cached_tokens > len(p) for a, p in zip(again, _prompts()))
 
 
 def test_staging_pads_up_to_the_bucket():
     graphs = DecodeGraphs(None, 4, 6, torch.device("cpu"))
     assert graphs.buckets == [1, 2, 4]
-    b = graphs.stage([7, 8, 9], [4, 10, 2], [36, 91, 18], [5, 11, 3], [[2], [5, 3], [1]])
+    b = graphs.stage([7, 8, 9], [4, 10, 2], [36, 91, 18], [5, 11, 3], [[2], [5, 3], [1]], [2, 0, 1])
     assert b == 4
     assert graphs.slot_mapping.tolist() == [36, 91, 18, -1]  # padding: no slot, kv_store skips it
     assert graphs.seq_lens.tolist() == [5, 11, 3, 1]
+    assert graphs.state_indices.tolist() == [2, 0, 1, -1]  # padding: no recurrent state
     assert graphs.block_table.tolist() == [
         [2, 0, 0, 0, 0, 0],
         [5, 3, 0, 0, 0, 0],
@@ -64,10 +76,11 @@ def test_staging_pads_up_to_the_bucket():
     ]
     graphs.stage([1], [0], [0], [1], [[4]])  # a smaller step leaves no stale row in its own bucket
     assert graphs.block_table[:1].tolist() == [[4, 0, 0, 0, 0, 0]]
+    assert graphs.state_indices[:1].tolist() == [-1]  # a model without recurrent state
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_5"])
 def test_cuda_graph_decode_equals_eager(tmp_path, arch):
     path = save_tiny(tiny_hf_model(arch, tied=False, seed=12), tmp_path)
     options = dict(device="cuda", dtype="float32", max_concurrency=3, enable_prefix_caching=False)
@@ -79,9 +92,3 @@ def test_cuda_graph_decode_equals_eager(tmp_path, arch):
     got = graphed.generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
-
-
-@pytest.mark.gpu
-def test_hybrid_models_decode_eagerly(tmp_path):
-    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=13), tmp_path)
-    assert LLM(path, device="cuda", max_concurrency=2).runner.graphs is None

@@ -360,7 +360,8 @@ DELTA_SHAPES = [(2, 4, 128, 128), (3, 3, 64, 64), (1, 2, 32, 48), (2, 2, 20, 36)
 @pytest.mark.parametrize("hk,hv,dk,dv", DELTA_SHAPES)
 @pytest.mark.parametrize("lengths", [[1, 1, 1], [5, 0, 17]])  # decode; prefill chunks with an empty one
 @pytest.mark.parametrize("l2norm", [True, False])
-def test_gated_delta_rule(hk, hv, dk, dv, lengths, l2norm):
+@pytest.mark.parametrize("padding", [False, True])  # the middle sequence a padding row (slot -1)
+def test_gated_delta_rule(hk, hv, dk, dv, lengths, l2norm, padding):
     t = sum(lengths)
     conv = torch.randn(t, 2 * hk * dk + hv * dv + 3)  # q / k / v as views into one conv output, as the layer
     q = conv[:, : hk * dk].view(t, hk, dk)
@@ -370,7 +371,7 @@ def test_gated_delta_rule(hk, hv, dk, dv, lengths, l2norm):
     beta = torch.rand(t, hv)
     state = torch.randn(5, hv, dk, dv) * 0.1
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    slots = torch.tensor([4, -1 if padding else 0, 2], dtype=torch.int32)
     if not l2norm:
         q, k = q * 0.1, k * 0.1  # bounded without the norm
     want_state = state.clone()
@@ -378,14 +379,19 @@ def test_gated_delta_rule(hk, hv, dk, dv, lengths, l2norm):
     got = gated_delta_native.gated_delta_rule(q, k, v, g, beta, state, cu, slots, l2norm)
     assert rel_err(got, want) < TOL
     assert rel_err(state, want_state) < TOL  # every sequence's state written back, slots 1 and 3 untouched
+    if padding:
+        assert not got[cu[1] : cu[2]].any() and torch.equal(state[0], want_state[0])
 
 
 def test_gated_delta_rule_refuses_a_slot_outside_the_state():
     q = k = torch.randn(2, 1, 32)
     v, g, beta, state = torch.randn(2, 1, 32), -torch.rand(2, 1), torch.rand(2, 1), torch.zeros(3, 1, 32, 32)
     cu, slots = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
-    with pytest.raises(ValueError, match="out of range"):
-        gated_delta_native.gated_delta_rule(q, k, v, g, beta, state, cu, slots)
+    for bad in (3, -2):  # past the state; below -1 (padding)
+        with pytest.raises(ValueError, match="out of range"):
+            gated_delta_native.gated_delta_rule(
+                q, k, v, g, beta, state, cu, torch.tensor([bad], dtype=torch.int32)
+            )
     assert not state.any()  # nothing written
     assert gated_delta_native.gated_delta_rule(q.double(), k, v, g, beta, state, cu, slots) is None
     assert (
@@ -396,7 +402,8 @@ def test_gated_delta_rule_refuses_a_slot_outside_the_state():
 @pytest.mark.parametrize("channels,kernel", [(300, 4), (40, 2), (520, 3)])  # blocks of 256 and a tail
 @pytest.mark.parametrize("lengths", [[1, 1, 1], [6, 0, 2]])
 @pytest.mark.parametrize("silu", [True, False])
-def test_causal_conv1d(channels, kernel, lengths, silu):
+@pytest.mark.parametrize("padding", [False, True])  # the middle sequence a padding row (slot -1)
+def test_causal_conv1d(channels, kernel, lengths, silu, padding):
     t = sum(lengths)
     x = torch.randn(t, channels + 9)[
         :, 3 : 3 + channels
@@ -404,18 +411,21 @@ def test_causal_conv1d(channels, kernel, lengths, silu):
     weight = torch.randn(channels, kernel)
     state = torch.randn(4, channels, kernel - 1)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    slots = torch.tensor([3, 1, 0], dtype=torch.int32)
+    slots = torch.tensor([3, -1 if padding else 1, 0], dtype=torch.int32)
     want_state = state.clone()
     want = conv1d_naive.causal_conv1d(x, weight, want_state, cu, slots, silu)
     got = conv1d_native.causal_conv1d(x, weight, state, cu, slots, silu)
     assert rel_err(got, want) < TOL
     assert torch.equal(state, want_state)  # the last K - 1 inputs, copied
+    if padding:
+        assert not got[cu[1] : cu[2]].any()
 
 
 def test_causal_conv1d_refuses_a_slot_outside_the_state():
     x, weight, state = torch.randn(2, 8), torch.randn(8, 4), torch.zeros(2, 8, 3)
     cu, slots = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
-    with pytest.raises(ValueError, match="out of range"):
-        conv1d_native.causal_conv1d(x, weight, state, cu, slots)
+    for bad in (2, -2):  # past the state; below -1 (padding)
+        with pytest.raises(ValueError, match="out of range"):
+            conv1d_native.causal_conv1d(x, weight, state, cu, torch.tensor([bad], dtype=torch.int32))
     assert not state.any()
     assert conv1d_native.causal_conv1d(x.bfloat16(), weight, state, cu, slots) is None

@@ -1,5 +1,6 @@
 """The engine through the Triton kernels (NINFER_KERNELS=triton; on CPU under TRITON_INTERPRET=1) gives the
-same greedy tokens as through the naive twins, on the tiny dense models."""
+same greedy tokens as through the naive twins, on the tiny dense models and the tiny hybrid (Qwen3.5: Gated
+DeltaNet layers through the conv1d, gated delta rule and gated-norm kernels)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_environment_variable_sets_the_backend_at_start_up():
         assert out.stdout.strip() == expected
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_5"])
 def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, kernel_backend, arch):
     path = save_tiny(tiny_hf_model(arch, tied=False, seed=6), tmp_path)
     prompts = [
@@ -57,6 +58,8 @@ def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, ke
     monkeypatch.setattr(kernels, "_triton", lambda op: calls.append(op) or real(op))
     triton = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=params)
     assert {"rmsnorm", "rope", "silu_mul", "kv_store", "paged_attention"} <= set(calls)
+    if arch == "qwen3_5":
+        assert {"conv1d", "gated_delta"} <= set(calls)
     for a, b in zip(triton, naive):
         assert a.token_ids == b.token_ids
         for lp_a, lp_b in zip(a.logprobs, b.logprobs):

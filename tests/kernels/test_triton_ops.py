@@ -172,3 +172,71 @@ def test_decode_splits_grow_with_context():
     assert (
         rel_err(attention.paged_attention(*case, 0.125), attention_naive.paged_attention(*case, 0.125)) < 1e-3
     )
+
+
+# Gated DeltaNet ops (Qwen3.5's linear-attention layers). Sequences: decode (one token each); prefill chunks
+# with an empty sequence and lengths past one token block; slot -1 = a padding row (zero out, no state).
+GDN_LENGTHS = [[1, 1, 1], [5, 0, 37]]
+GDN_SLOTS = [[4, 0, 2], [4, -1, 2]]
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels,kernel", [(300, 4), (40, 2), (130, 3)])  # one block of 128, a tail
+@pytest.mark.parametrize("lengths", GDN_LENGTHS)
+@pytest.mark.parametrize("slots", GDN_SLOTS)
+def test_causal_conv1d(dtype, channels, kernel, lengths, slots):
+    from kernels.conv1d import naive as conv1d_naive
+
+    t = sum(lengths)
+    x = randn(t, channels + 9, dtype=dtype)[:, 3 : 3 + channels]  # a view into in_proj's output, as the layer
+    weight = randn(channels, kernel, dtype=dtype)
+    state = randn(5, channels, kernel - 1, dtype=dtype)
+    cu, idx = _cu(lengths), torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    want_state = state.clone()
+    want = conv1d_naive.causal_conv1d(x, weight, want_state, cu, idx)
+    got = triton_op("conv1d").causal_conv1d(x, weight, state, cu, idx)
+    assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
+    assert torch.equal(state, want_state)  # the last K - 1 inputs, copied; slot -1 and unused slots untouched
+    if -1 in slots and lengths[1]:
+        assert not got[cu[1] : cu[2]].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 128, 128), (3, 3, 64, 64), (1, 2, 32, 48), (2, 2, 20, 36)])
+@pytest.mark.parametrize("lengths", GDN_LENGTHS)
+@pytest.mark.parametrize("slots", GDN_SLOTS)
+def test_gated_delta_rule(dtype, hk, hv, dk, dv, lengths, slots):
+    from kernels.gated_delta import naive as gated_delta_naive
+
+    t = sum(lengths)
+    conv = randn(t, 2 * hk * dk + hv * dv + 3, dtype=dtype)  # q / k / v as views into one conv output
+    q = conv[:, : hk * dk].view(t, hk, dk)
+    k = conv[:, hk * dk : 2 * hk * dk].view(t, hk, dk)
+    v = conv[:, 2 * hk * dk : 2 * hk * dk + hv * dv].view(t, hv, dv)
+    g = -torch.rand(t, hv, device=DEVICE) * 0.5
+    beta = torch.rand(t, hv, device=DEVICE).to(dtype)
+    state = randn(5, hv, dk, dv) * 0.1
+    cu, idx = _cu(lengths), torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    want_state = state.clone()
+    want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx)
+    got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx)
+    assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
+    assert rel_err(state, want_state) < 1e-3  # fp32 state: every sequence's written back, the rest untouched
+    if -1 in slots and lengths[1]:
+        assert not got[cu[1] : cu[2]].any()
+
+
+def test_gated_delta_rule_without_l2norm():
+    from kernels.gated_delta import naive as gated_delta_naive
+
+    q, k, v = randn(9, 2, 32) * 0.1, randn(9, 2, 32) * 0.1, randn(9, 4, 32)
+    g, beta, state = -torch.rand(9, 4, device=DEVICE), torch.rand(9, 4, device=DEVICE), randn(2, 4, 32, 32)
+    cu, idx = _cu([4, 5]), torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
+    want_state = state.clone()
+    want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx, False)
+    got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx, False)
+    assert rel_err(got, want) < 1e-3 and rel_err(state, want_state) < 1e-3
