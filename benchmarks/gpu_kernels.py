@@ -76,6 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--no-sweeps", action="store_true", help="skip the tile / split / warp sweeps")
     args = ap.parse_args()
     peak_bw, peak_flops, device = device_peaks()
     rows = []
@@ -201,8 +202,52 @@ def main() -> None:
         flops = 2 * 2 * 24 * 256 * tokens * tokens / 2  # QK^T and PV, causal half
         record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=flops)
 
+    def sweeps():
+        """Tile, split and warp choices around the defaults of the three kernels the acceptance figures
+        rest on, so one lease measures what the defaults should be (rows named 'sweep ...')."""
+        for kv in ("bf16", "k8v4"):
+            q, cache, table, seq_lens = decode_case(kv, 32768)
+            for splits in (16, 32, 64, 128):
+                for warps in (4, 8):
+                    t = bench(
+                        lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, w=warps: (
+                            attention.paged_attention_decode(q, c, tb, s, 0.0625, num_splits=n, num_warps=w)
+                        )
+                    )
+                    name = f"sweep decode {kv} splits={splits} warps={warps}"
+                    record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
+        qt = quantize(torch.randn(17408, 5120) * 0.02, 4, 128, clip_search=False)
+        packed, scales, mins = qt.packed.cuda(), qt.scales.cuda(), qt.minimums.cuda()
+        x = torch.randn(1, 5120, device="cuda", dtype=bf)
+        for block_n in (32, 64, 128):
+            for splits in (1, 2, 4, 8):
+                for warps in (4, 8):
+                    t = bench(
+                        lambda bn=block_n, n=splits, w=warps: quant_matmul_triton.quant_matmul(
+                            x, packed, scales, mins, 4, 128, block_n=bn, num_splits=n, num_warps=w
+                        )
+                    )
+                    name = f"sweep W4A16 GEMV block_n={block_n} splits={splits} warps={warps}"
+                    record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+        tokens = 8192
+        q, cache, table, seq_lens = decode_case("bf16", tokens)
+        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
+        cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+        flops = 2 * 2 * 24 * 256 * tokens * tokens / 2
+        for block_m in (32, 64, 128):
+            for block_n in (32, 64):
+                for warps in (4, 8):
+                    t = bench(
+                        lambda bm=block_m, bn=block_n, w=warps: attention.paged_attention(
+                            q, cache, table, seq_lens, cu, 0.0625, block_m=bm, block_n=bn, num_warps=w
+                        )
+                    )
+                    name = f"sweep prefill bf16 block_m={block_m} block_n={block_n} warps={warps}"
+                    record(name, "8K causal, 24q/4kv x 256", t, flops=flops)
+
     failed = []
-    for section in (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention):
+    sections = (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention, sweeps)
+    for section in sections if not args.no_sweeps else sections[:-1]:
         try:  # one section's failure (a kernel that does not compile here) costs its rows, not the table
             section()
         except Exception as exc:  # noqa: BLE001

@@ -33,11 +33,11 @@ print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.ve
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())' 2>&1 \
   | tee -a "$OUT/summary.txt"
 
-step kernels 240 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json"
+step kernels 300 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json"
 
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
-step pytest 300 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
+step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py \
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 

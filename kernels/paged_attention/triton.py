@@ -382,14 +382,19 @@ def paged_attention_decode(
     seq_lens: torch.Tensor,  # [B] int32
     scale: float,
     q_per_seq: int = 1,
+    *,
+    num_splits: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification."""
+    """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification.
+    num_splits (default: num_decode_splits of the block table's width) and num_warps are tuning knobs for
+    benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs, num_kv_heads = block_table.shape[0], cache.k_data.shape[2]
     assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
     group = num_q_heads // num_kv_heads
     # NOTE: from the block table's width (a host-side shape), so no device sync picks the split count
-    splits = num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
+    splits = num_splits or num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
     out = torch.empty_like(q)
     partial = torch.empty((num_tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
@@ -410,6 +415,7 @@ def paged_attention_decode(
         GROUP=group,
         BLOCK_R=max(16, triton.next_power_of_2(q_per_seq * group)),
         BLOCK_N=_block_n(cache),
+        num_warps=num_warps,
         **_common(q, cache),
     )
     _reduce_kernel[(num_tokens, num_q_heads)](
@@ -421,7 +427,7 @@ def paged_attention_decode(
         num_q_heads,
         head_dim,
         splits,
-        BLOCK_S=MAX_DECODE_SPLITS,
+        BLOCK_S=max(MAX_DECODE_SPLITS, triton.next_power_of_2(splits)),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out
@@ -434,16 +440,20 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [B] int32
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32
     scale: float,
+    *,
+    block_m: int = 32,
+    block_n: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """See kernels/paged_attention/naive.py. One token per sequence (T == B) takes the split-K decode
-    kernel; anything else the prefill kernel."""
+    kernel; anything else the prefill kernel (block_m, block_n, num_warps: its tile, tuning knobs for
+    benchmarks/gpu_kernels.py's sweep)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = block_table.shape[0]
     if num_tokens == num_seqs:
         return paged_attention_decode(q, cache, block_table, seq_lens, scale)
     assert q.stride(-1) == 1 and cache.k_data.is_contiguous()
     out = torch.empty_like(q)
-    block_m = 32
     num_kv_heads = cache.k_data.shape[2]
     # NOTE: T bounds every sequence's query count, so the grid needs no device sync
     _prefill_kernel[(num_seqs, triton.cdiv(num_tokens, block_m), num_q_heads)](
@@ -462,7 +472,8 @@ def paged_attention(
         D=head_dim,
         GROUP=num_q_heads // num_kv_heads,
         BLOCK_M=block_m,
-        BLOCK_N=_block_n(cache),
+        BLOCK_N=block_n or _block_n(cache),
+        num_warps=num_warps,
         **_common(q, cache),
     )
     return out

@@ -154,8 +154,13 @@ def quant_matmul(
     minimums: torch.Tensor | None,
     bits: int,
     group_size: int,
+    *,
+    block_n: int = 64,
+    num_splits: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """See kernels/quant_matmul/naive.py."""
+    """See kernels/quant_matmul/naive.py. block_n, num_splits (GEMV: K slices; default enough to fill the
+    GPU) and num_warps are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
     assert bits in (4, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     m, k = x.shape
     n, num_groups = scales.shape
@@ -169,11 +174,11 @@ def quant_matmul(
     )
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
-    block_n = 64
     if m <= GEMV_MAX_M:  # split-K GEMV: enough K slices that small-N matrices still fill the GPU
         out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
         block_m = 16
-        per_split = triton.cdiv(groups, max(1, min(groups, 256 // triton.cdiv(n, block_n))))
+        splits = num_splits or max(1, min(groups, 256 // triton.cdiv(n, block_n)))
+        per_split = triton.cdiv(groups, splits)
     else:  # tiled GEMM, K whole in every program
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         block_m, per_split = 32, groups
@@ -195,6 +200,7 @@ def quant_matmul(
         SPLIT_K=m <= GEMV_MAX_M,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        num_warps=num_warps,
         **common,
     )
     return out.to(x.dtype)

@@ -45,6 +45,17 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
     )
 
 
+@pytest.mark.parametrize("block_n,num_splits,m", [(32, 3, 1), (128, 2, 5), (32, None, 40)])
+def test_tuning_knobs_keep_the_result(block_n, num_splits, m):
+    """The sweep's tile and K-slice choices (benchmarks/gpu_kernels.py) compute the same product."""
+    torch.manual_seed(m)
+    qt = quantize(torch.randn(200, 900) * 0.05, 4, 128)
+    packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
+    x = torch.randn(m, 900, device=DEVICE)
+    got = fused.quant_matmul(x, packed, scales, mins, 4, 128, block_n=block_n, num_splits=num_splits)
+    assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
+
+
 def test_groupwise_weight_concatenates_fused_shards():
     q, k = quantize(torch.randn(32, 256), 4), quantize(torch.randn(16, 256), 4)
     w = GroupwiseWeight.from_shards([q, k], "cpu")

@@ -162,6 +162,21 @@ def test_decode_kernel_serves_speculative_verification():
     assert rel_err(got, attention_naive.paged_attention(q, cache, table, seq_lens, cu, 0.125)) < 1e-3
 
 
+def test_tuning_knobs_keep_the_result():
+    """The sweep's split counts and prefill tiles (benchmarks/gpu_kernels.py) compute the same attention."""
+    attention = triton_op("paged_attention")
+    case = _paged_case("k8v4", 64, 8, 2, 16, [300, 7], [1, 1], torch.float32)
+    want = attention_naive.paged_attention(*case, 0.125)
+    for splits in (1, 5, 64):  # 64: more splits than 16-key tiles of the short sequence
+        got = attention.paged_attention_decode(*case[:4], 0.125, num_splits=splits, num_warps=8)
+        assert rel_err(got, want) < 1e-3
+    case = _paged_case("bf16", 64, 8, 2, 16, [40, 0], [50, 70], torch.float32)
+    want = attention_naive.paged_attention(*case, 0.125)
+    for block_m, block_n in ((64, 16), (16, 64)):
+        got = attention.paged_attention(*case, 0.125, block_m=block_m, block_n=block_n, num_warps=8)
+        assert rel_err(got, want) < 1e-3
+
+
 def test_decode_splits_grow_with_context():
     attention = triton_op("paged_attention")
     assert attention.num_decode_splits(512) == 1
