@@ -90,8 +90,12 @@ def gated_delta_rule(
     cu_seqlens: torch.Tensor,  # [B + 1] int32
     state_indices: torch.Tensor,  # [B] int32
     use_qk_l2norm: bool = True,
+    *,
+    block_v: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """See kernels/gated_delta/naive.py."""
+    """See kernels/gated_delta/naive.py. block_v (value dims a program) and num_warps are tuning knobs for
+    benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
     for x, d in ((q, head_k_dim), (k, head_k_dim), (v, head_v_dim)):
@@ -104,7 +108,7 @@ def gated_delta_rule(
         return out
     block_k = triton.next_power_of_2(head_k_dim)
     # a [Dk, BLOCK_V] fp32 state slice per program: 32 registers a thread at Dk 128
-    block_v = min(triton.next_power_of_2(head_v_dim), max(16, 4096 // block_k))
+    block_v = block_v or min(triton.next_power_of_2(head_v_dim), max(16, 4096 // block_k))
     grid = (num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))
     _gated_delta_kernel[grid](
         q,
@@ -129,5 +133,6 @@ def gated_delta_rule(
         L2NORM=use_qk_l2norm,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
+        num_warps=num_warps,
     )
     return out

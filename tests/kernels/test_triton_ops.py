@@ -255,3 +255,17 @@ def test_gated_delta_rule_without_l2norm():
     want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx, False)
     got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx, False)
     assert rel_err(got, want) < 1e-3 and rel_err(state, want_state) < 1e-3
+
+
+@pytest.mark.parametrize("block_v,num_warps", [(8, 1), (16, 2)])
+def test_gated_delta_rule_tuning_knobs_keep_the_result(block_v, num_warps):
+    from kernels.gated_delta import naive as gated_delta_naive
+
+    q, k, v = randn(9, 2, 32), randn(9, 2, 32), randn(9, 4, 40)  # 40: a partial last value block
+    g, beta, state = -torch.rand(9, 4, device=DEVICE), torch.rand(9, 4, device=DEVICE), randn(2, 4, 32, 40)
+    cu, idx = _cu([4, 5]), torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
+    want_state = state.clone()
+    want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx)
+    gated_delta = triton_op("gated_delta")
+    got = gated_delta.gated_delta_rule(q, k, v, g, beta, state, cu, idx, block_v=block_v, num_warps=num_warps)
+    assert rel_err(got, want) < 1e-3 and rel_err(state, want_state) < 1e-3
