@@ -246,7 +246,7 @@ def main() -> None:
                     record(name, "8K causal, 24q/4kv x 256", t, flops=flops)
         hk, hv, d = 16, 48, 128
         state = torch.zeros(4, hv, d, d, device="cuda")
-        for batch, length in ((1, 1), (1, 1024)):
+        for batch, length in ((1, 1), (1, 1024), (1, 4096)):
             tokens = batch * length
             cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
             slots = torch.arange(batch, dtype=torch.int32, device="cuda")
@@ -255,18 +255,21 @@ def main() -> None:
             v = x[:, 2 * hk * d :].view(tokens, hv, d)
             g = -torch.rand(tokens, hv, device="cuda")
             beta = torch.rand(tokens, hv, device="cuda", dtype=bf)
-            for block_v in (8, 16, 32):
-                for warps in (1, 2, 4):
-                    t = bench(
-                        lambda q=q, k=k, v=v, g=g, b=beta, cu=cu, s=slots, bv=block_v, w=warps: (
-                            gated_delta_triton.gated_delta_rule(
-                                q, k, v, g, b, state, cu, s, block_v=bv, num_warps=w
-                            )
+            # the recurrent form (decode, and 1K tokens to place the crossover); the chunked form (prefill)
+            configs = [(False, bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] if length <= 1024 else []
+            configs += [(True, bv, w) for bv in (16, 32, 64) for w in (4, 8)] if length > 1 else []
+            for chunked, block_v, warps in configs:
+                t = bench(
+                    lambda q=q, k=k, v=v, g=g, b=beta, cu=cu, s=slots, c=chunked, bv=block_v, w=warps: (
+                        gated_delta_triton.gated_delta_rule(
+                            q, k, v, g, b, state, cu, s, chunked=c, block_v=bv, num_warps=w
                         )
                     )
-                    name = f"sweep gated_delta_rule block_v={block_v} warps={warps}"
-                    state_bytes = batch * hv * d * d * 4 * 2
-                    record(name, f"B={batch} x {length} tokens", t, bytes_moved=state_bytes + x.numel() * 2)
+                )
+                form = "chunked" if chunked else "recurrent"
+                name = f"sweep gated_delta_rule {form} block_v={block_v} warps={warps}"
+                state_bytes = batch * hv * d * d * 4 * 2
+                record(name, f"B={batch} x {length} tokens", t, bytes_moved=state_bytes + x.numel() * 2)
 
     failed = []
     sections = (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention, sweeps)

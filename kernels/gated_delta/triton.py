@@ -1,13 +1,20 @@
-"""The gated delta rule in Triton, the recurrent form, for packed variable-length sequences.
+"""The gated delta rule in Triton for packed variable-length sequences, in two forms with one result:
 
-One program per (sequence, value head, block of BLOCK_V value dims) holds its [Dk, BLOCK_V] slice of the
-fp32 state in registers and walks the sequence's tokens (bounds from cu_seqlens on the device, so no host
-sync and a CUDA graph can hold it):
     q, k <- l2norm(q), l2norm(k);  q <- q / sqrt(Dk)
     S <- exp(g_t) S;  delta = beta_t (v_t - S^T k);  S <- S + k delta^T;  o_t = S^T q
-then writes the slice back. Decode (one token a sequence) reads and writes each state once; a prefill
-chunk runs its tokens in order inside each program (the chunked form, which turns a chunk into matmuls,
-is not written yet).
+
+* Recurrent (decode, short steps): one program per (sequence, value head, block of BLOCK_V value dims)
+  holds its [Dk, BLOCK_V] slice of the fp32 state in registers and walks the sequence's tokens.
+* Chunked (prefill): the tokens in chunks of CHUNK. Within a chunk starting from state S0, with gamma the
+  cumulative log-decay from the chunk's start and the deltas D (rows = tokens),
+      D = U - W S0,  U = T diag(beta) V,  W = T diag(beta e^gamma) K,  T = (I + A)^-1,
+      A_ij = beta_i e^(gamma_i - gamma_j) k_i.k_j  (j < i),
+      O = diag(e^gamma) Q S0 + (M o Q K^T) D,  M_ij = e^(gamma_i - gamma_j)  (j <= i),
+      S = e^gamma_last S0 + (diag(e^(gamma_last - gamma)) K)^T D
+  (S_i = e^gamma_i S0 + sum_{j<=i} e^(gamma_i - gamma_j) k_j d_j^T, unrolled). A first kernel builds W and
+  U for every chunk and head at once (T by forward substitution on the unit lower-triangular I + A); a
+  second walks each sequence's chunks in order per (value head, block of value dims), the products as
+  tl.dot. No host sync in either: bounds come from cu_seqlens on the device, grids from T.
 
 Layout: q, k [T, Hk, Dk] and v [T, Hv, Dv] with heads D apart and tokens any stride apart (views into the
 conv output), g and beta [T, Hv], state [num_slots, Hv, Dk, Dv] fp32, out [T, Hv, Dv] in v's dtype. Value
@@ -19,6 +26,165 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.triton_config import dot_dtype, dot_precision, interpreting
+
+CHUNK = 64  # tokens a chunk in the chunked form
+CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average
+
+
+@triton.jit
+def _unit_rows(x_ptr, rows, mask, stride, head_offset, d, D, L2NORM: tl.constexpr):
+    """Rows [CHUNK, BLOCK_K] of q or k in fp32, L2-normalised (as the twin: x / sqrt(sum x^2 + 1e-6))."""
+    x = tl.load(
+        x_ptr + rows[:, None] * stride + head_offset + d[None, :],
+        mask=mask[:, None] & (d[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def _chunk_prepare_kernel(
+    k_ptr,
+    v_ptr,
+    g_ptr,  # [T, Hv] fp32
+    beta_ptr,  # [T, Hv]
+    w_ptr,  # [T, Hv, Dk] fp32 out
+    u_ptr,  # [T, Hv, Dv] fp32 out
+    gamma_ptr,  # [T, Hv] fp32 out: cumulative log-decay from the chunk's start
+    cu_seqlens_ptr,
+    stride_k,
+    stride_v,
+    stride_g,
+    stride_beta,
+    Hv,
+    Dk,
+    Dv,
+    REP: tl.constexpr,
+    L2NORM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # >= Dv
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # operands of the products (fp32, or the model's half dtype on a GPU)
+):
+    b = tl.program_id(0)
+    h = tl.program_id(2)
+    end = tl.load(cu_seqlens_ptr + b + 1)
+    start = tl.load(cu_seqlens_ptr + b) + tl.program_id(1) * CHUNK
+    if start >= end:
+        return
+    i = tl.arange(0, CHUNK)
+    rows = start + i
+    mask = rows < end
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.arange(0, BLOCK_V)
+    k = _unit_rows(k_ptr, rows, mask, stride_k, (h // REP) * Dk, dk, Dk, L2NORM)  # [CHUNK, BLOCK_K]
+    v = tl.load(
+        v_ptr + rows[:, None] * stride_v + h * Dv + dv[None, :],
+        mask=mask[:, None] & (dv[None, :] < Dv),
+        other=0.0,
+    ).to(tl.float32)
+    g = tl.load(g_ptr + rows * stride_g + h, mask=mask, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows * stride_beta + h, mask=mask, other=0.0).to(tl.float32)
+    gamma = tl.cumsum(g, axis=0)
+    tl.store(gamma_ptr + rows * Hv + h, gamma, mask=mask)
+    # A (strictly lower): beta_i e^(gamma_i - gamma_j) k_i.k_j; padding rows have beta 0
+    k_op = k.to(DOT_DTYPE)
+    kk = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
+    lower = i[None, :] < i[:, None]
+    decay = tl.exp(tl.where(lower, gamma[:, None] - gamma[None, :], 0.0))
+    a = tl.where(lower, beta[:, None] * decay * kk, 0.0)
+    # T = (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A_ij T_j
+    t = tl.where(i[:, None] == i[None, :], 1.0, 0.0)
+    for r in range(1, CHUNK):
+        a_r = tl.sum(tl.where(i[:, None] == r, a, 0.0), axis=0)  # [CHUNK]: row r of A
+        t = tl.where(i[:, None] == r, t - tl.sum(a_r[:, None] * t, axis=0)[None, :], t)
+    t = t.to(DOT_DTYPE)
+    w = tl.dot(t, ((beta * tl.exp(gamma))[:, None] * k).to(DOT_DTYPE), input_precision=PRECISION)
+    u = tl.dot(t, (beta[:, None] * v).to(DOT_DTYPE), input_precision=PRECISION)
+    out_rows = rows[:, None] * Hv + h
+    w_mask = mask[:, None] & (dk[None, :] < Dk)
+    tl.store(w_ptr + out_rows * Dk + dk[None, :], w.to(w_ptr.dtype.element_ty), mask=w_mask)
+    u_mask = mask[:, None] & (dv[None, :] < Dv)
+    tl.store(u_ptr + out_rows * Dv + dv[None, :], u.to(u_ptr.dtype.element_ty), mask=u_mask)
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    q_ptr,
+    k_ptr,
+    w_ptr,  # [T, Hv, Dk] in DOT_DTYPE
+    u_ptr,  # [T, Hv, Dv] in DOT_DTYPE
+    gamma_ptr,  # [T, Hv] fp32
+    state_ptr,  # [num_slots, Hv, Dk, Dv] fp32
+    out_ptr,  # [T, Hv, Dv]
+    cu_seqlens_ptr,
+    state_indices_ptr,
+    stride_q,
+    stride_k,
+    Hv,
+    Dk,
+    Dv,
+    scale,
+    REP: tl.constexpr,
+    L2NORM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kh = h // REP
+    start = tl.load(cu_seqlens_ptr + b)
+    end = tl.load(cu_seqlens_ptr + b + 1)
+    slot = tl.load(state_indices_ptr + b).to(tl.int64)
+    i = tl.arange(0, CHUNK)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask = dk < Dk
+    v_mask = dv < Dv
+    s_mask = k_mask[:, None] & v_mask[None, :]
+    # padding (slot -1) reads slot 0, zeroes its outputs and writes nothing back
+    s_ptrs = state_ptr + ((tl.maximum(slot, 0) * Hv + h) * Dk + dk[:, None]) * Dv + dv[None, :]
+    s = tl.load(s_ptrs, mask=s_mask, other=0.0)  # [BLOCK_K, BLOCK_V]
+    causal = i[None, :] <= i[:, None]
+    for c0 in range(start, end, CHUNK):
+        rows = c0 + i
+        mask = rows < end
+        q = (_unit_rows(q_ptr, rows, mask, stride_q, kh * Dk, dk, Dk, L2NORM) * scale).to(DOT_DTYPE)
+        k = _unit_rows(k_ptr, rows, mask, stride_k, kh * Dk, dk, Dk, L2NORM)
+        w = tl.load(
+            w_ptr + (rows[:, None] * Hv + h) * Dk + dk[None, :],
+            mask=mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        u = tl.load(
+            u_ptr + (rows[:, None] * Hv + h) * Dv + dv[None, :],
+            mask=mask[:, None] & v_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        gamma = tl.load(gamma_ptr + rows * Hv + h, mask=mask, other=0.0)
+        gamma_last = tl.min(gamma, axis=0)  # non-increasing: the last valid row's (padding rows load 0)
+        s_op = s.to(DOT_DTYPE)
+        d = u - tl.dot(w, s_op, input_precision=PRECISION)  # [CHUNK, BLOCK_V] deltas, fp32
+        d_op = d.to(DOT_DTYPE)
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [CHUNK, CHUNK]
+        m = tl.where(causal, tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], 0.0)), 0.0)
+        o = tl.exp(gamma)[:, None] * tl.dot(q, s_op, input_precision=PRECISION)
+        o += tl.dot((m * qk).to(DOT_DTYPE), d_op, input_precision=PRECISION)
+        o = tl.where(slot >= 0, o, 0.0)
+        out_ptrs = out_ptr + (rows[:, None] * Hv + h) * Dv + dv[None, :]
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask[:, None] & v_mask[None, :])
+        k_decayed = (tl.exp(gamma_last - gamma)[:, None] * k).to(DOT_DTYPE)
+        s = tl.exp(gamma_last) * s + tl.dot(tl.trans(k_decayed), d_op, input_precision=PRECISION)
+    if slot >= 0:
+        tl.store(s_ptrs, s, mask=s_mask)
 
 
 @triton.jit
@@ -91,11 +257,15 @@ def gated_delta_rule(
     state_indices: torch.Tensor,  # [B] int32
     use_qk_l2norm: bool = True,
     *,
+    chunked: bool | None = None,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """See kernels/gated_delta/naive.py. block_v (value dims a program) and num_warps are tuning knobs for
-    benchmarks/gpu_kernels.py's sweep."""
+    """See kernels/gated_delta/naive.py. The chunked form when the step averages CHUNKED_MIN_TOKENS tokens a
+    sequence or more (a host-side shape: no sync) and its products run on half-precision operands (a bf16 /
+    fp16 model on a GPU; fp32 ones need more shared memory than SM 8.6 has) or under the interpreter; else
+    the recurrent one. `chunked` forces one. block_v (value dims a program) and num_warps are tuning knobs
+    for benchmarks/gpu_kernels.py's sweep (defaults: recurrent 32 / 4 warps, chunked 32 / 8)."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
     for x, d in ((q, head_k_dim), (k, head_k_dim), (v, head_v_dim)):
@@ -107,6 +277,13 @@ def gated_delta_rule(
     if num_tokens == 0 or num_seqs == 0:
         return out
     block_k = triton.next_power_of_2(head_k_dim)
+    if chunked is None:
+        half_operands = dot_dtype(v.dtype) != tl.float32
+        chunked = num_tokens >= CHUNKED_MIN_TOKENS * num_seqs and (half_operands or interpreting())
+    if chunked:
+        return _chunked(
+            q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out, block_v, num_warps
+        )
     # a [Dk, BLOCK_V] fp32 state slice per program: 32 registers a thread at Dk 128
     block_v = block_v or min(triton.next_power_of_2(head_v_dim), max(16, 4096 // block_k))
     grid = (num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))
@@ -133,6 +310,72 @@ def gated_delta_rule(
         L2NORM=use_qk_l2norm,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
-        num_warps=num_warps,
+        num_warps=num_warps or 4,
+    )
+    return out
+
+
+def _chunked(q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out, block_v, num_warps):
+    """The chunked form (module docstring): W, U and the cumulative decays of every chunk, then the scan."""
+    num_tokens, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[1:]
+    num_seqs = state_indices.shape[0]
+    block_k = triton.next_power_of_2(head_k_dim)
+    operands = dot_dtype(v.dtype)  # W and U are stored as the products read them
+    wu = dict(dtype=torch.float32 if operands == tl.float32 else v.dtype, device=v.device)
+    w = torch.empty((num_tokens, num_v_heads, head_k_dim), **wu)
+    u = torch.empty((num_tokens, num_v_heads, head_v_dim), **wu)
+    gamma = torch.empty((num_tokens, num_v_heads), dtype=torch.float32, device=v.device)
+    common = dict(
+        REP=num_v_heads // num_k_heads,
+        L2NORM=use_qk_l2norm,
+        CHUNK=CHUNK,
+        BLOCK_K=block_k,
+        PRECISION=dot_precision(v.dtype),
+        DOT_DTYPE=operands,
+    )
+    # NOTE: T bounds every sequence's chunk count, so the grid needs no device sync
+    _chunk_prepare_kernel[(num_seqs, triton.cdiv(num_tokens, CHUNK), num_v_heads)](
+        k,
+        v,
+        g,
+        beta,
+        w,
+        u,
+        gamma,
+        cu_seqlens,
+        k.stride(0),
+        v.stride(0),
+        g.stride(0),
+        beta.stride(0),
+        num_v_heads,
+        head_k_dim,
+        head_v_dim,
+        BLOCK_V=max(16, triton.next_power_of_2(head_v_dim)),
+        num_warps=8,
+        **common,
+    )
+    # [CHUNK, Dk] q / k / W tiles and a [Dk, 32] state slice: 41 KB of shared memory a stage at Dk 128
+    block_v = block_v or min(32, max(16, triton.next_power_of_2(head_v_dim)))
+    _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
+        q,
+        k,
+        w,
+        u,
+        gamma,
+        state,
+        out,
+        cu_seqlens,
+        state_indices,
+        q.stride(0),
+        k.stride(0),
+        num_v_heads,
+        head_k_dim,
+        head_v_dim,
+        head_k_dim**-0.5,
+        BLOCK_V=block_v,
+        num_warps=num_warps or 8,
+        num_stages=2,
+        **common,
     )
     return out

@@ -220,11 +220,29 @@ def test_causal_conv1d(dtype, channels, kernel, lengths, slots):
         assert not got[cu[1] : cu[2]].any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 128, 128), (3, 3, 64, 64), (1, 2, 32, 48), (2, 2, 20, 36)])
-@pytest.mark.parametrize("lengths", GDN_LENGTHS)
-@pytest.mark.parametrize("slots", GDN_SLOTS)
-def test_gated_delta_rule(dtype, hk, hv, dk, dv, lengths, slots):
+DELTA_SHAPES = [(2, 4, 128, 128), (3, 3, 64, 64), (1, 2, 32, 48), (2, 2, 20, 36)]
+DELTA_LENGTHS = [*GDN_LENGTHS, [64, 1, 150]]  # 64, 150: whole and partial chunks of the chunked form
+# the recurrent form (a token loop: slow under the interpreter past a few tokens) over every combination of
+# the short lengths; the chunked form (its forward substitution a 63-step loop) over every shape and length
+# with a padding row, bf16 on the Qwen3.5 shape
+DELTA_CASES = [
+    (dtype, shape, lengths, slots, False)
+    for dtype in (torch.float32, torch.bfloat16)
+    for shape in DELTA_SHAPES
+    for lengths in GDN_LENGTHS
+    for slots in GDN_SLOTS
+] + [
+    (dtype, shape, lengths, GDN_SLOTS[1], True)
+    for dtype in (torch.float32, torch.bfloat16)
+    for shape in DELTA_SHAPES
+    for lengths in DELTA_LENGTHS
+    if dtype == torch.float32 or shape == DELTA_SHAPES[0]
+]
+
+
+@pytest.mark.parametrize("dtype,shape,lengths,slots,chunked", DELTA_CASES)
+def test_gated_delta_rule(dtype, shape, lengths, slots, chunked):
+    hk, hv, dk, dv = shape
     from kernels.gated_delta import naive as gated_delta_naive
 
     t = sum(lengths)
@@ -238,11 +256,22 @@ def test_gated_delta_rule(dtype, hk, hv, dk, dv, lengths, slots):
     cu, idx = _cu(lengths), torch.tensor(slots, dtype=torch.int32, device=DEVICE)
     want_state = state.clone()
     want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx)
-    got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx)
+    got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx, chunked=chunked)
     assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
     assert rel_err(state, want_state) < 1e-3  # fp32 state: every sequence's written back, the rest untouched
     if -1 in slots and lengths[1]:
         assert not got[cu[1] : cu[2]].any()
+
+
+def test_gated_delta_rule_picks_the_chunked_form_for_prefill(monkeypatch):
+    gated_delta = triton_op("gated_delta")
+    forms = []
+    monkeypatch.setattr(gated_delta, "_chunked", lambda *a: forms.append("chunked") or a[-3])
+    q, v = randn(40, 1, 16), randn(40, 2, 16)
+    g, beta, state = -torch.rand(40, 2, device=DEVICE), torch.rand(40, 2, device=DEVICE), randn(3, 2, 16, 16)
+    for lengths in ([1, 1, 38], [20, 20]):  # 13 tokens a sequence: recurrent; 20: chunked
+        gated_delta.gated_delta_rule(q, q, v, g, beta, state, _cu(lengths), _cu(lengths)[1:] * 0)
+    assert forms == ["chunked"]
 
 
 def test_gated_delta_rule_without_l2norm():
