@@ -66,8 +66,8 @@ def test_groupwise_weight_concatenates_fused_shards():
 
 @pytest.mark.slow
 def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_backend):
-    """A w4g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on CPU)
-    generate the tokens the dequantized dense weights do."""
+    """A w4g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on CPU,
+    compiled on a GPU) generate the tokens the dequantized dense weights do."""
     src = save_tiny(
         tiny_hf_model("llama", tied=True, seed=3, hidden_size=128, intermediate_size=256), tmp_path / "src"
     )
@@ -76,9 +76,11 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     prompt = list(range(40, 61))
     kernel_backend("naive")
-    dense = LLM(out, weight_quant="none").generate(prompt_token_ids=prompt, sampling_params=params)[0]
+    dense = LLM(out, weight_quant="none", device=DEVICE).generate(
+        prompt_token_ids=prompt, sampling_params=params
+    )[0]
     kernel_backend("triton")
-    packed_llm = LLM(out, weight_quant="none")
+    packed_llm = LLM(out, weight_quant="none", device=DEVICE)
     layer = packed_llm.model.model.layers[0]
     assert (
         isinstance(layer.self_attn.qkv_proj.qweight, GroupwiseWeight)

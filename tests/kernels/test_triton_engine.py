@@ -16,6 +16,7 @@ import kernels
 from engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_dispatch_follows_device_and_override(kernel_backend):
@@ -48,8 +49,9 @@ def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, ke
         for n in (45, 3)
     ]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
-    # 16-token chunks: prefill after a cached prefix, decode rows beside a prefill, and pure decode steps
-    options = dict(prefill_chunk=16, max_concurrency=2, enable_prefix_caching=False)
+    # 16-token chunks: prefill after a cached prefix, decode rows beside a prefill, and pure decode steps;
+    # compiled kernels on a GPU (both backends there), the interpreter on CPU tensors elsewhere
+    options = dict(prefill_chunk=16, max_concurrency=2, enable_prefix_caching=False, device=DEVICE)
     kernel_backend("naive")
     naive = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=params)
     kernel_backend("triton")

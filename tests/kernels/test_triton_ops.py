@@ -258,7 +258,9 @@ def test_gated_delta_rule(dtype, shape, lengths, slots, chunked):
     want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx)
     got = triton_op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, idx, chunked=chunked)
     assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
-    assert rel_err(state, want_state) < 1e-3  # fp32 state: every sequence's written back, the rest untouched
+    # the fp32 state, every sequence's written back, the rest untouched; the chunked form's products take
+    # bf16 operands on a GPU (emulated on CPU: ~3e-3 state error over 2K tokens)
+    assert rel_err(state, want_state) < (TOL[dtype] if chunked else 1e-3)
     if -1 in slots and lengths[1]:
         assert not got[cu[1] : cu[2]].any()
 
@@ -267,7 +269,10 @@ def test_gated_delta_rule_picks_the_chunked_form_for_prefill(monkeypatch):
     gated_delta = triton_op("gated_delta")
     forms = []
     monkeypatch.setattr(gated_delta, "_chunked", lambda *a: forms.append("chunked") or a[-3])
-    q, v = randn(40, 1, 16), randn(40, 2, 16)
+    q, v = (
+        randn(40, 1, 16, dtype=torch.bfloat16),
+        randn(40, 2, 16, dtype=torch.bfloat16),
+    )  # half: on a GPU too
     g, beta, state = -torch.rand(40, 2, device=DEVICE), torch.rand(40, 2, device=DEVICE), randn(3, 2, 16, 16)
     for lengths in ([1, 1, 38], [20, 20]):  # 13 tokens a sequence: recurrent; 20: chunked
         gated_delta.gated_delta_rule(q, q, v, g, beta, state, _cu(lengths), _cu(lengths)[1:] * 0)
