@@ -5,7 +5,9 @@ them; every kernel launch becomes a compile-only warmup for the chosen compute c
 Triton's own pipeline down to a cubin (its bundled ptxas; no driver, no GPU). This catches what the
 interpreter cannot: errors of the compiled path (types, layouts, tl.dot shapes and operand dtypes a target
 lacks) and shared memory past the device's per-block limit; ptxas then reports registers and spills per
-kernel, and the count of compiled variants per kernel shows where a runtime value recompiles a kernel.
+kernel, the tensor-core generation of its tl.dot (mma v2 = mma.sync; v3 = Hopper's wgmma, which needs 64
+rows a warp group), and the count of compiled variants per kernel shows where a runtime value recompiles a
+kernel.
 
     python scripts/cuda_compile_check.py                 # SM 8.6 (RTX 3090) and SM 9.0 (H100 / H200)
     python scripts/cuda_compile_check.py --arch 89 -k attention --json out.json
@@ -73,6 +75,7 @@ class Compiled:
     num_warps: int
     num_stages: int
     hash: str  # the compiled variant
+    mma: int | None = None  # tensor-core instruction generation of its tl.dot: 2 mma.sync, 3 wgmma (Hopper)
     registers: int | None = None
     spill_bytes: int | None = None
 
@@ -291,6 +294,8 @@ def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool) -> Result
     for kernel_name, kernel in _launched:
         meta = kernel.metadata
         compiled = Compiled(kernel_name, meta.shared, meta.num_warps, meta.num_stages, meta.hash[:16])
+        versions = re.findall(r"nvidia_mma<\{versionMajor = (\d+)", kernel.asm.get("ttgir", ""))
+        compiled.mma = max(map(int, versions)) if versions else None
         if ptxas_info:
             compiled.registers, compiled.spill_bytes = _ptxas_info(kernel.asm["ptx"], arch)
         if meta.shared > SHARED_LIMIT.get(arch, 101376):
@@ -338,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             detail = r.error or "  ".join(
                 f"{c.kernel} smem {c.shared} warps {c.num_warps}"
+                + (f" mma v{c.mma}" if c.mma else "")
                 + (f" regs {c.registers} spill {c.spill_bytes}" if c.registers is not None else "")
                 for c in r.kernels
             )

@@ -52,8 +52,8 @@ def _chunk_prepare_kernel(
     v_ptr,
     g_ptr,  # [T, Hv] fp32
     beta_ptr,  # [T, Hv]
-    w_ptr,  # [T, Hv, Dk] fp32 out
-    u_ptr,  # [T, Hv, Dv] fp32 out
+    w_ptr,  # [T, Hv, Dk] out, in DOT_DTYPE (as the scan reads it)
+    u_ptr,  # [T, Hv, Dv] out, likewise
     gamma_ptr,  # [T, Hv] fp32 out: cumulative log-decay from the chunk's start
     cu_seqlens_ptr,
     stride_k,
