@@ -174,9 +174,10 @@ def main() -> None:
             )
 
     def quantized_matmul():
-        # W4A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes counted
+        # W4A16 / W6A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes
+        # counted (q4.6 mixes 4- and 6-bit matrices)
         w = torch.randn(17408, 5120) * 0.02
-        for bits in (4, 8):
+        for bits in (4, 6, 8):
             qt = quantize(w, bits, 128, clip_search=False)
             packed, scales = qt.packed.cuda(), qt.scales.cuda()
             mins = qt.minimums.cuda() if qt.minimums is not None else None

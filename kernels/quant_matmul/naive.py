@@ -2,19 +2,24 @@ import torch
 
 
 def dequantize_weight(
-    packed: torch.Tensor,  # uint8 [N, Kp / 2] (4-bit, even column in the low nibble) or int8 [N, Kp] (8-bit)
+    packed: torch.Tensor,  # uint8 [N, Kp / 2] (4-bit, even column in the low nibble), uint8 [N, 3 Kp / 4]
+    # (6-bit: four codes a little-endian 24-bit word, first in the low bits) or int8 [N, Kp] (8-bit)
     scales: torch.Tensor,  # fp16 [N, Kp / group_size]
-    minimums: torch.Tensor | None,  # fp16 [N, Kp / group_size] (4-bit: w = q * scale + minimum)
+    minimums: torch.Tensor | None,  # fp16 [N, Kp / group_size] (4 / 6-bit: w = q * scale + minimum)
     bits: int,
     group_size: int,
     k: int,
 ) -> torch.Tensor:
     """The fp32 weight [N, K] of a group-wise quantized matrix (engine/quant/groupwise.py's layout)."""
+    p = packed.to(torch.int32)
     if bits == 8:
-        codes = packed.float()
-    else:
-        p = packed.to(torch.int32)
+        codes = p.float()
+    elif bits == 4:
         codes = torch.stack([p & 0xF, p >> 4], dim=-1).flatten(1).float()
+    else:
+        b = p.reshape(p.shape[0], -1, 3)
+        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+        codes = torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(1).float()
     n = codes.shape[0]
     w = codes.view(n, -1, group_size) * scales.float()[..., None]
     if minimums is not None:
@@ -30,6 +35,6 @@ def quant_matmul(
     bits: int,
     group_size: int,
 ) -> torch.Tensor:
-    """y = x W^T for a 4- or 8-bit group-wise quantized W [N, K]: [M, N] in x's dtype, fp32 accumulation."""
+    """y = x W^T for a 4-, 6- or 8-bit group-wise quantized W [N, K]: [M, N] in x's dtype, fp32 accumulation."""
     w = dequantize_weight(packed, scales, minimums, bits, group_size, x.shape[1])
     return (x.float() @ w.t()).to(x.dtype)

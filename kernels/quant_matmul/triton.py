@@ -1,9 +1,10 @@
 """W4A16 / W8A16 matmul with the dequantization fused into the loads.
 
 Weights stay packed in memory (engine/quant/groupwise.py's layout: groups of GROUP_SIZE input columns,
-4-bit codes two per byte with the even column in the low nibble, w = q * scale + minimum; 8-bit signed
-codes, w = q * scale). The 4-bit product runs as x_even @ W_even^T + x_odd @ W_odd^T so that unpacked
-nibbles never need interleaving.
+4-bit codes two per byte with the even column in the low nibble, w = q * scale + minimum; 6-bit codes four
+per little-endian 24-bit word (3 bytes), first code in the low bits, w = q * scale + minimum; 8-bit signed
+codes, w = q * scale). The 4-bit product runs as x_even @ W_even^T + x_odd @ W_odd^T and the 6-bit one as
+four products over the columns 4i + p, so unpacked codes never need interleaving.
 
 * prefill shapes (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in
   group-sized steps (one scale per row of the weight tile per step);
@@ -17,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant_matmul import MIN_GROUP
 from kernels.triton_config import dot_precision
 
 
@@ -73,6 +75,25 @@ def _tile_product(
             w_odd += minimum[:, None]
         acc = tl.dot(x_even, tl.trans(w_even), input_precision=PRECISION)
         acc += tl.dot(x_odd, tl.trans(w_odd), input_precision=PRECISION)
+    elif BITS == 6:
+        QUARTER: tl.constexpr = GROUP_SIZE // 4
+        j = tl.arange(0, QUARTER)
+        row = packed_ptr + offs_n[:, None] * (KP // 4 * 3) + (k0 // 4 + j)[None, :] * 3
+        word = tl.load(row, mask=n_mask[:, None], other=0).to(tl.int32)
+        word |= tl.load(row + 1, mask=n_mask[:, None], other=0).to(tl.int32) << 8
+        word |= tl.load(row + 2, mask=n_mask[:, None], other=0).to(tl.int32) << 16
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for p in tl.static_range(4):
+            cols = k0 + 4 * j + p
+            x = tl.load(
+                x_ptr + offs_m[:, None] * stride_xm + cols[None, :],
+                mask=m_mask[:, None] & (cols[None, :] < K),
+                other=0.0,
+            ).to(tl.float32)
+            w = ((word >> (6 * p)) & 63).to(tl.float32) * scale[:, None]
+            if HAS_MINS:
+                w += minimum[:, None]
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
     else:
         kk = k0 + tl.arange(0, GROUP_SIZE)
         x = tl.load(
@@ -161,7 +182,10 @@ def quant_matmul(
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. block_n, num_splits (GEMV: K slices; default enough to fill the
     GPU) and num_warps are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
-    assert bits in (4, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
+    assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
+    assert group_size >= MIN_GROUP[bits], (
+        f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
+    )
     m, k = x.shape
     n, num_groups = scales.shape
     kp = num_groups * group_size

@@ -21,7 +21,7 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize(
     "n,k", [(96, 256), (80, 300), (64, 130), (48, 576)]
 )  # 300, 130: padded; 576: groups of 64
@@ -56,6 +56,17 @@ def test_tuning_knobs_keep_the_result(block_n, num_splits, m):
     assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
 
 
+def test_narrow_6bit_groups_are_refused_by_the_kernel_and_dequantized_at_load():
+    from engine.quant.layer import fused_kernel_takes
+
+    assert fused_kernel_takes(6, 128) and fused_kernel_takes(6, 64) and not fused_kernel_takes(6, 32)
+    assert fused_kernel_takes(4, 32) and fused_kernel_takes(8, 16) and not fused_kernel_takes(5, 128)
+    qt = quantize(torch.randn(16, 64), 6, 32)
+    x = torch.randn(1, 64, device=DEVICE)
+    with pytest.raises(AssertionError, match="6-bit groups of 32"):
+        fused.quant_matmul(x, qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE), 6, 32)
+
+
 def test_groupwise_weight_concatenates_fused_shards():
     q, k = quantize(torch.randn(32, 256), 4), quantize(torch.randn(16, 256), 4)
     w = GroupwiseWeight.from_shards([q, k], "cpu")
@@ -65,14 +76,15 @@ def test_groupwise_weight_concatenates_fused_shards():
 
 
 @pytest.mark.slow
-def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_backend):
-    """A w4g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on CPU,
-    compiled on a GPU) generate the tokens the dequantized dense weights do."""
+@pytest.mark.parametrize("recipe,bits", [("w4g128", 4), ("w6g128", 6)])
+def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_backend, recipe, bits):
+    """A w4g128 / w6g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on
+    CPU, compiled on a GPU) generate the tokens the dequantized dense weights do."""
     src = save_tiny(
         tiny_hf_model("llama", tied=True, seed=3, hidden_size=128, intermediate_size=256), tmp_path / "src"
     )
     out = tmp_path / "m.ninfer"
-    convert(src, out, "w4g128")
+    convert(src, out, recipe)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     prompt = list(range(40, 61))
     kernel_backend("naive")
@@ -85,6 +97,7 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
     assert (
         isinstance(layer.self_attn.qkv_proj.qweight, GroupwiseWeight)
         and layer.self_attn.qkv_proj.weight is None
+        and layer.self_attn.qkv_proj.qweight.bits == bits
     )
     assert isinstance(packed_llm.model.lm_head.qweight, GroupwiseWeight)  # tied: packed head ...
     assert packed_llm.model.model.embed_tokens.weight is not None  # ... and a dense table for the lookup
@@ -92,3 +105,23 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
     assert got.token_ids == dense.token_ids
     for a, b in zip(got.logprobs, dense.logprobs):
         assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
+
+
+@pytest.mark.parametrize("recipe", ["w4g128", "w6g128", "w8g128"])
+def test_planner_counts_the_weights_the_loader_holds(tmp_path, kernel_backend, recipe):
+    """artifact_weight_bytes (plan, serve's ledger) = the bytes the fused-kernel loader keeps: packed
+    matrices (every width) plus the dense rest."""
+    from engine.plan.weights import artifact_weight_bytes
+
+    src = save_tiny(
+        tiny_hf_model("llama", tied=False, seed=3, hidden_size=128, intermediate_size=256), tmp_path / "src"
+    )
+    out = tmp_path / "m.ninfer"
+    convert(src, out, recipe)
+    kernel_backend("triton")
+    llm = LLM(out, weight_quant="none", device=DEVICE)
+    packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+    held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    assert len(packed) >= 4 and held == sum(
+        artifact_weight_bytes(out, llm.model_config, dtype_bytes=4).values()
+    )
