@@ -29,6 +29,7 @@ from kernels.kv_store import naive as _kv_store_naive
 from kernels.kv_store import native as _kv_store_native
 from kernels.paged_attention import naive as _paged_attention_naive
 from kernels.paged_attention import native as _paged_attention_native
+from kernels.quant_embedding import naive as _quant_embedding_naive
 from kernels.quant_matmul import naive as _quant_matmul_naive
 from kernels.rmsnorm import naive as _rmsnorm_naive
 from kernels.rmsnorm import native as _rmsnorm_native
@@ -42,6 +43,7 @@ __all__ = [
     "gated_delta_rule",
     "kv_store",
     "paged_attention",
+    "quant_embedding",
     "quant_matmul",
     "rmsnorm",
     "rmsnorm_gated",
@@ -147,3 +149,8 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
 def quant_matmul(x, packed, scales, minimums, bits, group_size):
     impl = _triton("quant_matmul") if use_triton(x) else _quant_matmul_naive
     return impl.quant_matmul(x, packed, scales, minimums, bits, group_size)
+
+
+def quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype):
+    impl = _triton("quant_embedding") if use_triton(packed) else _quant_embedding_naive
+    return impl.quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype)

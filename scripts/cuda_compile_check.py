@@ -220,6 +220,16 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
     _op("quant_matmul").quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
 
 
+def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
+    """A packed table (any width), rows dequantized on lookup."""
+    scales = torch.rand(vocab, dim // 128).half()
+    width = {4: dim // 2, 6: dim // 4 * 3, 8: dim}[bits]
+    packed = torch.zeros(vocab, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+    minimums = None if bits == 8 else -scales
+    ids = torch.tensor([0, 5, 999])
+    _op("quant_embedding").quant_embedding(ids, packed, scales, minimums, bits, 128, dim, DTYPES[dtype])
+
+
 def cases() -> list[tuple[str, callable, dict, int]]:
     """(name, function, arguments, lowest capability it applies to)."""
     out = []
@@ -260,6 +270,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")
+    for bits in (4, 6, 8):
+        add(case_quant_embedding, bits=bits, dtype="bf16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
     return out
 

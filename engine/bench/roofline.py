@@ -97,10 +97,16 @@ def cost_of_llm(llm) -> ModelCost:
         if q is not None and id(q) not in seen:
             seen.add(id(q))
             weight_bytes += q.nbytes
-    table = llm.model.model.embed_tokens.weight
-    weight_bytes -= table.numel() * table.element_size()  # the embedding is looked up (one row per token)
-    head = llm.model.lm_head
-    if head.qweight is None and head.weight is table:  # a tied head streams the table itself
-        weight_bytes += table.numel() * table.element_size()
+    embed, head = llm.model.model.embed_tokens, llm.model.lm_head
+    if embed.qweight is not None:  # a packed table (CUDA .ninfer); a tied head shares it
+        table, table_bytes, tied = embed.qweight, embed.qweight.nbytes, head.qweight is embed.qweight
+    else:
+        table = embed.weight
+        table_bytes, tied = (
+            table.numel() * table.element_size(),
+            head.qweight is None and head.weight is table,
+        )
+    if not tied:  # the embedding is looked up (one row per token); a tied head streams the table itself
+        weight_bytes -= table_bytes
     cfg = llm.model_config
     return ModelCost(cfg, max(weight_bytes, 0), matmul_weights(cfg), llm.engine_config.kv_dtype)

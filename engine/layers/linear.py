@@ -80,8 +80,14 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.weight = make_param(num_embeddings, embedding_dim)
+        # a packed table (engine/quant/layer.GroupwiseWeight, a .ninfer on CUDA) that replaces `weight` once
+        # set: rows are dequantized on lookup, to the dtype the dense table had
+        self.qweight = None
+        self.dtype = self.weight.dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            return self.qweight.lookup(input_ids, self.dtype)
         return nn.functional.embedding(input_ids, self.weight)
 
 

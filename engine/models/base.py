@@ -95,7 +95,7 @@ class CausalLM(Module):
             if mapped is None:
                 name = self.checkpoint_name(ckpt_name)
                 if name is not None and name.startswith("mtp."):
-                    self.extra_weights[name] = tensor.to(self.model.embed_tokens.weight.dtype)
+                    self.extra_weights[name] = tensor.to(self.model.embed_tokens.dtype)
                 continue
             name, shard = mapped
             param = params.get(name)

@@ -15,7 +15,7 @@ from engine.formats.container import SUFFIX, load_container
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
-from engine.layers.linear import Linear, MergedLinear, store_weights_column_major
+from engine.layers.linear import Embedding, Linear, MergedLinear, store_weights_column_major
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
@@ -104,9 +104,10 @@ def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:
 def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) -> None:
     """Load a .ninfer model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
 
-    Linear layers get a GroupwiseWeight (fused shards concatenated along the output dim) and drop their
-    dense weight; a matrix that is also an embedding table (a tied head) is dequantized for the lookup,
-    and so are groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64).
+    Linear layers and the embedding table get a GroupwiseWeight (fused shards concatenated along the
+    output dim) and drop their dense weight; a tied head and its table share one (the table's rows are
+    dequantized on lookup). Groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit
+    groups under 64) are dequantized.
     """
     by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
     for name, qt in source.quantized_weights():
@@ -120,20 +121,21 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         if param is None:
             continue
         users = [m for m in model.modules() if getattr(m, "weight", None) is param]
-        linears = [m for m in users if isinstance(m, Linear)]
-        order = list(linears[0].offsets) if linears and isinstance(linears[0], MergedLinear) else [None]
+        takers = [m for m in users if isinstance(m, (Linear, Embedding))]
+        merged = [m for m in takers if isinstance(m, MergedLinear)]
+        order = list(merged[0].offsets) if merged else [None]
         packable = (
-            linears
+            takers
             and set(shards) == set(order)
             and all(fused_kernel_takes(qt.bits, qt.group_size) for qt in shards.values())
             and len({(qt.bits, qt.group_size) for qt in shards.values()}) == 1
         )
         if packable:
             weight = GroupwiseWeight.from_shards([shards[s] for s in order], device)
-            for linear in linears:
-                linear.qweight = weight
-                linear.weight = None
-        if not packable or len(users) > len(linears):  # the dense copy is still needed
+            for module in takers:
+                module.qweight = weight
+                module.weight = None
+        if not packable or len(users) > len(takers):  # the dense copy is still needed
             for shard, qt in shards.items():
                 dense = dequantize(qt)
                 param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)

@@ -122,7 +122,14 @@ def solve_any_concurrency(dep: Deployment, device: Device, context: int, kv_dtyp
 
 def solve(dep: Deployment, device: Device, context: int | None, kv_dtype: str | None) -> Deployment:
     """The best deployment at dep.concurrency for a target context (None: as long as fits) and KV dtype
-    (None: chosen). Raises PlanRefusal with three suggestions when the target does not fit."""
+    (None: chosen). Raises PlanRefusal with three suggestions when the target does not fit, NinferError
+    when it is past the model's own context limit (no memory makes that fit)."""
+    limit = dep.config.max_position_embeddings // dep.block_size * dep.block_size
+    if context is not None and context > limit:
+        raise NinferError(
+            f"{context:,} tokens of context is past this model's limit of {limit:,} "
+            f"(max_position_embeddings); use --context {limit} or less"
+        )
     budget = Budget.whole(device)
     if kv_dtype is not None:
         reason = kv_unavailable(kv_dtype, dep, device)

@@ -3,9 +3,9 @@ or exactly from a `.ninfer` artifact.
 
 Rules (what the CUDA loader does, engine/models/loader.py):
 * 4-, 6- and 8-bit matrices stay packed (codes + fp16 scales / minimums) for the fused dequant matmul,
-  unless their group is narrower than the kernel takes (kernels/quant_matmul MIN_GROUP);
-* the embedding table is dequantized to the model dtype (the lookup reads rows, not a matmul);
-  vectors (norms, biases, gates) are in the model dtype;
+  the embedding table too (rows dequantized on lookup; a tied head shares it), unless their group is
+  narrower than the kernel takes (kernels/quant_matmul MIN_GROUP); vectors (norms, biases, gates) are in
+  the model dtype;
 * a recipe estimate of q4.6 counts every matrix at 4.6 bits (its mix is chosen per checkpoint by
   measurement, so only the artifact knows it exactly).
 The MTP head and the vision tower are counted from the config (engine/plan/shapes.py); the vision tower
@@ -63,7 +63,7 @@ def recipe_tensor_bytes(
     """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead)."""
     numel = math.prod(shape)
     dense = numel * dtype_bytes
-    if not _is_matrix(name, shape) or tensor_kind(name, shape) == "embedding":
+    if not _is_matrix(name, shape):
         return dense
     if bits is not None:
         return round(numel * bits / 8)
@@ -113,7 +113,7 @@ def artifact_weight_bytes(
     for name, q in quant.items():
         shape = tuple(q["shape"])
         kind = tensor_kind(name, shape)
-        if kind == "embedding" or not fused_kernel_takes(q["bits"], q["group_size"]):
+        if not fused_kernel_takes(q["bits"], q["group_size"]):
             out[kind] += math.prod(shape) * dtype_bytes
             continue
         stored = sum(

@@ -16,9 +16,9 @@ class GroupwiseWeight:
     bits: int
     group_size: int
     k: int
-    packed: torch.Tensor  # [N, Kp / 2] uint8 (4-bit) or [N, Kp] int8 (8-bit)
+    packed: torch.Tensor  # [N, Kp / 2] uint8 (4-bit), [N, 3 Kp / 4] uint8 (6-bit) or [N, Kp] int8 (8-bit)
     scales: torch.Tensor  # [N, G] fp16
-    minimums: torch.Tensor | None  # [N, G] fp16 (4-bit)
+    minimums: torch.Tensor | None  # [N, G] fp16 (4 / 6-bit)
 
     @staticmethod
     def from_shards(shards: list[QuantizedTensor], device: torch.device | str) -> GroupwiseWeight:
@@ -49,6 +49,11 @@ class GroupwiseWeight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N]
         return kernels.quant_matmul(x, self.packed, self.scales, self.minimums, self.bits, self.group_size)
+
+    def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of the matrix as an embedding table ([T] -> [T, K] in dtype), dequantized on lookup."""
+        args = (self.packed, self.scales, self.minimums, self.bits, self.group_size, self.k, dtype)
+        return kernels.quant_embedding(ids, *args)
 
 
 def fused_kernel_takes(bits: int, group_size: int) -> bool:

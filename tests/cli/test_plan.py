@@ -50,10 +50,10 @@ def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
 
 
 def test_json_and_refusal_exit_2_with_three_ways_out():
-    code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "200k", "--kv-dtype", "int8", "--json"])
+    code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "250k", "--kv-dtype", "int8", "--json"])
     assert code == 2
     data = json.loads(out)
-    assert "204,800 tokens" in data["refusal"]["message"]
+    assert "256,000 tokens" in data["refusal"]["message"]
     assert len(data["refusal"]["suggestions"]) == 3
     for s in data["refusal"]["suggestions"]:  # each fed back fits
         code, out2 = _plan_27b_3090(
@@ -74,10 +74,16 @@ def test_a_target_context_without_concurrency_takes_the_most_requests_that_fit()
     assert code == 0, out
     plan = json.loads(out)["plan"]
     assert plan["context"] == 102_400 and plan["concurrency"] == 4
-    code, out = _plan_27b_3090("--context", "200k", "--json")
-    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 3  # k8v4: 220K at C3, 202K at C4
-    code, out = _plan_27b_3090("--context", "250k", "--json")
-    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 1  # only one request reaches 250K
+    # int8 KV: 255K at C1, 241K at C2, 227K at C3, 212K at C4
+    code, out = _plan_27b_3090("--context", "220k", "--kv-dtype", "int8", "--json")
+    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 3
+    code, out = _plan_27b_3090("--context", "245k", "--kv-dtype", "int8", "--json")
+    assert code == 0 and json.loads(out)["plan"]["concurrency"] == 1  # only one request reaches 245K
+
+
+def test_a_context_past_the_models_limit_is_refused_as_such():
+    code, out = _plan_27b_3090("--context", "300k")
+    assert code == 2 and "past this model's limit of 262,144" in out and "--context 262144" in out
 
 
 def test_without_vram_and_gpu_asks_for_vram(monkeypatch):

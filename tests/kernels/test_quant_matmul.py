@@ -99,8 +99,9 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
         and layer.self_attn.qkv_proj.weight is None
         and layer.self_attn.qkv_proj.qweight.bits == bits
     )
-    assert isinstance(packed_llm.model.lm_head.qweight, GroupwiseWeight)  # tied: packed head ...
-    assert packed_llm.model.model.embed_tokens.weight is not None  # ... and a dense table for the lookup
+    embed = packed_llm.model.model.embed_tokens
+    assert isinstance(packed_llm.model.lm_head.qweight, GroupwiseWeight)  # tied: the packed head ...
+    assert embed.qweight is packed_llm.model.lm_head.qweight and embed.weight is None  # ... is the table
     got = packed_llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
     assert got.token_ids == dense.token_ids
     for a, b in zip(got.logprobs, dense.logprobs):
