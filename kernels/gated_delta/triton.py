@@ -47,6 +47,25 @@ def _unit_rows(x_ptr, rows, mask, stride, head_offset, d, D, L2NORM: tl.constexp
 
 
 @triton.jit
+def _state_slice(
+    cu_seqlens_ptr, state_indices_ptr, state_ptr, Hv, Dk, Dv, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """Program (sequence, value head, value block)'s token range, slot and fp32 state slice [BLOCK_K,
+    BLOCK_V] with its pointers and mask. Padding (slot -1) reads slot 0; callers zero its outputs and write
+    nothing back."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(cu_seqlens_ptr + b)
+    end = tl.load(cu_seqlens_ptr + b + 1)
+    slot = tl.load(state_indices_ptr + b).to(tl.int64)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    s_mask = (dk < Dk)[:, None] & (dv < Dv)[None, :]
+    s_ptrs = state_ptr + ((tl.maximum(slot, 0) * Hv + h) * Dk + dk[:, None]) * Dv + dv[None, :]
+    return start, end, slot, dk, dv, s_mask, s_ptrs, tl.load(s_ptrs, mask=s_mask, other=0.0)
+
+
+@triton.jit
 def _chunk_prepare_kernel(
     k_ptr,
     v_ptr,
@@ -138,21 +157,14 @@ def _chunk_scan_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    b = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // REP
-    start = tl.load(cu_seqlens_ptr + b)
-    end = tl.load(cu_seqlens_ptr + b + 1)
-    slot = tl.load(state_indices_ptr + b).to(tl.int64)
-    i = tl.arange(0, CHUNK)
-    dk = tl.arange(0, BLOCK_K)
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    start, end, slot, dk, dv, s_mask, s_ptrs, s = _state_slice(
+        cu_seqlens_ptr, state_indices_ptr, state_ptr, Hv, Dk, Dv, BLOCK_K, BLOCK_V
+    )
     k_mask = dk < Dk
     v_mask = dv < Dv
-    s_mask = k_mask[:, None] & v_mask[None, :]
-    # padding (slot -1) reads slot 0, zeroes its outputs and writes nothing back
-    s_ptrs = state_ptr + ((tl.maximum(slot, 0) * Hv + h) * Dk + dk[:, None]) * Dv + dv[None, :]
-    s = tl.load(s_ptrs, mask=s_mask, other=0.0)  # [BLOCK_K, BLOCK_V]
+    i = tl.arange(0, CHUNK)
     causal = i[None, :] <= i[:, None]
     for c0 in range(start, end, CHUNK):
         rows = c0 + i
@@ -212,20 +224,13 @@ def _gated_delta_kernel(
     BLOCK_K: tl.constexpr,  # >= Dk
     BLOCK_V: tl.constexpr,
 ):
-    b = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // REP
-    start = tl.load(cu_seqlens_ptr + b)
-    end = tl.load(cu_seqlens_ptr + b + 1)
-    slot = tl.load(state_indices_ptr + b).to(tl.int64)
-    dk = tl.arange(0, BLOCK_K)
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    start, end, slot, dk, dv, s_mask, s_ptrs, S = _state_slice(
+        cu_seqlens_ptr, state_indices_ptr, state_ptr, Hv, Dk, Dv, BLOCK_K, BLOCK_V
+    )
     k_mask = dk < Dk
     v_mask = dv < Dv
-    s_mask = k_mask[:, None] & v_mask[None, :]
-    # padding (slot -1) reads slot 0, zeroes its outputs and writes nothing back
-    s_ptrs = state_ptr + ((tl.maximum(slot, 0) * Hv + h) * Dk + dk[:, None]) * Dv + dv[None, :]
-    S = tl.load(s_ptrs, mask=s_mask, other=0.0)  # [BLOCK_K, BLOCK_V] fp32
     for t in range(start, end):
         q = tl.load(q_ptr + t * stride_q + kh * Dk + dk, mask=k_mask, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + t * stride_k + kh * Dk + dk, mask=k_mask, other=0.0).to(tl.float32)
