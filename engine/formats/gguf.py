@@ -122,6 +122,12 @@ def _config(reader, path: Path) -> ModelConfig:
 
     num_heads = key("attention.head_count")
     hidden = key("embedding_length")
+    # Llama 3.1+: llama.cpp's converter stores the llama3 rope scaling as per-dimension frequency factors
+    # (rope_freqs.weight [rotary_dim / 2]; each rotation frequency is divided by its factor)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    scaling = None
+    if freqs is not None:
+        scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in np.asarray(freqs.data).ravel()]}
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
@@ -136,6 +142,7 @@ def _config(reader, path: Path) -> ModelConfig:
         head_dim=key("attention.key_length", hidden // num_heads),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
         max_position_embeddings=key("context_length"),
         tie_word_embeddings="output.weight" not in names,
         layer_types=("full_attention",) * key("block_count"),
@@ -173,7 +180,7 @@ def load_gguf(path: Path) -> ModelSource:
         for t in reader.tensors:
             name = _hf_name(t.name)
             if name is None:
-                continue  # rope_freqs and other llama.cpp-only tensors
+                continue  # llama.cpp-only tensors (rope_freqs is read into the config)
             data = gguf.quants.dequantize(t.data, t.tensor_type)
             tensor = torch.from_numpy(np.array(data, dtype=np.float32))
             if permute_qk and name.endswith("self_attn.q_proj.weight"):

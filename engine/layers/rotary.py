@@ -1,4 +1,4 @@
-"""Rotary embedding frequencies (default, linear, llama3 scaling) and the rope op on q/k."""
+"""Rotary embedding frequencies (default, linear, llama3 scaling, GGUF frequency factors) and the rope op."""
 
 from __future__ import annotations
 
@@ -33,8 +33,18 @@ def inv_freq_for(config: ModelConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "freq_factors":  # a GGUF's rope_freqs: each frequency divided by its factor (as llama.cpp)
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv_freq.shape:
+            raise NinferError(
+                f"the GGUF's rope_freqs has {factors.numel()} factors; this model rotates {inv_freq.numel()} "
+                "frequency pairs: the file is inconsistent, convert it again"
+            )
+        inv_freq = inv_freq / factors
     else:
-        raise NinferError(f"rope scaling '{kind}' is not supported yet; supported: default, linear, llama3")
+        raise NinferError(
+            f"rope scaling '{kind}' is not supported yet; supported: default, linear, llama3, GGUF rope_freqs"
+        )
     return inv_freq.float()
 
 
