@@ -72,6 +72,23 @@ def decode_case(kv_dtype: str, context: int, batch: int = 1):
     return q, cache, table, seq_lens
 
 
+def best_of_sweeps(rows: list[dict]) -> list[str]:
+    """One line per swept kernel and shape: its fastest configuration (what a default should be)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if r["kernel"].startswith("sweep "):
+            words = r["kernel"].split()
+            name = " ".join(w for w in words[1:] if "=" not in w)
+            groups.setdefault((name, r["shape"]), []).append(r)
+    out = ["", "fastest configuration per swept kernel:"] if groups else []
+    for (name, shape), group in groups.items():
+        best = min(group, key=lambda r: r["us"])
+        config = " ".join(w for w in best["kernel"].split() if "=" in w)
+        worst = max(r["us"] for r in group)
+        out.append(f"- {name}, {shape}: {config} at {best['us']:.1f} us (slowest tried {worst:.1f} us)")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
@@ -292,6 +309,7 @@ def main() -> None:
             f"| {r['kernel']} | {r['shape']} | {r['us']:.1f} | {r.get('GB/s', float('nan')):.0f} | "
             f"{r.get('TFLOP/s', float('nan')):.1f} | {r.get('% peak', float('nan')):.0f} |"
         )
+    lines += best_of_sweeps(rows)
     lines += [f"\nFAILED {f}" for f in failed]
     print("\n".join(lines))
     if args.markdown:
