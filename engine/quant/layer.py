@@ -56,6 +56,36 @@ class GroupwiseWeight:
         return kernels.quant_embedding(ids, *args)
 
 
+@dataclass
+class ConcatenatedWeights:
+    """A fused projection (q|k|v, gate|up) whose checkpoint shards were quantized at different widths or
+    groups (q4.6 chooses per tensor): one GroupwiseWeight per run of equal (bits, group) shards, a kernel
+    call each, outputs concatenated along the output dim."""
+
+    parts: list[GroupwiseWeight]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [M, K] -> [M, sum of the parts' N]
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def packed_weight(shards: list[QuantizedTensor], device) -> GroupwiseWeight | ConcatenatedWeights:
+    """The packed weight of a (fused) parameter from its shards in output order: one GroupwiseWeight where
+    every shard has the same width and group, else one per run of equal ones."""
+    runs: list[list[QuantizedTensor]] = []
+    for shard in shards:
+        if runs and (runs[-1][0].bits, runs[-1][0].group_size) == (shard.bits, shard.group_size):
+            runs[-1].append(shard)
+        else:
+            runs.append([shard])
+    parts = [GroupwiseWeight.from_shards(run, device) for run in runs]
+    return parts[0] if len(parts) == 1 else ConcatenatedWeights(parts)
+
+
 def fused_kernel_takes(bits: int, group_size: int) -> bool:
     """Whether kernels/quant_matmul multiplies this width and group directly (else it is dequantized at load)."""
     return group_size >= MIN_GROUP.get(bits, 1 << 30)

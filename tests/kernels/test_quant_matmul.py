@@ -67,6 +67,23 @@ def test_narrow_6bit_groups_are_refused_by_the_kernel_and_dequantized_at_load():
         fused.quant_matmul(x, qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE), 6, 32)
 
 
+def test_shards_of_different_widths_stay_packed_apart():
+    """q4.6 picks bits per tensor, so q / k / v of one fused projection may differ: runs of equal (bits,
+    group) fuse, the rest are separate kernel calls, outputs concatenated."""
+    from engine.quant.layer import ConcatenatedWeights, packed_weight
+
+    torch.manual_seed(0)
+    ws = [torch.randn(n, 256) * 0.05 for n in (64, 32, 32, 48)]
+    shards = [quantize(w, b, g) for w, (b, g) in zip(ws, [(4, 128), (8, 128), (8, 128), (6, 128)])]
+    weight = packed_weight(shards, DEVICE)
+    assert isinstance(weight, ConcatenatedWeights) and [p.bits for p in weight.parts] == [4, 8, 6]
+    assert weight.nbytes == sum(s.nbytes for s in shards)
+    x = torch.randn(3, 256, device=DEVICE)
+    want = x.cpu() @ torch.cat([dequantize(s) for s in shards]).t()
+    assert rel_err(weight(x).cpu(), want) < 1e-3
+    assert isinstance(packed_weight(shards[1:3], DEVICE), GroupwiseWeight)  # equal widths: one weight
+
+
 def test_groupwise_weight_concatenates_fused_shards():
     q, k = quantize(torch.randn(32, 256), 4), quantize(torch.randn(16, 256), 4)
     w = GroupwiseWeight.from_shards([q, k], "cpu")
@@ -108,7 +125,7 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
         assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
 
 
-@pytest.mark.parametrize("recipe", ["w4g128", "w6g128", "w8g128"])
+@pytest.mark.parametrize("recipe", ["w4g128", "w6g128", "w8g128", "q4.6"])
 def test_planner_counts_the_weights_the_loader_holds(tmp_path, kernel_backend, recipe):
     """artifact_weight_bytes (plan, serve's ledger) = the bytes the fused-kernel loader keeps: packed
     matrices (every width) plus the dense rest."""
