@@ -48,7 +48,10 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
     cuda_graphs: Annotated[
-        bool, typer.Option(help="CUDA: replay decode steps from captured graphs (hybrid models run eagerly).")
+        bool,
+        typer.Option(
+            help="CUDA: replay decode steps from captured graphs (falls back to eager if capture fails)."
+        ),
     ] = True,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""

@@ -121,3 +121,21 @@ class DecodeGraphs:
     def run_eager(self, n: int) -> torch.Tensor:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
         return self._forward(self.bucket_for(n))[:n]
+
+
+def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:
+    """`graphs` captured, or None (decode runs eagerly) when capturing fails: an op that cannot be captured
+    must cost speed, not the start-up. The reason is logged once, with the flag that skips capturing."""
+    try:
+        graphs.capture()
+    except RuntimeError as exc:  # torch raises capture errors (a host sync, an illegal op, OOM) as these
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning(
+            "CUDA graph capture failed (%s); decoding without graphs (--no-cuda-graphs skips it)", reason
+        )
+        graphs.graphs.clear()
+        graphs.logits.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+    return graphs

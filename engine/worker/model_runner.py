@@ -12,7 +12,7 @@ from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
 from engine.transfer import to_device
-from engine.worker.cuda_graphs import DecodeGraphs
+from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 
@@ -59,8 +59,8 @@ class ModelRunner:
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
-            self.graphs = DecodeGraphs(model, engine_config.max_concurrency, max_blocks, self.device)
-            self.graphs.capture()
+            graphs = DecodeGraphs(model, engine_config.max_concurrency, max_blocks, self.device)
+            self.graphs = captured_or_none(graphs)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -60,6 +60,26 @@ def test_static_buffer_path_gives_the_eager_tokens(tmp_path, arch, prefix_cachin
         assert any(a.num_cached_tokens > len(p) for a, p in zip(again, _prompts()))
 
 
+def test_a_failed_capture_decodes_eagerly_and_says_why(caplog):
+    from engine.worker.cuda_graphs import captured_or_none
+
+    class Failing(DecodeGraphs):
+        def capture(self) -> None:
+            self.graphs[1] = object()  # a bucket captured before the failure
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    graphs = Failing(None, 2, 4, torch.device("cpu"))
+    with caplog.at_level("WARNING", logger="ninfer.graphs"):
+        assert captured_or_none(graphs) is None
+    assert (
+        "operation not permitted when stream is capturing" in caplog.text
+        and "--no-cuda-graphs" in caplog.text
+    )
+    assert not graphs.graphs  # nothing half-captured kept
+    ok = EagerGraphs(None, 2, 4, torch.device("cpu"))
+    assert captured_or_none(ok) is ok
+
+
 def test_staging_pads_up_to_the_bucket():
     graphs = DecodeGraphs(None, 4, 6, torch.device("cpu"))
     assert graphs.buckets == [1, 2, 4]
