@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown compute capability {unknown}; use some of {sorted(SHARED_LIMIT)}")
     JITFunction.run = _compile_only_run
     torch.manual_seed(0)
-    print(f"triton {triton.__version__}, torch {torch.__version__}")
+    targets = ", ".join(f"SM{a} ({DEVICES[a]})" if a in DEVICES else f"SM{a}" for a in arches)
+    print(f"triton {triton.__version__}, torch {torch.__version__}; targets: {targets}")
     results = []
     for arch in arches:
         for name, fn, kwargs, min_arch in cases():
