@@ -10,6 +10,7 @@ key / 48 value heads x 128, conv kernel 4), random data.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -70,6 +71,47 @@ def decode_case(kv_dtype: str, context: int, batch: int = 1):
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, num_q, head_dim, device="cuda", dtype=torch.bfloat16)
     return q, cache, table, seq_lens
+
+
+PREFILL_TOKENS = 8192
+PREFILL_FLOPS = 2 * 2 * 24 * 256 * PREFILL_TOKENS * PREFILL_TOKENS / 2  # QK^T and PV, causal half
+
+
+def prefill_case():
+    """8K new tokens of one sequence, causal, bf16 KV: (q, cache, block_table, seq_lens, cu_seqlens)."""
+    _, cache, table, seq_lens = decode_case("bf16", PREFILL_TOKENS)
+    q = torch.randn(PREFILL_TOKENS, 24, 256, device="cuda", dtype=torch.bfloat16)
+    return q, cache, table, seq_lens, torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device="cuda")
+
+
+@functools.cache
+def up_proj(bits: int):
+    """The 27B MLP up projection (N = 17408 outputs, K = 5120) quantized at `bits`, group 128, on the GPU:
+    (QuantizedTensor, packed, scales, minimums). Built once per width (the CPU quantization takes seconds)."""
+    qt = quantize(
+        torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02, bits, 128, False
+    )
+    mins = qt.minimums.cuda() if qt.minimums is not None else None
+    return qt, qt.packed.cuda(), qt.scales.cuda(), mins
+
+
+GDN_HEADS = (16, 48, 128)  # Qwen3.5-27B's Gated DeltaNet: key heads, value heads, head dim
+
+
+def gdn_case(batch: int, length: int):
+    """`batch` sequences of `length` tokens through a Gated DeltaNet layer: (x [T, conv channels], q, k, v,
+    g, beta, cu_seqlens, state slots, bytes the delta rule moves: state read and written, q / k / v, out)."""
+    hk, hv, d = GDN_HEADS
+    tokens = batch * length
+    cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
+    slots = torch.arange(batch, dtype=torch.int32, device="cuda")
+    x = torch.randn(tokens, (2 * hk + hv) * d, device="cuda", dtype=torch.bfloat16)
+    q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
+    v = x[:, 2 * hk * d :].view(tokens, hv, d)
+    g = -torch.rand(tokens, hv, device="cuda")
+    beta = torch.rand(tokens, hv, device="cuda", dtype=torch.bfloat16)
+    moved = batch * hv * d * d * 4 * 2 + x.numel() * 2 + tokens * hv * d * 2
+    return x, q, k, v, g, beta, cu, slots, moved
 
 
 def best_of_sweeps(rows: list[dict]) -> list[str]:
@@ -158,46 +200,37 @@ def main() -> None:
                 )
 
     def gated_deltanet():
-        # Gated DeltaNet: decode reads and writes each sequence's fp32 state (48 x 128 x 128 a layer); a prefill
-        # chunk walks its tokens in order (the recurrent form), so its row is time per chunk
-        hk, hv, d = 16, 48, 128
+        # Gated DeltaNet: decode reads and writes each sequence's fp32 state (48 x 128 x 128 a layer,
+        # recurrent form); a 4K prefill chunk takes the chunked form
+        hk, hv, d = GDN_HEADS
         channels = (2 * hk + hv) * d
         state = torch.zeros(8, hv, d, d, device="cuda")
         conv_state = torch.zeros(8, channels, 3, device="cuda", dtype=bf)
         conv_w = torch.randn(channels, 4, device="cuda", dtype=bf)
         for batch, length in ((1, 1), (4, 1), (1, 4096)):
-            tokens = batch * length
-            cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
-            slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-            x = torch.randn(tokens, channels, device="cuda", dtype=bf)
+            x, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             t = bench(
                 lambda x=x, cu=cu, slots=slots: conv1d_triton.causal_conv1d(x, conv_w, conv_state, cu, slots)
             )
             shape = f"B={batch} x {length} tokens, {channels} channels"
             record("causal_conv1d", shape, t, bytes_moved=x.numel() * 2 * 2 + batch * channels * 3 * 2 * 2)
-            q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
-            v = x[:, 2 * hk * d :].view(tokens, hv, d)
-            g = -torch.rand(tokens, hv, device="cuda")
-            beta = torch.rand(tokens, hv, device="cuda", dtype=bf)
             t = bench(
                 lambda q=q, k=k, v=v, g=g, beta=beta, cu=cu, slots=slots: gated_delta_triton.gated_delta_rule(
                     q, k, v, g, beta, state, cu, slots
                 )
             )
-            shape = f"B={batch} x {length} tokens, {hk}k/{hv}v heads x {d}"
-            state_bytes = batch * hv * d * d * 4 * 2
             record(
-                "gated_delta_rule", shape, t, bytes_moved=state_bytes + x.numel() * 2 + tokens * hv * d * 2
+                "gated_delta_rule",
+                f"B={batch} x {length} tokens, {hk}k/{hv}v heads x {d}",
+                t,
+                bytes_moved=moved,
             )
 
     def quantized_matmul():
         # W4A16 / W6A16 / W8A16: the 27B MLP up projection shape (N = 17408 outputs, K = 5120), packed bytes
         # counted (q4.6 mixes 4- and 6-bit matrices)
-        w = torch.randn(17408, 5120) * 0.02
         for bits in (4, 6, 8):
-            qt = quantize(w, bits, 128, clip_search=False)
-            packed, scales = qt.packed.cuda(), qt.scales.cuda()
-            mins = qt.minimums.cuda() if qt.minimums is not None else None
+            qt, packed, scales, mins = up_proj(bits)
             for m in (1, 8, 512):
                 x = torch.randn(m, 5120, device="cuda", dtype=bf)
                 t = bench(
@@ -211,14 +244,9 @@ def main() -> None:
                     record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
 
     def prefill_attention():
-        # prefill: 8K new tokens, causal, bf16 KV
-        tokens = 8192
-        q, cache, table, seq_lens = decode_case("bf16", tokens)
-        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
-        cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+        q, cache, table, seq_lens, cu = prefill_case()
         t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
-        flops = 2 * 2 * 24 * 256 * tokens * tokens / 2  # QK^T and PV, causal half
-        record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=flops)
+        record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
 
     def sweeps():
         """Tile, split and warp choices around the defaults of the three kernels the acceptance figures
@@ -234,8 +262,7 @@ def main() -> None:
                     )
                     name = f"sweep decode {kv} splits={splits} warps={warps}"
                     record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
-        qt = quantize(torch.randn(17408, 5120) * 0.02, 4, 128, clip_search=False)
-        packed, scales, mins = qt.packed.cuda(), qt.scales.cuda(), qt.minimums.cuda()
+        qt, packed, scales, mins = up_proj(4)
         x = torch.randn(1, 5120, device="cuda", dtype=bf)
         for block_n in (32, 64, 128):
             for splits in (1, 2, 4, 8):
@@ -247,11 +274,7 @@ def main() -> None:
                     )
                     name = f"sweep W4A16 GEMV block_n={block_n} splits={splits} warps={warps}"
                     record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
-        tokens = 8192
-        q, cache, table, seq_lens = decode_case("bf16", tokens)
-        q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
-        cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-        flops = 2 * 2 * 24 * 256 * tokens * tokens / 2
+        q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
             for block_n in (32, 64):
                 for warps in (4, 8):
@@ -261,18 +284,11 @@ def main() -> None:
                         )
                     )
                     name = f"sweep prefill bf16 block_m={block_m} block_n={block_n} warps={warps}"
-                    record(name, "8K causal, 24q/4kv x 256", t, flops=flops)
-        hk, hv, d = 16, 48, 128
+                    record(name, "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
+        _, hv, d = GDN_HEADS
         state = torch.zeros(4, hv, d, d, device="cuda")
         for batch, length in ((1, 1), (1, 1024), (1, 4096)):
-            tokens = batch * length
-            cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
-            slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-            x = torch.randn(tokens, (2 * hk + hv) * d, device="cuda", dtype=bf)
-            q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
-            v = x[:, 2 * hk * d :].view(tokens, hv, d)
-            g = -torch.rand(tokens, hv, device="cuda")
-            beta = torch.rand(tokens, hv, device="cuda", dtype=bf)
+            _, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             # the recurrent form (decode, and 1K tokens to place the crossover); the chunked form (prefill)
             configs = [(False, bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] if length <= 1024 else []
             configs += [(True, bv, w) for bv in (16, 32, 64) for w in (4, 8)] if length > 1 else []
@@ -286,8 +302,7 @@ def main() -> None:
                 )
                 form = "chunked" if chunked else "recurrent"
                 name = f"sweep gated_delta_rule {form} block_v={block_v} warps={warps}"
-                state_bytes = batch * hv * d * d * 4 * 2
-                record(name, f"B={batch} x {length} tokens", t, bytes_moved=state_bytes + x.numel() * 2)
+                record(name, f"B={batch} x {length} tokens", t, bytes_moved=moved)
 
     failed = []
     sections = (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention, sweeps)
