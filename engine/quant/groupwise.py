@@ -5,6 +5,8 @@ A weight W [N, K] is split into groups of `group_size` input columns (K padded w
   group. 4-bit codes are stored two per byte (even column in the low nibble); 6-bit codes four per three
   bytes (little-endian 24-bit words).
 * 8 bits: symmetric, w ~ q * scale, q in [-127, 127], one fp16 scale per group, stored as int8.
+Unpacking and dequantizing are the fused kernel's naive twin (kernels/quant_matmul/naive.py), so the
+engine and the kernels read one layout the one way.
 
 Each group's range is chosen by a clipping search: the candidate range (shrunk by one of CLIP_RATIOS)
 with the least squared reconstruction error of the group wins, which trims outliers that would
@@ -16,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.quant_matmul.naive import dequantize_weight
 
 BITS = (4, 6, 8)
 MIN_GROUP = 32
@@ -141,23 +145,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     )
 
 
-def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """Packed storage -> codes [N, Kp] int32 (8-bit: the signed values)."""
-    if bits == 8:
-        return packed.to(torch.int32)
-    p = packed.to(torch.int32)
-    if bits == 4:
-        return torch.stack([p & 0xF, p >> 4], dim=-1).flatten(1)
-    b = p.reshape(p.shape[0], -1, 3)
-    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-    return torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(1)
-
-
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weight [N, K] the quantized tensor stands for."""
-    n, k = qt.shape
-    codes = unpack(qt.packed, qt.bits).float().reshape(n, -1, qt.group_size)
-    w = codes * qt.scales.float()[..., None]
-    if qt.minimums is not None:
-        w = w + qt.minimums.float()[..., None]
-    return w.reshape(n, -1)[:, :k].to(dtype)
+    """The weight [N, K] the quantized tensor stands for (the fused kernel's naive twin does the arithmetic)."""
+    w = dequantize_weight(qt.packed, qt.scales, qt.minimums, qt.bits, qt.group_size, qt.shape[1])
+    return w.to(dtype)

@@ -1,6 +1,19 @@
 import torch
 
 
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packed storage -> codes [N, Kp] int32 (8-bit: the signed values). 4-bit: two a byte, even column in
+    the low nibble; 6-bit: four a little-endian 24-bit word, first in the low bits; 8-bit: int8."""
+    p = packed.to(torch.int32)
+    if bits == 8:
+        return p
+    if bits == 4:
+        return torch.stack([p & 0xF, p >> 4], dim=-1).flatten(1)
+    b = p.reshape(p.shape[0], -1, 3)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    return torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(1)
+
+
 def dequantize_weight(
     packed: torch.Tensor,  # uint8 [N, Kp / 2] (4-bit, even column in the low nibble), uint8 [N, 3 Kp / 4]
     # (6-bit: four codes a little-endian 24-bit word, first in the low bits) or int8 [N, Kp] (8-bit)
@@ -11,15 +24,7 @@ def dequantize_weight(
     k: int,
 ) -> torch.Tensor:
     """The fp32 weight [N, K] of a group-wise quantized matrix (engine/quant/groupwise.py's layout)."""
-    p = packed.to(torch.int32)
-    if bits == 8:
-        codes = p.float()
-    elif bits == 4:
-        codes = torch.stack([p & 0xF, p >> 4], dim=-1).flatten(1).float()
-    else:
-        b = p.reshape(p.shape[0], -1, 3)
-        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-        codes = torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(1).float()
+    codes = unpack(packed, bits).float()
     n = codes.shape[0]
     w = codes.view(n, -1, group_size) * scales.float()[..., None]
     if minimums is not None:

@@ -13,8 +13,9 @@ from engine.layers.linear import Linear
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 from engine.quant.gptq import gptq_quantize
-from engine.quant.groupwise import dequantize, quantize, unpack
+from engine.quant.groupwise import dequantize, quantize
 from engine.quant.hessians import attention_mass, collect_hessians, hessian_bytes
+from kernels.quant_matmul.naive import unpack
 
 
 def correlated_inputs(k: int, seed: int) -> torch.Tensor:
