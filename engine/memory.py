@@ -11,6 +11,7 @@ from engine.cache.kv_layout import bytes_per_token_per_layer
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
+from kernels.paged_attention import num_decode_splits
 
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)
@@ -132,11 +133,6 @@ def activation_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
     return (2 * h + max(attention, mlp, linear)) * dtype_bytes
 
 
-def decode_splits(context: int) -> int:
-    """Split-K partitions of decode attention (kernels/paged_attention/triton.py num_decode_splits)."""
-    return max(1, min(32, math.ceil(context / 1024)))
-
-
 def ledger(dep: Deployment, device_total: int) -> Ledger:
     cfg, b = dep.config, dep.dtype_bytes
     rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]
@@ -170,7 +166,7 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
     act = step_tokens * activation_bytes_per_token(cfg, b)
     logits = dep.concurrency * dep.decode_tokens * cfg.vocab_size * 4 * LOGIT_COPIES
     rows_q = dep.concurrency * dep.decode_tokens
-    partials = rows_q * cfg.num_attention_heads * decode_splits(dep.context) * (cfg.head_dim + 1) * 4
+    partials = rows_q * cfg.num_attention_heads * num_decode_splits(dep.context) * (cfg.head_dim + 1) * 4
     rows.append(Row("activations", act + logits + partials, f"step of {step_tokens:,} tokens + logits"))
     if dep.vision:
         vh, vi = vision_patch_width(cfg)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.kv_quant.naive import V4_GROUP
+from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
 from kernels.triton_config import dot_dtype, dot_precision
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
@@ -365,14 +366,6 @@ def _common(q: torch.Tensor, cache) -> dict:
 def _block_n(cache) -> int:
     """Keys per inner step: several pages at once (a page may hold as few as 4 tokens), fewer at head_dim 256."""
     return max(16, cache.k_data.shape[1], min(64, 8192 // cache.k_data.shape[3]))
-
-
-MAX_DECODE_SPLITS = 32
-
-
-def num_decode_splits(max_context: int) -> int:
-    """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context."""
-    return max(1, min(MAX_DECODE_SPLITS, triton.cdiv(max_context, 1024)))
 
 
 def paged_attention_decode(
