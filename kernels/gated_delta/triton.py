@@ -282,13 +282,13 @@ def gated_delta_rule(
     if num_tokens == 0 or num_seqs == 0:
         return out
     block_k = triton.next_power_of_2(head_k_dim)
+    operands = dot_dtype(v.dtype)  # the chunked form's product operands
     if chunked is None:
-        half_operands = dot_dtype(v.dtype) != tl.float32
+        half_operands = operands != tl.float32
         chunked = num_tokens >= CHUNKED_MIN_TOKENS * num_seqs and (half_operands or interpreting())
     if chunked:
-        return _chunked(
-            q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out, block_v, num_warps
-        )
+        args = (q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out)
+        return _chunked(*args, operands=operands, block_k=block_k, block_v=block_v, num_warps=num_warps)
     # a [Dk, BLOCK_V] fp32 state slice per program: 32 registers a thread at Dk 128
     block_v = block_v or min(triton.next_power_of_2(head_v_dim), max(16, 4096 // block_k))
     grid = (num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))
@@ -320,13 +320,28 @@ def gated_delta_rule(
     return out
 
 
-def _chunked(q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out, block_v, num_warps):
+def _chunked(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    cu_seqlens,
+    state_indices,
+    use_qk_l2norm,
+    out,
+    *,
+    operands,
+    block_k,
+    block_v,
+    num_warps,
+):
     """The chunked form (module docstring): W, U and the cumulative decays of every chunk, then the scan."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
     num_seqs = state_indices.shape[0]
-    block_k = triton.next_power_of_2(head_k_dim)
-    operands = dot_dtype(v.dtype)  # W and U are stored as the products read them
+    # W and U are stored as the products read them
     wu = dict(dtype=torch.float32 if operands == tl.float32 else v.dtype, device=v.device)
     w = torch.empty((num_tokens, num_v_heads, head_k_dim), **wu)
     u = torch.empty((num_tokens, num_v_heads, head_v_dim), **wu)
