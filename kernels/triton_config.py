@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 import triton.language as tl
 
 _HALF_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -16,7 +17,7 @@ _HALF_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def interpreting() -> bool:
     """Whether Triton kernels run under the interpreter (TRITON_INTERPRET=1)."""
-    knobs = getattr(__import__("triton"), "knobs", None)  # Triton >= 3.4; older ones read the environment
+    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older ones read the environment
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
