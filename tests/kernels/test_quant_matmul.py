@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton.language as tl
 from conftest import save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
@@ -43,6 +44,30 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
         rel_err(want.float(), x.float().cpu() @ dequantize(qt).t() if DEVICE == "cpu" else want.float())
         < 1e-2
     )
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="a GPU runs these operands as they are, in the test above")
+@pytest.mark.parametrize("bits,k,group", [(4, 300, 128), (4, 576, 64), (4, 256, 32), (6, 300, 128), (8, 300, 128)])
+@pytest.mark.parametrize("m", [1, 5, 20])
+def test_half_precision_operands_match_naive(monkeypatch, bits, k, group, m):
+    """On a GPU the products take the model's half dtype, the codes turned into floats by magic-number bit
+    operations (4 and 6 bits) or a cast (8 bits). The interpreter computes fp16 faithfully (not bf16), so
+    here fp16 operands are forced on it: this runs the GPU's code path, bit tricks and all."""
+    monkeypatch.setattr(fused, "dot_dtype", lambda dtype: tl.float16)
+    torch.manual_seed(m + k)
+    qt = quantize(torch.randn(72, k) * 0.05, bits, group)
+    x = torch.randn(m, k).half()
+    got = fused.quant_matmul(x, qt.packed, qt.scales, qt.minimums, bits, qt.group_size)
+    want = naive.quant_matmul(x, qt.packed, qt.scales, qt.minimums, bits, qt.group_size)
+    assert got.dtype == torch.float16 and rel_err(got, want) < 2e-3
+
+
+def test_gemv_slices_spread_a_matrix_over_every_sm():
+    """Split-K slices: ~8 programs per SM (132 on the CPU's nominal device), never more slices than groups."""
+    cpu = torch.device("cpu")
+    assert fused.gemv_splits(17408, 40, 64, cpu) == 4  # 272 tiles x 4 = 1088 programs for 132 SMs
+    assert fused.gemv_splits(1024, 40, 64, cpu) == 40  # 16 tiles: one group per program
+    assert fused.gemv_splits(248320, 40, 64, cpu) == 1  # the vocabulary head fills the GPU by itself
 
 
 @pytest.mark.parametrize("block_n,num_splits,m", [(32, 3, 1), (128, 2, 5), (32, None, 40)])
