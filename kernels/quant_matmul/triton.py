@@ -4,15 +4,21 @@ Weights stay packed in memory (engine/quant/groupwise.py's layout: groups of GRO
 4-bit codes two per byte with the even column in the low nibble, w = q * scale + minimum; 6-bit codes four
 per little-endian 24-bit word (3 bytes), first code in the low bits, w = q * scale + minimum; 8-bit signed
 codes, w = q * scale). The products run on the model's half dtype (fp32 under the interpreter) with fp32
-accumulation. Each width is split into products whose k index needs no interleaving of unpacked codes:
+accumulation, and no weight is scaled or shifted element by element: per group,
+
+    sum_k x_k (q_k scale + minimum) = scale * sum_k x_k (BASE + q_k) + (minimum - BASE scale) * sum_k x_k
+
+where BASE + q is what a code becomes when OR-ed into the mantissa of a power of two (bf16 / fp16: exact,
+no int-to-float instruction; fp32 operands take the codes as they are, BASE 0). The tensor cores compute
+both sums (the second as a product with ones); the scale and minimum apply once per output and group, in
+fp32. Each width is split into products whose k index needs no interleaving of unpacked codes:
 
 * 4-bit, groups of 64+: the row is read as int32 words of eight codes. Product p takes codes p and p + 4
-  of every word in one shift and mask (they land in the two 16-bit halves), and one OR with a magic
-  number makes both halves the half-precision floats 1024 + q (fp16) or 128 + q (bf16), so the
-  conversion is integer bit operations plus one packed subtraction, no int-to-float instruction. The
-  activations are loaded once per group and split into the four products' columns in registers.
-* 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes;
-* 6-bit: four products over the columns 4i + p; 8-bit: one product.
+  of every word with one shift, mask and OR: they land in the two 16-bit halves of one register, as the
+  tensor-core operand holds a pair (16 + q, mantissa bits below the exponent of 16.0). The activations
+  are loaded once per group and split into the four products' columns in registers.
+* 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes, codes converted and scaled;
+* 6-bit: four products over the columns 4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
 
 Shapes:
 * prefill (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
@@ -49,44 +55,65 @@ def _small_codes_to_float(q, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _code_pairs_to_float(pairs, DTYPE: tl.constexpr):
-    """int32 words holding a code below 16 in each 16-bit half -> DTYPE [..., 2], high half first. For half
-    types one OR turns both halves into the magic-number floats of _small_codes_to_float, and the
-    subtraction runs on the pair (the joined halves share a register)."""
+def _offset_codes(q, DTYPE: tl.constexpr):
+    """Non-negative integer codes below 256 as DTYPE holding _offset_code_base(DTYPE) + q exactly: the code
+    OR-ed into the mantissa of a power of two (bf16 128, fp16 1024; fp32 takes the code as it is)."""
     if DTYPE == tl.float16:
-        bits = pairs | 0x64006400
-        hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-        return tl.join(hi, (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)) - 1024.0
+        return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
     elif DTYPE == tl.bfloat16:
-        bits = pairs | 0x43004300
-        hi = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        return tl.join(hi, (bits & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)) - 128.0
+        return (q.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
     else:
-        return tl.join((pairs >> 16).to(DTYPE), (pairs & 0xFFFF).to(DTYPE))
+        return q.to(tl.float32)
+
+
+@triton.jit
+def _offset_code_base(DTYPE: tl.constexpr):
+    if DTYPE == tl.float16:
+        return 1024.0
+    elif DTYPE == tl.bfloat16:
+        return 128.0
+    else:
+        return 0.0
+
+
+@triton.jit
+def _offset_code_pairs(word, p: tl.constexpr, DTYPE: tl.constexpr):
+    """Codes p and p + 4 of int32 words of eight 4-bit codes (code i in bits 4i..4i+3) as DTYPE
+    [..., 2] = (code p, code p + 4) + CODE_BASE, exactly. For half types the codes are shifted into the
+    mantissa of 16.0, below the exponent one OR sets: one shift, one mask and one OR for the pair, which
+    shares a register as the tensor-core operand wants it; no conversion, no float arithmetic."""
+    if DTYPE == tl.float16:  # 16 + q: q in mantissa bits 6..9 (step 1/64 between 16 and 32)
+        SHIFT_F16: tl.constexpr = 4 * p - 6
+        shifted = word >> SHIFT_F16 if SHIFT_F16 >= 0 else word << -SHIFT_F16
+        bits = (shifted & 0x03C003C0) | 0x4C004C00
+        lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
+    elif DTYPE == tl.bfloat16:  # 16 + q: q in mantissa bits 3..6 (step 1/8)
+        SHIFT_BF16: tl.constexpr = 4 * p - 3
+        shifted = word >> SHIFT_BF16 if SHIFT_BF16 >= 0 else word << -SHIFT_BF16
+        bits = (shifted & 0x00780078) | 0x41804180
+        lo = (bits & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
+    else:  # fp32 operands (fp32 models, the interpreter): the codes themselves, CODE_BASE 0
+        return tl.join(((word >> (4 * p)) & 15).to(DTYPE), ((word >> (4 * p + 16)) & 15).to(DTYPE))
 
 
 @triton.jit
 def _nibble_product(
     x,  # [BLOCK_M, EIGHTH, 2]: the columns 8t + p (h = 0) and 8t + 4 + p (h = 1)
-    word,  # [BLOCK_N, EIGHTH] int32: eight codes a word, code i in bits 4i .. 4i + 3
+    word,  # [BLOCK_N, EIGHTH] int32
     p: tl.constexpr,
-    scale,  # [BLOCK_N, 1]
-    minimum,  # [BLOCK_N, 1]
-    HAS_MINS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EIGHTH: tl.constexpr,
     PRECISION: tl.constexpr,
     DTYPE: tl.constexpr,
 ):
-    """x @ W^T over codes p and p + 4 of every word: the 16-bit halves of (word >> 4p) & 0x000F000F, k index
-    2t (code p + 4, the high half) and 2t + 1 (code p)."""
-    w = tl.reshape(_code_pairs_to_float((word >> (4 * p)) & 0x000F000F, DTYPE), (BLOCK_N, 2 * EIGHTH)) * scale
-    if HAS_MINS:
-        w += minimum
-    x_lo, x_hi = tl.split(x)
-    x = tl.reshape(tl.join(x_hi, x_lo), (BLOCK_M, 2 * EIGHTH))
-    return tl.dot(x, tl.trans(w), input_precision=PRECISION)
+    """x @ (CODE_BASE + Q)^T over codes p and p + 4 of every word, k index 2t + h."""
+    v = tl.reshape(_offset_code_pairs(word, p, DTYPE), (BLOCK_N, 2 * EIGHTH))
+    x = tl.reshape(x, (BLOCK_M, 2 * EIGHTH))
+    ones = tl.full((2 * EIGHTH, BLOCK_N), 1.0, DTYPE)
+    return tl.dot(x, tl.trans(v), input_precision=PRECISION), tl.dot(x, ones, input_precision=PRECISION)
 
 
 @triton.jit
@@ -125,22 +152,26 @@ def _tile_product(
         word = tl.load(
             packed_ptr + offs_n[:, None] * (KP // 8) + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
         )
-        s = scale.to(DOT_DTYPE)[:, None]
-        z = minimum.to(DOT_DTYPE)[:, None] if HAS_MINS else s
         kk = k0 + tl.arange(0, GROUP_SIZE)
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
             mask=m_mask[:, None] & (kk[None, :] < K),
             other=0.0,
-        ).to(DOT_DTYPE)
+        )
         # column 8t + 4h + 2 p1 + p0 as [m, t, h, p1, p0], split into the four products p = 2 p1 + p0
-        x_p0, x_p1 = tl.split(tl.reshape(x, (BLOCK_M, EIGHTH, 2, 2, 2)))
+        x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, EIGHTH, 2, 2, 2)))
         x0, x2 = tl.split(x_p0)
         x1, x3 = tl.split(x_p1)
-        acc = _nibble_product(x0, word, 0, s, z, HAS_MINS, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x1, word, 1, s, z, HAS_MINS, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x2, word, 2, s, z, HAS_MINS, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x3, word, 3, s, z, HAS_MINS, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        acc, xsum = _nibble_product(x0, word, 0, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        a1, s1 = _nibble_product(x1, word, 1, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        a2, s2 = _nibble_product(x2, word, 2, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        a3, s3 = _nibble_product(x3, word, 3, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        acc += a1 + a2 + a3
+        xsum += s1 + s2 + s3
+        # sum_k x (q s + min) = s * sum_k x (CODE_BASE + q) + (min - CODE_BASE s) * sum_k x, in fp32
+        CODE_BASE: tl.constexpr = 0.0 if DOT_DTYPE == tl.float32 else 16.0
+        offset = minimum - CODE_BASE * scale if HAS_MINS else -CODE_BASE * scale
+        acc = acc * scale[None, :] + xsum * offset[None, :]
     elif BITS == 4:
         HALF: tl.constexpr = GROUP_SIZE // 2
         j = tl.arange(0, HALF)
@@ -166,27 +197,33 @@ def _tile_product(
             w_odd += minimum.to(DOT_DTYPE)[:, None]
         acc = tl.dot(x_even, tl.trans(w_even), input_precision=PRECISION)
         acc += tl.dot(x_odd, tl.trans(w_odd), input_precision=PRECISION)
-    elif BITS == 6:
+    elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
         QUARTER: tl.constexpr = GROUP_SIZE // 4
         j = tl.arange(0, QUARTER)
         row = packed_ptr + offs_n[:, None] * (KP // 4 * 3) + (k0 // 4 + j)[None, :] * 3
         word = tl.load(row, mask=n_mask[:, None], other=0).to(tl.int32)
         word |= tl.load(row + 1, mask=n_mask[:, None], other=0).to(tl.int32) << 8
         word |= tl.load(row + 2, mask=n_mask[:, None], other=0).to(tl.int32) << 16
-        s = scale.to(DOT_DTYPE)[:, None]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for p in tl.static_range(4):
-            cols = k0 + 4 * j + p
-            x = tl.load(
-                x_ptr + offs_m[:, None] * stride_xm + cols[None, :],
-                mask=m_mask[:, None] & (cols[None, :] < K),
-                other=0.0,
-            ).to(DOT_DTYPE)
-            w = _small_codes_to_float((word >> (6 * p)) & 63, DOT_DTYPE) * s
-            if HAS_MINS:
-                w += minimum.to(DOT_DTYPE)[:, None]
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
-    else:
+        kk = k0 + tl.arange(0, GROUP_SIZE)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
+            mask=m_mask[:, None] & (kk[None, :] < K),
+            other=0.0,
+        )
+        x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, QUARTER, 2, 2)))  # [m, i, p1, p0]
+        x0, x2 = tl.split(x_p0)
+        x1, x3 = tl.split(x_p1)
+        ones = tl.full((QUARTER, BLOCK_N), 1.0, DOT_DTYPE)
+        acc = tl.dot(x0, tl.trans(_offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x1, tl.trans(_offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x2, tl.trans(_offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x3, tl.trans(_offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        xsum = tl.dot(x0, ones, input_precision=PRECISION) + tl.dot(x1, ones, input_precision=PRECISION)
+        xsum += tl.dot(x2, ones, input_precision=PRECISION) + tl.dot(x3, ones, input_precision=PRECISION)
+        base = _offset_code_base(DOT_DTYPE)
+        offset = minimum - base * scale if HAS_MINS else -base * scale
+        acc = acc * scale[None, :] + xsum * offset[None, :]
+    else:  # 8-bit, symmetric: the scale applies to the product
         kk = k0 + tl.arange(0, GROUP_SIZE)
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
@@ -194,8 +231,7 @@ def _tile_product(
             other=0.0,
         ).to(DOT_DTYPE)
         q = tl.load(packed_ptr + offs_n[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
-        w = q.to(DOT_DTYPE) * scale.to(DOT_DTYPE)[:, None]
-        acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)
+        acc = tl.dot(x, tl.trans(q.to(DOT_DTYPE)), input_precision=PRECISION) * scale[None, :]
     return acc
 
 
@@ -260,6 +296,10 @@ def _quant_matmul_kernel(
 
 
 GEMV_MAX_M = 8
+# 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
+# four 4-bit products) spreads over twice the rows of a 64-row tile; 205 instead of 276 instructions per KB
+# of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)
+GEMV_BLOCK_N = 128
 GEMV_PROGRAMS_PER_SM = 8
 
 
@@ -286,7 +326,7 @@ def quant_matmul(
     bits: int,
     group_size: int,
     *,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -311,12 +351,12 @@ def quant_matmul(
     groups = triton.cdiv(k, group_size)
     if m <= GEMV_MAX_M:  # split-K GEMV
         out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        block_m = 16
+        block_m, block_n = 16, block_n or GEMV_BLOCK_N
         splits = num_splits or gemv_splits(n, groups, block_n, x.device)
         per_split = triton.cdiv(groups, splits)
     else:  # tiled GEMM, K whole in every program
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        block_m, per_split = 32, groups
+        block_m, block_n, per_split = 32, block_n or 64, groups
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     _quant_matmul_kernel[grid](
         x,

@@ -47,7 +47,9 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="a GPU runs these operands as they are, in the test above")
-@pytest.mark.parametrize("bits,k,group", [(4, 300, 128), (4, 576, 64), (4, 256, 32), (6, 300, 128), (8, 300, 128)])
+@pytest.mark.parametrize(
+    "bits,k,group", [(4, 300, 128), (4, 576, 64), (4, 256, 32), (6, 300, 128), (8, 300, 128)]
+)
 @pytest.mark.parametrize("m", [1, 5, 20])
 def test_half_precision_operands_match_naive(monkeypatch, bits, k, group, m):
     """On a GPU the products take the model's half dtype, the codes turned into floats by magic-number bit
