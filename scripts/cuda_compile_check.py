@@ -11,6 +11,13 @@ kernel.
 
     python scripts/cuda_compile_check.py                 # SM 8.6 (RTX 3090) and SM 9.0 (H100 / H200)
     python scripts/cuda_compile_check.py --arch 89 -k attention --json out.json
+    python scripts/cuda_compile_check.py --arch 90 --sass -k decode
+
+--sass disassembles each kernel (Triton's bundled nvdisasm) and counts the instructions of its hottest loop.
+Cases that stream memory say how many bytes one program reads per loop iteration (a decode step's KV
+tile, a GEMV's weight tile), which turns the count into instructions per KB. An SM issues at most four
+warp-instructions a clock, so that count caps the fraction of HBM bandwidth it can consume however well
+the memory system does; reported as `issue cap`, for one reference GPU per capability (REFERENCE_GPU).
 
 Exit status 1 when a case fails to compile or a kernel needs more shared memory than its target has.
 """
@@ -42,6 +49,15 @@ from engine.cache.kv_layout import KVCache  # noqa: E402
 # largest shared memory one block may use (opt-in), bytes, per compute capability
 SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 DEVICES = {80: "A100", 86: "RTX 3090 / A6000", 89: "RTX 4090 / L40", 90: "H100 / H200", 120: "RTX 5090"}
+# one GPU per capability for --sass's issue cap: (name, HBM bytes/s, SMs, boost clock Hz), vendor figures
+REFERENCE_GPU = {
+    80: ("A100 SXM", 2.039e12, 108, 1.41e9),
+    86: ("RTX 3090", 0.936e12, 82, 1.695e9),
+    89: ("RTX 4090", 1.008e12, 128, 2.52e9),
+    90: ("H200", 4.8e12, 132, 1.98e9),
+    120: ("RTX 5090", 1.792e12, 170, 2.41e9),
+}
+ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues a clock (four schedulers, one each)
 FP8_MIN_ARCH = 89  # fp8 KV is refused below SM 8.9 (engine/cache/kv_layout.py)
 
 
@@ -78,6 +94,10 @@ class Compiled:
     mma: int | None = None  # tensor-core instruction generation of its tl.dot: 2 mma.sync, 3 wgmma (Hopper)
     registers: int | None = None
     spill_bytes: int | None = None
+    loop_instructions: int | None = None  # per warp, in the hottest loop (--sass)
+    loop_bytes: int | None = None  # what one program streams from memory per iteration of that loop
+    instructions_per_kb: float | None = None
+    issue_cap: float | None = None  # fraction of HBM bandwidth an SM can issue for at that count
 
 
 @dataclass
@@ -173,6 +193,8 @@ def case_attention(
         q_per_seq = 1 if step == "decode" else 4
         q = _randn(num_seqs * q_per_seq, hq, head_dim, dtype=DTYPES[dtype])
         attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
+        per_key = cache.num_bytes // (cache.k_data.shape[0] * block_size * hk)  # K and V of one head, scales
+        return {"_decode_kernel": attention._block_n(cache) * per_key}
 
 
 # Gated DeltaNet layers (Qwen3.5): key heads, value heads, head dim (keys and values alike)
@@ -217,7 +239,10 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
         packed, minimums = torch.zeros(n, k // 4 * 3, dtype=torch.uint8), -32 * scales
     else:
         packed, minimums = torch.zeros(n, k, dtype=torch.int8), None
-    _op("quant_matmul").quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
+    op = _op("quant_matmul")
+    op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
+    if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: codes, scale and minimum of each row
+        return {"_quant_matmul_kernel": op.GEMV_BLOCK_N * (128 * bits // 8 + 2 + 2 * (minimums is not None))}
 
 
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
@@ -294,12 +319,49 @@ def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None), (max(spills) if spills else None)
 
 
-def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool) -> Result:
+def _sass(cubin: bytes) -> str:
+    nvdisasm = triton.knobs.nvidia.nvdisasm.path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([nvdisasm, "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def hottest_loop(sass: str) -> list[str]:
+    """Opcodes of the longest loop: from a label to the last backward branch to it (the compiler lays out
+    a Triton kernel's main loop as one such block)."""
+    lines = sass.splitlines()
+    labels, best = {}, []
+    for i, line in enumerate(lines):
+        label = re.match(r"^\.(L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = i
+        branch = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
+        if branch and labels.get(branch.group(1), i) < i and i - labels[branch.group(1)] > max(len(best), 2):
+            best = lines[labels[branch.group(1)] : i + 1]
+    ops = (re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line) for line in best)
+    return [op.group(1) for op in ops if op]
+
+
+def _loop_cost(compiled: Compiled, cubin: bytes, loop_bytes: int | None, arch: int) -> None:
+    compiled.loop_instructions = len(hottest_loop(_sass(cubin)))
+    if loop_bytes and compiled.loop_instructions:
+        compiled.loop_bytes = loop_bytes
+        per_kb = compiled.loop_instructions * compiled.num_warps * 1024 / loop_bytes
+        compiled.instructions_per_kb = round(per_kb, 1)
+        if arch in REFERENCE_GPU:
+            _, bandwidth, sms, clock = REFERENCE_GPU[arch]
+            compiled.issue_cap = round(
+                min(1.0, ISSUE_PER_CLOCK * 1024 / per_kb / (bandwidth / sms / clock)), 3
+            )
+
+
+def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool, sass: bool = False) -> Result:
     driver.set_active(_CompileOnlyDriver(arch))
     _launched.clear()
     start = time.perf_counter()
     try:
-        fn(**kwargs)
+        loop_bytes = fn(**kwargs) or {}  # {kernel: bytes a program streams per loop iteration}
     except Exception as exc:  # a compile error starts with the kernel's line and column, ends with the cause
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [""]
         message = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
@@ -312,6 +374,8 @@ def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool) -> Result
         compiled.mma = max(map(int, versions)) if versions else None
         if ptxas_info:
             compiled.registers, compiled.spill_bytes = _ptxas_info(kernel.asm["ptx"], arch)
+        if sass:
+            _loop_cost(compiled, kernel.asm["cubin"], loop_bytes.get(kernel_name), arch)
         if meta.shared > SHARED_LIMIT.get(arch, 101376):
             result.ok = False
             result.error = (
@@ -340,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", default="", help="only cases whose name contains this")
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--no-ptxas-info", action="store_true", help="skip the registers / spills report")
+    parser.add_argument(
+        "--sass", action="store_true", help="count the hottest loop's instructions (per KB where streaming)"
+    )
     args = parser.parse_args(argv)
     arches = [int(a) for a in args.arch.split(",")]
     unknown = [a for a in arches if a not in SHARED_LIMIT]
@@ -354,12 +421,18 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn, kwargs, min_arch in cases():
             if args.select not in name or arch < min_arch:
                 continue
-            r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info)
+            r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info, args.sass)
             results.append(r)
             detail = r.error or "  ".join(
                 f"{c.kernel} smem {c.shared} warps {c.num_warps}"
                 + (f" mma v{c.mma}" if c.mma else "")
                 + (f" regs {c.registers} spill {c.spill_bytes}" if c.registers is not None else "")
+                + (f" loop {c.loop_instructions}" if c.loop_instructions else "")
+                + (
+                    f" = {c.instructions_per_kb:.0f}/KB, issue cap {c.issue_cap:.0%}"
+                    if c.instructions_per_kb
+                    else ""
+                )
                 for c in r.kernels
             )
             print(f"SM{arch} {'ok  ' if r.ok else 'FAIL'} {r.seconds:5.1f}s {name}: {detail}", flush=True)
