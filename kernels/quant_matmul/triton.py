@@ -39,63 +39,8 @@ import triton
 import triton.language as tl
 
 from kernels.quant_matmul import MIN_GROUP
+from kernels.triton_codes import nibble_pair_base, nibble_pairs, offset_code_base, offset_codes
 from kernels.triton_config import dot_dtype, dot_precision
-
-
-@triton.jit
-def _small_codes_to_float(q, DTYPE: tl.constexpr):
-    """Non-negative integer codes below 256 (fp32: 2^23) to DTYPE exactly, by bits rather than a conversion
-    instruction: the code is OR-ed into the mantissa of a power of two, which is then subtracted."""
-    if DTYPE == tl.float16:
-        return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    elif DTYPE == tl.bfloat16:
-        return (q.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True) - 128.0
-    else:
-        return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _offset_codes(q, DTYPE: tl.constexpr):
-    """Non-negative integer codes below 256 as DTYPE holding _offset_code_base(DTYPE) + q exactly: the code
-    OR-ed into the mantissa of a power of two (bf16 128, fp16 1024; fp32 takes the code as it is)."""
-    if DTYPE == tl.float16:
-        return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
-    elif DTYPE == tl.bfloat16:
-        return (q.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
-    else:
-        return q.to(tl.float32)
-
-
-@triton.jit
-def _offset_code_base(DTYPE: tl.constexpr):
-    if DTYPE == tl.float16:
-        return 1024.0
-    elif DTYPE == tl.bfloat16:
-        return 128.0
-    else:
-        return 0.0
-
-
-@triton.jit
-def _offset_code_pairs(word, p: tl.constexpr, DTYPE: tl.constexpr):
-    """Codes p and p + 4 of int32 words of eight 4-bit codes (code i in bits 4i..4i+3) as DTYPE
-    [..., 2] = (code p, code p + 4) + CODE_BASE, exactly. For half types the codes are shifted into the
-    mantissa of 16.0, below the exponent one OR sets: one shift, one mask and one OR for the pair, which
-    shares a register as the tensor-core operand wants it; no conversion, no float arithmetic."""
-    if DTYPE == tl.float16:  # 16 + q: q in mantissa bits 6..9 (step 1/64 between 16 and 32)
-        SHIFT_F16: tl.constexpr = 4 * p - 6
-        shifted = word >> SHIFT_F16 if SHIFT_F16 >= 0 else word << -SHIFT_F16
-        bits = (shifted & 0x03C003C0) | 0x4C004C00
-        lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
-    elif DTYPE == tl.bfloat16:  # 16 + q: q in mantissa bits 3..6 (step 1/8)
-        SHIFT_BF16: tl.constexpr = 4 * p - 3
-        shifted = word >> SHIFT_BF16 if SHIFT_BF16 >= 0 else word << -SHIFT_BF16
-        bits = (shifted & 0x00780078) | 0x41804180
-        lo = (bits & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
-    else:  # fp32 operands (fp32 models, the interpreter): the codes themselves, CODE_BASE 0
-        return tl.join(((word >> (4 * p)) & 15).to(DTYPE), ((word >> (4 * p + 16)) & 15).to(DTYPE))
 
 
 @triton.jit
@@ -109,8 +54,8 @@ def _nibble_product(
     PRECISION: tl.constexpr,
     DTYPE: tl.constexpr,
 ):
-    """x @ (CODE_BASE + Q)^T over codes p and p + 4 of every word, k index 2t + h."""
-    v = tl.reshape(_offset_code_pairs(word, p, DTYPE), (BLOCK_N, 2 * EIGHTH))
+    """x @ (nibble_pair_base + Q)^T over codes p and p + 4 of every word, k index 2t + h."""
+    v = tl.reshape(nibble_pairs(word, p, DTYPE), (BLOCK_N, 2 * EIGHTH))
     x = tl.reshape(x, (BLOCK_M, 2 * EIGHTH))
     ones = tl.full((2 * EIGHTH, BLOCK_N), 1.0, DTYPE)
     return tl.dot(x, tl.trans(v), input_precision=PRECISION), tl.dot(x, ones, input_precision=PRECISION)
@@ -168,9 +113,9 @@ def _tile_product(
         a3, s3 = _nibble_product(x3, word, 3, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         acc += a1 + a2 + a3
         xsum += s1 + s2 + s3
-        # sum_k x (q s + min) = s * sum_k x (CODE_BASE + q) + (min - CODE_BASE s) * sum_k x, in fp32
-        CODE_BASE: tl.constexpr = 0.0 if DOT_DTYPE == tl.float32 else 16.0
-        offset = minimum - CODE_BASE * scale if HAS_MINS else -CODE_BASE * scale
+        # sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) * sum_k x, in fp32
+        base = nibble_pair_base(DOT_DTYPE)
+        offset = minimum - base * scale if HAS_MINS else -base * scale
         acc = acc * scale[None, :] + xsum * offset[None, :]
     elif BITS == 4:
         HALF: tl.constexpr = GROUP_SIZE // 2
@@ -190,8 +135,8 @@ def _tile_product(
             packed_ptr + offs_n[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=n_mask[:, None], other=0
         )
         s = scale.to(DOT_DTYPE)[:, None]
-        w_even = _small_codes_to_float(byte & 15, DOT_DTYPE) * s
-        w_odd = _small_codes_to_float(byte >> 4, DOT_DTYPE) * s
+        w_even = (offset_codes(byte & 15, DOT_DTYPE) - offset_code_base(DOT_DTYPE)) * s
+        w_odd = (offset_codes(byte >> 4, DOT_DTYPE) - offset_code_base(DOT_DTYPE)) * s
         if HAS_MINS:
             w_even += minimum.to(DOT_DTYPE)[:, None]
             w_odd += minimum.to(DOT_DTYPE)[:, None]
@@ -214,13 +159,13 @@ def _tile_product(
         x0, x2 = tl.split(x_p0)
         x1, x3 = tl.split(x_p1)
         ones = tl.full((QUARTER, BLOCK_N), 1.0, DOT_DTYPE)
-        acc = tl.dot(x0, tl.trans(_offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x1, tl.trans(_offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x2, tl.trans(_offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x3, tl.trans(_offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
         xsum = tl.dot(x0, ones, input_precision=PRECISION) + tl.dot(x1, ones, input_precision=PRECISION)
         xsum += tl.dot(x2, ones, input_precision=PRECISION) + tl.dot(x3, ones, input_precision=PRECISION)
-        base = _offset_code_base(DOT_DTYPE)
+        base = offset_code_base(DOT_DTYPE)
         offset = minimum - base * scale if HAS_MINS else -base * scale
         acc = acc * scale[None, :] + xsum * offset[None, :]
     else:  # 8-bit, symmetric: the scale applies to the product

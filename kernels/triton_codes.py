@@ -1,0 +1,61 @@
+"""Small integer codes (quantized weights, KV values) to tensor-core operands, in Triton.
+
+A non-negative code q OR-ed into the low mantissa bits of a power of two B is the float B + q, exactly, in
+one integer operation: no int-to-float instruction, which issues at a fraction of the rate of integer and
+packed half-precision arithmetic. The callers keep the offset B out of the per-element work: they fold it
+into a per-row or per-output correction (kernels/quant_matmul) or subtract it on packed pairs
+(kernels/paged_attention). fp32 operands (fp32 models, the interpreter) take the codes as they are, B = 0.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def offset_codes(q, DTYPE: tl.constexpr):
+    """Codes below 256 as DTYPE holding offset_code_base(DTYPE) + q: bf16 128 + q, fp16 1024 + q."""
+    if DTYPE == tl.float16:
+        return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
+    elif DTYPE == tl.bfloat16:
+        return (q.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
+    else:
+        return q.to(tl.float32)
+
+
+@triton.jit
+def offset_code_base(DTYPE: tl.constexpr):
+    if DTYPE == tl.float16:
+        return 1024.0
+    elif DTYPE == tl.bfloat16:
+        return 128.0
+    else:
+        return 0.0
+
+
+@triton.jit
+def nibble_pairs(word, p: tl.constexpr, DTYPE: tl.constexpr):
+    """Codes p and p + 4 of int32 words of eight 4-bit codes (code i in bits 4i..4i+3) as DTYPE [..., 2] =
+    (code p, code p + 4) + nibble_pair_base(DTYPE). For half types the codes are shifted into the mantissa
+    of 16.0, below the exponent one OR sets: one shift, one mask and one OR for the pair, which then shares
+    a 32-bit register (low half first), as packed arithmetic and the tensor cores take it."""
+    if DTYPE == tl.float16:  # 16 + q: q in mantissa bits 6..9 (step 1/64 between 16 and 32)
+        SHIFT_F16: tl.constexpr = 4 * p - 6
+        shifted = word >> SHIFT_F16 if SHIFT_F16 >= 0 else word << -SHIFT_F16
+        bits = (shifted & 0x03C003C0) | 0x4C004C00
+        lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
+    elif DTYPE == tl.bfloat16:  # 16 + q: q in mantissa bits 3..6 (step 1/8)
+        SHIFT_BF16: tl.constexpr = 4 * p - 3
+        shifted = word >> SHIFT_BF16 if SHIFT_BF16 >= 0 else word << -SHIFT_BF16
+        bits = (shifted & 0x00780078) | 0x41804180
+        lo = (bits & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return tl.join(lo, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
+    else:
+        return tl.join(((word >> (4 * p)) & 15).to(DTYPE), ((word >> (4 * p + 16)) & 15).to(DTYPE))
+
+
+@triton.jit
+def nibble_pair_base(DTYPE: tl.constexpr):
+    return 0.0 if DTYPE == tl.float32 else 16.0
