@@ -2,8 +2,11 @@
 
 Both read K/V pages through the block table and dequantize every KV dtype in the kernel (see
 engine/cache/kv_layout.py): plain dtypes are cast; int8 K/V carry one fp16 scale per token-head; k8v4's V
-is int4, two dims per byte (even dim in the low nibble), one fp16 scale per V4_GROUP dims. For k8v4 the
-P @ V product runs on the even and the odd dims separately, so no interleave is needed.
+is int4, two dims per byte (even dim in the low nibble), one fp16 scale per V4_GROUP dims. The products take
+the model's half dtype on a GPU (fp32 under the interpreter): int8 codes are cast as they are and their
+per-token scales multiply the scores (K) and the probabilities (V) instead of every element of the tile;
+k8v4's int4 V becomes floats by bit operations on int32 words (kernels/triton_codes.py), no int-to-float
+instruction.
 
 Cache layout: data [num_blocks, block_size, Hk, D'] contiguous; token p of sequence b lives in row
 (block_table[b, p // block_size] * block_size + p % block_size) * Hk + h of the flattened cache.
@@ -17,6 +20,7 @@ import triton.language as tl
 
 from kernels.kv_quant.naive import V4_GROUP
 from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
+from kernels.triton_codes import nibble_pairs
 from kernels.triton_config import dot_dtype, dot_precision
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
@@ -30,38 +34,40 @@ def _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE: tl.const
 
 
 @triton.jit
-def _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE: tl.constexpr):
-    """K tile [BLOCK_N, BLOCK_D] in fp32 for head-vector rows `rows` ([BLOCK_N] = slot * Hk + h)."""
+def _load_codes(ptr, rows, n_mask, d, D, DTYPE: tl.constexpr):
+    """K or V tile [BLOCK_N, BLOCK_D] as stored (int8 codes, or the values of a plain dtype) in DTYPE: int8
+    codes are exact in every operand dtype; their per-token scale applies to the product instead."""
     mask = n_mask[:, None] & (d[None, :] < D)
-    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    if MODE != 0:
-        k = k * tl.load(k_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    return k
+    return tl.load(ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(DTYPE)
 
 
 @triton.jit
-def _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE: tl.constexpr):
-    """V tile [BLOCK_N, BLOCK_D] (plain and int8 modes)."""
-    mask = n_mask[:, None] & (d[None, :] < D)
-    v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    if MODE == 1:
-        v = v * tl.load(v_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    return v
-
-
-@triton.jit
-def _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP: tl.constexpr):
-    """k8v4 V as (even dims, odd dims) tiles [BLOCK_N, BLOCK_D / 2], dequantized to fp32."""
-    half = D // 2
-    mask = n_mask[:, None] & (j[None, :] < half)
-    packed = tl.load(v_ptr + rows[:, None] * half + j[None, :], mask=mask, other=0).to(tl.int32)
-    num_groups = D // V4_GROUP
-    group = (2 * j) // V4_GROUP
-    scale = tl.load(v_scale_ptr + rows[:, None] * num_groups + group[None, :], mask=mask, other=0.0)
-    scale = scale.to(tl.float32)
-    even = ((packed & 15) - 8).to(tl.float32) * scale
-    odd = ((packed >> 4) - 8).to(tl.float32) * scale
-    return even, odd
+def _load_v4(
+    v_ptr, v_scale_ptr, rows, n_mask, D, BLOCK_D: tl.constexpr, V4_GROUP: tl.constexpr, DTYPE: tl.constexpr
+):
+    """k8v4 V tile [BLOCK_N, BLOCK_D] in DTYPE: the packed row read as int32 words of eight int4 codes (dims
+    8t .. 8t + 7); kernels/triton_codes.nibble_pairs turns codes p and p + 4 of every word into floats with
+    one integer op for the pair, the offset comes off on the pair, the four pairs are joined back into
+    dim order and scaled per V4_GROUP dims."""
+    WORDS: tl.constexpr = BLOCK_D // 8
+    GROUPS: tl.constexpr = BLOCK_D // V4_GROUP
+    t = tl.arange(0, WORDS)
+    mask = n_mask[:, None] & (t[None, :] < D // 8)
+    word = tl.load(v_ptr + rows[:, None] * (D // 8) + t[None, :], mask=mask, other=0)  # [BLOCK_N, WORDS]
+    ZERO: tl.constexpr = 8.0 if DTYPE == tl.float32 else 24.0  # codes are value + 8; + nibble_pair_base
+    v0 = nibble_pairs(word, 0, DTYPE) - ZERO  # [BLOCK_N, WORDS, 2]: dims 8t + p, 8t + 4 + p
+    v1 = nibble_pairs(word, 1, DTYPE) - ZERO
+    v2 = nibble_pairs(word, 2, DTYPE) - ZERO
+    v3 = nibble_pairs(word, 3, DTYPE) - ZERO
+    v = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [BLOCK_N, WORDS, 2, 2, 2]: dim 8t + 4h + 2a + b
+    g = tl.arange(0, GROUPS)
+    scale = tl.load(
+        v_scale_ptr + rows[:, None] * (D // V4_GROUP) + g[None, :],
+        mask=n_mask[:, None] & (g[None, :] < D // V4_GROUP),
+        other=0.0,
+    ).to(DTYPE)
+    v = tl.reshape(v, (rows.shape[0], GROUPS, V4_GROUP)) * scale[:, :, None]
+    return tl.reshape(v, (rows.shape[0], BLOCK_D))
 
 
 @triton.jit
@@ -89,21 +95,20 @@ def _attend(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    """Online softmax over keys [start, end), causal by q_pos. Returns (m, l, acc, acc_even, acc_odd): the
-    unnormalised output is acc (plain / int8) or the even and odd dims (k8v4)."""
+    """Online softmax over keys [start, end), causal by q_pos. Returns (m, l, acc): acc is the unnormalised
+    output [ROWS, BLOCK_D]."""
     d = tl.arange(0, BLOCK_D)
-    j = tl.arange(0, BLOCK_D // 2)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    acc_e = tl.zeros([ROWS, BLOCK_D // 2], tl.float32)
-    acc_o = tl.zeros([ROWS, BLOCK_D // 2], tl.float32)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
-        k = _load_k(k_ptr, k_scale_ptr, rows, n_mask, d, D, MODE)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        k = _load_codes(k_ptr, rows, n_mask, d, D, DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        if MODE != 0:  # int8 K: the per-token scale multiplies the scores, not the tile
+            s = s * tl.load(k_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -111,29 +116,23 @@ def _attend(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        p = p.to(DOT_DTYPE)
+        alpha = alpha[:, None]
         if MODE == 2:
-            v_even, v_odd = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, j, D, V4_GROUP)
-            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_even.to(DOT_DTYPE), input_precision=PRECISION)
-            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_odd.to(DOT_DTYPE), input_precision=PRECISION)
+            v = _load_v4(v_ptr, v_scale_ptr, rows, n_mask, D, BLOCK_D, V4_GROUP, DOT_DTYPE)
         else:
-            v = _load_v(v_ptr, v_scale_ptr, rows, n_mask, d, D, MODE)
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=PRECISION)
+            if MODE == 1:  # int8 V: the per-token scale multiplies the probabilities
+                p = p * tl.load(v_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            v = _load_codes(v_ptr, rows, n_mask, d, D, DOT_DTYPE)
+        acc = acc * alpha + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         m_i = m_new
-    return m_i, l_i, acc, acc_e, acc_o
+    return m_i, l_i, acc
 
 
 @triton.jit
-def _store_rows(base, r_mask, acc, acc_e, acc_o, inv_l, D, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_rows(base, r_mask, acc, inv_l, D, BLOCK_D: tl.constexpr):
     """Store the normalised output rows at base [ROWS, 1] (pointers to each row's first dim)."""
-    if MODE == 2:
-        j = tl.arange(0, BLOCK_D // 2)[None, :]
-        mask = r_mask[:, None] & (j < D // 2)
-        tl.store(base + 2 * j, (acc_e * inv_l[:, None]).to(base.dtype.element_ty), mask=mask)
-        tl.store(base + 2 * j + 1, (acc_o * inv_l[:, None]).to(base.dtype.element_ty), mask=mask)
-    else:
-        d = tl.arange(0, BLOCK_D)[None, :]
-        tl.store(base + d, (acc * inv_l[:, None]).to(base.dtype.element_ty), mask=r_mask[:, None] & (d < D))
+    d = tl.arange(0, BLOCK_D)[None, :]
+    tl.store(base + d, (acc * inv_l[:, None]).to(base.dtype.element_ty), mask=r_mask[:, None] & (d < D))
 
 
 @triton.jit
@@ -187,7 +186,7 @@ def _prefill_kernel(
     q = (q * scale).to(DOT_DTYPE)
     # causal: keys up to the last query position of this block
     kv_end = tl.minimum(seq_len, first_pos + (m_block + 1) * BLOCK_M)
-    _, l_i, acc, acc_e, acc_o = _attend(
+    _, l_i, acc = _attend(
         q,
         q_pos,
         0,
@@ -213,7 +212,7 @@ def _prefill_kernel(
     )
     inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     base = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
-    _store_rows(base, m_mask, acc, acc_e, acc_o, inv_l, D, MODE, BLOCK_D)
+    _store_rows(base, m_mask, acc, inv_l, D, BLOCK_D)
 
 
 # NOTE: the split count is a runtime value, not specialized, so decode compiles once per model as context
@@ -268,7 +267,7 @@ def _decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(seq_len, start + per_split)
-    m_i, l_i, acc, acc_e, acc_o = _attend(
+    m_i, l_i, acc = _attend(
         q,
         q_pos,
         start,
@@ -297,17 +296,7 @@ def _decode_kernel(
     num_q_heads = Hk * GROUP
     row = (tok * num_q_heads + hq) * num_splits + split  # [BLOCK_R]
     tl.store(lse_ptr + row, lse, mask=r_mask)
-    _store_rows(
-        partial_ptr + row[:, None] * D,
-        r_mask,
-        acc,
-        acc_e,
-        acc_o,
-        1.0 / tl.where(seen, l_i, 1.0),
-        D,
-        MODE,
-        BLOCK_D,
-    )
+    _store_rows(partial_ptr + row[:, None] * D, r_mask, acc, 1.0 / tl.where(seen, l_i, 1.0), D, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -349,7 +338,8 @@ def _common(q: torch.Tensor, cache) -> dict:
     dummy = cache.k_data
     return dict(
         k_ptr=cache.k_data,
-        v_ptr=cache.v_data,
+        # k8v4's V is read as int32 words of eight int4 codes (_load_v4)
+        v_ptr=cache.v_data.view(torch.int32) if cache.kv_dtype == "k8v4" else cache.v_data,
         k_scale_ptr=cache.k_scale if cache.k_scale is not None else dummy,
         v_scale_ptr=cache.v_scale if cache.v_scale is not None else dummy,
         MODE=_mode(cache),

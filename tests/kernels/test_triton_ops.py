@@ -8,6 +8,7 @@ import importlib
 
 import pytest
 import torch
+import triton.language as tl
 from paged_cases import paged_case
 
 from engine.cache.kv_layout import KVCache
@@ -154,6 +155,29 @@ def test_paged_attention_bf16_queries(kv_dtype):
     got = triton_op("paged_attention").paged_attention(*case, 128**-0.5)
     assert got.dtype == torch.bfloat16
     assert rel_err(got, attention_naive.paged_attention(*case, 128**-0.5)) < 1e-2
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="a GPU runs half-precision operands in the tests above")
+@pytest.mark.parametrize("kv_dtype", ["fp16", "int8", "k8v4"])
+@pytest.mark.parametrize("head_dim,num_q_heads,num_kv_heads,block_size", [(64, 4, 4, 16), (256, 6, 1, 4)])
+def test_paged_attention_half_precision_operands(
+    monkeypatch, kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size
+):
+    """On a GPU both products take the model's half dtype: int8 codes cast as they are (their scales applied
+    to the scores and the probabilities), k8v4's int4 V turned into floats by bit operations
+    (kernels/triton_codes.py). The interpreter computes fp16 faithfully (not bf16), so fp16 operands are
+    forced on it here, prefill and decode."""
+    attention = triton_op("paged_attention")
+    monkeypatch.setattr(attention, "dot_dtype", lambda dtype: tl.float16)
+    for prefix, new in (([0, 21, 45], [37, 19, 1]), ([0, 17, 70], [1, 1, 1])):
+        case = _paged_case(
+            kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefix, new, torch.float16
+        )
+        want = attention_naive.paged_attention(*case, head_dim**-0.5)
+        got = attention.paged_attention(*case, head_dim**-0.5)
+        assert rel_err(got, want) < 2e-3
+        if max(new) == 1:
+            assert rel_err(attention.paged_attention_decode(*case[:4], head_dim**-0.5), want) < 2e-3
 
 
 def test_decode_kernel_serves_speculative_verification():
