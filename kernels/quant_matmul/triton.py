@@ -18,7 +18,8 @@ fp32. Each width is split into products whose k index needs no interleaving of u
   tensor-core operand holds a pair (16 + q, mantissa bits below the exponent of 16.0). The activations
   are loaded once per group and split into the four products' columns in registers.
 * 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes, codes converted and scaled;
-* 6-bit: four products over the columns 4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
+* 6-bit: the row read as int32 (three words hold four 24-bit words), four products over the columns
+  4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
 
 Shapes:
 * prefill (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
@@ -144,11 +145,18 @@ def _tile_product(
         acc += tl.dot(x_odd, tl.trans(w_odd), input_precision=PRECISION)
     elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
         QUARTER: tl.constexpr = GROUP_SIZE // 4
-        j = tl.arange(0, QUARTER)
-        row = packed_ptr + offs_n[:, None] * (KP // 4 * 3) + (k0 // 4 + j)[None, :] * 3
-        word = tl.load(row, mask=n_mask[:, None], other=0).to(tl.int32)
-        word |= tl.load(row + 1, mask=n_mask[:, None], other=0).to(tl.int32) << 8
-        word |= tl.load(row + 2, mask=n_mask[:, None], other=0).to(tl.int32) << 16
+        # the row read as int32: three words hold four 24-bit words a, b, c, d (sixteen codes)
+        chunk = tl.arange(0, GROUP_SIZE // 16)
+        row = packed_ptr + offs_n[:, None] * (KP * 3 // 16) + (k0 * 3 // 16 + 3 * chunk)[None, :]
+        w0 = tl.load(row, mask=n_mask[:, None], other=0)
+        w1 = tl.load(row + 1, mask=n_mask[:, None], other=0)
+        w2 = tl.load(row + 2, mask=n_mask[:, None], other=0)
+        word_a = w0 & 0xFFFFFF
+        word_b = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+        word_c = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+        word_d = (w2 >> 8) & 0xFFFFFF
+        # joined as [chunk, j, i] = (a, c), (b, d): flat index 4 chunk + 2j + i runs a, b, c, d
+        word = tl.reshape(tl.join(tl.join(word_a, word_c), tl.join(word_b, word_d)), (BLOCK_N, QUARTER))
         kk = k0 + tl.arange(0, GROUP_SIZE)
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
@@ -305,7 +313,7 @@ def quant_matmul(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     _quant_matmul_kernel[grid](
         x,
-        packed.view(torch.int32) if bits == 4 and group_size >= 64 else packed,
+        packed.view(torch.int32) if (bits == 4 and group_size >= 64) or bits == 6 else packed,
         scales,
         mins,
         out,

@@ -108,6 +108,7 @@ def test_decode_compiles_once_for_any_context(compiled):
 # conversions (the W4A16 GEMV was 573) fails here long before a GPU would show it.
 LOOP_BUDGETS = {
     ("quant_matmul[4,1,bf16]", "_quant_matmul_kernel"): 300,
+    ("quant_matmul[6,1,bf16]", "_quant_matmul_kernel"): 270,  # was 639 (byte loads, conversions)
     ("quant_matmul[8,1,bf16]", "_quant_matmul_kernel"): 160,
     ("attention[decode,bf16,qwen3.5,bf16]", "_decode_kernel"): 90,
     ("attention[decode,int8,qwen3.5,bf16]", "_decode_kernel"): 330,  # was 283 before the scales moved
