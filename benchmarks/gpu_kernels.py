@@ -264,15 +264,17 @@ def main() -> None:
                     record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
         qt, packed, scales, mins = up_proj(4)
         x = torch.randn(1, 5120, device="cuda", dtype=bf)
-        for block_n in (32, 64, 128):
-            for splits in (1, 2, 4, 8):
+        for block_n in (64, 128, 256):
+            auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
+            for splits in sorted({1, 2, 4, 8, 16, auto}):
                 for warps in (4, 8):
                     t = bench(
                         lambda bn=block_n, n=splits, w=warps: quant_matmul_triton.quant_matmul(
                             x, packed, scales, mins, 4, 128, block_n=bn, num_splits=n, num_warps=w
                         )
                     )
-                    name = f"sweep W4A16 GEMV block_n={block_n} splits={splits} warps={warps}"
+                    mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
+                    name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps}"
                     record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
         q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
