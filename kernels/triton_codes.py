@@ -15,7 +15,8 @@ import triton.language as tl
 
 @triton.jit
 def offset_codes(q, DTYPE: tl.constexpr):
-    """Codes below 256 as DTYPE holding offset_code_base(DTYPE) + q: bf16 128 + q, fp16 1024 + q."""
+    """Codes below 128 as DTYPE holding offset_code_base(DTYPE) + q: bf16 128 + q (its 7 mantissa bits hold
+    q < 128), fp16 1024 + q."""
     if DTYPE == tl.float16:
         return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
     elif DTYPE == tl.bfloat16:
