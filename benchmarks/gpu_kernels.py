@@ -276,6 +276,15 @@ def main() -> None:
                     mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
                     name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps}"
                     record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+        x = torch.randn(2048, 5120, device="cuda", dtype=bf)  # a prefill chunk through the up projection
+        for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
+            t = bench(
+                lambda bm=block_m, bn=block_n, w=warps: quant_matmul_triton.quant_matmul(
+                    x, packed, scales, mins, 4, 128, block_m=bm, block_n=bn, num_warps=w
+                )
+            )
+            name = f"sweep W4A16 GEMM block_m={block_m} block_n={block_n} warps={warps}"
+            record(name, "M=2048, 17408x5120", t, flops=2 * 2048 * 17408 * 5120)
         q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
             for block_n in (32, 64):

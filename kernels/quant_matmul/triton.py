@@ -46,20 +46,30 @@ from kernels.triton_config import dot_dtype, dot_precision
 
 @triton.jit
 def _nibble_product(
-    x,  # [BLOCK_M, EIGHTH, 2]: the columns 8t + p (h = 0) and 8t + 4 + p (h = 1)
+    x,  # [BLOCK_M, 2 * EIGHTH]: the columns 8t + p (k index 2t) and 8t + 4 + p (2t + 1)
     word,  # [BLOCK_N, EIGHTH] int32
     p: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EIGHTH: tl.constexpr,
     PRECISION: tl.constexpr,
     DTYPE: tl.constexpr,
 ):
-    """x @ (nibble_pair_base + Q)^T over codes p and p + 4 of every word, k index 2t + h."""
+    """x @ (nibble_pair_base + Q)^T over codes p and p + 4 of every word."""
     v = tl.reshape(nibble_pairs(word, p, DTYPE), (BLOCK_N, 2 * EIGHTH))
-    x = tl.reshape(x, (BLOCK_M, 2 * EIGHTH))
-    ones = tl.full((2 * EIGHTH, BLOCK_N), 1.0, DTYPE)
-    return tl.dot(x, tl.trans(v), input_precision=PRECISION), tl.dot(x, ones, input_precision=PRECISION)
+    return tl.dot(x, tl.trans(v), input_precision=PRECISION)
+
+
+@triton.jit
+def _row_sums(x, x0, x1, x2, x3, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, GEMV: tl.constexpr):
+    """Each row's sum over the group ([BLOCK_M, BLOCK_N] or [BLOCK_M, 1]), x0..x3 being x's four column
+    sets in the operand dtype. The GEMV takes it from the tensor cores (products with ones), which idle
+    there while the instruction issue is the limit; the GEMM, which keeps the tensor cores busy, adds."""
+    if GEMV:
+        ones = tl.full((x0.shape[1], BLOCK_N), 1.0, x0.dtype)
+        s = tl.dot(x0, ones, input_precision=PRECISION) + tl.dot(x1, ones, input_precision=PRECISION)
+        return s + tl.dot(x2, ones, input_precision=PRECISION) + tl.dot(x3, ones, input_precision=PRECISION)
+    else:
+        return tl.sum(x.to(tl.float32), axis=1)[:, None]
 
 
 @triton.jit
@@ -84,6 +94,7 @@ def _tile_product(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     """x[offs_m, k0:k0+GROUP_SIZE] @ W[offs_n, k0:k0+GROUP_SIZE]^T as [BLOCK_M, BLOCK_N] fp32."""
     m_mask = offs_m < M
@@ -108,12 +119,15 @@ def _tile_product(
         x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, EIGHTH, 2, 2, 2)))
         x0, x2 = tl.split(x_p0)
         x1, x3 = tl.split(x_p1)
-        acc, xsum = _nibble_product(x0, word, 0, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        a1, s1 = _nibble_product(x1, word, 1, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        a2, s2 = _nibble_product(x2, word, 2, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        a3, s3 = _nibble_product(x3, word, 3, BLOCK_M, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += a1 + a2 + a3
-        xsum += s1 + s2 + s3
+        x0 = tl.reshape(x0, (BLOCK_M, 2 * EIGHTH))
+        x1 = tl.reshape(x1, (BLOCK_M, 2 * EIGHTH))
+        x2 = tl.reshape(x2, (BLOCK_M, 2 * EIGHTH))
+        x3 = tl.reshape(x3, (BLOCK_M, 2 * EIGHTH))
+        acc = _nibble_product(x0, word, 0, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        acc += _nibble_product(x1, word, 1, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        acc += _nibble_product(x2, word, 2, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        acc += _nibble_product(x3, word, 3, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
         # sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) * sum_k x, in fp32
         base = nibble_pair_base(DOT_DTYPE)
         offset = minimum - base * scale if HAS_MINS else -base * scale
@@ -166,13 +180,11 @@ def _tile_product(
         x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, QUARTER, 2, 2)))  # [m, i, p1, p0]
         x0, x2 = tl.split(x_p0)
         x1, x3 = tl.split(x_p1)
-        ones = tl.full((QUARTER, BLOCK_N), 1.0, DOT_DTYPE)
         acc = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        xsum = tl.dot(x0, ones, input_precision=PRECISION) + tl.dot(x1, ones, input_precision=PRECISION)
-        xsum += tl.dot(x2, ones, input_precision=PRECISION) + tl.dot(x3, ones, input_precision=PRECISION)
+        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
         base = offset_code_base(DOT_DTYPE)
         offset = minimum - base * scale if HAS_MINS else -base * scale
         acc = acc * scale[None, :] + xsum * offset[None, :]
@@ -239,6 +251,7 @@ def _quant_matmul_kernel(
             BLOCK_N,
             PRECISION,
             DOT_DTYPE,
+            SPLIT_K,
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -279,12 +292,14 @@ def quant_matmul(
     bits: int,
     group_size: int,
     *,
+    block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """See kernels/quant_matmul/naive.py. block_n, num_splits (GEMV: K slices; default enough to fill the
-    GPU) and num_warps are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
+    """See kernels/quant_matmul/naive.py. block_m (GEMM rows a program, default 32), block_n (outputs a
+    program: GEMV 128, GEMM 64), num_splits (GEMV: K slices, default gemv_splits) and num_warps are tuning
+    knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -309,7 +324,7 @@ def quant_matmul(
         per_split = triton.cdiv(groups, splits)
     else:  # tiled GEMM, K whole in every program
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        block_m, block_n, per_split = 32, block_n or 64, groups
+        block_m, block_n, per_split = block_m or 32, block_n or 64, groups
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     _quant_matmul_kernel[grid](
         x,

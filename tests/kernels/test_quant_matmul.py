@@ -72,14 +72,19 @@ def test_gemv_slices_spread_a_matrix_over_every_sm():
     assert fused.gemv_splits(248320, 40, 64, cpu) == 1  # the vocabulary head fills the GPU by itself
 
 
-@pytest.mark.parametrize("block_n,num_splits,m", [(32, 3, 1), (128, 2, 5), (32, None, 40)])
-def test_tuning_knobs_keep_the_result(block_n, num_splits, m):
+@pytest.mark.parametrize(
+    "block_m,block_n,num_splits,m",
+    [(None, 32, 3, 1), (None, 256, 2, 5), (None, 32, None, 40), (64, 128, None, 70)],
+)
+def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m):
     """The sweep's tile and K-slice choices (benchmarks/gpu_kernels.py) compute the same product."""
     torch.manual_seed(m)
     qt = quantize(torch.randn(200, 900) * 0.05, 4, 128)
     packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
     x = torch.randn(m, 900, device=DEVICE)
-    got = fused.quant_matmul(x, packed, scales, mins, 4, 128, block_n=block_n, num_splits=num_splits)
+    got = fused.quant_matmul(
+        x, packed, scales, mins, 4, 128, block_m=block_m, block_n=block_n, num_splits=num_splits
+    )
     assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
 
 
