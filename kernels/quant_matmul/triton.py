@@ -10,8 +10,8 @@ accumulation, and no weight is scaled or shifted element by element: per group,
 
 where BASE + q is what a code becomes when OR-ed into the mantissa of a power of two (bf16 / fp16: exact,
 no int-to-float instruction; fp32 operands take the codes as they are, BASE 0). The tensor cores compute
-both sums (the second as a product with ones); the scale and minimum apply once per output and group, in
-fp32. Each width is split into products whose k index needs no interleaving of unpacked codes:
+the first sum, and in the GEMV the second too (a product with ones: there they idle while instruction
+issue is the limit); the GEMM adds. The scale and minimum apply once per output and group, in fp32. Each width is split into products whose k index needs no interleaving of unpacked codes:
 
 * 4-bit, groups of 64+: the row is read as int32 words of eight codes. Product p takes codes p and p + 4
   of every word with one shift, mask and OR: they land in the two 16-bit halves of one register, as the
