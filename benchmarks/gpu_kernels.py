@@ -266,7 +266,7 @@ def main() -> None:
         x = torch.randn(1, 5120, device="cuda", dtype=bf)
         for block_n in (64, 128, 256):
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
-            for splits in sorted({1, 2, 4, 8, 16, auto}):
+            for splits in sorted({1, 4, 16, auto}):
                 for warps in (4, 8):
                     t = bench(
                         lambda bn=block_n, n=splits, w=warps: quant_matmul_triton.quant_matmul(
