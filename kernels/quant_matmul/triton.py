@@ -11,13 +11,14 @@ accumulation, and no weight is scaled or shifted element by element: per group,
 where BASE + q is what a code becomes when OR-ed into the mantissa of a power of two (bf16 / fp16: exact,
 no int-to-float instruction; fp32 operands take the codes as they are, BASE 0). The tensor cores compute
 the first sum, and in the GEMV the second too (a product with ones: there they idle while instruction
-issue is the limit); the GEMM adds. The scale and minimum apply once per output and group, in fp32. Each width is split into products whose k index needs no interleaving of unpacked codes:
+issue is the limit); the GEMM adds. The scale and minimum apply once per output and group, in fp32. Each
+width is split into products whose k index needs no interleaving of unpacked codes:
 
 * 4-bit, groups of 64+: the row is read as int32 words of eight codes. Product p takes codes p and p + 4
   of every word with one shift, mask and OR: they land in the two 16-bit halves of one register, as the
   tensor-core operand holds a pair (16 + q, mantissa bits below the exponent of 16.0). The activations
   are loaded once per group and split into the four products' columns in registers.
-* 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes, codes converted and scaled;
+* 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes;
 * 6-bit: the row read as int32 (three words hold four 24-bit words), four products over the columns
   4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
 
@@ -149,14 +150,12 @@ def _tile_product(
         byte = tl.load(
             packed_ptr + offs_n[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=n_mask[:, None], other=0
         )
-        s = scale.to(DOT_DTYPE)[:, None]
-        w_even = (offset_codes(byte & 15, DOT_DTYPE) - offset_code_base(DOT_DTYPE)) * s
-        w_odd = (offset_codes(byte >> 4, DOT_DTYPE) - offset_code_base(DOT_DTYPE)) * s
-        if HAS_MINS:
-            w_even += minimum.to(DOT_DTYPE)[:, None]
-            w_odd += minimum.to(DOT_DTYPE)[:, None]
-        acc = tl.dot(x_even, tl.trans(w_even), input_precision=PRECISION)
-        acc += tl.dot(x_odd, tl.trans(w_odd), input_precision=PRECISION)
+        acc = tl.dot(x_even, tl.trans(offset_codes(byte & 15, DOT_DTYPE)), input_precision=PRECISION)
+        acc += tl.dot(x_odd, tl.trans(offset_codes(byte >> 4, DOT_DTYPE)), input_precision=PRECISION)
+        xsum = tl.sum(x_even.to(tl.float32), axis=1)[:, None] + tl.sum(x_odd.to(tl.float32), axis=1)[:, None]
+        base = offset_code_base(DOT_DTYPE)
+        offset = minimum - base * scale if HAS_MINS else -base * scale
+        acc = acc * scale[None, :] + xsum * offset[None, :]
     elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
         QUARTER: tl.constexpr = GROUP_SIZE // 4
         # the row read as int32: three words hold four 24-bit words a, b, c, d (sixteen codes)
@@ -263,8 +262,8 @@ def _quant_matmul_kernel(
 
 GEMV_MAX_M = 8
 # 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
-# four 4-bit products) spreads over twice the rows of a 64-row tile; 205 instead of 276 instructions per KB
-# of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)
+# four 4-bit products) spreads over twice the rows of a 64-row tile; about 200 instead of 280 instructions
+# per KB of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)
 GEMV_BLOCK_N = 128
 GEMV_PROGRAMS_PER_SM = 8
 

@@ -46,6 +46,20 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
     )
 
 
+@pytest.mark.parametrize("m", [1, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_4bit_groups_of_32_take_the_byte_path(m, dtype):
+    """GGUF Q4_0 / Q4_1 imports keep groups of 32: the kernel reads those bytes as they are (even / odd
+    products) instead of as int32 words."""
+    torch.manual_seed(m)
+    qt = quantize(torch.randn(48, 160) * 0.05, 4, 32)
+    packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
+    x = torch.randn(m, 160, device=DEVICE).to(dtype)
+    got = fused.quant_matmul(x, packed, scales, mins, 4, 32)
+    want = naive.quant_matmul(x, packed, scales, mins, 4, 32)
+    assert qt.group_size == 32 and rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="a GPU runs these operands as they are, in the test above")
 @pytest.mark.parametrize(
     "bits,k,group", [(4, 300, 128), (4, 576, 64), (4, 256, 32), (6, 300, 128), (8, 300, 128)]
