@@ -149,11 +149,16 @@ def test_paged_attention(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_si
     assert rel_err(got, want) < 1e-3
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "k8v4"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8", "k8v4"])
 def test_paged_attention_bf16_queries(kv_dtype):
+    """bf16 models: on a GPU both products take bf16 operands (k8v4's V through the bf16 bit operations)."""
+    attention = triton_op("paged_attention")
     case = _paged_case(kv_dtype, 128, 8, 2, 16, [3, 40], [29, 1], torch.bfloat16)
-    got = triton_op("paged_attention").paged_attention(*case, 128**-0.5)
+    got = attention.paged_attention(*case, 128**-0.5)
     assert got.dtype == torch.bfloat16
+    assert rel_err(got, attention_naive.paged_attention(*case, 128**-0.5)) < 1e-2
+    case = _paged_case(kv_dtype, 128, 8, 2, 16, [3, 40], [1, 1], torch.bfloat16)
+    got = attention.paged_attention_decode(*case[:4], 128**-0.5)
     assert rel_err(got, attention_naive.paged_attention(*case, 128**-0.5)) < 1e-2
 
 
