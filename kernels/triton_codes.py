@@ -4,7 +4,8 @@ A non-negative code q OR-ed into the low mantissa bits of a power of two B is th
 one integer operation, for two codes at once where they share a register (nibble_pairs): no int-to-float
 conversion per element, and no packing of converted halves. The callers keep the offset B out of the
 per-element work: they fold it into a per-row or per-output correction (kernels/quant_matmul) or subtract
-it on packed pairs (kernels/paged_attention). fp32 operands (fp32 models, the interpreter) take the codes as they are, B = 0.
+it on packed pairs (kernels/paged_attention). fp32 operands (fp32 models, the interpreter) take the codes
+as they are, B = 0.
 """
 
 from __future__ import annotations
