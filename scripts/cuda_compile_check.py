@@ -295,6 +295,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")
+    # a GEMV wide enough for one K slice (a vocabulary head): stored directly, no split-K adds
+    add(case_quant_matmul, bits=4, m=1, dtype="bf16", n=140000, k=1024)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")

@@ -218,6 +218,7 @@ def _quant_matmul_kernel(
     GROUP_SIZE: tl.constexpr,
     HAS_MINS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    GEMV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -250,7 +251,7 @@ def _quant_matmul_kernel(
             BLOCK_N,
             PRECISION,
             DOT_DTYPE,
-            SPLIT_K,
+            GEMV,
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -316,14 +317,16 @@ def quant_matmul(
     )
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
-    if m <= GEMV_MAX_M:  # split-K GEMV
-        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    gemv = m <= GEMV_MAX_M
+    if gemv:  # split-K GEMV
         block_m, block_n = 16, block_n or GEMV_BLOCK_N
-        splits = num_splits or gemv_splits(n, groups, block_n, x.device)
-        per_split = triton.cdiv(groups, splits)
+        per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
     else:  # tiled GEMM, K whole in every program
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         block_m, block_n, per_split = block_m or 32, block_n or 64, groups
+    # K in slices: partial sums added into a zeroed fp32 buffer, then cast; whole (a large head such as the
+    # vocabulary's): stored directly in x's dtype, one kernel instead of three
+    split_k = per_split < groups
+    out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if split_k else x.new_empty((m, n))
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     _quant_matmul_kernel[grid](
         x,
@@ -339,10 +342,11 @@ def quant_matmul(
         out.stride(0),
         num_groups,
         per_split,
-        SPLIT_K=m <= GEMV_MAX_M,
+        SPLIT_K=split_k,
+        GEMV=gemv,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,
         **common,
     )
-    return out.to(x.dtype)
+    return out.to(x.dtype) if split_k else out

@@ -88,10 +88,11 @@ def test_gemv_slices_spread_a_matrix_over_every_sm():
 
 @pytest.mark.parametrize(
     "block_m,block_n,num_splits,m",
-    [(None, 32, 3, 1), (None, 256, 2, 5), (None, 32, None, 40), (64, 128, None, 70)],
+    [(None, 32, 3, 1), (None, 256, 2, 5), (None, 64, 1, 3), (None, 32, None, 40), (64, 128, None, 70)],
 )
 def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m):
-    """The sweep's tile and K-slice choices (benchmarks/gpu_kernels.py) compute the same product."""
+    """The sweep's tile and K-slice choices (benchmarks/gpu_kernels.py) compute the same product; a GEMV in
+    one K slice (num_splits 1) stores its output directly instead of adding into an fp32 buffer."""
     torch.manual_seed(m)
     qt = quantize(torch.randn(200, 900) * 0.05, 4, 128)
     packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
