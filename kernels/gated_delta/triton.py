@@ -10,7 +10,7 @@
       D = U - W S0,  U = T diag(beta) V,  W = T diag(beta e^gamma) K,  T = (I + A)^-1,
       A_ij = beta_i e^(gamma_i - gamma_j) k_i.k_j  (j < i),
       O = diag(e^gamma) Q S0 + (M o Q K^T) D,  M_ij = e^(gamma_i - gamma_j)  (j <= i),
-      S = e^gamma_last S0 + (diag(e^(gamma_last - gamma)) K)^T D
+      S = e^gamma_last S0 + K^T diag(e^(gamma_last - gamma)) D
   (S_i = e^gamma_i S0 + sum_{j<=i} e^(gamma_i - gamma_j) k_j d_j^T, unrolled). A first kernel builds W and
   U for every chunk and head at once (T by forward substitution on the unit lower-triangular I + A); a
   second walks each sequence's chunks in order per (value head, block of value dims), the products as
@@ -170,7 +170,7 @@ def _chunk_scan_kernel(
         rows = c0 + i
         mask = rows < end
         q = (_unit_rows(q_ptr, rows, mask, stride_q, kh * Dk, dk, Dk, L2NORM) * scale).to(DOT_DTYPE)
-        k = _unit_rows(k_ptr, rows, mask, stride_k, kh * Dk, dk, Dk, L2NORM)
+        k = _unit_rows(k_ptr, rows, mask, stride_k, kh * Dk, dk, Dk, L2NORM).to(DOT_DTYPE)
         w = tl.load(
             w_ptr + (rows[:, None] * Hv + h) * Dk + dk[None, :],
             mask=mask[:, None] & k_mask[None, :],
@@ -186,15 +186,17 @@ def _chunk_scan_kernel(
         s_op = s.to(DOT_DTYPE)
         d = u - tl.dot(w, s_op, input_precision=PRECISION)  # [CHUNK, BLOCK_V] deltas, fp32
         d_op = d.to(DOT_DTYPE)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)  # [CHUNK, CHUNK]
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [CHUNK, CHUNK]
         m = tl.where(causal, tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], 0.0)), 0.0)
         o = tl.exp(gamma)[:, None] * tl.dot(q, s_op, input_precision=PRECISION)
         o += tl.dot((m * qk).to(DOT_DTYPE), d_op, input_precision=PRECISION)
         o = tl.where(slot >= 0, o, 0.0)
         out_ptrs = out_ptr + (rows[:, None] * Hv + h) * Dv + dv[None, :]
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask[:, None] & v_mask[None, :])
-        k_decayed = (tl.exp(gamma_last - gamma)[:, None] * k).to(DOT_DTYPE)
-        s = tl.exp(gamma_last) * s + tl.dot(tl.trans(k_decayed), d_op, input_precision=PRECISION)
+        # (diag(e) K)^T D = K^T (diag(e) D): the decay on the [CHUNK, BLOCK_V] deltas, not the [CHUNK, Dk] keys,
+        # so the keys stay in the operand dtype and the fp32 copy is not live across the chunk
+        d_decayed = (tl.exp(gamma_last - gamma)[:, None] * d).to(DOT_DTYPE)
+        s = tl.exp(gamma_last) * s + tl.dot(tl.trans(k), d_decayed, input_precision=PRECISION)
     if slot >= 0:
         tl.store(s_ptrs, s, mask=s_mask)
 

@@ -301,6 +301,28 @@ def test_gated_delta_rule(dtype, shape, lengths, slots, chunked):
         assert not got[cu[1] : cu[2]].any()
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="a GPU runs half-precision operands in the test above")
+def test_gated_delta_rule_chunked_half_precision_operands(monkeypatch):
+    """On a GPU the chunked form's products take the model's half dtype (W and U stored in it, q, k and the
+    deltas rounded to it, the state and the accumulation fp32). The interpreter computes fp16 faithfully,
+    so fp16 operands are forced on it here: whole and partial chunks, a padding row, two value heads a key
+    head."""
+    gated_delta = triton_op("gated_delta")
+    monkeypatch.setattr(gated_delta, "dot_dtype", lambda dtype: tl.float16)
+    hk, hv, dk, dv = DELTA_SHAPES[0]
+    lengths, slots = [150, 0, 70], [4, -1, 2]
+    t = sum(lengths)
+    q, k = randn(t, hk, dk, dtype=torch.float16), randn(t, hk, dk, dtype=torch.float16)
+    v = randn(t, hv, dv, dtype=torch.float16)
+    g, beta = -torch.rand(t, hv, device=DEVICE) * 0.5, torch.rand(t, hv, device=DEVICE).half()
+    state = randn(5, hv, dk, dv) * 0.1
+    cu, idx = _cu(lengths), torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    want_state = state.clone()
+    want = gated_delta_naive.gated_delta_rule(q, k, v, g, beta, want_state, cu, idx)
+    got = gated_delta.gated_delta_rule(q, k, v, g, beta, state, cu, idx, chunked=True)
+    assert rel_err(got, want) < 5e-3 and rel_err(state, want_state) < 5e-3
+
+
 def test_gated_delta_rule_picks_the_chunked_form_for_prefill(monkeypatch):
     gated_delta = triton_op("gated_delta")
     forms = []
