@@ -74,6 +74,23 @@ def _row_sums(x, x0, x1, x2, x3, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _columns_mod4(x, BLOCK_M: tl.constexpr, GROUP_SIZE: tl.constexpr):
+    """x [BLOCK_M, GROUP_SIZE] split into its columns 4j, 4j + 1, 4j + 2, 4j + 3, each [BLOCK_M, GROUP_SIZE / 4]
+    with k index j (in registers: a reshape and two splits)."""
+    x_p0, x_p1 = tl.split(tl.reshape(x, (BLOCK_M, GROUP_SIZE // 4, 2, 2)))  # [m, j, p1, p0]
+    x0, x2 = tl.split(x_p0)
+    x1, x3 = tl.split(x_p1)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _scaled(acc, xsum, scale, minimum, base):
+    """sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) * sum_k x, in fp32: acc the first sum's
+    product, xsum the activations' row sums."""
+    return acc * scale[None, :] + xsum * (minimum - base * scale)[None, :]
+
+
+@triton.jit
 def _tile_product(
     x_ptr,
     packed_ptr,
@@ -104,58 +121,36 @@ def _tile_product(
     scale = tl.load(scales_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
     if HAS_MINS:
         minimum = tl.load(mins_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        minimum = tl.zeros_like(scale)
+    kk = k0 + tl.arange(0, GROUP_SIZE)
+    x = tl.load(
+        x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & (kk[None, :] < K), other=0.0
+    )
     if BITS == 4 and GROUP_SIZE >= 64:  # the packed row read as int32 words of eight codes (columns 8t..8t+7)
         EIGHTH: tl.constexpr = GROUP_SIZE // 8
         t = tl.arange(0, EIGHTH)
         word = tl.load(
             packed_ptr + offs_n[:, None] * (KP // 8) + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
         )
-        kk = k0 + tl.arange(0, GROUP_SIZE)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
-            mask=m_mask[:, None] & (kk[None, :] < K),
-            other=0.0,
-        )
-        # column 8t + 4h + 2 p1 + p0 as [m, t, h, p1, p0], split into the four products p = 2 p1 + p0
-        x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, EIGHTH, 2, 2, 2)))
-        x0, x2 = tl.split(x_p0)
-        x1, x3 = tl.split(x_p1)
-        x0 = tl.reshape(x0, (BLOCK_M, 2 * EIGHTH))
-        x1 = tl.reshape(x1, (BLOCK_M, 2 * EIGHTH))
-        x2 = tl.reshape(x2, (BLOCK_M, 2 * EIGHTH))
-        x3 = tl.reshape(x3, (BLOCK_M, 2 * EIGHTH))
+        # product p takes the columns 4j + p, j = 2t + h: code p (h = 0) and p + 4 (h = 1) of word t
+        x0, x1, x2, x3 = _columns_mod4(x.to(DOT_DTYPE), BLOCK_M, GROUP_SIZE)
         acc = _nibble_product(x0, word, 0, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         acc += _nibble_product(x1, word, 1, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         acc += _nibble_product(x2, word, 2, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         acc += _nibble_product(x3, word, 3, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
-        # sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) * sum_k x, in fp32
-        base = nibble_pair_base(DOT_DTYPE)
-        offset = minimum - base * scale if HAS_MINS else -base * scale
-        acc = acc * scale[None, :] + xsum * offset[None, :]
-    elif BITS == 4:
-        HALF: tl.constexpr = GROUP_SIZE // 2
-        j = tl.arange(0, HALF)
-        even_k = k0 + 2 * j
-        x_even = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + even_k[None, :],
-            mask=m_mask[:, None] & (even_k[None, :] < K),
-            other=0.0,
-        ).to(DOT_DTYPE)
-        x_odd = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + even_k[None, :] + 1,
-            mask=m_mask[:, None] & (even_k[None, :] + 1 < K),
-            other=0.0,
-        ).to(DOT_DTYPE)
+        acc = _scaled(acc, xsum, scale, minimum, nibble_pair_base(DOT_DTYPE))
+    elif BITS == 4:  # groups of 32: the bytes, even columns in the low nibbles
+        j = tl.arange(0, GROUP_SIZE // 2)
+        x_even, x_odd = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, GROUP_SIZE // 2, 2)))
         byte = tl.load(
             packed_ptr + offs_n[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=n_mask[:, None], other=0
         )
         acc = tl.dot(x_even, tl.trans(offset_codes(byte & 15, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x_odd, tl.trans(offset_codes(byte >> 4, DOT_DTYPE)), input_precision=PRECISION)
-        xsum = tl.sum(x_even.to(tl.float32), axis=1)[:, None] + tl.sum(x_odd.to(tl.float32), axis=1)[:, None]
-        base = offset_code_base(DOT_DTYPE)
-        offset = minimum - base * scale if HAS_MINS else -base * scale
-        acc = acc * scale[None, :] + xsum * offset[None, :]
+        xsum = tl.sum(x.to(tl.float32), axis=1)[:, None]
+        acc = _scaled(acc, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
     elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
         QUARTER: tl.constexpr = GROUP_SIZE // 4
         # the row read as int32: three words hold four 24-bit words a, b, c, d (sixteen codes)
@@ -170,32 +165,16 @@ def _tile_product(
         word_d = (w2 >> 8) & 0xFFFFFF
         # joined as [chunk, j, i] = (a, c), (b, d): flat index 4 chunk + 2j + i runs a, b, c, d
         word = tl.reshape(tl.join(tl.join(word_a, word_c), tl.join(word_b, word_d)), (BLOCK_N, QUARTER))
-        kk = k0 + tl.arange(0, GROUP_SIZE)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
-            mask=m_mask[:, None] & (kk[None, :] < K),
-            other=0.0,
-        )
-        x_p0, x_p1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, QUARTER, 2, 2)))  # [m, i, p1, p0]
-        x0, x2 = tl.split(x_p0)
-        x1, x3 = tl.split(x_p1)
+        x0, x1, x2, x3 = _columns_mod4(x.to(DOT_DTYPE), BLOCK_M, GROUP_SIZE)
         acc = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
         xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
-        base = offset_code_base(DOT_DTYPE)
-        offset = minimum - base * scale if HAS_MINS else -base * scale
-        acc = acc * scale[None, :] + xsum * offset[None, :]
+        acc = _scaled(acc, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
     else:  # 8-bit, symmetric: the scale applies to the product
-        kk = k0 + tl.arange(0, GROUP_SIZE)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
-            mask=m_mask[:, None] & (kk[None, :] < K),
-            other=0.0,
-        ).to(DOT_DTYPE)
         q = tl.load(packed_ptr + offs_n[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
-        acc = tl.dot(x, tl.trans(q.to(DOT_DTYPE)), input_precision=PRECISION) * scale[None, :]
+        acc = tl.dot(x.to(DOT_DTYPE), tl.trans(q.to(DOT_DTYPE)), input_precision=PRECISION) * scale[None, :]
     return acc
 
 
