@@ -228,10 +228,10 @@ def case_gated_delta_rule(step: str, model: str, dtype: str):
     _op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, slots)
 
 
-def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120):
+def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
-    group of 128), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric."""
-    groups = k // 128
+    group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric."""
+    groups = k // group
     scales = torch.rand(n, groups).half()
     if bits == 4:
         packed, minimums = torch.zeros(n, k // 2, dtype=torch.uint8), -8 * scales
@@ -240,9 +240,11 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
     else:
         packed, minimums = torch.zeros(n, k, dtype=torch.int8), None
     op = _op("quant_matmul")
-    op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, 128)
+    op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, group)
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: codes, scale and minimum of each row
-        return {"_quant_matmul_kernel": op.GEMV_BLOCK_N * (128 * bits // 8 + 2 + 2 * (minimums is not None))}
+        return {
+            "_quant_matmul_kernel": op.GEMV_BLOCK_N * (group * bits // 8 + 2 + 2 * (minimums is not None))
+        }
 
 
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
@@ -297,6 +299,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")
     # a GEMV wide enough for one K slice (a vocabulary head): stored directly, no split-K adds
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", n=140000, k=1024)
+    for m in (1, 77):  # 4-bit groups of 32 (GGUF Q4 imports): the byte path
+        add(case_quant_matmul, bits=4, m=m, dtype="bf16", n=576, k=1536, group=32)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
