@@ -205,6 +205,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise NinferError(f"{name} must be positive (got {value})")
+        if self.device != "cpu" and self.block_size & (self.block_size - 1):
+            raise NinferError(
+                f"block_size must be a power of two on {self.device}: the attention kernels read whole "
+                f"pages per tile (got {self.block_size}; 16 is the default)"
+            )
         if isinstance(self.kv_capacity, int) and self.kv_capacity <= 0:
             raise NinferError(f"kv_capacity must be positive (got {self.kv_capacity})")
         if self.prefill_chunk < self.max_concurrency:

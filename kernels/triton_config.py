@@ -33,3 +33,27 @@ def dot_dtype(dtype: torch.dtype):
     """Operand dtype of tl.dot: the model's half dtype on a GPU; fp32 for fp32 models and under the
     interpreter (its half-precision arithmetic is unreliable)."""
     return tl.float32 if interpreting() else _HALF_DOT_DTYPES.get(dtype, tl.float32)
+
+
+# the most shared memory one block may use (opt-in), bytes, by compute capability (vendor figures)
+SHARED_MEMORY_PER_BLOCK = {
+    80: 166912,
+    86: 101376,
+    87: 166912,
+    89: 101376,
+    90: 232448,
+    100: 232448,
+    120: 101376,
+}
+_SMALLEST_SHARED_MEMORY = min(SHARED_MEMORY_PER_BLOCK.values())
+
+
+def shared_memory_per_block() -> int:
+    """Shared memory one block may use where kernels compile now: the capability of the active driver's
+    target (a GPU, or the compile check's target without one); the smallest figure under the interpreter,
+    where no kernel compiles, or for a capability the table lacks."""
+    if interpreting():
+        return _SMALLEST_SHARED_MEMORY
+    from triton.runtime import driver
+
+    return SHARED_MEMORY_PER_BLOCK.get(driver.active.get_current_target().arch, _SMALLEST_SHARED_MEMORY)

@@ -18,6 +18,9 @@ Cases that stream memory say how many bytes one program reads per loop iteration
 tile, a GEMV's weight tile), which turns the count into instructions per KB. An SM issues at most four
 warp-instructions a clock, so that count caps the fraction of HBM bandwidth it can consume however well
 the memory system does; reported as `issue cap`, for one reference GPU per capability (REFERENCE_GPU).
+It also reports how many async copy groups (cp.async) the loop keeps in flight while a step computes
+(`in flight`): 0 means every step waits for all its copies, so a program has one tile in flight at a time
+and HBM latency is exposed once a step.
 
 Exit status 1 when a case fails to compile or a kernel needs more shared memory than its target has.
 """
@@ -45,9 +48,8 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from engine.cache.kv_layout import KVCache  # noqa: E402
+from kernels.triton_config import SHARED_MEMORY_PER_BLOCK as SHARED_LIMIT  # noqa: E402
 
-# largest shared memory one block may use (opt-in), bytes, per compute capability
-SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 DEVICES = {80: "A100", 86: "RTX 3090 / A6000", 89: "RTX 4090 / L40", 90: "H100 / H200", 120: "RTX 5090"}
 # one GPU per capability for --sass's issue cap: (name, HBM bytes/s, SMs, boost clock Hz), vendor figures
 REFERENCE_GPU = {
@@ -98,6 +100,9 @@ class Compiled:
     loop_bytes: int | None = None  # what one program streams from memory per iteration of that loop
     instructions_per_kb: float | None = None
     issue_cap: float | None = None  # fraction of HBM bandwidth an SM can issue for at that count
+    # async copy groups (cp.async) a step of that loop leaves in flight while it computes: the least count
+    # its waits (DEPBAR.LE SB0, n) allow; 0 = every step waits for all its copies, None = no async copies
+    copies_in_flight: int | None = None
 
 
 @dataclass
@@ -333,8 +338,8 @@ def _sass(cubin: bytes) -> str:
         return subprocess.run([nvdisasm, "-c", str(path)], capture_output=True, text=True, check=True).stdout
 
 
-def hottest_loop(sass: str) -> list[str]:
-    """Opcodes of the longest loop: from a label to the last backward branch to it (the compiler lays out
+def _hottest_loop_lines(sass: str) -> list[str]:
+    """SASS lines of the longest loop: from a label to the last backward branch to it (the compiler lays out
     a Triton kernel's main loop as one such block)."""
     lines = sass.splitlines()
     labels, best = {}, []
@@ -345,12 +350,27 @@ def hottest_loop(sass: str) -> list[str]:
         branch = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)
         if branch and labels.get(branch.group(1), i) < i and i - labels[branch.group(1)] > max(len(best), 2):
             best = lines[labels[branch.group(1)] : i + 1]
-    ops = (re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line) for line in best)
+    return best
+
+
+def hottest_loop(loop: list[str]) -> list[str]:
+    """Opcodes of a loop's SASS lines (_hottest_loop_lines)."""
+    ops = (re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line) for line in loop)
     return [op.group(1) for op in ops if op]
 
 
+def copies_in_flight(loop: list[str]) -> int | None:
+    """Async copy groups the loop keeps in flight across its waits (see Compiled.copies_in_flight)."""
+    if not any("LDGSTS" in line for line in loop):
+        return None
+    waits = [int(n, 16) for n in re.findall(r"DEPBAR\.LE\s+SB0,\s*0x([0-9a-f]+)", "\n".join(loop))]
+    return min(waits, default=0)
+
+
 def _loop_cost(compiled: Compiled, cubin: bytes, loop_bytes: int | None, arch: int) -> None:
-    compiled.loop_instructions = len(hottest_loop(_sass(cubin)))
+    loop = _hottest_loop_lines(_sass(cubin))
+    compiled.loop_instructions = len(hottest_loop(loop))
+    compiled.copies_in_flight = copies_in_flight(loop)
     if loop_bytes and compiled.loop_instructions:
         compiled.loop_bytes = loop_bytes
         per_kb = compiled.loop_instructions * compiled.num_warps * 1024 / loop_bytes
@@ -434,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" mma v{c.mma}" if c.mma else "")
                 + (f" regs {c.registers} spill {c.spill_bytes}" if c.registers is not None else "")
                 + (f" loop {c.loop_instructions}" if c.loop_instructions else "")
+                + (f" in flight {c.copies_in_flight}" if c.copies_in_flight is not None else "")
                 + (
                     f" = {c.instructions_per_kb:.0f}/KB, issue cap {c.issue_cap:.0%}"
                     if c.instructions_per_kb

@@ -21,16 +21,24 @@ import triton.language as tl
 from kernels.kv_quant.naive import V4_GROUP
 from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
 from kernels.triton_codes import nibble_pairs
-from kernels.triton_config import dot_dtype, dot_precision
+from kernels.triton_config import dot_dtype, dot_precision, shared_memory_per_block
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
 
 
 @triton.jit
-def _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE: tl.constexpr):
-    """Flat cache slots of key positions offs_n of sequence b."""
-    page = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-    return page.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+def _pages(table, first, end, PAGES: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Block table entries [PAGES] of the pages from key position first (a page boundary) on; 0 from end on.
+    table: the sequence's row of the block table."""
+    p = tl.arange(0, PAGES)
+    return tl.load(table + first // BLOCK_SIZE + p, mask=first + p * BLOCK_SIZE < end, other=0)
+
+
+@triton.jit
+def _slots(page, BLOCK_SIZE: tl.constexpr):
+    """Flat cache slots [PAGES * BLOCK_SIZE] of every position of the pages, in order."""
+    slot = page.to(tl.int64)[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]
+    return tl.reshape(slot, (page.shape[0] * BLOCK_SIZE,))
 
 
 @triton.jit
@@ -101,10 +109,18 @@ def _attend(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    table = block_table_ptr + b * stride_bt
+    # tiles start on page boundaries (start is a multiple of BLOCK_N, a multiple of the page size), so a
+    # tile is PAGES whole pages. Each step reads the next step's block table entries, into registers: a
+    # tile's address then waits on no load of its own step, and the loop's software pipeline keeps the next
+    # tiles' copies in flight (with the entries read in the step, every step waited for all its copies)
+    PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
+    page = _pages(table, start, end, PAGES, BLOCK_SIZE)  # [PAGES]
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        rows = _kv_rows(block_table_ptr, b, stride_bt, offs_n, n_mask, BLOCK_SIZE) * Hk + hk
+        rows = _slots(page, BLOCK_SIZE) * Hk + hk  # [BLOCK_N] flat cache rows
+        page = _pages(table, start_n + BLOCK_N, end, PAGES, BLOCK_SIZE)
         k = _load_codes(k_ptr, rows, n_mask, d, D, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
         if MODE != 0:  # int8 K: the per-token scale multiplies the scores, not the tile
@@ -358,6 +374,32 @@ def _block_n(cache) -> int:
     return max(16, cache.k_data.shape[1], min(64, 8192 // cache.k_data.shape[3]))
 
 
+def _key_tile(cache, block_n: int | None) -> int:
+    """Keys per inner step (block_n, or _block_n's default): a whole number of pages, which _attend reads
+    page by page."""
+    page = cache.k_data.shape[1]
+    if page & (page - 1):
+        raise ValueError(
+            f"the Triton attention kernels need a power-of-two page size (block_size); got {page}"
+        )
+    block_n = block_n or _block_n(cache)
+    if block_n % page or block_n & (block_n - 1):
+        raise ValueError(
+            f"block_n must be a power of two and a multiple of the page size {page}; got {block_n}"
+        )
+    return block_n
+
+
+def _num_stages(q: torch.Tensor, cache, block_n: int, rows: int) -> int:
+    """Depth of the key loop's software pipeline: three stages (the next two tiles in flight while one is
+    computed) where they fit the target's shared memory, else two (fp32 caches on a 99 KB consumer GPU).
+    Need: a K + V tile as stored for each stage beyond the first, the [rows, D] query operand and 8 KB of
+    staging, within ~10% of what Triton allocates for mma.sync tiles."""
+    tile = block_n * sum(t.shape[3] * t.element_size() for t in (cache.k_data, cache.v_data))
+    need = 2 * tile + rows * q.shape[2] * q.element_size() + 8192
+    return 3 if need <= shared_memory_per_block() else 2
+
+
 def paged_attention_decode(
     q: torch.Tensor,  # [B * Q, Hq, D]: Q tokens per sequence, the last Q positions of each
     cache,
@@ -378,6 +420,8 @@ def paged_attention_decode(
     group = num_q_heads // num_kv_heads
     # NOTE: from the block table's width (a host-side shape), so no device sync picks the split count
     splits = num_splits or num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
+    block_n = _key_tile(cache, None)
+    block_r = max(16, triton.next_power_of_2(q_per_seq * group))
     out = torch.empty_like(q)
     partial = torch.empty((num_tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
@@ -396,9 +440,10 @@ def paged_attention_decode(
         num_splits=splits,
         Q=q_per_seq,
         GROUP=group,
-        BLOCK_R=max(16, triton.next_power_of_2(q_per_seq * group)),
-        BLOCK_N=_block_n(cache),
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
         num_warps=num_warps,
+        num_stages=_num_stages(q, cache, block_n, block_r),
         **_common(q, cache),
     )
     _reduce_kernel[(num_tokens, num_q_heads)](
@@ -438,6 +483,7 @@ def paged_attention(
     assert q.stride(-1) == 1 and cache.k_data.is_contiguous()
     out = torch.empty_like(q)
     num_kv_heads = cache.k_data.shape[2]
+    block_n = _key_tile(cache, block_n)
     # NOTE: T bounds every sequence's query count, so the grid needs no device sync
     _prefill_kernel[(num_seqs, triton.cdiv(num_tokens, block_m), num_q_heads)](
         q_ptr=q,
@@ -455,8 +501,9 @@ def paged_attention(
         D=head_dim,
         GROUP=num_q_heads // num_kv_heads,
         BLOCK_M=block_m,
-        BLOCK_N=block_n or _block_n(cache),
+        BLOCK_N=block_n,
         num_warps=num_warps,
+        num_stages=_num_stages(q, cache, block_n, block_m),
         **_common(q, cache),
     )
     return out

@@ -61,3 +61,9 @@ def test_kv_layout_arithmetic():
 def test_unknown_kv_dtype():
     with pytest.raises(NinferError, match="unknown KV dtype 'int3'"):
         LLM(kv_dtype="int3")
+
+
+def test_gpu_page_size_must_be_a_power_of_two():
+    """The GPU attention kernels read whole pages per key tile; the CPU path takes any page size."""
+    with pytest.raises(NinferError, match="block_size must be a power of two on cuda.*got 24"):
+        LLM(block_size=24, device="cuda")

@@ -130,8 +130,9 @@ def _paged_case(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefi
     return paged_case(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefix, new, dtype, DEVICE)
 
 
-# head_dim x GQA ratio (1, 4, 6) x page size; every KV dtype; lengths not powers of two, pages crossed
-ATTN_SHAPES = [(64, 4, 4, 16), (128, 8, 2, 16), (256, 6, 1, 4), (128, 12, 2, 4)]
+# head_dim x GQA ratio (1, 4, 6) x page size; every KV dtype; lengths not powers of two, pages crossed;
+# key tiles of 4 to 16 pages, and of one (page size 64)
+ATTN_SHAPES = [(64, 4, 4, 16), (128, 8, 2, 16), (256, 6, 1, 4), (128, 12, 2, 4), (128, 8, 2, 64)]
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
@@ -206,6 +207,8 @@ def test_tuning_knobs_keep_the_result():
     for block_m, block_n in ((64, 16), (16, 64)):
         got = attention.paged_attention(*case, 0.125, block_m=block_m, block_n=block_n, num_warps=8)
         assert rel_err(got, want) < 1e-3
+    with pytest.raises(ValueError, match="block_n must be a power of two and a multiple of the page size 16"):
+        attention.paged_attention(*case, 0.125, block_n=8)
 
 
 def test_decode_splits_grow_with_context():
