@@ -15,7 +15,9 @@ from kernels.paged_attention import num_decode_splits
 
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)
-LIBRARY_WORKSPACE_BYTES = 64 * MIB  # cuBLAS / cuBLASLt workspaces of the matmuls torch still runs
+# cuBLAS / cuBLASLt workspaces of the matmuls torch still runs, and the split-K GEMVs' partial-sum buffers
+# (kernels/quant_matmul/triton.split_buffers: 8 fp32 rows per projection width, ~1 MiB each at 27B)
+LIBRARY_WORKSPACE_BYTES = 64 * MIB
 MARGIN_FRACTION, MIN_MARGIN_BYTES = 0.02, 256 * MIB  # allocator fragmentation, stray tensors
 GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured decode graph (its static inputs and bookkeeping)
 VISION_MAX_PATCHES = 16384  # the largest image encoded at once: 2048 x 2048 pixels at patch 16

@@ -26,7 +26,9 @@ Shapes:
 * prefill (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
   (one scale per row of the weight tile per step);
 * decode (M <= 8): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds its partial
-  sums into an fp32 buffer; the slices are sized so every SM gets several programs (gemv_splits).
+  sums into an fp32 buffer; the slices are sized so every SM gets several programs (gemv_splits). The
+  last slice of a tile to finish (an arrival counter per tile) stores the tile in x's dtype and zeroes its
+  part of the buffer and the counter, so the next GEMV finds them clean: one kernel a GEMV.
 
 scripts/cuda_compile_check.py --sass counts the instructions of the compiled inner loop per KB of packed
 weight, which bounds the fraction of HBM bandwidth an SM can keep up with (docs/kernels.md).
@@ -184,7 +186,9 @@ def _quant_matmul_kernel(
     packed_ptr,
     scales_ptr,
     mins_ptr,
-    out_ptr,  # [M, N]: x's dtype, or fp32 zeroed and accumulated into when SPLIT_K
+    out_ptr,  # [M, N] in x's dtype
+    sums_ptr,  # SPLIT_K: fp32 partial sums [M, N], zero before and after the kernel
+    arrivals_ptr,  # SPLIT_K: int32 per output tile, the K slices done so far; zero before and after
     M,
     N,
     K,
@@ -235,7 +239,17 @@ def _quant_matmul_kernel(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     if SPLIT_K:
-        tl.atomic_add(dst, acc, mask=mask)
+        # every K slice adds its partial sums into the zeroed fp32 buffer; the tile's last slice to arrive
+        # stores the total in x's dtype and leaves its part of the buffer and its counter zero again
+        sums = sums_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.atomic_add(sums, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # all the program's adds come before its arrival, whose release publishes them
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+            total = tl.load(sums, mask=mask, other=0.0, cache_modifier=".cg")  # from L2, where the adds are
+            tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(sums, tl.zeros_like(total), mask=mask)
+            tl.store(arrivals_ptr + tile, 0)
     else:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -261,6 +275,23 @@ def gemv_splits(n: int, groups: int, block_n: int, device: torch.device) -> int:
     on most of an H200's 132 SMs, three on a few, which then finish alone at a fraction of the bandwidth."""
     tiles = triton.cdiv(n, block_n)
     return max(1, min(groups, triton.cdiv(GEMV_PROGRAMS_PER_SM * _sm_count(device), tiles)))
+
+
+_SPLIT_BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_buffers(device: torch.device, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zeroed fp32 partial sums [GEMV_MAX_M * n] and int32 arrival counters [tiles] that split-K GEMVs
+    with n outputs in `tiles` tiles share on a device. Each call leaves them zero (its last K slice per
+    tile clears what it read), so a GEMV is one kernel: no memset before it, no cast after. Kept for the
+    process: a captured CUDA graph holds their addresses. One stream at a time (the engine's)."""
+    key = (device, n, tiles)
+    if key not in _SPLIT_BUFFERS:
+        _SPLIT_BUFFERS[key] = (
+            torch.zeros(GEMV_MAX_M * n, dtype=torch.float32, device=device),
+            torch.zeros(tiles, dtype=torch.int32, device=device),
+        )
+    return _SPLIT_BUFFERS[key]
 
 
 def quant_matmul(
@@ -302,17 +333,20 @@ def quant_matmul(
         per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
     else:  # tiled GEMM, K whole in every program
         block_m, block_n, per_split = block_m or 32, block_n or 64, groups
-    # K in slices: partial sums added into a zeroed fp32 buffer, then cast; whole (a large head such as the
-    # vocabulary's): stored directly in x's dtype, one kernel instead of three
+    # K in slices (split_buffers: the partial sums' buffer and the tiles' arrival counters), or whole (a
+    # GEMM, or a large head such as the vocabulary's)
     split_k = per_split < groups
-    out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if split_k else x.new_empty((m, n))
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
+    out = x.new_empty((m, n))
+    sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     _quant_matmul_kernel[grid](
         x,
         packed.view(torch.int32) if (bits == 4 and group_size >= 64) or bits == 6 else packed,
         scales,
         mins,
         out,
+        sums,
+        arrivals,
         m,
         n,
         k,
@@ -328,4 +362,4 @@ def quant_matmul(
         num_warps=num_warps,
         **common,
     )
-    return out.to(x.dtype) if split_k else out
+    return out
