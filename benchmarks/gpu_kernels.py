@@ -5,6 +5,11 @@ Shapes are the Qwen3.5-27B ones (hidden 5120, 24 q heads / 4 kv heads x 256, MLP
 key / 48 value heads x 128, conv kernel 4), random data.
 
     python benchmarks/gpu_kernels.py [--json FILE] [--markdown FILE]
+    python benchmarks/gpu_kernels.py --compile-only 90   # on a machine without a GPU: no timings
+
+--compile-only ARCH runs every section on CPU tensors with each launch compiled for that compute capability
+and not run (scripts/cuda_compile_check.py's driver), so a lease is not spent finding a configuration
+that does not compile, needs more shared memory than the device has, or a section that raises.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import functools
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton.testing
@@ -28,6 +34,10 @@ from kernels.rmsnorm import triton as rmsnorm_triton
 from kernels.rope import triton as rope_triton
 from kernels.silu_mul import triton as silu_mul_triton
 
+DEVICE = "cuda"
+COMPILE_ONLY: int | None = None  # --compile-only's compute capability
+_too_big: list[str] = []  # --compile-only: kernels needing more shared memory than the target has
+
 # dense peaks (no sparsity): HBM bytes/s and bf16 tensor FLOP/s
 PEAKS = {
     "H200": (4.8e12, 989e12),
@@ -37,7 +47,41 @@ PEAKS = {
 }
 
 
+def capability() -> tuple[int, int]:
+    return divmod(COMPILE_ONLY, 10) if COMPILE_ONLY else torch.cuda.get_device_capability()
+
+
+def compile_only(arch: int) -> None:
+    """Make every launch a compile-only warmup for `arch` on CPU tensors, noting kernels past its shared
+    memory (what a GPU refuses at launch)."""
+    global DEVICE, COMPILE_ONLY
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import cuda_compile_check as check
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    if arch not in check.SHARED_LIMIT:
+        raise SystemExit(f"unknown compute capability {arch}; use one of {sorted(check.SHARED_LIMIT)}")
+    DEVICE, COMPILE_ONLY = "cpu", arch
+
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = check._JIT_RUN(self, *args, grid=grid, warmup=True, **kwargs)
+        if kernel.metadata.shared > check.SHARED_LIMIT[arch]:
+            tile = " ".join(
+                f"{k}={v}" for k, v in kwargs.items() if k.startswith("BLOCK") or k.startswith("num_")
+            )
+            _too_big.append(
+                f"{self.fn.__name__} ({tile}) needs {kernel.metadata.shared} bytes of shared memory"
+            )
+        return kernel
+
+    JITFunction.run = run
+    driver.set_active(check._CompileOnlyDriver(arch))
+
+
 def device_peaks() -> tuple[float, float, str]:
+    if COMPILE_ONLY:
+        return float("nan"), float("nan"), f"SM {COMPILE_ONLY}, compiled only (no timings)"
     name = torch.cuda.get_device_name()
     for key, (bw, flops) in PEAKS.items():
         if key in name:
@@ -55,21 +99,24 @@ def device_peaks() -> tuple[float, float, str]:
 
 
 def bench(fn) -> float:
+    if COMPILE_ONLY:
+        fn()  # compiles its kernels
+        return float("nan")
     return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e-3  # seconds
 
 
 def decode_case(kv_dtype: str, context: int, batch: int = 1):
     num_q, num_kv, head_dim, block_size = 24, 4, 256, 16
     blocks_per_seq = context // block_size
-    cache = KVCache.allocate(kv_dtype, batch * blocks_per_seq, block_size, num_kv, head_dim, "cuda")
+    cache = KVCache.allocate(kv_dtype, batch * blocks_per_seq, block_size, num_kv, head_dim, DEVICE)
     for t in (cache.k_data, cache.v_data):
         t.view(torch.uint8).random_(0, 120)  # finite values of any dtype
     for t in (cache.k_scale, cache.v_scale):
         if t is not None:
             t.fill_(0.01)
-    table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device="cuda").view(batch, -1)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, num_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=DEVICE).view(batch, -1)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(batch, num_q, head_dim, device=DEVICE, dtype=torch.bfloat16)
     return q, cache, table, seq_lens
 
 
@@ -80,8 +127,8 @@ PREFILL_FLOPS = 2 * 2 * 24 * 256 * PREFILL_TOKENS * PREFILL_TOKENS / 2  # QK^T a
 def prefill_case():
     """8K new tokens of one sequence, causal, bf16 KV: (q, cache, block_table, seq_lens, cu_seqlens)."""
     _, cache, table, seq_lens = decode_case("bf16", PREFILL_TOKENS)
-    q = torch.randn(PREFILL_TOKENS, 24, 256, device="cuda", dtype=torch.bfloat16)
-    return q, cache, table, seq_lens, torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device="cuda")
+    q = torch.randn(PREFILL_TOKENS, 24, 256, device=DEVICE, dtype=torch.bfloat16)
+    return q, cache, table, seq_lens, torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device=DEVICE)
 
 
 @functools.cache
@@ -91,8 +138,8 @@ def up_proj(bits: int):
     qt = quantize(
         torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02, bits, 128, False
     )
-    mins = qt.minimums.cuda() if qt.minimums is not None else None
-    return qt, qt.packed.cuda(), qt.scales.cuda(), mins
+    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
+    return qt, qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins
 
 
 GDN_HEADS = (16, 48, 128)  # Qwen3.5-27B's Gated DeltaNet: key heads, value heads, head dim
@@ -103,13 +150,13 @@ def gdn_case(batch: int, length: int):
     g, beta, cu_seqlens, state slots, bytes the delta rule moves: state read and written, q / k / v, out)."""
     hk, hv, d = GDN_HEADS
     tokens = batch * length
-    cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device="cuda")
-    slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-    x = torch.randn(tokens, (2 * hk + hv) * d, device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device=DEVICE)
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    x = torch.randn(tokens, (2 * hk + hv) * d, device=DEVICE, dtype=torch.bfloat16)
     q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
     v = x[:, 2 * hk * d :].view(tokens, hv, d)
-    g = -torch.rand(tokens, hv, device="cuda")
-    beta = torch.rand(tokens, hv, device="cuda", dtype=torch.bfloat16)
+    g = -torch.rand(tokens, hv, device=DEVICE)
+    beta = torch.rand(tokens, hv, device=DEVICE, dtype=torch.bfloat16)
     moved = batch * hv * d * d * 4 * 2 + x.numel() * 2 + tokens * hv * d * 2
     return x, q, k, v, g, beta, cu, slots, moved
 
@@ -136,7 +183,10 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the tile / split / warp sweeps")
+    ap.add_argument("--compile-only", type=int, metavar="ARCH", help="no GPU: compile for this capability")
     args = ap.parse_args()
+    if args.compile_only:
+        compile_only(args.compile_only)
     peak_bw, peak_flops, device = device_peaks()
     rows = []
 
@@ -155,18 +205,18 @@ def main() -> None:
 
     def dense_ops():
         for tokens in (1, 8192):
-            x = torch.randn(tokens, 5120, device="cuda", dtype=bf)
-            w = torch.randn(5120, device="cuda", dtype=bf)
-            r = torch.randn(tokens, 5120, device="cuda", dtype=bf)
+            x = torch.randn(tokens, 5120, device=DEVICE, dtype=bf)
+            w = torch.randn(5120, device=DEVICE, dtype=bf)
+            r = torch.randn(tokens, 5120, device=DEVICE, dtype=bf)
             t = bench(lambda x=x, w=w, r=r: rmsnorm_triton.rmsnorm(x, w, 1e-6, r))
             record("rmsnorm+residual", f"[{tokens}, 5120] bf16", t, bytes_moved=x.numel() * 2 * 5)
-            g = torch.randn(tokens, 2 * 17408, device="cuda", dtype=bf)
+            g = torch.randn(tokens, 2 * 17408, device=DEVICE, dtype=bf)
             t = bench(lambda g=g: silu_mul_triton.silu_mul(g))
             record("silu_mul", f"[{tokens}, 2x17408] bf16", t, bytes_moved=g.numel() * 2 * 3 // 2)
-            q = torch.randn(tokens, 24, 256, device="cuda", dtype=bf)
-            k = torch.randn(tokens, 4, 256, device="cuda", dtype=bf)
-            pos = torch.arange(tokens, device="cuda")
-            cache = torch.randn(262144, 64, device="cuda")
+            q = torch.randn(tokens, 24, 256, device=DEVICE, dtype=bf)
+            k = torch.randn(tokens, 4, 256, device=DEVICE, dtype=bf)
+            pos = torch.arange(tokens, device=DEVICE)
+            cache = torch.randn(262144, 64, device=DEVICE)
             t = bench(lambda q=q, k=k, pos=pos, cache=cache: rope_triton.rope(q, k, pos, cache))
             record(
                 "rope",
@@ -175,15 +225,15 @@ def main() -> None:
                 bytes_moved=(q.numel() + k.numel()) * 4,
             )
             for kv in ("bf16", "k8v4"):
-                kvc = KVCache.allocate(kv, tokens // 16 + 1, 16, 4, 256, "cuda")
-                slots = torch.arange(tokens, device="cuda")
+                kvc = KVCache.allocate(kv, tokens // 16 + 1, 16, 4, 256, DEVICE)
+                slots = torch.arange(tokens, device=DEVICE)
                 t = bench(lambda k=k, kvc=kvc, slots=slots: kv_store_triton.kv_store(k, k, kvc, slots))
                 written = kvc.num_bytes * tokens // (kvc.k_data.shape[0] * 16)
                 record(f"kv_store {kv}", f"[{tokens}, 4, 256]", t, bytes_moved=k.numel() * 2 * 2 + written)
 
     def decode_attention():
         for kv in ("bf16", "fp8", "int8", "k8v4"):
-            if kv == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+            if kv == "fp8" and capability() < (8, 9):
                 continue
             for context in (32768, 131072):
                 q, cache, table, seq_lens = decode_case(kv, context)
@@ -204,9 +254,9 @@ def main() -> None:
         # recurrent form); a 4K prefill chunk takes the chunked form
         hk, hv, d = GDN_HEADS
         channels = (2 * hk + hv) * d
-        state = torch.zeros(8, hv, d, d, device="cuda")
-        conv_state = torch.zeros(8, channels, 3, device="cuda", dtype=bf)
-        conv_w = torch.randn(channels, 4, device="cuda", dtype=bf)
+        state = torch.zeros(8, hv, d, d, device=DEVICE)
+        conv_state = torch.zeros(8, channels, 3, device=DEVICE, dtype=bf)
+        conv_w = torch.randn(channels, 4, device=DEVICE, dtype=bf)
         for batch, length in ((1, 1), (4, 1), (1, 4096)):
             x, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             t = bench(
@@ -232,7 +282,7 @@ def main() -> None:
         for bits in (4, 6, 8):
             qt, packed, scales, mins = up_proj(bits)
             for m in (1, 8, 512):
-                x = torch.randn(m, 5120, device="cuda", dtype=bf)
+                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
                 t = bench(
                     lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
                         x, p, s, z, b, 128
@@ -253,17 +303,24 @@ def main() -> None:
         rest on, so one lease measures what the defaults should be (rows named 'sweep ...')."""
         for kv in ("bf16", "k8v4"):
             q, cache, table, seq_lens = decode_case(kv, 32768)
-            for splits in (16, 32, 64, 128):
-                for warps in (4, 8):
-                    t = bench(
-                        lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, w=warps: (
-                            attention.paged_attention_decode(q, c, tb, s, 0.0625, num_splits=n, num_warps=w)
+            # stages=2: the loop waits for all its copies each step (one tile in flight, as every attention
+            # loop did before its key tiles became whole pages): the pipeline's worth, side by side
+            for splits, warps, stages in [(n, w, None) for n in (16, 32, 64, 128) for w in (4, 8)] + [
+                (32, 4, 2)
+            ]:
+                t = bench(
+                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, w=warps, st=stages: (
+                        attention.paged_attention_decode(
+                            q, c, tb, s, 0.0625, num_splits=n, num_warps=w, num_stages=st
                         )
                     )
-                    name = f"sweep decode {kv} splits={splits} warps={warps}"
-                    record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
+                )
+                name = f"sweep decode {kv} splits={splits} warps={warps}" + (
+                    f" stages={stages}" if stages else ""
+                )
+                record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
         qt, packed, scales, mins = up_proj(4)
-        x = torch.randn(1, 5120, device="cuda", dtype=bf)
+        x = torch.randn(1, 5120, device=DEVICE, dtype=bf)
         for block_n in (64, 128, 256):
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
             for splits in sorted({1, 4, 16, auto}):
@@ -276,7 +333,7 @@ def main() -> None:
                     mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
                     name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps}"
                     record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
-        x = torch.randn(2048, 5120, device="cuda", dtype=bf)  # a prefill chunk through the up projection
+        x = torch.randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(
                 lambda bm=block_m, bn=block_n, w=warps: quant_matmul_triton.quant_matmul(
@@ -297,7 +354,7 @@ def main() -> None:
                     name = f"sweep prefill bf16 block_m={block_m} block_n={block_n} warps={warps}"
                     record(name, "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
         _, hv, d = GDN_HEADS
-        state = torch.zeros(4, hv, d, d, device="cuda")
+        state = torch.zeros(4, hv, d, d, device=DEVICE)
         for batch, length in ((1, 1), (1, 1024), (1, 4096)):
             _, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             # the recurrent form (decode, and 1K tokens to place the crossover); the chunked form (prefill)
@@ -324,6 +381,7 @@ def main() -> None:
             failed.append(f"{section.__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
             print("FAILED", failed[-1], flush=True)
 
+    failed += [f"{k} on SM {COMPILE_ONLY}" for k in sorted(set(_too_big))]
     lines = [
         f"device: {device}; peaks: {peak_bw / 1e9:.0f} GB/s, {peak_flops / 1e12:.0f} TFLOP/s bf16",
         "",
@@ -335,7 +393,7 @@ def main() -> None:
             f"| {r['kernel']} | {r['shape']} | {r['us']:.1f} | {r.get('GB/s', float('nan')):.0f} | "
             f"{r.get('TFLOP/s', float('nan')):.1f} | {r.get('% peak', float('nan')):.0f} |"
         )
-    lines += best_of_sweeps(rows)
+    lines += [] if COMPILE_ONLY else best_of_sweeps(rows)
     lines += [f"\nFAILED {f}" for f in failed]
     print("\n".join(lines))
     if args.markdown:

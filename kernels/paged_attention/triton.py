@@ -392,11 +392,13 @@ def _key_tile(cache, block_n: int | None) -> int:
 
 def _num_stages(q: torch.Tensor, cache, block_n: int, rows: int) -> int:
     """Depth of the key loop's software pipeline: three stages (the next two tiles in flight while one is
-    computed) where they fit the target's shared memory, else two (fp32 caches on a 99 KB consumer GPU).
-    Need: a K + V tile as stored for each stage beyond the first, the [rows, D] query operand and 8 KB of
-    staging, within ~10% of what Triton allocates for mma.sync tiles."""
+    computed) where they fit the target's shared memory, else two (fp32 caches, and 64-row prefill tiles
+    at head_dim 256, on 99 KB consumer GPUs). Need: the [rows, D] query operand, 8 KB of staging, and a
+    K + V tile as stored per stage beyond the first; tiles of 64+ rows take one more (Hopper's wgmma reads
+    its operands from shared memory, so the tile being computed keeps its buffer). Within ~10% of what
+    Triton 3.9 allocates, above it (scripts/cuda_compile_check.py reports the figures)."""
     tile = block_n * sum(t.shape[3] * t.element_size() for t in (cache.k_data, cache.v_data))
-    need = 2 * tile + rows * q.shape[2] * q.element_size() + 8192
+    need = (3 if rows >= 64 else 2) * tile + rows * q.shape[2] * q.element_size() + 8192
     return 3 if need <= shared_memory_per_block() else 2
 
 
@@ -410,10 +412,11 @@ def paged_attention_decode(
     *,
     num_splits: int | None = None,
     num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification.
-    num_splits (default: num_decode_splits of the block table's width) and num_warps are tuning knobs for
-    benchmarks/gpu_kernels.py's sweep."""
+    num_splits (default: num_decode_splits of the block table's width), num_warps and num_stages (default:
+    _num_stages) are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs, num_kv_heads = block_table.shape[0], cache.k_data.shape[2]
     assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
@@ -443,7 +446,7 @@ def paged_attention_decode(
         BLOCK_R=block_r,
         BLOCK_N=block_n,
         num_warps=num_warps,
-        num_stages=_num_stages(q, cache, block_n, block_r),
+        num_stages=num_stages or _num_stages(q, cache, block_n, block_r),
         **_common(q, cache),
     )
     _reduce_kernel[(num_tokens, num_q_heads)](
@@ -472,10 +475,11 @@ def paged_attention(
     block_m: int = 32,
     block_n: int | None = None,
     num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """See kernels/paged_attention/naive.py. One token per sequence (T == B) takes the split-K decode
-    kernel; anything else the prefill kernel (block_m, block_n, num_warps: its tile, tuning knobs for
-    benchmarks/gpu_kernels.py's sweep)."""
+    kernel; anything else the prefill kernel (block_m, block_n, num_warps, num_stages: its tile and
+    pipeline depth, tuning knobs for benchmarks/gpu_kernels.py's sweep)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = block_table.shape[0]
     if num_tokens == num_seqs:
@@ -503,7 +507,7 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,
-        num_stages=_num_stages(q, cache, block_n, block_m),
+        num_stages=num_stages or _num_stages(q, cache, block_n, block_m),
         **_common(q, cache),
     )
     return out

@@ -195,3 +195,19 @@ def test_the_check_catches_compile_errors_and_shared_memory_overflow(tmp_path):
     assert lines["small"].startswith("False") and "K >= 16" in lines["small"]
     assert lines["big"].startswith("False") and "shared memory; SM86 has 101376" in lines["big"]
     assert lines["fits"] == "True "
+
+
+def test_gpu_microbenchmark_compiles_for_an_h200(tmp_path):
+    """benchmarks/gpu_kernels.py --compile-only 90: every section and sweep configuration of the GPU check's
+    microbenchmark compiles for SM 9.0 within its shared memory and raises nothing, so a GPU lease is not
+    spent finding one that does not."""
+    report_path = tmp_path / "kernels.json"
+    env = _env() | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--compile-only", "90"]
+    proc = subprocess.run(
+        cmd + ["--json", str(report_path)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert not report["failed"] and proc.returncode == 0, "\n".join(report["failed"]) or proc.stderr[-3000:]
+    assert len(report["rows"]) > 100 and any(r["kernel"].startswith("sweep decode") for r in report["rows"])
