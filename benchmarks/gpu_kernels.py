@@ -358,19 +358,28 @@ def main() -> None:
         for batch, length in ((1, 1), (1, 1024), (1, 4096)):
             _, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             # the recurrent form (decode, and 1K tokens to place the crossover); the chunked form (prefill)
-            configs = [(False, bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] if length <= 1024 else []
-            configs += [(True, bv, w) for bv in (16, 32, 64) for w in (4, 8)] if length > 1 else []
-            for chunked, block_v, warps in configs:
+            # and the chunked scan with two pipeline stages (stages=2) beside its default
+            configs = (
+                [(False, bv, w, None) for bv in (8, 16, 32) for w in (1, 2, 4)] if length <= 1024 else []
+            )
+            configs += [(True, bv, w, None) for bv in (16, 32, 64) for w in (4, 8)] if length > 1 else []
+            configs += [(True, 32, 8, 2)] if length > 1 else []
+            for chunked, block_v, warps, stages in configs:
                 t = bench(
-                    lambda q=q, k=k, v=v, g=g, b=beta, cu=cu, s=slots, c=chunked, bv=block_v, w=warps: (
+                    lambda q=q, k=k, v=v, g=g, b=beta, cu=cu, s=slots, c=chunked, bv=block_v, w=warps, st=stages: (
                         gated_delta_triton.gated_delta_rule(
-                            q, k, v, g, b, state, cu, s, chunked=c, block_v=bv, num_warps=w
+                            q, k, v, g, b, state, cu, s, chunked=c, block_v=bv, num_warps=w, num_stages=st
                         )
                     )
                 )
                 form = "chunked" if chunked else "recurrent"
                 name = f"sweep gated_delta_rule {form} block_v={block_v} warps={warps}"
-                record(name, f"B={batch} x {length} tokens", t, bytes_moved=moved)
+                record(
+                    name + (f" stages={stages}" if stages else ""),
+                    f"B={batch} x {length} tokens",
+                    t,
+                    bytes_moved=moved,
+                )
 
     failed = []
     sections = (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention, sweeps)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_config import dot_dtype, dot_precision, interpreting
+from kernels.triton_config import dot_dtype, dot_precision, interpreting, shared_memory_per_block
 
 CHUNK = 64  # tokens a chunk in the chunked form
 CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average
@@ -267,12 +267,14 @@ def gated_delta_rule(
     chunked: bool | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """See kernels/gated_delta/naive.py. The chunked form when the step averages CHUNKED_MIN_TOKENS tokens a
     sequence or more (a host-side shape: no sync) and its products run on half-precision operands (a bf16 /
     fp16 model on a GPU; fp32 ones need more shared memory than SM 8.6 has) or under the interpreter; else
-    the recurrent one. `chunked` forces one. block_v (value dims a program) and num_warps are tuning knobs
-    for benchmarks/gpu_kernels.py's sweep (defaults: recurrent 32 / 4 warps, chunked 32 / 8)."""
+    the recurrent one. `chunked` forces one. block_v (value dims a program), num_warps and num_stages (the
+    chunked scan's pipeline depth) are tuning knobs for benchmarks/gpu_kernels.py's sweep (defaults:
+    recurrent 32 / 4 warps, chunked 32 / 8 / _scan_stages)."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
     for x, d in ((q, head_k_dim), (k, head_k_dim), (v, head_v_dim)):
@@ -290,7 +292,8 @@ def gated_delta_rule(
         chunked = num_tokens >= CHUNKED_MIN_TOKENS * num_seqs and (half_operands or interpreting())
     if chunked:
         args = (q, k, v, g, beta, state, cu_seqlens, state_indices, use_qk_l2norm, out)
-        return _chunked(*args, operands=operands, block_k=block_k, block_v=block_v, num_warps=num_warps)
+        tiles = dict(block_k=block_k, block_v=block_v, num_warps=num_warps, num_stages=num_stages)
+        return _chunked(*args, operands=operands, **tiles)
     # a [Dk, BLOCK_V] fp32 state slice per program: 32 registers a thread at Dk 128
     block_v = block_v or min(triton.next_power_of_2(head_v_dim), max(16, 4096 // block_k))
     grid = (num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))
@@ -338,6 +341,7 @@ def _chunked(
     block_k,
     block_v,
     num_warps,
+    num_stages,
 ):
     """The chunked form (module docstring): W, U and the cumulative decays of every chunk, then the scan."""
     num_tokens, num_k_heads, head_k_dim = q.shape
@@ -377,8 +381,12 @@ def _chunked(
         num_warps=8,
         **common,
     )
-    # [CHUNK, Dk] q / k / W tiles and a [Dk, 32] state slice: 41 KB of shared memory a stage at Dk 128
     block_v = block_v or min(32, max(16, triton.next_power_of_2(head_v_dim)))
+    # a stage: [CHUNK, Dk] q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32), and
+    # the [Dk, BLOCK_V] state operand: three stages (the next two chunks' loads in flight while one is
+    # scanned) where the target's shared memory holds them (SM 9.0: 156-185 KB), else two
+    stage = CHUNK * (3 * block_k + block_v) * 2
+    stages = num_stages or (3 if 3 * stage + block_k * block_v * 2 + 8192 <= shared_memory_per_block() else 2)
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,
@@ -397,7 +405,7 @@ def _chunked(
         head_k_dim**-0.5,
         BLOCK_V=block_v,
         num_warps=num_warps or 8,
-        num_stages=2,
+        num_stages=stages,
         **common,
     )
     return out
