@@ -98,9 +98,12 @@ def device_peaks() -> tuple[float, float, str]:
         return float("nan"), float("nan"), name
 
 
-def bench(fn) -> float:
+def bench(fn, triton_kernels: bool = True) -> float:
+    """Seconds a call of fn takes on the GPU. --compile-only: fn is called once to compile its Triton
+    kernels, or not at all when it has none (triton_kernels=False: a torch baseline)."""
     if COMPILE_ONLY:
-        fn()  # compiles its kernels
+        if triton_kernels:
+            fn()
         return float("nan")
     return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e-3  # seconds
 
@@ -292,6 +295,14 @@ def main() -> None:
                     record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
                 else:
                     record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+        # the same product on a dense bf16 weight (cuBLAS): the ceiling the W4A16 GEMM is held against (M =
+        # 2048: beside the GEMM sweep's rows), and what dequantizing once per step and calling cuBLAS could
+        # approach for long prefill chunks
+        w = torch.randn(17408, 5120, device=DEVICE, dtype=bf)
+        for m in (512, 2048):
+            x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+            t = bench(lambda x=x: x @ w.t(), triton_kernels=False)
+            record("bf16 GEMM, dense weight (cuBLAS)", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
 
     def prefill_attention():
         q, cache, table, seq_lens, cu = prefill_case()
