@@ -6,6 +6,7 @@ tensors (scripts/cuda_compile_check.py) is the one a GPU compiles.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -48,12 +49,21 @@ SHARED_MEMORY_PER_BLOCK = {
 _SMALLEST_SHARED_MEMORY = min(SHARED_MEMORY_PER_BLOCK.values())
 
 
-def shared_memory_per_block() -> int:
-    """Shared memory one block may use where kernels compile now: the capability of the active driver's
-    target (a GPU, or the compile check's target without one); the smallest figure under the interpreter,
-    where no kernel compiles, or for a capability the table lacks."""
+def shared_memory_per_block(device: torch.device) -> int:
+    """Shared memory one block may use where the kernels for tensors on `device` compile: the GPU's own
+    figure; for CPU tensors compiled ahead of time (scripts/cuda_compile_check.py), the table's for the
+    active driver's target; under the interpreter, where nothing compiles, the smallest."""
     if interpreting():
         return _SMALLEST_SHARED_MEMORY
+    if device.type == "cuda":
+        return _gpu_shared_memory(device)
     from triton.runtime import driver
 
     return SHARED_MEMORY_PER_BLOCK.get(driver.active.get_current_target().arch, _SMALLEST_SHARED_MEMORY)
+
+
+@functools.cache
+def _gpu_shared_memory(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)  # not in every torch
+    return optin or SHARED_MEMORY_PER_BLOCK.get(props.major * 10 + props.minor, _SMALLEST_SHARED_MEMORY)

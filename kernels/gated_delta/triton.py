@@ -274,7 +274,7 @@ def gated_delta_rule(
     fp16 model on a GPU; fp32 ones need more shared memory than SM 8.6 has) or under the interpreter; else
     the recurrent one. `chunked` forces one. block_v (value dims a program), num_warps and num_stages (the
     chunked scan's pipeline depth) are tuning knobs for benchmarks/gpu_kernels.py's sweep (defaults:
-    recurrent 32 / 4 warps, chunked 32 / 8 / _scan_stages)."""
+    recurrent 32 / 4 warps; chunked 32 / 8, three stages where they fit)."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
     for x, d in ((q, head_k_dim), (k, head_k_dim), (v, head_v_dim)):
@@ -386,7 +386,9 @@ def _chunked(
     # the [Dk, BLOCK_V] state operand: three stages (the next two chunks' loads in flight while one is
     # scanned) where the target's shared memory holds them (SM 9.0: 156-185 KB), else two
     stage = CHUNK * (3 * block_k + block_v) * 2
-    stages = num_stages or (3 if 3 * stage + block_k * block_v * 2 + 8192 <= shared_memory_per_block() else 2)
+    stages = num_stages or (
+        3 if 3 * stage + block_k * block_v * 2 + 8192 <= shared_memory_per_block(v.device) else 2
+    )
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,

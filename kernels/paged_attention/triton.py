@@ -399,7 +399,7 @@ def _num_stages(q: torch.Tensor, cache, block_n: int, rows: int) -> int:
     Triton 3.9 allocates, above it (scripts/cuda_compile_check.py reports the figures)."""
     tile = block_n * sum(t.shape[3] * t.element_size() for t in (cache.k_data, cache.v_data))
     need = (3 if rows >= 64 else 2) * tile + rows * q.shape[2] * q.element_size() + 8192
-    return 3 if need <= shared_memory_per_block() else 2
+    return 3 if need <= shared_memory_per_block(q.device) else 2
 
 
 def paged_attention_decode(
