@@ -35,9 +35,11 @@ def _pages(table, first, end, PAGES: tl.constexpr, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _slots(page, BLOCK_SIZE: tl.constexpr):
-    """Flat cache slots [PAGES * BLOCK_SIZE] of every position of the pages, in order."""
-    slot = page.to(tl.int64)[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]
+def _slots(page, BLOCK_SIZE: tl.constexpr, WIDE: tl.constexpr):
+    """Flat cache slots [PAGES * BLOCK_SIZE] of every position of the pages, in order: int64 when the cache
+    holds 2^31 elements or more (WIDE), else int32, whose offsets take fewer instructions a tile."""
+    page = page.to(tl.int64) if WIDE else page
+    slot = page[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]
     return tl.reshape(slot, (page.shape[0] * BLOCK_SIZE,))
 
 
@@ -100,6 +102,7 @@ def _attend(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     V4_GROUP: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
@@ -119,7 +122,7 @@ def _attend(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        rows = _slots(page, BLOCK_SIZE) * Hk + hk  # [BLOCK_N] flat cache rows
+        rows = _slots(page, BLOCK_SIZE, WIDE) * Hk + hk  # [BLOCK_N] flat cache rows
         page = _pages(table, start_n + BLOCK_N, end, PAGES, BLOCK_SIZE)
         k = _load_codes(k_ptr, rows, n_mask, d, D, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
@@ -177,6 +180,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     V4_GROUP: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
 ):
@@ -223,6 +227,7 @@ def _prefill_kernel(
         BLOCK_N,
         BLOCK_D,
         V4_GROUP,
+        WIDE,
         PRECISION,
         DOT_DTYPE,
     )
@@ -259,6 +264,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     V4_GROUP: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
 ):
@@ -304,6 +310,7 @@ def _decode_kernel(
         BLOCK_N,
         BLOCK_D,
         V4_GROUP,
+        WIDE,
         PRECISION,
         DOT_DTYPE,
     )
@@ -349,6 +356,11 @@ def _mode(cache) -> int:
     return {"int8": _INT8, "k8v4": _K8V4}.get(cache.kv_dtype, _PLAIN)
 
 
+def _wide_offsets(cache) -> bool:
+    """Whether element offsets into the cache need int64: a K or V tensor of 2^31 elements or more."""
+    return max(cache.k_data.numel(), cache.v_data.numel()) >= 2**31
+
+
 def _common(q: torch.Tensor, cache) -> dict:
     head_dim = q.shape[2]
     dummy = cache.k_data
@@ -362,6 +374,7 @@ def _common(q: torch.Tensor, cache) -> dict:
         BLOCK_SIZE=cache.k_data.shape[1],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         V4_GROUP=V4_GROUP,
+        WIDE=_wide_offsets(cache),
         # fp32 models get exact fp32 products; half-precision models on a GPU multiply in their own dtype
         # (the tensor-core path); the interpreter keeps fp32
         PRECISION=dot_precision(q.dtype),

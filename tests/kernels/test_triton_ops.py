@@ -211,6 +211,17 @@ def test_tuning_knobs_keep_the_result():
         attention.paged_attention(*case, 0.125, block_n=8)
 
 
+@pytest.mark.parametrize("step", ["prefill", "decode"])
+def test_paged_attention_int64_offsets(step, monkeypatch):
+    """Caches of 2^31 elements or more take int64 offsets (smaller ones int32): the same attention."""
+    attention = triton_op("paged_attention")
+    monkeypatch.setattr(attention, "_wide_offsets", lambda cache: True)
+    new = [1, 1] if step == "decode" else [9, 30]
+    case = _paged_case("k8v4", 128, 8, 2, 16, [70, 33], new, torch.float32)
+    want = attention_naive.paged_attention(*case, 0.125)
+    assert rel_err(attention.paged_attention(*case, 0.125), want) < 1e-3
+
+
 def test_decode_splits_grow_with_context():
     attention = triton_op("paged_attention")
     assert attention.num_decode_splits(512) == 1
