@@ -33,6 +33,7 @@ from kernels.quant_matmul import triton as quant_matmul_triton
 from kernels.rmsnorm import triton as rmsnorm_triton
 from kernels.rope import triton as rope_triton
 from kernels.silu_mul import triton as silu_mul_triton
+from kernels.triton_config import interpreting
 
 DEVICE = "cuda"
 COMPILE_ONLY: int | None = None  # --compile-only's compute capability
@@ -55,6 +56,8 @@ def compile_only(arch: int) -> None:
     """Make every launch a compile-only warmup for `arch` on CPU tensors, noting kernels past its shared
     memory (what a GPU refuses at launch)."""
     global DEVICE, COMPILE_ONLY
+    if interpreting():  # (checked before the import below, which clears the variable)
+        raise SystemExit("--compile-only compiles the kernels for a GPU: run it without TRITON_INTERPRET=1")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import cuda_compile_check as check
     from triton.runtime import driver
