@@ -62,6 +62,13 @@ def shared_memory_per_block(device: torch.device) -> int:
     return SHARED_MEMORY_PER_BLOCK.get(driver.active.get_current_target().arch, _SMALLEST_SHARED_MEMORY)
 
 
+def pipeline_stages(three_stage_bytes: int, device: torch.device) -> int:
+    """Software-pipeline depth of a kernel's main loop: three stages (the next two tiles' copies in flight
+    while one is computed) where the target's shared memory holds them (three_stage_bytes: the kernel's
+    own estimate), else two."""
+    return 3 if three_stage_bytes <= shared_memory_per_block(device) else 2
+
+
 @functools.cache
 def _gpu_shared_memory(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)

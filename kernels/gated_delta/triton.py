@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_config import dot_dtype, dot_precision, interpreting, shared_memory_per_block
+from kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages
 
 CHUNK = 64  # tokens a chunk in the chunked form
 CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average
@@ -383,12 +383,9 @@ def _chunked(
     )
     block_v = block_v or min(32, max(16, triton.next_power_of_2(head_v_dim)))
     # a stage: [CHUNK, Dk] q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32), and
-    # the [Dk, BLOCK_V] state operand: three stages (the next two chunks' loads in flight while one is
-    # scanned) where the target's shared memory holds them (SM 9.0: 156-185 KB), else two
+    # the [Dk, BLOCK_V] state operand; three stages fit SM 9.0 (156-185 KB), not 99 KB consumer GPUs
     stage = CHUNK * (3 * block_k + block_v) * 2
-    stages = num_stages or (
-        3 if 3 * stage + block_k * block_v * 2 + 8192 <= shared_memory_per_block(v.device) else 2
-    )
+    stages = num_stages or pipeline_stages(3 * stage + block_k * block_v * 2 + 8192, v.device)
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,

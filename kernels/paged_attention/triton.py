@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.kv_quant.naive import V4_GROUP
 from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
 from kernels.triton_codes import nibble_pairs
-from kernels.triton_config import dot_dtype, dot_precision, shared_memory_per_block
+from kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
 
@@ -404,15 +404,15 @@ def _key_tile(cache, block_n: int | None) -> int:
 
 
 def _num_stages(q: torch.Tensor, cache, block_n: int, rows: int) -> int:
-    """Depth of the key loop's software pipeline: three stages (the next two tiles in flight while one is
-    computed) where they fit the target's shared memory, else two (fp32 caches, and 64-row prefill tiles
-    at head_dim 256, on 99 KB consumer GPUs). Need: the [rows, D] query operand, 8 KB of staging, and a
-    K + V tile as stored per stage beyond the first; tiles of 64+ rows take one more (Hopper's wgmma reads
-    its operands from shared memory, so the tile being computed keeps its buffer). Within ~10% of what
-    Triton 3.9 allocates, above it (scripts/cuda_compile_check.py reports the figures)."""
+    """Depth of the key loop's software pipeline (triton_config.pipeline_stages): two for fp32 caches, and
+    for 64-row prefill tiles at head_dim 256, on 99 KB consumer GPUs; three elsewhere. Need for three: the
+    [rows, D] query operand, 8 KB of staging, and a K + V tile as stored per stage beyond the first; tiles
+    of 64+ rows take one more (Hopper's wgmma reads its operands from shared memory, so the tile being
+    computed keeps its buffer). Within ~10% of what Triton 3.9 allocates, above it
+    (scripts/cuda_compile_check.py reports the figures)."""
     tile = block_n * sum(t.shape[3] * t.element_size() for t in (cache.k_data, cache.v_data))
     need = (3 if rows >= 64 else 2) * tile + rows * q.shape[2] * q.element_size() + 8192
-    return 3 if need <= shared_memory_per_block(q.device) else 2
+    return pipeline_stages(need, q.device)
 
 
 def paged_attention_decode(
