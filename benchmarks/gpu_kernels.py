@@ -29,6 +29,7 @@ from kernels.conv1d import triton as conv1d_triton
 from kernels.gated_delta import triton as gated_delta_triton
 from kernels.kv_store import triton as kv_store_triton
 from kernels.paged_attention import triton as attention
+from kernels.quant_matmul import dequant as quant_dequant
 from kernels.quant_matmul import triton as quant_matmul_triton
 from kernels.rmsnorm import triton as rmsnorm_triton
 from kernels.rope import triton as rope_triton
@@ -103,7 +104,8 @@ def device_peaks() -> tuple[float, float, str]:
 
 def bench(fn, triton_kernels: bool = True) -> float:
     """Seconds a call of fn takes on the GPU. --compile-only: fn is called once to compile its Triton
-    kernels, or not at all when it has none (triton_kernels=False: a torch baseline)."""
+    kernels, or not at all when it has none or another row compiles them (triton_kernels=False: a torch
+    baseline, the cuBLAS products of the dequantized path)."""
     if COMPILE_ONLY:
         if triton_kernels:
             fn()
@@ -287,20 +289,39 @@ def main() -> None:
         # counted (q4.6 mixes 4- and 6-bit matrices)
         for bits in (4, 6, 8):
             qt, packed, scales, mins = up_proj(bits)
-            for m in (1, 8, 512):
+            for m in (1, 8):
                 x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
                 t = bench(
                     lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
                         x, p, s, z, b, 128
                     )
                 )
-                if m <= 8:
-                    record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
-                else:
-                    record(f"W{bits}A16 GEMM", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
-        # the same product on a dense bf16 weight (cuBLAS): the ceiling the W4A16 GEMM is held against (M =
-        # 2048: beside the GEMM sweep's rows), and what dequantizing once per step and calling cuBLAS could
-        # approach for long prefill chunks
+                record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+            # prefill chunks: the fused GEMM beside the weight dequantized by slices and multiplied by cuBLAS
+            # (kernels/quant_matmul/dequant.py, the default from DEQUANT_MIN_M rows on)
+            for m in (512, 2048):
+                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                for dq in (False, True):
+                    t = bench(
+                        lambda x=x, p=packed, s=scales, z=mins, b=bits, dq=dq: (
+                            quant_matmul_triton.quant_matmul(x, p, s, z, b, 128, dequant=dq)
+                        ),
+                        triton_kernels=not dq,  # --compile-only: the dequantize row below compiles its kernel
+                    )
+                    path = "dequant + cuBLAS" if dq else "fused"
+                    record(f"W{bits}A16 GEMM, {path}", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+        # the dequantization alone: one slice of the scratch (packed codes, scales, minimums in; bf16 out)
+        qt, packed, scales, mins = up_proj(4)
+        rows = quant_dequant.slice_rows(17408, 5120, 2)
+        w = torch.empty(rows, 5120, device=DEVICE, dtype=bf)
+        t = bench(lambda: quant_dequant.dequantize_rows(packed, scales, mins, 4, 128, 0, w))
+        record(
+            "W4 dequantize (a scratch slice)",
+            f"{rows}x5120",
+            t,
+            bytes_moved=qt.nbytes * rows // 17408 + w.numel() * 2,
+        )
+        # the same product on a dense bf16 weight (cuBLAS): the ceiling both GEMM paths are held against
         w = torch.randn(17408, 5120, device=DEVICE, dtype=bf)
         for m in (512, 2048):
             x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
@@ -351,11 +372,23 @@ def main() -> None:
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(
                 lambda bm=block_m, bn=block_n, w=warps: quant_matmul_triton.quant_matmul(
-                    x, packed, scales, mins, 4, 128, block_m=bm, block_n=bn, num_warps=w
+                    x, packed, scales, mins, 4, 128, block_m=bm, block_n=bn, num_warps=w, dequant=False
                 )
             )
             name = f"sweep W4A16 GEMM block_m={block_m} block_n={block_n} warps={warps}"
             record(name, "M=2048, 17408x5120", t, flops=2 * 2048 * 17408 * 5120)
+        # where dequantizing by slices for cuBLAS overtakes the fused GEMM: the crossover DEQUANT_MIN_M sets
+        for m in (64, 128, 256, 512, 1024):
+            x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+            for dq in (False, True):
+                t = bench(
+                    lambda x=x, dq=dq: quant_matmul_triton.quant_matmul(
+                        x, packed, scales, mins, 4, 128, dequant=dq
+                    ),
+                    triton_kernels=not dq,
+                )
+                path = "dequant" if dq else "fused"
+                record(f"sweep W4A16 GEMM path={path}", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
         q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
             for block_n in (32, 64):

@@ -15,6 +15,7 @@ from engine.errors import NinferError
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
+from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.worker.model_runner import ModelRunner
@@ -40,7 +41,8 @@ class LLM:
         self.description = source.description
         self.model = load_model(source, config)
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
-        self.max_context, kv_tokens = size_kv_pool(config, self.model_config)
+        packed = holds_packed_weights(self.model)
+        self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed)
         num_blocks = kv_tokens // config.block_size
         hybrid = self.model_config.num_linear_attention_layers > 0
         state_pool = StatePool(config.max_concurrency, config.num_state_snapshots) if hybrid else None

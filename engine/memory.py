@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
 from kernels.paged_attention import num_decode_splits
+from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)
@@ -37,6 +38,7 @@ class Deployment:
     concurrency: int = 1  # requests running at once (--max-concurrency)
     kv_capacity: int | None = None  # KV pool tokens shared by the running requests; None: the context
     weights: dict[str, int] = field(default_factory=dict, compare=False)
+    packed_weights: bool = False  # 4/6/8-bit matrices multiplied packed (a quantized recipe on a GPU)
     prefill_chunk: int = 2048
     spec: str = "none"
     draft_tokens: int = 0
@@ -177,6 +179,14 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         )
     if dep.device.startswith("cuda"):
         rows.append(Row(CUDA_CONTEXT, CUDA_CONTEXT_BYTES + LIBRARY_WORKSPACE_BYTES, "driver context, cuBLAS"))
+        if dep.packed_weights and dep.prefill_chunk >= DEQUANT_MIN_M:
+            rows.append(
+                Row(
+                    "dequant scratch",
+                    DEQUANT_SCRATCH_BYTES,
+                    f"weight slices dequantized for cuBLAS in prefill chunks of {DEQUANT_MIN_M}+ tokens",
+                )
+            )
         buckets = graph_buckets(dep.concurrency * dep.decode_tokens)
         decode_act = dep.concurrency * dep.decode_tokens * activation_bytes_per_token(cfg, b) + logits
         rows.append(

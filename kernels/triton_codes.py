@@ -61,3 +61,21 @@ def nibble_pairs(word, p: tl.constexpr, DTYPE: tl.constexpr):
 @triton.jit
 def nibble_pair_base(DTYPE: tl.constexpr):
     return 0.0 if DTYPE == tl.float32 else 16.0
+
+
+@triton.jit
+def six_bit_words(packed_ptr, rows, row_mask, k0, KP, BLOCK_N: tl.constexpr, GROUP_SIZE: tl.constexpr):
+    """The 24-bit words holding 6-bit codes k0 .. k0 + GROUP_SIZE of `rows` ([BLOCK_N, GROUP_SIZE / 4] int32:
+    word j holds the codes of columns k0 + 4j + p in bits 6p .. 6p + 5). packed_ptr: the rows [N, 3 KP / 4]
+    bytes read as int32, three words holding four 24-bit words (sixteen codes)."""
+    chunk = tl.arange(0, GROUP_SIZE // 16)
+    row = packed_ptr + rows[:, None] * (KP * 3 // 16) + (k0 * 3 // 16 + 3 * chunk)[None, :]
+    w0 = tl.load(row, mask=row_mask[:, None], other=0)
+    w1 = tl.load(row + 1, mask=row_mask[:, None], other=0)
+    w2 = tl.load(row + 2, mask=row_mask[:, None], other=0)
+    word_a = w0 & 0xFFFFFF
+    word_b = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+    word_c = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+    word_d = (w2 >> 8) & 0xFFFFFF
+    # joined as [chunk, j, i] = (a, c), (b, d): flat index 4 chunk + 2j + i runs a, b, c, d
+    return tl.reshape(tl.join(tl.join(word_a, word_c), tl.join(word_b, word_d)), (BLOCK_N, GROUP_SIZE // 4))

@@ -78,6 +78,7 @@ def plan(
         target or planned.config.max_position_embeddings,
         concurrency=concurrency or 1,
         weights=planned.weights,
+        packed_weights=planned.packed_weights,
         prefill_chunk=prefill_chunk,
         spec=spec,
         draft_tokens=draft_tokens if spec_on else 0,

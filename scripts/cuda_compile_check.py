@@ -28,6 +28,7 @@ Exit status 1 when a case fails to compile or a kernel needs more shared memory 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -135,8 +136,6 @@ def _randn(*shape, dtype=torch.bfloat16):
 
 
 def _op(name: str):
-    import importlib
-
     return importlib.import_module(f"kernels.{name}.triton")
 
 
@@ -252,6 +251,18 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
         }
 
 
+def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: int = 128):
+    """Long prefill chunks: a slice of weight rows dequantized into the cuBLAS scratch (kernels/quant_matmul/
+    dequant.py), the same layouts as case_quant_matmul."""
+    scales = torch.rand(n, k // group).half()
+    width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
+    packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+    minimums = None if bits == 8 else -scales
+    out = torch.empty(n, k, dtype=DTYPES[dtype])
+    dequant = importlib.import_module("kernels.quant_matmul.dequant")
+    dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
+
+
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
     """A packed table (any width), rows dequantized on lookup."""
     scales = torch.rand(vocab, dim // 128).half()
@@ -308,6 +319,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_quant_matmul, bits=4, m=m, dtype="bf16", n=576, k=1536, group=32)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
+        add(case_dequantize, bits=bits, dtype="bf16")
+    add(case_dequantize, bits=4, dtype="fp16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
     return out
 

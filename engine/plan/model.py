@@ -20,6 +20,7 @@ class PlannedModel:
     weights: dict[str, int]
     recipe: str  # how the weights were counted
     serve_arg: str  # the MODEL argument of the printed serve line
+    packed_weights: bool = False  # matrices kept 4/6/8-bit on the GPU (a quantized recipe or artifact)
 
 
 def resolve(
@@ -39,7 +40,8 @@ def resolve(
         config = p.config
         how = recipe or p.recipe
         weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
-        return PlannedModel(p.name, config, weights, _label(how, bits), f"<{p.name} artifact>")
+        label, packed = _label(how, bits), _packed(how, bits)
+        return PlannedModel(p.name, config, weights, label, f"<{p.name} artifact>", packed)
     if not model:
         raise NinferError(
             f"pass a MODEL (.ninfer, HF directory, config.json, .gguf) or --model PRESET ({', '.join(PRESETS)})"
@@ -56,11 +58,11 @@ def resolve(
         config = model_config_from_json(meta["config"])
         if recipe or bits:
             weights = recipe_weight_bytes(config, recipe or "bf16", dtype_bytes, bits, mtp, vision)
-            how = _label(recipe or "bf16", bits)
+            how, packed = _label(recipe or "bf16", bits), _packed(recipe or "bf16", bits)
         else:
             weights = artifact_weight_bytes(path, config, dtype_bytes, mtp, vision)
-            how = f"{meta.get('recipe', '?')} (as stored)"
-        return PlannedModel(path.name, config, weights, how, str(path))
+            how, packed = f"{meta.get('recipe', '?')} (as stored)", meta.get("recipe", "bf16") != "bf16"
+        return PlannedModel(path.name, config, weights, how, str(path), packed)
     if path.is_dir() or path.name == "config.json":
         cfg_path = path / "config.json" if path.is_dir() else path
         if not cfg_path.is_file():
@@ -77,8 +79,12 @@ def resolve(
         )
     how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
     weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
-    return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg)
+    return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
 
 
 def _label(recipe: str, bits: float | None) -> str:
     return f"{bits:g} bits/weight" if bits is not None else recipe
+
+
+def _packed(recipe: str, bits: float | None) -> bool:
+    return bits < 16 if bits is not None else recipe != "bf16"

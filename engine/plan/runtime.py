@@ -51,13 +51,17 @@ def _device(device: str, total: int) -> Device:
     return Device(device, total)
 
 
-def deployment(config: EngineConfig, model_config: ModelConfig, context: int) -> Deployment:
-    """The ledger's view of an engine configuration."""
+def deployment(
+    config: EngineConfig, model_config: ModelConfig, context: int, packed_weights: bool = False
+) -> Deployment:
+    """The ledger's view of an engine configuration (packed_weights: the loaded model multiplies 4/6/8-bit
+    matrices as they are stored)."""
     return Deployment(
         model_config,
         config.kv_dtype,
         context,
         concurrency=config.max_concurrency,
+        packed_weights=packed_weights,
         prefill_chunk=config.prefill_chunk,
         state_snapshots=config.num_state_snapshots,
         dtype_bytes=config.torch_dtype.itemsize,
@@ -66,12 +70,14 @@ def deployment(config: EngineConfig, model_config: ModelConfig, context: int) ->
     )
 
 
-def size_kv_pool(config: EngineConfig, model_config: ModelConfig) -> tuple[int, int]:
+def size_kv_pool(
+    config: EngineConfig, model_config: ModelConfig, packed_weights: bool = False
+) -> tuple[int, int]:
     """(max_context, KV pool tokens) for this engine; NinferError (with three ways out) when it does not fit."""
     limit = model_config.max_position_embeddings
     given_context = config.max_context
     context = config.resolved_max_context(model_config)
-    dep = deployment(config, model_config, context)
+    dep = deployment(config, model_config, context, packed_weights)
     total, free = device_memory(config.device)
     budget = Budget.after_load(total, free)
     auto_cuda = config.kv_capacity == "auto" and config.device.startswith("cuda")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from engine.layers.linear import Linear
 from engine.quant.groupwise import QuantizedTensor
 from kernels.quant_matmul import MIN_GROUP
 
@@ -89,3 +90,10 @@ def packed_weight(shards: list[QuantizedTensor], device) -> GroupwiseWeight | Co
 def fused_kernel_takes(bits: int, group_size: int) -> bool:
     """Whether kernels/quant_matmul multiplies this width and group directly (else it is dequantized at load)."""
     return group_size >= MIN_GROUP.get(bits, 1 << 30)
+
+
+def holds_packed_weights(model: torch.nn.Module) -> bool:
+    """Whether a linear layer of `model` multiplies a packed weight (long prefill chunks then dequantize
+    slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
+    packed = (GroupwiseWeight, ConcatenatedWeights)
+    return any(isinstance(m, Linear) and isinstance(m.qweight, packed) for m in model.modules())

@@ -23,6 +23,7 @@ width is split into products whose k index needs no interleaving of unpacked cod
   4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
 
 Shapes:
+* long prefill chunks (M >= DEQUANT_MIN_M): the weight dequantized by slices, cuBLAS products (dequant.py);
 * prefill (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
   (one scale per row of the weight tile per step);
 * decode (M <= 8): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds its partial
@@ -42,8 +43,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_matmul import MIN_GROUP
-from kernels.triton_codes import nibble_pair_base, nibble_pairs, offset_code_base, offset_codes
+from kernels.quant_matmul import DEQUANT_MIN_M, MIN_GROUP
+from kernels.quant_matmul.dequant import dequant_matmul
+from kernels.triton_codes import (
+    nibble_pair_base,
+    nibble_pairs,
+    offset_code_base,
+    offset_codes,
+    six_bit_words,
+)
 from kernels.triton_config import dot_dtype, dot_precision
 
 
@@ -154,19 +162,7 @@ def _tile_product(
         xsum = tl.sum(x.to(tl.float32), axis=1)[:, None]
         acc = _scaled(acc, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
     elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
-        QUARTER: tl.constexpr = GROUP_SIZE // 4
-        # the row read as int32: three words hold four 24-bit words a, b, c, d (sixteen codes)
-        chunk = tl.arange(0, GROUP_SIZE // 16)
-        row = packed_ptr + offs_n[:, None] * (KP * 3 // 16) + (k0 * 3 // 16 + 3 * chunk)[None, :]
-        w0 = tl.load(row, mask=n_mask[:, None], other=0)
-        w1 = tl.load(row + 1, mask=n_mask[:, None], other=0)
-        w2 = tl.load(row + 2, mask=n_mask[:, None], other=0)
-        word_a = w0 & 0xFFFFFF
-        word_b = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
-        word_c = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
-        word_d = (w2 >> 8) & 0xFFFFFF
-        # joined as [chunk, j, i] = (a, c), (b, d): flat index 4 chunk + 2j + i runs a, b, c, d
-        word = tl.reshape(tl.join(tl.join(word_a, word_c), tl.join(word_b, word_d)), (BLOCK_N, QUARTER))
+        word = six_bit_words(packed_ptr, offs_n, n_mask, k0, KP, BLOCK_N, GROUP_SIZE)  # [BLOCK_N, GROUP / 4]
         x0, x1, x2, x3 = _columns_mod4(x.to(DOT_DTYPE), BLOCK_M, GROUP_SIZE)
         acc = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
         acc += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
@@ -306,10 +302,12 @@ def quant_matmul(
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """See kernels/quant_matmul/naive.py. block_m (GEMM rows a program, default 32), block_n (outputs a
-    program: GEMV 128, GEMM 64), num_splits (GEMV: K slices, default gemv_splits) and num_warps are tuning
-    knobs for benchmarks/gpu_kernels.py's sweeps."""
+    """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
+    slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
+    (GEMM rows a program, default 32), block_n (outputs a program: GEMV 128, GEMM 64), num_splits (GEMV: K
+    slices, default gemv_splits) and num_warps are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -318,6 +316,8 @@ def quant_matmul(
     n, num_groups = scales.shape
     kp = num_groups * group_size
     assert k <= kp, f"x has {k} columns, the weight {kp}"
+    if m >= DEQUANT_MIN_M if dequant is None else dequant:  # a long prefill chunk
+        return dequant_matmul(x, packed, scales, minimums, bits, group_size)
     common = dict(
         BITS=bits,
         GROUP_SIZE=group_size,

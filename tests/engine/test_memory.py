@@ -12,10 +12,12 @@ from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.memory import GIB, KV_POOL, Deployment, ledger
 from engine.plan import runtime
+from engine.plan.model import resolve
 from engine.plan.presets import PRESETS, preset
 from engine.plan.solver import Budget, Device, PlanRefusal, fits, frontier, max_context, needed, solve
 from engine.plan.weights import recipe_weight_bytes
 from engine.quant.groupwise import quantize, stored_nbytes
+from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "k8v4")
 RTX_3090 = Device("RTX 3090", 24 * GIB, (8, 6))
@@ -79,6 +81,7 @@ def _dep(name="qwen3.5-27b", kv="k8v4", concurrency=2, spec="mtp", vision=False,
         spec=spec,
         draft_tokens=3 if spec != "none" else 0,
         vision=vision,
+        packed_weights=p.recipe != "bf16",
         **kw,
     )
 
@@ -92,6 +95,23 @@ def test_field_sanity_qwen35_27b_on_24_gib():
     assert max_context(_dep(concurrency=1), budget) > k8v4
     best = solve(_dep(), RTX_3090, 170_000, None)
     assert best.context == 170_000 and fits(best, budget)
+
+
+def test_dequant_scratch_is_reserved_where_long_chunks_dequantize():
+    """Packed weights on a GPU with prefill chunks of DEQUANT_MIN_M+ tokens: kernels/quant_matmul keeps a
+    scratch of DEQUANT_SCRATCH_BYTES for the dequantized weight slices, a ledger row of its own. Not for
+    dense weights, the CPU (weights dequantized at load), or chunks that all take the fused GEMM."""
+    packed = _dep()
+    assert packed.packed_weights and ledger(packed, 24 * GIB).get("dequant scratch") == DEQUANT_SCRATCH_BYTES
+    for dep in (
+        packed.with_(packed_weights=False),
+        packed.with_(device="cpu"),
+        packed.with_(prefill_chunk=DEQUANT_MIN_M - 1),
+    ):
+        assert ledger(dep, 24 * GIB).get("dequant scratch") == 0
+    assert resolve(None, "qwen3.5-27b", None, None, False, False).packed_weights  # q4.6
+    assert not resolve(None, "qwen3.5-27b", "bf16", None, False, False).packed_weights
+    assert resolve(None, "qwen3.5-27b", "bf16", 4.5, False, False).packed_weights
 
 
 def test_fp8_refused_on_sm86_with_the_reason():

@@ -11,8 +11,8 @@ from conftest import save_tiny, tiny_hf_model
 from engine import LLM, SamplingParams
 from engine.quant.convert import convert
 from engine.quant.groupwise import dequantize, quantize
-from engine.quant.layer import GroupwiseWeight
-from kernels.quant_matmul import naive
+from engine.quant.layer import GroupwiseWeight, holds_packed_weights
+from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES, dequant, naive
 from kernels.quant_matmul import triton as fused
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,6 +44,62 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
         rel_err(want.float(), x.float().cpu() @ dequantize(qt).t() if DEVICE == "cpu" else want.float())
         < 1e-2
     )
+
+
+@pytest.mark.parametrize(
+    "bits,n,k,group",
+    [(4, 200, 300, 128), (4, 70, 160, 32), (4, 90, 576, 64), (6, 130, 300, 64), (8, 65, 50, 16)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_rows_matches_naive(bits, n, k, group, dtype):
+    """The long-prefill path's dequantization: any run of rows (here from row 5, n not a multiple of the
+    program's 32 rows, K not of the group) as the naive twin decodes it; exact in fp32."""
+    torch.manual_seed(n + k)
+    qt = quantize(torch.randn(n, k) * 0.05, bits, group, False)
+    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
+    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins, bits, group)
+    out = torch.full((n - 5, k), float("nan"), device=DEVICE, dtype=dtype)
+    dequant.dequantize_rows(*args, 5, out)
+    want = naive.dequantize_weight(*args, k)[5:]
+    if dtype == torch.float32:
+        assert torch.equal(out, want)
+    else:
+        assert rel_err(out, want) < 1e-2 and not out.isnan().any()
+
+
+@pytest.mark.parametrize("bits,k,group", [(4, 300, 128), (6, 256, 64), (8, 200, 128)])
+@pytest.mark.parametrize("m", [3, DEQUANT_MIN_M + 44])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_chunks_multiply_dequantized_slices(monkeypatch, bits, k, group, m, dtype):
+    """From DEQUANT_MIN_M rows of x on, quant_matmul dequantizes the weight into the scratch by slices of
+    64 rows (a scratch of 64 rows here: 200 rows take four, 64, 64, 64 and 8) and multiplies each with
+    torch.mm into its columns of the output; below it, the fused kernels run. Either way, the naive
+    product."""
+    torch.manual_seed(m + k)
+    qt = quantize(torch.randn(200, k) * 0.05, bits, group, False)
+    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
+    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins, bits, group)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    slices = []
+    real_mm = torch.mm
+    monkeypatch.setattr(
+        dequant.torch, "mm", lambda a, b, out: slices.append(b.shape[1]) or real_mm(a, b, out=out)
+    )
+    monkeypatch.setattr(dequant, "DEQUANT_SCRATCH_BYTES", 64 * k * x.element_size())
+    got = fused.quant_matmul(x, *args)
+    assert slices == ([64, 64, 64, 8] if m >= DEQUANT_MIN_M else [])
+    assert got.shape == (m, 200) and got.dtype == dtype
+    assert rel_err(got, naive.quant_matmul(x, *args)) < (1e-3 if dtype == torch.float32 else 1e-2)
+
+
+def test_dequantized_slices_are_balanced_whole_row_blocks():
+    """The 27B MLP shapes in bf16 fit the 64 MiB scratch in three balanced slices of whole 64-row blocks;
+    a row wider than the scratch still gets one block."""
+    assert DEQUANT_SCRATCH_BYTES == 64 << 20
+    assert dequant.slice_rows(17408, 5120, 2) == 5824  # up / gate: 3 slices (5824, 5824, 5760)
+    assert dequant.slice_rows(5120, 17408, 2) == 1728  # down: 3 slices (1728, 1728, 1664)
+    assert dequant.slice_rows(1024, 5120, 2) == 1024  # fits at once
+    assert dequant.slice_rows(100, 1 << 26, 2) == 64
 
 
 @pytest.mark.parametrize("m", [1, 20])
@@ -175,10 +231,22 @@ def test_groupwise_weight_concatenates_fused_shards():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe,bits", [("w4g128", 4), ("w6g128", 6)])
-def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_backend, recipe, bits):
+@pytest.mark.parametrize(
+    "recipe,bits,dequant_min_m", [("w4g128", 4, None), ("w6g128", 6, None), ("w4g128", 4, 16)]
+)
+def test_engine_keeps_weights_packed_through_the_fused_kernel(
+    tmp_path, monkeypatch, kernel_backend, recipe, bits, dequant_min_m
+):
     """A w4g128 / w6g128 .ninfer of a tiny Llama: packed weights through the Triton kernel (interpreted on
-    CPU, compiled on a GPU) generate the tokens the dequantized dense weights do."""
+    CPU, compiled on a GPU) generate the tokens the dequantized dense weights do. dequant_min_m 16: the
+    21-token prompt is a long chunk, through dequantized slices and torch.mm (decode stays on the GEMV)."""
+    long_chunks = []  # rows of each product through the dequantized slices
+    if dequant_min_m is not None:
+        monkeypatch.setattr(fused, "DEQUANT_MIN_M", dequant_min_m)
+        slices = fused.dequant_matmul
+        monkeypatch.setattr(
+            fused, "dequant_matmul", lambda x, *a: long_chunks.append(len(x)) or slices(x, *a)
+        )
     src = save_tiny(
         tiny_hf_model("llama", tied=True, seed=3, hidden_size=128, intermediate_size=256), tmp_path / "src"
     )
@@ -187,11 +255,12 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     prompt = list(range(40, 61))
     kernel_backend("naive")
-    dense = LLM(out, weight_quant="none", device=DEVICE).generate(
-        prompt_token_ids=prompt, sampling_params=params
-    )[0]
+    dense_llm = LLM(out, weight_quant="none", device=DEVICE)
+    dense = dense_llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
     kernel_backend("triton")
     packed_llm = LLM(out, weight_quant="none", device=DEVICE)
+    # the memory ledger's dequant scratch row follows this (engine/memory.py)
+    assert holds_packed_weights(packed_llm.model) and not holds_packed_weights(dense_llm.model)
     layer = packed_llm.model.model.layers[0]
     assert (
         isinstance(layer.self_attn.qkv_proj.qweight, GroupwiseWeight)
@@ -203,6 +272,9 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(tmp_path, kernel_b
     assert embed.qweight is packed_llm.model.lm_head.qweight and embed.weight is None  # ... is the table
     got = packed_llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
     assert got.token_ids == dense.token_ids
+    # with dequant_min_m 16, the prompt's qkv, o, gate_up and down products (per layer) took the slices
+    assert all(m == len(prompt) for m in long_chunks)
+    assert (len(long_chunks) >= 4) == (dequant_min_m is not None)
     for a, b in zip(got.logprobs, dense.logprobs):
         assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
 
