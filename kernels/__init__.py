@@ -146,9 +146,9 @@ def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
     )
 
 
-def quant_matmul(x, packed, scales, minimums, bits, group_size):
+def quant_matmul(x, packed, scales, minimums, bits, group_size, out=None):
     impl = _triton("quant_matmul") if use_triton(x) else _quant_matmul_naive
-    return impl.quant_matmul(x, packed, scales, minimums, bits, group_size)
+    return impl.quant_matmul(x, packed, scales, minimums, bits, group_size, out)
 
 
 def quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype):

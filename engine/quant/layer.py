@@ -43,13 +43,18 @@ class GroupwiseWeight:
         )
 
     @property
+    def out_features(self) -> int:
+        return self.scales.shape[0]
+
+    @property
     def nbytes(self) -> int:
         tensors = [self.packed, self.scales, self.minimums]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [M, K] -> [M, N]
-        return kernels.quant_matmul(x, self.packed, self.scales, self.minimums, self.bits, self.group_size)
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given)
+        args = (self.packed, self.scales, self.minimums, self.bits, self.group_size)
+        return kernels.quant_matmul(x, *args, out)
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of the matrix as an embedding table ([T] -> [T, K] in dtype), dequantized on lookup."""
@@ -61,7 +66,7 @@ class GroupwiseWeight:
 class ConcatenatedWeights:
     """A fused projection (q|k|v, gate|up) whose checkpoint shards were quantized at different widths or
     groups (q4.6 chooses per tensor): one GroupwiseWeight per run of equal (bits, group) shards, a kernel
-    call each, outputs concatenated along the output dim."""
+    call each, writing its own columns of the output."""
 
     parts: list[GroupwiseWeight]
 
@@ -70,8 +75,13 @@ class ConcatenatedWeights:
         return sum(p.nbytes for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [M, K] -> [M, sum of the parts' N]
-        return torch.cat([p(x) for p in self.parts], dim=-1)
+        # x: [M, K] -> [M, sum of the parts' N]: each part's kernel writes its own columns (no concatenation)
+        out = x.new_empty((x.shape[0], sum(p.out_features for p in self.parts)))
+        start = 0
+        for part in self.parts:
+            part(x, out[:, start : start + part.out_features])
+            start += part.out_features
+        return out
 
 
 def packed_weight(shards: list[QuantizedTensor], device) -> GroupwiseWeight | ConcatenatedWeights:

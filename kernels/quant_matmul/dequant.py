@@ -135,12 +135,10 @@ def dequant_matmul(
     minimums: torch.Tensor | None,
     bits: int,
     group_size: int,
+    out: torch.Tensor,  # [M, N] in x's dtype, unit column stride
 ) -> torch.Tensor:
-    """y = x W^T ([M, N] in x's dtype) by slices of W dequantized into the scratch (the naive twin:
-    naive.quant_matmul)."""
-    m, k = x.shape
-    n = scales.shape[0]
-    out = x.new_empty((m, n))
+    """y = x W^T into out by slices of W dequantized into the scratch (the naive twin: naive.quant_matmul)."""
+    k, n = x.shape[1], scales.shape[0]
     rows = slice_rows(n, k, x.element_size())
     buf = scratch(x.device, x.dtype, rows * k)
     for row0 in range(0, n, rows):

@@ -297,6 +297,7 @@ def quant_matmul(
     minimums: torch.Tensor | None,
     bits: int,
     group_size: int,
+    out: torch.Tensor | None = None,  # [M, N] in x's dtype, unit column stride (see naive.py)
     *,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -316,8 +317,10 @@ def quant_matmul(
     n, num_groups = scales.shape
     kp = num_groups * group_size
     assert k <= kp, f"x has {k} columns, the weight {kp}"
+    out = x.new_empty((m, n)) if out is None else out
+    assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
     if m >= DEQUANT_MIN_M if dequant is None else dequant:  # a long prefill chunk
-        return dequant_matmul(x, packed, scales, minimums, bits, group_size)
+        return dequant_matmul(x, packed, scales, minimums, bits, group_size, out)
     common = dict(
         BITS=bits,
         GROUP_SIZE=group_size,
@@ -337,7 +340,6 @@ def quant_matmul(
     # GEMM, or a large head such as the vocabulary's)
     split_k = per_split < groups
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
-    out = x.new_empty((m, n))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     _quant_matmul_kernel[grid](
         x,

@@ -205,10 +205,34 @@ def test_narrow_6bit_groups_are_refused_by_the_kernel_and_dequantized_at_load():
         fused.quant_matmul(x, qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE), 6, 32)
 
 
-def test_shards_of_different_widths_stay_packed_apart():
+@pytest.mark.parametrize("path", ["gemv", "gemm", "dequant", "naive"])
+def test_output_into_a_wider_tensors_columns(path):
+    """out=: the product lands in a column view of a wider output (a fused projection's part), on every
+    path; the columns around it are left as they were."""
+    torch.manual_seed(5)
+    qt = quantize(torch.randn(200, 900) * 0.05, 4, 128, False)
+    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE), 4, 128)
+    x = torch.randn(1 if path == "gemv" else 20, 900, device=DEVICE)
+    wide = torch.full((len(x), 330), float("nan"), device=DEVICE)
+    view = wide[:, 70:270]
+    if path == "naive":
+        got = naive.quant_matmul(x, *args, view)
+    else:
+        got = fused.quant_matmul(
+            x, *args, view, dequant=path == "dequant", num_splits=3 if path == "gemv" else None
+        )
+    assert got.data_ptr() == view.data_ptr()
+    assert rel_err(view, naive.quant_matmul(x, *args)) < 1e-3
+    assert wide[:, :70].isnan().all() and wide[:, 270:].isnan().all()
+
+
+@pytest.mark.parametrize("backend", ["naive", "triton"])
+def test_shards_of_different_widths_stay_packed_apart(kernel_backend, backend):
     """q4.6 picks bits per tensor, so q / k / v of one fused projection may differ: runs of equal (bits,
-    group) fuse, the rest are separate kernel calls, outputs concatenated."""
+    group) fuse, the rest are separate kernel calls, each writing its columns of one output."""
     from engine.quant.layer import ConcatenatedWeights, packed_weight
+
+    kernel_backend(backend)
 
     torch.manual_seed(0)
     ws = [torch.randn(n, 256) * 0.05 for n in (64, 32, 32, 48)]
