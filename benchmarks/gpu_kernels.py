@@ -389,6 +389,24 @@ def main() -> None:
                 )
                 path = "dequant" if dq else "fused"
                 record(f"sweep W4A16 GEMM path={path}", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+        # the scratch's size: smaller slices may stay in L2 between their dequantization and cuBLAS reading
+        # them back, larger ones give cuBLAS wider products (fewer partial waves); 64 MiB is the default
+        default_scratch = quant_dequant.DEQUANT_SCRATCH_BYTES
+        try:
+            for m in (512, 2048):
+                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                for mib in (16, 32, 64, 128):
+                    quant_dequant.DEQUANT_SCRATCH_BYTES = mib << 20
+                    t = bench(
+                        lambda x=x: quant_matmul_triton.quant_matmul(
+                            x, packed, scales, mins, 4, 128, dequant=True
+                        ),
+                        triton_kernels=False,
+                    )
+                    name = f"sweep W4A16 GEMM dequant scratch_mib={mib}"
+                    record(name, f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+        finally:
+            quant_dequant.DEQUANT_SCRATCH_BYTES = default_scratch
         q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
             for block_n in (32, 64):
