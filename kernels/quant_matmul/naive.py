@@ -39,10 +39,10 @@ def quant_matmul(
     minimums: torch.Tensor | None,
     bits: int,
     group_size: int,
-    out: torch.Tensor | None = None,  # [M, N] in x's dtype, rows of unit stride: y lands there (a view of
-    # a wider output's columns, say)
+    out: torch.Tensor | None = None,  # [M, N] in x's dtype, unit column stride
 ) -> torch.Tensor:
-    """y = x W^T for a 4-, 6- or 8-bit group-wise quantized W [N, K]: [M, N] in x's dtype, fp32 accumulation."""
+    """y = x W^T for a 4-, 6- or 8-bit group-wise quantized W [N, K]: [M, N] in x's dtype, fp32 accumulation.
+    With `out` (a column view of a wider output, say), y is written there and out returned."""
     w = dequantize_weight(packed, scales, minimums, bits, group_size, x.shape[1])
     y = (x.float() @ w.t()).to(x.dtype)
     return y if out is None else out.copy_(y)

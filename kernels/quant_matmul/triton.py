@@ -319,7 +319,8 @@ def quant_matmul(
     assert k <= kp, f"x has {k} columns, the weight {kp}"
     out = x.new_empty((m, n)) if out is None else out
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
-    if m >= DEQUANT_MIN_M if dequant is None else dequant:  # a long prefill chunk
+    long_chunk = m >= DEQUANT_MIN_M if dequant is None else dequant
+    if long_chunk:
         return dequant_matmul(x, packed, scales, minimums, bits, group_size, out)
     common = dict(
         BITS=bits,
