@@ -53,7 +53,8 @@ def test_quant_matmul_matches_naive(bits, n, k, m, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dequantize_rows_matches_naive(bits, n, k, group, dtype):
     """The long-prefill path's dequantization: any run of rows (here from row 5, n not a multiple of the
-    program's 32 rows, K not of the group) as the naive twin decodes it; exact in fp32."""
+    program's 32 rows, K not of the group) as the naive twin decodes it; to rounding in fp32 (a wrong code
+    is off by a whole scale step, ~1e-2 of the weight)."""
     torch.manual_seed(n + k)
     qt = quantize(torch.randn(n, k) * 0.05, bits, group, False)
     mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
@@ -61,8 +62,8 @@ def test_dequantize_rows_matches_naive(bits, n, k, group, dtype):
     out = torch.full((n - 5, k), float("nan"), device=DEVICE, dtype=dtype)
     dequant.dequantize_rows(*args, 5, out)
     want = naive.dequantize_weight(*args, k)[5:]
-    if dtype == torch.float32:
-        assert torch.equal(out, want)
+    if dtype == torch.float32:  # one rounding apart at most (a GPU fuses q * scale + minimum into an FMA)
+        assert (out - want).abs().max() <= 1e-6 * want.abs().max()
     else:
         assert rel_err(out, want) < 1e-2 and not out.isnan().any()
 
