@@ -17,7 +17,7 @@ from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)
 # cuBLAS / cuBLASLt workspaces of the matmuls torch still runs, and the split-K GEMVs' partial-sum buffers
-# (kernels/quant_matmul/triton.split_buffers: 8 fp32 rows per projection width, ~1 MiB each at 27B)
+# (kernels/quant_matmul/triton.split_buffers: 16 fp32 rows per projection width, ~1-2 MiB each at 27B)
 LIBRARY_WORKSPACE_BYTES = 64 * MIB
 MARGIN_FRACTION, MIN_MARGIN_BYTES = 0.02, 256 * MIB  # allocator fragmentation, stray tensors
 GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured decode graph (its static inputs and bookkeeping)

@@ -24,9 +24,9 @@ width is split into products whose k index needs no interleaving of unpacked cod
 
 Shapes:
 * long prefill chunks (M >= DEQUANT_MIN_M): the weight dequantized by slices, cuBLAS products (dequant.py);
-* prefill (M > 8): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
+* prefill (M > 16): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
   (one scale per row of the weight tile per step);
-* decode (M <= 8): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds its partial
+* decode (M <= GEMV_MAX_M = 16): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds its partial
   sums into an fp32 buffer; the slices are sized so every SM gets several programs (gemv_splits). The
   last slice of a tile to finish (an arrival counter per tile) stores the tile in x's dtype and zeroes its
   part of the buffer and the counter, so the next GEMV finds them clean: one kernel a GEMV.
@@ -250,7 +250,10 @@ def _quant_matmul_kernel(
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-GEMV_MAX_M = 8
+# rows of x the split-K GEMV takes: its programs hold 16 rows (the smallest tensor-core tile) whatever M
+# is, so M = 16 costs it what M = 1 does (194 / 198 instructions per KB of 4-bit weight on SM 9.0), where
+# the GEMM at M = 16 issues ~440 per KB (half an H200's bandwidth at most) with all of K in each program
+GEMV_MAX_M = 16
 # 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
 # four 4-bit products) spreads over twice the rows of a 64-row tile; about 200 instead of 280 instructions
 # per KB of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)

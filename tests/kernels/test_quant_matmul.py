@@ -1,4 +1,4 @@
-"""The fused W4A16 / W8A16 matmul (GEMM for prefill shapes, split-K GEMV for M <= 8) against its naive twin,
+"""The fused W4A16 / W8A16 matmul (GEMM for prefill shapes, split-K GEMV for M <= 16) against its naive twin,
 and the engine running a .ninfer model with its weights left packed through it."""
 
 from __future__ import annotations
