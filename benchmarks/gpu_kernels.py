@@ -289,7 +289,7 @@ def main() -> None:
         # counted (q4.6 mixes 4- and 6-bit matrices)
         for bits in (4, 6, 8):
             qt, packed, scales, mins = up_proj(bits)
-            for m in (1, 8):
+            for m in (1, 8, 16):  # 16: C4 with three draft tokens, the GEMV's largest M (GEMV_MAX_M)
                 x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
                 t = bench(
                     lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
