@@ -28,7 +28,7 @@ from engine.quant.groupwise import quantize
 from kernels.conv1d import triton as conv1d_triton
 from kernels.gated_delta import triton as gated_delta_triton
 from kernels.kv_store import triton as kv_store_triton
-from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
+from kernels.paged_attention import num_decode_splits
 from kernels.paged_attention import triton as attention
 from kernels.quant_matmul import dequant as quant_dequant
 from kernels.quant_matmul import triton as quant_matmul_triton
@@ -263,20 +263,7 @@ def main() -> None:
         partial = torch.randn(1, 24, splits, 256, device=DEVICE)
         lse = torch.randn(1, 24, splits, device=DEVICE)
         out = torch.empty(1, 24, 256, device=DEVICE, dtype=bf)
-        t = bench(
-            lambda: attention._reduce_kernel[(1, 24)](
-                partial,
-                lse,
-                out,
-                out.stride(0),
-                out.stride(1),
-                24,
-                256,
-                splits,
-                BLOCK_S=max(MAX_DECODE_SPLITS, triton.next_power_of_2(splits)),
-                BLOCK_D=256,
-            )
-        )
+        t = bench(lambda: attention.combine_splits(partial, lse, out))
         moved = (partial.numel() + lse.numel()) * 4 + out.numel() * 2
         record("decode split reduction", f"B=1, {splits} splits, 24q x 256", t, bytes_moved=moved)
 

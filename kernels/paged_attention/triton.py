@@ -462,6 +462,16 @@ def paged_attention_decode(
         num_stages=num_stages or _num_stages(q, cache, block_n, block_r),
         **_common(q, cache),
     )
+    return combine_splits(partial, lse, out)
+
+
+def combine_splits(
+    partial: torch.Tensor,  # [T, Hq, splits, D] fp32: each split's normalised output
+    lse: torch.Tensor,  # [T, Hq, splits] fp32: each split's log-sum-exp
+    out: torch.Tensor,  # [T, Hq, D]
+) -> torch.Tensor:
+    """The decode's second kernel: every split's output weighted by its share of the softmax, into out."""
+    num_tokens, num_q_heads, splits, head_dim = partial.shape
     _reduce_kernel[(num_tokens, num_q_heads)](
         partial,
         lse,
