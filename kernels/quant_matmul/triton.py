@@ -24,12 +24,13 @@ width is split into products whose k index needs no interleaving of unpacked cod
 
 Shapes:
 * long prefill chunks (M >= DEQUANT_MIN_M): the weight dequantized by slices, cuBLAS products (dequant.py);
-* prefill (M > 16): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile, K in group-sized steps
-  (one scale per row of the weight tile per step);
-* decode (M <= GEMV_MAX_M = 16): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds its partial
-  sums into an fp32 buffer; the slices are sized so every SM gets several programs (gemv_splits). The
-  last slice of a tile to finish (an arrival counter per tile) stores the tile in x's dtype and zeroes its
-  part of the buffer and the counter, so the next GEMV finds them clean: one kernel a GEMV.
+* prefill (GEMV_MAX_M < M < DEQUANT_MIN_M): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile,
+  K in group-sized steps (one scale per row of the weight tile per step);
+* decode (M <= GEMV_MAX_M = 16): split-K GEMV, each program takes a slice of K for BLOCK_N outputs and adds
+  its partial sums into an fp32 buffer; the slices are sized so every SM gets several programs
+  (gemv_splits). The last slice of a tile to finish (an arrival counter per tile) stores the tile in x's
+  dtype and zeroes its part of the buffer and the counter, so the next GEMV finds them clean: one kernel a
+  GEMV.
 
 scripts/cuda_compile_check.py --sass counts the instructions of the compiled inner loop per KB of packed
 weight, which bounds the fraction of HBM bandwidth an SM can keep up with (docs/kernels.md).
