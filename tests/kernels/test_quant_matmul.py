@@ -22,6 +22,13 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _operands(qt) -> tuple:
+    """quant_matmul's weight arguments for a QuantizedTensor, on DEVICE: packed, scales, minimums, bits,
+    group_size."""
+    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
+    return qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins, qt.bits, qt.group_size
+
+
 @pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize(
     "n,k", [(96, 256), (80, 300), (64, 130), (48, 576)]
@@ -57,8 +64,7 @@ def test_dequantize_rows_matches_naive(bits, n, k, group, dtype):
     is off by a whole scale step, ~1e-2 of the weight)."""
     torch.manual_seed(n + k)
     qt = quantize(torch.randn(n, k) * 0.05, bits, group, False)
-    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
-    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins, bits, group)
+    args = _operands(qt)
     out = torch.full((n - 5, k), float("nan"), device=DEVICE, dtype=dtype)
     dequant.dequantize_rows(*args, 5, out)
     want = naive.dequantize_weight(*args, k)[5:]
@@ -78,8 +84,7 @@ def test_long_chunks_multiply_dequantized_slices(monkeypatch, bits, k, group, m,
     product."""
     torch.manual_seed(m + k)
     qt = quantize(torch.randn(200, k) * 0.05, bits, group, False)
-    mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
-    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins, bits, group)
+    args = _operands(qt)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     slices = []
     real_mm = torch.mm
@@ -168,11 +173,10 @@ def test_split_gemv_leaves_its_buffers_clean_for_the_next():
     weights = [quantize(torch.randn(200, 900) * 0.05, bits, 128) for bits in (4, 8, 4)]
     for step in range(3):
         for qt in weights:
-            mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
-            args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins)
+            args = _operands(qt)
             x = torch.randn(1 + step * 3, 900, device=DEVICE)
-            got = fused.quant_matmul(x, *args, qt.bits, 128, block_n=32, num_splits=3)
-            assert rel_err(got, naive.quant_matmul(x, *args, qt.bits, 128)) < 1e-3
+            got = fused.quant_matmul(x, *args, block_n=32, num_splits=3)
+            assert rel_err(got, naive.quant_matmul(x, *args)) < 1e-3
             sums, arrivals = fused.split_buffers(x.device, 200, 7)
             assert not sums.any() and not arrivals.any()
 
@@ -212,7 +216,7 @@ def test_output_into_a_wider_tensors_columns(path):
     path; the columns around it are left as they were."""
     torch.manual_seed(5)
     qt = quantize(torch.randn(200, 900) * 0.05, 4, 128, False)
-    args = (qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE), 4, 128)
+    args = _operands(qt)
     x = torch.randn(1 if path == "gemv" else 20, 900, device=DEVICE)
     wide = torch.full((len(x), 330), float("nan"), device=DEVICE)
     view = wide[:, 70:270]
