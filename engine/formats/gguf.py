@@ -14,11 +14,13 @@ from tokenizers.models import BPE
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats import gguf_qwen35
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
-# GGUF architecture -> HF architecture; both share the Llama tensor layout (qwen3 adds q/k norms)
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# GGUF architecture -> HF architecture: Llama's tensor layout (qwen3 adds q/k norms; qwen35 adds the
+# Gated DeltaNet layers and gated attention, gguf_qwen35.py)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -32,17 +34,20 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    **gguf_qwen35.LAYER_NAMES,
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 # pre-tokenizer regexes by tokenizer.ggml.pre (the split rules the original HF tokenizers use)
 _LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Qwen3.5: Qwen2's, with combining marks (\p{M}) kept in the word they belong to
+_QWEN35_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def _pre_tokenizer(pre: str):
@@ -51,7 +56,12 @@ def _pre_tokenizer(pre: str):
         return byte_level
     if pre == "smollm":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    split = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}.get(pre)
+    split = {
+        "llama-bpe": _LLAMA3_SPLIT,
+        "llama3": _LLAMA3_SPLIT,
+        "qwen2": _QWEN2_SPLIT,
+        "qwen35": _QWEN35_SPLIT,
+    }.get(pre)
     if split is None:
         raise NinferError(
             f"this GGUF uses the pre-tokenizer '{pre}', which ninfer does not know yet; "
@@ -131,23 +141,30 @@ def _config(reader, path: Path) -> ModelConfig:
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    return ModelConfig(
+    head_dim = key("attention.key_length", hidden // num_heads)
+    num_layers = key("block_count")
+    layout: dict[str, Any] = dict(
         architecture=ARCHITECTURES[arch],
+        num_hidden_layers=num_layers,
+        layer_types=("full_attention",) * num_layers,
+    )
+    if arch == "qwen35":
+        layout = gguf_qwen35.config_fields(key, head_dim, gguf_qwen35.text_layers(names, num_layers))
+    return ModelConfig(
         vocab_size=key("vocab_size", len(tokens)),
         hidden_size=hidden,
         intermediate_size=key("feed_forward_length"),
-        num_hidden_layers=key("block_count"),
         num_attention_heads=num_heads,
         num_key_value_heads=key("attention.head_count_kv", num_heads),
-        head_dim=key("attention.key_length", hidden // num_heads),
+        head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         max_position_embeddings=key("context_length"),
         tie_word_embeddings="output.weight" not in names,
-        layer_types=("full_attention",) * key("block_count"),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
+        **layout,
     )
 
 
@@ -157,13 +174,21 @@ def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, num_layers: int) -> str | None:
+    """The HF name of GGUF tensor `name`; None for tensors ninfer does not read (llama.cpp-only tensors,
+    rope_freqs, which is read into the config, and the MTP blocks after the text layers)."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK_RE.match(name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    if m is None or int(m.group(1)) >= num_layers:
         return None
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    layer, rest = m.groups()
+    if rest in gguf_qwen35.PARAMETERS:
+        return f"model.layers.{layer}.{gguf_qwen35.PARAMETERS[rest]}"
+    module, _, suffix = rest.rpartition(".")
+    if module not in _LAYER_NAMES or suffix not in ("weight", "bias"):
+        return None
+    return f"model.layers.{layer}.{_LAYER_NAMES[module]}.{suffix}"
 
 
 def load_gguf(path: Path) -> ModelSource:
@@ -174,25 +199,28 @@ def load_gguf(path: Path) -> ModelSource:
     except (ValueError, OSError) as e:
         raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
     config = _config(reader, path)
-    permute_qk = _field(reader, "general.architecture") == "llama"
+    arch = _field(reader, "general.architecture")
+    num_layers = config.num_hidden_layers
 
     def weights() -> WeightIterator:
         for t in reader.tensors:
-            name = _hf_name(t.name)
+            name = _hf_name(t.name, num_layers)
             if name is None:
-                continue  # llama.cpp-only tensors (rope_freqs is read into the config)
+                continue
             data = gguf.quants.dequantize(t.data, t.tensor_type)
             tensor = torch.from_numpy(np.array(data, dtype=np.float32))
-            if permute_qk and name.endswith("self_attn.q_proj.weight"):
+            if arch == "llama" and name.endswith("self_attn.q_proj.weight"):
                 tensor = _unpermute(tensor, config.num_attention_heads)
-            elif permute_qk and name.endswith("self_attn.k_proj.weight"):
+            elif arch == "llama" and name.endswith("self_attn.k_proj.weight"):
                 tensor = _unpermute(tensor, config.num_key_value_heads)
+            elif arch == "qwen35":
+                tensor = gguf_qwen35.restore(name, tensor, config)
             yield name, tensor
 
     tensor_bits = {}
     for t in reader.tensors:
         bits = re.search(r"Q(\d)", t.tensor_type.name)  # Q4_1 -> 4, Q6_K -> 6, IQ4_NL -> 4; F16 -> none
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, num_layers)
         if bits and name:
             tensor_bits[name] = int(bits.group(1))
     return ModelSource(

@@ -1,0 +1,95 @@
+"""Qwen3.5 in GGUF (llama.cpp's `qwen35` architecture): its metadata read into a ModelConfig, and what
+llama.cpp's converter changed in the tensors undone, so that they load as the HF checkpoint's.
+
+What the converter stores differently from the HF checkpoint:
+- the (1 + w) RMSNorm weights (layer norms, q/k norms, the final norm) as 1 + w; the Gated DeltaNet's
+  own gated norm as is;
+- A_log as -exp(A_log) (`ssm_a`), dt_bias as `ssm_dt.bias`, the conv1d kernel [C, 1, K] as [C, K];
+- where value heads outnumber key heads, every tensor that runs over value heads (the v rows of
+  in_proj_qkv and the conv1d, in_proj_z / b / a rows, A_log, dt_bias, out_proj columns) in tiled order,
+  value head j of key head i at j * num_k + i, where the checkpoint groups them (i * per_k + j);
+- the multi-token-prediction layers as extra blocks after the text layers (`blk.N.nextn.*` and a full
+  attention block), which ninfer does not read from a GGUF.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+
+# GGUF block tensor -> HF name inside a layer (attn_q/k/v/output, q/k norms and the MLP are Llama's names)
+LAYER_NAMES = {
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "post_attention_norm": "post_attention_layernorm",
+}
+# GGUF tensors whose HF name is not the suffix-for-suffix rename (a parameter, not a module's weight)
+PARAMETERS = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
+
+_MTP_RE = re.compile(r"^blk\.(\d+)\.nextn\.")
+
+
+def text_layers(tensor_names: Iterable[str], block_count: int) -> int:
+    """The blocks before the first MTP block (the converter counts MTP layers in block_count)."""
+    mtp = [int(m.group(1)) for n in tensor_names if (m := _MTP_RE.match(n))]
+    return min(mtp, default=block_count)
+
+
+def config_fields(key: Callable[..., Any], head_dim: int, num_layers: int) -> dict[str, Any]:
+    """The ModelConfig fields of the hybrid layout, from the `qwen35.*` keys (`key` reads one)."""
+    interval = key("full_attention_interval", 4)
+    num_v_heads = key("ssm.time_step_rank")
+    return dict(
+        architecture="Qwen3_5ForCausalLM",
+        num_hidden_layers=num_layers,
+        layer_types=tuple(
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ),
+        partial_rotary_factor=key("rope.dimension_count", head_dim // 4) / head_dim,
+        linear_num_key_heads=key("ssm.group_count"),
+        linear_num_value_heads=num_v_heads,
+        linear_key_head_dim=key("ssm.state_size"),
+        linear_value_head_dim=key("ssm.inner_size") // num_v_heads,
+        linear_conv_kernel_dim=key("ssm.conv_kernel"),
+    )
+
+
+def restore(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The HF checkpoint's tensor `name` from the converter's (fp32)."""
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        tensor = tensor - 1
+    elif name.endswith("linear_attn.A_log"):
+        tensor = torch.log(-tensor)
+    num_k = config.linear_num_key_heads
+    per_k = config.linear_num_value_heads // num_k if num_k else 1
+    if per_k == 1 or ".linear_attn." not in name:
+        return tensor
+    head_v = config.linear_value_head_dim
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        key_rows = 2 * num_k * config.linear_key_head_dim
+        v = _grouped(tensor[key_rows:], 0, num_k, per_k, head_v)
+        return torch.cat([tensor[:key_rows], v])
+    if name.endswith("in_proj_z.weight"):
+        return _grouped(tensor, 0, num_k, per_k, head_v)
+    if name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+        return _grouped(tensor, 0, num_k, per_k, 1)
+    if name.endswith("out_proj.weight"):
+        return _grouped(tensor, 1, num_k, per_k, head_v)
+    return tensor
+
+
+def _grouped(tensor: torch.Tensor, dim: int, num_k: int, per_k: int, head_dim: int) -> torch.Tensor:
+    """Value heads along `dim` from tiled order [per_k, num_k, head_dim] to grouped [num_k, per_k, head_dim]."""
+    shape = tensor.shape
+    tiled = tensor.reshape(*shape[:dim], per_k, num_k, head_dim, *shape[dim + 1 :])
+    return tiled.transpose(dim, dim + 1).reshape(shape)

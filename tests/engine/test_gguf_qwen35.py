@@ -1,0 +1,183 @@
+"""Qwen3.5 GGUF files: a tiny transformers model written the way llama.cpp's converter writes one (renamed
+tensors, 1 + w norms, -exp(A_log), squeezed conv1d, value heads in tiled order, an MTP block) loads back
+as the checkpoint and generates transformers' greedy tokens; `ninfer convert` reads it."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import hf_greedy_reference, tiny_hf_model
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from engine import LLM, NinferError, SamplingParams
+from engine.formats.gguf import _pre_tokenizer, load_gguf
+from engine.quant.convert import convert
+
+PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+INTERVAL = 2  # every second layer full attention (llama.cpp's layout is an interval, not a list)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # 2 key heads, 4 value heads: the converter's tiled value-head order differs from the checkpoint's
+    layer_types = ["linear_attention", "full_attention"] * 2
+    return tiny_hf_model("qwen3_5", tied=False, layer_types=layer_types)
+
+
+def _tiled(t: torch.Tensor, dim: int, num_k: int, per_k: int, head_dim: int) -> torch.Tensor:
+    """The converter's reorder: value head j of key head i moves from i * per_k + j to j * num_k + i."""
+    shape = list(t.shape)
+    t = t.reshape(*shape[:dim], num_k, per_k, head_dim, *shape[dim + 1 :])
+    return t.transpose(dim, dim + 1).reshape(shape)
+
+
+def _as_converted(name: str, t: torch.Tensor, cfg) -> tuple[str, torch.Tensor]:
+    """(HF name, tensor) as llama.cpp's Qwen3.5 converter stores it (name still HF-style)."""
+    num_k, num_v = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    per_k, head_v = num_v // num_k, cfg.linear_value_head_dim
+    key_rows = 2 * num_k * cfg.linear_key_head_dim
+    if ".linear_attn." in name:
+        if "in_proj_qkv" in name:
+            t = torch.cat([t[:key_rows], _tiled(t[key_rows:], 0, num_k, per_k, head_v)])
+        elif "in_proj_z" in name:
+            t = _tiled(t, 0, num_k, per_k, head_v)
+        elif "in_proj_b" in name or "in_proj_a" in name:
+            t = _tiled(t, 0, num_k, per_k, 1)
+        elif name.endswith(("A_log", "dt_bias")):
+            t = _tiled(t.unsqueeze(-1), 0, num_k, per_k, 1).squeeze(-1)
+        elif "conv1d" in name:
+            t = t.squeeze()
+            t = torch.cat([t[:key_rows], _tiled(t[key_rows:], 0, num_k, per_k, head_v)])
+        elif "out_proj" in name:
+            t = _tiled(t, 1, num_k, per_k, head_v)
+    if name.endswith("A_log"):
+        t = -torch.exp(t)
+    elif name.endswith("dt_bias"):
+        name = name.replace("dt_bias", "dt_proj.bias")
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        t = t + 1
+    return name, t
+
+
+def write_qwen35_gguf(model, path, mtp_layers: int = 1):
+    """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5."""
+    cfg = model.config
+    blocks = cfg.num_hidden_layers + mtp_layers
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    w.add_block_count(blocks)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    w.add_full_attention_interval(INTERVAL)
+    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    w.add_rope_dimension_sections([11, 11, 10, 0])
+    if mtp_layers:
+        w.add_nextn_predict_layers(mtp_layers)
+    for hf_name, t in model.state_dict().items():
+        hf_name, t = _as_converted(hf_name, t.float(), cfg)
+        w.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), t.numpy())
+    for i in range(mtp_layers):  # an MTP block: nextn tensors and a full-attention layer's
+        bid = cfg.num_hidden_layers + i
+        w.add_tensor(
+            f"blk.{bid}.nextn.eh_proj.weight", np.ones((cfg.hidden_size, 2 * cfg.hidden_size), np.float32)
+        )
+        w.add_tensor(f"blk.{bid}.attn_q.weight", np.ones((8, cfg.hidden_size), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen35_gguf(model, tmp_path_factory):
+    return write_qwen35_gguf(model, tmp_path_factory.mktemp("q35gguf") / "tiny-qwen35.gguf")
+
+
+def test_config_read_from_the_qwen35_keys(model, qwen35_gguf):
+    config = load_gguf(qwen35_gguf).config
+    assert config.architecture == "Qwen3_5ForCausalLM"
+    assert config.num_hidden_layers == 4  # the MTP block is not a text layer
+    assert config.layer_types == tuple(model.config.layer_types)
+    assert config.partial_rotary_factor == 0.25
+    assert (config.linear_num_key_heads, config.linear_num_value_heads) == (2, 4)
+    assert (config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim) == (
+        16,
+        16,
+        4,
+    )
+    assert config.rope_theta == model.config.rope_parameters["rope_theta"]
+    assert not config.tie_word_embeddings and config.mtp_num_hidden_layers == 0
+
+
+def test_tensors_come_back_as_the_checkpoint_holds_them(model, qwen35_gguf):
+    got = dict(load_gguf(qwen35_gguf).weights())
+    want = model.state_dict()
+    assert set(got) == set(want)  # the MTP block's tensors are left out
+    for name, tensor in want.items():
+        assert torch.allclose(got[name], tensor.float().reshape(got[name].shape), rtol=1e-5, atol=1e-6), name
+
+
+def test_generates_transformers_greedy_tokens(model, qwen35_gguf):
+    want, _ = hf_greedy_reference(model, PROMPT, GREEDY.max_tokens)
+    got = LLM(qwen35_gguf).generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    assert got.token_ids == want
+
+
+def test_convert_reads_a_qwen35_gguf(qwen35_gguf, tmp_path):
+    out = tmp_path / "tiny-qwen35.ninfer"
+    convert(qwen35_gguf, out, "bf16")
+    want = LLM(qwen35_gguf, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    got = LLM(out, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    assert got.token_ids == want.token_ids
+
+
+def test_missing_linear_attention_key_is_named(model, tmp_path):
+    path = tmp_path / "no-ssm.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    for key, value in {
+        "block_count": 2,
+        "context_length": 64,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+    }.items():
+        w.add_uint32(f"qwen35.{key}", value)
+    w.add_float32("qwen35.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(NinferError, match=r"lacks the metadata key qwen35\.ssm\.time_step_rank"):
+        load_gguf(path)
+
+
+def test_qwen35_pre_tokenizer_keeps_combining_marks_in_their_word():
+    """Qwen3.5's split adds \\p{M} to the letter runs: 'e' + U+0301 stays one piece (Qwen2's splits it)."""
+    text = "Cafe\u0301 ok"
+
+    def pieces(pre: str) -> list[str]:
+        backend = HFTokenizer(BPE())
+        backend.pre_tokenizer = _pre_tokenizer(pre)
+        return [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+
+    assert len(pieces("qwen35")) == 2
+    assert len(pieces("qwen2")) == 3
