@@ -45,19 +45,17 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
         cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **common)
         model = tf.Qwen3ForCausalLM(cfg)
     elif arch == "qwen3_5":
-        layer_types = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
-        cfg = tf.Qwen3_5TextConfig(
+        hybrid = dict(
             num_hidden_layers=4,
-            layer_types=common.pop("layer_types", layer_types),
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
             linear_num_key_heads=2,
             linear_num_value_heads=4,
             linear_key_head_dim=16,
             linear_value_head_dim=16,
             linear_conv_kernel_dim=4,
-            tie_word_embeddings=tied,
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-            **common,
         )
+        cfg = tf.Qwen3_5TextConfig(tie_word_embeddings=tied, **{**hybrid, **common})
         model = tf.Qwen3_5ForCausalLM(cfg)
     else:
         raise ValueError(arch)

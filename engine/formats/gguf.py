@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from tokenizers.models import BPE
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import gguf_qwen35
+from engine.formats import gguf_blocks, gguf_qwen35
 from engine.formats.source import ModelSource, WeightIterator
+from engine.quant.groupwise import QuantizedTensor
 from engine.tokenizer import Tokenizer
 
 # GGUF architecture -> HF architecture: Llama's tensor layout (qwen3 adds q/k norms; qwen35 adds the
@@ -191,38 +193,102 @@ def _hf_name(name: str, num_layers: int) -> str | None:
     return f"model.layers.{layer}.{_LAYER_NAMES[module]}.{suffix}"
 
 
-def load_gguf(path: Path) -> ModelSource:
+def _open(path: Path):
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except (ValueError, OSError) as e:
         raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
+
+
+def _layout(reader, config: ModelConfig):
+    """The tensors the loader reads, (tensor, HF name) each; the order each must be read back in; and the
+    names of those the GPU holds packed."""
+    arch = _field(reader, "general.architecture")
+    named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, config.num_hidden_layers))]
+    orders = {name: _order(arch, name, config) for _, name in named}
+    packed = {name for t, name in named if _keeps_packed(t, orders[name])}
+    return named, orders, packed
+
+
+def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...], int | None]]]:
+    """The config, and each tensor the CUDA loader holds: (HF name, shape, bytes held packed or None where
+    it is held dense). What `ninfer plan` counts for a GGUF."""
+    reader = _open(path)
+    config = _config(reader, path)
+    named, _, packed = _layout(reader, config)
+    tensors = []
+    for t, name in named:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        held = gguf_blocks.held_nbytes(t.tensor_type, shape) if name in packed else None
+        tensors.append((name, shape, held))
+    return config, tensors
+
+
+def load_gguf(path: Path) -> ModelSource:
+    import gguf
+
+    reader = _open(path)
     config = _config(reader, path)
     arch = _field(reader, "general.architecture")
-    num_layers = config.num_hidden_layers
+    named, orders, packed = _layout(reader, config)
+
+    def dense(t, name: str) -> torch.Tensor:
+        tensor = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if arch == "qwen35":
+            tensor = gguf_qwen35.restore_values(name, tensor)
+        return tensor if orders[name] is None else tensor.index_select(*orders[name])
 
     def weights() -> WeightIterator:
-        for t in reader.tensors:
-            name = _hf_name(t.name, num_layers)
-            if name is None:
-                continue
-            data = gguf.quants.dequantize(t.data, t.tensor_type)
-            tensor = torch.from_numpy(np.array(data, dtype=np.float32))
-            if arch == "llama" and name.endswith("self_attn.q_proj.weight"):
-                tensor = _unpermute(tensor, config.num_attention_heads)
-            elif arch == "llama" and name.endswith("self_attn.k_proj.weight"):
-                tensor = _unpermute(tensor, config.num_key_value_heads)
-            elif arch == "qwen35":
-                tensor = gguf_qwen35.restore(name, tensor, config)
-            yield name, tensor
+        for t, name in named:
+            yield name, dense(t, name)
 
-    tensor_bits = {}
-    for t in reader.tensors:
-        bits = re.search(r"Q(\d)", t.tensor_type.name)  # Q4_1 -> 4, Q6_K -> 6, IQ4_NL -> 4; F16 -> none
-        name = _hf_name(t.name, num_layers)
-        if bits and name:
-            tensor_bits[name] = int(bits.group(1))
+    def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
+        for t, name in named:
+            if name in packed:
+                qt = gguf_blocks.to_groupwise(
+                    np.asarray(t.data), t.tensor_type, (int(t.shape[1]), int(t.shape[0]))
+                )
+                yield name, qt if orders[name] is None else gguf_blocks.select(qt, *orders[name])
+
+    def unquantized() -> WeightIterator:
+        for t, name in named:
+            if name not in packed:
+                yield name, dense(t, name)
+
+    # bits of each block-quantized tensor, for the CPU's int4 / int8 copies (weight_quant=auto)
+    tensor_bits = {
+        name: gguf_blocks.source_bits(t.tensor_type)
+        for t, name in named
+        if gguf_blocks.is_block_quantized(t.tensor_type)
+    }
     return ModelSource(
-        config, _build_tokenizer(reader), weights, f"{path} (GGUF {config.architecture})", tensor_bits
+        config,
+        _build_tokenizer(reader),
+        weights,
+        f"{path} (GGUF {config.architecture})",
+        tensor_bits,
+        quantized_weights=quantized if packed else None,
+        unquantized_weights=unquantized if packed else None,
     )
+
+
+def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor] | None:
+    """(dim, index): the checkpoint's tensor is the converter's `index_select(dim, index)`; None if unmoved."""
+    if arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+        heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+        rows = torch.arange(heads * config.head_dim)
+        return 0, _unpermute(rows.unsqueeze(1), heads).squeeze(1)
+    if arch == "qwen35":
+        return gguf_qwen35.value_head_order(name, config)
+    return None
+
+
+def _keeps_packed(t, order: tuple[int, torch.Tensor] | None) -> bool:
+    """A block-quantized matrix goes to the GPU packed (gguf_blocks.py) unless its columns must move in
+    runs its groups cut through."""
+    if not gguf_blocks.is_block_quantized(t.tensor_type) or len(t.shape) != 2:
+        return False
+    _, group = gguf_blocks.target(t.tensor_type)
+    return order is None or order[0] == 0 or gguf_blocks.moves_whole_groups(order[1], group)

@@ -64,32 +64,37 @@ def config_fields(key: Callable[..., Any], head_dim: int, num_layers: int) -> di
     )
 
 
-def restore(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """The HF checkpoint's tensor `name` from the converter's (fp32)."""
+def restore_values(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The converter's value changes undone: 1 + w norms, -exp(A_log)."""
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
-        tensor = tensor - 1
-    elif name.endswith("linear_attn.A_log"):
-        tensor = torch.log(-tensor)
-    num_k = config.linear_num_key_heads
-    per_k = config.linear_num_value_heads // num_k if num_k else 1
-    if per_k == 1 or ".linear_attn." not in name:
-        return tensor
-    head_v = config.linear_value_head_dim
-    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-        key_rows = 2 * num_k * config.linear_key_head_dim
-        v = _grouped(tensor[key_rows:], 0, num_k, per_k, head_v)
-        return torch.cat([tensor[:key_rows], v])
-    if name.endswith("in_proj_z.weight"):
-        return _grouped(tensor, 0, num_k, per_k, head_v)
-    if name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
-        return _grouped(tensor, 0, num_k, per_k, 1)
-    if name.endswith("out_proj.weight"):
-        return _grouped(tensor, 1, num_k, per_k, head_v)
+        return tensor - 1
+    if name.endswith("linear_attn.A_log"):
+        return torch.log(-tensor)
     return tensor
 
 
-def _grouped(tensor: torch.Tensor, dim: int, num_k: int, per_k: int, head_dim: int) -> torch.Tensor:
-    """Value heads along `dim` from tiled order [per_k, num_k, head_dim] to grouped [num_k, per_k, head_dim]."""
-    shape = tensor.shape
-    tiled = tensor.reshape(*shape[:dim], per_k, num_k, head_dim, *shape[dim + 1 :])
-    return tiled.transpose(dim, dim + 1).reshape(shape)
+def value_head_order(name: str, config: ModelConfig) -> tuple[int, torch.Tensor] | None:
+    """(dim, index): the checkpoint's tensor is the converter's `index_select(dim, index)`; None where the
+    converter moved nothing (value heads as many as key heads, or a tensor that does not run over them)."""
+    num_k = config.linear_num_key_heads
+    per_k = config.linear_num_value_heads // num_k if num_k else 1
+    if per_k == 1 or ".linear_attn." not in name:
+        return None
+    head_v = config.linear_value_head_dim
+    value_dim = config.linear_num_value_heads * head_v
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        key_rows = 2 * num_k * config.linear_key_head_dim
+        return 0, torch.cat([torch.arange(key_rows), key_rows + _grouped(value_dim, num_k, per_k, head_v)])
+    if name.endswith("in_proj_z.weight"):
+        return 0, _grouped(value_dim, num_k, per_k, head_v)
+    if name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+        return 0, _grouped(config.linear_num_value_heads, num_k, per_k, 1)
+    if name.endswith("out_proj.weight"):
+        return 1, _grouped(value_dim, num_k, per_k, head_v)
+    return None
+
+
+def _grouped(size: int, num_k: int, per_k: int, head_dim: int) -> torch.Tensor:
+    """Positions of the value heads in grouped order [num_k, per_k, head_dim] read from tiled order
+    [per_k, num_k, head_dim]."""
+    return torch.arange(size).reshape(per_k, num_k, head_dim).transpose(0, 1).reshape(size)

@@ -24,7 +24,7 @@ class ModelSource:
     description: str
     # bits per weight of checkpoint tensors stored quantized (GGUF blocks), by the names weights() yields
     tensor_bits: dict[str, int] = field(default_factory=dict)
-    # .ninfer only: the quantized tensors as stored, and the other tensors, for loaders that keep weights
-    # quantized (the fused dequant kernels); weights() yields everything dequantized
+    # .ninfer and block-quantized GGUF: the quantized tensors (QuantizedTensor), and the other tensors, for
+    # loaders that keep weights quantized (the fused dequant kernels); weights() yields everything dequantized
     quantized_weights: Callable[[], Iterator[tuple[str, Any]]] | None = None
     unquantized_weights: Callable[[], WeightIterator] | None = None

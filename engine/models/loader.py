@@ -95,14 +95,15 @@ def quantize_linear_weights(model: CausalLM, mode: str) -> None:
 
 
 def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:
-    """A .ninfer source on a device whose kernels multiply packed weights directly (CUDA, or Triton forced)."""
+    """A .ninfer or block-quantized GGUF source on a device whose kernels multiply packed weights directly
+    (CUDA, or Triton forced)."""
     return source.quantized_weights is not None and kernels.use_triton(
         torch.empty(0, device=engine_config.device)
     )
 
 
 def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) -> None:
-    """Load a .ninfer model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
+    """Load a .ninfer (or GGUF) model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
 
     Linear layers and the embedding table get a GroupwiseWeight (fused shards concatenated along the
     output dim; shards of different widths as ConcatenatedWeights) and drop their dense weight; a tied head and its table share one (the table's rows are

@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.presets import PRESETS, preset
-from engine.plan.weights import artifact_weight_bytes, recipe_weight_bytes
+from engine.plan.weights import artifact_weight_bytes, held_weight_bytes, recipe_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,12 @@ def resolve(
     if model and preset_name:
         raise NinferError("pass either MODEL or --model PRESET, not both")
     name = preset_name or (model if model and model.lower() in PRESETS and not Path(model).exists() else None)
+    if name and name.lower() == "default":  # the embedded GGUF, read from its file
+        from engine.models.loader import default_model_path
+
+        return _from_gguf(
+            default_model_path(), "default", "<default artifact>", recipe, bits, mtp, vision, dtype_bytes
+        )
     if name:
         p = preset(name)
         config = p.config
@@ -70,9 +76,7 @@ def resolve(
         config = ModelConfig.from_hf_dict(json.loads(cfg_path.read_text()))
         serve_arg = str(cfg_path.parent)
     elif path.suffix == ".gguf":
-        from engine.formats.gguf import load_gguf
-
-        config, serve_arg = load_gguf(path).config, str(path)
+        return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes)
     else:
         raise NinferError(
             f"cannot plan for {path.name}; pass a .ninfer file, an HF directory, a config.json or a .gguf"
@@ -80,6 +84,29 @@ def resolve(
     how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
     weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
     return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
+
+
+def _from_gguf(
+    path: Path,
+    label: str,
+    serve_arg: str,
+    recipe: str | None,
+    bits: float | None,
+    mtp: bool,
+    vision: bool,
+    dtype_bytes: int,
+) -> PlannedModel:
+    """A GGUF file: its block-quantized matrices stay packed on the GPU (engine/formats/gguf_blocks.py), so
+    they count as held; a float GGUF, or one planned at a recipe, counts as a checkpoint does."""
+    from engine.formats.gguf import gpu_tensors
+
+    config, tensors = gpu_tensors(path)
+    if any(held is not None for *_, held in tensors) and not (recipe or bits):
+        weights = held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
+        return PlannedModel(label, config, weights, "GGUF blocks as stored", serve_arg, True)
+    how = recipe or "bf16"
+    weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
+    return PlannedModel(label, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
 
 
 def _label(recipe: str, bits: float | None) -> str:

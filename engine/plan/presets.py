@@ -102,12 +102,8 @@ class Preset:
 
 
 def preset(name: str) -> Preset:
+    """A preset of _CONFIGS (`default`, the embedded GGUF, is read from its file by engine/plan/model.py)."""
     key = name.lower()
-    if key == "default":
-        from engine.models.loader import open_source
-
-        # the embedded GGUF runs dequantized on a GPU: its weights count in the model dtype
-        return Preset("default", open_source(None).config, "bf16")
     if key not in _CONFIGS:
         raise NinferError(f"unknown preset '{name}'; the presets are {', '.join(PRESETS)}")
     return Preset(key, ModelConfig.from_hf_dict(_CONFIGS[key]), "q4.6")

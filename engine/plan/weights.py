@@ -1,5 +1,6 @@
 """Weight bytes per tensor kind, as the engine holds them on the GPU: from a recipe over the model's shapes,
-or exactly from a `.ninfer` artifact.
+or exactly from a `.ninfer` artifact or a GGUF file (its block-quantized matrices held packed,
+engine/formats/gguf_blocks.py).
 
 Rules (what the CUDA loader does, engine/models/loader.py):
 * 4-, 6- and 8-bit matrices stay packed (codes + fp16 scales / minimums) for the fused dequant matmul,
@@ -108,24 +109,38 @@ def artifact_weight_bytes(
     header = read_header(path)
     quant = json.loads(header["__metadata__"].get("quant") or "{}")
     parts = {f"{n}.{p}" for n in quant for p in ("qpacked", "qscales", "qmins")}
-    out: dict[str, int] = dict.fromkeys(KINDS, 0)
-    packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
+    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     for name, q in quant.items():
-        shape = tuple(q["shape"])
-        kind = tensor_kind(name, shape)
-        if not fused_kernel_takes(q["bits"], q["group_size"]):
-            out[kind] += math.prod(shape) * dtype_bytes
-            continue
         stored = sum(
-            _span(header[f"{name}.{p}"]) for p in ("qpacked", "qscales", "qmins") if f"{name}.{p}" in header
+            _span(header[p]) for p in (f"{name}.qpacked", f"{name}.qscales", f"{name}.qmins") if p in header
         )
-        out[kind] += stored
-        packed_bytes, packed_weights = packed_bytes + stored, packed_weights + math.prod(shape)
+        tensors.append(
+            (name, tuple(q["shape"]), stored if fused_kernel_takes(q["bits"], q["group_size"]) else None)
+        )
     for name, info in header.items():
         if name != "__metadata__" and name not in parts:
-            shape = tuple(info["shape"])
+            tensors.append((name, tuple(info["shape"]), None))
+    return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
+
+
+def held_weight_bytes(
+    tensors: list[tuple[str, tuple[int, ...], int | None]],
+    config: ModelConfig,
+    dtype_bytes: int = 2,
+    mtp: bool = False,
+    vision: bool = False,
+) -> dict[str, int]:
+    """Bytes per kind of tensors as the CUDA loader holds them, each (name, shape, bytes held packed or None
+    where it is held dense in the model dtype); an MTP head and a vision tower counted from the config."""
+    out: dict[str, int] = dict.fromkeys(KINDS, 0)
+    packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
+    for name, shape, held in tensors:
+        if held is None:
             out[tensor_kind(name, shape)] += math.prod(shape) * dtype_bytes
-    if mtp:  # an artifact holds no MTP head yet: counted at the artifact's average bits per packed weight
+            continue
+        out[tensor_kind(name, shape)] += held
+        packed_bytes, packed_weights = packed_bytes + held, packed_weights + math.prod(shape)
+    if mtp:  # neither an artifact nor a GGUF brings an MTP head yet: counted at their average packed bits
         bits = 8 * packed_bytes / packed_weights if packed_weights else None
         for name, shape in mtp_tensors(config):
             out["mtp head"] += recipe_tensor_bytes(name, shape, "bf16", dtype_bytes, bits)

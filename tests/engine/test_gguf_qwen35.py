@@ -15,6 +15,11 @@ from tokenizers.models import BPE
 from engine import LLM, NinferError, SamplingParams
 from engine.formats.gguf import _pre_tokenizer, load_gguf
 from engine.quant.convert import convert
+from engine.quant.groupwise import dequantize
+from engine.quant.layer import holds_packed_weights
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+Q = gguf.GGMLQuantizationType
 
 PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -63,8 +68,9 @@ def _as_converted(name: str, t: torch.Tensor, cfg) -> tuple[str, torch.Tensor]:
     return name, t
 
 
-def write_qwen35_gguf(model, path, mtp_layers: int = 1):
-    """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5."""
+def write_qwen35_gguf(model, path, mtp_layers: int = 1, qtype: gguf.GGMLQuantizationType | None = None):
+    """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5; with `qtype`,
+    the matrices as its blocks (norms, conv1d, A_log and dt_bias stay F32, as llama.cpp keeps them)."""
     cfg = model.config
     blocks = cfg.num_hidden_layers + mtp_layers
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
@@ -92,7 +98,11 @@ def write_qwen35_gguf(model, path, mtp_layers: int = 1):
         w.add_nextn_predict_layers(mtp_layers)
     for hf_name, t in model.state_dict().items():
         hf_name, t = _as_converted(hf_name, t.float(), cfg)
-        w.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), t.numpy())
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if qtype is not None and t.dim() == 2 and "conv1d" not in hf_name:
+            w.add_tensor(name, gguf.quants.quantize(t.numpy(), qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, t.numpy())
     for i in range(mtp_layers):  # an MTP block: nextn tensors and a full-attention layer's
         bid = cfg.num_hidden_layers + i
         w.add_tensor(
@@ -147,6 +157,62 @@ def test_convert_reads_a_qwen35_gguf(qwen35_gguf, tmp_path):
     want = LLM(qwen35_gguf, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     got = LLM(out, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     assert got.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize(("head_v", "qtype"), [(32, Q.Q8_0), (32, Q.Q4_0), (16, Q.Q8_0)])
+def test_block_quantized_matrices_stream_packed_with_the_dense_values(tmp_path, head_v, qtype):
+    """Packed (rows and whole groups of columns moved back in place) or dense, the same weights; out_proj's
+    value heads of 16 columns cut through 32-column groups, so there it streams dense."""
+    layer_types = ["linear_attention", "full_attention"] * 2
+    model = tiny_hf_model("qwen3_5", tied=False, layer_types=layer_types, linear_value_head_dim=head_v)
+    src = load_gguf(write_qwen35_gguf(model, tmp_path / "q.gguf", qtype=qtype))
+    dense = dict(src.weights())
+    packed, rest = dict(src.quantized_weights()), dict(src.unquantized_weights())
+    assert set(packed) | set(rest) == set(dense) and not set(packed) & set(rest)
+    assert "model.layers.0.linear_attn.in_proj_qkv.weight" in packed and "model.norm.weight" in rest
+    assert ("model.layers.0.linear_attn.out_proj.weight" in packed) == (head_v == 32)
+    for name, qt in packed.items():
+        assert torch.equal(dequantize(qt), dense[name]), name
+    assert src.tensor_bits["model.layers.0.mlp.down_proj.weight"] == {Q.Q8_0: 8, Q.Q4_0: 4}[qtype]
+
+
+def test_gpu_kernels_run_a_block_quantized_gguf_packed(tmp_path, kernel_backend):
+    """The fused kernels (interpreted on CPU) on the GGUF's packed blocks give the dense load's tokens."""
+    layer_types = ["linear_attention", "full_attention"] * 2
+    model = tiny_hf_model("qwen3_5", tied=False, layer_types=layer_types, linear_value_head_dim=32)
+    path = write_qwen35_gguf(model, tmp_path / "q8.gguf", qtype=Q.Q8_0)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
+    kernel_backend("naive")
+    dense = LLM(path, weight_quant="none", device=DEVICE).generate(
+        prompt_token_ids=PROMPT, sampling_params=params
+    )
+    kernel_backend("triton")
+    packed_llm = LLM(path, weight_quant="none", device=DEVICE)
+    assert holds_packed_weights(packed_llm.model)
+    got = packed_llm.generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
+    assert got.token_ids == dense[0].token_ids
+    for a, b in zip(got.logprobs, dense[0].logprobs):
+        assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_1])
+def test_planner_counts_the_gguf_bytes_the_loader_holds(tmp_path, kernel_backend, qtype):
+    """`ninfer plan` on a GGUF (gpu_tensors + held_weight_bytes) = what the packed loader keeps: blocks
+    packed (Q5_1 re-quantized to 6 bits), out_proj (16-column value heads) and the vectors dense."""
+    from engine.formats.gguf import gpu_tensors
+    from engine.plan.model import resolve
+    from engine.plan.weights import held_weight_bytes
+
+    model = tiny_hf_model("qwen3_5", tied=False, layer_types=["linear_attention", "full_attention"] * 2)
+    path = write_qwen35_gguf(model, tmp_path / "q.gguf", qtype=qtype)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE)
+    packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+    held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    config, tensors = gpu_tensors(path)
+    assert len(packed) >= 8 and held == sum(held_weight_bytes(tensors, config, dtype_bytes=4).values())
+    planned = resolve(str(path), None, None, None, mtp=False, vision=False)
+    assert planned.packed_weights and planned.recipe == "GGUF blocks as stored"
 
 
 def test_missing_linear_attention_key_is_named(model, tmp_path):

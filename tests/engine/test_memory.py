@@ -142,8 +142,8 @@ def test_refusal_gives_three_suggestions_that_each_fit(kv, concurrency, context)
 
 def test_every_preset_plans():
     for name in PRESETS:
-        p = preset(name)
-        dep = Deployment(p.config, "bf16", 4096, weights=recipe_weight_bytes(p.config, p.recipe))
+        p = resolve(None, name, None, None, mtp=False, vision=False)
+        dep = Deployment(p.config, "bf16", 4096, weights=p.weights, packed_weights=p.packed_weights)
         best = solve(dep, Device("H200", 141 * GIB, (9, 0)), None, None)
         assert best.context > 0
 

@@ -1,0 +1,146 @@
+"""GGUF block-quantized matrices as ninfer's group-wise QuantizedTensor (engine/quant/groupwise.py), so that
+a GPU multiplies a GGUF's weights packed with the fused kernels instead of holding them dequantized.
+
+Taken as stored (the codes unchanged, repacked two per byte in column order):
+  Q4_0  w = d (q - 8)                  -> 4-bit, groups of 32: scale d, minimum -8 d (exact)
+  Q4_1  w = d q + m                    -> 4-bit, groups of 32: scale d, minimum m (exact)
+  Q4_K  w = d sc_j q - dmin m_j        -> 4-bit, groups of 32 (the sub-blocks): scale d sc_j, minimum
+                                          -dmin m_j, each rounded once to fp16: a weight moves by at most
+                                          2^-11 (|d sc_j q| + |dmin m_j|), about 1% of the grid's step
+                                          in a typical group, where the 4-bit rounding itself is up to 50%
+  Q8_0  w = d q                        -> 8-bit, groups of 32: scale d (exact)
+Re-quantized from the dequantized values (the clipping search of groupwise.quantize) at the next width the
+fused kernels take, in the smallest groups they take:
+  2-, 3- and other 4-bit types (Q2_K, Q3_K, IQ*, MXFP4, ...) -> 4-bit, groups of 32
+  5-bit (Q5_0, Q5_1, Q5_K)                                   -> 6-bit, groups of 64
+  6-bit (Q6_K)                                               -> 8-bit, groups of 32
+On Gaussian weights a Q5_0 / Q5_1 tensor's error (4.3% / 3.8% relative RMS against the float weights)
+becomes 4.8% / 4.4% at 6 bits in groups of 64, still under Q4_0 / Q4_1's 8.6% / 7.8%; Q6_K at 8 bits
+moves by 0.4%. A file's full precision comes from `ninfer convert` of the HF checkpoint instead.
+Float tensors (F32, F16, BF16) are not block-quantized: the loader reads them dense.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from engine.quant.groupwise import QuantizedTensor, pack, quantize, stored_nbytes
+
+DENSE = {T.F32, T.F16, T.BF16, T.F64, T.I8, T.I16, T.I32, T.I64}
+EXACT = {T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q8_0: 8}
+GROUP = {4: 32, 6: 64, 8: 32}
+
+
+def is_block_quantized(qtype: T) -> bool:
+    return qtype not in DENSE
+
+
+def source_bits(qtype: T) -> int:
+    """The bits a block type spends per code: Q4_1 -> 4, Q6_K -> 6, IQ2_XXS -> 2; MXFP4 / NVFP4 -> 4."""
+    m = re.search(r"Q(\d)", qtype.name)
+    return int(m.group(1)) if m else 4
+
+
+def target(qtype: T) -> tuple[int, int]:
+    """(bits, group size) a block type is held at on the GPU."""
+    if qtype in EXACT:
+        bits = EXACT[qtype]
+    else:
+        bits = {5: 6, 6: 8, 8: 8}.get(source_bits(qtype), 4)
+    return bits, GROUP[bits]
+
+
+def held_nbytes(qtype: T, shape: tuple[int, int]) -> int:
+    """Bytes the GPU holds for a block-quantized matrix of `shape` [N, K]."""
+    bits, group = target(qtype)
+    return stored_nbytes(shape, bits, group)
+
+
+def to_groupwise(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> QuantizedTensor:
+    """The QuantizedTensor of a GGUF matrix [N, K] stored as `qtype` blocks (`data`: the tensor's bytes)."""
+    n, k = shape
+    block, block_bytes = quants.GGML_QUANT_SIZES[qtype]
+    if qtype not in EXACT:
+        dense = torch.from_numpy(np.asarray(quants.dequantize(data, qtype), dtype=np.float32).reshape(n, k))
+        bits, group = target(qtype)
+        return quantize(dense, bits, group)
+    blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, block_bytes)  # [n * k / block, bytes]
+    d = _fp16(blocks[:, 0:2])  # [B, 1]
+    if qtype == T.Q8_0:
+        codes = blocks[:, 2:].view(np.int8)
+        return _tensor(8, shape, codes, d, None)
+    if qtype == T.Q4_K:  # 8 sub-blocks of 32: (scale, minimum) = (d sc_j, -dmin m_j)
+        dmin = _fp16(blocks[:, 2:4])
+        sc, m = quants.Q4_K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
+        codes = _nibbles(blocks[:, 16:], 32)  # [B, 256]
+        scales, minimums = d * sc.astype(np.float32), -dmin * m.astype(np.float32)
+        return _tensor(4, shape, codes, scales, minimums)
+    if qtype == T.Q4_0:
+        return _tensor(4, shape, _nibbles(blocks[:, 2:], 16), d, -8 * d)
+    return _tensor(4, shape, _nibbles(blocks[:, 4:], 16), d, _fp16(blocks[:, 2:4]))  # Q4_1
+
+
+def _fp16(two_bytes: np.ndarray) -> np.ndarray:
+    """[B, 2] little-endian fp16 bytes -> [B, 1] fp32."""
+    return np.ascontiguousarray(two_bytes).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, run: int) -> np.ndarray:
+    """GGML 4-bit codes in column order: each `run` bytes hold `run` columns in their low nibbles, then the
+    next `run` columns in their high nibbles. qs [B, bytes] -> [B, 2 * bytes] uint8."""
+    b = qs.shape[0]
+    runs = qs.reshape(b, -1, 1, run)
+    return np.concatenate([runs & 0x0F, runs >> 4], axis=2).reshape(b, -1)
+
+
+def _tensor(
+    bits: int, shape: tuple[int, int], codes: np.ndarray, scales: np.ndarray, minimums: np.ndarray | None
+) -> QuantizedTensor:
+    """codes [B, block] and per-group scales / minimums [B, block / 32] (blocks in row order) as one tensor."""
+    n, k = shape
+    codes_t = torch.from_numpy(np.ascontiguousarray(codes)).reshape(n, k)
+    groups = k // GROUP[bits]
+    return QuantizedTensor(
+        bits=bits,
+        group_size=GROUP[bits],
+        shape=(n, k),
+        packed=pack(codes_t, bits) if bits == 4 else codes_t.clone(),
+        scales=torch.from_numpy(scales.astype(np.float16)).reshape(n, groups),
+        minimums=torch.from_numpy(minimums.astype(np.float16)).reshape(n, groups)
+        if minimums is not None
+        else None,
+    )
+
+
+def moves_whole_groups(index: torch.Tensor, group: int) -> bool:
+    """Whether a column order `index` moves whole groups of `group` columns (what select can do packed)."""
+    if index.numel() % group:
+        return False
+    runs = index.view(-1, group)
+    return bool((runs == runs[:, :1] + torch.arange(group)).all() and (runs[:, 0] % group == 0).all())
+
+
+def select(qt: QuantizedTensor, dim: int, index: torch.Tensor) -> QuantizedTensor:
+    """The tensor whose weight is `qt`'s `index_select(dim, index)`, its codes left packed: rows in any
+    order, columns in whole groups (moves_whole_groups)."""
+    if dim == 0:
+
+        def rows(t):
+            return None if t is None else t.index_select(0, index)
+
+        return replace(qt, packed=rows(qt.packed), scales=rows(qt.scales), minimums=rows(qt.minimums))
+    if qt.padded_k != qt.shape[1] or not moves_whole_groups(index, qt.group_size):
+        raise ValueError(f"a column order of {qt.group_size}-column groups cannot move this tensor's columns")
+    n, groups = qt.scales.shape
+    order = index.view(-1, qt.group_size)[:, 0] // qt.group_size
+
+    def columns(t):
+        return None if t is None else t.view(n, groups, -1)[:, order].reshape(n, -1)
+
+    return replace(qt, packed=columns(qt.packed), scales=columns(qt.scales), minimums=columns(qt.minimums))
