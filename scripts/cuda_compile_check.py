@@ -315,7 +315,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")
     # a GEMV wide enough for one K slice (a vocabulary head): stored directly, no split-K adds
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", n=140000, k=1024)
-    for m in (1, 77):  # 4-bit groups of 32 (GGUF Q4 imports): the byte path
+    for m in (1, 77):  # 4-bit groups of 32 (a GGUF's Q4 blocks, q4.6 upgrades): two products a group
         add(case_quant_matmul, bits=4, m=m, dtype="bf16", n=576, k=1536, group=32)
     for bits in (4, 8):  # a GGUF's Q4_x / Q8_0 blocks as the GPU holds them, at the 27B MLP's shape
         add(case_quant_matmul, bits=bits, m=1, dtype="bf16", group=32)

@@ -11,14 +11,16 @@ accumulation, and no weight is scaled or shifted element by element: per group,
 where BASE + q is what a code becomes when OR-ed into the mantissa of a power of two (bf16 / fp16: exact,
 no int-to-float instruction; fp32 operands take the codes as they are, BASE 0). The tensor cores compute
 the first sum, and in the GEMV the second too (a product with ones: there they idle while instruction
-issue is the limit); the GEMM adds. The scale and minimum apply once per output and group, in fp32. Each
-width is split into products whose k index needs no interleaving of unpacked codes:
+issue is the limit); the GEMM adds. The scale and minimum apply once per output and group, in fp32, as two
+FMAs into the running sum. Each width is split into products whose k index needs no interleaving of
+unpacked codes:
 
 * 4-bit, groups of 64+: the row is read as int32 words of eight codes. Product p takes codes p and p + 4
   of every word with one shift, mask and OR: they land in the two 16-bit halves of one register, as the
   tensor-core operand holds a pair (16 + q, mantissa bits below the exponent of 16.0). The activations
   are loaded once per group and split into the four products' columns in registers.
-* 4-bit, groups of 32: x_even @ W_even^T + x_odd @ W_odd^T over the bytes;
+* 4-bit, groups of 32: the same words, two products: codes e and e + 2 of each word (with e + 4, e + 6 in
+  their pairs) are the columns of parity e, sixteen to a group;
 * 6-bit: the row read as int32 (three words hold four 24-bit words), four products over the columns
   4i + p (BASE 128 / 1024); 8-bit: one product, scaled after.
 
@@ -95,14 +97,15 @@ def _columns_mod4(x, BLOCK_M: tl.constexpr, GROUP_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _scaled(acc, xsum, scale, minimum, base):
-    """sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) * sum_k x, in fp32: acc the first sum's
-    product, xsum the activations' row sums."""
-    return acc * scale[None, :] + xsum * (minimum - base * scale)[None, :]
+def _scaled(total, prod, xsum, scale, minimum, base):
+    """total + sum_k x (q s + min), where sum_k x (q s + min) = s * sum_k x (base + q) + (min - base s) *
+    sum_k x, in fp32: prod the first sum's product, xsum the activations' row sums; two FMAs an output."""
+    return tl.fma(xsum, (minimum - base * scale)[None, :], tl.fma(prod, scale[None, :], total))
 
 
 @triton.jit
 def _tile_product(
+    total,  # [BLOCK_M, BLOCK_N] fp32, the products of the groups before
     x_ptr,
     packed_ptr,
     scales_ptr,
@@ -146,35 +149,50 @@ def _tile_product(
         )
         # product p takes the columns 4j + p, j = 2t + h: code p (h = 0) and p + 4 (h = 1) of word t
         x0, x1, x2, x3 = _columns_mod4(x.to(DOT_DTYPE), BLOCK_M, GROUP_SIZE)
-        acc = _nibble_product(x0, word, 0, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x1, word, 1, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x2, word, 2, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        acc += _nibble_product(x3, word, 3, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        prod = _nibble_product(x0, word, 0, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        prod += _nibble_product(x1, word, 1, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        prod += _nibble_product(x2, word, 2, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
+        prod += _nibble_product(x3, word, 3, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
-        acc = _scaled(acc, xsum, scale, minimum, nibble_pair_base(DOT_DTYPE))
-    elif BITS == 4:  # groups of 32: the bytes, even columns in the low nibbles
-        j = tl.arange(0, GROUP_SIZE // 2)
-        x_even, x_odd = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, GROUP_SIZE // 2, 2)))
-        byte = tl.load(
-            packed_ptr + offs_n[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=n_mask[:, None], other=0
+        total = _scaled(total, prod, xsum, scale, minimum, nibble_pair_base(DOT_DTYPE))
+    elif BITS == 4:  # groups of 32: the row as int32 words too; two products, over each column parity
+        t = tl.arange(0, GROUP_SIZE // 8)
+        word = tl.load(
+            packed_ptr + offs_n[:, None] * (KP // 8) + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
         )
-        acc = tl.dot(x_even, tl.trans(offset_codes(byte & 15, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x_odd, tl.trans(offset_codes(byte >> 4, DOT_DTYPE)), input_precision=PRECISION)
-        xsum = tl.sum(x.to(tl.float32), axis=1)[:, None]
-        acc = _scaled(acc, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
+        # column 8t + 4h + 2j + e is code 2j + e (h = 0) or 2j + e + 4 (h = 1) of word t: product e takes
+        # the pairs of codes e and e + 2, k index (2t + h) * 2 + j
+        x_e0, x_e1 = tl.split(tl.reshape(x.to(DOT_DTYPE), (BLOCK_M, GROUP_SIZE // 8, 2, 2, 2)))
+        x_e0 = tl.reshape(x_e0, (BLOCK_M, GROUP_SIZE // 2))
+        x_e1 = tl.reshape(x_e1, (BLOCK_M, GROUP_SIZE // 2))
+        w_e0 = tl.join(nibble_pairs(word, 0, DOT_DTYPE), nibble_pairs(word, 2, DOT_DTYPE))
+        w_e1 = tl.join(nibble_pairs(word, 1, DOT_DTYPE), nibble_pairs(word, 3, DOT_DTYPE))
+        w_e0 = tl.reshape(w_e0, (BLOCK_N, GROUP_SIZE // 2))
+        w_e1 = tl.reshape(w_e1, (BLOCK_N, GROUP_SIZE // 2))
+        prod = tl.dot(x_e0, tl.trans(w_e0), input_precision=PRECISION)
+        prod += tl.dot(x_e1, tl.trans(w_e1), input_precision=PRECISION)
+        if GEMV:  # the row sums from the tensor cores, as _row_sums does
+            ones = tl.full((GROUP_SIZE // 2, BLOCK_N), 1.0, DOT_DTYPE)
+            xsum = tl.dot(x_e0, ones, input_precision=PRECISION) + tl.dot(
+                x_e1, ones, input_precision=PRECISION
+            )
+        else:
+            xsum = tl.sum(x.to(tl.float32), axis=1)[:, None]
+        total = _scaled(total, prod, xsum, scale, minimum, nibble_pair_base(DOT_DTYPE))
     elif BITS == 6:  # four products over the columns 4i + p, the codes of each 24-bit word
         word = six_bit_words(packed_ptr, offs_n, n_mask, k0, KP, BLOCK_N, GROUP_SIZE)  # [BLOCK_N, GROUP / 4]
         x0, x1, x2, x3 = _columns_mod4(x.to(DOT_DTYPE), BLOCK_M, GROUP_SIZE)
-        acc = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        acc += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        prod = tl.dot(x0, tl.trans(offset_codes(word & 63, DOT_DTYPE)), input_precision=PRECISION)
+        prod += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        prod += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
+        prod += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
         xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
-        acc = _scaled(acc, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
+        total = _scaled(total, prod, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
     else:  # 8-bit, symmetric: the scale applies to the product
         q = tl.load(packed_ptr + offs_n[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
-        acc = tl.dot(x.to(DOT_DTYPE), tl.trans(q.to(DOT_DTYPE)), input_precision=PRECISION) * scale[None, :]
-    return acc
+        prod = tl.dot(x.to(DOT_DTYPE), tl.trans(q.to(DOT_DTYPE)), input_precision=PRECISION)
+        total = tl.fma(prod, scale[None, :], total)
+    return total
 
 
 @triton.jit
@@ -210,7 +228,8 @@ def _quant_matmul_kernel(
     k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, GROUP_SIZE):
-        acc += _tile_product(
+        acc = _tile_product(
+            acc,
             x_ptr,
             packed_ptr,
             scales_ptr,
@@ -252,7 +271,7 @@ def _quant_matmul_kernel(
 
 
 # rows of x the split-K GEMV takes: its programs hold 16 rows (the smallest tensor-core tile) whatever M
-# is, so M = 16 costs it what M = 1 does (194 / 198 instructions per KB of 4-bit weight on SM 9.0), where
+# is, so M = 16 costs it what M = 1 does (186 / 192 instructions per KB of 4-bit weight on SM 9.0), where
 # the GEMM at M = 16 issues ~440 per KB (half an H200's bandwidth at most) with all of K in each program
 GEMV_MAX_M = 16
 # 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
@@ -348,7 +367,7 @@ def quant_matmul(
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     _quant_matmul_kernel[grid](
         x,
-        packed.view(torch.int32) if (bits == 4 and group_size >= 64) or bits == 6 else packed,
+        packed.view(torch.int32) if bits in (4, 6) else packed,
         scales,
         mins,
         out,

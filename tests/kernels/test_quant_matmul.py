@@ -110,9 +110,9 @@ def test_dequantized_slices_are_balanced_whole_row_blocks():
 
 @pytest.mark.parametrize("m", [1, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_4bit_groups_of_32_take_the_byte_path(m, dtype):
-    """GGUF Q4_0 / Q4_1 imports keep groups of 32: the kernel reads those bytes as they are (even / odd
-    products) instead of as int32 words."""
+def test_4bit_groups_of_32_take_two_products_over_the_column_parities(m, dtype):
+    """A GGUF's Q4 blocks and q4.6's upgraded matrices keep groups of 32: the row read as int32 words, one
+    product over the even columns and one over the odd (each 16 long), five groups (K = 160)."""
     torch.manual_seed(m)
     qt = quantize(torch.randn(48, 160) * 0.05, 4, 32)
     packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
