@@ -35,6 +35,7 @@ from engine.quant.groupwise import QuantizedTensor, pack, quantize, stored_nbyte
 DENSE = {T.F32, T.F16, T.BF16, T.F64, T.I8, T.I16, T.I32, T.I64}
 EXACT = {T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q8_0: 8}
 GROUP = {4: 32, 6: 64, 8: 32}
+REQUANT_ROWS = 4096  # rows re-quantized at once (their fp32 copies and the clipping search's)
 
 
 def is_block_quantized(qtype: T) -> bool:
@@ -66,10 +67,25 @@ def to_groupwise(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> Quantize
     """The QuantizedTensor of a GGUF matrix [N, K] stored as `qtype` blocks (`data`: the tensor's bytes)."""
     n, k = shape
     block, block_bytes = quants.GGML_QUANT_SIZES[qtype]
-    if qtype not in EXACT:
-        dense = torch.from_numpy(np.asarray(quants.dequantize(data, qtype), dtype=np.float32).reshape(n, k))
+    if qtype not in EXACT:  # a slice of rows at a time: a vocabulary head is billions of weights
         bits, group = target(qtype)
-        return quantize(dense, bits, group)
+        rows = np.asarray(data).reshape(n, -1)
+        parts = [
+            quantize(
+                torch.from_numpy(np.asarray(quants.dequantize(rows[i : i + REQUANT_ROWS], qtype))),
+                bits,
+                group,
+            )
+            for i in range(0, n, REQUANT_ROWS)
+        ]
+        return QuantizedTensor(
+            bits=bits,
+            group_size=parts[0].group_size,
+            shape=(n, k),
+            packed=torch.cat([q.packed for q in parts]),
+            scales=torch.cat([q.scales for q in parts]),
+            minimums=torch.cat([q.minimums for q in parts]) if parts[0].minimums is not None else None,
+        )
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, block_bytes)  # [n * k / block, bytes]
     d = _fp16(blocks[:, 0:2])  # [B, 1]
     if qtype == T.Q8_0:
