@@ -208,7 +208,8 @@ def _layout(reader, config: ModelConfig):
     arch = _field(reader, "general.architecture")
     named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, config.num_hidden_layers))]
     orders = {name: _order(arch, name, config) for _, name in named}
-    packed = {name for t, name in named if _keeps_packed(t, orders[name])}
+    blocks = any(gguf_blocks.is_block_quantized(t.tensor_type) for t, _ in named)
+    packed = {name for t, name in named if _keeps_packed(t, name, orders[name], blocks)}
     return named, orders, packed
 
 
@@ -285,10 +286,17 @@ def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor
     return None
 
 
-def _keeps_packed(t, order: tuple[int, torch.Tensor] | None) -> bool:
-    """A block-quantized matrix goes to the GPU packed (gguf_blocks.py) unless its columns must move in
-    runs its groups cut through."""
-    if not gguf_blocks.is_block_quantized(t.tensor_type) or len(t.shape) != 2:
+def _keeps_packed(t, name: str, order: tuple[int, torch.Tensor] | None, blocks: bool) -> bool:
+    """A block-quantized matrix goes to the GPU packed (gguf_blocks.py), and so does a float one in a file
+    of block-quantized matrices (a fused projection packs only whole), unless its columns must move in runs
+    its groups cut through. The conv1d kernel and every vector stay dense."""
+    shape = tuple(int(d) for d in reversed(t.shape))
+    if gguf_blocks.is_block_quantized(t.tensor_type):
+        matrix = len(shape) == 2
+    else:
+        linear = blocks and name.endswith(".weight") and "conv1d" not in name
+        matrix = linear and gguf_blocks.packable_float(t.tensor_type, shape)
+    if not matrix:
         return False
     _, group = gguf_blocks.target(t.tensor_type)
     return order is None or order[0] == 0 or gguf_blocks.moves_whole_groups(order[1], group)

@@ -17,7 +17,10 @@ fused kernels take, in the smallest groups they take:
 On Gaussian weights a Q5_0 / Q5_1 tensor's error (4.3% / 3.8% relative RMS against the float weights)
 becomes 4.8% / 4.4% at 6 bits in groups of 64, still under Q4_0 / Q4_1's 8.6% / 7.8%; Q6_K at 8 bits
 moves by 0.4%. A file's full precision comes from `ninfer convert` of the HF checkpoint instead.
-Float tensors (F32, F16, BF16) are not block-quantized: the loader reads them dense.
+Float tensors (F32, F16, BF16) are not block-quantized: the loader reads them dense, except float matrices
+in a file whose other matrices are block-quantized (llama.cpp leaves some small ones float, such as
+Qwen3.5's ssm_alpha / ssm_beta), which are held at 8 bits in groups of 32 (each group's full range: within
+half a step, 1/254 of its largest weight): a fused projection runs packed only when every part of it is.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def is_block_quantized(qtype: T) -> bool:
     return qtype not in DENSE
 
 
+def packable_float(qtype: T, shape: tuple[int, ...]) -> bool:
+    """A float matrix the GPU can hold at 8 bits in groups of 32 (its rows a whole number of groups)."""
+    return qtype in (T.F32, T.F16, T.BF16) and len(shape) == 2 and shape[1] % GROUP[8] == 0
+
+
 def source_bits(qtype: T) -> int:
     """The bits a block type spends per code: Q4_1 -> 4, Q6_K -> 6, IQ2_XXS -> 2; MXFP4 / NVFP4 -> 4."""
     m = re.search(r"Q(\d)", qtype.name)
@@ -49,9 +57,12 @@ def source_bits(qtype: T) -> int:
 
 
 def target(qtype: T) -> tuple[int, int]:
-    """(bits, group size) a block type is held at on the GPU."""
+    """(bits, group size) a matrix of `qtype` is held at on the GPU (a float matrix beside block-quantized
+    ones: 8 bits, see the module docstring)."""
     if qtype in EXACT:
         bits = EXACT[qtype]
+    elif qtype in DENSE:
+        bits = 8
     else:
         bits = {5: 6, 6: 8, 8: 8}.get(source_bits(qtype), 4)
     return bits, GROUP[bits]
@@ -70,12 +81,11 @@ def to_groupwise(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> Quantize
     if qtype not in EXACT:  # a slice of rows at a time: a vocabulary head is billions of weights
         bits, group = target(qtype)
         rows = np.asarray(data).reshape(n, -1)
+        clip_search = (
+            qtype not in DENSE
+        )  # float: each group's full range, so no weight moves past half a step
         parts = [
-            quantize(
-                torch.from_numpy(np.asarray(quants.dequantize(rows[i : i + REQUANT_ROWS], qtype))),
-                bits,
-                group,
-            )
+            quantize(_dequantized(rows[i : i + REQUANT_ROWS], qtype), bits, group, clip_search)
             for i in range(0, n, REQUANT_ROWS)
         ]
         return QuantizedTensor(
@@ -100,6 +110,11 @@ def to_groupwise(data: np.ndarray, qtype: T, shape: tuple[int, int]) -> Quantize
     if qtype == T.Q4_0:
         return _tensor(4, shape, _nibbles(blocks[:, 2:], 16), d, -8 * d)
     return _tensor(4, shape, _nibbles(blocks[:, 4:], 16), d, _fp16(blocks[:, 2:4]))  # Q4_1
+
+
+def _dequantized(rows: np.ndarray, qtype: T) -> torch.Tensor:
+    """fp32 rows of a matrix stored as `qtype` (a copy: the file is mapped read-only)."""
+    return torch.from_numpy(np.array(quants.dequantize(rows, qtype), dtype=np.float32))
 
 
 def _fp16(two_bytes: np.ndarray) -> np.ndarray:

@@ -68,9 +68,12 @@ def _as_converted(name: str, t: torch.Tensor, cfg) -> tuple[str, torch.Tensor]:
     return name, t
 
 
-def write_qwen35_gguf(model, path, mtp_layers: int = 1, qtype: gguf.GGMLQuantizationType | None = None):
+def write_qwen35_gguf(
+    model, path, mtp_layers: int = 1, qtype: gguf.GGMLQuantizationType | None = None, keep_float: tuple = ()
+):
     """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5; with `qtype`,
-    the matrices as its blocks (norms, conv1d, A_log and dt_bias stay F32, as llama.cpp keeps them)."""
+    the matrices as its blocks (norms, conv1d, A_log and dt_bias stay F32, as llama.cpp keeps them, and so
+    do matrices whose name holds one of `keep_float`)."""
     cfg = model.config
     blocks = cfg.num_hidden_layers + mtp_layers
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
@@ -99,7 +102,12 @@ def write_qwen35_gguf(model, path, mtp_layers: int = 1, qtype: gguf.GGMLQuantiza
     for hf_name, t in model.state_dict().items():
         hf_name, t = _as_converted(hf_name, t.float(), cfg)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if qtype is not None and t.dim() == 2 and "conv1d" not in hf_name:
+        if (
+            qtype is not None
+            and t.dim() == 2
+            and "conv1d" not in hf_name
+            and not any(f in hf_name for f in keep_float)
+        ):
             w.add_tensor(name, gguf.quants.quantize(t.numpy(), qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t.numpy())
@@ -193,6 +201,28 @@ def test_gpu_kernels_run_a_block_quantized_gguf_packed(tmp_path, kernel_backend)
     assert got.token_ids == dense[0].token_ids
     for a, b in zip(got.logprobs, dense[0].logprobs):
         assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
+
+
+def test_float_parts_of_a_block_quantized_projection_pack_at_8_bits(tmp_path, kernel_backend):
+    """llama.cpp may leave small matrices float (here in_proj_b / in_proj_a, fused with the Q8_0 qkv and z
+    into one projection): they are held at 8 bits so the projection stays packed, within 1/254 of each
+    32-column group's largest weight."""
+    layer_types = ["linear_attention", "full_attention"] * 2
+    model = tiny_hf_model("qwen3_5", tied=False, layer_types=layer_types, linear_value_head_dim=32)
+    path = write_qwen35_gguf(model, tmp_path / "q.gguf", qtype=Q.Q8_0, keep_float=("in_proj_b", "in_proj_a"))
+    src = load_gguf(path)
+    dense = dict(src.weights())
+    packed = dict(src.quantized_weights())
+    name = "model.layers.0.linear_attn.in_proj_b.weight"
+    assert packed[name].bits == 8 and packed[name].group_size == 32
+    groups = dense[name].abs().reshape(dense[name].shape[0], -1, 32).amax(-1, keepdim=True)
+    err = (dequantize(packed[name]) - dense[name]).abs().reshape(groups.shape[0], -1, 32)
+    assert (err <= groups / 254 * 1.01).all()  # half a step, and the fp16 scale's rounding
+    assert "model.layers.0.linear_attn.conv1d.weight" not in packed  # a [C, 4] kernel stays dense
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE)
+    in_proj = llm.model.model.layers[0].linear_attn.in_proj
+    assert in_proj.qweight is not None and in_proj.weight is None
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_1])
