@@ -141,11 +141,12 @@ def prefill_case():
 
 
 @functools.cache
-def up_proj(bits: int):
-    """The 27B MLP up projection (N = 17408 outputs, K = 5120) quantized at `bits`, group 128, on the GPU:
-    (QuantizedTensor, packed, scales, minimums). Built once per width (the CPU quantization takes seconds)."""
+def up_proj(bits: int, group: int = 128):
+    """The 27B MLP up projection (N = 17408 outputs, K = 5120) quantized at `bits` in groups of `group`, on
+    the GPU: (QuantizedTensor, packed, scales, minimums). Built once per width and group (the CPU
+    quantization takes seconds)."""
     qt = quantize(
-        torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02, bits, 128, False
+        torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02, bits, group, False
     )
     mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
     return qt, qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins
@@ -307,6 +308,17 @@ def main() -> None:
                     )
                 )
                 record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+            if bits != 6:  # groups of 32: a GGUF's Q4_0 / Q4_1 / Q4_K and Q8_0 blocks as the GPU holds them
+                qt32, packed32, scales32, mins32 = up_proj(bits, 32)
+                for m in (1, 16):
+                    x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                    t = bench(
+                        lambda x=x, p=packed32, s=scales32, z=mins32, b=bits: (
+                            quant_matmul_triton.quant_matmul(x, p, s, z, b, 32)
+                        )
+                    )
+                    name = f"W{bits}A16 GEMV, groups of 32"
+                    record(name, f"M={m}, 17408x5120", t, bytes_moved=qt32.nbytes + x.numel() * 2)
             # prefill chunks: the fused GEMM beside the weight dequantized by slices and multiplied by cuBLAS
             # (kernels/quant_matmul/dequant.py, the default from DEQUANT_MIN_M rows on)
             for m in (512, 2048):

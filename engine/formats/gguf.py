@@ -221,9 +221,8 @@ def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...
     named, _, packed = _layout(reader, config)
     tensors = []
     for t, name in named:
-        shape = tuple(int(d) for d in reversed(t.shape))
-        held = gguf_blocks.held_nbytes(t.tensor_type, shape) if name in packed else None
-        tensors.append((name, shape, held))
+        held = gguf_blocks.held_nbytes(t.tensor_type, _shape(t)) if name in packed else None
+        tensors.append((name, _shape(t), held))
     return config, tensors
 
 
@@ -248,9 +247,7 @@ def load_gguf(path: Path) -> ModelSource:
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for t, name in named:
             if name in packed:
-                qt = gguf_blocks.to_groupwise(
-                    np.asarray(t.data), t.tensor_type, (int(t.shape[1]), int(t.shape[0]))
-                )
+                qt = gguf_blocks.to_groupwise(np.asarray(t.data), t.tensor_type, _shape(t))
                 yield name, qt if orders[name] is None else gguf_blocks.select(qt, *orders[name])
 
     def unquantized() -> WeightIterator:
@@ -275,6 +272,11 @@ def load_gguf(path: Path) -> ModelSource:
     )
 
 
+def _shape(t) -> tuple[int, ...]:
+    """A GGUF tensor's shape in torch order ([N, K] for a matrix; GGUF lists the fastest dimension first)."""
+    return tuple(int(d) for d in reversed(t.shape))
+
+
 def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor] | None:
     """(dim, index): the checkpoint's tensor is the converter's `index_select(dim, index)`; None if unmoved."""
     if arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
@@ -290,13 +292,12 @@ def _keeps_packed(t, name: str, order: tuple[int, torch.Tensor] | None, blocks: 
     """A block-quantized matrix goes to the GPU packed (gguf_blocks.py), and so does a float one in a file
     of block-quantized matrices (a fused projection packs only whole), unless its columns must move in runs
     its groups cut through. The conv1d kernel and every vector stay dense."""
-    shape = tuple(int(d) for d in reversed(t.shape))
-    if gguf_blocks.is_block_quantized(t.tensor_type):
-        matrix = len(shape) == 2
-    else:
-        linear = blocks and name.endswith(".weight") and "conv1d" not in name
-        matrix = linear and gguf_blocks.packable_float(t.tensor_type, shape)
-    if not matrix:
+    shape = _shape(t)
+    if len(shape) != 2 or not gguf_blocks.kernel_takes(t.tensor_type, shape):
         return False
+    if not gguf_blocks.is_block_quantized(t.tensor_type):
+        linear = blocks and name.endswith(".weight") and "conv1d" not in name
+        if not (linear and gguf_blocks.packable_float(t.tensor_type)):
+            return False
     _, group = gguf_blocks.target(t.tensor_type)
     return order is None or order[0] == 0 or gguf_blocks.moves_whole_groups(order[1], group)

@@ -34,6 +34,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from engine.quant.groupwise import QuantizedTensor, pack, quantize, stored_nbytes
+from engine.quant.layer import fused_kernel_takes
 
 DENSE = {T.F32, T.F16, T.BF16, T.F64, T.I8, T.I16, T.I32, T.I64}
 EXACT = {T.Q4_0: 4, T.Q4_1: 4, T.Q4_K: 4, T.Q8_0: 8}
@@ -45,9 +46,9 @@ def is_block_quantized(qtype: T) -> bool:
     return qtype not in DENSE
 
 
-def packable_float(qtype: T, shape: tuple[int, ...]) -> bool:
-    """A float matrix the GPU can hold at 8 bits in groups of 32 (its rows a whole number of groups)."""
-    return qtype in (T.F32, T.F16, T.BF16) and len(shape) == 2 and shape[1] % GROUP[8] == 0
+def packable_float(qtype: T) -> bool:
+    """A float type whose matrices the GPU can hold at 8 bits in groups of 32."""
+    return qtype in (T.F32, T.F16, T.BF16)
 
 
 def source_bits(qtype: T) -> int:
@@ -66,6 +67,13 @@ def target(qtype: T) -> tuple[int, int]:
     else:
         bits = {5: 6, 6: 8, 8: 8}.get(source_bits(qtype), 4)
     return bits, GROUP[bits]
+
+
+def kernel_takes(qtype: T, shape: tuple[int, int]) -> bool:
+    """Whether the fused kernels take the matrix as to_groupwise holds it (a re-quantized 6-bit matrix whose
+    K is not a multiple of 64 would fall back to groups of 32, which they do not)."""
+    bits, group = target(qtype)
+    return shape[1] % group == 0 and fused_kernel_takes(bits, group)
 
 
 def held_nbytes(qtype: T, shape: tuple[int, int]) -> int:

@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from engine.formats import gguf_blocks
-from engine.formats.gguf_blocks import held_nbytes, target, to_groupwise
+from engine.formats.gguf_blocks import held_nbytes, kernel_takes, target, to_groupwise
 from engine.models.loader import default_model_path, open_source
 from engine.quant.groupwise import dequantize
 
@@ -107,3 +107,11 @@ def test_default_model_streams_its_blocks_packed_with_the_dense_values():
     assert packed["model.layers.0.self_attn.q_proj.weight"].bits == 4
     for name, qt in packed.items():
         assert torch.equal(dequantize(qt), dense[name]), name
+
+
+def test_a_matrix_goes_packed_only_in_groups_the_kernels_take():
+    """Q5 blocks are held at 6 bits in groups of 64: a K of 96 would leave groups of 32, which the fused
+    kernels refuse, so such a matrix loads dense; 4- and 8-bit groups of 32 fit any GGUF row."""
+    assert kernel_takes(T.Q5_0, (8, 128)) and not kernel_takes(T.Q5_0, (8, 96))
+    assert kernel_takes(T.Q4_K, (8, 256)) and kernel_takes(T.Q4_0, (8, 96)) and kernel_takes(T.F16, (8, 96))
+    assert not kernel_takes(T.F32, (8, 4))  # a conv1d kernel [C, 4]
