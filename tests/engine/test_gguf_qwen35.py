@@ -245,23 +245,9 @@ def test_planner_counts_the_gguf_bytes_the_loader_holds(tmp_path, kernel_backend
     assert planned.packed_weights and planned.recipe == "GGUF blocks as stored"
 
 
-def test_missing_linear_attention_key_is_named(model, tmp_path):
-    path = tmp_path / "no-ssm.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    for key, value in {
-        "block_count": 2,
-        "context_length": 64,
-        "embedding_length": 64,
-        "feed_forward_length": 128,
-        "attention.head_count": 4,
-    }.items():
-        w.add_uint32(f"qwen35.{key}", value)
-    w.add_float32("qwen35.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def test_missing_linear_attention_key_is_named(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf.GGUFWriter, "add_ssm_time_step_rank", lambda writer, value: None)
+    path = write_qwen35_gguf(model, tmp_path / "no-time-step-rank.gguf")
     with pytest.raises(NinferError, match=r"lacks the metadata key qwen35\.ssm\.time_step_rank"):
         load_gguf(path)
 
