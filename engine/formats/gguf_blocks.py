@@ -10,8 +10,8 @@ Taken as stored (the codes unchanged, repacked two per byte in column order):
                                           in a typical group, where the 4-bit rounding itself is up to 50%
   Q8_0  w = d q                        -> 8-bit, groups of 32: scale d (exact)
 Re-quantized from the dequantized values (round to nearest over each group's full range: groupwise's
-clipping search lowered no error on such values and took six times as long, 150 s per billion weights on
-two cores) at the next width the fused kernels take, in the smallest groups they take:
+clipping search lowered no error on such values and took 6-7 times as long, benchmarks/gguf_blocks.py) at
+the next width the fused kernels take, in the smallest groups they take:
   2-, 3- and other 4-bit types (Q2_K, Q3_K, IQ*, MXFP4, ...) -> 4-bit, groups of 32
   5-bit (Q5_0, Q5_1, Q5_K)                                   -> 6-bit, groups of 64
   6-bit (Q6_K)                                               -> 8-bit, groups of 32
