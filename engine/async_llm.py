@@ -139,6 +139,8 @@ class AsyncLLM:
             "prefix_cache_queries": pool.stats.queries,
             "prefix_cache_hits": pool.stats.hits,
             "num_preemptions": sched.num_preemptions,
+            "spec_draft_tokens": sched.num_draft_tokens,
+            "spec_accepted_tokens": sched.num_accepted_tokens,
         }
 
     def _send(self, command: Any) -> None:

@@ -19,6 +19,8 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
+SPEC_METHODS = ("none", "ngram")
+MAX_DRAFT_TOKENS = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -157,6 +159,7 @@ class SchedulerConfig:
     max_pending: int | None = None
     pending_timeout_ms: float | None = None
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
+    num_draft_tokens: int = 0  # n-gram draft tokens verified per decode step; 0 = no speculative decoding
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,10 @@ class EngineConfig:
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)
+    # speculative decoding: none, or ngram (drafts from earlier occurrences of the last tokens: prompt
+    # lookup, engine/spec/ngram.py), verified `draft_tokens` at a time
+    spec: str = "none"
+    draft_tokens: int = 3
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -216,6 +223,18 @@ class EngineConfig:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "
                 "every running request needs one token of each step's budget"
+            )
+        if self.spec == "mtp":
+            raise NinferError(
+                "spec mtp is not available: drafting with the model's MTP head is not built yet; "
+                "use spec ngram (drafts from the context) or none"
+            )
+        if self.spec not in SPEC_METHODS:
+            raise NinferError(f"unknown spec '{self.spec}'; use one of {', '.join(SPEC_METHODS)}")
+        if self.spec != "none" and not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise NinferError(
+                f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS} (got {self.draft_tokens}); 3 to 5 "
+                "suits n-gram drafts"
             )
         for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
             value = getattr(self, name)
@@ -259,4 +278,10 @@ class EngineConfig:
             max_pending=self.max_pending,
             pending_timeout_ms=self.pending_timeout_ms,
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,
+            num_draft_tokens=self.num_draft_tokens,
         )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens verified per decode step; 0 without speculative decoding."""
+        return self.draft_tokens if self.spec != "none" else 0

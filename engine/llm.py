@@ -28,7 +28,7 @@ class LLM:
         """`options` are EngineConfig's fields, named as the `ninfer serve` flags: device, dtype,
         kv_dtype, kv_capacity, max_context, max_concurrency, max_pending, pending_timeout_ms,
         prefill_chunk, enable_prefix_caching, state_snapshot_interval, state_snapshots, block_size,
-        cuda_graphs."""
+        cuda_graphs, spec, draft_tokens."""
         known = {f.name for f in fields(EngineConfig)} - {"model"}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -45,10 +45,20 @@ class LLM:
         self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed)
         num_blocks = kv_tokens // config.block_size
         hybrid = self.model_config.num_linear_attention_layers > 0
-        state_pool = StatePool(config.max_concurrency, config.num_state_snapshots) if hybrid else None
+        state_pool = (
+            StatePool(config.max_concurrency, config.num_state_snapshots, backups=config.num_draft_tokens > 0)
+            if hybrid
+            else None
+        )
         num_state_slots = state_pool.num_total_slots if state_pool else 0
         self.runner = ModelRunner(
-            self.model, self.model_config, config, num_blocks, num_state_slots, self.max_context
+            self.model,
+            self.model_config,
+            config,
+            num_blocks,
+            num_state_slots,
+            self.max_context,
+            backup_slot_base=state_pool.backup_slot_base if state_pool else None,
         )
         self.scheduler = Scheduler(
             config.scheduler_config(self.max_context),
@@ -97,9 +107,14 @@ class LLM:
         for req in self.scheduler.expired:
             results.append((self._streams.pop(req.request_id).output(req.finish_reason), ""))
         self.scheduler.expired.clear()
-        for req in self.scheduler.update_from_output(sched, result):
+        for req, num_new in self.scheduler.update_from_output(sched, result):
             stream = self._streams[req.request_id]
-            stream.push(req.output_token_ids[-1])
+            new = req.output_token_ids[-num_new:]
+            for i, token_id in enumerate(new):
+                stream.push(token_id)
+                if stream.stopped:  # tokens after the one that completed a stop string are not output
+                    self.scheduler.drop_output_tokens(req, len(new) - i - 1)
+                    break
             if stream.stopped and not req.is_finished:
                 self.scheduler.finish_request(req.request_id, "stop")
             delta = stream.take_delta(req.is_finished)

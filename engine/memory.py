@@ -156,14 +156,23 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         rows.append(
             Row("state snapshots", dep.num_snapshots * slot, f"{dep.num_snapshots} prefix-cache snapshots")
         )
-    if dep.spec != "none":
+    if dep.spec == "mtp":
         rollback = dep.concurrency * dep.draft_tokens * slot if dep.hybrid else 0
         draft_io = dep.concurrency * dep.decode_tokens * (cfg.vocab_size * 4 + cfg.hidden_size * b)
         rows.append(
             Row(
                 "draft buffers",
                 rollback + draft_io,
-                f"{dep.spec}, {dep.draft_tokens} draft tokens: state after each draft token + draft logits",
+                f"mtp, {dep.draft_tokens} draft tokens: state after each draft token + draft logits",
+            )
+        )
+    elif dep.spec == "ngram" and dep.hybrid:
+        # n-gram drafts need no model run; their logits rows are in the step's activations
+        rows.append(
+            Row(
+                "draft buffers",
+                dep.concurrency * slot,
+                f"ngram: {dep.concurrency} x the state before a step (restored when a draft is rejected)",
             )
         )
     step_tokens = max(dep.prefill_chunk, dep.concurrency * dep.decode_tokens)

@@ -54,4 +54,6 @@ class RequestStream:
             num_cached_tokens=max(req.num_cached_tokens, 0),
             error=req.error,
             stop_string=self.matched_stop,
+            num_draft_tokens=req.num_draft_tokens,
+            num_accepted_tokens=req.num_accepted_tokens,
         )

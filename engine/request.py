@@ -100,6 +100,8 @@ class Request:
     num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
     error: str | None = None  # why the request ended without finishing (expired)
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
+    num_accepted_tokens: int = 0  # of those, accepted
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -132,6 +134,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request ended without running (expired)
     stop_string: str | None = None  # the stop string that ended the request, if one did
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -135,10 +135,12 @@ def kv_store(k, v, cache, slot_mapping):
     return _kv_store_naive.kv_store(k, v, cache, slot_mapping)
 
 
-def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale):
+def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale, query_tokens_per_seq=0):
+    """query_tokens_per_seq: every sequence's query count when equal (a host int; 0 = not known), so the
+    Triton path can verify draft tokens in its split-K decode kernel; the CPU twins read cu_seqlens_q."""
     if use_triton(q):
         return _triton("paged_attention").paged_attention(
-            q, cache, block_table, seq_lens, cu_seqlens_q, scale
+            q, cache, block_table, seq_lens, cu_seqlens_q, scale, query_tokens_per_seq=query_tokens_per_seq
         )
     args = (q, cache, block_table, seq_lens, cu_seqlens_q, scale)
     return _native_or_naive(

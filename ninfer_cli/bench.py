@@ -15,6 +15,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.sizes import parse_size
+from ninfer_cli.spec_options import DraftTokens, Spec
 
 
 def _list(text: str, what: str, parse) -> tuple[int, ...]:
@@ -53,6 +54,8 @@ def bench(
     dtype: Annotated[str, typer.Option(help="In process: float32, bfloat16, float16.")] = "float32",
     kv_dtype: Annotated[str, typer.Option(help="In process: auto, bf16, fp16, fp8, int8, k8v4.")] = "auto",
     weight_quant: Annotated[str, typer.Option(help="In process, CPU: auto, none, int8, int4.")] = "auto",
+    spec: Spec = "none",
+    draft_tokens: DraftTokens = 3,
     model_config: Annotated[
         str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
     ] = None,
@@ -102,6 +105,8 @@ def bench(
             dtype,
             kv_dtype,
             weight_quant,
+            spec,
+            draft_tokens,
             model_config,
             peak_bw,
             peak_tflops,
@@ -128,6 +133,8 @@ class _Options:
     dtype: str
     kv_dtype: str
     weight_quant: str
+    spec: str
+    draft_tokens: int
     model_config: str | None
     peak_bw: float | None
     peak_tflops: float | None
@@ -145,7 +152,14 @@ def _run(o: _Options) -> None:
     from engine.errors import NinferError
 
     cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat)
-    flags = {"device": o.device, "dtype": o.dtype, "kv_dtype": o.kv_dtype, "weight_quant": o.weight_quant}
+    flags = {
+        "device": o.device,
+        "dtype": o.dtype,
+        "kv_dtype": o.kv_dtype,
+        "weight_quant": o.weight_quant,
+        "spec": o.spec,
+        "draft_tokens": o.draft_tokens if o.spec != "none" else 0,
+    }
     if o.url:
         driver = OverHttp(o.url, o.api_key, o.served)
         name = o.label or f"{driver.model} @ {o.url}"
@@ -179,6 +193,8 @@ def _run(o: _Options) -> None:
             max_concurrency=max(o.concurrencies),
             kv_capacity=longest * max(o.concurrencies),
             prefill_chunk=max(2048, max(o.concurrencies)),
+            spec=o.spec,
+            draft_tokens=o.draft_tokens,
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")

@@ -11,6 +11,7 @@ from rich.console import Console
 from engine.config import DTYPES
 from engine.errors import NinferError
 from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.spec_options import DraftTokens, Spec
 
 HELP_LINE = (
     "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
@@ -56,6 +57,8 @@ def chat(
     weight_quant: Annotated[
         str, typer.Option(help="CPU linear weights: auto (as the checkpoint stores them), none, int8, int4.")
     ] = "auto",
+    spec: Spec = "none",
+    draft_tokens: DraftTokens = 3,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -78,6 +81,8 @@ def chat(
             weight_quant=weight_quant,
             max_context=max_context,
             max_concurrency=1,
+            spec=spec,
+            draft_tokens=draft_tokens,
         )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout

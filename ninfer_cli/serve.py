@@ -12,6 +12,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.sizes import parse_size
+from ninfer_cli.spec_options import DraftTokens, Spec
 
 GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 
@@ -53,6 +54,8 @@ def serve(
             help="CUDA: replay decode steps from captured graphs (falls back to eager if capture fails)."
         ),
     ] = True,
+    spec: Spec = "none",
+    draft_tokens: DraftTokens = 3,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -77,6 +80,8 @@ def serve(
         pending_timeout_ms=pending_timeout_ms,
         prefill_chunk=prefill_chunk,
         cuda_graphs=cuda_graphs,
+        spec=spec,
+        draft_tokens=draft_tokens,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

@@ -182,7 +182,8 @@ def case_attention(
     step: str, kv_dtype: str, model: str, dtype: str, context: int = 4096, block_size: int = 16
 ):
     """step: prefill (a 100-token chunk after a prefix), decode (one token per sequence), verify (4 query
-    tokens per sequence: speculative verification)."""
+    tokens per sequence: speculative verification), verify_max (as many query tokens as the dispatch sends
+    to the decode kernel: MAX_VERIFY_ROWS rows of queries x GQA group)."""
     head_dim, hq, hk = ATTN_MODELS[model]
     cache = KVCache.allocate(kv_dtype, 8, block_size, hk, head_dim, "cpu")
     num_seqs = 2
@@ -194,7 +195,7 @@ def case_attention(
         cu_seqlens = torch.tensor([0, 100, 200], dtype=torch.int32)
         attention.paged_attention(q, cache, block_table, seq_lens, cu_seqlens, head_dim**-0.5)
     else:
-        q_per_seq = 1 if step == "decode" else 4
+        q_per_seq = {"decode": 1, "verify": 4, "verify_max": attention.MAX_VERIFY_ROWS // (hq // hk)}[step]
         q = _randn(num_seqs * q_per_seq, hq, head_dim, dtype=DTYPES[dtype])
         attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
         per_key = cache.num_bytes // (cache.k_data.shape[0] * block_size * hk)  # K and V of one head, scales
@@ -296,6 +297,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             add(case_kv_store, min_arch, kv_dtype=kv, model=model, dtype="bf16")
             for step in ("prefill", "decode", "verify"):
                 add(case_attention, min_arch, step=step, kv_dtype=kv, model=model, dtype="bf16")
+        add(case_attention, min_arch, step="verify_max", kv_dtype=kv, model="qwen3.5", dtype="bf16")
     for dtype, kv in (("fp16", "fp16"), ("fp32", "fp32"), ("fp16", "k8v4")):
         add(case_kv_store, kv_dtype=kv, model="qwen3", dtype=dtype)
         for step in ("prefill", "decode"):

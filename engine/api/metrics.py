@@ -25,6 +25,17 @@ class Metrics:
         self.cached_tokens = Counter(
             "ninfer_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r
         )
+        self.spec_drafted = Counter(
+            "ninfer_spec_draft_tokens", "Speculative draft tokens verified (finished requests)", registry=r
+        )
+        self.spec_accepted = Counter(
+            "ninfer_spec_accepted_tokens", "Speculative draft tokens accepted (finished requests)", registry=r
+        )
+        self.spec_acceptance = Gauge(
+            "ninfer_spec_acceptance_rate",
+            "Accepted / drafted tokens since start (0 without drafts)",
+            registry=r,
+        )
         self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
         self.ttft = Histogram(
             "ninfer_time_to_first_token_seconds",
@@ -71,8 +82,9 @@ class Metrics:
             if n > 1 and first is not None and last and last > first
             else "-"
         )
+        spec = f" accepted={out.num_accepted_tokens}/{out.num_draft_tokens}" if out.num_draft_tokens else ""
         _log.info(
-            "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s",
+            "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s%s",
             out.request_id,
             len(out.prompt_token_ids),
             out.num_cached_tokens,
@@ -80,11 +92,14 @@ class Metrics:
             ttft,
             rate,
             out.finish_reason,
+            spec,
         )
 
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(len(out.token_ids))
         self.cached_tokens.inc(out.num_cached_tokens)
+        self.spec_drafted.inc(out.num_draft_tokens)
+        self.spec_accepted.inc(out.num_accepted_tokens)
         self.requests.labels(out.finish_reason or "unknown").inc()
 
     def render(self) -> bytes:
@@ -93,4 +108,6 @@ class Metrics:
         self.waiting.set(stats["num_waiting"])
         self.kv_total.set(stats["kv_blocks_total"])
         self.kv_used.set(stats["kv_blocks_total"] - stats["kv_blocks_free"])
+        drafted = stats["spec_draft_tokens"]
+        self.spec_acceptance.set(stats["spec_accepted_tokens"] / drafted if drafted else 0.0)
         return generate_latest(self.registry)

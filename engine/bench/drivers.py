@@ -80,6 +80,9 @@ class InProcess:
                     got[0],
                     got[-1],
                     got,
+                    spec_acceptance=done.num_accepted_tokens / done.num_draft_tokens
+                    if done.num_draft_tokens
+                    else None,
                     error=done.error,
                 )
             )

@@ -42,6 +42,9 @@ def run_table(result: dict):
         ("status", "left"),
     ]:
         t.add_column(col, justify=justify)
+    spec = any(row.get("spec_acceptance") for row in result["rows"])
+    if spec:
+        t.add_column("draft accept %", justify="right")
     gpu = any(row.get("telemetry") for row in result["rows"])
     if gpu:
         t.add_column("decode W avg/max", justify="right")
@@ -53,8 +56,11 @@ def run_table(result: dict):
         roof = row.get("roofline") or {}
         tel = row.get("telemetry")
         extra = []
+        if spec:
+            accept = _med(row.get("spec_acceptance"))
+            extra.append("-" if accept is None else f"{accept * 100:.0f}")
         if gpu:
-            extra = (
+            extra += (
                 ["-", "-"]
                 if not tel
                 else [

@@ -122,6 +122,7 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             "ttft_s": _stats([r["ttft_s"] for r in group]),
             "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
             "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
+            "spec_acceptance": _stats([r.get("spec_acceptance") for r in group]),
         }
         per["telemetry"] = _telemetry(group)
         rows.append({**base, "kind": "stream" if c > 1 else "C1", **per, **_roof(cost, peaks, ctx, per)})

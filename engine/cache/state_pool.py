@@ -6,6 +6,9 @@ together with the recurrent state at exactly that position, so the state is also
 page-aligned positions (the end of the prompt, the last page a request completes, every
 `state_snapshot_interval` tokens) into snapshot slots named by the page hash of that prefix. The
 snapshot slots live in the same state tensors after the running slots and are LRU-evicted.
+
+With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
+a step that verifies drafts, copied back when one is rejected.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from collections import OrderedDict
 
 
 class StatePool:
-    def __init__(self, num_slots: int, num_snapshots: int = 0):
+    def __init__(self, num_slots: int, num_snapshots: int = 0, backups: bool = False):
         self.num_slots, self.num_snapshots = num_slots, num_snapshots
+        self.num_backups = num_slots if backups else 0
         self._free = list(range(num_slots - 1, -1, -1))
         # snapshot slots: num_slots .. num_slots + num_snapshots - 1
         self._free_snapshots = list(range(num_slots + num_snapshots - 1, num_slots - 1, -1))
@@ -25,7 +29,12 @@ class StatePool:
 
     @property
     def num_total_slots(self) -> int:
-        return self.num_slots + self.num_snapshots
+        return self.num_slots + self.num_snapshots + self.num_backups
+
+    @property
+    def backup_slot_base(self) -> int | None:
+        """Running slot s is backed up at backup_slot_base + s; None without backups."""
+        return self.num_slots + self.num_snapshots if self.num_backups else None
 
     @property
     def num_free_slots(self) -> int:

@@ -30,5 +30,11 @@ class Attention(Module):
         assert self.kv_cache is not None, "KV cache not bound: the model runner allocates it before a forward"
         kernels.kv_store(k, v, self.kv_cache, ctx.slot_mapping)
         return kernels.paged_attention(
-            q, self.kv_cache, ctx.block_table, ctx.seq_lens, ctx.cu_seqlens_q, self.scale
+            q,
+            self.kv_cache,
+            ctx.block_table,
+            ctx.seq_lens,
+            ctx.cu_seqlens_q,
+            self.scale,
+            ctx.query_tokens_per_seq,
         )

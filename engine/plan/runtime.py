@@ -67,6 +67,8 @@ def deployment(
         dtype_bytes=config.torch_dtype.itemsize,
         block_size=config.block_size,
         device=config.device,
+        spec=config.spec,
+        draft_tokens=config.num_draft_tokens,
     )
 
 

@@ -75,12 +75,19 @@ class Sampler:
 
     def __call__(
         self,
-        logits: torch.Tensor,  # [B, V] fp32
+        logits: torch.Tensor,  # [R, V] fp32
         request_ids: list[str],
         params: list[SamplingParams],
         histories: list[tuple[list[int], list[int]] | None] | None = None,
+        draft_ids: list[int] | None = None,
     ) -> list[SampledToken]:
-        """One token per row. All on the device; the only host sync is reading the chosen ids back."""
+        """One token per row. All on the device; the only host sync is reading the results back.
+
+        A row with a draft token (`draft_ids[i] >= 0`, speculative decoding) verifies it: greedy rows
+        accept it when it is the argmax; sampled rows accept it with the target probability p(draft) and
+        otherwise draw from p with the draft removed, which leaves every emitted token distributed as p
+        (a draft is one token, not a distribution). The row's token is then the draft itself when
+        accepted, and `SampledToken.accepted` says so."""
         num_rows, vocab = logits.shape
         device = logits.device
         raw = logits
@@ -92,42 +99,64 @@ class Sampler:
                         "penalties need the token history"
                     )
                     apply_penalties(logits[i], p, *histories[i])
-        token_ids = logits.argmax(dim=-1)  # [B]
+        token_ids = logits.argmax(dim=-1)  # [R]
+        drafted = [i for i in range(num_rows) if draft_ids is not None and draft_ids[i] >= 0]
+        drafts = to_device(draft_ids, torch.long, device) if drafted else None  # [R], -1 = none
+        accepted = token_ids == drafts if drafted else None  # [R] bool (greedy rows)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
-            sub = [params[i] for i in sampled_rows]
-            temperature = to_device([p.temperature for p in sub], torch.float32, device)
-            top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in sub], torch.long, device)
-            top_p = to_device([p.top_p for p in sub], torch.float32, device)
-            min_p = to_device([p.min_p for p in sub], torch.float32, device)
-            use_sort = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in sub)
-            use_min_p = any(p.min_p > 0.0 for p in sub)
-            x = _filter(logits[rows] / temperature.unsqueeze(1), top_k, top_p, min_p, use_sort, use_min_p)
-            probs = x.softmax(-1)  # [S, V]
+            probs = self._probs(logits[rows], [params[i] for i in sampled_rows], vocab)  # [S, V]
             # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws from its own
             # generator over the whole vocabulary, so a seeded request's draws do not depend on the batch
             noise = torch.empty_like(probs)
+            uniform = torch.ones(len(sampled_rows), device=device)  # [S]; 1 never accepts
             for j, i in enumerate(sampled_rows):
-                noise[j].exponential_(generator=self._generator(request_ids[i], params[i], device))
+                gen = self._generator(request_ids[i], params[i], device)
+                noise[j].exponential_(generator=gen)
+                if drafts is not None and draft_ids[i] >= 0:
+                    uniform[j] = torch.rand((), generator=gen, device=device)
+            if drafts is not None:
+                row_drafts = drafts[rows].clamp(min=0).unsqueeze(1)  # [S, 1]
+                p_draft = probs.gather(1, row_drafts).squeeze(1)  # [S]
+                accepted = accepted.index_copy(0, rows, uniform < p_draft)
+                # a rejected draft is redrawn from p without it
+                has_draft = (drafts[rows] >= 0).unsqueeze(1)
+                probs = probs.scatter(1, row_drafts, torch.where(has_draft, 0.0, p_draft.unsqueeze(1)))
             token_ids = token_ids.index_copy(0, rows, (probs / noise).argmax(dim=-1))
+        if drafts is not None:
+            token_ids = torch.where(accepted, drafts, token_ids)
         max_logprobs = max((p.logprobs for p in params if p.logprobs is not None), default=None)
+        # one read back: the tokens, and whether each verified its draft
+        if accepted is None:
+            ids, flags = token_ids.tolist(), [False] * num_rows
+        else:
+            ids, flags = torch.stack([token_ids, accepted.to(token_ids.dtype)]).tolist()
         if max_logprobs is None:
-            return [SampledToken(t, None) for t in token_ids.tolist()]
+            return [SampledToken(t, None, bool(a)) for t, a in zip(ids, flags)]
         logprobs = torch.log_softmax(raw, dim=-1)  # NOTE: of the raw model distribution
         chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
         top = torch.topk(logprobs, max(max_logprobs, 1), dim=-1)
-        ids, chosen, top_ids, top_vals = (
-            token_ids.tolist(),
-            chosen.tolist(),
-            top.indices.tolist(),
-            top.values.tolist(),
-        )
+        chosen, top_ids, top_vals = chosen.tolist(), top.indices.tolist(), top.values.tolist()
         out = []
         for i, p in enumerate(params):
             lp = None
             if p.logprobs is not None:
                 lp = {ids[i]: chosen[i]}
                 lp.update(zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs]))
-            out.append(SampledToken(ids[i], lp))
+            out.append(SampledToken(ids[i], lp, bool(flags[i])))
         return out
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, params: list[SamplingParams], vocab: int) -> torch.Tensor:
+        """The sampling distribution of each row: temperature, then top-k / top-p / min-p."""
+        # logits: [S, V] fp32 -> probs [S, V]
+        device = logits.device
+        temperature = to_device([p.temperature for p in params], torch.float32, device)
+        top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.long, device)
+        top_p = to_device([p.top_p for p in params], torch.float32, device)
+        min_p = to_device([p.min_p for p in params], torch.float32, device)
+        use_sort = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
+        use_min_p = any(p.min_p > 0.0 for p in params)
+        x = _filter(logits / temperature.unsqueeze(1), top_k, top_p, min_p, use_sort, use_min_p)
+        return x.softmax(-1)

@@ -9,7 +9,8 @@ from engine.request import SamplingParams
 
 class ScheduledRequest(NamedTuple):
     request_id: str
-    token_ids: list[int]  # the tokens to run this step (a prefill chunk, or the last sampled token)
+    # the tokens to run this step: a prefill chunk, or the last sampled token; then draft_token_ids
+    token_ids: list[int]
     start_pos: int  # position of token_ids[0] == tokens of this request already in the cache
     block_ids: list[int]  # KV pages of the request, enough for start_pos + len(token_ids) tokens
     state_slot: int  # recurrent-state slot, -1 when the model has none
@@ -18,6 +19,14 @@ class ScheduledRequest(NamedTuple):
     # (prompt ids, output ids) when the request's penalties need its history; None otherwise
     history: tuple[list[int], list[int]] | None = None
     state_restore: int = -1  # snapshot slot to copy into state_slot before running (a prefix-cache hit)
+    # speculative decoding: guesses of the tokens after the known ones, run at the end of token_ids and
+    # verified (only with sample=True). A hybrid model's state returns to start_pos unless all are accepted
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens of the request's history run this step (token_ids without the drafts)."""
+        return len(self.token_ids) - len(self.draft_token_ids)
 
 
 class SchedulerOutput(NamedTuple):
@@ -33,7 +42,10 @@ class SchedulerOutput(NamedTuple):
 class SampledToken(NamedTuple):
     token_id: int
     logprobs: dict[int, float] | None  # chosen token + top-N, when asked for
+    accepted: bool = False  # the row verified a draft token and kept it (token_id is the draft)
 
 
 class RunnerOutput(NamedTuple):
-    sampled: dict[str, SampledToken]  # only for requests scheduled with sample=True
+    # only for requests scheduled with sample=True: the tokens emitted, in order; one plus the number of
+    # draft tokens accepted
+    sampled: dict[str, list[SampledToken]]

@@ -16,6 +16,13 @@ Admission policy (docs/architecture.md):
   already produced, usually straight from the prefix cache.
 * At admission the longest cached prefix of full pages is reused (hybrid models: the longest one
   that also has a recurrent-state snapshot), always leaving at least one token to compute.
+
+Speculative decoding (`num_draft_tokens`): a running request whose step reaches the end of its known
+tokens also runs up to that many n-gram draft tokens (engine/spec/ngram.py) when budget and pages
+allow; the runner verifies them and the request advances by the tokens accepted. A hybrid model whose
+state saw a rejected draft is put back to the step's start and recomputes the accepted tokens with its
+next step's drafts (decode is bandwidth-bound, so extra positions per step cost little). Steps that
+snapshot a hybrid state (a page completed) run no drafts: the snapshot must not hold them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from engine.config import SchedulerConfig
 from engine.errors import EngineOverloaded, NinferError
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.spec.ngram import NgramProposer
 
 
 class Scheduler:
@@ -48,6 +56,10 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.expired: list[Request] = []  # ended while waiting; the front end reports them
         self.num_preemptions = 0
+        k = config.num_draft_tokens
+        self.proposer = NgramProposer(k) if k else None
+        self.num_draft_tokens = 0  # drafted and verified so far
+        self.num_accepted_tokens = 0  # of those, accepted
 
     @property
     def snapshots_enabled(self) -> bool:
@@ -93,14 +105,17 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._num_to_run(req, budget)
+            drafts = self._drafts(req, n, budget - n)
+            if drafts and not self._grow(req, req.num_computed_tokens + n + len(drafts)):
+                drafts = []  # no pages to spare for guesses
             while not self._grow(req, req.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is req:
                     break
             else:
-                scheduled.append(self._scheduled(req, n, -1, state_saves))
-                budget -= n
+                scheduled.append(self._scheduled(req, n, -1, state_saves, drafts))
+                budget -= n + len(drafts)
                 i += 1
                 continue
             break  # req itself was preempted; it was the last running request
@@ -143,6 +158,21 @@ class Scheduler:
                 n = stop - start
         return n
 
+    def _drafts(self, req: Request, n: int, room: int) -> list[int]:
+        """Draft tokens to verify after this step's `n` known tokens: only when they reach the end of the
+        request's tokens, within the step budget `room`, the tokens it may still emit and its context."""
+        end = req.num_computed_tokens + n
+        if self.proposer is None or room <= 0 or end != req.num_tokens:
+            return []
+        if self.snapshots_enabled and end % self.block_size == 0:
+            return []  # this step may snapshot the state at `end`: it must not have run drafts
+        capacity = self.block_pool.num_blocks * self.block_size
+        limit = min(self.config.max_context, capacity) - req.num_tokens
+        left = req.sampling_params.max_tokens - len(req.output_token_ids)
+        # every step emits one token beyond the drafts it accepts
+        most = min(room, limit - 1, left - 1)
+        return self.proposer.propose(req.request_id, req.all_token_ids, most) if most > 0 else []
+
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
         bs, interval = self.block_size, self.config.state_snapshot_interval
@@ -177,7 +207,12 @@ class Scheduler:
         return req.block_hashes[:num_blocks]
 
     def _scheduled(
-        self, req: Request, n: int, restore: int, state_saves: list[tuple[int, int]]
+        self,
+        req: Request,
+        n: int,
+        restore: int,
+        state_saves: list[tuple[int, int]],
+        drafts: list[int] | tuple[int, ...] = (),
     ) -> ScheduledRequest:
         start = req.num_computed_tokens
         end = start + n
@@ -185,7 +220,7 @@ class Scheduler:
             self._plan_snapshot(req, end, state_saves)
         return ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start:end],
+            token_ids=req.all_token_ids[start:end] + list(drafts),
             start_pos=start,
             block_ids=req.block_ids,
             state_slot=req.state_slot,
@@ -195,6 +230,7 @@ class Scheduler:
             if req.sampling_params.has_penalties
             else None,
             state_restore=restore,
+            draft_token_ids=tuple(drafts),
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -252,26 +288,47 @@ class Scheduler:
                 self.expired.append(req)
 
     # -- results -------------------------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> list[Request]:
-        """Advance requests by what ran; append sampled tokens; return requests that got a new token."""
+    def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> list[tuple[Request, int]]:
+        """Advance requests by what ran; append the tokens they emitted, up to one that finishes them.
+        Returns each request that got tokens, with how many."""
         updated = []
         for s in sched.scheduled:
             req = self.requests.get(s.request_id)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted during the step
-            req.num_computed_tokens += len(s.token_ids)
-            self._register_full_blocks(req)
-            sampled = out.sampled.get(s.request_id)
-            if sampled is None:
-                continue
-            req.output_token_ids.append(sampled.token_id)
-            if sampled.logprobs is not None:
-                req.output_logprobs.append(sampled.logprobs)
-            reason = self._stop_reason(req, sampled.token_id)
+            emitted = out.sampled.get(s.request_id) or []
+            drafted, accepted = len(s.draft_token_ids), max(len(emitted) - 1, 0)
+            self.num_draft_tokens += drafted
+            self.num_accepted_tokens += accepted
+            req.num_draft_tokens += drafted
+            req.num_accepted_tokens += accepted
+            # the cache holds the known tokens and the accepted drafts, unless a hybrid state went back
+            if not (s.state_slot >= 0 and accepted < drafted):
+                req.num_computed_tokens += s.num_known_tokens + accepted
+            n, reason = 0, None
+            while reason is None and n < len(emitted):
+                sampled = emitted[n]
+                req.output_token_ids.append(sampled.token_id)
+                if sampled.logprobs is not None:
+                    req.output_logprobs.append(sampled.logprobs)
+                n += 1
+                reason = self._stop_reason(req, sampled.token_id)
+            # a stop among accepted drafts leaves computed tokens past the end
+            req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+            self._register_full_blocks(req)  # after the tokens it covers are appended
             if reason is not None:
                 self.finish_request(req.request_id, reason)
-            updated.append(req)
+            if n:
+                updated.append((req, n))
         return updated
+
+    def drop_output_tokens(self, req: Request, n: int) -> None:
+        """Take back the last `n` output tokens (emitted past a stop string in the same step)."""
+        if n <= 0:
+            return
+        del req.output_token_ids[-n:]
+        del req.output_logprobs[len(req.output_token_ids) :]
+        req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
 
     def _register_full_blocks(self, req: Request) -> None:
         """Name the pages that now hold a full page of computed tokens in the prefix cache."""
@@ -306,5 +363,7 @@ class Scheduler:
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self._release(req)
+        if self.proposer is not None:
+            self.proposer.forget(request_id)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         self._finished_ids.append(request_id)

@@ -18,6 +18,9 @@ class ForwardContext:
     slot_mapping: torch.Tensor  # [T] int64; KV cache slot of each new token
     block_table: torch.Tensor  # [B, max_blocks] int32
     state_indices: torch.Tensor  # [B] int32; recurrent-state slot of each sequence (hybrid models)
+    # host int: the query tokens of every sequence when all have the same count (1 in decode, k + 1 when
+    # verifying k drafts), else 0; lets attention pick its decode kernel without reading cu_seqlens_q
+    query_tokens_per_seq: int = 0
 
 
 _CONTEXT: ForwardContext | None = None

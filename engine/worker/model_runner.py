@@ -25,7 +25,10 @@ class ModelRunner:
         num_blocks: int,
         num_state_slots: int,
         max_context: int | None = None,
+        backup_slot_base: int | None = None,
     ):
+        """backup_slot_base: speculative decoding on a hybrid model: state slot s is backed up at
+        backup_slot_base + s while a step verifies drafts (engine/cache/state_pool.py)."""
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
@@ -55,6 +58,7 @@ class ModelRunner:
                     device=self.device,
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+        self.backup_slot_base = backup_slot_base
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
@@ -102,12 +106,14 @@ class ModelRunner:
                 self._copy_state(r.state_restore, r.state_slot)
             elif r.start_pos == 0 and r.state_slot >= 0:
                 self._reset_state(r.state_slot)
+            if r.draft_token_ids and r.state_slot >= 0:  # the state to return to when a draft fails
+                self._copy_state(r.state_slot, self._backup_slot(r.state_slot))
         if self._graph_step(sched):
             block_rows = [r.block_ids for r in sched.scheduled]
             self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices)
             logits = self.graphs.replay(len(input_ids))
             self._save_states(sched)
-            return self._sample(logits, list(enumerate(sched.scheduled)))
+            return self._sample(logits, sched.scheduled)
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
 
@@ -120,15 +126,23 @@ class ModelRunner:
             slot_mapping=tensor(slot_mapping, torch.int64),
             block_table=tensor(block_table, torch.int32),
             state_indices=tensor(state_indices, torch.int32),
+            query_tokens_per_seq=_same_count(cu_seqlens),
         )
         with set_forward_context(ctx):
             hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
         self._save_states(sched)
-        sampling = [(i, r) for i, r in enumerate(sched.scheduled) if r.sample]
+        sampling = [r for r in sched.scheduled if r.sample]
         if not sampling:
             return RunnerOutput({})
-        last_token = tensor([cu_seqlens[i + 1] - 1 for i, _ in sampling], torch.int64)
-        return self._sample(self.model.compute_logits(hidden[last_token]), sampling)  # logits [B, V]
+        # the logits rows: each sampled request's last known token, then each of its drafts
+        rows = [
+            j
+            for i, r in enumerate(sched.scheduled)
+            if r.sample
+            for j in range(cu_seqlens[i + 1] - 1 - len(r.draft_token_ids), cu_seqlens[i + 1])
+        ]
+        logits = self.model.compute_logits(hidden[tensor(rows, torch.int64)])  # [rows, V]
+        return self._sample(logits, sampling)
 
     def _graph_step(self, sched: SchedulerOutput) -> bool:
         """A pure decode step (one token per request, every one sampled) that a captured graph holds."""
@@ -143,9 +157,38 @@ class ModelRunner:
         for slot, snapshot in sched.state_saves:
             self._copy_state(slot, snapshot)
 
+    def _backup_slot(self, slot: int) -> int:
+        assert self.backup_slot_base is not None, "drafts on a hybrid model need backup state slots"
+        return self.backup_slot_base + slot
+
     def _sample(self, logits: torch.Tensor, sampling: list) -> RunnerOutput:
-        request_ids = [r.request_id for _, r in sampling]
-        sampled = self.sampler(
-            logits, request_ids, [r.sampling_params for _, r in sampling], [r.history for _, r in sampling]
-        )
-        return RunnerOutput(dict(zip(request_ids, sampled)))
+        """Sample each request's next token, or verify its drafts: it gets the tokens up to and including
+        the first that is not an accepted draft. A hybrid request that rejects a draft gets its state
+        back as it was before the step (the scheduler recomputes from start_pos)."""
+        # logits: [rows, V]; per request 1 + len(draft_token_ids) rows
+        request_ids, params, histories, draft_ids = [], [], [], []
+        for r in sampling:
+            for k in range(len(r.draft_token_ids) + 1):
+                request_ids.append(r.request_id)
+                params.append(r.sampling_params)
+                # penalties at a draft row count the drafts before it as generated
+                drafted = list(r.draft_token_ids[:k])
+                histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
+                draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
+        spec = any(r.draft_token_ids for r in sampling)
+        sampled = self.sampler(logits, request_ids, params, histories, draft_ids if spec else None)
+        out, i = {}, 0
+        for r in sampling:
+            rows_of_r = sampled[i : i + len(r.draft_token_ids) + 1]
+            i += len(rows_of_r)
+            kept = next((n + 1 for n, t in enumerate(rows_of_r) if not t.accepted), len(rows_of_r))
+            out[r.request_id] = rows_of_r[:kept]
+            if r.state_slot >= 0 and kept <= len(r.draft_token_ids):
+                self._copy_state(self._backup_slot(r.state_slot), r.state_slot)
+        return RunnerOutput(out)
+
+
+def _same_count(cu_seqlens: list[int]) -> int:
+    """Every sequence's query tokens when all have the same count, else 0."""
+    counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}
+    return counts.pop() if len(counts) == 1 else 0

@@ -24,6 +24,9 @@ from kernels.triton_codes import nibble_pairs
 from kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
+# the decode kernel packs a sequence's query tokens x the GQA group into one tile of rows: verification steps
+# up to this many rows take it (at 64 rows its SM86 build runs out of registers and, for fp32 KV, shared memory)
+MAX_VERIFY_ROWS = 32
 
 
 @triton.jit
@@ -495,18 +498,24 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32
     scale: float,
     *,
+    query_tokens_per_seq: int = 0,
     block_m: int = 32,
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """See kernels/paged_attention/naive.py. One token per sequence (T == B) takes the split-K decode
-    kernel; anything else the prefill kernel (block_m, block_n, num_warps, num_stages: its tile and
-    pipeline depth, tuning knobs for benchmarks/gpu_kernels.py's sweep)."""
+    """See kernels/paged_attention/naive.py. One token per sequence (T == B), or the same few per sequence
+    (query_tokens_per_seq, a host int: speculative verification) takes the split-K decode kernel;
+    anything else the prefill kernel (block_m, block_n, num_warps, num_stages: its tile and pipeline
+    depth, tuning knobs for benchmarks/gpu_kernels.py's sweep)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = block_table.shape[0]
     if num_tokens == num_seqs:
         return paged_attention_decode(q, cache, block_table, seq_lens, scale)
+    group = num_q_heads // cache.k_data.shape[2]
+    per_seq = query_tokens_per_seq
+    if per_seq > 1 and num_tokens == num_seqs * per_seq and per_seq * group <= MAX_VERIFY_ROWS:
+        return paged_attention_decode(q, cache, block_table, seq_lens, scale, per_seq)
     assert q.stride(-1) == 1 and cache.k_data.is_contiguous()
     out = torch.empty_like(q)
     num_kv_heads = cache.k_data.shape[2]

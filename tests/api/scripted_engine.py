@@ -90,7 +90,14 @@ class ScriptedEngine:
         return ScriptedStream(request_id, output, self.replies.pop(0), self.piece)
 
     def stats(self):
-        return {"num_running": 0, "num_waiting": 0, "kv_blocks_total": 1, "kv_blocks_free": 1}
+        return {
+            "num_running": 0,
+            "num_waiting": 0,
+            "kv_blocks_total": 1,
+            "kv_blocks_free": 1,
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,
+        }
 
     def shutdown(self):
         pass

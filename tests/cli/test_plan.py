@@ -49,6 +49,15 @@ def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
     assert context >= 170_000
 
 
+def test_ngram_plan_budgets_state_backups_and_serves_with_drafts():
+    code, out = _plan_27b_3090("--concurrency", "2", "--spec", "ngram")
+    assert code == 0, out
+    assert "ngram: 2 x the state before a step" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert line.endswith("--spec ngram --draft-tokens 3")
+    assert "serve does not run them yet" not in out
+
+
 def test_json_and_refusal_exit_2_with_three_ways_out():
     code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "250k", "--kv-dtype", "int8", "--json"])
     assert code == 2

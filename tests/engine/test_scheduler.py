@@ -37,7 +37,7 @@ def req(rid, n, max_tokens=4, **kw):
 
 def run_step(s, token=7):
     out = s.schedule()
-    sampled = {r.request_id: SampledToken(token, None) for r in out.scheduled if r.sample}
+    sampled = {r.request_id: [SampledToken(token, None)] for r in out.scheduled if r.sample}
     s.update_from_output(out, RunnerOutput(sampled))
     return out
 

@@ -194,6 +194,25 @@ def test_decode_kernel_serves_speculative_verification():
     assert rel_err(got, attention_naive.paged_attention(q, cache, table, seq_lens, cu, 0.125)) < 1e-3
 
 
+@pytest.mark.parametrize("per_seq, group, decode", [(4, 4, True), (5, 6, True), (9, 4, False), (0, 4, False)])
+def test_verification_steps_take_the_decode_kernel_when_they_fit_its_tile(
+    monkeypatch, per_seq, group, decode
+):
+    """A step with the same query count per sequence (a host int from the runner) goes to the split-K decode
+    kernel while queries x GQA group fit MAX_VERIFY_ROWS; otherwise to the prefill kernel. Same result."""
+    attention = triton_op("paged_attention")
+    calls = []
+    decode_kernel = attention.paged_attention_decode
+    monkeypatch.setattr(
+        attention, "paged_attention_decode", lambda *a, **kw: calls.append(a) or decode_kernel(*a, **kw)
+    )
+    q_len = per_seq or 3
+    case = _paged_case("k8v4", 64, 2 * group, 2, 16, [30, 9], [q_len, q_len], torch.float32)
+    got = attention.paged_attention(*case, 0.125, query_tokens_per_seq=per_seq)
+    assert bool(calls) == decode
+    assert rel_err(got, attention_naive.paged_attention(*case, 0.125)) < 1e-3
+
+
 def test_tuning_knobs_keep_the_result():
     """The sweep's split counts and prefill tiles (benchmarks/gpu_kernels.py) compute the same attention."""
     attention = triton_op("paged_attention")

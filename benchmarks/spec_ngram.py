@@ -1,0 +1,84 @@
+"""N-gram speculative decoding against plain decoding, side by side in one process, on the embedded default
+model (or MODEL): per workload, decode tokens/s of each, their ratio, draft acceptance and tokens per step.
+Greedy, so both must produce the same tokens (checked).
+
+Workloads: `copy` (repeat a file), `edit` (the file back with one change: the coding-agent case), `prose`
+(an open question: little to copy). The timing window starts at the first token, so prefill is out of it.
+
+    python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--gen 160] [--repeat 3] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import platform
+import statistics
+import time
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.sample import sampler
+
+SOURCE = inspect.getsource(sampler.apply_penalties)
+WORKLOADS = {
+    "copy": f"Repeat this code exactly, with nothing else:\n\n{SOURCE}",
+    "edit": f"Rename the argument `params` to `sampling` in this code and print the whole function:\n\n{SOURCE}",
+    "prose": "Explain in a few paragraphs why the sky is blue.",
+}
+
+
+def _decode(llm: LLM, prompt: str, gen: int) -> tuple[list[int], float, int]:
+    """(tokens, decode seconds after the first token, engine steps after the first token)."""
+    params = SamplingParams(max_tokens=gen, temperature=0.0)
+    ids = llm.tokenizer.encode_chat([{"role": "user", "content": prompt}], None, True)
+    llm.add_request(ids, params)
+    first, steps, out = None, 0, None
+    while llm.has_unfinished_requests():
+        results = llm.step()
+        if results:
+            out = results[-1][0]
+        if first is None and out is not None and out.token_ids:
+            first = time.perf_counter()
+        elif first is not None:
+            steps += 1
+    return out, time.perf_counter() - first, steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--gen", type=int, default=160)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    common = dict(max_concurrency=1, device=args.device, enable_prefix_caching=False)
+    plain = LLM(args.model, **common)
+    spec = LLM(args.model, spec="ngram", draft_tokens=args.draft_tokens, **common)
+    print(
+        f"# {plain.description}; {args.device} ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads); draft tokens {args.draft_tokens}; median of {args.repeat}"
+    )
+    print("| workload | tokens | plain tok/s | ngram tok/s | ratio | accepted | tokens/step |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, prompt in WORKLOADS.items():
+        rates: dict[str, list[float]] = {"plain": [], "ngram": []}
+        for _ in range(args.repeat):  # alternate, so drift in machine speed hits both alike
+            ref, t_plain, _ = _decode(plain, prompt, args.gen)
+            out, t_spec, steps = _decode(spec, prompt, args.gen)
+            assert out.token_ids == ref.token_ids, f"{name}: n-gram decoding changed the output"
+            n = len(out.token_ids) - 1
+            rates["plain"].append(n / t_plain)
+            rates["ngram"].append(n / t_spec)
+        p, s = statistics.median(rates["plain"]), statistics.median(rates["ngram"])
+        accepted = out.num_accepted_tokens / out.num_draft_tokens if out.num_draft_tokens else 0.0
+        print(
+            f"| {name} | {n + 1} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {accepted:.0%} | "
+            f"{n / max(steps, 1):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""A server run with n-gram speculative decoding: streamed replies equal plain decoding's, and /metrics
+counts drafted and accepted tokens."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import openai
+import pytest
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+CODE = "def area(width, height):\n    return width * height\n"
+COPY = [{"role": "user", "content": f"Repeat this code exactly, with nothing else:\n\n{CODE}"}]
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+    return float(line.split()[1])
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with (
+        RunningServer(AsyncLLM(max_concurrency=2)) as plain,
+        RunningServer(AsyncLLM(max_concurrency=2, spec="ngram", draft_tokens=4)) as spec,
+    ):
+        yield plain, spec
+
+
+def test_streamed_reply_with_drafts_equals_plain_and_metrics_count_them(servers):
+    texts = []
+    for s in servers:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0)
+        stream = client.chat.completions.create(
+            model="smollm2", messages=COPY, max_tokens=32, temperature=0, stream=True
+        )
+        texts.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+    assert texts[0] == texts[1] and "return width * height" in texts[1]
+    metrics = httpx.get(f"{servers[1].url}/metrics").text
+    drafted = _metric(metrics, "ninfer_spec_draft_tokens_total")
+    accepted = _metric(metrics, "ninfer_spec_accepted_tokens_total")
+    assert drafted > 0 and 0 < accepted <= drafted
+    assert _metric(metrics, "ninfer_spec_acceptance_rate") == pytest.approx(accepted / drafted)
+    assert _metric(httpx.get(f"{servers[0].url}/metrics").text, "ninfer_spec_draft_tokens_total") == 0

@@ -1,0 +1,234 @@
+"""Speculative decoding: n-gram drafts, their verification, and output unchanged by them.
+
+Drafts from a scripted proposer (the reference continuation with chosen tokens wrong) exercise every
+verification path on dense and hybrid models: all accepted, a rejection at each position, a stop or the
+token limit inside the accepted run, penalties that depend on the drafts before them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+from engine.request import Request
+from engine.sample.sampler import Sampler
+from engine.spec.ngram import NgramProposer
+
+PROMPTS = [[5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9], list(range(40, 75))]
+
+
+class ScriptedDrafts:
+    """Proposes the reference continuation of each request, with every `wrong_every`-th draft altered."""
+
+    def __init__(self, continuations: dict[str, list[int]], wrong_every: int, num_draft_tokens: int):
+        self.continuations, self.wrong_every = continuations, wrong_every
+        self.num_draft_tokens = num_draft_tokens
+        self.proposed = 0
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+    def propose(self, request_id: str, token_ids: list[int], max_tokens: int) -> list[int]:
+        ref = self.continuations[request_id]
+        drafts = list(ref[len(token_ids) : len(token_ids) + min(self.num_draft_tokens, max_tokens)])
+        for i in range(len(drafts)):
+            self.proposed += 1
+            if self.proposed % self.wrong_every == 0:
+                drafts[i] = (drafts[i] + 1) % 500
+        return drafts
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    return save_tiny(tiny_hf_model(request.param, tied=False), tmp_path_factory.mktemp(request.param))
+
+
+def _generate(llm: LLM, params: SamplingParams, prompts=PROMPTS):
+    return llm.generate(prompt_token_ids=prompts, sampling_params=params)
+
+
+def _with_drafts(model_dir, reference, wrong_every: int, prompts=PROMPTS, **options) -> LLM:
+    llm = LLM(model_dir, spec="ngram", **{"draft_tokens": 4, **options})
+    full = {f"req-{i}": p + r.token_ids for i, (p, r) in enumerate(zip(prompts, reference))}
+    llm.scheduler.proposer = ScriptedDrafts(full, wrong_every, llm.engine_config.draft_tokens)
+    return llm
+
+
+@pytest.mark.parametrize("wrong_every", [1, 3, 1000])
+def test_greedy_output_and_logprobs_unchanged_by_drafts(model_dir, wrong_every):
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
+    reference = _generate(LLM(model_dir), params)
+    llm = _with_drafts(model_dir, reference, wrong_every)
+    got = _generate(llm, params)
+    for ref, out in zip(reference, got):
+        assert out.token_ids == ref.token_ids
+        for a, b in zip(ref.logprobs, out.logprobs):
+            assert a.keys() == b.keys()
+            assert all(math.isclose(a[t], b[t], abs_tol=1e-4) for t in a)
+    drafted, accepted = llm.scheduler.num_draft_tokens, llm.scheduler.num_accepted_tokens
+    assert drafted > 0
+    if wrong_every == 1:
+        assert accepted == 0
+    elif wrong_every == 1000:
+        assert accepted == drafted  # every draft right: 5 tokens per step
+        assert sum(o.num_accepted_tokens for o in got) == accepted
+    else:
+        assert 0 < accepted < drafted
+    # everything freed, state slots and backups included
+    pool = llm.scheduler.block_pool
+    assert pool.num_free_blocks == pool.num_blocks and not llm.has_unfinished_requests()
+
+
+def test_penalties_count_the_drafts_before_each_position(model_dir):
+    params = SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3, frequency_penalty=0.5
+    )
+    reference = _generate(LLM(model_dir), params)
+    got = _generate(_with_drafts(model_dir, reference, 4), params)
+    assert [o.token_ids for o in got] == [r.token_ids for r in reference]
+
+
+def test_stop_token_and_token_limit_inside_an_accepted_run(model_dir):
+    plain = _generate(LLM(model_dir), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    stop = plain[0].token_ids[9]
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop]),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+    ):
+        reference = _generate(LLM(model_dir), params)
+        llm = _with_drafts(model_dir, plain, 1000)
+        got = _generate(llm, params)
+        for ref, out in zip(reference, got):
+            assert (out.token_ids, out.finish_reason) == (ref.token_ids, ref.finish_reason)
+
+
+def test_ngram_drafts_on_a_repeating_prompt_keep_greedy_output(model_dir):
+    prompt = [[7, 8, 9, 10, 11] * 6 + [7, 8]]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    reference = _generate(LLM(model_dir), params, prompt)
+    llm = LLM(model_dir, spec="ngram", draft_tokens=3)
+    assert _generate(llm, params, prompt)[0].token_ids == reference[0].token_ids
+    # (whether a random tiny model repeats itself enough to draft is chance: tests/e2e/test_spec_ngram.py
+    # drafts on a real model)
+
+
+def test_seeded_sampling_with_drafts_is_reproducible(model_dir):
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=11)
+    reference = _generate(LLM(model_dir), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    runs = [_generate(_with_drafts(model_dir, reference, 3), params) for _ in range(2)]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    """The first emitted token after verifying a draft is distributed as p, whatever the draft."""
+    torch.manual_seed(0)
+    vocab, n = 6, 6000
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
+    p = torch.softmax(logits / 0.7, -1)
+    sampler = Sampler()
+    for draft in (0, 4):  # a likely draft and an unlikely one
+        params = [SamplingParams(temperature=0.7, seed=draft * n + i) for i in range(n)]
+        ids = [f"r{draft}-{i}" for i in range(n)]
+        out = sampler(logits.expand(n, vocab).clone(), ids, params, None, [draft] * n)
+        first = torch.tensor([t.token_id for t in out])
+        freq = torch.bincount(first, minlength=vocab).float() / n
+        assert (freq - p).abs().max() < 0.03, (draft, freq, p)
+        accepted = sum(t.accepted for t in out) / n
+        assert abs(accepted - p[draft].item()) < 0.03
+        assert all(t.token_id == draft for t in out if t.accepted)
+
+
+def test_greedy_verification_accepts_exactly_the_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
+    params = [SamplingParams(temperature=0.0)] * 3
+    out = Sampler()(logits, ["a", "a", "a"], params, None, [1, 2, -1])
+    assert [(t.token_id, t.accepted) for t in out] == [(1, True), (0, False), (2, False)]
+
+
+def test_ngram_proposer_takes_the_latest_longest_match():
+    prop = NgramProposer(3, max_ngram=3, min_ngram=2)
+    # "1 2" occurs twice before the end; the latest is followed by 9 8 7, and "5 1 2" is longer still
+    tokens = [5, 1, 2, 3, 4, 0, 1, 2, 9, 8, 7, 5, 1, 2]
+    assert prop.propose("a", tokens, 3) == [3, 4, 0]
+    assert prop.propose("b", tokens[:-3] + [6, 1, 2], 3) == [9, 8, 7]
+    assert prop.propose("b", tokens[:-3] + [6, 1, 2], 2) == [9, 8]
+    assert prop.propose("c", [1, 2, 3, 4], 3) == []  # nothing repeats
+    assert prop.propose("d", [4, 4, 4, 4], 3) == [4]  # the match ends just before the suffix
+    # the history grows in place; a shorter one (tokens taken back) starts again
+    grown = [1, 2, 3, 1, 2]
+    assert prop.propose("e", grown, 3) == [3, 1, 2]
+    assert prop.propose("e", grown + [3, 7, 1, 2], 3) == [3, 7, 1]
+    assert prop.propose("e", [8, 9, 8], 3) == []
+
+
+def test_no_drafts_beyond_the_tokens_a_request_may_still_emit(model_dir):
+    llm = LLM(model_dir, spec="ngram", draft_tokens=8)
+    req = Request("x", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=3))
+    req.output_token_ids = [3, 1]
+    req.num_computed_tokens = req.num_tokens - 1
+    assert llm.scheduler._drafts(req, 1, room=100) == []  # one token left: it is the bonus token
+    req.sampling_params = SamplingParams(max_tokens=5)
+    assert llm.scheduler._drafts(req, 1, room=100) == [2, 3]  # three left: two drafts + the bonus
+    assert llm.scheduler._drafts(req, 1, room=1) == [2]  # the step budget
+    req.num_computed_tokens = 0
+    assert llm.scheduler._drafts(req, 1, room=100) == []  # the step does not reach the end
+    req.num_computed_tokens = req.num_tokens - 1
+    llm.scheduler.config = dataclasses.replace(llm.scheduler.config, max_context=req.num_tokens + 2)
+    assert llm.scheduler._drafts(req, 1, room=100) == [2]  # the context limit
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(spec="mtp"), "MTP head is not built yet; use spec ngram"),
+        (dict(spec="eagle"), "use one of none, ngram"),
+        (dict(spec="ngram", draft_tokens=0), "draft_tokens must be between 1 and 16"),
+    ],
+)
+def test_bad_spec_options_are_refused(options, message):
+    from engine.config import EngineConfig
+
+    with pytest.raises(NinferError, match=message):
+        EngineConfig(model="", **options)
+
+
+def test_triton_path_verifies_drafts_in_the_decode_kernel(model_dir, kernel_backend, monkeypatch):
+    """Under the interpreter with the Triton kernels forced, a verification step's k + 1 query tokens per
+    sequence go through the split-K decode kernel, and the output is still plain decoding's."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    kernel_backend("naive")
+    reference = _generate(LLM(model_dir), params, PROMPTS[:1])
+    kernel_backend("triton")
+    import kernels
+
+    attention = kernels._triton("paged_attention")
+    decode, counts = attention.paged_attention_decode, []
+
+    def spy(q, cache, block_table, seq_lens, scale, q_per_seq=1, **kw):
+        counts.append(q_per_seq)
+        return decode(q, cache, block_table, seq_lens, scale, q_per_seq, **kw)
+
+    monkeypatch.setattr(attention, "paged_attention_decode", spy)
+    llm = _with_drafts(model_dir, reference, 3, PROMPTS[:1], draft_tokens=3)
+    assert _generate(llm, params, PROMPTS[:1])[0].token_ids == reference[0].token_ids
+    assert 4 in counts  # the last known token + 3 drafts
+
+
+@pytest.mark.gpu
+def test_drafts_on_cuda_between_graph_steps_keep_greedy_output(model_dir):
+    """On a GPU, steps without drafts replay CUDA graphs and steps with drafts run eagerly through the
+    Triton kernels (the decode kernel verifying k + 1 tokens, the state backups of a hybrid model); the
+    output is plain decoding's."""
+    options = dict(device="cuda", dtype="float32", max_concurrency=2)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    reference = _generate(LLM(model_dir, **options), params)
+    llm = _with_drafts(model_dir, reference, 3, **options)
+    assert llm.runner.graphs is not None
+    got = _generate(llm, params)
+    assert [o.token_ids for o in got] == [r.token_ids for r in reference]
+    assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
