@@ -5,7 +5,7 @@ Greedy, so both must produce the same tokens (checked).
 Workloads: `copy` (repeat a file), `edit` (the file back with one change: the coding-agent case), `prose`
 (an open question: little to copy). The timing window starts at the first token, so prefill is out of it.
 
-    python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--gen 160] [--repeat 3] [--device cpu]
+    python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--gen 160] [--repeat 3] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    common = dict(max_concurrency=1, device=args.device, enable_prefix_caching=False)
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    common = dict(max_concurrency=1, device=args.device, dtype=dtype, enable_prefix_caching=False)
     plain = LLM(args.model, **common)
     spec = LLM(args.model, spec="ngram", draft_tokens=args.draft_tokens, **common)
     print(
-        f"# {plain.description}; {args.device} ({platform.processor() or platform.machine()}, "
+        f"# {plain.description}; {args.device} {dtype} ({platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads); draft tokens {args.draft_tokens}; median of {args.repeat}"
     )
     print("| workload | tokens | plain tok/s | ngram tok/s | ratio | accepted | tokens/step |")

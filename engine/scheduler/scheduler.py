@@ -21,7 +21,8 @@ Speculative decoding (`num_draft_tokens`): a running request whose step reaches 
 tokens also runs up to that many n-gram draft tokens (engine/spec/ngram.py) when budget and pages
 allow; the runner verifies them and the request advances by the tokens accepted. A hybrid model whose
 state saw a rejected draft is put back to the step's start and recomputes the accepted tokens with its
-next step's drafts (decode is bandwidth-bound, so extra positions per step cost little). Steps that
+next step's drafts (decode is bandwidth-bound, so extra positions per step cost little), at most
+1 + num_draft_tokens tokens in all. Steps that
 snapshot a hybrid state (a page completed) run no drafts: the snapshot must not hold them.
 """
 
@@ -169,8 +170,9 @@ class Scheduler:
         capacity = self.block_pool.num_blocks * self.block_size
         limit = min(self.config.max_context, capacity) - req.num_tokens
         left = req.sampling_params.max_tokens - len(req.output_token_ids)
-        # every step emits one token beyond the drafts it accepts
-        most = min(room, limit - 1, left - 1)
+        # every step emits one token beyond the drafts it accepts; and a step runs at most 1 + k tokens a
+        # request (a hybrid model recomputing accepted tokens drafts fewer), so its shape has a CUDA graph
+        most = min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
         return self.proposer.propose(req.request_id, req.all_token_ids, most) if most > 0 else []
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:

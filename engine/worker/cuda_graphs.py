@@ -9,7 +9,12 @@ dropped.
 
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
 every length; the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
-recurrent-state resets, restores and snapshots are copies outside the graph, before and after it.
+recurrent-state resets, restores, backups and snapshots are copies outside the graph, before and after it.
+
+With speculative decoding a step verifies drafts: q query tokens per sequence (its last known token and
+q - 1 drafts, or on a hybrid model the tokens it recomputes after a rejected draft). Each (batch bucket, q)
+for q = 1 .. max_query is captured; a step whose sequences all run the same q replays its graph (padding
+sequences run q tokens over page 0 and write nothing), any other runs eagerly.
 """
 
 from __future__ import annotations
@@ -26,84 +31,109 @@ WARMUP_RUNS = 2  # eager runs per bucket before capture: Triton compiles its ker
 
 
 class DecodeGraphs:
-    def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device):
+    def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device, max_query: int = 1):
         self.model = model
         self.buckets = graph_buckets(max_batch)
+        self.max_query = max_query
         size = self.buckets[-1]
 
         def zeros(*shape, dtype=torch.int32):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
-        # static inputs, the largest bucket; a bucket of b rows uses the first b
-        self.input_ids = zeros(size, dtype=torch.int64)
-        self.positions = zeros(size, dtype=torch.int64)
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
+        # static inputs, the largest bucket; a bucket of b sequences x q tokens uses the first b * q rows
+        self.input_ids = zeros(size * max_query, dtype=torch.int64)
+        self.positions = zeros(size * max_query, dtype=torch.int64)
+        self.slot_mapping = torch.full((size * max_query,), -1, dtype=torch.int64, device=device)
+        # per sequence: a padding sequence has length max_query (its q tokens are the last of it, on page 0)
+        self.seq_lens = torch.full((size,), max_query, dtype=torch.int32, device=device)
         self.block_table = zeros(size, max_blocks)
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}  # [b, V] each, written by its graph
+        self.cu_seqlens_q = {  # q -> [size + 1]: q tokens a sequence
+            q: torch.arange(0, size * q + 1, q, dtype=torch.int32, device=device) for q in self.query_counts
+        }
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, q) -> graph
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}  # [b * q, V] each, written by its graph
 
     @property
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def _context(self, b: int) -> ForwardContext:
+    @property
+    def query_counts(self) -> list[int]:
+        return list(range(1, self.max_query + 1))
+
+    def _context(self, b: int, q: int) -> ForwardContext:
         return ForwardContext(
-            cu_seqlens_q=self.cu_seqlens_q[: b + 1],
+            cu_seqlens_q=self.cu_seqlens_q[q][: b + 1],
             seq_lens=self.seq_lens[:b],
-            slot_mapping=self.slot_mapping[:b],
+            slot_mapping=self.slot_mapping[: b * q],
             block_table=self.block_table[:b],
             state_indices=self.state_indices[:b],
+            query_tokens_per_seq=q,
         )
 
-    def _forward(self, b: int) -> torch.Tensor:
-        with set_forward_context(self._context(b)):
-            hidden = self.model(self.input_ids[:b], self.positions[:b])  # [b, hidden]
-            return self.model.compute_logits(hidden)  # [b, V]
+    def _forward(self, b: int, q: int) -> torch.Tensor:
+        with set_forward_context(self._context(b, q)):
+            hidden = self.model(self.input_ids[: b * q], self.positions[: b * q])  # [b * q, hidden]
+            return self.model.compute_logits(hidden)  # [b * q, V]
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first, into one shared memory pool. The buffers hold padding only,
-        so the warm-up and capture runs write no KV cache slot."""
+        """Capture every (bucket, q), largest first, into one shared memory pool. The buffers hold padding
+        only, so the warm-up and capture runs write no KV cache slot."""
         pool = None
-        for b in reversed(self.buckets):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self._forward(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = self._forward(b)
-            pool = graph.pool()
-            self.graphs[b] = graph
+        for q in reversed(self.query_counts):
+            for b in reversed(self.buckets):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_RUNS):
+                        self._forward(b, q)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[b, q] = self._forward(b, q)
+                pool = graph.pool()
+                self.graphs[b, q] = graph
         torch.cuda.synchronize()
-        log.info("captured decode CUDA graphs for batch sizes %s", ", ".join(map(str, self.buckets)))
+        queries = (
+            f"; {self.max_query} query counts a sequence (draft verification)" if self.max_query > 1 else ""
+        )
+        log.info(
+            "captured decode CUDA graphs for batch sizes %s%s", ", ".join(map(str, self.buckets)), queries
+        )
 
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
     def stage(
-        self, input_ids, positions, slot_mapping, seq_lens, block_rows: list[list[int]], state_indices=None
+        self,
+        input_ids,
+        positions,
+        slot_mapping,
+        seq_lens,
+        block_rows: list[list[int]],
+        state_indices=None,
+        q: int = 1,
     ) -> int:
-        """Copy one decode step (n rows) into the static buffers, padding up to its bucket; returns the bucket.
-        state_indices: each row's recurrent-state slot (hybrid models; -1 where none)."""
-        n = len(input_ids)
+        """Copy one step (n sequences x q tokens, rows grouped by sequence) into the static buffers, padding
+        up to its bucket; returns the bucket. state_indices: each sequence's recurrent-state slot (hybrid
+        models; -1 where none)."""
+        n = len(block_rows)
+        assert len(input_ids) == n * q and q <= self.max_query
         b = self.bucket_for(n)
-        pad = b - n
+        pad = (b - n) * q
         host = torch.tensor(
             [*input_ids, *[0] * pad, *positions, *[0] * pad, *slot_mapping, *[-1] * pad], dtype=torch.int64
-        ).view(3, b)
+        ).view(3, b * q)
         device = self.input_ids.device
         host = host.pin_memory() if device.type == "cuda" else host
-        self.input_ids[:b].copy_(host[0], non_blocking=True)
-        self.positions[:b].copy_(host[1], non_blocking=True)
-        self.slot_mapping[:b].copy_(host[2], non_blocking=True)
+        self.input_ids[: b * q].copy_(host[0], non_blocking=True)
+        self.positions[: b * q].copy_(host[1], non_blocking=True)
+        self.slot_mapping[: b * q].copy_(host[2], non_blocking=True)
         slots = list(state_indices) if state_indices is not None else [-1] * n
-        small = torch.tensor([*seq_lens, *[1] * pad, *slots, *[-1] * pad], dtype=torch.int32).view(2, b)
+        small = torch.tensor([*seq_lens, *[q] * (b - n), *slots, *[-1] * (b - n)], dtype=torch.int32)
+        small = small.view(2, b)
         self.seq_lens[:b].copy_(small[0])
         self.state_indices[:b].copy_(small[1])
         table = torch.zeros(b, self.block_table.shape[1], dtype=torch.int32)
@@ -112,15 +142,15 @@ class DecodeGraphs:
         self.block_table[:b].copy_(table)
         return b
 
-    def replay(self, n: int) -> torch.Tensor:
-        """Run the staged step through its bucket's graph: logits [n, V]."""
+    def replay(self, n: int, q: int = 1) -> torch.Tensor:
+        """Run the staged step (n sequences x q tokens) through its graph: logits [n * q, V]."""
         b = self.bucket_for(n)
-        self.graphs[b].replay()
-        return self.logits[b][:n]
+        self.graphs[b, q].replay()
+        return self.logits[b, q][: n * q]
 
-    def run_eager(self, n: int) -> torch.Tensor:
+    def run_eager(self, n: int, q: int = 1) -> torch.Tensor:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        return self._forward(self.bucket_for(n))[:n]
+        return self._forward(self.bucket_for(n), q)[: n * q]
 
 
 def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:

@@ -63,7 +63,13 @@ class ModelRunner:
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
-            graphs = DecodeGraphs(model, engine_config.max_concurrency, max_blocks, self.device)
+            graphs = DecodeGraphs(
+                model,
+                engine_config.max_concurrency,
+                max_blocks,
+                self.device,
+                max_query=1 + engine_config.num_draft_tokens,
+            )
             self.graphs = captured_or_none(graphs)
 
     @property
@@ -108,11 +114,21 @@ class ModelRunner:
                 self._reset_state(r.state_slot)
             if r.draft_token_ids and r.state_slot >= 0:  # the state to return to when a draft fails
                 self._copy_state(r.state_slot, self._backup_slot(r.state_slot))
-        if self._graph_step(sched):
+        q = self._graph_query_count(sched)
+        if q:
             block_rows = [r.block_ids for r in sched.scheduled]
-            self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices)
-            logits = self.graphs.replay(len(input_ids))
+            self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices, q)
+            logits = self.graphs.replay(len(sched.scheduled), q)  # [B * q, V]
             self._save_states(sched)
+            # the rows sampled: each sequence's last known token and its drafts (a hybrid model's
+            # recomputed tokens before them are not)
+            rows = [
+                i * q + j
+                for i, r in enumerate(sched.scheduled)
+                for j in range(q - 1 - len(r.draft_token_ids), q)
+            ]
+            if len(rows) < len(input_ids):
+                logits = logits[to_device(rows, torch.int64, self.device)]
             return self._sample(logits, sched.scheduled)
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
@@ -144,13 +160,14 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[tensor(rows, torch.int64)])  # [rows, V]
         return self._sample(logits, sampling)
 
-    def _graph_step(self, sched: SchedulerOutput) -> bool:
-        """A pure decode step (one token per request, every one sampled) that a captured graph holds."""
-        return (
-            self.graphs is not None
-            and len(sched.scheduled) <= self.graphs.max_batch
-            and all(len(r.token_ids) == 1 and r.sample for r in sched.scheduled)
-        )
+    def _graph_query_count(self, sched: SchedulerOutput) -> int:
+        """q when a captured graph holds the step: every request runs q tokens (1, or its last known token
+        and drafts) and samples; 0 otherwise (the step runs eagerly)."""
+        if self.graphs is None or len(sched.scheduled) > self.graphs.max_batch:
+            return 0
+        counts = {len(r.token_ids) for r in sched.scheduled}
+        q = counts.pop() if len(counts) == 1 else 0
+        return q if q <= self.graphs.max_query and all(r.sample for r in sched.scheduled) else 0
 
     def _save_states(self, sched: SchedulerOutput) -> None:
         """The step's state snapshots (hybrid prefix caching), after its forward."""

@@ -23,13 +23,15 @@ class EagerGraphs(DecodeGraphs):
     """The graph path with replay run eagerly through the same static buffers (no capture off CUDA)."""
 
     replays = 0
+    seen_queries: set[int] = set()
 
     def capture(self) -> None:
         pass
 
-    def replay(self, n: int) -> torch.Tensor:
+    def replay(self, n: int, q: int = 1) -> torch.Tensor:
         EagerGraphs.replays += 1
-        return self.run_eager(n)
+        EagerGraphs.seen_queries.add(q)
+        return self.run_eager(n, q)
 
 
 @pytest.mark.parametrize(
@@ -58,6 +60,58 @@ def test_static_buffer_path_gives_the_eager_tokens(tmp_path, arch, prefix_cachin
         for a, c in zip(again, cold.generate(prompt_token_ids=follow, sampling_params=PARAMS)):
             assert a.token_ids == c.token_ids
         assert any(a.num_cached_tokens > len(p) for a, p in zip(again, _prompts()))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("num_prompts", [3, 1])
+def test_draft_verification_steps_replay_through_the_buffers(tmp_path, arch, num_prompts):
+    """With drafts, steps of q = 1 + k tokens a sequence (a hybrid model after a rejection: its recomputed
+    tokens and fewer drafts, the rows sampled picked from the graph's) go through the static buffers of
+    their (bucket, q), padding sequences included, and give plain decoding's tokens."""
+    from test_spec_decode import ScriptedDrafts
+
+    prompts = _prompts()[:num_prompts]
+    path = save_tiny(tiny_hf_model(arch, tied=False, seed=11), tmp_path)
+    options = dict(max_concurrency=4, max_context=512)
+    want = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=PARAMS)
+    llm = LLM(path, spec="ngram", draft_tokens=3, **options)
+    full = {f"req-{i}": p + w.token_ids for i, (p, w) in enumerate(zip(prompts, want))}
+    llm.scheduler.proposer = ScriptedDrafts(full, 2, 3)
+    graphs = EagerGraphs(llm.model, 4, 512 // llm.engine_config.block_size, llm.runner.device, max_query=4)
+    llm.runner.graphs = graphs
+    EagerGraphs.seen_queries = set()
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=PARAMS)
+    assert 4 in EagerGraphs.seen_queries  # the last known token + 3 drafts (or recomputed tokens + drafts)
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids
+        for a, b in zip(g.logprobs, w.logprobs):
+            assert all(abs(a[t] - b[t]) < 1e-4 for t in b if t in a)
+    assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
+
+
+def test_staging_q_tokens_a_sequence_pads_whole_sequences():
+    graphs = DecodeGraphs(None, 4, 6, torch.device("cpu"), max_query=2)
+    assert graphs.query_counts == [1, 2]
+    b = graphs.stage([7, 8, 9, 6], [4, 5, 10, 11], [36, 37, 91, 92], [6, 12], [[2], [5, 3]], [2, 0], q=2)
+    assert b == 2
+    assert graphs.cu_seqlens_q[2][: b + 1].tolist() == [0, 2, 4]
+    b = graphs.stage(
+        [7, 8, 9, 6, 1, 2], [4, 5, 10, 11, 0, 1], [36, 37, 91, 92, 4, 5], [6, 12, 2], [[2], [5, 3], [1]], q=2
+    )
+    assert b == 4
+    assert graphs.input_ids.tolist() == [7, 8, 9, 6, 1, 2, 0, 0]
+    assert graphs.slot_mapping.tolist() == [
+        36,
+        37,
+        91,
+        92,
+        4,
+        5,
+        -1,
+        -1,
+    ]  # the padding sequence writes nothing
+    assert graphs.seq_lens.tolist() == [6, 12, 2, 2]  # its two tokens are the last of a length-2 sequence
+    assert graphs.state_indices.tolist() == [-1, -1, -1, -1]
 
 
 def test_a_failed_capture_decodes_eagerly_and_says_why(caplog):
@@ -107,7 +161,11 @@ def test_cuda_graph_decode_equals_eager(tmp_path, arch):
     eager = LLM(path, cuda_graphs=False, **options)
     assert eager.runner.graphs is None
     graphed = LLM(path, **options)
-    assert graphed.runner.graphs is not None and sorted(graphed.runner.graphs.graphs) == [1, 2, 3]
+    assert graphed.runner.graphs is not None and sorted(graphed.runner.graphs.graphs) == [
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]
     want = eager.generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
     got = graphed.generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
     for g, w in zip(got, want):

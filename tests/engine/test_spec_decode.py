@@ -221,14 +221,14 @@ def test_triton_path_verifies_drafts_in_the_decode_kernel(model_dir, kernel_back
 
 @pytest.mark.gpu
 def test_drafts_on_cuda_between_graph_steps_keep_greedy_output(model_dir):
-    """On a GPU, steps without drafts replay CUDA graphs and steps with drafts run eagerly through the
-    Triton kernels (the decode kernel verifying k + 1 tokens, the state backups of a hybrid model); the
-    output is plain decoding's."""
+    """On a GPU, decode and verification steps replay CUDA graphs (the decode kernel verifying k + 1 tokens a
+    sequence; a hybrid model's state backups copied outside the graph), mixed steps run eagerly; the output
+    is plain decoding's."""
     options = dict(device="cuda", dtype="float32", max_concurrency=2)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     reference = _generate(LLM(model_dir, **options), params)
     llm = _with_drafts(model_dir, reference, 3, **options)
-    assert llm.runner.graphs is not None
+    assert llm.runner.graphs is not None and (2, 5) in llm.runner.graphs.graphs  # 2 requests x (1 + 4 drafts)
     got = _generate(llm, params)
     assert [o.token_ids for o in got] == [r.token_ids for r in reference]
     assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
