@@ -19,7 +19,7 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
-SPEC_METHODS = ("none", "ngram")
+SPEC_METHODS = ("none", "ngram", "mtp")
 MAX_DRAFT_TOKENS = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -159,7 +159,8 @@ class SchedulerConfig:
     max_pending: int | None = None
     pending_timeout_ms: float | None = None
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
-    num_draft_tokens: int = 0  # n-gram draft tokens verified per decode step; 0 = no speculative decoding
+    num_draft_tokens: int = 0  # draft tokens verified per decode step; 0 = no speculative decoding
+    spec: str = "none"  # where drafts come from: ngram (engine/spec/ngram.py) or mtp (the runner's MTP head)
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,9 @@ class EngineConfig:
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)
-    # speculative decoding: none, or ngram (drafts from earlier occurrences of the last tokens: prompt
-    # lookup, engine/spec/ngram.py), verified `draft_tokens` at a time
+    # speculative decoding: none; ngram (drafts from earlier occurrences of the last tokens: prompt lookup,
+    # engine/spec/ngram.py); or mtp (the model's multi-token-prediction head, engine/spec/mtp.py);
+    # verified `draft_tokens` at a time
     spec: str = "none"
     draft_tokens: int = 3
 
@@ -223,11 +225,6 @@ class EngineConfig:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "
                 "every running request needs one token of each step's budget"
-            )
-        if self.spec == "mtp":
-            raise NinferError(
-                "spec mtp is not available: drafting with the model's MTP head is not built yet; "
-                "use spec ngram (drafts from the context) or none"
             )
         if self.spec not in SPEC_METHODS:
             raise NinferError(f"unknown spec '{self.spec}'; use one of {', '.join(SPEC_METHODS)}")
@@ -279,6 +276,7 @@ class EngineConfig:
             pending_timeout_ms=self.pending_timeout_ms,
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,
             num_draft_tokens=self.num_draft_tokens,
+            spec=self.spec,
         )
 
     @property

@@ -156,14 +156,16 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         rows.append(
             Row("state snapshots", dep.num_snapshots * slot, f"{dep.num_snapshots} prefix-cache snapshots")
         )
+    # hybrid models back up each running request's state before a step that verifies drafts
+    backups = dep.concurrency * slot if dep.hybrid else 0
     if dep.spec == "mtp":
-        rollback = dep.concurrency * dep.draft_tokens * slot if dep.hybrid else 0
-        draft_io = dep.concurrency * dep.decode_tokens * (cfg.vocab_size * 4 + cfg.hidden_size * b)
+        # the head's pass over a step's tokens and its chained steps: hidden states, logits
+        draft_io = dep.concurrency * dep.decode_tokens * (cfg.vocab_size * 4 + 2 * cfg.hidden_size * b)
         rows.append(
             Row(
                 "draft buffers",
-                rollback + draft_io,
-                f"mtp, {dep.draft_tokens} draft tokens: state after each draft token + draft logits",
+                backups + draft_io,
+                f"mtp, {dep.draft_tokens} draft tokens: state backups + the head's hidden states and logits",
             )
         )
     elif dep.spec == "ngram" and dep.hybrid:
@@ -171,7 +173,7 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         rows.append(
             Row(
                 "draft buffers",
-                dep.concurrency * slot,
+                backups,
                 f"ngram: {dep.concurrency} x the state before a step (restored when a draft is rejected)",
             )
         )

@@ -106,8 +106,8 @@ def plan(
 
 
 def serve_line(model_arg: str, dep) -> str:
-    # serve runs n-gram drafts; MTP drafting and the vision tower are budgeted here but not run yet
-    spec = f" --spec ngram --draft-tokens {dep.draft_tokens}" if dep.spec == "ngram" else ""
+    # the vision tower is budgeted here but not run by serve yet
+    spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
@@ -140,10 +140,10 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
     )
     console.print(t)
     _print_frontier(console, table)
-    if chosen.spec == "mtp" or chosen.vision:
+    if chosen.vision:
         console.print(
-            "note: the ledger reserves memory for --spec mtp / --vision; serve does not run them yet, so they "
-            "are not in the serve line"
+            "note: the ledger reserves memory for --vision; serve does not run the vision tower yet, so it is "
+            "not in the serve line"
         )
     console.print("serve it:")
     console.print(line, soft_wrap=True, highlight=False, markup=False)

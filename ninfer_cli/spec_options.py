@@ -9,8 +9,9 @@ import typer
 Spec = Annotated[
     str,
     typer.Option(
-        help="Speculative decoding: none, or ngram (drafts copied from earlier occurrences of the last tokens; "
-        "output unchanged, more tokens per step on repetitive text such as code edits and tool calls)."
+        help="Speculative decoding: none; ngram (drafts copied from earlier occurrences of the last tokens: "
+        "code edits, tool calls); or mtp (drafts from the model's multi-token-prediction head, Qwen3.5). "
+        "Output unchanged, more tokens per step."
     ),
 ]
 DraftTokens = Annotated[int, typer.Option(help="Draft tokens verified per step with --spec.")]

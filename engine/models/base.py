@@ -38,8 +38,25 @@ class CausalLM(Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        # tensors kept for later use (speculative-decoding heads), not part of the forward
+        self.mtp: Module | None = None  # the multi-token-prediction head, when built (spec mtp)
+        # mtp.* tensors of a model loaded without its MTP head, kept aside (not part of the forward)
         self.extra_weights: dict[str, torch.Tensor] = {}
+
+    def build_mtp(self) -> None:
+        """Add the MTP head (spec mtp), before the weights load; models without one refuse."""
+        raise NinferError(
+            f"this {self.config.architecture} model has no MTP head ninfer loads (mtp_num_hidden_layers is 0; "
+            "a GGUF's nextn layers are not read yet); use spec ngram or none"
+        )
+
+    def mtp_logits(
+        self, positions: torch.Tensor, token_ids: torch.Tensor, hidden: torch.Tensor, step: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP head at `positions`, given the model's hidden state there and the next token of each:
+        (its hidden state [T, H], its logits for the token after that [T, V] fp32)."""
+        embeds = self.model.embed_tokens(token_ids)
+        out = self.mtp(positions, embeds, hidden, step)
+        return out, self.compute_logits(out)
 
     def make_lm_head(self, embed: Embedding) -> None:
         """Call after the decoder is built, so a tied head's weight is named after the embedding."""
@@ -55,7 +72,7 @@ class CausalLM(Module):
         """(parameter name, shard id or None) a checkpoint tensor loads into; None when it has none here
         (skipped tensors, mtp.* heads, a tied head stored anyway)."""
         name = self.checkpoint_name(ckpt_name)
-        if name is None or name.startswith("mtp."):
+        if name is None or (name.startswith("mtp.") and self.mtp is None):
             return None
         shard = None
         for part, (fused, shard_id) in self.packed_modules_mapping.items():
@@ -112,6 +129,11 @@ class CausalLM(Module):
             bits, prev = tensor_bits.get(ckpt_name), self.weight_bits.get(name, 0)
             self.weight_bits[name] = None if bits is None or prev is None else max(prev, bits)
         missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)
+        if missing and all(n.startswith("mtp.") for n in missing):
+            raise NinferError(
+                f"this checkpoint has no MTP weights ninfer reads (it lacks {missing[0]}; a GGUF's nextn "
+                "layers are not read yet); use spec ngram or none"
+            )
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise NinferError(

@@ -67,6 +67,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     try:
         with torch.device(engine_config.device):
             model = cls(source.config)
+            if engine_config.spec == "mtp":
+                model.build_mtp()
     finally:
         torch.set_default_dtype(prev_dtype)
     if keeps_quantized(source, engine_config):

@@ -73,6 +73,33 @@ class Qwen3_5DecoderLayer(Module):
         return self.mlp(hidden), residual
 
 
+class Qwen3_5MTP(Module):
+    """The multi-token-prediction head (`mtp.*`): from the final-normed hidden state at position p and the
+    embedding of the token at p + 1, one full-attention decoder layer predicts the token at p + 2 (through
+    the model's lm_head). Its own output hidden state stands in for the model's at the next position, so
+    chaining it drafts several tokens. Its attention keeps KV at the same slots as the model's layers."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered=True)
+        self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered=True)
+        self.layers = nn.ModuleList(
+            Qwen3_5DecoderLayer(config, "full_attention") for _ in range(config.mtp_num_hidden_layers)
+        )
+        self.norm = RMSNorm(h, eps, zero_centered=True)
+
+    def forward(
+        self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor, step: int = 0
+    ) -> torch.Tensor:
+        # positions [T]; embeds, hidden [T, H] -> [T, H] (final-normed, for lm_head and the next step)
+        x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        x, residual = self.layers[step % len(self.layers)](positions, self.fc(x), None)
+        x, _ = self.norm(x, residual)
+        return x
+
+
 class Qwen3_5Model(DecoderModel):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -95,6 +122,11 @@ class Qwen3_5ForCausalLM(CausalLM):
         super().__init__(config)
         self.model = Qwen3_5Model(config)
         self.make_lm_head(self.model.embed_tokens)
+
+    def build_mtp(self) -> None:
+        if not self.config.mtp_num_hidden_layers:
+            super().build_mtp()
+        self.mtp = Qwen3_5MTP(self.config)
 
     def checkpoint_name(self, name: str) -> str | None:
         # the multimodal checkpoint (Qwen3_5ForConditionalGeneration) nests the text model

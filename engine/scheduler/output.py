@@ -22,6 +22,7 @@ class ScheduledRequest(NamedTuple):
     # speculative decoding: guesses of the tokens after the known ones, run at the end of token_ids and
     # verified (only with sample=True). A hybrid model's state returns to start_pos unless all are accepted
     draft_token_ids: tuple[int, ...] = ()
+    next_token_id: int = -1  # the token after token_ids when the request has it (a prompt chunk's next)
 
     @property
     def num_known_tokens(self) -> int:
@@ -49,3 +50,5 @@ class RunnerOutput(NamedTuple):
     # only for requests scheduled with sample=True: the tokens emitted, in order; one plus the number of
     # draft tokens accepted
     sampled: dict[str, list[SampledToken]]
+    # spec mtp: draft tokens for each request that emitted tokens, to follow its last one
+    drafts: dict[str, list[int]] = {}

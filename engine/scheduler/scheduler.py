@@ -39,6 +39,7 @@ from engine.errors import EngineOverloaded, NinferError
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.spec.ngram import NgramProposer
+from engine.spec.stored import StoredDrafts
 
 
 class Scheduler:
@@ -58,7 +59,7 @@ class Scheduler:
         self.expired: list[Request] = []  # ended while waiting; the front end reports them
         self.num_preemptions = 0
         k = config.num_draft_tokens
-        self.proposer = NgramProposer(k) if k else None
+        self.proposer = (StoredDrafts() if config.spec == "mtp" else NgramProposer(k)) if k else None
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
 
@@ -115,6 +116,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
+                self._grow_for_mtp(req, n + len(drafts))
                 scheduled.append(self._scheduled(req, n, -1, state_saves, drafts))
                 budget -= n + len(drafts)
                 i += 1
@@ -142,6 +144,7 @@ class Scheduler:
                 req.state_slot = self.state_pool.allocate()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            self._grow_for_mtp(req, n)
             scheduled.append(self._scheduled(req, n, restore, state_saves))
             budget -= n
         if self.state_pool is not None:
@@ -233,6 +236,7 @@ class Scheduler:
             else None,
             state_restore=restore,
             draft_token_ids=tuple(drafts),
+            next_token_id=req.all_token_ids[end] if end < req.num_tokens else -1,
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -257,6 +261,12 @@ class Scheduler:
         req.block_ids.extend(self.block_pool.allocate(need))
         return True
 
+    def _grow_for_mtp(self, req: Request, n: int) -> None:
+        """spec mtp: pages, when free, for the positions the MTP head's chained drafts write after a step of
+        n tokens (the step's last emitted token's and k - 2 more)."""
+        if self.config.spec == "mtp":
+            self._grow(req, req.num_computed_tokens + n + self.config.num_draft_tokens - 1)
+
     def _release(self, req: Request) -> None:
         self.block_pool.free(req.block_ids)
         req.block_ids = []
@@ -270,6 +280,8 @@ class Scheduler:
         self._release(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
+        if self.proposer is not None:
+            self.proposer.forget(req.request_id)
         self.waiting.appendleft(req)
         self._finished_ids.append(req.request_id)  # the runner drops its per-request state
         self.num_preemptions += 1
@@ -322,6 +334,9 @@ class Scheduler:
                 self.finish_request(req.request_id, reason)
             if n:
                 updated.append((req, n))
+            drafts = out.drafts.get(s.request_id)
+            if drafts is not None and reason is None:
+                self.proposer.store(req.request_id, req.num_tokens, drafts)
         return updated
 
     def drop_output_tokens(self, req: Request, n: int) -> None:

@@ -52,7 +52,9 @@ class DecodeGraphs:
             q: torch.arange(0, size * q + 1, q, dtype=torch.int32, device=device) for q in self.query_counts
         }
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, q) -> graph
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}  # [b * q, V] each, written by its graph
+        # [b * q, H] and [b * q, V] each, written by its graph (the hidden states feed the MTP head)
+        self.hidden: dict[tuple[int, int], torch.Tensor] = {}
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def max_batch(self) -> int:
@@ -72,10 +74,10 @@ class DecodeGraphs:
             query_tokens_per_seq=q,
         )
 
-    def _forward(self, b: int, q: int) -> torch.Tensor:
+    def _forward(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
         with set_forward_context(self._context(b, q)):
             hidden = self.model(self.input_ids[: b * q], self.positions[: b * q])  # [b * q, hidden]
-            return self.model.compute_logits(hidden)  # [b * q, V]
+            return hidden, self.model.compute_logits(hidden)  # [b * q, V]
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -92,7 +94,7 @@ class DecodeGraphs:
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[b, q] = self._forward(b, q)
+                    self.hidden[b, q], self.logits[b, q] = self._forward(b, q)
                 pool = graph.pool()
                 self.graphs[b, q] = graph
         torch.cuda.synchronize()
@@ -142,15 +144,17 @@ class DecodeGraphs:
         self.block_table[:b].copy_(table)
         return b
 
-    def replay(self, n: int, q: int = 1) -> torch.Tensor:
-        """Run the staged step (n sequences x q tokens) through its graph: logits [n * q, V]."""
+    def replay(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the staged step (n sequences x q tokens) through its graph: hidden [n * q, H], logits
+        [n * q, V]."""
         b = self.bucket_for(n)
         self.graphs[b, q].replay()
-        return self.logits[b, q][: n * q]
+        return self.hidden[b, q][: n * q], self.logits[b, q][: n * q]
 
-    def run_eager(self, n: int, q: int = 1) -> torch.Tensor:
+    def run_eager(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        return self._forward(self.bucket_for(n), q)[: n * q]
+        hidden, logits = self._forward(self.bucket_for(n), q)
+        return hidden[: n * q], logits[: n * q]
 
 
 def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:
@@ -164,6 +168,7 @@ def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:
             "CUDA graph capture failed (%s); decoding without graphs (--no-cuda-graphs skips it)", reason
         )
         graphs.graphs.clear()
+        graphs.hidden.clear()
         graphs.logits.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -11,6 +11,7 @@ from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
+from engine.spec.mtp import MTPDrafter
 from engine.transfer import to_device
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import ForwardContext, set_forward_context
@@ -59,6 +60,11 @@ class ModelRunner:
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
         self.backup_slot_base = backup_slot_base
+        self.drafter = (
+            MTPDrafter(model, engine_config.num_draft_tokens, self.block_size, self.device)
+            if model.mtp is not None
+            else None
+        )
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
@@ -115,21 +121,37 @@ class ModelRunner:
             if r.draft_token_ids and r.state_slot >= 0:  # the state to return to when a draft fails
                 self._copy_state(r.state_slot, self._backup_slot(r.state_slot))
         q = self._graph_query_count(sched)
+        # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
+        # model's recomputed tokens before them are not)
+        rows = [
+            j
+            for i, r in enumerate(sched.scheduled)
+            if r.sample
+            for j in range(cu_seqlens[i + 1] - 1 - len(r.draft_token_ids), cu_seqlens[i + 1])
+        ]
         if q:
             block_rows = [r.block_ids for r in sched.scheduled]
             self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices, q)
-            logits = self.graphs.replay(len(sched.scheduled), q)  # [B * q, V]
-            self._save_states(sched)
-            # the rows sampled: each sequence's last known token and its drafts (a hybrid model's
-            # recomputed tokens before them are not)
-            rows = [
-                i * q + j
-                for i, r in enumerate(sched.scheduled)
-                for j in range(q - 1 - len(r.draft_token_ids), q)
-            ]
+            hidden, logits = self.graphs.replay(len(sched.scheduled), q)  # [B * q, H], [B * q, V]
             if len(rows) < len(input_ids):
                 logits = logits[to_device(rows, torch.int64, self.device)]
-            return self._sample(logits, sched.scheduled)
+        else:
+            hidden = self._forward(
+                sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices
+            )
+            logits = (
+                self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)]) if rows else None
+            )
+        self._save_states(sched)
+        sampling = [r for r in sched.scheduled if r.sample]
+        out = self._sample(logits, sampling) if sampling else RunnerOutput({})
+        if self.drafter is not None:
+            drafts = self.drafter.draft(sched, hidden, cu_seqlens, slot_mapping, out.sampled)
+            out = out._replace(drafts=drafts)
+        return out
+
+    def _forward(self, sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices):
+        """The model's eager forward over the step: final-normed hidden states [T, H]."""
         max_blocks = max(len(r.block_ids) for r in sched.scheduled)
         block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
 
@@ -145,20 +167,7 @@ class ModelRunner:
             query_tokens_per_seq=_same_count(cu_seqlens),
         )
         with set_forward_context(ctx):
-            hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
-        self._save_states(sched)
-        sampling = [r for r in sched.scheduled if r.sample]
-        if not sampling:
-            return RunnerOutput({})
-        # the logits rows: each sampled request's last known token, then each of its drafts
-        rows = [
-            j
-            for i, r in enumerate(sched.scheduled)
-            if r.sample
-            for j in range(cu_seqlens[i + 1] - 1 - len(r.draft_token_ids), cu_seqlens[i + 1])
-        ]
-        logits = self.model.compute_logits(hidden[tensor(rows, torch.int64)])  # [rows, V]
-        return self._sample(logits, sampling)
+            return self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
 
     def _graph_query_count(self, sched: SchedulerOutput) -> int:
         """q when a captured graph holds the step: every request runs q tokens (1, or its last known token

@@ -1,0 +1,124 @@
+"""Draft tokens from the model's multi-token-prediction head (spec mtp), after each step.
+
+The head predicts the token after next: from the model's final-normed hidden state at position p and the
+token at p + 1, the token at p + 2. After a step, two things run:
+
+1. One pass over every position of the step whose hidden state stands (the known tokens, and the drafts
+   the step accepted), each paired with the token that follows it (the next prompt token, the accepted
+   draft, or the token the step emitted). It writes the head's KV at those positions (its attention
+   reads them in later steps) and, at a request's last position, gives its first draft.
+2. Chained steps of one token a request: the head's own output hidden state stands in for the model's at
+   the next position, paired with the draft just made, for up to `num_draft_tokens` drafts. Their KV
+   goes to positions the model has not run yet; the next step's pass writes those again with the model's
+   own hidden states.
+
+All on the device; the drafts are read back once, at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.scheduler.output import SampledToken, SchedulerOutput
+from engine.transfer import to_device
+from engine.worker.forward_context import ForwardContext, set_forward_context
+
+
+class MTPDrafter:
+    def __init__(self, model, num_draft_tokens: int, block_size: int, device: torch.device):
+        self.model, self.num_draft_tokens = model, num_draft_tokens
+        self.block_size, self.device = block_size, device
+
+    def _tensor(self, x, dtype):
+        return to_device(x, dtype, self.device)
+
+    def _context(self, cu_seqlens, seq_lens, slot_mapping, tables) -> ForwardContext:
+        width = max(len(t) for t in tables)
+        return ForwardContext(
+            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            slot_mapping=self._tensor(slot_mapping, torch.int64),
+            block_table=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            state_indices=self._tensor([-1] * len(tables), torch.int32),
+            query_tokens_per_seq=1 if len(seq_lens) == cu_seqlens[-1] else 0,
+        )
+
+    def _slot(self, block_ids: list[int], pos: int) -> int:
+        return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        sched: SchedulerOutput,
+        hidden: torch.Tensor,  # [T, H]: the model's final-normed hidden states of the step, rows by cu_seqlens
+        cu_seqlens: list[int],
+        slot_mapping: list[int],
+        sampled: dict[str, list[SampledToken]],
+    ) -> dict[str, list[int]]:
+        """Drafts for every request that emitted tokens this step (those after its last one)."""
+        rows, following, positions, slots, cu, seq_lens, tables = [], [], [], [], [0], [], []
+        chains = []  # (request, row of its last position in this pass)
+        for i, r in enumerate(sched.scheduled):
+            start, known = cu_seqlens[i], r.num_known_tokens
+            emitted = sampled.get(r.request_id)
+            if emitted:
+                nxt = list(r.token_ids[1:known]) + [t.token_id for t in emitted]
+            else:  # a prompt chunk: the next one starts with the token that follows it
+                nxt = list(r.token_ids[1:]) + ([r.next_token_id] if r.next_token_id >= 0 else [])
+            n = len(nxt)
+            if n == 0:
+                continue
+            rows.extend(range(start, start + n))
+            following.extend(nxt)
+            positions.extend(range(r.start_pos, r.start_pos + n))
+            slots.extend(slot_mapping[start : start + n])
+            cu.append(cu[-1] + n)
+            seq_lens.append(r.start_pos + n)
+            tables.append(r.block_ids)
+            if emitted:
+                chains.append((r, cu[-1] - 1))
+        if not rows:
+            return {}
+        model = self.model
+        with set_forward_context(self._context(cu, seq_lens, slots, tables)):
+            out = model.mtp(
+                self._tensor(positions, torch.int64),
+                model.model.embed_tokens(self._tensor(following, torch.int64)),
+                hidden[self._tensor(rows, torch.int64)],
+            )  # [Tm, H]
+        if not chains:
+            return {}
+        last = self._tensor([row for _, row in chains], torch.int64)
+        h = out[last]  # [C, H]
+        active = list(range(len(chains)))  # chains still drafting
+        steps = [(active, model.compute_logits(h).argmax(-1))]  # (chains, their drafts [len(chains)])
+        first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        for step in range(1, self.num_draft_tokens):
+            # one position further; a request stops where its pages end
+            pos = [first_pos[c] + step - 1 for c in active]
+            fits = [i for i, c in enumerate(active) if pos[i] < len(chains[c][0].block_ids) * self.block_size]
+            if not fits:
+                break
+            tokens = steps[-1][1]
+            if len(fits) < len(active):
+                keep = self._tensor(fits, torch.int64)
+                h, tokens = h[keep], tokens[keep]
+                active, pos = [active[i] for i in fits], [pos[i] for i in fits]
+            blocks = [chains[c][0].block_ids for c in active]
+            ctx = self._context(
+                list(range(len(active) + 1)),
+                [p + 1 for p in pos],
+                [self._slot(b, p) for b, p in zip(blocks, pos)],
+                blocks,
+            )
+            with set_forward_context(ctx):
+                h = model.mtp(self._tensor(pos, torch.int64), model.model.embed_tokens(tokens), h, step)
+            steps.append((active, model.compute_logits(h).argmax(-1)))
+        flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
+        drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}
+        i = 0
+        for chain_ids, _ in steps:
+            for c in chain_ids:
+                drafts[chains[c][0].request_id].append(flat[i])
+                i += 1
+        return drafts

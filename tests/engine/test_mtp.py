@@ -1,0 +1,148 @@
+"""Drafts from the MTP head (spec mtp) against a reference built from transformers' own Qwen3.5 decoder
+layer, and output unchanged by them.
+
+transformers does not run the MTP head, so the reference is written here from the architecture: the final-
+normed hidden state h_p of the model and the embedding of the token at p + 1, each RMS-normed (1 + w),
+concatenated [embedding | hidden], through `fc`, one full-attention decoder layer over those rows (causal),
+the head's norm, the model's lm_head: the token at p + 2. A chained draft appends a row made of the draft
+just predicted and the head's own output at the previous row.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+from safetensors.torch import save_file
+
+from engine import LLM, NinferError, SamplingParams
+
+PROMPT = [5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9, 140, 7]
+
+
+def add_mtp_head(model, path, seed: int = 5):
+    """Write random mtp.* tensors beside the checkpoint (as a second shard) and declare them in
+    config.json; return them by name."""
+    import transformers as tf
+
+    cfg = model.config
+    torch.manual_seed(seed)
+    layer = tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer(
+        cfg, cfg.layer_types.index("full_attention")
+    )
+    h = cfg.hidden_size
+    tensors = {
+        f"mtp.layers.0.{n}": torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1)
+        for n, p in layer.state_dict().items()
+    }
+    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h) * 0.2
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{n}.weight"] = torch.randn(h) * 0.1
+    save_file(tensors, str(path / "mtp.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+@torch.no_grad()
+def reference_drafts(model, tensors: dict, tokens: list[int], k: int) -> list[int]:
+    """The head's k drafts after `tokens` (the model has run all but the last; the last is the token the
+    step emitted)."""
+    import transformers as tf
+
+    mod = tf.models.qwen3_5.modeling_qwen3_5
+    cfg = model.config
+    layer = mod.Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention")).eval()
+    layer.load_state_dict(
+        {n[len("mtp.layers.0.") :]: t for n, t in tensors.items() if n.startswith("mtp.layers.0.")}
+    )
+
+    def norm(name):
+        n = mod.Qwen3_5RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        n.weight.copy_(tensors[f"mtp.{name}.weight"])
+        return n
+
+    norm_e, norm_h, norm_out = norm("pre_fc_norm_embedding"), norm("pre_fc_norm_hidden"), norm("norm")
+    embed, lm_head = model.model.embed_tokens, model.lm_head
+    hidden = model.model(torch.tensor([tokens[:-1]])).last_hidden_state[0]  # [L, H], final-normed
+    rows = (
+        torch.cat([norm_e(embed(torch.tensor(tokens[1:]))), norm_h(hidden)], dim=-1)
+        @ tensors["mtp.fc.weight"].t()
+    )
+    drafts = []
+    for _ in range(k):
+        n = rows.shape[0]
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = layer(
+            rows[None], model.model.rotary_emb(rows[None], pos), attention_mask=mask, position_ids=pos
+        )
+        out = norm_out(out[0] if isinstance(out, tuple) else out)[0]  # [n, H]
+        drafts.append(int(lm_head(out[-1]).argmax()))
+        new = torch.cat([norm_e(embed(torch.tensor([drafts[-1]]))), norm_h(out[-1:])], dim=-1)
+        rows = torch.cat([rows, new @ tensors["mtp.fc.weight"].t()])
+    return drafts
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    model = tiny_hf_model("qwen3_5", tied=False)
+    path = save_tiny(model, tmp_path_factory.mktemp("mtp"))
+    return model, path, add_mtp_head(model, path)
+
+
+def test_drafts_equal_the_reference_head_after_prefill_and_decode_steps(mtp_model):
+    model, path, tensors = mtp_model
+    llm = LLM(path, spec="mtp", draft_tokens=3, enable_prefix_caching=False)
+    rid = llm.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    for _ in range(3):  # the prefill step, then two decode steps verifying the head's drafts
+        llm.step()
+        tokens = PROMPT + llm.scheduler.requests[rid].output_token_ids
+        num_tokens, drafts = llm.scheduler.proposer._drafts[rid]
+        assert num_tokens == len(tokens)
+        assert drafts == reference_drafts(model, tensors, tokens, 3)
+
+
+def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
+    _, path, _ = mtp_model
+    prompts = [PROMPT, list(range(40, 75))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    reference = LLM(path).generate(prompt_token_ids=prompts, sampling_params=greedy)
+    llm = LLM(path, spec="mtp", draft_tokens=3)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=greedy)
+    assert [o.token_ids for o in got] == [r.token_ids for r in reference]
+    assert llm.scheduler.num_draft_tokens > 0
+    sampled = SamplingParams(temperature=0.9, max_tokens=16, ignore_eos=True, seed=3)
+    runs = [
+        LLM(path, spec="mtp").generate(prompt_token_ids=prompts, sampling_params=sampled) for _ in range(2)
+    ]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+def test_a_model_without_an_mtp_head_is_refused(tmp_path):
+    path = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path)
+    with pytest.raises(NinferError, match="no MTP head .*use spec ngram or none"):
+        LLM(path, spec="mtp")
+
+
+@pytest.mark.gpu
+def test_mtp_drafts_on_cuda_with_graphs(mtp_model):
+    """On a GPU the step replays a CUDA graph that also returns its hidden states; the head drafts from
+    them eagerly, and the drafts equal the CPU's (fp32) while the output is plain decoding's."""
+    _, path, _ = mtp_model
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cpu = LLM(path, spec="mtp", draft_tokens=3)
+    cuda = LLM(path, spec="mtp", draft_tokens=3, device="cuda", dtype="float32")
+    assert cuda.runner.graphs is not None
+    plain = LLM(path, device="cuda", dtype="float32").generate(
+        prompt_token_ids=[PROMPT], sampling_params=greedy
+    )
+    got = cuda.generate(prompt_token_ids=[PROMPT], sampling_params=greedy)
+    assert got[0].token_ids == plain[0].token_ids
+    assert (
+        got[0].num_draft_tokens
+        == cpu.generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0].num_draft_tokens
+    )
