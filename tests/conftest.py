@@ -69,6 +69,40 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     return model.eval()
 
 
+def mtp_head_tensors(model, seed: int = 5) -> dict[str, torch.Tensor]:
+    """Random mtp.* tensors of a tiny transformers Qwen3.5 (transformers builds no MTP head: its decoder
+    layer gives the block's shapes), named as a Qwen3.5 checkpoint stores them."""
+    import transformers as tf
+
+    cfg = model.config
+    torch.manual_seed(seed)
+    layer = tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer(
+        cfg, cfg.layer_types.index("full_attention")
+    )
+    h = cfg.hidden_size
+    tensors = {
+        f"mtp.layers.0.{n}": torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1)
+        for n, p in layer.state_dict().items()
+    }
+    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h) * 0.2
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{n}.weight"] = torch.randn(h) * 0.1
+    return tensors
+
+
+def save_mtp_head(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """Add an MTP head to a saved checkpoint: a second shard, and mtp_num_hidden_layers in config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path / "mtp.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def hf_greedy_reference(model, ids: list[int], num_tokens: int):
     """transformers' greedy continuation of `ids` and the log-softmax of each step's logits (fp32)."""
     # NOTE: no EOS in the reference's generation config, so it runs every step without suppressing a token

@@ -151,7 +151,8 @@ def _config(reader, path: Path) -> ModelConfig:
         layer_types=("full_attention",) * num_layers,
     )
     if arch == "qwen35":
-        layout = gguf_qwen35.config_fields(key, head_dim, gguf_qwen35.text_layers(names, num_layers))
+        text = gguf_qwen35.text_layers(names, num_layers)
+        layout = gguf_qwen35.config_fields(key, head_dim, text, num_layers - text)
     return ModelConfig(
         vocab_size=key("vocab_size", len(tokens)),
         hidden_size=hidden,
@@ -176,21 +177,29 @@ def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _hf_name(name: str, num_layers: int) -> str | None:
-    """The HF name of GGUF tensor `name`; None for tensors ninfer does not read (llama.cpp-only tensors,
-    rope_freqs, which is read into the config, and the MTP blocks after the text layers)."""
+def _hf_name(name: str, num_layers: int, mtp_layers: int = 0) -> str | None:
+    """The HF name of GGUF tensor `name`; None for tensors ninfer does not read (llama.cpp-only tensors and
+    rope_freqs, which is read into the config). Blocks past the `num_layers` text layers are the MTP
+    head's (`mtp_layers` of them)."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK_RE.match(name)
-    if m is None or int(m.group(1)) >= num_layers:
+    if m is None or int(m.group(1)) >= num_layers + mtp_layers:
         return None
     layer, rest = m.groups()
+    prefix = f"model.layers.{layer}"
+    if int(layer) >= num_layers:
+        prefix = f"mtp.layers.{int(layer) - num_layers}"
     if rest in gguf_qwen35.PARAMETERS:
-        return f"model.layers.{layer}.{gguf_qwen35.PARAMETERS[rest]}"
+        return f"{prefix}.{gguf_qwen35.PARAMETERS[rest]}"
     module, _, suffix = rest.rpartition(".")
-    if module not in _LAYER_NAMES or suffix not in ("weight", "bias"):
+    if suffix not in ("weight", "bias"):
         return None
-    return f"model.layers.{layer}.{_LAYER_NAMES[module]}.{suffix}"
+    if prefix.startswith("mtp.") and module in gguf_qwen35.NEXTN_NAMES:
+        return f"mtp.{gguf_qwen35.NEXTN_NAMES[module]}.{suffix}"
+    if module not in _LAYER_NAMES:
+        return None
+    return f"{prefix}.{_LAYER_NAMES[module]}.{suffix}"
 
 
 def _open(path: Path):
@@ -206,7 +215,8 @@ def _layout(reader, config: ModelConfig):
     """The tensors the loader reads, (tensor, HF name) each; the order each must be read back in; and the
     names of those the GPU holds packed."""
     arch = _field(reader, "general.architecture")
-    named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, config.num_hidden_layers))]
+    layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
+    named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, layers, mtp))]
     orders = {name: _order(arch, name, config) for _, name in named}
     blocks = any(gguf_blocks.is_block_quantized(t.tensor_type) for t, _ in named)
     packed = {name for t, name in named if _keeps_packed(t, name, orders[name], blocks)}

@@ -8,8 +8,10 @@ What the converter stores differently from the HF checkpoint:
 - where value heads outnumber key heads, every tensor that runs over value heads (the v rows of
   in_proj_qkv and the conv1d, in_proj_z / b / a rows, A_log, dt_bias, out_proj columns) in tiled order,
   value head j of key head i at j * num_k + i, where the checkpoint groups them (i * per_k + j);
-- the multi-token-prediction layers as extra blocks after the text layers (`blk.N.nextn.*` and a full
-  attention block), which ninfer does not read from a GGUF.
+- the multi-token-prediction head as extra blocks after the text layers (`{arch}.nextn_predict_layers`
+  of them): `blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm}` for mtp.{fc, pre_fc_norm_embedding,
+  pre_fc_norm_hidden, norm} (the norms stored as 1 + w too) and block N's own attention / MLP tensors for
+  mtp.layers.{N - text layers}.
 """
 
 from __future__ import annotations
@@ -45,13 +47,26 @@ def text_layers(tensor_names: Iterable[str], block_count: int) -> int:
     return min(mtp, default=block_count)
 
 
-def config_fields(key: Callable[..., Any], head_dim: int, num_layers: int) -> dict[str, Any]:
-    """The ModelConfig fields of the hybrid layout, from the `qwen35.*` keys (`key` reads one)."""
+# the MTP head's own tensors in an MTP block -> their HF names under mtp.
+NEXTN_NAMES = {
+    "nextn.eh_proj": "fc",
+    "nextn.enorm": "pre_fc_norm_embedding",
+    "nextn.hnorm": "pre_fc_norm_hidden",
+    "nextn.shared_head_norm": "norm",
+}
+
+
+def config_fields(
+    key: Callable[..., Any], head_dim: int, num_layers: int, mtp_layers: int = 0
+) -> dict[str, Any]:
+    """The ModelConfig fields of the hybrid layout, from the `qwen35.*` keys (`key` reads one);
+    `mtp_layers`: the MTP blocks the file holds after the `num_layers` text layers."""
     interval = key("full_attention_interval", 4)
     num_v_heads = key("ssm.time_step_rank")
     return dict(
         architecture="Qwen3_5ForCausalLM",
         num_hidden_layers=num_layers,
+        mtp_num_hidden_layers=min(mtp_layers, key("nextn_predict_layers", 0)),
         layer_types=tuple(
             "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
         ),
@@ -66,7 +81,8 @@ def config_fields(key: Callable[..., Any], head_dim: int, num_layers: int) -> di
 
 def restore_values(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """The converter's value changes undone: 1 + w norms, -exp(A_log)."""
-    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+    ones_plus = ("norm.weight", "norm_embedding.weight", "norm_hidden.weight")  # the MTP head's too
+    if name.endswith(ones_plus) and not name.endswith("linear_attn.norm.weight"):
         return tensor - 1
     if name.endswith("linear_attn.A_log"):
         return torch.log(-tensor)

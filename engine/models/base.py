@@ -38,15 +38,14 @@ class CausalLM(Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.mtp: Module | None = None  # the multi-token-prediction head, when built (spec mtp)
-        # mtp.* tensors of a model loaded without its MTP head, kept aside (not part of the forward)
-        self.extra_weights: dict[str, torch.Tensor] = {}
+        # the multi-token-prediction head, when built (spec mtp); otherwise a checkpoint's mtp.* is skipped
+        self.mtp: Module | None = None
 
     def build_mtp(self) -> None:
         """Add the MTP head (spec mtp), before the weights load; models without one refuse."""
         raise NinferError(
-            f"this {self.config.architecture} model has no MTP head ninfer loads (mtp_num_hidden_layers is 0; "
-            "a GGUF's nextn layers are not read yet); use spec ngram or none"
+            f"this {self.config.architecture} model has no MTP head (mtp_num_hidden_layers is 0, or a GGUF "
+            "without nextn blocks); use spec ngram or none"
         )
 
     def mtp_logits(
@@ -110,9 +109,6 @@ class CausalLM(Module):
         for ckpt_name, tensor in weights:
             mapped = self.param_for(ckpt_name)
             if mapped is None:
-                name = self.checkpoint_name(ckpt_name)
-                if name is not None and name.startswith("mtp."):
-                    self.extra_weights[name] = tensor.to(self.model.embed_tokens.dtype)
                 continue
             name, shard = mapped
             param = params.get(name)
@@ -131,8 +127,8 @@ class CausalLM(Module):
         missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)
         if missing and all(n.startswith("mtp.") for n in missing):
             raise NinferError(
-                f"this checkpoint has no MTP weights ninfer reads (it lacks {missing[0]}; a GGUF's nextn "
-                "layers are not read yet); use spec ngram or none"
+                f"this checkpoint declares an MTP head but lacks its weights ({missing[0]}; converted or "
+                "quantized without them?); use spec ngram or none"
             )
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

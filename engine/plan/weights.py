@@ -134,13 +134,18 @@ def held_weight_bytes(
     where it is held dense in the model dtype); an MTP head and a vision tower counted from the config."""
     out: dict[str, int] = dict.fromkeys(KINDS, 0)
     packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
+    stored_mtp = any(name.startswith("mtp.") for name, *_ in tensors)
     for name, shape, held in tensors:
+        if name.startswith("mtp."):  # the file's own MTP head: held only with --spec mtp
+            if mtp:
+                out["mtp head"] += math.prod(shape) * dtype_bytes if held is None else held
+            continue
         if held is None:
             out[tensor_kind(name, shape)] += math.prod(shape) * dtype_bytes
             continue
         out[tensor_kind(name, shape)] += held
         packed_bytes, packed_weights = packed_bytes + held, packed_weights + math.prod(shape)
-    if mtp:  # neither an artifact nor a GGUF brings an MTP head yet: counted at their average packed bits
+    if mtp and not stored_mtp:  # a head the file lacks: counted at its matrices' average packed bits
         bits = 8 * packed_bytes / packed_weights if packed_weights else None
         for name, shape in mtp_tensors(config):
             out["mtp head"] += recipe_tensor_bytes(name, shape, "bf16", dtype_bytes, bits)

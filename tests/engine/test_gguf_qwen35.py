@@ -5,10 +5,9 @@ as the checkpoint and generates transformers' greedy tokens; `ninfer convert` re
 from __future__ import annotations
 
 import gguf
-import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy_reference, tiny_hf_model
+from conftest import hf_greedy_reference, mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -69,12 +68,18 @@ def _as_converted(name: str, t: torch.Tensor, cfg) -> tuple[str, torch.Tensor]:
 
 
 def write_qwen35_gguf(
-    model, path, mtp_layers: int = 1, qtype: gguf.GGMLQuantizationType | None = None, keep_float: tuple = ()
+    model,
+    path,
+    mtp_head: dict | None = None,
+    qtype: gguf.GGMLQuantizationType | None = None,
+    keep_float: tuple = (),
 ):
     """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5; with `qtype`,
     the matrices as its blocks (norms, conv1d, A_log and dt_bias stay F32, as llama.cpp keeps them, and so
-    do matrices whose name holds one of `keep_float`)."""
+    do matrices whose name holds one of `keep_float`). `mtp_head` (mtp.* tensors): written as the converter
+    writes an MTP head, a block after the text layers."""
     cfg = model.config
+    mtp_layers = 1 if mtp_head else 0
     blocks = cfg.num_hidden_layers + mtp_layers
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
     w = gguf.GGUFWriter(str(path), "qwen35")
@@ -99,9 +104,23 @@ def write_qwen35_gguf(
     w.add_rope_dimension_sections([11, 11, 10, 0])
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
-    for hf_name, t in model.state_dict().items():
+    tensors = dict(model.state_dict())
+    bid = cfg.num_hidden_layers
+    # the converter's renames of the head: a layer after the text layers, its own tensors as `nextn`
+    head = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm"}
+    for name, t in (mtp_head or {}).items():
+        part = name.split(".")[1]
+        if part == "layers":
+            tensors[name.replace("mtp.layers.0.", f"model.layers.{bid}.")] = t
+        else:
+            tensors[f"model.layers.{bid}.{head.get(part, 'shared_head.norm')}.weight"] = t
+    nextn = {"eh_proj", "enorm", "hnorm", "shared_head.norm"}  # (this gguf's QWEN35 map may lack them)
+    for hf_name, t in tensors.items():
         hf_name, t = _as_converted(hf_name, t.float(), cfg)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        part = hf_name.removeprefix(f"model.layers.{bid}.").removesuffix(".weight")
+        if name is None and part in nextn:
+            name = f"blk.{bid}.nextn.{part.replace('.', '_')}.weight"
         if (
             qtype is not None
             and t.dim() == 2
@@ -111,12 +130,6 @@ def write_qwen35_gguf(
             w.add_tensor(name, gguf.quants.quantize(t.numpy(), qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t.numpy())
-    for i in range(mtp_layers):  # an MTP block: nextn tensors and a full-attention layer's
-        bid = cfg.num_hidden_layers + i
-        w.add_tensor(
-            f"blk.{bid}.nextn.eh_proj.weight", np.ones((cfg.hidden_size, 2 * cfg.hidden_size), np.float32)
-        )
-        w.add_tensor(f"blk.{bid}.attn_q.weight", np.ones((8, cfg.hidden_size), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -125,8 +138,13 @@ def write_qwen35_gguf(
 
 
 @pytest.fixture(scope="module")
-def qwen35_gguf(model, tmp_path_factory):
-    return write_qwen35_gguf(model, tmp_path_factory.mktemp("q35gguf") / "tiny-qwen35.gguf")
+def mtp_head(model):
+    return mtp_head_tensors(model)
+
+
+@pytest.fixture(scope="module")
+def qwen35_gguf(model, mtp_head, tmp_path_factory):
+    return write_qwen35_gguf(model, tmp_path_factory.mktemp("q35gguf") / "tiny-qwen35.gguf", mtp_head)
 
 
 def test_config_read_from_the_qwen35_keys(model, qwen35_gguf):
@@ -142,13 +160,13 @@ def test_config_read_from_the_qwen35_keys(model, qwen35_gguf):
         4,
     )
     assert config.rope_theta == model.config.rope_parameters["rope_theta"]
-    assert not config.tie_word_embeddings and config.mtp_num_hidden_layers == 0
+    assert not config.tie_word_embeddings and config.mtp_num_hidden_layers == 1
 
 
-def test_tensors_come_back_as_the_checkpoint_holds_them(model, qwen35_gguf):
+def test_tensors_come_back_as_the_checkpoint_holds_them(model, mtp_head, qwen35_gguf):
     got = dict(load_gguf(qwen35_gguf).weights())
-    want = model.state_dict()
-    assert set(got) == set(want)  # the MTP block's tensors are left out
+    want = {**model.state_dict(), **mtp_head}  # the MTP block's tensors back under mtp.*
+    assert set(got) == set(want)
     for name, tensor in want.items():
         assert torch.allclose(got[name], tensor.float().reshape(got[name].shape), rtol=1e-5, atol=1e-6), name
 
@@ -157,6 +175,20 @@ def test_generates_transformers_greedy_tokens(model, qwen35_gguf):
     want, _ = hf_greedy_reference(model, PROMPT, GREEDY.max_tokens)
     got = LLM(qwen35_gguf).generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     assert got.token_ids == want
+
+
+def test_mtp_head_of_a_gguf_drafts_as_the_checkpoints(model, mtp_head, qwen35_gguf, tmp_path):
+    """The MTP block (nextn tensors, norms stored as 1 + w, the converter's tensor names) drafts the tokens
+    the HF checkpoint's mtp.* head drafts."""
+    hf_dir = save_mtp_head(save_tiny(model, tmp_path), mtp_head)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = [
+        LLM(p, spec="mtp", draft_tokens=3).generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
+        for p in (hf_dir, qwen35_gguf)
+    ]
+    assert outs[0].token_ids == outs[1].token_ids
+    assert outs[0].num_draft_tokens == outs[1].num_draft_tokens > 0
+    assert outs[0].num_accepted_tokens == outs[1].num_accepted_tokens
 
 
 def test_convert_reads_a_qwen35_gguf(qwen35_gguf, tmp_path):
@@ -228,19 +260,23 @@ def test_float_parts_of_a_block_quantized_projection_pack_at_8_bits(tmp_path, ke
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_1])
 def test_planner_counts_the_gguf_bytes_the_loader_holds(tmp_path, kernel_backend, qtype):
     """`ninfer plan` on a GGUF (gpu_tensors + held_weight_bytes) = what the packed loader keeps: blocks
-    packed (Q5_1 re-quantized to 6 bits), out_proj (16-column value heads) and the vectors dense."""
+    packed (Q5_1 re-quantized to 6 bits), out_proj (16-column value heads) and the vectors dense; the
+    file's MTP head only with spec mtp."""
     from engine.formats.gguf import gpu_tensors
     from engine.plan.model import resolve
     from engine.plan.weights import held_weight_bytes
 
     model = tiny_hf_model("qwen3_5", tied=False, layer_types=["linear_attention", "full_attention"] * 2)
-    path = write_qwen35_gguf(model, tmp_path / "q.gguf", qtype=qtype)
+    path = write_qwen35_gguf(model, tmp_path / "q.gguf", mtp_head_tensors(model), qtype=qtype)
     kernel_backend("triton")
-    llm = LLM(path, weight_quant="none", device=DEVICE)
-    packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
-    held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
     config, tensors = gpu_tensors(path)
-    assert len(packed) >= 8 and held == sum(held_weight_bytes(tensors, config, dtype_bytes=4).values())
+    for spec in ("none", "mtp"):
+        llm = LLM(path, weight_quant="none", device=DEVICE, spec=spec)
+        packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+        held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
+        planned = held_weight_bytes(tensors, config, dtype_bytes=4, mtp=spec == "mtp")
+        assert len(packed) >= 8 and held == sum(planned.values())
+        assert (planned["mtp head"] > 0) == (spec == "mtp")
     planned = resolve(str(path), None, None, None, mtp=False, vision=False)
     assert planned.packed_weights and planned.recipe == "GGUF blocks as stored"
 

@@ -37,9 +37,8 @@ def test_multimodal_layout_with_mtp_and_vision_tensors(qwen35_dir, tmp_path):
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
 
-    nested_llm, plain_llm = LLM(tmp_path), LLM(qwen35_dir)
-    assert set(nested_llm.model.extra_weights) == {"mtp.fc.weight", "mtp.norm.weight"}
-    assert torch.equal(nested_llm.model.extra_weights["mtp.fc.weight"], nested["mtp.fc.weight"])
+    nested_llm, plain_llm = LLM(tmp_path), LLM(qwen35_dir)  # mtp.* skipped without spec mtp
+    assert nested_llm.model.mtp is None
     a = nested_llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     b = plain_llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     assert a.token_ids == b.token_ids

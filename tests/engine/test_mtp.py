@@ -10,12 +10,9 @@ just predicted and the head's own output at the previous row.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
-from safetensors.torch import save_file
+from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
 
@@ -23,27 +20,9 @@ PROMPT = [5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9, 140, 7]
 
 
 def add_mtp_head(model, path, seed: int = 5):
-    """Write random mtp.* tensors beside the checkpoint (as a second shard) and declare them in
-    config.json; return them by name."""
-    import transformers as tf
-
-    cfg = model.config
-    torch.manual_seed(seed)
-    layer = tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer(
-        cfg, cfg.layer_types.index("full_attention")
-    )
-    h = cfg.hidden_size
-    tensors = {
-        f"mtp.layers.0.{n}": torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1)
-        for n, p in layer.state_dict().items()
-    }
-    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h) * 0.2
-    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{n}.weight"] = torch.randn(h) * 0.1
-    save_file(tensors, str(path / "mtp.safetensors"))
-    config = json.loads((path / "config.json").read_text())
-    config["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(config))
+    """Random mtp.* tensors written beside the checkpoint; returned by name."""
+    tensors = mtp_head_tensors(model, seed)
+    save_mtp_head(path, tensors)
     return tensors
 
 
@@ -123,9 +102,18 @@ def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
 
 
 def test_a_model_without_an_mtp_head_is_refused(tmp_path):
-    path = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path)
+    path = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path / "qwen3")
     with pytest.raises(NinferError, match="no MTP head .*use spec ngram or none"):
         LLM(path, spec="mtp")
+    # a config that declares the head over a checkpoint without its tensors
+    model = tiny_hf_model("qwen3_5", tied=False)
+    path = save_mtp_head(save_tiny(model, tmp_path / "q35"), {})
+    (path / "mtp.safetensors").unlink()
+    with pytest.raises(
+        NinferError, match=r"declares an MTP head but lacks its weights \(mtp\..*use spec ngram"
+    ):
+        LLM(path, spec="mtp")
+    assert LLM(path).generate(prompt_token_ids=PROMPT, sampling_params=SamplingParams(max_tokens=2))
 
 
 @pytest.mark.gpu
