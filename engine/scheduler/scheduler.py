@@ -18,12 +18,13 @@ Admission policy (docs/architecture.md):
   that also has a recurrent-state snapshot), always leaving at least one token to compute.
 
 Speculative decoding (`num_draft_tokens`): a running request whose step reaches the end of its known
-tokens also runs up to that many n-gram draft tokens (engine/spec/ngram.py) when budget and pages
-allow; the runner verifies them and the request advances by the tokens accepted. A hybrid model whose
-state saw a rejected draft is put back to the step's start and recomputes the accepted tokens with its
-next step's drafts (decode is bandwidth-bound, so extra positions per step cost little), at most
-1 + num_draft_tokens tokens in all. Steps that
-snapshot a hybrid state (a page completed) run no drafts: the snapshot must not hold them.
+tokens also runs up to that many draft tokens (n-gram, engine/spec/ngram.py; or the MTP head's from the
+previous step, engine/spec/stored.py) when budget and spare pages allow (a page a running request stays
+free for its own next token); the runner verifies them and the request advances by the tokens
+accepted. A hybrid model whose state saw a rejected draft is put back to the step's start and recomputes
+the accepted tokens with its next step's drafts (decode is bandwidth-bound, so extra positions per step
+cost little), at most 1 + num_draft_tokens tokens in all. Steps that snapshot a hybrid state (a page
+completed) run no drafts: the snapshot must not hold them.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class Scheduler:
             req = self.running[i]
             n = self._num_to_run(req, budget)
             drafts = self._drafts(req, n, budget - n)
-            if drafts and not self._grow(req, req.num_computed_tokens + n + len(drafts)):
+            end = req.num_computed_tokens + n
+            if drafts and not self._grow_spare(req, end + len(drafts), end):
                 drafts = []  # no pages to spare for guesses
             while not self._grow(req, req.num_computed_tokens + n):
                 victim = self.running[-1]
@@ -261,11 +263,23 @@ class Scheduler:
         req.block_ids.extend(self.block_pool.allocate(need))
         return True
 
+    def _grow_spare(self, req: Request, num_tokens: int, sure_tokens: int) -> bool:
+        """Pages for `num_tokens`, of which only `sure_tokens` are sure to be kept: pages for the guesses
+        past them only while a page each other running request stays free, so guesses never cost another
+        request its pages (a preemption)."""
+        pool = self.block_pool
+        need = pool.blocks_needed(num_tokens, len(req.block_ids))
+        guessed = need - pool.blocks_needed(sure_tokens, len(req.block_ids))
+        if guessed and pool.num_free_blocks - need < len(self.running) - 1:
+            return False
+        return self._grow(req, num_tokens)
+
     def _grow_for_mtp(self, req: Request, n: int) -> None:
-        """spec mtp: pages, when free, for the positions the MTP head's chained drafts write after a step of
-        n tokens (the step's last emitted token's and k - 2 more)."""
+        """spec mtp: spare pages for the positions the MTP head's chained drafts write after a step of n
+        tokens (the step's last emitted token's and k - 2 more); the chain stops where pages end."""
         if self.config.spec == "mtp":
-            self._grow(req, req.num_computed_tokens + n + self.config.num_draft_tokens - 1)
+            end = req.num_computed_tokens + n
+            self._grow_spare(req, end + self.config.num_draft_tokens - 1, end)
 
     def _release(self, req: Request) -> None:
         self.block_pool.free(req.block_ids)

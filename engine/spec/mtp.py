@@ -21,7 +21,7 @@ import torch
 
 from engine.scheduler.output import SampledToken, SchedulerOutput
 from engine.transfer import to_device
-from engine.worker.forward_context import ForwardContext, set_forward_context
+from engine.worker.forward_context import ForwardContext, same_query_count, set_forward_context
 
 
 class MTPDrafter:
@@ -40,7 +40,7 @@ class MTPDrafter:
             slot_mapping=self._tensor(slot_mapping, torch.int64),
             block_table=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
             state_indices=self._tensor([-1] * len(tables), torch.int32),
-            query_tokens_per_seq=1 if len(seq_lens) == cu_seqlens[-1] else 0,
+            query_tokens_per_seq=same_query_count(cu_seqlens),
         )
 
     def _slot(self, block_ids: list[int], pos: int) -> int:

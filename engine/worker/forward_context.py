@@ -23,6 +23,12 @@ class ForwardContext:
     query_tokens_per_seq: int = 0
 
 
+def same_query_count(cu_seqlens: list[int]) -> int:
+    """Every sequence's query tokens when all have the same count, else 0 (query_tokens_per_seq)."""
+    counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}
+    return counts.pop() if len(counts) == 1 else 0
+
+
 _CONTEXT: ForwardContext | None = None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine.cache.kv_layout import KVCache
@@ -14,7 +16,7 @@ from engine.scheduler.output import RunnerOutput, SchedulerOutput
 from engine.spec.mtp import MTPDrafter
 from engine.transfer import to_device
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
-from engine.worker.forward_context import ForwardContext, set_forward_context
+from engine.worker.forward_context import ForwardContext, same_query_count, set_forward_context
 
 
 class ModelRunner:
@@ -164,7 +166,7 @@ class ModelRunner:
             slot_mapping=tensor(slot_mapping, torch.int64),
             block_table=tensor(block_table, torch.int32),
             state_indices=tensor(state_indices, torch.int32),
-            query_tokens_per_seq=_same_count(cu_seqlens),
+            query_tokens_per_seq=same_query_count(cu_seqlens),
         )
         with set_forward_context(ctx):
             return self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
@@ -174,8 +176,7 @@ class ModelRunner:
         and drafts) and samples; 0 otherwise (the step runs eagerly)."""
         if self.graphs is None or len(sched.scheduled) > self.graphs.max_batch:
             return 0
-        counts = {len(r.token_ids) for r in sched.scheduled}
-        q = counts.pop() if len(counts) == 1 else 0
+        q = same_query_count([0, *itertools.accumulate(len(r.token_ids) for r in sched.scheduled)])
         return q if q <= self.graphs.max_query and all(r.sample for r in sched.scheduled) else 0
 
     def _save_states(self, sched: SchedulerOutput) -> None:
@@ -212,9 +213,3 @@ class ModelRunner:
             if r.state_slot >= 0 and kept <= len(r.draft_token_ids):
                 self._copy_state(self._backup_slot(r.state_slot), r.state_slot)
         return RunnerOutput(out)
-
-
-def _same_count(cu_seqlens: list[int]) -> int:
-    """Every sequence's query tokens when all have the same count, else 0."""
-    counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}
-    return counts.pop() if len(counts) == 1 else 0

@@ -227,3 +227,32 @@ def test_hybrid_prefill_stops_at_the_prompt_snapshot_point():
     out = run_step(s)
     hit = next(r for r in out.scheduled if r.request_id == "b")
     assert hit.start_pos == 8 and hit.state_restore == 2
+
+
+class _AlwaysDrafts:
+    """Proposes `k` copies of token 9 after any history."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def propose(self, request_id, token_ids, max_tokens):
+        return [9] * min(self.k, max_tokens)
+
+    def forget(self, request_id):
+        pass
+
+
+def test_drafts_take_only_spare_pages_and_never_preempt():
+    """Drafts get a new page only while a page each other running request stays free, so guesses never
+    push a request out; a page the step needs anyway costs nothing extra."""
+    s = make(num_blocks=6, block_size=4, budget=32, num_draft_tokens=3, spec="ngram")
+    s.proposer = _AlwaysDrafts(3)
+    s.add_request(req("a", 8, max_tokens=8))
+    s.add_request(req("b", 7, max_tokens=8))
+    run_step(s)  # prefill: a holds 2 pages, b 2; 2 free
+    out = s.schedule()
+    # a's next token is at position 8, a new page its drafts (9..11) share: allowed. b's token is at
+    # position 7 (its own page), its drafts at 8..10 need a new page: the last free one, which a keeps
+    # in reserve -> refused
+    assert {r.request_id: len(r.draft_token_ids) for r in out.scheduled} == {"a": 3, "b": 0}
+    assert s.num_preemptions == 0 and s.block_pool.num_free_blocks == 1
