@@ -90,9 +90,26 @@ class ModelRunner:
             layer.ssm_state[slot].zero_()
 
     def _copy_state(self, src: int, dst: int) -> None:
-        for layer in self._state_layers:
-            layer.conv_state[dst].copy_(layer.conv_state[src])
-            layer.ssm_state[dst].copy_(layer.ssm_state[src])
+        self._copy_states([(src, dst)])
+
+    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy recurrent-state slots (src, dst) of every layer: one multi-tensor copy for them all, so a
+        step's backups cost a launch, not two a layer a request."""
+        if not pairs or not self._state_layers:
+            return
+        dst = [
+            t[d]
+            for layer in self._state_layers
+            for t in (layer.conv_state, layer.ssm_state)
+            for _, d in pairs
+        ]
+        src = [
+            t[s]
+            for layer in self._state_layers
+            for t in (layer.conv_state, layer.ssm_state)
+            for s, _ in pairs
+        ]
+        torch._foreach_copy_(dst, src)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -120,8 +137,14 @@ class ModelRunner:
                 self._copy_state(r.state_restore, r.state_slot)
             elif r.start_pos == 0 and r.state_slot >= 0:
                 self._reset_state(r.state_slot)
-            if r.draft_token_ids and r.state_slot >= 0:  # the state to return to when a draft fails
-                self._copy_state(r.state_slot, self._backup_slot(r.state_slot))
+        # the state each drafting request returns to when a draft fails
+        self._copy_states(
+            [
+                (r.state_slot, self._backup_slot(r.state_slot))
+                for r in sched.scheduled
+                if r.draft_token_ids and r.state_slot >= 0
+            ]
+        )
         q = self._graph_query_count(sched)
         # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
         # model's recomputed tokens before them are not)
@@ -181,8 +204,7 @@ class ModelRunner:
 
     def _save_states(self, sched: SchedulerOutput) -> None:
         """The step's state snapshots (hybrid prefix caching), after its forward."""
-        for slot, snapshot in sched.state_saves:
-            self._copy_state(slot, snapshot)
+        self._copy_states(sched.state_saves)
 
     def _backup_slot(self, slot: int) -> int:
         assert self.backup_slot_base is not None, "drafts on a hybrid model need backup state slots"
@@ -204,12 +226,13 @@ class ModelRunner:
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
         spec = any(r.draft_token_ids for r in sampling)
         sampled = self.sampler(logits, request_ids, params, histories, draft_ids if spec else None)
-        out, i = {}, 0
+        out, restores, i = {}, [], 0
         for r in sampling:
             rows_of_r = sampled[i : i + len(r.draft_token_ids) + 1]
             i += len(rows_of_r)
             kept = next((n + 1 for n, t in enumerate(rows_of_r) if not t.accepted), len(rows_of_r))
             out[r.request_id] = rows_of_r[:kept]
             if r.state_slot >= 0 and kept <= len(r.draft_token_ids):
-                self._copy_state(self._backup_slot(r.state_slot), r.state_slot)
+                restores.append((self._backup_slot(r.state_slot), r.state_slot))
+        self._copy_states(restores)
         return RunnerOutput(out)
