@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = (
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
 SPEC_METHODS = ("none", "ngram", "mtp")
 MAX_DRAFT_TOKENS = 16
+LM_HEAD_DRAFT_TOKENS = 32768  # --lm-head-draft: the token ids the MTP head's drafts are chosen from
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -192,6 +193,10 @@ class EngineConfig:
     # verified `draft_tokens` at a time
     spec: str = "none"
     draft_tokens: int = 3
+    # spec mtp: the head's drafts score only the first N token ids of the vocabulary (a BPE vocabulary
+    # lists tokens in merge order, the most frequent first); 0 = the whole lm_head. Verification always
+    # uses the whole head, so output is unchanged; only the drafts' cost (and reach) shrink
+    lm_head_draft: int = 0
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -232,6 +237,14 @@ class EngineConfig:
             raise NinferError(
                 f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS} (got {self.draft_tokens}); 3 to 5 "
                 "suits n-gram drafts"
+            )
+        if self.lm_head_draft < 0:
+            raise NinferError(
+                f"lm_head_draft must be >= 0, 0 meaning the whole head (got {self.lm_head_draft})"
+            )
+        if self.lm_head_draft and self.spec != "mtp":
+            raise NinferError(
+                "lm_head_draft narrows the MTP head's drafts; use it with spec mtp (or drop it)"
             )
         for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
             value = getattr(self, name)

@@ -15,7 +15,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.sizes import parse_size
-from ninfer_cli.spec_options import DraftTokens, Spec
+from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
 
 def _list(text: str, what: str, parse) -> tuple[int, ...]:
@@ -56,6 +56,7 @@ def bench(
     weight_quant: Annotated[str, typer.Option(help="In process, CPU: auto, none, int8, int4.")] = "auto",
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
+    lm_head_draft: LmHeadDraft = False,
     model_config: Annotated[
         str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
     ] = None,
@@ -107,6 +108,7 @@ def bench(
             weight_quant,
             spec,
             draft_tokens,
+            lm_head_draft,
             model_config,
             peak_bw,
             peak_tflops,
@@ -135,6 +137,7 @@ class _Options:
     weight_quant: str
     spec: str
     draft_tokens: int
+    lm_head_draft: bool
     model_config: str | None
     peak_bw: float | None
     peak_tflops: float | None
@@ -159,6 +162,7 @@ def _run(o: _Options) -> None:
         "weight_quant": o.weight_quant,
         "spec": o.spec,
         "draft_tokens": o.draft_tokens if o.spec != "none" else 0,
+        "lm_head_draft": o.lm_head_draft,
     }
     if o.url:
         driver = OverHttp(o.url, o.api_key, o.served)
@@ -193,8 +197,7 @@ def _run(o: _Options) -> None:
             max_concurrency=max(o.concurrencies),
             kv_capacity=longest * max(o.concurrencies),
             prefill_chunk=max(2048, max(o.concurrencies)),
-            spec=o.spec,
-            draft_tokens=o.draft_tokens,
+            **spec_options(o.spec, o.draft_tokens, o.lm_head_draft),
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")

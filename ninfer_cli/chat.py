@@ -11,7 +11,7 @@ from rich.console import Console
 from engine.config import DTYPES
 from engine.errors import NinferError
 from ninfer_cli.errors import exits_cleanly
-from ninfer_cli.spec_options import DraftTokens, Spec
+from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
 HELP_LINE = (
     "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
@@ -59,6 +59,7 @@ def chat(
     ] = "auto",
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
+    lm_head_draft: LmHeadDraft = False,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -81,8 +82,7 @@ def chat(
             weight_quant=weight_quant,
             max_context=max_context,
             max_concurrency=1,
-            spec=spec,
-            draft_tokens=draft_tokens,
+            **spec_options(spec, draft_tokens, lm_head_draft),
         )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout

@@ -12,7 +12,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.sizes import parse_size
-from ninfer_cli.spec_options import DraftTokens, Spec
+from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
 GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 
@@ -56,6 +56,7 @@ def serve(
     ] = True,
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
+    lm_head_draft: LmHeadDraft = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -80,8 +81,7 @@ def serve(
         pending_timeout_ms=pending_timeout_ms,
         prefill_chunk=prefill_chunk,
         cuda_graphs=cuda_graphs,
-        spec=spec,
-        draft_tokens=draft_tokens,
+        **spec_options(spec, draft_tokens, lm_head_draft),
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

@@ -15,3 +15,19 @@ Spec = Annotated[
     ),
 ]
 DraftTokens = Annotated[int, typer.Option(help="Draft tokens verified per step with --spec.")]
+LmHeadDraft = Annotated[
+    bool,
+    typer.Option(
+        help="With --spec mtp: the head's drafts score only the 32,768 most frequent token ids (a fraction of "
+        "the lm_head's bytes per draft); verification uses the whole head, so output is unchanged."
+    ),
+]
+
+
+def spec_options(spec: str, draft_tokens: int, lm_head_draft: bool) -> dict:
+    """The LLM options of the speculative-decoding flags."""
+    from engine.config import LM_HEAD_DRAFT_TOKENS
+
+    return dict(
+        spec=spec, draft_tokens=draft_tokens, lm_head_draft=LM_HEAD_DRAFT_TOKENS if lm_head_draft else 0
+    )

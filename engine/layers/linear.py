@@ -42,6 +42,17 @@ class Linear(Module):
         y = self.qweight(x)
         return y if self.bias is None else y + self.bias
 
+    def first_rows(self, n: int) -> Linear:
+        """A Linear over this one's first `n` outputs, sharing its storage (a dense weight's rows, or a
+        packed GPU weight's rows: engine/quant/layer.GroupwiseWeight.first_rows)."""
+        head = Linear.__new__(Linear)
+        Module.__init__(head)
+        head.in_features, head.out_features = self.in_features, n
+        head.weight = None if self.weight is None else nn.Parameter(self.weight.data[:n], requires_grad=False)
+        head.bias = None if self.bias is None else nn.Parameter(self.bias.data[:n], requires_grad=False)
+        head.qweight = None if self.qweight is None else self.qweight.first_rows(n)
+        return head
+
 
 class MergedLinear(Linear):
     """Several checkpoint projections of the same input fused along the output dimension.

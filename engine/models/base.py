@@ -48,14 +48,22 @@ class CausalLM(Module):
             "without nextn blocks); use spec ngram or none"
         )
 
-    def mtp_logits(
-        self, positions: torch.Tensor, token_ids: torch.Tensor, hidden: torch.Tensor, step: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MTP head at `positions`, given the model's hidden state there and the next token of each:
-        (its hidden state [T, H], its logits for the token after that [T, V] fp32)."""
-        embeds = self.model.embed_tokens(token_ids)
-        out = self.mtp(positions, embeds, hidden, step)
-        return out, self.compute_logits(out)
+    def build_draft_head(self, num_tokens: int) -> None:
+        """The drafts' own head (lm_head_draft): lm_head's first `num_tokens` rows, sharing its storage.
+        Built after the weights load; on the CPU it is then quantized as lm_head is."""
+        if num_tokens >= self.config.vocab_size:
+            return
+        params = {id(p): n for n, p in self.named_parameters()}
+        bits = getattr(self, "weight_bits", {})
+        source = params.get(id(self.lm_head.weight)) if self.lm_head.weight is not None else None
+        self.draft_head = self.lm_head.first_rows(num_tokens)
+        if source is not None and source in bits:
+            bits["draft_head.weight"] = bits[source]
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, hidden] -> [B, V'] fp32: the whole vocabulary, or the draft head's first V' token ids
+        head = getattr(self, "draft_head", None)
+        return self.compute_logits(hidden) if head is None else head(hidden).float()
 
     def make_lm_head(self, embed: Embedding) -> None:
         """Call after the decoder is built, so a tied head's weight is named after the embedding."""

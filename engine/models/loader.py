@@ -75,6 +75,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         load_keeping_quantized(model, source, engine_config.device)
     else:
         model.load_weights(source.weights(), source.tensor_bits)
+    if engine_config.lm_head_draft:
+        model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
         store_weights_column_major(model)
         quantize_linear_weights(model, engine_config.weight_quant)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,6 +45,11 @@ class GroupwiseWeight:
     @property
     def out_features(self) -> int:
         return self.scales.shape[0]
+
+    def first_rows(self, n: int) -> GroupwiseWeight:
+        """The first `n` output rows, as views of the same packed storage."""
+        rows = (self.packed[:n], self.scales[:n], None if self.minimums is None else self.minimums[:n])
+        return replace(self, packed=rows[0], scales=rows[1], minimums=rows[2])
 
     @property
     def nbytes(self) -> int:

@@ -91,7 +91,7 @@ class MTPDrafter:
         last = self._tensor([row for _, row in chains], torch.int64)
         h = out[last]  # [C, H]
         active = list(range(len(chains)))  # chains still drafting
-        steps = [(active, model.compute_logits(h).argmax(-1))]  # (chains, their drafts [len(chains)])
+        steps = [(active, model.draft_logits(h).argmax(-1))]  # (chains, their drafts [len(chains)])
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
         for step in range(1, self.num_draft_tokens):
             # one position further; a request stops where its pages end
@@ -113,7 +113,7 @@ class MTPDrafter:
             )
             with set_forward_context(ctx):
                 h = model.mtp(self._tensor(pos, torch.int64), model.model.embed_tokens(tokens), h, step)
-            steps.append((active, model.compute_logits(h).argmax(-1)))
+            steps.append((active, model.draft_logits(h).argmax(-1)))
         flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}
         i = 0

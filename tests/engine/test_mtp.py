@@ -17,6 +17,7 @@ from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from engine import LLM, NinferError, SamplingParams
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9, 140, 7]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def add_mtp_head(model, path, seed: int = 5):
@@ -27,9 +28,9 @@ def add_mtp_head(model, path, seed: int = 5):
 
 
 @torch.no_grad()
-def reference_drafts(model, tensors: dict, tokens: list[int], k: int) -> list[int]:
+def reference_drafts(model, tensors: dict, tokens: list[int], k: int, vocab: int | None = None) -> list[int]:
     """The head's k drafts after `tokens` (the model has run all but the last; the last is the token the
-    step emitted)."""
+    step emitted), chosen among the first `vocab` token ids (all by default)."""
     import transformers as tf
 
     mod = tf.models.qwen3_5.modeling_qwen3_5
@@ -60,7 +61,7 @@ def reference_drafts(model, tensors: dict, tokens: list[int], k: int) -> list[in
             rows[None], model.model.rotary_emb(rows[None], pos), attention_mask=mask, position_ids=pos
         )
         out = norm_out(out[0] if isinstance(out, tuple) else out)[0]  # [n, H]
-        drafts.append(int(lm_head(out[-1]).argmax()))
+        drafts.append(int(lm_head(out[-1])[:vocab].argmax()))
         new = torch.cat([norm_e(embed(torch.tensor([drafts[-1]]))), norm_h(out[-1:])], dim=-1)
         rows = torch.cat([rows, new @ tensors["mtp.fc.weight"].t()])
     return drafts
@@ -101,6 +102,42 @@ def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
 
 
+@pytest.mark.parametrize("weight_quant", ["none", "int8"])
+def test_lm_head_draft_chooses_among_the_first_token_ids(mtp_model, weight_quant):
+    """lm_head_draft: the drafts come from the head's first N rows (on the CPU quantized as lm_head is),
+    and output is still plain decoding's."""
+    model, path, tensors = mtp_model
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    llm = LLM(
+        path,
+        spec="mtp",
+        draft_tokens=3,
+        lm_head_draft=100,
+        weight_quant=weight_quant,
+        enable_prefix_caching=False,
+    )
+    assert llm.model.draft_head.out_features == 100
+    rid = llm.add_request(PROMPT, params)
+    llm.step()
+    tokens = PROMPT + llm.scheduler.requests[rid].output_token_ids
+    drafts = llm.scheduler.proposer._drafts[rid][1]
+    assert all(d < 100 for d in drafts)
+    if weight_quant == "none":
+        assert drafts == reference_drafts(model, tensors, tokens, 3, vocab=100)
+    while llm.has_unfinished_requests():
+        llm.step()
+    plain = LLM(path, weight_quant=weight_quant).generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
+    assert llm.scheduler.requests.get(rid) is None
+    got = LLM(path, spec="mtp", lm_head_draft=100, weight_quant=weight_quant).generate(
+        prompt_token_ids=PROMPT, sampling_params=params
+    )[0]
+    assert got.token_ids == plain.token_ids
+    with pytest.raises(
+        NinferError, match="lm_head_draft narrows the MTP head's drafts; use it with spec mtp"
+    ):
+        LLM(path, spec="ngram", lm_head_draft=100)
+
+
 def test_a_model_without_an_mtp_head_is_refused(tmp_path):
     path = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path / "qwen3")
     with pytest.raises(NinferError, match="no MTP head .*use spec ngram or none"):
@@ -134,3 +171,21 @@ def test_mtp_drafts_on_cuda_with_graphs(mtp_model):
         got[0].num_draft_tokens
         == cpu.generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0].num_draft_tokens
     )
+
+
+def test_mtp_with_a_packed_draft_head(mtp_model, tmp_path, kernel_backend):
+    """A w4g128 artifact where the fused kernels run (CUDA; here the Triton kernels forced under the
+    interpreter) keeps lm_head packed; lm_head_draft's head is its first rows (views)."""
+    from engine.quant.convert import convert
+
+    _, path, _ = mtp_model
+    artifact = tmp_path / "mtp-w4.ninfer"
+    convert(path, artifact, "w4g128", method="rtn")
+    kernel_backend("triton")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    options = dict(device=DEVICE, weight_quant="none")
+    plain = LLM(artifact, **options).generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0]
+    llm = LLM(artifact, spec="mtp", lm_head_draft=100, **options)
+    assert llm.model.lm_head.qweight is not None and llm.model.draft_head.qweight is not None
+    got = llm.generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0]
+    assert got.token_ids == plain.token_ids and got.num_draft_tokens > 0

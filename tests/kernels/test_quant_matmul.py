@@ -259,6 +259,17 @@ def test_groupwise_weight_concatenates_fused_shards():
     assert rel_err(w(x), want) < 1e-5
 
 
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_first_rows_of_a_packed_weight_share_its_storage(bits):
+    """The MTP drafts' head (lm_head_draft) is a packed lm_head's first rows: views, the same products."""
+    qt = quantize(torch.randn(48, 256), bits)
+    w = GroupwiseWeight.from_shards([qt], "cpu")
+    head = w.first_rows(20)
+    x = torch.randn(3, 256)
+    assert head.out_features == 20 and head.packed.data_ptr() == w.packed.data_ptr()
+    assert rel_err(head(x), w(x)[:, :20]) < 1e-6
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "recipe,bits,dequant_min_m", [("w4g128", 4, None), ("w6g128", 6, None), ("w4g128", 4, 16)]
