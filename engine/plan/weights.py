@@ -131,7 +131,8 @@ def held_weight_bytes(
     vision: bool = False,
 ) -> dict[str, int]:
     """Bytes per kind of tensors as the CUDA loader holds them, each (name, shape, bytes held packed or None
-    where it is held dense in the model dtype); an MTP head and a vision tower counted from the config."""
+    where it is held dense in the model dtype). With `mtp`, the file's own MTP head (mtp.*), or, where it
+    stores none, one counted from the config; a vision tower counted from the config."""
     out: dict[str, int] = dict.fromkeys(KINDS, 0)
     packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
     stored_mtp = any(name.startswith("mtp.") for name, *_ in tensors)
