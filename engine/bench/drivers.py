@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.bench.workloads import Prompt
 from engine.errors import NinferError
@@ -168,12 +168,38 @@ class OverHttp:
             barrier.wait()
             results[i] = self._stream(prompts[i], gen)
 
+        before = self._spec_counters()
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        after = self._spec_counters()
+        if before and after and after[0] > before[0]:  # drafts verified during the run: their acceptance
+            rate = (after[1] - before[1]) / (after[0] - before[0])
+            results = [replace(t, spec_acceptance=rate) if t is not None else t for t in results]
         return results  # type: ignore[return-value]
+
+    def _spec_counters(self) -> tuple[float, float] | None:
+        """(draft tokens, accepted tokens) from the server's /metrics where it exports them (ninfer with
+        --spec); None elsewhere. Counted as requests finish, so a run's difference is its acceptance."""
+        conn = self._conn()
+        try:
+            conn.request("GET", self.base + "/metrics", headers=self._headers())
+            resp = conn.getresponse()
+            text = resp.read().decode(errors="replace") if resp.status == 200 else ""
+        except OSError:
+            return None
+        finally:
+            conn.close()
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("ninfer_spec_draft_tokens_total", "ninfer_spec_accepted_tokens_total"):
+                values[name] = float(value)
+        if len(values) < 2:
+            return None
+        return values["ninfer_spec_draft_tokens_total"], values["ninfer_spec_accepted_tokens_total"]
 
     def _stream(self, prompt: Prompt, gen: int) -> Timing:
         body = {

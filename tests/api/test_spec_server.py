@@ -43,3 +43,15 @@ def test_streamed_reply_with_drafts_equals_plain_and_metrics_count_them(servers)
     assert drafted > 0 and 0 < accepted <= drafted
     assert _metric(metrics, "ninfer_spec_acceptance_rate") == pytest.approx(accepted / drafted)
     assert _metric(httpx.get(f"{servers[0].url}/metrics").text, "ninfer_spec_draft_tokens_total") == 0
+
+
+def test_bench_over_http_reads_the_acceptance_from_metrics(servers):
+    """`ninfer bench --url` takes a run's draft acceptance from the server's /metrics counters where it
+    exports them (ninfer with --spec), and leaves it empty elsewhere."""
+    from engine.bench.drivers import OverHttp
+    from engine.bench.workloads import Prompt
+
+    prompt = Prompt(COPY, None, 0, "")
+    plain, spec = (OverHttp(s.url, model="smollm2").run([prompt], 24)[0] for s in servers)
+    assert plain.spec_acceptance is None and plain.generated == 24
+    assert spec.spec_acceptance is not None and 0 < spec.spec_acceptance <= 1
