@@ -143,11 +143,28 @@ def test_prefix_cache_hybrid_needs_a_snapshot(tmp_path):
     assert llm.scheduler.block_pool.num_cached_blocks > 0  # the pages are cached, the state is not
 
 
+class _RandomDrafts:
+    """Up to `k` random draft tokens after any history: mostly rejected, now and then accepted."""
+
+    def __init__(self, k: int, vocab: int = 512):
+        self.k, self.vocab, self.rng = k, vocab, random.Random(7)
+
+    def propose(self, request_id, token_ids, max_tokens):
+        return [self.rng.randrange(self.vocab) for _ in range(min(self.rng.randint(0, self.k), max_tokens))]
+
+    def forget(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("spec", ["none", "ngram"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
-def test_no_leaks_under_random_aborts(tmp_path, arch):
-    """200 random requests, 30% aborted mid-stream, tight KV (preemptions): all pages and slots come back."""
+def test_no_leaks_under_random_aborts(tmp_path, arch, spec):
+    """200 random requests, 30% aborted mid-stream, tight KV (preemptions): all pages and slots come back;
+    with draft tokens too (random ones: state backups and restores, draft pages, stops inside a run)."""
     path = save_tiny(tiny_hf_model(arch, tied=False, seed=1), tmp_path)
-    llm = LLM(path, max_concurrency=4, kv_capacity=256, prefill_chunk=64, state_snapshots=3)
+    llm = LLM(path, max_concurrency=4, kv_capacity=256, prefill_chunk=64, state_snapshots=3, spec=spec)
+    if spec != "none":
+        llm.scheduler.proposer = _RandomDrafts(3)
     pool, states = llm.scheduler.block_pool, llm.scheduler.state_pool
     free_blocks = pool.num_free_blocks
     free_slots = states.num_free_slots if states else None
@@ -189,3 +206,20 @@ def test_no_leaks_under_random_aborts(tmp_path, arch):
         assert states.num_free_slots == free_slots
     assert llm.runner.sampler.num_live_generators == 0
     assert llm.scheduler.num_preemptions > 0, "the KV pool was meant to run short"
+    if spec != "none":
+        assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_drafts_under_preemption_keep_greedy_output(tmp_path, arch):
+    """A KV pool too small for every request at once preempts and recomputes; with draft tokens verified
+    all along, every request still gets the plain engine's greedy tokens."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, seed=2), tmp_path)
+    prompts = [_prompt(30 + 7 * i, 50 + i) for i in range(5)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    want = LLM(path, max_concurrency=5).generate(prompt_token_ids=prompts, sampling_params=params)
+    llm = LLM(path, max_concurrency=5, kv_capacity=160, prefill_chunk=64, spec="ngram")
+    llm.scheduler.proposer = _RandomDrafts(3)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert llm.scheduler.num_preemptions > 0 and llm.scheduler.num_draft_tokens > 0
