@@ -189,3 +189,25 @@ def test_mtp_with_a_packed_draft_head(mtp_model, tmp_path, kernel_backend):
     assert llm.model.lm_head.qweight is not None and llm.model.draft_head.qweight is not None
     got = llm.generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0]
     assert got.token_ids == plain.token_ids and got.num_draft_tokens > 0
+
+
+def test_prefix_cache_hits_after_drafting_runs_keep_output(mtp_model):
+    """Pages a drafting run completed (the model's KV and the head's, rewritten where drafts were
+    rejected) and its state snapshots serve a follow-up prompt: the tokens equal a cold plain run's, and
+    the head's drafts after the hit equal the reference's."""
+    model, path, tensors = mtp_model
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    llm = LLM(path, spec="mtp", draft_tokens=3)
+    first = llm.generate(prompt_token_ids=PROMPT * 3, sampling_params=params)[0]
+    follow = PROMPT * 3 + first.token_ids + [11, 12, 13]
+    cold = LLM(path, enable_prefix_caching=False).generate(prompt_token_ids=follow, sampling_params=params)[0]
+    rid = llm.add_request(follow, params)
+    out = llm.scheduler.requests[rid]
+    while not out.output_token_ids:  # the prompt's uncached rest, in chunks ending at a snapshot point
+        llm.step()
+    assert out.num_cached_tokens > 0
+    tokens = follow + out.output_token_ids
+    assert llm.scheduler.proposer._drafts[rid][1] == reference_drafts(model, tensors, tokens, 3)
+    while llm.has_unfinished_requests():
+        llm.step()
+    assert out.output_token_ids == cold.token_ids

@@ -231,3 +231,30 @@ def test_drafts_on_cuda_between_graph_steps_keep_greedy_output(model_dir):
     got = _generate(llm, params)
     assert [o.token_ids for o in got] == [r.token_ids for r in reference]
     assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
+
+
+class _EchoDrafts:
+    """Drafts the request's last k tokens again (right where the model repeats itself, wrong elsewhere)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def propose(self, request_id, token_ids, max_tokens):
+        return list(token_ids[-min(self.k, max_tokens) :]) if max_tokens > 0 else []
+
+    def forget(self, request_id):
+        pass
+
+
+def test_prefix_cache_hits_after_drafting_runs_keep_output(model_dir):
+    """Pages and state snapshots a drafting run left behind (rejected drafts' KV overwritten before a page
+    is named) serve a follow-up prompt: its tokens equal a cold plain run's."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    llm = LLM(model_dir, spec="ngram", draft_tokens=3)
+    llm.scheduler.proposer = _EchoDrafts(3)
+    first = _generate(llm, params, [PROMPTS[1]])[0]
+    follow = [PROMPTS[1] + first.token_ids + [11, 12, 13]]
+    again = _generate(llm, params, follow)[0]
+    cold = _generate(LLM(model_dir, enable_prefix_caching=False), params, follow)[0]
+    assert again.num_cached_tokens > 0 and again.token_ids == cold.token_ids
+    assert llm.scheduler.num_draft_tokens > 0
