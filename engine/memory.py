@@ -198,9 +198,10 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
                     f"weight slices dequantized for cuBLAS in prefill chunks of {DEQUANT_MIN_M}+ tokens",
                 )
             )
-        # one graph per batch bucket and query count a sequence (1 .. 1 + draft tokens), one shared pool
+        # one graph per batch bucket and query count a sequence (1 .. 1 + draft tokens), one shared pool;
+        # with the MTP head, one more per bucket for its chained draft step
         buckets = graph_buckets(dep.concurrency)
-        num_graphs = len(buckets) * dep.decode_tokens
+        num_graphs = len(buckets) * (dep.decode_tokens + (dep.spec == "mtp"))
         decode_act = dep.concurrency * dep.decode_tokens * activation_bytes_per_token(cfg, b) + logits
         queries = f" x {dep.decode_tokens} query counts" if dep.decode_tokens > 1 else ""
         rows.append(

@@ -10,7 +10,7 @@ token at p + 1, the token at p + 2. After a step, two things run:
 2. Chained steps of one token a request: the head's own output hidden state stands in for the model's at
    the next position, paired with the draft just made, for up to `num_draft_tokens` drafts. Their KV
    goes to positions the model has not run yet; the next step's pass writes those again with the model's
-   own hidden states.
+   own hidden states. On CUDA these steps replay captured graphs (engine/spec/mtp_graphs.py).
 
 All on the device; the drafts are read back once, at the end.
 """
@@ -28,6 +28,7 @@ class MTPDrafter:
     def __init__(self, model, num_draft_tokens: int, block_size: int, device: torch.device):
         self.model, self.num_draft_tokens = model, num_draft_tokens
         self.block_size, self.device = block_size, device
+        self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/mtp_graphs.ChainGraphs)
 
     def _tensor(self, x, dtype):
         return to_device(x, dtype, self.device)
@@ -45,6 +46,19 @@ class MTPDrafter:
 
     def _slot(self, block_ids: list[int], pos: int) -> int:
         return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]]):
+        """One chained draft a request: (the head's hidden states [n, H], the drafts [n])."""
+        slots = [self._slot(b, p) for b, p in zip(blocks, pos)]
+        if self.graphs is not None and len(pos) <= self.graphs.max_batch:
+            self.graphs.stage(tokens, h, pos, slots, blocks)
+            h, drafts = self.graphs.replay(len(pos), step)
+            return h, drafts.clone()  # the next replay rewrites the graph's outputs
+        model = self.model
+        ctx = self._context(list(range(len(pos) + 1)), [p + 1 for p in pos], slots, blocks)
+        with set_forward_context(ctx):
+            h = model.mtp(self._tensor(pos, torch.int64), model.model.embed_tokens(tokens), h, step)
+        return h, model.draft_logits(h).argmax(-1)
 
     @torch.inference_mode()
     def draft(
@@ -104,16 +118,8 @@ class MTPDrafter:
                 keep = self._tensor(fits, torch.int64)
                 h, tokens = h[keep], tokens[keep]
                 active, pos = [active[i] for i in fits], [pos[i] for i in fits]
-            blocks = [chains[c][0].block_ids for c in active]
-            ctx = self._context(
-                list(range(len(active) + 1)),
-                [p + 1 for p in pos],
-                [self._slot(b, p) for b, p in zip(blocks, pos)],
-                blocks,
-            )
-            with set_forward_context(ctx):
-                h = model.mtp(self._tensor(pos, torch.int64), model.model.embed_tokens(tokens), h, step)
-            steps.append((active, model.draft_logits(h).argmax(-1)))
+            h, drafts = self._chain_step(step, tokens, h, pos, [chains[c][0].block_ids for c in active])
+            steps.append((active, drafts))
         flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}
         i = 0

@@ -30,6 +30,21 @@ log = logging.getLogger("ninfer.graphs")
 WARMUP_RUNS = 2  # eager runs per bucket before capture: Triton compiles its kernels, the allocator settles
 
 
+def capture_graph(forward, pool=None):
+    """Warm `forward` up on a side stream (Triton compiles, the allocator settles), then capture it into a
+    CUDA graph drawing on `pool`: (graph, the outputs its replays rewrite)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = forward()
+    return graph, outputs
+
+
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device, max_query: int = 1):
         self.model = model
@@ -86,15 +101,9 @@ class DecodeGraphs:
         pool = None
         for q in reversed(self.query_counts):
             for b in reversed(self.buckets):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_RUNS):
-                        self._forward(b, q)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.hidden[b, q], self.logits[b, q] = self._forward(b, q)
+                graph, (self.hidden[b, q], self.logits[b, q]) = capture_graph(
+                    lambda b=b, q=q: self._forward(b, q), pool
+                )
                 pool = graph.pool()
                 self.graphs[b, q] = graph
         torch.cuda.synchronize()
@@ -151,13 +160,19 @@ class DecodeGraphs:
         self.graphs[b, q].replay()
         return self.hidden[b, q][: n * q], self.logits[b, q][: n * q]
 
+    def clear(self) -> None:
+        """Drop every captured graph and its outputs (a capture that failed part-way)."""
+        self.graphs.clear()
+        self.hidden.clear()
+        self.logits.clear()
+
     def run_eager(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
         hidden, logits = self._forward(self.bucket_for(n), q)
         return hidden[: n * q], logits[: n * q]
 
 
-def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:
+def captured_or_none(graphs):
     """`graphs` captured, or None (decode runs eagerly) when capturing fails: an op that cannot be captured
     must cost speed, not the start-up. The reason is logged once, with the flag that skips capturing."""
     try:
@@ -167,9 +182,7 @@ def captured_or_none(graphs: DecodeGraphs) -> DecodeGraphs | None:
         log.warning(
             "CUDA graph capture failed (%s); decoding without graphs (--no-cuda-graphs skips it)", reason
         )
-        graphs.graphs.clear()
-        graphs.hidden.clear()
-        graphs.logits.clear()
+        graphs.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return None

@@ -14,6 +14,7 @@ from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
 from engine.spec.mtp import MTPDrafter
+from engine.spec.mtp_graphs import ChainGraphs
 from engine.transfer import to_device
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import ForwardContext, same_query_count, set_forward_context
@@ -79,6 +80,9 @@ class ModelRunner:
                 max_query=1 + engine_config.num_draft_tokens,
             )
             self.graphs = captured_or_none(graphs)
+            if self.drafter is not None and self.graphs is not None:
+                chain = ChainGraphs(model, engine_config.max_concurrency, max_blocks, self.device, dtype)
+                self.drafter.graphs = captured_or_none(chain)
 
     @property
     def kv_cache_bytes(self) -> int:

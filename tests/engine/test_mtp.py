@@ -155,13 +155,14 @@ def test_a_model_without_an_mtp_head_is_refused(tmp_path):
 
 @pytest.mark.gpu
 def test_mtp_drafts_on_cuda_with_graphs(mtp_model):
-    """On a GPU the step replays a CUDA graph that also returns its hidden states; the head drafts from
-    them eagerly, and the drafts equal the CPU's (fp32) while the output is plain decoding's."""
+    """On a GPU the step replays a CUDA graph that also returns its hidden states; the head's pass runs
+    eagerly and its chained steps replay their own graphs; the drafts equal the CPU's (fp32) and the
+    output is plain decoding's."""
     _, path, _ = mtp_model
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     cpu = LLM(path, spec="mtp", draft_tokens=3)
     cuda = LLM(path, spec="mtp", draft_tokens=3, device="cuda", dtype="float32")
-    assert cuda.runner.graphs is not None
+    assert cuda.runner.graphs is not None and cuda.runner.drafter.graphs is not None
     plain = LLM(path, device="cuda", dtype="float32").generate(
         prompt_token_ids=[PROMPT], sampling_params=greedy
     )
@@ -211,3 +212,34 @@ def test_prefix_cache_hits_after_drafting_runs_keep_output(mtp_model):
     while llm.has_unfinished_requests():
         llm.step()
     assert out.output_token_ids == cold.token_ids
+
+
+def test_chained_drafts_through_the_graph_buffers(mtp_model):
+    """The chained steps' CUDA-graph path (static buffers, padding rows, outputs reused across replays) run
+    eagerly here: the drafts still equal the reference's."""
+    from engine.spec.mtp_graphs import ChainGraphs
+
+    class EagerChain(ChainGraphs):
+        replays = 0
+
+        def capture(self):
+            pass
+
+        def replay(self, n, step):
+            EagerChain.replays += 1
+            return self.run_eager(n, step)
+
+    model, path, tensors = mtp_model
+    llm = LLM(path, spec="mtp", draft_tokens=4, enable_prefix_caching=False)
+    llm.runner.drafter.graphs = EagerChain(llm.model, 4, 32, torch.device("cpu"), torch.float32)
+    assert llm.runner.drafter.graphs.buckets == [1, 2, 4]
+    rids = [
+        llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        for p in (PROMPT, PROMPT[3:])
+    ]
+    for _ in range(3):
+        llm.step()
+        for rid in rids:
+            tokens = (PROMPT if rid == rids[0] else PROMPT[3:]) + llm.scheduler.requests[rid].output_token_ids
+            assert llm.scheduler.proposer._drafts[rid][1] == reference_drafts(model, tensors, tokens, 4)
+    assert EagerChain.replays >= 9  # 3 chained steps a step, both requests in the bucket of 2
