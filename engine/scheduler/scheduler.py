@@ -178,7 +178,7 @@ class Scheduler:
         # every step emits one token beyond the drafts it accepts; and a step runs at most 1 + k tokens a
         # request (a hybrid model recomputing accepted tokens drafts fewer), so its shape has a CUDA graph
         most = min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
-        return self.proposer.propose(req.request_id, req.all_token_ids, most) if most > 0 else []
+        return self.proposer.propose(req, most) if most > 0 else []
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
@@ -209,7 +209,7 @@ class Scheduler:
         if num_blocks > have:
             bs = self.block_size
             parent = req.block_hashes[-1] if have else b""
-            tokens = req.all_token_ids[have * bs : num_blocks * bs]
+            tokens = req.token_slice(have * bs, num_blocks * bs)
             req.block_hashes.extend(hash_blocks(tokens, bs, parent))
         return req.block_hashes[:num_blocks]
 
@@ -227,7 +227,7 @@ class Scheduler:
             self._plan_snapshot(req, end, state_saves)
         return ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start:end] + list(drafts),
+            token_ids=req.token_slice(start, end) + list(drafts),
             start_pos=start,
             block_ids=req.block_ids,
             state_slot=req.state_slot,
@@ -238,7 +238,7 @@ class Scheduler:
             else None,
             state_restore=restore,
             draft_token_ids=tuple(drafts),
-            next_token_id=req.all_token_ids[end] if end < req.num_tokens else -1,
+            next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.request import Request
+
 
 class NgramProposer:
     """Per request, its token history in a growing int32 buffer, and draft proposals from it."""
@@ -23,25 +25,25 @@ class NgramProposer:
     def forget(self, request_id: str) -> None:
         self._buffers.pop(request_id, None)
 
-    def _history(self, request_id: str, token_ids: list[int]) -> np.ndarray:
+    def _history(self, req: Request) -> np.ndarray:
         """The request's tokens as an int32 array, appending only what is new since the last call."""
-        buf, n = self._buffers.get(request_id, (np.empty(0, np.int32), 0))
-        total = len(token_ids)
+        buf, n = self._buffers.get(req.request_id, (np.empty(0, np.int32), 0))
+        total = req.num_tokens
         if total < n:  # the history was cut (a stop string dropped tokens): start again
             n = 0
         if total > len(buf):
             grown = np.empty(max(total + 256, 2 * len(buf)), np.int32)
             grown[:n] = buf[:n]
             buf = grown
-        buf[n:total] = token_ids[n:total]
-        self._buffers[request_id] = (buf, total)
+        buf[n:total] = req.token_slice(n, total)
+        self._buffers[req.request_id] = (buf, total)
         return buf[:total]
 
-    def propose(self, request_id: str, token_ids: list[int], max_tokens: int) -> list[int]:
-        """Up to min(num_draft_tokens, max_tokens) tokens to verify after `token_ids`; [] when the last
-        `min_ngram` tokens never occurred before."""
+    def propose(self, req: Request, max_tokens: int) -> list[int]:
+        """Up to min(num_draft_tokens, max_tokens) tokens to verify after the request's tokens; [] when its
+        last `min_ngram` tokens never occurred before."""
         k = min(self.num_draft_tokens, max_tokens)
-        tokens = self._history(request_id, token_ids)
+        tokens = self._history(req)
         n = len(tokens)
         if k <= 0 or n <= self.min_ngram:
             return []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.request import Request
+
 
 class StoredDrafts:
     def __init__(self):
@@ -13,8 +15,8 @@ class StoredDrafts:
     def forget(self, request_id: str) -> None:
         self._drafts.pop(request_id, None)
 
-    def propose(self, request_id: str, token_ids: list[int], max_tokens: int) -> list[int]:
-        """The stored drafts, when they were made for exactly these tokens (a step without a sample since,
-        or a preemption, leaves them stale)."""
-        num_tokens, drafts = self._drafts.get(request_id, (-1, []))
-        return drafts[:max_tokens] if num_tokens == len(token_ids) else []
+    def propose(self, req: Request, max_tokens: int) -> list[int]:
+        """The stored drafts, when they were made for exactly the request's tokens now (a step without a
+        sample since, or a preemption, leaves them stale)."""
+        num_tokens, drafts = self._drafts.get(req.request_id, (-1, []))
+        return drafts[:max_tokens] if num_tokens == req.num_tokens else []

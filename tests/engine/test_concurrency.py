@@ -149,7 +149,7 @@ class _RandomDrafts:
     def __init__(self, k: int, vocab: int = 512):
         self.k, self.vocab, self.rng = k, vocab, random.Random(7)
 
-    def propose(self, request_id, token_ids, max_tokens):
+    def propose(self, req, max_tokens):
         return [self.rng.randrange(self.vocab) for _ in range(min(self.rng.randint(0, self.k), max_tokens))]
 
     def forget(self, request_id):

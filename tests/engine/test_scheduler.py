@@ -235,7 +235,7 @@ class _AlwaysDrafts:
     def __init__(self, k):
         self.k = k
 
-    def propose(self, request_id, token_ids, max_tokens):
+    def propose(self, req, max_tokens):
         return [9] * min(self.k, max_tokens)
 
     def forget(self, request_id):
@@ -256,3 +256,12 @@ def test_drafts_take_only_spare_pages_and_never_preempt():
     # in reserve -> refused
     assert {r.request_id: len(r.draft_token_ids) for r in out.scheduled} == {"a": 3, "b": 0}
     assert s.num_preemptions == 0 and s.block_pool.num_free_blocks == 1
+
+
+def test_token_slice_equals_slicing_the_whole_history():
+    r = req("a", 6)
+    r.output_token_ids = [90, 91, 92]
+    whole = r.all_token_ids
+    for start in range(0, 10):
+        for end in range(start, 11):
+            assert r.token_slice(start, end) == whole[start:end], (start, end)

@@ -33,9 +33,9 @@ class ScriptedDrafts:
     def forget(self, request_id: str) -> None:
         pass
 
-    def propose(self, request_id: str, token_ids: list[int], max_tokens: int) -> list[int]:
-        ref = self.continuations[request_id]
-        drafts = list(ref[len(token_ids) : len(token_ids) + min(self.num_draft_tokens, max_tokens)])
+    def propose(self, req: Request, max_tokens: int) -> list[int]:
+        ref, n = self.continuations[req.request_id], req.num_tokens
+        drafts = list(ref[n : n + min(self.num_draft_tokens, max_tokens)])
         for i in range(len(drafts)):
             self.proposed += 1
             if self.proposed % self.wrong_every == 0:
@@ -150,20 +150,25 @@ def test_greedy_verification_accepts_exactly_the_argmax():
     assert [(t.token_id, t.accepted) for t in out] == [(1, True), (0, False), (2, False)]
 
 
+def _req(rid: str, tokens: list[int], prompt: int = 3) -> Request:
+    """A request holding `tokens`, the first `prompt` of them as its prompt, the rest as its output."""
+    return Request(rid, tokens[:prompt], SamplingParams(), output_token_ids=list(tokens[prompt:]))
+
+
 def test_ngram_proposer_takes_the_latest_longest_match():
     prop = NgramProposer(3, max_ngram=3, min_ngram=2)
     # "1 2" occurs twice before the end; the latest is followed by 9 8 7, and "5 1 2" is longer still
     tokens = [5, 1, 2, 3, 4, 0, 1, 2, 9, 8, 7, 5, 1, 2]
-    assert prop.propose("a", tokens, 3) == [3, 4, 0]
-    assert prop.propose("b", tokens[:-3] + [6, 1, 2], 3) == [9, 8, 7]
-    assert prop.propose("b", tokens[:-3] + [6, 1, 2], 2) == [9, 8]
-    assert prop.propose("c", [1, 2, 3, 4], 3) == []  # nothing repeats
-    assert prop.propose("d", [4, 4, 4, 4], 3) == [4]  # the match ends just before the suffix
+    assert prop.propose(_req("a", tokens), 3) == [3, 4, 0]
+    assert prop.propose(_req("b", tokens[:-3] + [6, 1, 2]), 3) == [9, 8, 7]
+    assert prop.propose(_req("b", tokens[:-3] + [6, 1, 2]), 2) == [9, 8]
+    assert prop.propose(_req("c", [1, 2, 3, 4]), 3) == []  # nothing repeats
+    assert prop.propose(_req("d", [4, 4, 4, 4]), 3) == [4]  # the match ends just before the suffix
     # the history grows in place; a shorter one (tokens taken back) starts again
     grown = [1, 2, 3, 1, 2]
-    assert prop.propose("e", grown, 3) == [3, 1, 2]
-    assert prop.propose("e", grown + [3, 7, 1, 2], 3) == [3, 7, 1]
-    assert prop.propose("e", [8, 9, 8], 3) == []
+    assert prop.propose(_req("e", grown), 3) == [3, 1, 2]
+    assert prop.propose(_req("e", grown + [3, 7, 1, 2]), 3) == [3, 7, 1]
+    assert prop.propose(_req("e", [8, 9, 8]), 3) == []
 
 
 def test_no_drafts_beyond_the_tokens_a_request_may_still_emit(model_dir):
@@ -239,8 +244,8 @@ class _EchoDrafts:
     def __init__(self, k: int):
         self.k = k
 
-    def propose(self, request_id, token_ids, max_tokens):
-        return list(token_ids[-min(self.k, max_tokens) :]) if max_tokens > 0 else []
+    def propose(self, req, max_tokens):
+        return list(req.all_token_ids[-min(self.k, max_tokens) :]) if max_tokens > 0 else []
 
     def forget(self, request_id):
         pass
