@@ -21,7 +21,12 @@ import torch
 
 from engine.scheduler.output import SampledToken, SchedulerOutput
 from engine.transfer import to_device
-from engine.worker.forward_context import ForwardContext, same_query_count, set_forward_context
+from engine.worker.forward_context import (
+    ForwardContext,
+    padded_block_table,
+    same_query_count,
+    set_forward_context,
+)
 
 
 class MTPDrafter:
@@ -34,12 +39,11 @@ class MTPDrafter:
         return to_device(x, dtype, self.device)
 
     def _context(self, cu_seqlens, seq_lens, slot_mapping, tables) -> ForwardContext:
-        width = max(len(t) for t in tables)
         return ForwardContext(
             cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
             seq_lens=self._tensor(seq_lens, torch.int32),
             slot_mapping=self._tensor(slot_mapping, torch.int64),
-            block_table=self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            block_table=self._tensor(padded_block_table(tables), torch.int32),
             state_indices=self._tensor([-1] * len(tables), torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
         )
@@ -48,7 +52,8 @@ class MTPDrafter:
         return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]]):
-        """One chained draft a request: (the head's hidden states [n, H], the drafts [n])."""
+        """One chained draft a request: (the head's hidden states [n, H], the drafts [n]). `blocks` is the
+        same list object for as long as the same requests chain (the graph stages its table once)."""
         slots = [self._slot(b, p) for b, p in zip(blocks, pos)]
         if self.graphs is not None and len(pos) <= self.graphs.max_batch:
             self.graphs.stage(tokens, h, pos, slots, blocks)
@@ -118,7 +123,9 @@ class MTPDrafter:
                 keep = self._tensor(fits, torch.int64)
                 h, tokens = h[keep], tokens[keep]
                 active, pos = [active[i] for i in fits], [pos[i] for i in fits]
-            h, drafts = self._chain_step(step, tokens, h, pos, [chains[c][0].block_ids for c in active])
+            if step == 1 or len(fits) < len(steps[-1][0]):  # a new set of requests: their pages
+                blocks = [chains[c][0].block_ids for c in active]
+            h, drafts = self._chain_step(step, tokens, h, pos, blocks)
             steps.append((active, drafts))
         flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}

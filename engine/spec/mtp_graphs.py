@@ -16,7 +16,7 @@ import logging
 import torch
 
 from engine.memory import graph_buckets
-from engine.worker.cuda_graphs import capture_graph
+from engine.worker.cuda_graphs import capture_graph, stage_block_table
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 log = logging.getLogger("ninfer.graphs")
@@ -37,10 +37,10 @@ class ChainGraphs:
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, layer) -> graph
+        self._staged_rows: list | None = None  # the block rows the table holds (kept alive, so `is` is safe)
         self.outputs: dict[
             tuple[int, int], tuple[torch.Tensor, torch.Tensor]
         ] = {}  # hidden [b, H], drafts [b]
-        self._tables: tuple | None = None  # the block rows staged last (they stay across a chain)
 
     @property
     def max_batch(self) -> int:
@@ -88,7 +88,9 @@ class ChainGraphs:
         slots: list[int],
         block_rows: list[list[int]],
     ) -> int:
-        """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket."""
+        """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket.
+        The block table is staged only for a new `block_rows` object: a chain passes the same one while
+        the same requests draft (their pages do not change during a chain)."""
         n = len(positions)
         b = self.bucket_for(n)
         pad = b - n
@@ -98,13 +100,9 @@ class ChainGraphs:
         self.positions[:b].copy_(host[0])
         self.slot_mapping[:b].copy_(host[1])
         self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in positions] + [1] * pad, dtype=torch.int32))
-        key = (b, tuple((id(row), len(row)) for row in block_rows))
-        if key != self._tables:  # the rows stay for a whole chain unless a request drops out
-            table = torch.zeros(b, self.block_table.shape[1], dtype=torch.int32)
-            for i, row in enumerate(block_rows):
-                table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-            self.block_table[:b].copy_(table)
-            self._tables = key
+        if block_rows is not self._staged_rows:
+            stage_block_table(self.block_table, block_rows, b)
+            self._staged_rows = block_rows
         return b
 
     def replay(self, n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

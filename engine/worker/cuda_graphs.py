@@ -45,6 +45,14 @@ def capture_graph(forward, pool=None):
     return graph, outputs
 
 
+def stage_block_table(buffer: torch.Tensor, rows: list[list[int]], b: int) -> None:
+    """The first b rows of a graph's block-table buffer: each row's pages, then page 0 (padding rows too)."""
+    table = torch.zeros(b, buffer.shape[1], dtype=torch.int32)
+    for i, row in enumerate(rows):
+        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    buffer[:b].copy_(table)
+
+
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device, max_query: int = 1):
         self.model = model
@@ -147,10 +155,7 @@ class DecodeGraphs:
         small = small.view(2, b)
         self.seq_lens[:b].copy_(small[0])
         self.state_indices[:b].copy_(small[1])
-        table = torch.zeros(b, self.block_table.shape[1], dtype=torch.int32)
-        for i, row in enumerate(block_rows):
-            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        self.block_table[:b].copy_(table)
+        stage_block_table(self.block_table, block_rows, b)
         return b
 
     def replay(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,12 @@ class ForwardContext:
     query_tokens_per_seq: int = 0
 
 
+def padded_block_table(rows: list[list[int]]) -> list[list[int]]:
+    """Each sequence's pages, padded with page 0 to the longest row: block_table's host form."""
+    width = max(len(r) for r in rows)
+    return [r + [0] * (width - len(r)) for r in rows]
+
+
 def same_query_count(cu_seqlens: list[int]) -> int:
     """Every sequence's query tokens when all have the same count, else 0 (query_tokens_per_seq)."""
     counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}

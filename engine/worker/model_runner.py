@@ -17,7 +17,12 @@ from engine.spec.mtp import MTPDrafter
 from engine.spec.mtp_graphs import ChainGraphs
 from engine.transfer import to_device
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
-from engine.worker.forward_context import ForwardContext, same_query_count, set_forward_context
+from engine.worker.forward_context import (
+    ForwardContext,
+    padded_block_table,
+    same_query_count,
+    set_forward_context,
+)
 
 
 class ModelRunner:
@@ -181,8 +186,7 @@ class ModelRunner:
 
     def _forward(self, sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices):
         """The model's eager forward over the step: final-normed hidden states [T, H]."""
-        max_blocks = max(len(r.block_ids) for r in sched.scheduled)
-        block_table = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in sched.scheduled]
+        block_table = padded_block_table([r.block_ids for r in sched.scheduled])
 
         def tensor(x, dtype):
             return to_device(x, dtype, self.device)
