@@ -40,6 +40,7 @@ class CausalLM(Module):
         self.config = config
         # the multi-token-prediction head, when built (spec mtp); otherwise a checkpoint's mtp.* is skipped
         self.mtp: Module | None = None
+        self.draft_head: Linear | None = None  # lm_head's first rows for the MTP drafts (lm_head_draft)
 
     def build_mtp(self) -> None:
         """Add the MTP head (spec mtp), before the weights load; models without one refuse."""
@@ -54,16 +55,16 @@ class CausalLM(Module):
         if num_tokens >= self.config.vocab_size:
             return
         params = {id(p): n for n, p in self.named_parameters()}
-        bits = getattr(self, "weight_bits", {})
         source = params.get(id(self.lm_head.weight)) if self.lm_head.weight is not None else None
         self.draft_head = self.lm_head.first_rows(num_tokens)
-        if source is not None and source in bits:
-            bits["draft_head.weight"] = bits[source]
+        if source in self.weight_bits:
+            self.weight_bits["draft_head.weight"] = self.weight_bits[source]
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [B, hidden] -> [B, V'] fp32: the whole vocabulary, or the draft head's first V' token ids
-        head = getattr(self, "draft_head", None)
-        return self.compute_logits(hidden) if head is None else head(hidden).float()
+        if self.draft_head is None:
+            return self.compute_logits(hidden)
+        return self.draft_head(hidden).float()
 
     def make_lm_head(self, embed: Embedding) -> None:
         """Call after the decoder is built, so a tied head's weight is named after the embedding."""

@@ -100,7 +100,7 @@ class Sampler:
                     )
                     apply_penalties(logits[i], p, *histories[i])
         token_ids = logits.argmax(dim=-1)  # [R]
-        drafted = [i for i in range(num_rows) if draft_ids is not None and draft_ids[i] >= 0]
+        drafted = draft_ids is not None and any(d >= 0 for d in draft_ids)
         drafts = to_device(draft_ids, torch.long, device) if drafted else None  # [R], -1 = none
         accepted = token_ids == drafts if drafted else None  # [R] bool (greedy rows)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]

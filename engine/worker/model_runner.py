@@ -232,8 +232,7 @@ class ModelRunner:
                 drafted = list(r.draft_token_ids[:k])
                 histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
-        spec = any(r.draft_token_ids for r in sampling)
-        sampled = self.sampler(logits, request_ids, params, histories, draft_ids if spec else None)
+        sampled = self.sampler(logits, request_ids, params, histories, draft_ids)
         out, restores, i = {}, [], 0
         for r in sampling:
             rows_of_r = sampled[i : i + len(r.draft_token_ids) + 1]
