@@ -27,6 +27,8 @@ from engine.cache.kv_layout import KVCache
 from engine.quant.groupwise import quantize
 from kernels.conv1d import triton as conv1d_triton
 from kernels.gated_delta import triton as gated_delta_triton
+from kernels.int8_act import triton as int8_act_triton
+from kernels.int8_matmul import triton as int8_matmul_triton
 from kernels.kv_store import triton as kv_store_triton
 from kernels.paged_attention import num_decode_splits
 from kernels.paged_attention import triton as attention
@@ -332,6 +334,31 @@ def main() -> None:
                     )
                     path = "dequant + cuBLAS" if dq else "fused"
                     record(f"W{bits}A16 GEMM, {path}", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+            # --int8-prefill: x quantized per (token, group) and the int8 tensor-core GEMM (what the engine
+            # runs for such a chunk), and the GEMM alone; % peak is of the bf16 peak (int8's is twice it)
+            for m in (512, 2048):
+                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                xq = int8_act_triton.quantize_act(x, 128)
+                out = torch.empty(m, 17408, device=DEVICE, dtype=bf)
+                t = bench(
+                    lambda x=x, p=packed, s=scales, z=mins, b=bits, o=out: int8_matmul_triton.int8_matmul(
+                        *int8_act_triton.quantize_act(x, 128), p, s, z, b, 128, o
+                    )
+                )
+                record(
+                    f"W{bits}A8 GEMM, quantize + int8", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120
+                )
+                t = bench(
+                    lambda xq=xq, p=packed, s=scales, z=mins, b=bits, o=out: int8_matmul_triton.int8_matmul(
+                        *xq, p, s, z, b, 128, o
+                    )
+                )
+                record(f"W{bits}A8 GEMM, int8 alone", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+            x = torch.randn(2048, 17408, device=DEVICE, dtype=bf)  # the down projection's input: K = 17408
+            t = bench(lambda x=x: int8_act_triton.quantize_act(x, 128))
+            record(
+                "int8 activations (quantize_act)", "2048x17408", t, bytes_moved=x.numel() * 3 + 2048 * 136 * 8
+            )
         # the dequantization alone: one slice of the scratch (packed codes, scales, minimums in; bf16 out)
         qt, packed, scales, mins = up_proj(4)
         rows = quant_dequant.slice_rows(17408, 5120, 2)
@@ -429,6 +456,40 @@ def main() -> None:
                     record(name, f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
         finally:
             quant_dequant.DEQUANT_SCRATCH_BYTES = default_scratch
+        # the int8 prefill GEMM's tiles (defaults 128 x 64, 8 warps, 3 stages: the fewest loop instructions
+        # without spills in scripts/cuda_compile_check.py) for 4- and 6-bit weights
+        for bits in (4, 6):
+            weight = up_proj(bits)[1:]  # packed, scales, minimums
+            x = torch.randn(2048, 5120, device=DEVICE, dtype=bf)
+            xq = int8_act_triton.quantize_act(x, 128)
+            out = torch.empty(2048, 17408, device=DEVICE, dtype=bf)
+            for block_m, block_n, warps, stages in (
+                (128, 64, 8, 3),
+                (128, 64, 8, 4),
+                (64, 64, 4, 3),
+                (64, 128, 4, 3),
+                (128, 128, 8, 3),
+                (64, 256, 8, 3),
+            ):
+                t = bench(
+                    lambda bm=block_m, bn=block_n, w=warps, st=stages, xq=xq, wt=weight, b=bits, o=out: (
+                        int8_matmul_triton.int8_matmul(
+                            *xq,
+                            *wt,
+                            b,
+                            128,
+                            o,
+                            block_m=bm,
+                            block_n=bn,
+                            num_warps=w,
+                            num_stages=st,
+                        )
+                    )
+                )
+                name = (
+                    f"sweep W{bits}A8 GEMM block_m={block_m} block_n={block_n} warps={warps} stages={stages}"
+                )
+                record(name, "M=2048, 17408x5120", t, flops=2 * 2048 * 17408 * 5120)
         q, cache, table, seq_lens, cu = prefill_case()
         for block_m in (32, 64, 128):
             for block_n in (32, 64):

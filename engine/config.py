@@ -197,6 +197,9 @@ class EngineConfig:
     # lists tokens in merge order, the most frequent first); 0 = the whole lm_head. Verification always
     # uses the whole head, so output is unchanged; only the drafts' cost (and reach) shrink
     lm_head_draft: int = 0
+    # prefill-sized matmuls of packed 4/6/8-bit weights multiply int8 activations (quantized per token and
+    # weight group) on the int8 tensor cores (kernels/int8_matmul); decode keeps 16-bit activations
+    int8_prefill: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

@@ -43,6 +43,7 @@ class Deployment:
     spec: str = "none"
     draft_tokens: int = 0
     vision: bool = False
+    int8_prefill: bool = False  # prompt chunks multiply int8 activations (packed weights on a GPU)
     state_snapshots: int | None = None  # None: 2 x concurrency, the engine's default
     dtype_bytes: int = 2
     block_size: int = 16
@@ -190,7 +191,16 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         )
     if dep.device.startswith("cuda"):
         rows.append(Row(CUDA_CONTEXT, CUDA_CONTEXT_BYTES + LIBRARY_WORKSPACE_BYTES, "driver context, cuBLAS"))
-        if dep.packed_weights and dep.prefill_chunk >= DEQUANT_MIN_M:
+        if dep.packed_weights and dep.int8_prefill:
+            k = max(cfg.hidden_size, cfg.intermediate_size)
+            rows.append(
+                Row(
+                    "int8 activations",
+                    int8_activation_bytes(dep.prefill_chunk, k),
+                    f"a prompt chunk's int8 codes, scales and sums at {k:,} columns",
+                )
+            )
+        elif dep.packed_weights and dep.prefill_chunk >= DEQUANT_MIN_M:
             rows.append(
                 Row(
                     "dequant scratch",
@@ -216,6 +226,12 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
     return Ledger(tuple(rows))
 
 
+def int8_activation_bytes(tokens: int, k: int) -> int:
+    """kernels.quantize_act's output for `tokens` rows of k columns: a code a column, and a scale and a sum
+    (8 bytes) a group of 32 or more."""
+    return tokens * (k + 8 * math.ceil(k / 32))
+
+
 def graph_buckets(max_batch: int) -> list[int]:
     """Decode batch sizes captured as CUDA graphs: powers of two up to the most requests a step runs."""
     sizes, n = [], 1
@@ -232,6 +248,11 @@ def validate(dep: Deployment) -> None:
         raise NinferError("this model has no MTP head; use --spec ngram or --spec none")
     if dep.spec != "none" and dep.draft_tokens < 1:
         raise NinferError(f"--spec {dep.spec} needs --draft-tokens 1 or more (e.g. 3)")
+    if dep.int8_prefill and not dep.packed_weights:
+        raise NinferError(
+            "--int8-prefill multiplies packed 4/6/8-bit weights and these are 16-bit; use a quantized "
+            "recipe (e.g. --recipe q4.6) or drop --int8-prefill"
+        )
     if dep.vision and not dep.config.vision_config:
         raise NinferError("this model has no vision tower; drop --vision")
     if dep.concurrency < 1 or dep.context < 1:

@@ -25,6 +25,8 @@ from kernels.conv1d import naive as _conv1d_naive
 from kernels.conv1d import native as _conv1d_native
 from kernels.gated_delta import naive as _gated_delta_naive
 from kernels.gated_delta import native as _gated_delta_native
+from kernels.int8_act import naive as _int8_act_naive
+from kernels.int8_matmul import naive as _int8_matmul_naive
 from kernels.kv_store import naive as _kv_store_naive
 from kernels.kv_store import native as _kv_store_native
 from kernels.paged_attention import naive as _paged_attention_naive
@@ -41,10 +43,12 @@ from kernels.silu_mul import native as _silu_mul_native
 __all__ = [
     "causal_conv1d",
     "gated_delta_rule",
+    "int8_matmul",
     "kv_store",
     "paged_attention",
     "quant_embedding",
     "quant_matmul",
+    "quantize_act",
     "rmsnorm",
     "rmsnorm_gated",
     "rope",
@@ -156,3 +160,13 @@ def quant_matmul(x, packed, scales, minimums, bits, group_size, out=None):
 def quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype):
     impl = _triton("quant_embedding") if use_triton(packed) else _quant_embedding_naive
     return impl.quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype)
+
+
+def quantize_act(x, group_size):
+    impl = _triton("int8_act") if use_triton(x) else _int8_act_naive
+    return impl.quantize_act(x, group_size)
+
+
+def int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group_size, out):
+    impl = _triton("int8_matmul") if use_triton(codes) else _int8_matmul_naive
+    return impl.int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group_size, out)

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
@@ -57,6 +58,7 @@ def bench(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    int8_prefill: Int8Prefill = False,
     model_config: Annotated[
         str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
     ] = None,
@@ -109,6 +111,7 @@ def bench(
             spec,
             draft_tokens,
             lm_head_draft,
+            int8_prefill,
             model_config,
             peak_bw,
             peak_tflops,
@@ -138,6 +141,7 @@ class _Options:
     spec: str
     draft_tokens: int
     lm_head_draft: bool
+    int8_prefill: bool
     model_config: str | None
     peak_bw: float | None
     peak_tflops: float | None
@@ -163,6 +167,7 @@ def _run(o: _Options) -> None:
         "spec": o.spec,
         "draft_tokens": o.draft_tokens if o.spec != "none" else 0,
         "lm_head_draft": o.lm_head_draft,
+        "int8_prefill": o.int8_prefill,
     }
     if o.url:
         driver = OverHttp(o.url, o.api_key, o.served)
@@ -198,6 +203,7 @@ def _run(o: _Options) -> None:
             kv_capacity=longest * max(o.concurrencies),
             prefill_chunk=max(2048, max(o.concurrencies)),
             **spec_options(o.spec, o.draft_tokens, o.lm_head_draft),
+            int8_prefill=o.int8_prefill,
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")

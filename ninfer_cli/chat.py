@@ -11,6 +11,7 @@ from rich.console import Console
 from engine.config import DTYPES
 from engine.errors import NinferError
 from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
 HELP_LINE = (
@@ -60,6 +61,7 @@ def chat(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    int8_prefill: Int8Prefill = False,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -83,6 +85,7 @@ def chat(
             max_context=max_context,
             max_concurrency=1,
             **spec_options(spec, draft_tokens, lm_head_draft),
+            int8_prefill=int8_prefill,
         )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout

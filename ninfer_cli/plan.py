@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.sizes import parse_size
 
 GIB = 1 << 30
@@ -39,6 +40,7 @@ def plan(
     spec: Annotated[str, typer.Option(help="Speculative decoding: none, mtp, ngram.")] = "none",
     draft_tokens: Annotated[int, typer.Option(help="Draft tokens per step with --spec.")] = 3,
     vision: Annotated[bool, typer.Option("--vision", help="Load the vision tower too.")] = False,
+    int8_prefill: Int8Prefill = False,
     recipe: Annotated[
         str | None,
         typer.Option(help="Weights as q4.6, w4g128, w6g128, w8g128 or bf16 (default: the artifact's)."),
@@ -83,6 +85,7 @@ def plan(
         spec=spec,
         draft_tokens=draft_tokens if spec_on else 0,
         vision=vision,
+        int8_prefill=int8_prefill,
     )
     validate(dep)
     table = frontier(dep, device)
@@ -108,10 +111,11 @@ def plan(
 def serve_line(model_arg: str, dep) -> str:
     # the vision tower is budgeted here but not run by serve yet
     spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
+    int8 = " --int8-prefill" if dep.int8_prefill else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
-        f"--prefill-chunk {dep.prefill_chunk}{spec}"
+        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}"
     )
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from ninfer_cli.errors import exits_cleanly
+from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
@@ -57,6 +58,7 @@ def serve(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    int8_prefill: Int8Prefill = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -82,6 +84,7 @@ def serve(
         prefill_chunk=prefill_chunk,
         cuda_graphs=cuda_graphs,
         **spec_options(spec, draft_tokens, lm_head_draft),
+        int8_prefill=int8_prefill,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

@@ -264,6 +264,24 @@ def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: 
     dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
 
 
+def case_quantize_act(dtype: str, m: int = 2048, k: int = 17408, group: int = 128):
+    """A prefill chunk's activations quantized to int8 per (token, group) for the int8 matmul."""
+    _op("int8_act").quantize_act(_randn(m, k, dtype=DTYPES[dtype]), group)
+
+
+def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
+    """The int8 prefill matmul: case_quant_matmul's weight layouts times int8 codes of x per (row, group)."""
+    groups = k // group
+    scales = torch.rand(n, groups).half()
+    width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
+    packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+    minimums = None if bits == 8 else -scales
+    codes = torch.zeros(m, k, dtype=torch.int8)
+    x_scales, x_sums = torch.rand(m, groups), torch.zeros(m, groups, dtype=torch.int32)
+    out = torch.empty(m, n, dtype=DTYPES[dtype])
+    _op("int8_matmul").int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group, out)
+
+
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
     """A packed table (any width), rows dequantized on lookup."""
     scales = torch.rand(vocab, dim // 128).half()
@@ -326,6 +344,13 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_dequantize, bits=bits, dtype="bf16")
     add(case_dequantize, bits=4, dtype="fp16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
+    for dtype in DTYPES:
+        add(case_quantize_act, dtype=dtype)
+    for bits in (4, 6, 8):  # the int8 prefill path: a short chunk (64-row tiles) and a long one (128)
+        for m in (48, 2048):
+            add(case_int8_matmul, bits=bits, m=m, dtype="bf16")
+    add(case_int8_matmul, bits=4, m=2048, dtype="fp16")
+    add(case_int8_matmul, bits=4, m=2048, dtype="bf16", n=576, k=1536, group=32)  # a GGUF's Q4 blocks
     return out
 
 

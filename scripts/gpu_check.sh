@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in the order of what a short lease must not miss: the kernel microbenchmark table first
-# (the acceptance figures: decode attention and the W4A16 GEMV against HBM bandwidth), then the kernel,
+# (the acceptance figures: decode attention and the W4A16 GEMV against HBM bandwidth; the int8 prefill GEMM
+# beside the 16-bit paths at prompt-chunk shapes), then the kernel,
 # parity and CUDA-graph tests on the GPU (parallel where pytest-xdist is installed), decode with and without
 # CUDA graphs (dense and hybrid), the memory ledger against the device (serve's --kv-capacity auto), and a
 # short `ninfer bench` with NVML telemetry and n-gram speculative decoding against plain decoding when the
@@ -47,7 +48,7 @@ parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
-  tests/engine/test_mtp.py \
+  tests/engine/test_mtp.py tests/engine/test_int8_prefill.py \
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5

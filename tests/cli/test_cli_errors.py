@@ -85,3 +85,15 @@ def test_bad_sampling_flag():
     code, out = _run("chat", "--prompt", "hi", "--top-p", "1.5")
     assert code == 2
     assert "top_p" in out
+
+
+@pytest.mark.parametrize("command", ["chat", "bench"])
+def test_int8_prefill_without_packed_weights_is_one_line(tiny_dir, command):
+    """The flag reaches the engine from chat and bench; on the CPU a quantized model is dequantized at load
+    (the embedded GGUF), an HF checkpoint is not quantized at all: both refused before loading."""
+    extra = ["--prompt", "hi"] if command == "chat" else ["--ctx", "64", "--concurrency", "1", "--gen", "2"]
+    code, out = _run(command, "--int8-prefill", *extra)
+    assert code == 2 and out.count("\n") == 1, out
+    assert "dequantized at load (use --device cuda)" in out and "drop --int8-prefill" in out
+    code, out = _run(command, str(tiny_dir), "--int8-prefill", *extra)
+    assert code == 2 and "not quantized" in out, out

@@ -61,6 +61,16 @@ def test_ngram_plan_budgets_state_backups_and_serves_with_drafts():
     assert "serve does not run" not in out
 
 
+def test_int8_prefill_plan_budgets_the_chunks_codes_and_serves_with_the_flag():
+    code, out = _plan_27b_3090("--concurrency", "2", "--int8-prefill")
+    assert code == 0, out
+    assert "int8 activations" in out and "17,408 columns" in out and "dequant scratch" not in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert line.endswith("--prefill-chunk 2048 --int8-prefill")
+    code, plain = _plan_27b_3090("--concurrency", "2")
+    assert "dequant scratch" in plain and "int8 activations" not in plain
+
+
 def test_json_and_refusal_exit_2_with_three_ways_out():
     code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "250k", "--kv-dtype", "int8", "--json"])
     assert code == 2
@@ -121,6 +131,7 @@ def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
         (["--model", "qwen3-8b", "--vram", "24G", "--sm", "x"], "--sm 'x' is not a compute capability"),
         (["--model", "qwen3-8b", "--vram", "24G", "--kv-dtype", "int3"], "unknown KV dtype 'int3'"),
         (["--model", "qwen3-8b", "--vram", "24G", "--sm", "86", "--kv-dtype", "fp8"], "fp8 KV needs compute"),
+        (["--model", "qwen3-8b", "--vram", "24G", "--recipe", "bf16", "--int8-prefill"], "these are 16-bit"),
     ],
 )
 def test_bad_input_is_one_line(args, message):

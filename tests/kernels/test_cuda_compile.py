@@ -128,7 +128,13 @@ def test_streaming_loops_stay_inside_their_instruction_budget(compiled):
         )
 
 
-STREAMING_KERNELS = ("_decode_kernel", "_prefill_kernel", "_quant_matmul_kernel", "_chunk_scan_kernel")
+STREAMING_KERNELS = (
+    "_decode_kernel",
+    "_prefill_kernel",
+    "_quant_matmul_kernel",
+    "_chunk_scan_kernel",
+    "_int8_matmul_kernel",
+)
 # two pipeline stages where three would not fit the target: fp32 KV caches and the gated delta scan on
 # 99 KB consumer GPUs (kernels/paged_attention/triton._num_stages, kernels/gated_delta/triton._chunked)
 TWO_STAGES_ALLOWED = re.compile(r"attention\[\w+,fp32,|gated_delta_rule\[prefill,")
@@ -159,6 +165,21 @@ def test_streaming_loops_keep_copies_in_flight(compiled, arch):
     if arch == 90:  # an H200 holds the scan's three stages
         scans = [k for case, k in loops if k["kernel"] == "_chunk_scan_kernel"]
         assert scans and all(k["num_stages"] == 3 for k in scans)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_int8_matmul_uses_tensor_cores_without_spilling(compiled, arch):
+    """The int8 prefill matmul's integer products compile to tensor-core instructions (mma.sync on SM 8.6,
+    wgmma on 9.0) in tiles whose unpacked weights, integer products and fp32 totals fit the registers
+    (128 x 128 tiles spilled hundreds of bytes; a 6-bit tile on SM 8.6 spills 4 bytes)."""
+    kernels = [
+        k for r in compiled[arch][1]["results"] for k in r["kernels"] if k["kernel"] == "_int8_matmul_kernel"
+    ]
+    assert len(kernels) >= 6
+    assert all(k["mma"] == (3 if arch == 90 else 2) for k in kernels)
+    assert all(k["spill_bytes"] <= (0 if arch == 90 else 8) for k in kernels), [
+        k["spill_bytes"] for k in kernels
+    ]
 
 
 _DETECTOR = """
