@@ -9,11 +9,12 @@ import torch
 import kernels
 from engine.layers.linear import Linear
 from engine.quant.groupwise import QuantizedTensor
+from engine.worker.forward_context import current_forward_context
 from kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
 from kernels.quant_matmul import GEMV_MAX_M, MIN_GROUP
 
-# rows of x from which --int8-prefill multiplies int8 activations (kernels/int8_matmul); up to GEMV_MAX_M
-# rows (decode, verification) the weight-streaming GEMV keeps 16-bit activations: it is bandwidth-bound
+# rows of x from which --int8-prefill multiplies int8 activations (kernels/int8_matmul) in a prompt step; up
+# to GEMV_MAX_M rows the weight-streaming GEMV keeps 16-bit activations: it is bandwidth-bound
 INT8_MIN_ROWS = GEMV_MAX_M + 1
 
 QuantizedActivations = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # kernels.quantize_act's result
@@ -67,7 +68,13 @@ class GroupwiseWeight:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def takes_int8(self, x: torch.Tensor) -> bool:
-        return 0 < self.int8_min_rows <= x.shape[0]
+        """--int8-prefill: x has INT8_MIN_ROWS+ rows inside a step that carries a prompt chunk (decode and
+        draft verification keep 16-bit activations even with many rows, so drafts verify exactly as
+        plain decoding computes; so does the head over a step's sampled rows, run outside the forward)."""
+        if not 0 < self.int8_min_rows <= x.shape[0]:
+            return False
+        ctx = current_forward_context()
+        return ctx is not None and ctx.int8_activations
 
     def __call__(
         self, x: torch.Tensor, out: torch.Tensor | None = None, xq: QuantizedActivations | None = None

@@ -21,6 +21,10 @@ class ForwardContext:
     # host int: the query tokens of every sequence when all have the same count (1 in decode, k + 1 when
     # verifying k drafts), else 0; lets attention pick its decode kernel without reading cu_seqlens_q
     query_tokens_per_seq: int = 0
+    # host bool: the step carries a prompt chunk (a request runs more than 1 + draft tokens known tokens),
+    # so --int8-prefill's weights may multiply int8 activations; decode and verification steps, the
+    # graphs' and the MTP head's keep 16-bit activations (engine/quant/layer.GroupwiseWeight.takes_int8)
+    int8_activations: bool = False
 
 
 def padded_block_table(rows: list[list[int]]) -> list[list[int]]:
@@ -40,6 +44,11 @@ _CONTEXT: ForwardContext | None = None
 
 def get_forward_context() -> ForwardContext:
     assert _CONTEXT is not None, "a layer ran outside of set_forward_context()"
+    return _CONTEXT
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The step's context, or None outside any forward (the head over a step's sampled rows, say)."""
     return _CONTEXT
 
 

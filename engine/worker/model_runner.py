@@ -41,6 +41,9 @@ class ModelRunner:
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
+        # the most known tokens a request runs in a decode step (its last one, or a hybrid model's accepted
+        # tokens recomputed); more is a prompt chunk
+        self.max_query = 1 + engine_config.num_draft_tokens
         self.sampler = Sampler()
         dtype = engine_config.torch_dtype
         for module in model.modules():
@@ -82,7 +85,7 @@ class ModelRunner:
                 engine_config.max_concurrency,
                 max_blocks,
                 self.device,
-                max_query=1 + engine_config.num_draft_tokens,
+                max_query=self.max_query,
             )
             self.graphs = captured_or_none(graphs)
             if self.drafter is not None and self.graphs is not None:
@@ -198,6 +201,7 @@ class ModelRunner:
             block_table=tensor(block_table, torch.int32),
             state_indices=tensor(state_indices, torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
+            int8_activations=any(r.num_known_tokens > self.max_query for r in sched.scheduled),
         )
         with set_forward_context(ctx):
             return self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]

@@ -44,13 +44,21 @@ def test_prompt_chunks_take_int8_activations_and_decode_does_not(
     real = kernels.int8_matmul
     monkeypatch.setattr(kernels, "int8_matmul", lambda codes, *a: calls.append(len(codes)) or real(codes, *a))
     a16 = LLM(artifacts[arch, recipe], device=DEVICE, weight_quant="none")
-    a8 = LLM(artifacts[arch, recipe], device=DEVICE, weight_quant="none", int8_prefill=True)
+    a8 = LLM(
+        artifacts[arch, recipe],
+        device=DEVICE,
+        weight_quant="none",
+        int8_prefill=True,
+        max_concurrency=INT8_MIN_ROWS + 1,
+    )
     weights = packed_weights(a8.model)
     assert weights and all(w.int8_min_rows == INT8_MIN_ROWS for w in weights)
     assert not any(w.int8_min_rows for w in packed_weights(a16.model))
     want, got = sequence_logprobs(a16, PROMPT), sequence_logprobs(a8, PROMPT)
-    # every prompt product took the int8 path (the head too: all 40 positions are scored here)
+    # every prompt product took the int8 path (the head, run after the forward as for a step's sampled
+    # rows, did not)
     assert calls and set(calls) == {len(PROMPT)}
+    assert len(calls) == len(packed_weights(a8.model)) - 1  # lm_head
     # int8 activations per (token, group of 128) move the next-token distribution a little: KL 0.006-0.008
     # nats on average, ~150x less than the 4-bit weights themselves move it from the source (~1.2 on these
     # random tiny models)
@@ -58,12 +66,15 @@ def test_prompt_chunks_take_int8_activations_and_decode_does_not(
     assert kl.mean() < 2e-2 and kl.max() < 0.1, kl
     assert (want.argmax(-1) == got.argmax(-1)).float().mean() >= 0.9
     calls.clear()
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    out = a8.generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
-    assert len(out.token_ids) == 5
-    # the prompt's chunks went int8 (a hybrid's may be split at a state snapshot: chunks of under
-    # INT8_MIN_ROWS rows and the head's last-position row take the GEMV), the one-row decode steps did not
-    assert calls and all(INT8_MIN_ROWS <= m <= len(PROMPT) for m in calls)
+    # 18 requests at once: after the prompt step(s), decode steps of 18 rows, more than INT8_MIN_ROWS
+    n = INT8_MIN_ROWS + 1
+    prompts = [[7 + i, *PROMPT[: 2 + i]] for i in range(n)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    outs = a8.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert all(len(o.token_ids) == 3 for o in outs)
+    # the prompt chunks went int8 (a hybrid's may be split at state snapshots), the decode steps did not
+    # however many rows they had
+    assert calls and all(m > n for m in calls), calls
 
 
 def test_int8_prefill_is_refused_where_weights_are_not_packed(artifacts, tmp_path, kernel_backend):
@@ -73,3 +84,23 @@ def test_int8_prefill_is_refused_where_weights_are_not_packed(artifacts, tmp_pat
     kernel_backend("naive")  # a CPU run dequantizes a .ninfer at load
     with pytest.raises(NinferError, match="dequantized at load .*--device cuda"):
         LLM(artifacts["llama", "w4g128"], int8_prefill=True)
+
+
+def test_drafts_verify_on_16_bit_activations_as_plain_decoding(artifacts, kernel_backend):
+    """With --int8-prefill, 5 requests verify 1 + 3 tokens each (20 rows, past INT8_MIN_ROWS) in 16-bit
+    activations, as their plain decode steps run: the same greedy tokens. Drafts: the plain run's own
+    continuation, every 3rd one wrong (tests/engine/test_spec_decode.py's scripted proposer)."""
+    from test_spec_decode import ScriptedDrafts
+
+    kernel_backend("triton")
+    path = artifacts["llama", "w4g128"]
+    prompts = [[9 + i, *PROMPT[: 5 + i]] for i in range(5)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    options = dict(device=DEVICE, weight_quant="none", int8_prefill=True, max_concurrency=5)
+    plain = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=params)
+    drafting = LLM(path, spec="ngram", draft_tokens=3, **options)
+    full = {f"req-{i}": p + o.token_ids for i, (p, o) in enumerate(zip(prompts, plain))}
+    drafting.scheduler.proposer = ScriptedDrafts(full, 3, 3)
+    got = drafting.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert drafting.scheduler.num_accepted_tokens > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
