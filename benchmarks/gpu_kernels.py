@@ -135,9 +135,9 @@ PREFILL_TOKENS = 8192
 PREFILL_FLOPS = 2 * 2 * 24 * 256 * PREFILL_TOKENS * PREFILL_TOKENS / 2  # QK^T and PV, causal half
 
 
-def prefill_case():
-    """8K new tokens of one sequence, causal, bf16 KV: (q, cache, block_table, seq_lens, cu_seqlens)."""
-    _, cache, table, seq_lens = decode_case("bf16", PREFILL_TOKENS)
+def prefill_case(kv_dtype: str = "bf16"):
+    """8K new tokens of one sequence, causal: (q, cache, block_table, seq_lens, cu_seqlens)."""
+    _, cache, table, seq_lens = decode_case(kv_dtype, PREFILL_TOKENS)
     q = torch.randn(PREFILL_TOKENS, 24, 256, device=DEVICE, dtype=torch.bfloat16)
     return q, cache, table, seq_lens, torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device=DEVICE)
 
@@ -381,6 +381,17 @@ def main() -> None:
         q, cache, table, seq_lens, cu = prefill_case()
         t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
         record("prefill attention bf16", "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
+        # quantized caches, with and without --int8-prefill's int8 queries (integer QK products)
+        for kv in ("int8", "k8v4"):
+            q, cache, table, seq_lens, cu = prefill_case(kv)
+            for int8q in (False, True):
+                t = bench(
+                    lambda q=q, c=cache, tb=table, sl=seq_lens, cu=cu, i=int8q: attention.paged_attention(
+                        q, c, tb, sl, cu, 0.0625, int8_queries=i
+                    )
+                )
+                name = f"prefill attention {kv}" + (", int8 queries" if int8q else "")
+                record(name, "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
 
     def sweeps():
         """Tile, split and warp choices around the defaults of the three kernels the acceptance figures

@@ -139,14 +139,26 @@ def kv_store(k, v, cache, slot_mapping):
     return _kv_store_naive.kv_store(k, v, cache, slot_mapping)
 
 
-def paged_attention(q, cache, block_table, seq_lens, cu_seqlens_q, scale, query_tokens_per_seq=0):
+def paged_attention(
+    q, cache, block_table, seq_lens, cu_seqlens_q, scale, query_tokens_per_seq=0, int8_queries=False
+):
     """query_tokens_per_seq: every sequence's query count when equal (a host int; 0 = not known), so the
-    Triton path can verify draft tokens in its split-K decode kernel; the CPU twins read cu_seqlens_q."""
+    Triton path can verify draft tokens in its split-K decode kernel; the CPU twins read cu_seqlens_q.
+    int8_queries (--int8-prefill): over an int8 / k8v4 cache the prefill kernel multiplies int8 queries."""
     if use_triton(q):
         return _triton("paged_attention").paged_attention(
-            q, cache, block_table, seq_lens, cu_seqlens_q, scale, query_tokens_per_seq=query_tokens_per_seq
+            q,
+            cache,
+            block_table,
+            seq_lens,
+            cu_seqlens_q,
+            scale,
+            query_tokens_per_seq=query_tokens_per_seq,
+            int8_queries=int8_queries,
         )
     args = (q, cache, block_table, seq_lens, cu_seqlens_q, scale)
+    if int8_queries:  # the naive twin alone rounds the queries as the kernel does
+        return _paged_attention_naive.paged_attention(*args, int8_queries=True)
     return _native_or_naive(
         _paged_attention_native.paged_attention, _paged_attention_naive.paged_attention, *args
     )

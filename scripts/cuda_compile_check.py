@@ -49,6 +49,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from engine.cache.kv_layout import KVCache  # noqa: E402
+from kernels.paged_attention import MAX_VERIFY_ROWS  # noqa: E402
 from kernels.triton_config import SHARED_MEMORY_PER_BLOCK as SHARED_LIMIT  # noqa: E402
 
 DEVICES = {80: "A100", 86: "RTX 3090 / A6000", 89: "RTX 4090 / L40", 90: "H100 / H200", 120: "RTX 5090"}
@@ -181,21 +182,25 @@ def case_kv_store(kv_dtype: str, model: str, dtype: str):
 def case_attention(
     step: str, kv_dtype: str, model: str, dtype: str, context: int = 4096, block_size: int = 16
 ):
-    """step: prefill (a 100-token chunk after a prefix), decode (one token per sequence), verify (4 query
-    tokens per sequence: speculative verification), verify_max (as many query tokens as the dispatch sends
-    to the decode kernel: MAX_VERIFY_ROWS rows of queries x GQA group)."""
+    """step: prefill (a 100-token chunk after a prefix), prefill_int8q (the same with --int8-prefill's int8
+    queries: integer QK products over an int8 / k8v4 cache), decode (one token per sequence), verify (4
+    query tokens per sequence: speculative verification), verify_max (as many query tokens as the dispatch
+    sends to the decode kernel: MAX_VERIFY_ROWS rows of queries x GQA group)."""
     head_dim, hq, hk = ATTN_MODELS[model]
     cache = KVCache.allocate(kv_dtype, 8, block_size, hk, head_dim, "cpu")
     num_seqs = 2
     block_table = torch.zeros(num_seqs, context // block_size, dtype=torch.int32)
     seq_lens = torch.full((num_seqs,), context - 7, dtype=torch.int32)
     attention = _op("paged_attention")
-    if step == "prefill":
+    if step.startswith("prefill"):
         q = _randn(200, hq, head_dim, dtype=DTYPES[dtype])
         cu_seqlens = torch.tensor([0, 100, 200], dtype=torch.int32)
-        attention.paged_attention(q, cache, block_table, seq_lens, cu_seqlens, head_dim**-0.5)
+        int8q = step == "prefill_int8q"
+        attention.paged_attention(
+            q, cache, block_table, seq_lens, cu_seqlens, head_dim**-0.5, int8_queries=int8q
+        )
     else:
-        q_per_seq = {"decode": 1, "verify": 4, "verify_max": attention.MAX_VERIFY_ROWS // (hq // hk)}[step]
+        q_per_seq = {"decode": 1, "verify": 4, "verify_max": MAX_VERIFY_ROWS // (hq // hk)}[step]
         q = _randn(num_seqs * q_per_seq, hq, head_dim, dtype=DTYPES[dtype])
         attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
         per_key = cache.num_bytes // (cache.k_data.shape[0] * block_size * hk)  # K and V of one head, scales
@@ -316,6 +321,9 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             for step in ("prefill", "decode", "verify"):
                 add(case_attention, min_arch, step=step, kv_dtype=kv, model=model, dtype="bf16")
         add(case_attention, min_arch, step="verify_max", kv_dtype=kv, model="qwen3.5", dtype="bf16")
+        if kv in ("int8", "k8v4"):
+            for model in ("smollm2", "qwen3", "qwen3.5"):
+                add(case_attention, step="prefill_int8q", kv_dtype=kv, model=model, dtype="bf16")
     for dtype, kv in (("fp16", "fp16"), ("fp32", "fp32"), ("fp16", "k8v4")):
         add(case_kv_store, kv_dtype=kv, model="qwen3", dtype=dtype)
         for step in ("prefill", "decode"):

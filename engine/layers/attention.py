@@ -37,4 +37,5 @@ class Attention(Module):
             ctx.cu_seqlens_q,
             self.scale,
             ctx.query_tokens_per_seq,
+            ctx.int8_activations,
         )

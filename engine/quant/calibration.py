@@ -26,7 +26,7 @@ def sequence_logprobs(llm, tokens: list[int]) -> torch.Tensor:
         slot_mapping=torch.arange(n, device=device),
         block_table=torch.arange(-(-n // block_size), dtype=torch.int32, device=device)[None],
         state_indices=torch.tensor([0], dtype=torch.int32, device=device),
-        int8_activations=True,  # a prompt, as a prefill step runs it
+        int8_activations=llm.engine_config.int8_prefill,  # a prompt, as a prefill step runs it
     )
     ids = torch.tensor(tokens, device=device)
     with set_forward_context(ctx):

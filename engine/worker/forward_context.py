@@ -21,9 +21,10 @@ class ForwardContext:
     # host int: the query tokens of every sequence when all have the same count (1 in decode, k + 1 when
     # verifying k drafts), else 0; lets attention pick its decode kernel without reading cu_seqlens_q
     query_tokens_per_seq: int = 0
-    # host bool: the step carries a prompt chunk (a request runs more than 1 + draft tokens known tokens),
-    # so --int8-prefill's weights may multiply int8 activations; decode and verification steps, the
-    # graphs' and the MTP head's keep 16-bit activations (engine/quant/layer.GroupwiseWeight.takes_int8)
+    # host bool: --int8-prefill is on and the step carries a prompt chunk (a request runs more known tokens
+    # than 1 + draft tokens): packed weights multiply int8 activations (engine/quant/layer.GroupwiseWeight.
+    # takes_int8) and attention over an int8 / k8v4 cache int8 queries. Decode and verification steps, the
+    # graphs' and the MTP head's keep 16-bit activations
     int8_activations: bool = False
 
 

@@ -44,6 +44,7 @@ class ModelRunner:
         # the most known tokens a request runs in a decode step (its last one, or a hybrid model's accepted
         # tokens recomputed); more is a prompt chunk
         self.max_query = 1 + engine_config.num_draft_tokens
+        self.int8_prefill = engine_config.int8_prefill
         self.sampler = Sampler()
         dtype = engine_config.torch_dtype
         for module in model.modules():
@@ -201,7 +202,8 @@ class ModelRunner:
             block_table=tensor(block_table, torch.int32),
             state_indices=tensor(state_indices, torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
-            int8_activations=any(r.num_known_tokens > self.max_query for r in sched.scheduled),
+            int8_activations=self.int8_prefill
+            and any(r.num_known_tokens > self.max_query for r in sched.scheduled),
         )
         with set_forward_context(ctx):
             return self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]

@@ -11,6 +11,15 @@ from kernels.int8_act import QMAX
 
 
 @triton.jit
+def quantize_rows(x, QMAX: tl.constexpr):
+    """x [R, C] fp32 -> (codes [R, C] fp32 holding integers in [-QMAX, QMAX], scales [R] fp32), each row as
+    naive.quantize_act quantizes a group. Shared with the prefill attention's int8 queries."""
+    amax = tl.max(tl.abs(x), axis=1)  # [R]
+    inv = tl.where(amax > 0, QMAX / tl.where(amax > 0, amax, 1.0), 0.0)
+    return tl.clamp(tl.floor(x * inv[:, None] + 0.5), -QMAX, QMAX), amax / QMAX
+
+
+@triton.jit
 def _quantize_act_kernel(
     x_ptr,
     codes_ptr,  # int8 [M, G * GROUP_SIZE]
@@ -27,12 +36,10 @@ def _quantize_act_kernel(
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)  # [GROUPS]
     cols = groups[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]  # [GROUPS, GROUP_SIZE]
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)  # [GROUPS]
-    inv = tl.where(amax > 0, QMAX / tl.where(amax > 0, amax, 1.0), 0.0)
-    codes = tl.clamp(tl.floor(x * inv[:, None] + 0.5), -QMAX, QMAX)
+    codes, scales = quantize_rows(x, QMAX)  # [GROUPS, GROUP_SIZE], [GROUPS]
     in_range = groups < num_groups
     tl.store(codes_ptr + row * num_groups * GROUP_SIZE + cols, codes.to(tl.int8), mask=in_range[:, None])
-    tl.store(scales_ptr + row * num_groups + groups, amax / QMAX, mask=in_range)
+    tl.store(scales_ptr + row * num_groups + groups, scales, mask=in_range)
     tl.store(sums_ptr + row * num_groups + groups, tl.sum(codes.to(tl.int32), axis=1), mask=in_range)
 
 

@@ -3,7 +3,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+from kernels.int8_act.naive import dequantize_act, quantize_act
 from kernels.kv_quant.naive import read_kv
+from kernels.paged_attention import takes_decode_kernel
 from kernels.step_memo import StepMemo
 
 
@@ -44,6 +46,13 @@ def _plan_for(block_table, seq_lens, cu_seqlens_q, block_size: int, in_place: bo
     return _Plan(cu, lens, table, decode, rows, tokens, mask, runs)
 
 
+def _int8_queries(q: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, H, D] as the int8 prefill kernel sees it: q * scale rounded to int8 per row, divided back."""
+    rows = q.float().reshape(-1, q.shape[2]) * scale
+    codes, scales, _ = quantize_act(rows, q.shape[2])
+    return (dequantize_act(codes, scales) / scale).view(q.shape)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, Hq, D]; the query tokens of all sequences, packed
     cache,  # engine.cache.kv_layout.KVCache in any KV dtype; dequantized on read
@@ -51,12 +60,17 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [B] int32; context length of each sequence after this step
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32; query tokens of sequence b are q[cu[b]:cu[b+1]]
     scale: float,
+    int8_queries: bool = False,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new query tokens over its paged K/V (prefix + new tokens).
 
     The queries of sequence b are its last (cu[b+1] - cu[b]) positions, so one op serves prefill,
     chunked prefill, decode and speculative verification. GQA: Hq is a multiple of Hk.
     Sequences with one query token (decode) are computed together; the others one by one.
+
+    int8_queries (--int8-prefill) over an int8 / k8v4 cache, in a step the Triton path runs through its
+    prefill kernel (kernels/paged_attention.takes_decode_kernel): every query row, scaled, is rounded to
+    int8 codes per (token, head) as that kernel multiplies them (kernels/int8_act's rounding).
     """
     block_size = cache.k_data.shape[1]
     in_place = cache.k_data.dtype == torch.float32
@@ -66,6 +80,11 @@ def paged_attention(
         lambda: _plan_for(block_table, seq_lens, cu_seqlens_q, block_size, in_place),
     )
     cu, lens = plan.cu, plan.lens
+    if int8_queries and cache.kv_dtype in ("int8", "k8v4"):
+        per_seq = {b - a for a, b in zip(cu, cu[1:])}
+        group = q.shape[1] // cache.k_data.shape[2]
+        if not takes_decode_kernel(q.shape[0], len(lens), per_seq.pop() if len(per_seq) == 1 else 0, group):
+            q = _int8_queries(q, scale)
     if len(plan.decode) == len(lens):  # a pure decode step: every row, in order
         return _decode(q, cache, plan.block_table, plan, max(lens), scale)
     out = torch.empty_like(q)

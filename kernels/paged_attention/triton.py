@@ -18,15 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.int8_act.triton import quantize_rows
 from kernels.kv_quant.naive import V4_GROUP
-from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits
+from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits, takes_decode_kernel
 from kernels.triton_codes import nibble_pairs
 from kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
-# the decode kernel packs a sequence's query tokens x the GQA group into one tile of rows: verification steps
-# up to this many rows take it (at 64 rows its SM86 build runs out of registers and, for fp32 KV, shared memory)
-MAX_VERIFY_ROWS = 32
 
 
 @triton.jit
@@ -85,7 +83,8 @@ def _load_v4(
 
 @triton.jit
 def _attend(
-    q,  # [ROWS, BLOCK_D] queries, pre-scaled, in DOT_DTYPE
+    q,  # [ROWS, BLOCK_D] queries, pre-scaled, in DOT_DTYPE (INT8_QK: their int8 codes)
+    q_scale,  # [ROWS] fp32 (INT8_QK): each query row's code scale
     q_pos,  # [ROWS] position of each query row
     start,
     end,  # the key positions [start, end) this program covers
@@ -108,6 +107,7 @@ def _attend(
     WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    INT8_QK: tl.constexpr,  # int8 K codes times int8 query codes on the integer tensor cores
 ):
     """Online softmax over keys [start, end), causal by q_pos. Returns (m, l, acc): acc is the unnormalised
     output [ROWS, BLOCK_D]."""
@@ -127,8 +127,12 @@ def _attend(
         n_mask = offs_n < end
         rows = _slots(page, BLOCK_SIZE, WIDE) * Hk + hk  # [BLOCK_N] flat cache rows
         page = _pages(table, start_n + BLOCK_N, end, PAGES, BLOCK_SIZE)
-        k = _load_codes(k_ptr, rows, n_mask, d, D, DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        if INT8_QK:  # exact integer scores; the query rows' scales, then the keys', multiply them
+            k = _load_codes(k_ptr, rows, n_mask, d, D, tl.int8)
+            s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
+        else:
+            k = _load_codes(k_ptr, rows, n_mask, d, D, DOT_DTYPE)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
         if MODE != 0:  # int8 K: the per-token scale multiplies the scores, not the tile
             s = s * tl.load(k_scale_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -186,6 +190,7 @@ def _prefill_kernel(
     WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
+    INT8_QK: tl.constexpr,  # int8 K cache: queries quantized per (token, head) for integer QK products
 ):
     b = tl.program_id(0)
     m_block = tl.program_id(1)
@@ -206,11 +211,16 @@ def _prefill_kernel(
         mask=m_mask[:, None] & (d[None, :] < D),
         other=0.0,
     ).to(tl.float32)
-    q = (q * scale).to(DOT_DTYPE)
+    if INT8_QK:
+        codes, q_scale = quantize_rows(q * scale, 127)
+        q = codes.to(tl.int8)
+    else:
+        q, q_scale = (q * scale).to(DOT_DTYPE), tl.full([BLOCK_M], 1.0, tl.float32)
     # causal: keys up to the last query position of this block
     kv_end = tl.minimum(seq_len, first_pos + (m_block + 1) * BLOCK_M)
     _, l_i, acc = _attend(
         q,
+        q_scale,
         q_pos,
         0,
         kv_end,
@@ -233,6 +243,7 @@ def _prefill_kernel(
         WIDE,
         PRECISION,
         DOT_DTYPE,
+        INT8_QK,
     )
     inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     base = out_ptr + (q_start + offs_m)[:, None] * stride_ot + hq * stride_oh
@@ -294,6 +305,7 @@ def _decode_kernel(
     end = tl.minimum(seq_len, start + per_split)
     m_i, l_i, acc = _attend(
         q,
+        tl.full([BLOCK_R], 1.0, tl.float32),
         q_pos,
         start,
         end,
@@ -316,6 +328,7 @@ def _decode_kernel(
         WIDE,
         PRECISION,
         DOT_DTYPE,
+        False,
     )
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -499,6 +512,7 @@ def paged_attention(
     scale: float,
     *,
     query_tokens_per_seq: int = 0,
+    int8_queries: bool = False,
     block_m: int = 32,
     block_n: int | None = None,
     num_warps: int = 4,
@@ -507,15 +521,14 @@ def paged_attention(
     """See kernels/paged_attention/naive.py. One token per sequence (T == B), or the same few per sequence
     (query_tokens_per_seq, a host int: speculative verification) takes the split-K decode kernel;
     anything else the prefill kernel (block_m, block_n, num_warps, num_stages: its tile and pipeline
-    depth, tuning knobs for benchmarks/gpu_kernels.py's sweep)."""
+    depth, tuning knobs for benchmarks/gpu_kernels.py's sweep). int8_queries (--int8-prefill): over an
+    int8 / k8v4 cache the prefill kernel quantizes each query row to int8 and multiplies it by the int8 K
+    codes on the integer tensor cores (decode and verification keep 16-bit queries)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = block_table.shape[0]
-    if num_tokens == num_seqs:
-        return paged_attention_decode(q, cache, block_table, seq_lens, scale)
     group = num_q_heads // cache.k_data.shape[2]
-    per_seq = query_tokens_per_seq
-    if per_seq > 1 and num_tokens == num_seqs * per_seq and per_seq * group <= MAX_VERIFY_ROWS:
-        return paged_attention_decode(q, cache, block_table, seq_lens, scale, per_seq)
+    if takes_decode_kernel(num_tokens, num_seqs, query_tokens_per_seq, group):
+        return paged_attention_decode(q, cache, block_table, seq_lens, scale, num_tokens // num_seqs)
     assert q.stride(-1) == 1 and cache.k_data.is_contiguous()
     out = torch.empty_like(q)
     num_kv_heads = cache.k_data.shape[2]
@@ -540,6 +553,7 @@ def paged_attention(
         BLOCK_N=block_n,
         num_warps=num_warps,
         num_stages=num_stages or _num_stages(q, cache, block_n, block_m),
+        INT8_QK=int8_queries and _mode(cache) != _PLAIN,
         **_common(q, cache),
     )
     return out

@@ -35,22 +35,25 @@ def artifacts(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch,recipe", [("llama", "w4g128"), ("llama", "q4.6"), ("qwen3_5", "w4g128")])
+@pytest.mark.parametrize(
+    "arch,recipe,kv_dtype",
+    [("llama", "w4g128", "auto"), ("llama", "q4.6", "int8"), ("qwen3_5", "w4g128", "int8")],
+)
 def test_prompt_chunks_take_int8_activations_and_decode_does_not(
-    artifacts, monkeypatch, kernel_backend, arch, recipe
+    artifacts, monkeypatch, kernel_backend, arch, recipe, kv_dtype
 ):
+    """Over an int8 cache, attention's prompt steps take int8 queries as well (k8v4 needs head_dim 32+;
+    the kernel tests cover it)."""
     kernel_backend("triton")
     calls = []  # rows of x of every int8 product
     real = kernels.int8_matmul
     monkeypatch.setattr(kernels, "int8_matmul", lambda codes, *a: calls.append(len(codes)) or real(codes, *a))
-    a16 = LLM(artifacts[arch, recipe], device=DEVICE, weight_quant="none")
-    a8 = LLM(
-        artifacts[arch, recipe],
-        device=DEVICE,
-        weight_quant="none",
-        int8_prefill=True,
-        max_concurrency=INT8_MIN_ROWS + 1,
-    )
+    int8_queries = []  # the flag of every attention call
+    attend = kernels.paged_attention
+    monkeypatch.setattr(kernels, "paged_attention", lambda *a: int8_queries.append(a[-1]) or attend(*a))
+    options = dict(device=DEVICE, weight_quant="none", kv_dtype=kv_dtype)
+    a16 = LLM(artifacts[arch, recipe], **options)
+    a8 = LLM(artifacts[arch, recipe], **options, int8_prefill=True, max_concurrency=INT8_MIN_ROWS + 1)
     weights = packed_weights(a8.model)
     assert weights and all(w.int8_min_rows == INT8_MIN_ROWS for w in weights)
     assert not any(w.int8_min_rows for w in packed_weights(a16.model))
@@ -59,12 +62,15 @@ def test_prompt_chunks_take_int8_activations_and_decode_does_not(
     # rows, did not)
     assert calls and set(calls) == {len(PROMPT)}
     assert len(calls) == len(packed_weights(a8.model)) - 1  # lm_head
+    assert True in int8_queries and False in int8_queries  # the 16-bit run's calls, and the int8 one's
     # int8 activations per (token, group of 128) move the next-token distribution a little: KL 0.006-0.008
     # nats on average, ~150x less than the 4-bit weights themselves move it from the source (~1.2 on these
     # random tiny models)
     kl = (want.exp() * (want - got)).sum(-1)  # [T]
     assert kl.mean() < 2e-2 and kl.max() < 0.1, kl
-    assert (want.argmax(-1) == got.argmax(-1)).float().mean() >= 0.9
+    # the same top token at most positions (these random models have many near-ties: 35 / 40 here with
+    # int8 KV and int8 queries too)
+    assert (want.argmax(-1) == got.argmax(-1)).float().mean() >= 0.8
     calls.clear()
     # 18 requests at once: after the prompt step(s), decode steps of 18 rows, more than INT8_MIN_ROWS
     n = INT8_MIN_ROWS + 1
@@ -75,6 +81,7 @@ def test_prompt_chunks_take_int8_activations_and_decode_does_not(
     # the prompt chunks went int8 (a hybrid's may be split at state snapshots), the decode steps did not
     # however many rows they had
     assert calls and all(m > n for m in calls), calls
+    assert int8_queries[-1] is False  # the last decode step's attention
 
 
 def test_int8_prefill_is_refused_where_weights_are_not_packed(artifacts, tmp_path, kernel_backend):

@@ -150,6 +150,44 @@ def test_paged_attention(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_si
     assert rel_err(got, want) < 1e-3
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "k8v4", "bf16"])
+@pytest.mark.parametrize("head_dim,num_q_heads,num_kv_heads,block_size", ATTN_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_int8_queries(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, dtype):
+    """--int8-prefill over an int8 / k8v4 cache: the prefill kernel rounds each scaled query row to int8
+    and multiplies it by the int8 K codes (integer products, exact), as the twin rounds it; a 16-bit cache
+    ignores the flag. The rounding moves the output by ~0.5% of its size."""
+    attention = triton_op("paged_attention")
+    case = _paged_case(
+        kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, [0, 21, 45], [37, 19, 1], dtype
+    )
+    scale = head_dim**-0.5
+    got = attention.paged_attention(*case, scale, int8_queries=True)
+    want = attention_naive.paged_attention(*case, scale, int8_queries=True)
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
+    plain = attention_naive.paged_attention(*case, scale)
+    if kv_dtype == "bf16":
+        assert torch.equal(want, plain)
+    else:
+        assert 1e-4 < rel_err(want, plain) < 2e-2
+        # uniform verification steps keep the decode kernel and 16-bit queries
+        q, cache, table, lens, _ = _paged_case(
+            kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, [9, 30], [2, 2], dtype
+        )
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=q.device)
+        if 2 * num_q_heads // num_kv_heads <= 32:
+            got = attention.paged_attention(
+                q, cache, table, lens, cu, scale, query_tokens_per_seq=2, int8_queries=True
+            )
+            assert torch.equal(
+                attention_naive.paged_attention(q, cache, table, lens, cu, scale, int8_queries=True),
+                attention_naive.paged_attention(q, cache, table, lens, cu, scale),
+            )
+            assert rel_err(got, attention_naive.paged_attention(q, cache, table, lens, cu, scale)) < (
+                1e-3 if dtype == torch.float32 else 1e-2
+            )
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8", "k8v4"])
 def test_paged_attention_bf16_queries(kv_dtype):
     """bf16 models: on a GPU both products take bf16 operands (k8v4's V through the bf16 bit operations)."""
