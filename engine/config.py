@@ -162,6 +162,9 @@ class SchedulerConfig:
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
     num_draft_tokens: int = 0  # draft tokens verified per decode step; 0 = no speculative decoding
     spec: str = "none"  # where drafts come from: ngram (engine/spec/ngram.py) or mtp (the runner's MTP head)
+    # decode steps replay CUDA graphs: a step whose requests would verify different draft counts pads the
+    # shorter ones to the longest, so it has a graph (Scheduler._pad_drafts)
+    pad_drafts: bool = False
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,7 @@ class EngineConfig:
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,
             num_draft_tokens=self.num_draft_tokens,
             spec=self.spec,
+            pad_drafts=self.cuda_graphs and self.device != "cpu" and self.num_draft_tokens > 0,
         )
 
     @property

@@ -23,6 +23,9 @@ class ScheduledRequest(NamedTuple):
     # verified (only with sample=True). A hybrid model's state returns to start_pos unless all are accepted
     draft_token_ids: tuple[int, ...] = ()
     next_token_id: int = -1  # the token after token_ids when the request has it (a prompt chunk's next)
+    # of draft_token_ids, the last ones that only pad the request to the step's common query count (CUDA
+    # graphs: Scheduler._pad_drafts); verified like any draft, left out of the acceptance counters
+    num_padding: int = 0
 
     @property
     def num_known_tokens(self) -> int:

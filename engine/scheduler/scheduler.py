@@ -24,7 +24,11 @@ free for its own next token); the runner verifies them and the request advances 
 accepted. A hybrid model whose state saw a rejected draft is put back to the step's start and recomputes
 the accepted tokens with its next step's drafts (decode is bandwidth-bound, so extra positions per step
 cost little), at most 1 + num_draft_tokens tokens in all. Steps that snapshot a hybrid state (a page
-completed) run no drafts: the snapshot must not hold them.
+completed) run no drafts: the snapshot must not hold them. With CUDA graphs (`pad_drafts`), a decode step
+whose requests would verify different numbers of drafts pads the shorter ones (a repeat of their last
+token: a real guess, verified like the others, rarely right) to the longest, within the same limits, so
+the step has one query count and replays a graph instead of running eagerly; padding is left out of the
+acceptance counters.
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ class Scheduler:
                 i += 1
                 continue
             break  # req itself was preempted; it was the last running request
+        num_running = len(scheduled)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_concurrency:
             req = self.waiting[0]
             if self.state_pool is not None and self.state_pool.num_free_slots == 0:
@@ -149,6 +154,8 @@ class Scheduler:
             self._grow_for_mtp(req, n)
             scheduled.append(self._scheduled(req, n, restore, state_saves))
             budget -= n
+        if self.config.pad_drafts and len(scheduled) == num_running:  # nothing admitted: maybe all decode
+            budget -= self._pad_drafts(scheduled, budget)
         if self.state_pool is not None:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
@@ -165,20 +172,52 @@ class Scheduler:
         return n
 
     def _drafts(self, req: Request, n: int, room: int) -> list[int]:
-        """Draft tokens to verify after this step's `n` known tokens: only when they reach the end of the
-        request's tokens, within the step budget `room`, the tokens it may still emit and its context."""
+        """Draft tokens to verify after this step's `n` known tokens (see _most_drafts)."""
+        most = self._most_drafts(req, n, room)
+        return self.proposer.propose(req, most) if most > 0 else []
+
+    def _most_drafts(self, req: Request, n: int, room: int) -> int:
+        """How many drafts may follow this step's `n` known tokens: none unless they reach the end of the
+        request's tokens; within the step budget `room`, the tokens it may still emit and its context."""
         end = req.num_computed_tokens + n
         if self.proposer is None or room <= 0 or end != req.num_tokens:
-            return []
+            return 0
         if self.snapshots_enabled and end % self.block_size == 0:
-            return []  # this step may snapshot the state at `end`: it must not have run drafts
+            return 0  # this step may snapshot the state at `end`: it must not have run drafts
         capacity = self.block_pool.num_blocks * self.block_size
         limit = min(self.config.max_context, capacity) - req.num_tokens
         left = req.sampling_params.max_tokens - len(req.output_token_ids)
         # every step emits one token beyond the drafts it accepts; and a step runs at most 1 + k tokens a
         # request (a hybrid model recomputing accepted tokens drafts fewer), so its shape has a CUDA graph
-        most = min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
-        return self.proposer.propose(req, most) if most > 0 else []
+        return min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
+
+    def _pad_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """A decode step (every request samples after its known tokens, no prompt chunk) in which some
+        request drafts and the query counts differ: pad the shorter requests' drafts, where their limits
+        and spare pages allow, to the longest count. Rewrites `scheduled` in place; returns the tokens
+        added."""
+        counts = {len(s.token_ids) for s in scheduled}
+        decode = all(s.sample and s.num_known_tokens <= 1 + self.config.num_draft_tokens for s in scheduled)
+        if len(counts) < 2 or not decode or not any(s.draft_token_ids for s in scheduled):
+            return 0
+        target, added = max(counts), 0
+        for i, s in enumerate(scheduled):
+            req = self.requests[s.request_id]
+            drafted = len(s.draft_token_ids)
+            most = self._most_drafts(req, s.num_known_tokens, budget - added + drafted) - drafted
+            extra = min(target - len(s.token_ids), most)
+            end = req.num_computed_tokens + s.num_known_tokens
+            if extra <= 0 or not self._grow_spare(req, end + drafted + extra, end):
+                continue
+            self._grow_for_mtp(req, s.num_known_tokens + drafted + extra)
+            padding = (s.token_ids[-1],) * extra
+            scheduled[i] = s._replace(
+                token_ids=[*s.token_ids, *padding],
+                draft_token_ids=(*s.draft_token_ids, *padding),
+                num_padding=extra,
+            )
+            added += extra
+        return added
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
@@ -326,10 +365,12 @@ class Scheduler:
                 continue  # aborted during the step
             emitted = out.sampled.get(s.request_id) or []
             drafted, accepted = len(s.draft_token_ids), max(len(emitted) - 1, 0)
-            self.num_draft_tokens += drafted
-            self.num_accepted_tokens += accepted
-            req.num_draft_tokens += drafted
-            req.num_accepted_tokens += accepted
+            # the counters leave padding out (a padded draft accepted counts as one of them)
+            proposed = drafted - s.num_padding
+            self.num_draft_tokens += proposed
+            self.num_accepted_tokens += min(accepted, proposed)
+            req.num_draft_tokens += proposed
+            req.num_accepted_tokens += min(accepted, proposed)
             # the cache holds the known tokens and the accepted drafts, unless a hybrid state went back
             if not (s.state_slot >= 0 and accepted < drafted):
                 req.num_computed_tokens += s.num_known_tokens + accepted

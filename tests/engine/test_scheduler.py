@@ -258,6 +258,53 @@ def test_drafts_take_only_spare_pages_and_never_preempt():
     assert s.num_preemptions == 0 and s.block_pool.num_free_blocks == 1
 
 
+class _DraftsFor:
+    """Proposes `k` copies of token 9 for the named requests only."""
+
+    def __init__(self, k, names):
+        self.k, self.names = k, names
+
+    def propose(self, req, max_tokens):
+        return [9] * min(self.k, max_tokens) if req.request_id in self.names else []
+
+    def forget(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_pad_drafts_gives_a_decode_step_one_query_count(pad):
+    """CUDA graphs (pad_drafts): a decode step whose requests would verify different draft counts pads the
+    shorter ones with a repeat of their last token, up to what each may still emit; padding stays out of
+    the acceptance counters. A step with a prompt chunk is not padded."""
+    s = make(budget=64, num_draft_tokens=3, spec="ngram", pad_drafts=pad)
+    s.proposer = _DraftsFor(3, {"a"})
+    s.add_request(req("a", 5, max_tokens=8))
+    s.add_request(req("b", 6, max_tokens=8))
+    s.add_request(req("c", 7, max_tokens=3))  # may emit 2 more after the prompt step: 1 draft at most
+    run_step(s)
+    out = s.schedule()
+    counts = {r.request_id: len(r.token_ids) for r in out.scheduled}
+    padding = {r.request_id: r.num_padding for r in out.scheduled}
+    if pad:
+        assert counts == {"a": 4, "b": 4, "c": 2} and padding == {"a": 0, "b": 3, "c": 1}
+        b = next(r for r in out.scheduled if r.request_id == "b")
+        assert b.draft_token_ids == (7, 7, 7) and b.token_ids == [7, 7, 7, 7]  # its last token, repeated
+    else:
+        assert counts == {"a": 4, "b": 1, "c": 1} and set(padding.values()) == {0}
+    # every draft rejected, and then all accepted: the counters count a's three only
+    sampled = {r.request_id: [SampledToken(8, None)] for r in out.scheduled}
+    s.update_from_output(out, RunnerOutput(sampled))
+    assert (s.num_draft_tokens, s.num_accepted_tokens) == (3, 0)
+    out = s.schedule()
+    sampled = {r.request_id: [SampledToken(9, None)] * len(r.token_ids) for r in out.scheduled}
+    s.update_from_output(out, RunnerOutput(sampled))
+    assert (s.num_draft_tokens, s.num_accepted_tokens) == (6, 3)
+    # a new prompt beside the decoding requests: a mixed step, not padded
+    s.add_request(req("d", 9))
+    out = s.schedule()
+    assert {r.request_id: r.num_padding for r in out.scheduled} == {"a": 0, "b": 0, "d": 0}
+
+
 def test_token_slice_equals_slicing_the_whole_history():
     r = req("a", 6)
     r.output_token_ids = [90, 91, 92]

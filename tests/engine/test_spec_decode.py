@@ -117,6 +117,31 @@ def test_ngram_drafts_on_a_repeating_prompt_keep_greedy_output(model_dir):
     # drafts on a real model)
 
 
+def test_padded_drafts_keep_greedy_output_and_one_query_count(model_dir):
+    """pad_drafts (on with CUDA graphs; forced here): only the first request gets drafts, so every decode
+    step pads the second one's to the same count. Greedy output is unchanged, dense and hybrid (whose
+    state goes back on a rejected padding draft), and every decode step has one query count."""
+    from dataclasses import replace
+
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    reference = _generate(LLM(model_dir), params)
+    llm = _with_drafts(model_dir, reference, 3)
+    llm.scheduler.config = replace(llm.scheduler.config, pad_drafts=True)
+    real = llm.scheduler.proposer
+    llm.scheduler.proposer.propose = lambda req, most: (
+        real.__class__.propose(real, req, most) if req.request_id == "req-0" else []
+    )
+    steps = []
+    schedule = llm.scheduler.schedule
+    llm.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
+    got = _generate(llm, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in reference]
+    padded = [s for s in steps if any(r.num_padding for r in s.scheduled)]
+    assert padded and all(len({len(r.token_ids) for r in s.scheduled}) == 1 for s in padded)
+    assert all(r.request_id == "req-1" for s in padded for r in s.scheduled if r.num_padding)
+    assert llm.scheduler.num_accepted_tokens <= llm.scheduler.num_draft_tokens == real.proposed
+
+
 def test_seeded_sampling_with_drafts_is_reproducible(model_dir):
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=11)
     reference = _generate(LLM(model_dir), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
