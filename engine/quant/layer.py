@@ -166,5 +166,4 @@ def use_int8_activations(model: torch.nn.Module) -> int:
 def holds_packed_weights(model: torch.nn.Module) -> bool:
     """Whether a linear layer of `model` multiplies a packed weight (long prefill chunks then dequantize
     slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
-    packed = (GroupwiseWeight, ConcatenatedWeights)
-    return any(isinstance(m, Linear) and isinstance(m.qweight, packed) for m in model.modules())
+    return bool(packed_weights(model))
