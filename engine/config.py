@@ -14,6 +14,7 @@ from engine.errors import NinferError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration",
 )
@@ -55,19 +56,35 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     checkpoint_dtype: str = "float32"
     mtp_num_hidden_layers: int = 0  # multi-token-prediction layers shipped for speculative decoding
+    # mixture of experts (Qwen3-MoE): experts per sparse layer, chosen per token, each expert's MLP width;
+    # sparse layers are every decoder_sparse_step-th one not in mlp_only_layers (those keep a dense MLP of
+    # intermediate_size); norm_topk_prob renormalises the chosen experts' router probabilities to sum to 1
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     # the multimodal checkpoint's vision tower (transformers' vision_config), None when there is none
     vision_config: dict[str, Any] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def family(self) -> str:
-        """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_5 (hybrid)."""
+        """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_moe (Qwen3 with sparse
+        MoE MLPs), qwen3_5 (hybrid)."""
         return {
             "LlamaForCausalLM": "llama",
             "Qwen3ForCausalLM": "qwen3",
+            "Qwen3MoeForCausalLM": "qwen3_moe",
             "Qwen3_5ForCausalLM": "qwen3_5",
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
         }[self.architecture]
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has a mixture-of-experts MLP (transformers' Qwen3-MoE rule)."""
+        step = self.decoder_sparse_step
+        return self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % step == 0
 
     @property
     def num_full_attention_layers(self) -> int:
@@ -137,6 +154,12 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             checkpoint_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
             mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0) or 0),
+            num_experts=int(text.get("num_experts", text.get("num_local_experts", 0)) or 0),
+            num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0),
+            moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0),
+            norm_topk_prob=bool(text.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(text.get("decoder_sparse_step", 1) or 1),
+            mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             vision_config=cfg.get("vision_config") or None,
         )
 
@@ -145,6 +168,7 @@ def _arch_from_model_type(model_type: str) -> str:
     return {
         "llama": "LlamaForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
         "qwen3_5_text": "Qwen3_5ForCausalLM",
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
     }.get(model_type, model_type or "<none>")

@@ -23,6 +23,7 @@ import torch
 from kernels import native_build
 from kernels.conv1d import naive as _conv1d_naive
 from kernels.conv1d import native as _conv1d_native
+from kernels.fused_moe import naive as _fused_moe_naive
 from kernels.gated_delta import naive as _gated_delta_naive
 from kernels.gated_delta import native as _gated_delta_native
 from kernels.int8_act import naive as _int8_act_naive
@@ -42,9 +43,11 @@ from kernels.silu_mul import native as _silu_mul_native
 
 __all__ = [
     "causal_conv1d",
+    "fused_moe",
     "gated_delta_rule",
     "int8_matmul",
     "kv_store",
+    "moe_route",
     "paged_attention",
     "quant_embedding",
     "quant_matmul",
@@ -182,3 +185,12 @@ def quantize_act(x, group_size):
 def int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group_size, out):
     impl = _triton("int8_matmul") if use_triton(codes) else _int8_matmul_naive
     return impl.int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group_size, out)
+
+
+def moe_route(router_logits, top_k, renormalize):
+    return _fused_moe_naive.moe_route(router_logits, top_k, renormalize)
+
+
+def fused_moe(x, gate_up, down, topk_weights, topk_ids):
+    """Every device runs the naive twin for now (kernels/fused_moe/__init__.py)."""
+    return _fused_moe_naive.fused_moe(x, gate_up, down, topk_weights, topk_ids)

@@ -33,7 +33,7 @@ TINY_COMMON = dict(
 
 
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
-    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_5)."""
+    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -44,6 +44,18 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     elif arch == "qwen3":
         cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **common)
         model = tf.Qwen3ForCausalLM(cfg)
+    elif arch == "qwen3_moe":  # 3 layers: sparse, dense (mlp_only_layers), sparse; 8 experts, 2 a token
+        moe = dict(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            rope_theta=1e6,
+        )
+        cfg = tf.Qwen3MoeConfig(tie_word_embeddings=tied, **{**moe, **common})
+        model = tf.Qwen3MoeForCausalLM(cfg)
     elif arch == "qwen3_5":
         hybrid = dict(
             num_hidden_layers=4,

@@ -34,6 +34,8 @@ class CausalLM(Module):
     renamed_params: dict[str, str] = {}
 
     model: DecoderModel
+    # why decode steps cannot be captured as CUDA graphs (an op that syncs with the host), or None
+    no_cuda_graphs: str | None = None
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -130,7 +132,10 @@ class CausalLM(Module):
                     f"tensor {ckpt_name} does not fit this {self.config.architecture} config ({e}); "
                     "the checkpoint and its config.json disagree"
                 ) from e
-            loaded.add((name, shard))
+            # a whole tensor fills every shard of its parameter (stacked experts stored stacked)
+            loaded.update(
+                [(name, shard)] if shard or not param.shard_names else [(name, s) for s in param.shard_names]
+            )
             bits, prev = tensor_bits.get(ckpt_name), self.weight_bits.get(name, 0)
             self.weight_bits[name] = None if bits is None or prev is None else max(prev, bits)
         missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)

@@ -54,10 +54,10 @@ class LlamaAttention(Module):
 
 
 class LlamaDecoderLayer(Module):
-    def __init__(self, config: ModelConfig, qk_norm: bool):
+    def __init__(self, config: ModelConfig, qk_norm: bool, mlp: Module | None = None):
         super().__init__()
         self.self_attn = LlamaAttention(config, qk_norm)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp or GatedMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -72,11 +72,13 @@ class LlamaDecoderLayer(Module):
 
 
 class LlamaModel(DecoderModel):
-    def __init__(self, config: ModelConfig, qk_norm: bool):
+    def __init__(self, config: ModelConfig, qk_norm: bool, mlp_for=None):
+        """mlp_for(i): layer i's MLP module (default: the dense GatedMLP)."""
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qk_norm) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, qk_norm, mlp_for(i) if mlp_for else None)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.layers.moe import is_expert_tensor
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
 from engine.quant.layer import fused_kernel_takes
-from engine.quant.recipes import GROUP_SIZE, MIN_DIM, Q46_TARGET_BITS, RECIPES
+from engine.quant.recipes import GROUP_SIZE, Q46_TARGET_BITS, RECIPES, is_quantizable
 
 KINDS = (
     "embedding",
@@ -54,17 +55,13 @@ def tensor_kind(name: str, shape: tuple[int, ...]) -> str:
     return "vectors"
 
 
-def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
-    return len(shape) == 2 and min(shape) >= MIN_DIM and name.endswith("weight")
-
-
 def recipe_tensor_bytes(
     name: str, shape: tuple[int, ...], recipe: str, dtype_bytes: int, bits: float | None = None
 ) -> int:
     """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead)."""
     numel = math.prod(shape)
     dense = numel * dtype_bytes
-    if not _is_matrix(name, shape):
+    if not is_quantizable(name, shape):
         return dense
     if bits is not None:
         return round(numel * bits / 8)
@@ -114,9 +111,10 @@ def artifact_weight_bytes(
         stored = sum(
             _span(header[p]) for p in (f"{name}.qpacked", f"{name}.qscales", f"{name}.qmins") if p in header
         )
-        tensors.append(
-            (name, tuple(q["shape"]), stored if fused_kernel_takes(q["bits"], q["group_size"]) else None)
-        )
+        # held packed where a linear layer multiplies it packed; an expert's matrix is dequantized into the
+        # stacked experts (engine/layers/moe.py), as a group narrower than the fused kernel takes is
+        packed = fused_kernel_takes(q["bits"], q["group_size"]) and not is_expert_tensor(name)
+        tensors.append((name, tuple(q["shape"]), stored if packed else None))
     for name, info in header.items():
         if name != "__metadata__" and name not in parts:
             tensors.append((name, tuple(info["shape"]), None))

@@ -73,7 +73,7 @@ def measure_sensitivity(
     base = logprobs()
     params = dict(model.named_parameters())
     source = open_source(src)
-    names = [(name, t) for name, t in source.weights() if is_quantizable(name, t)]
+    names = [(name, t) for name, t in source.weights() if is_quantizable(name, t.shape)]
     sensitivity, numel, errors, costs = {}, {}, {}, {}
     for i, (name, tensor) in enumerate(names):
         mapped = model.param_for(name)

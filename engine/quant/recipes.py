@@ -9,7 +9,9 @@
   replaced by its 4-bit g128 version and the KL divergence of the next-token distributions on a
   calibration text is taken against the unquantized model; an option's KL is estimated from it by the
   ratio of the option's squared reconstruction error to the 4-bit one.
-Vectors (norms, biases, gates) and small matrices stay in fp32 (bf16 in the bf16 recipe).
+Vectors (norms, biases, gates), small matrices and mixture-of-experts routers (`mlp.gate.weight`: which
+experts a token takes turns on small differences of their scores, and the router is E x H, a sliver of
+the model) stay in fp32 (bf16 in the bf16 recipe).
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ CALIBRATION_TEXT = (
 )
 
 
-def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
-    return tensor.dim() == 2 and min(tensor.shape) >= MIN_DIM and name.endswith("weight")
+def is_quantizable(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
+    """Whether a checkpoint tensor of this name and shape is a matrix the recipes quantize."""
+    router = name.endswith(".mlp.gate.weight")
+    return len(shape) == 2 and min(shape) >= MIN_DIM and name.endswith("weight") and not router
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Plan:
         if self.recipe == "q4.6":
             option = self.options.get(name)
         else:
-            option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor) else None
+            option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor.shape) else None
         if option is None:
             return tensor.float()
         bits, group = option

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 
 import torch
 
@@ -23,6 +24,8 @@ from engine.worker.forward_context import (
     same_query_count,
     set_forward_context,
 )
+
+log = logging.getLogger("ninfer.runner")
 
 
 class ModelRunner:
@@ -78,7 +81,10 @@ class ModelRunner:
             else None
         )
         self.graphs: DecodeGraphs | None = None
-        if engine_config.cuda_graphs and self.device.type == "cuda":
+        graphs_on = engine_config.cuda_graphs and self.device.type == "cuda"
+        if graphs_on and model.no_cuda_graphs:
+            log.warning("decoding without CUDA graphs: %s", model.no_cuda_graphs)
+        elif graphs_on:
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
             graphs = DecodeGraphs(

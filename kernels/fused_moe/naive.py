@@ -1,0 +1,45 @@
+import torch
+
+
+def moe_route(
+    router_logits: torch.Tensor,  # [T, E]
+    top_k: int,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights fp32 [T, top_k], expert ids int64 [T, top_k]): softmax over all experts in fp32, the top_k
+    largest (ties: the lower id first), renormalised to sum to 1 when `renormalize`."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H]
+    gate_up: torch.Tensor,  # [E, 2I, H]: each expert's gate rows, then its up rows
+    down: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k]
+) -> torch.Tensor:
+    """sum_j w_j down_e(silu(gate_e x) * up_e x) over each token's chosen experts e = ids[t, j]: [T, H] in
+    x's dtype, each expert's products in x's dtype, the weighted sum in fp32. Tokens are grouped by expert
+    (one sort), each expert multiplying its group once."""
+    num_tokens, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)  # [T k]
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    token_of = order // k  # [T k]: the token of each sorted assignment
+    weight_of = topk_weights.reshape(-1)[order]
+    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = token_of[start : start + count]
+        h = x[rows] @ gate_up[expert].t()  # [n, 2I]
+        g, u = h.chunk(2, dim=-1)
+        y = (torch.nn.functional.silu(g) * u) @ down[expert].t()  # [n, H]
+        out.index_add_(0, rows, y.float() * weight_of[start : start + count, None])
+        start += count
+    return out.to(x.dtype)

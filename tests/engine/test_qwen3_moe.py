@@ -1,0 +1,161 @@
+"""Qwen3-MoE (Qwen3MoeForCausalLM): the engine against transformers on tiny random checkpoints, both
+checkpoint layouts of the experts, the refusals, and the mixture-of-experts ops' naive twins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+from safetensors.torch import load_file, save_file
+
+import kernels
+from engine import LLM, SamplingParams
+from engine.errors import NinferError
+from engine.quant.calibration import sequence_logprobs
+from engine.quant.convert import convert
+
+PROMPT = list(range(10, 40))
+
+
+def _reference_logprobs(model, ids):
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    model = tiny_hf_model("qwen3_moe", tied=False)
+    return model, save_tiny(model, tmp_path_factory.mktemp("qwen3_moe"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # sparse, dense (mlp_only_layers), sparse; routing renormalised
+        {"norm_topk_prob": False, "mlp_only_layers": [], "decoder_sparse_step": 2, "num_experts_per_tok": 3},
+    ],
+)
+def test_logprobs_match_transformers(tmp_path, overrides):
+    model = tiny_hf_model("qwen3_moe", tied=False, seed=1, **overrides)
+    llm = LLM(save_tiny(model, tmp_path), weight_quant="none")
+    layers = llm.model.model.layers
+    sparse = [type(layer.mlp).__name__ == "SparseMoE" for layer in layers]
+    assert sparse == ([True, False, True] if not overrides else [False, True, False])
+    got = sequence_logprobs(llm, PROMPT)
+    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_greedy_generation_matches_transformers(moe):
+    """Two prompts at once (prefill, then decode steps through the paged KV cache)."""
+    model, path = moe
+    prompts = [[5, 9, 200, 31, 77, 5, 9], list(range(40, 60))]
+    got = LLM(path, weight_quant="none").generate(
+        prompt_token_ids=prompts,
+        sampling_params=SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+    )
+    for prompt, out in zip(prompts, got):
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :]
+        assert out.token_ids == want.tolist()
+
+
+def test_stacked_expert_checkpoints_load_the_same(moe, tmp_path):
+    """transformers holds the experts stacked (gate_up_proj [E, 2I, H], down_proj [E, H, I]); a checkpoint
+    saved that way loads into the same parameters."""
+    model, path = moe
+    tensors = load_file(path / "model.safetensors")
+    for layer in (0, 2):
+        base = f"model.layers.{layer}.mlp.experts"
+        experts = range(8)
+        gate_up = [
+            torch.cat([tensors.pop(f"{base}.{e}.{k}_proj.weight") for k in ("gate", "up")]) for e in experts
+        ]
+        tensors[f"{base}.gate_up_proj"] = torch.stack(gate_up)
+        tensors[f"{base}.down_proj"] = torch.stack(
+            [tensors.pop(f"{base}.{e}.down_proj.weight") for e in experts]
+        )
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    got = sequence_logprobs(LLM(tmp_path, weight_quant="none"), PROMPT)
+    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_a_missing_expert_or_expert_count_is_refused(moe, tmp_path):
+    _, path = moe
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.2.mlp.experts.5.down_proj.weight"]
+    config = json.loads((path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(NinferError, match=r"lacks model\.layers\.2\.mlp\.experts\.down_proj \[down:5\]"):
+        LLM(tmp_path)
+    config.pop("num_local_experts", None)
+    config.pop("num_experts", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NinferError, match="lacks num_experts"):
+        LLM(tmp_path)
+
+
+def test_through_the_triton_path_and_a_converted_artifact(moe, tmp_path, kernel_backend):
+    """The other ops through Triton (interpreted here) beside the experts' twin; a w8g128 .ninfer keeps the
+    router unquantized and generates."""
+    model, path = moe
+    kernel_backend("triton")
+    got = sequence_logprobs(LLM(path, weight_quant="none"), PROMPT)
+    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-3
+    kernel_backend("")
+    rows = convert(path, tmp_path / "m.ninfer", "w8g128", method="rtn")
+    bits = {r["kind"]: r["bits"] for r in rows}
+    assert (
+        bits["model.layers.*.mlp.gate.weight"] == "32"
+        and bits["model.layers.*.mlp.experts.*.up_proj.weight"] == "8"
+    )
+    out = LLM(tmp_path / "m.ninfer").generate(
+        prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=4, ignore_eos=True)
+    )
+    assert len(out[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_moe_twin_equals_every_expert_masked(renormalize, dtype):
+    """moe_route + fused_moe against a dense reference: every expert on every token, weighted by the
+    router's top-k probabilities (zero elsewhere)."""
+    torch.manual_seed(0)
+    tokens, hidden, inter, experts, k = 13, 32, 24, 6, 3
+    x = torch.randn(tokens, hidden).to(dtype)
+    gate_up = (torch.randn(experts, 2 * inter, hidden) * 0.2).to(dtype)
+    down = (torch.randn(experts, hidden, inter) * 0.2).to(dtype)
+    logits = torch.randn(tokens, experts)
+    weights, ids = kernels.moe_route(logits, k, renormalize)
+    probs = torch.softmax(logits, -1)
+    assert ids.shape == (tokens, k) and (probs.gather(1, ids) >= probs.topk(k).values[:, -1:]).all()
+    assert torch.allclose(weights.sum(-1), torch.ones(tokens)) == renormalize
+    dense = torch.zeros(tokens, experts).scatter(1, ids, weights)  # [T, E]
+    want = torch.zeros(tokens, hidden)
+    for e in range(experts):
+        g, u = (x.float() @ gate_up[e].float().t()).chunk(2, -1)
+        want += dense[:, e : e + 1] * ((torch.nn.functional.silu(g) * u) @ down[e].float().t())
+    got = kernels.fused_moe(x, gate_up, down, weights, ids)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert ((got.float() - want).norm() / want.norm()) < tol
+
+
+def test_planner_counts_the_experts_as_the_loader_holds_them(moe, tmp_path, kernel_backend):
+    """Where the GPU keeps a .ninfer's matrices packed (Triton forced here), each expert's matrix is
+    dequantized into the stacked experts; the plan's weights (artifact_weight_bytes) count them so."""
+    from engine.plan.weights import artifact_weight_bytes
+
+    _, path = moe
+    convert(path, tmp_path / "m.ninfer", "w4g128", method="rtn")
+    kernel_backend("triton")
+    llm = LLM(tmp_path / "m.ninfer", weight_quant="none")
+    packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+    dense = sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    assert packed and llm.model.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float32
+    assert sum(packed.values()) + dense == sum(
+        artifact_weight_bytes(tmp_path / "m.ninfer", llm.model_config, dtype_bytes=4).values()
+    )
