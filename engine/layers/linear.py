@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -17,8 +19,36 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: s
     param.data.copy_(loaded)
 
 
+_MATRICES_ON_META = False
+
+
+@contextmanager
+def matrices_on_meta():
+    """Build a model whose matrices (parameters of 2+ dimensions) take no memory until `materialize`: a
+    quantized model the GPU keeps packed never holds its dense matrices, not even between construction
+    and loading (a 27B model's would need 54 GB in bf16)."""
+    global _MATRICES_ON_META
+    prev, _MATRICES_ON_META = _MATRICES_ON_META, True
+    try:
+        yield
+    finally:
+        _MATRICES_ON_META = prev
+
+
+def materialize(param: nn.Parameter, device: torch.device | str) -> None:
+    """Give a parameter built under matrices_on_meta its (uninitialised) storage on `device`."""
+    if param.is_meta:  # (`.data =` cannot leave the meta device; a swap keeps the object and its attributes)
+        attributes = dict(param.__dict__)  # weight_loader, shard_names
+        torch.utils.swap_tensors(
+            param,
+            nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=False),
+        )
+        param.__dict__.update(attributes)
+
+
 def make_param(*shape: int, loader=default_weight_loader, shards: dict | None = None) -> nn.Parameter:
-    p = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    device = "meta" if _MATRICES_ON_META and len(shape) >= 2 else None  # None: the current default device
+    p = nn.Parameter(torch.empty(*shape, device=device), requires_grad=False)
     p.weight_loader = loader
     # NOTE: the shard names a fused parameter expects; the loader checks every one arrived
     p.shard_names = tuple(shards) if shards else ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -15,7 +16,14 @@ from engine.formats.container import SUFFIX, load_container
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.source import ModelSource
-from engine.layers.linear import Embedding, Linear, MergedLinear, store_weights_column_major
+from engine.layers.linear import (
+    Embedding,
+    Linear,
+    MergedLinear,
+    materialize,
+    matrices_on_meta,
+    store_weights_column_major,
+)
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
@@ -72,16 +80,18 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
                 f"on {engine_config.device} the weights are dequantized at load (use --device cuda)"
             )
         )
+    packed = keeps_quantized(source, engine_config)
     prev_dtype = torch.get_default_dtype()
     torch.set_default_dtype(engine_config.torch_dtype)
     try:
-        with torch.device(engine_config.device):
+        # packed: matrices get storage only where they load dense (load_keeping_quantized)
+        with torch.device(engine_config.device), matrices_on_meta() if packed else nullcontext():
             model = cls(source.config)
             if engine_config.spec == "mtp":
                 model.build_mtp()
     finally:
         torch.set_default_dtype(prev_dtype)
-    if keeps_quantized(source, engine_config):
+    if packed:
         load_keeping_quantized(model, source, engine_config.device)
     else:
         model.load_weights(source.weights(), source.tensor_bits)
@@ -158,8 +168,11 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
                 module.qweight = weight
                 module.weight = None
         if not packable or len(users) > len(takers):  # the dense copy is still needed
+            materialize(param, device)
             for shard, qt in shards.items():
                 dense = dequantize(qt)
                 param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
         provided.update((pname, shard) for shard in shards)
+    for param in model.parameters():  # the matrices stored unquantized (and any the file lacks: refused)
+        materialize(param, device)
     model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)

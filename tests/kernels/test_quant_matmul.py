@@ -337,3 +337,36 @@ def test_planner_counts_the_weights_the_loader_holds(tmp_path, kernel_backend, r
     assert len(packed) >= 4 and held == sum(
         artifact_weight_bytes(out, llm.model_config, dtype_bytes=4).values()
     )
+
+
+def test_packed_matrices_never_get_dense_storage(tmp_path, monkeypatch, kernel_backend):
+    """Kept packed, a .ninfer's matrices are built on the meta device and never allocated dense, not even
+    between construction and loading (a 27B model's dense matrices would need 54 GB on a 24 GB card);
+    only those loaded dense get storage. The model then has no meta parameter left."""
+    from engine.layers import linear
+    from engine.models import loader
+
+    src = save_tiny(
+        tiny_hf_model("llama", tied=True, seed=3, hidden_size=128, intermediate_size=256), tmp_path / "s"
+    )
+    convert(src, tmp_path / "m.ninfer", "w4g128")
+    kernel_backend("triton")
+    built = []  # (dims, on meta) of every parameter the model's layers create
+    make = linear.make_param
+    monkeypatch.setattr(
+        linear, "make_param", lambda *a, **k: built.append((len(a), (p := make(*a, **k)).is_meta)) or p
+    )
+    materialized = []
+    real = loader.materialize
+    monkeypatch.setattr(
+        loader, "materialize", lambda p, d: (p.is_meta and materialized.append(p.shape), real(p, d))
+    )
+    llm = LLM(tmp_path / "m.ninfer", weight_quant="none", device=DEVICE)
+    assert built and all(meta == (dims >= 2) for dims, meta in built)
+    assert not materialized  # every matrix of w4g128 is packed
+    assert not any(p.is_meta for p in llm.model.parameters())
+    assert all(m.weight is None for m in llm.model.modules() if getattr(m, "qweight", None) is not None)
+    out = llm.generate(
+        prompt_token_ids=[[5, 6, 7]], sampling_params=SamplingParams(max_tokens=3, ignore_eos=True)
+    )
+    assert len(out[0].token_ids) == 3
