@@ -26,6 +26,8 @@ import triton.testing
 from engine.cache.kv_layout import KVCache
 from engine.quant.groupwise import quantize
 from kernels.conv1d import triton as conv1d_triton
+from kernels.fused_moe import naive as fused_moe_naive
+from kernels.fused_moe import triton as fused_moe_triton
 from kernels.gated_delta import triton as gated_delta_triton
 from kernels.int8_act import triton as int8_act_triton
 from kernels.int8_matmul import triton as int8_matmul_triton
@@ -377,6 +379,30 @@ def main() -> None:
             t = bench(lambda x=x: x @ w.t(), triton_kernels=False)
             record("bf16 GEMM, dense weight (cuBLAS)", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
 
+    def mixture_of_experts():
+        # Qwen3-30B-A3B's sparse MLP (H 2048, I 768, 8 of 128 experts), experts packed at 4 bits: a decode
+        # step streams its 8 experts' bytes (against HBM), a prompt chunk is compute (against the bf16 peak)
+        hidden, inter, experts, k = 2048, 768, 128, 8
+        gen = torch.Generator().manual_seed(0)
+
+        def packed(n, kk):  # random codes: the timing does not depend on the values
+            codes = torch.randint(0, 256, (experts, n, kk // 2), dtype=torch.uint8, generator=gen).to(DEVICE)
+            scales = (torch.rand(experts, n, kk // 128, generator=gen) * 1e-3).half().to(DEVICE)
+            return fused_moe_naive.PackedExperts(codes, scales, -8 * scales, 4, 128, kk)
+
+        gate_up, down = packed(2 * inter, hidden), packed(hidden, inter)
+        per_expert = sum(t[0].numel() * t.element_size() for e in (gate_up, down) for t in e[:3])
+        for tokens in (1, 4, 2048):
+            x = torch.randn(tokens, hidden, device=DEVICE, dtype=bf)
+            ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(DEVICE)
+            weights = torch.rand(tokens, k, device=DEVICE)
+            t = bench(lambda x=x, i=ids, w=weights: fused_moe_triton.fused_moe(x, gate_up, down, w, i))
+            name, shape = "W4A16 fused MoE, 8 of 128 experts", f"T={tokens}, H 2048, I 768"
+            if tokens <= 4:  # bandwidth: the distinct experts' packed bytes, read once at best
+                record(name, shape, t, bytes_moved=min(experts, tokens * k) * per_expert)
+            else:
+                record(name, shape, t, flops=2 * tokens * k * 3 * hidden * inter)
+
     def prefill_attention():
         q, cache, table, seq_lens, cu = prefill_case()
         t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))
@@ -541,7 +567,15 @@ def main() -> None:
                 )
 
     failed = []
-    sections = (dense_ops, decode_attention, gated_deltanet, quantized_matmul, prefill_attention, sweeps)
+    sections = (
+        dense_ops,
+        decode_attention,
+        gated_deltanet,
+        quantized_matmul,
+        mixture_of_experts,
+        prefill_attention,
+        sweeps,
+    )
     for section in sections if not args.no_sweeps else sections[:-1]:
         try:  # one section's failure (a kernel that does not compile here) costs its rows, not the table
             section()

@@ -192,5 +192,5 @@ def moe_route(router_logits, top_k, renormalize):
 
 
 def fused_moe(x, gate_up, down, topk_weights, topk_ids):
-    """Every device runs the naive twin for now (kernels/fused_moe/__init__.py)."""
-    return _fused_moe_naive.fused_moe(x, gate_up, down, topk_weights, topk_ids)
+    impl = _triton("fused_moe") if use_triton(x) else _fused_moe_naive
+    return impl.fused_moe(x, gate_up, down, topk_weights, topk_ids)

@@ -79,3 +79,29 @@ def six_bit_words(packed_ptr, rows, row_mask, k0, KP, BLOCK_N: tl.constexpr, GRO
     word_d = (w2 >> 8) & 0xFFFFFF
     # joined as [chunk, j, i] = (a, c), (b, d): flat index 4 chunk + 2j + i runs a, b, c, d
     return tl.reshape(tl.join(tl.join(word_a, word_c), tl.join(word_b, word_d)), (BLOCK_N, GROUP_SIZE // 4))
+
+
+@triton.jit
+def unpack_codes(
+    packed_ptr, rows, row_mask, k0, KP, BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE: tl.constexpr
+):
+    """The codes of columns k0 .. k0 + GROUP_SIZE of weight `rows`, in column order: int32 [BLOCK_N,
+    GROUP_SIZE] (4 / 6-bit: unsigned; 8-bit: signed). packed_ptr: the rows as engine/quant/groupwise.py
+    packs them (4-bit: bytes, the even column in the low nibble; 6-bit: read as int32, see six_bit_words;
+    8-bit: int8), KP columns a row."""
+    if BITS == 4:  # bytes, even column in the low nibble: (low, high) joined is the column order
+        j = tl.arange(0, GROUP_SIZE // 2)
+        byte = tl.load(
+            packed_ptr + rows[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=row_mask[:, None], other=0
+        ).to(tl.int32)
+        return tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, GROUP_SIZE))
+    elif BITS == 6:  # word j holds columns 4j + p: joined as [j, p1, p0], p = 2 p1 + p0
+        word = six_bit_words(packed_ptr, rows, row_mask, k0, KP, BLOCK_N, GROUP_SIZE)
+        low = tl.join(word & 63, (word >> 12) & 63)
+        high = tl.join((word >> 6) & 63, (word >> 18) & 63)
+        return tl.reshape(tl.join(low, high), (BLOCK_N, GROUP_SIZE))
+    else:
+        kk = k0 + tl.arange(0, GROUP_SIZE)
+        return tl.load(packed_ptr + rows[:, None] * KP + kk[None, :], mask=row_mask[:, None], other=0).to(
+            tl.int32
+        )

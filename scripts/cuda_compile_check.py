@@ -287,6 +287,27 @@ def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 512
     _op("int8_matmul").int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group, out)
 
 
+def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 128, k: int = 8):
+    """Qwen3-30B-A3B's sparse MLP (H 2048, I 768, 8 of 128 experts): dense (bits 16) or packed experts, a
+    decode step (1 token: 16-assignment blocks) or a prompt chunk (64-assignment blocks)."""
+    hidden, inter = 2048, 768
+    moe = _op("fused_moe")
+    packed_experts = importlib.import_module("kernels.fused_moe.naive").PackedExperts
+
+    def experts_of(n, kk):
+        if bits == 16:
+            return _randn(experts, n, kk, dtype=DTYPES[dtype])
+        width = {4: kk // 2, 6: kk // 4 * 3, 8: kk}[bits]
+        packed = torch.zeros(experts, n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+        scales = torch.rand(experts, n, kk // 128).half()
+        return packed_experts(packed, scales, None if bits == 8 else -scales, bits, 128, kk)
+
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k)
+    x = _randn(tokens, hidden, dtype=DTYPES[dtype])
+    moe.fused_moe(x, experts_of(2 * inter, hidden), experts_of(hidden, inter), weights, ids)
+
+
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
     """A packed table (any width), rows dequantized on lookup."""
     scales = torch.rand(vocab, dim // 128).half()
@@ -359,6 +380,9 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             add(case_int8_matmul, bits=bits, m=m, dtype="bf16")
     add(case_int8_matmul, bits=4, m=2048, dtype="fp16")
     add(case_int8_matmul, bits=4, m=2048, dtype="bf16", n=576, k=1536, group=32)  # a GGUF's Q4 blocks
+    for bits in (16, 4, 6, 8):
+        for tokens in (1, 256):
+            add(case_fused_moe, bits=bits, tokens=tokens)
     return out
 
 

@@ -11,24 +11,34 @@ import kernels
 from engine.config import ModelConfig
 from engine.layers.linear import Linear, make_param
 from engine.layers.module import Module
+from engine.quant.groupwise import QuantizedTensor
+from kernels.fused_moe.naive import PackedExperts
+from kernels.quant_matmul import MIN_GROUP
 
 # one expert's matrix as the hub stores it: model.layers.<i>.mlp.experts.<e>.<kind>_proj.weight
 EXPERT_TENSOR = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
-def is_expert_tensor(name: str) -> bool:
-    """Whether a checkpoint tensor is one expert's matrix (loaded into the stacked experts)."""
-    return EXPERT_TENSOR.match(name) is not None
+def expert_stack(name: str) -> str | None:
+    """The stacked experts parameter a checkpoint tensor of one expert loads into (`<...>.experts.gate_up_proj`
+    or `.down_proj`); None for any other tensor."""
+    expert = EXPERT_TENSOR.match(name)
+    if expert is None:
+        return None
+    base, _, kind = expert.groups()
+    return f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"
 
 
 class Experts(Module):
     """Every expert's weights stacked: gate_up_proj [E, 2I, H] (gate rows, then up rows), down_proj
     [E, H, I], as transformers holds them. A checkpoint stores either these two tensors, or each expert's
-    gate_proj / up_proj / down_proj: shards named "gate:e", "up:e", "down:e"."""
+    gate_proj / up_proj / down_proj: shards named "gate:e", "up:e", "down:e". Kept packed (a .ninfer on
+    the GPU), each is a PackedExperts in `packed` instead, its parameter None."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.intermediate_size = intermediate_size
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.packed: dict[str, PackedExperts] = {}
         experts = range(num_experts)
         self.gate_up_proj = make_param(
             num_experts,
@@ -72,4 +82,43 @@ class SparseMoE(Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> [T, H]
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)  # [T, k] each
-        return kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        experts = self.experts
+        gate_up = experts.packed.get("gate_up_proj", experts.gate_up_proj)
+        down = experts.packed.get("down_proj", experts.down_proj)
+        return kernels.fused_moe(x, gate_up, down, weights, ids)
+
+
+def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device) -> bool:
+    """Keep a stacked experts parameter packed (load_keeping_quantized): when every expert's matrix (every
+    shard) is quantized at one width and group the kernel takes, stack them into a PackedExperts on the
+    Experts module (gate and up rows concatenated per expert) and drop the dense parameter. False where
+    `param` is not an experts matrix, or is not quantized alike."""
+    module_name, _, attr = pname.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else None
+    if not isinstance(module, Experts) or set(shards) != set(param.shard_names):
+        return False
+    first = next(iter(shards.values()))
+    alike = all(
+        (q.bits, q.group_size, q.shape[1]) == (first.bits, first.group_size, first.shape[1])
+        for q in shards.values()
+    )
+    if not alike or first.group_size < MIN_GROUP.get(first.bits, 1 << 30):
+        return False
+    kinds = ("down",) if attr == "down_proj" else ("gate", "up")
+    per_expert: list[list[QuantizedTensor]] = [
+        [shards[f"{k}:{e}"] for k in kinds] for e in range(module.num_experts)
+    ]
+
+    def stack(field: str) -> torch.Tensor:
+        return torch.stack([torch.cat([getattr(q, field) for q in qs]) for qs in per_expert]).to(device)
+
+    module.packed[attr] = PackedExperts(
+        stack("packed"),
+        stack("scales"),
+        stack("minimums") if first.minimums is not None else None,
+        first.bits,
+        first.group_size,
+        first.shape[1],
+    )
+    setattr(module, attr, None)
+    return True

@@ -34,8 +34,6 @@ class CausalLM(Module):
     renamed_params: dict[str, str] = {}
 
     model: DecoderModel
-    # why decode steps cannot be captured as CUDA graphs (an op that syncs with the host), or None
-    no_cuda_graphs: str | None = None
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -24,6 +24,7 @@ from engine.layers.linear import (
     matrices_on_meta,
     store_weights_column_major,
 )
+from engine.layers.moe import pack_experts
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
@@ -139,8 +140,9 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
 
     Linear layers and the embedding table get a GroupwiseWeight (fused shards concatenated along the
     output dim; shards of different widths as ConcatenatedWeights) and drop their dense weight; a tied head and its table share one (the table's rows are
-    dequantized on lookup). Groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit
-    groups under 64) are dequantized.
+    dequantized on lookup). A mixture of experts' stacked matrices stay packed when every expert's is
+    quantized alike (engine/layers/moe.pack_experts). Groups narrower than the kernel takes
+    (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64) are dequantized.
     """
     by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
     for name, qt in source.quantized_weights():
@@ -152,6 +154,9 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     for pname, shards in by_param.items():
         param = params.get(pname)
         if param is None:
+            continue
+        if pack_experts(model, pname, param, shards, device):
+            provided.update((pname, shard) for shard in shards)
             continue
         users = [m for m in model.modules() if getattr(m, "weight", None) is param]
         takers = [m for m in users if isinstance(m, (Linear, Embedding))]

@@ -11,7 +11,6 @@ from engine.models.llama import GatedMLP, LlamaForCausalLM, LlamaModel
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     qk_norm = True
-    no_cuda_graphs = "the experts' op groups tokens by expert with a host sync (no Triton kernel yet)"
 
     def __init__(self, config: ModelConfig):
         missing = [

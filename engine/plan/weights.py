@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.layers.moe import is_expert_tensor
+from engine.layers.moe import expert_stack
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
 from engine.quant.layer import fused_kernel_takes
@@ -106,14 +107,19 @@ def artifact_weight_bytes(
     header = read_header(path)
     quant = json.loads(header["__metadata__"].get("quant") or "{}")
     parts = {f"{n}.{p}" for n in quant for p in ("qpacked", "qscales", "qmins")}
+    # a mixture of experts' matrices stay packed, stacked, where every expert of a layer's gate|up or down is
+    # quantized alike (engine/layers/moe.pack_experts); otherwise they are dequantized into the stack
+    layouts: dict[str, set] = defaultdict(set)
+    for name, q in quant.items():
+        if (key := expert_stack(name)) is not None:
+            layouts[key].add((q["bits"], q["group_size"], q["shape"][1]))
     tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     for name, q in quant.items():
         stored = sum(
             _span(header[p]) for p in (f"{name}.qpacked", f"{name}.qscales", f"{name}.qmins") if p in header
         )
-        # held packed where a linear layer multiplies it packed; an expert's matrix is dequantized into the
-        # stacked experts (engine/layers/moe.py), as a group narrower than the fused kernel takes is
-        packed = fused_kernel_takes(q["bits"], q["group_size"]) and not is_expert_tensor(name)
+        key = expert_stack(name)
+        packed = fused_kernel_takes(q["bits"], q["group_size"]) and (key is None or len(layouts[key]) == 1)
         tensors.append((name, tuple(q["shape"]), stored if packed else None))
     for name, info in header.items():
         if name != "__metadata__" and name not in parts:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 
 import torch
 
@@ -24,8 +23,6 @@ from engine.worker.forward_context import (
     same_query_count,
     set_forward_context,
 )
-
-log = logging.getLogger("ninfer.runner")
 
 
 class ModelRunner:
@@ -81,10 +78,7 @@ class ModelRunner:
             else None
         )
         self.graphs: DecodeGraphs | None = None
-        graphs_on = engine_config.cuda_graphs and self.device.type == "cuda"
-        if graphs_on and model.no_cuda_graphs:
-            log.warning("decoding without CUDA graphs: %s", model.no_cuda_graphs)
-        elif graphs_on:
+        if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
             graphs = DecodeGraphs(

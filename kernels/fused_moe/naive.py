@@ -1,4 +1,38 @@
+from __future__ import annotations
+
+from typing import NamedTuple
+
 import torch
+
+from kernels.quant_matmul.naive import dequantize_weight
+
+
+class PackedExperts(NamedTuple):
+    """Every expert's matrix [N, K] group-wise quantized alike (engine/quant/groupwise.py's layout),
+    stacked: packed [E, N, ...], scales / minimums [E, N, G]."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor | None
+    bits: int
+    group_size: int
+    k: int
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [E, N, K]."""
+        return torch.stack(
+            [
+                dequantize_weight(
+                    self.packed[e],
+                    self.scales[e],
+                    None if self.minimums is None else self.minimums[e],
+                    self.bits,
+                    self.group_size,
+                    self.k,
+                )
+                for e in range(self.packed.shape[0])
+            ]
+        )
 
 
 def moe_route(
@@ -17,14 +51,19 @@ def moe_route(
 
 def fused_moe(
     x: torch.Tensor,  # [T, H]
-    gate_up: torch.Tensor,  # [E, 2I, H]: each expert's gate rows, then its up rows
-    down: torch.Tensor,  # [E, H, I]
+    gate_up: torch.Tensor | PackedExperts,  # [E, 2I, H]: each expert's gate rows, then its up rows
+    down: torch.Tensor | PackedExperts,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k]
 ) -> torch.Tensor:
     """sum_j w_j down_e(silu(gate_e x) * up_e x) over each token's chosen experts e = ids[t, j]: [T, H] in
     x's dtype, each expert's products in x's dtype, the weighted sum in fp32. Tokens are grouped by expert
-    (one sort), each expert multiplying its group once."""
+    (one sort), each expert multiplying its group once. Packed experts are dequantized first (to x's
+    dtype)."""
+    if isinstance(gate_up, PackedExperts):
+        gate_up = gate_up.dequantize().to(x.dtype)
+    if isinstance(down, PackedExperts):
+        down = down.dequantize().to(x.dtype)
     num_tokens, k = topk_ids.shape
     flat = topk_ids.reshape(-1)  # [T k]
     order = torch.argsort(flat, stable=True)

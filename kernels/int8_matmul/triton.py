@@ -21,26 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.int8_matmul import MIN_GROUP
-from kernels.triton_codes import six_bit_words
-
-
-@triton.jit
-def _weight_codes(
-    packed_ptr, offs_n, n_mask, k0, KP, BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE: tl.constexpr
-):
-    """The int8 codes [BLOCK_N, GROUP_SIZE] of W[offs_n, k0:k0 + GROUP_SIZE], columns in natural order."""
-    if BITS == 4:  # byte b of a row: column 2b in the low nibble, 2b + 1 in the high one
-        half = k0 // 2 + tl.arange(0, GROUP_SIZE // 2)
-        b = tl.load(packed_ptr + offs_n[:, None] * (KP // 2) + half[None, :], mask=n_mask[:, None], other=0)
-        codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, GROUP_SIZE))
-    elif BITS == 6:  # word j: columns 4j + p in bits 6p .. 6p + 5
-        word = six_bit_words(packed_ptr, offs_n, n_mask, k0, KP, BLOCK_N, GROUP_SIZE)
-        c0, c1, c2, c3 = word & 63, (word >> 6) & 63, (word >> 12) & 63, (word >> 18) & 63
-        codes = tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCK_N, GROUP_SIZE))
-    else:
-        kk = k0 + tl.arange(0, GROUP_SIZE)
-        codes = tl.load(packed_ptr + offs_n[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
-    return codes.to(tl.int8)
+from kernels.triton_codes import unpack_codes
 
 
 @triton.jit
@@ -82,7 +63,7 @@ def _int8_matmul_kernel(
     for g in range(0, num_groups):
         k0 = g * GROUP_SIZE
         a = tl.load(codes_ptr + offs_m[:, None] * KP + (k0 + kk)[None, :], mask=m_mask[:, None], other=0)
-        w = _weight_codes(packed_ptr, offs_n, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE)
+        w = unpack_codes(packed_ptr, offs_n, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE).to(tl.int8)
         prod = tl.dot(a, tl.trans(w), out_dtype=tl.int32).to(tl.float32)  # [BLOCK_M, BLOCK_N]
         scale = tl.load(scales_ptr + offs_n * num_groups + g, mask=n_mask, other=0.0).to(tl.float32)
         x_scale = tl.load(x_scales_ptr + offs_m * num_groups + g, mask=m_mask, other=0.0)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.quant_matmul import DEQUANT_SCRATCH_BYTES
-from kernels.triton_codes import six_bit_words
+from kernels.triton_codes import unpack_codes
 
 DEQUANT_BLOCK_N = 32  # weight rows a program (one group of columns each)
 ROW_ALIGN = 64  # slices are whole multiples of this many rows
@@ -52,20 +52,7 @@ def _dequantize_kernel(
     n_mask = offs_n < ROWS
     rows = row0 + offs_n
     scale = tl.load(scales_ptr + rows * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
-    if BITS == 4:  # bytes, even column in the low nibble: (low, high) joined is the column order
-        j = tl.arange(0, GROUP_SIZE // 2)
-        byte = tl.load(
-            packed_ptr + rows[:, None] * (KP // 2) + (k0 // 2 + j)[None, :], mask=n_mask[:, None], other=0
-        ).to(tl.int32)
-        q = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_N, GROUP_SIZE))
-    elif BITS == 6:  # word j holds columns 4j + p: joined as [j, p1, p0], p = 2 p1 + p0
-        word = six_bit_words(packed_ptr, rows, n_mask, k0, KP, BLOCK_N, GROUP_SIZE)
-        low = tl.join(word & 63, (word >> 12) & 63)
-        high = tl.join((word >> 6) & 63, (word >> 18) & 63)
-        q = tl.reshape(tl.join(low, high), (BLOCK_N, GROUP_SIZE))
-    else:
-        kk = k0 + tl.arange(0, GROUP_SIZE)
-        q = tl.load(packed_ptr + rows[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
+    q = unpack_codes(packed_ptr, rows, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE)
     w = q.to(tl.float32) * scale[:, None]
     if HAS_MINS:
         w += tl.load(mins_ptr + rows * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)[:, None]

@@ -17,6 +17,7 @@ from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 
 PROMPT = list(range(10, 40))
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton-forced engines
 
 
 def _reference_logprobs(model, ids):
@@ -103,7 +104,7 @@ def test_through_the_triton_path_and_a_converted_artifact(moe, tmp_path, kernel_
     router unquantized and generates."""
     model, path = moe
     kernel_backend("triton")
-    got = sequence_logprobs(LLM(path, weight_quant="none"), PROMPT)
+    got = sequence_logprobs(LLM(path, weight_quant="none", device=DEVICE), PROMPT).cpu()
     assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-3
     kernel_backend("")
     rows = convert(path, tmp_path / "m.ninfer", "w8g128", method="rtn")
@@ -144,18 +145,55 @@ def test_fused_moe_twin_equals_every_expert_masked(renormalize, dtype):
     assert ((got.float() - want).norm() / want.norm()) < tol
 
 
-def test_planner_counts_the_experts_as_the_loader_holds_them(moe, tmp_path, kernel_backend):
-    """Where the GPU keeps a .ninfer's matrices packed (Triton forced here), each expert's matrix is
-    dequantized into the stacked experts; the plan's weights (artifact_weight_bytes) count them so."""
+def test_packed_experts_run_the_triton_kernel_and_count_as_held(moe, tmp_path, kernel_backend):
+    """Where the GPU keeps a .ninfer packed (Triton forced here), every expert's matrices stay packed,
+    stacked (engine/layers/moe.pack_experts), and run the grouped kernel: the log-probs of the dequantized
+    CPU engine's; the plan's weights (artifact_weight_bytes) count them as held."""
     from engine.plan.weights import artifact_weight_bytes
 
     _, path = moe
-    convert(path, tmp_path / "m.ninfer", "w4g128", method="rtn")
-    kernel_backend("triton")
-    llm = LLM(tmp_path / "m.ninfer", weight_quant="none")
-    packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
-    dense = sum(p.numel() * p.element_size() for p in llm.model.parameters())
-    assert packed and llm.model.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float32
-    assert sum(packed.values()) + dense == sum(
-        artifact_weight_bytes(tmp_path / "m.ninfer", llm.model_config, dtype_bytes=4).values()
+    for recipe in ("w4g128", "q4.6"):
+        out = tmp_path / f"{recipe}.ninfer"
+        kernel_backend("")  # converting (q4.6 measures each matrix's error) and the reference: naive ops
+        convert(path, out, recipe, method="rtn")
+        want = sequence_logprobs(LLM(out, weight_quant="none"), PROMPT)
+        kernel_backend("triton")
+        llm = LLM(out, weight_quant="none", device=DEVICE)
+        experts = llm.model.model.layers[0].mlp.experts
+        if recipe == "w4g128":
+            assert set(experts.packed) == {"gate_up_proj", "down_proj"} and experts.gate_up_proj is None
+        packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+        stacks = [p for m in llm.model.modules() if hasattr(m, "packed") for p in m.packed.values()]
+        held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
+        held += sum(
+            t.numel() * t.element_size()
+            for p in stacks
+            for t in (p.packed, p.scales, p.minimums)
+            if t is not None
+        )
+        assert held == sum(artifact_weight_bytes(out, llm.model_config, dtype_bytes=4).values())
+        got = sequence_logprobs(llm, PROMPT).cpu()
+        assert (got - want).abs().max() < 1e-3
+
+
+def test_experts_quantized_differently_are_not_packed(moe):
+    """pack_experts stacks a layer's experts only when all are quantized alike (q4.6 chooses per matrix);
+    otherwise the loader dequantizes them into the dense stack."""
+    from engine.layers.moe import pack_experts
+    from engine.quant.groupwise import quantize
+
+    _, path = moe
+    llm = LLM(path, weight_quant="none")
+    pname = "model.layers.0.mlp.experts.down_proj"
+    param = llm.model.get_parameter(pname)
+    shards = {f"down:{e}": quantize(torch.randn(64, 32), 4, 32, False) for e in range(8)}
+    assert (
+        pack_experts(
+            llm.model, pname, param, {**shards, "down:3": quantize(torch.randn(64, 32), 8, 32, False)}, "cpu"
+        )
+        is False
     )
+    assert pack_experts(llm.model, "model.layers.0.mlp.gate.weight", param, shards, "cpu") is False
+    assert pack_experts(llm.model, pname, param, shards, "cpu") is True
+    experts = llm.model.model.layers[0].mlp.experts
+    assert experts.down_proj is None and experts.packed["down_proj"].packed.shape == (8, 64, 16)

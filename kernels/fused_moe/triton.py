@@ -1,0 +1,181 @@
+"""Mixture-of-experts MLP on the GPU: the tokens' expert assignments sorted by expert (moe_align, torch ops
+with no host sync, so decode steps can be captured as CUDA graphs), then one grouped matmul kernel launched
+twice: each program takes BLOCK_M assignments of one expert (its block of the sorted list) and BLOCK_N of
+that expert's output rows, gathers the assignments' rows of x and streams the expert's weight, packed
+(4 / 6 / 8-bit, engine/quant/groupwise.py's layout, dequantized a group at a time in registers) or dense.
+gate_up per token, silu(gate) * up, down per assignment scaled by its routing weight, and the k outputs of
+a token summed.
+
+The sorted list is padded per expert to whole BLOCK_M blocks; its length is bounded by T k + E (BLOCK_M -
+1), which sizes the grid without reading anything back: programs past the padded total exit at once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.fused_moe.naive import PackedExperts
+from kernels.silu_mul.triton import silu_mul
+from kernels.triton_codes import unpack_codes
+from kernels.triton_config import dot_dtype, dot_precision
+
+DENSE_BLOCK_K = 64  # K a step over dense experts
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(sorted_ids int32 [S], block_expert int32 [S / block_m], num_padded int32 [1]): the assignments
+    (t k + j) grouped by expert, each expert's group padded to whole blocks with T k (no assignment);
+    block b belongs to expert block_expert[b]; num_padded blocks' worth of entries are used. No host sync."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n, device = flat.numel(), flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    expert = flat[order]
+    rank = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts)[expert]
+    size = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((size,), n, dtype=torch.int32, device=device)
+    sorted_ids[(ends - padded)[expert] + rank] = order.to(torch.int32)
+    starts = torch.arange(0, size, block_m, device=device)
+    block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+@triton.jit
+def _moe_matmul_kernel(
+    x_ptr,  # [rows, K]: tokens (X_PER_TOKEN) or assignments
+    w_ptr,  # the experts: dense [E, N, K], or packed [E, N, ...] (6-bit read as int32)
+    scales_ptr,  # fp16 [E, N, G] (packed)
+    mins_ptr,  # fp16 [E, N, G] (packed, HAS_MINS)
+    out_ptr,  # [T k, N]: one row per assignment
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    weights_ptr,  # fp32 [T k]: routing weights (MUL_WEIGHTS)
+    num_assignments,
+    N,
+    K,
+    KP,
+    stride_xm,
+    stride_we,  # elements of w_ptr's type an expert
+    num_groups,
+    TOPK: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    MUL_WEIGHTS: tl.constexpr,
+    BITS: tl.constexpr,  # 4 / 6 / 8: packed; 16: dense
+    GROUP_SIZE: tl.constexpr,  # packed: the weight's group; dense: K a step
+    HAS_MINS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BLOCK_M] assignments
+    valid = ids < num_assignments
+    rows = ids // TOPK if X_PER_TOKEN else ids
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_base = w_ptr + expert * stride_we
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, KP, GROUP_SIZE):
+        kk = k0 + tl.arange(0, GROUP_SIZE)
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + kk[None, :],
+            mask=valid[:, None] & (kk < K)[None, :],
+            other=0.0,
+        )
+        if BITS == 16:
+            w = tl.load(
+                w_base + offs_n[:, None] * K + kk[None, :],
+                mask=n_mask[:, None] & (kk < K)[None, :],
+                other=0.0,
+            )
+        else:  # the group's codes, scaled (and shifted) per row in fp32
+            codes = unpack_codes(w_base, offs_n, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE)
+            g = (expert * N + offs_n) * num_groups + k0 // GROUP_SIZE
+            w = codes.to(tl.float32) * tl.load(scales_ptr + g, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+            if HAS_MINS:
+                w += tl.load(mins_ptr + g, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=PRECISION)
+    if MUL_WEIGHTS:
+        acc *= tl.load(weights_ptr + ids, mask=valid, other=0.0)[:, None]
+    mask = valid[:, None] & n_mask[None, :]
+    tl.store(
+        out_ptr + ids[:, None].to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask
+    )
+
+
+def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, block_n):
+    sorted_ids, block_expert, num_padded = align
+    if isinstance(experts, PackedExperts):
+        w = experts.packed.view(torch.int32) if experts.bits == 6 else experts.packed
+        n, k, bits, group = experts.scales.shape[1], experts.k, experts.bits, experts.group_size
+        kp, scales, mins = experts.scales.shape[2] * group, experts.scales, experts.minimums
+    else:
+        w, (n, k), bits, group = experts, experts.shape[1:], 16, DENSE_BLOCK_K
+        kp, scales, mins = triton.cdiv(k, group) * group, experts, None
+    assert w.is_contiguous() and x.stride(1) == 1 and x.shape[1] == k
+    grid = (sorted_ids.numel() // block_m, triton.cdiv(n, block_n))
+    _moe_matmul_kernel[grid](
+        x,
+        w,
+        scales,
+        mins if mins is not None else scales,
+        out,
+        sorted_ids,
+        block_expert,
+        num_padded,
+        weights if weights is not None else scales,
+        out.shape[0],
+        n,
+        k,
+        kp,
+        x.stride(0),
+        w.stride(0),
+        kp // group,
+        TOPK=topk,
+        X_PER_TOKEN=x_per_token,
+        MUL_WEIGHTS=weights is not None,
+        BITS=bits,
+        GROUP_SIZE=group,
+        HAS_MINS=mins is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PRECISION=dot_precision(x.dtype),
+        DOT_DTYPE=dot_dtype(x.dtype),
+    )
+    return out
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor | PackedExperts,
+    down: torch.Tensor | PackedExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    block_m: int | None = None,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """See kernels/fused_moe/naive.py. block_m (assignments a program: 16 for decode-sized steps, 64 from
+    64 assignments on) and block_n are tuning knobs."""
+    num_tokens, topk = topk_ids.shape
+    num_experts = gate_up.packed.shape[0] if isinstance(gate_up, PackedExperts) else gate_up.shape[0]
+    n = num_tokens * topk
+    block_m = block_m or (16 if n < 64 else 64)
+    align = moe_align(topk_ids, num_experts, block_m)
+    inter2 = gate_up.scales.shape[1] if isinstance(gate_up, PackedExperts) else gate_up.shape[1]
+    h = _moe_matmul(x, gate_up, x.new_empty((n, inter2)), align, topk, True, None, block_m, block_n)
+    a = silu_mul(h)  # [T k, I]
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    y = _moe_matmul(a, down, x.new_empty((n, x.shape[1])), align, topk, False, weights, block_m, block_n)
+    return y.view(num_tokens, topk, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -1,0 +1,63 @@
+"""The mixture-of-experts kernels (kernels/fused_moe/triton.py) against the naive twin: the expert sort,
+and the grouped matmuls over dense and packed experts; on CUDA where there is one, else under
+TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.quant.groupwise import quantize
+from kernels.fused_moe import naive
+from kernels.fused_moe import triton as moe
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("tokens,k,experts,block_m", [(1, 2, 8, 16), (37, 3, 6, 16), (70, 2, 8, 64)])
+def test_moe_align_groups_assignments_by_expert_in_whole_blocks(tokens, k, experts, block_m):
+    torch.manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)]).to(DEVICE)
+    sorted_ids, block_expert, num_padded = moe.moe_align(ids, experts, block_m)
+    n = tokens * k
+    used = sorted_ids[: num_padded.item()].cpu()
+    real = used[used < n]
+    assert sorted(real.tolist()) == list(range(n))  # every assignment once
+    assert sorted_ids.numel() >= num_padded.item() and num_padded.item() % block_m == 0
+    flat = ids.reshape(-1).cpu()
+    for b in range(num_padded.item() // block_m):  # a block holds one expert's assignments
+        block = used[b * block_m : (b + 1) * block_m]
+        assert (flat[block[block < n].long()] == block_expert[b].item()).all()
+
+
+def _experts(e, n, k, bits, group, dtype):
+    w = torch.randn(e, n, k) * 0.1
+    if bits == 16:
+        return w.to(dtype).to(DEVICE)
+    qts = [quantize(w[i], bits, group, False) for i in range(e)]
+    mins = torch.stack([q.minimums for q in qts]).to(DEVICE) if qts[0].minimums is not None else None
+    stack = [torch.stack([getattr(q, a) for q in qts]).to(DEVICE) for a in ("packed", "scales")]
+    return naive.PackedExperts(*stack, mins, bits, qts[0].group_size, k)
+
+
+@pytest.mark.parametrize("bits,group", [(16, 0), (4, 128), (4, 32), (6, 64), (8, 128)])
+@pytest.mark.parametrize("tokens", [1, 19])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_moe_matches_naive(bits, group, tokens, dtype):
+    """Dense experts and every packed width (K = 96 padded to a group of 128, K = 64 in groups of at most
+    64); a decode-sized step (one token) and a prompt; N not a multiple of the tiles for dense experts."""
+    torch.manual_seed(bits + tokens)
+    experts, k = 6, 2
+    hidden, inter = (96, 40) if bits == 16 else (128 if bits == 6 else 96, 64)
+    gate_up = _experts(experts, 2 * inter, hidden, bits, group, dtype)
+    down = _experts(experts, hidden, inter, bits, min(group, 64), dtype)
+    x = torch.randn(tokens, hidden).to(dtype).to(DEVICE)
+    weights, ids = naive.moe_route(torch.randn(tokens, experts, device=DEVICE), k, True)
+    got = moe.fused_moe(x, gate_up, down, weights, ids)
+    want = naive.fused_moe(x, gate_up, down, weights, ids)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
