@@ -59,7 +59,10 @@ def tensor_kind(name: str, shape: tuple[int, ...]) -> str:
 def recipe_tensor_bytes(
     name: str, shape: tuple[int, ...], recipe: str, dtype_bytes: int, bits: float | None = None
 ) -> int:
-    """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead)."""
+    """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead).
+    A mixture of experts' stack [E, N, K] counts as E matrices [N, K] (convert quantizes each expert's)."""
+    if len(shape) == 3 and ".experts." in name:
+        return shape[0] * recipe_tensor_bytes(name + ".weight", shape[1:], recipe, dtype_bytes, bits)
     numel = math.prod(shape)
     dense = numel * dtype_bytes
     if not is_quantizable(name, shape):

@@ -197,3 +197,16 @@ def test_experts_quantized_differently_are_not_packed(moe):
     assert pack_experts(llm.model, pname, param, shards, "cpu") is True
     experts = llm.model.model.layers[0].mlp.experts
     assert experts.down_proj is None and experts.packed["down_proj"].packed.shape == (8, 64, 16)
+
+
+def test_plan_counts_a_recipes_experts_as_the_artifact_holds_them(moe, tmp_path):
+    """`ninfer plan MODEL --recipe w4g128` on the HF directory predicts the weights the converted artifact
+    holds on the GPU (its experts packed): within the rounding of the per-kind estimate."""
+    from engine.plan.weights import artifact_weight_bytes, recipe_weight_bytes
+
+    _, path = moe
+    convert(path, tmp_path / "m.ninfer", "w4g128", method="rtn")
+    llm = LLM(path, weight_quant="none")
+    predicted = recipe_weight_bytes(llm.model_config, "w4g128", dtype_bytes=2)
+    held = artifact_weight_bytes(tmp_path / "m.ninfer", llm.model_config, dtype_bytes=2)
+    assert predicted["mlp"] == held["mlp"]
