@@ -17,6 +17,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
 )
 
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
@@ -65,6 +67,7 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0  # Qwen3.5-MoE: the shared expert's MLP width (0: none)
     # the multimodal checkpoint's vision tower (transformers' vision_config), None when there is none
     vision_config: dict[str, Any] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -72,13 +75,15 @@ class ModelConfig:
     @property
     def family(self) -> str:
         """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_moe (Qwen3 with sparse
-        MoE MLPs), qwen3_5 (hybrid)."""
+        MoE MLPs), qwen3_5 (hybrid; its MoE models too)."""
         return {
             "LlamaForCausalLM": "llama",
             "Qwen3ForCausalLM": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3_moe",
             "Qwen3_5ForCausalLM": "qwen3_5",
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
+            "Qwen3_5MoeForCausalLM": "qwen3_5",
+            "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
         }[self.architecture]
 
     def is_sparse_layer(self, layer: int) -> bool:
@@ -157,9 +162,11 @@ class ModelConfig:
             num_experts=int(text.get("num_experts", text.get("num_local_experts", 0)) or 0),
             num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0),
-            norm_topk_prob=bool(text.get("norm_topk_prob", False)),
+            # Qwen3.5-MoE always renormalises (its config has no such key)
+            norm_topk_prob=bool(text.get("norm_topk_prob", arch.startswith("Qwen3_5Moe"))),
             decoder_sparse_step=int(text.get("decoder_sparse_step", 1) or 1),
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
             vision_config=cfg.get("vision_config") or None,
         )
 
@@ -171,6 +178,8 @@ def _arch_from_model_type(model_type: str) -> str:
         "qwen3_moe": "Qwen3MoeForCausalLM",
         "qwen3_5_text": "Qwen3_5ForCausalLM",
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
+        "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+        "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     }.get(model_type, model_type or "<none>")
 
 

@@ -33,7 +33,7 @@ TINY_COMMON = dict(
 
 
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
-    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5)."""
+    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -56,7 +56,7 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
         )
         cfg = tf.Qwen3MoeConfig(tie_word_embeddings=tied, **{**moe, **common})
         model = tf.Qwen3MoeForCausalLM(cfg)
-    elif arch == "qwen3_5":
+    elif arch in ("qwen3_5", "qwen3_5_moe"):
         hybrid = dict(
             num_hidden_layers=4,
             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
@@ -67,8 +67,18 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
             linear_conv_kernel_dim=4,
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
         )
-        cfg = tf.Qwen3_5TextConfig(tie_word_embeddings=tied, **{**hybrid, **common})
-        model = tf.Qwen3_5ForCausalLM(cfg)
+        if arch == "qwen3_5":
+            cfg = tf.Qwen3_5TextConfig(tie_word_embeddings=tied, **{**hybrid, **common})
+            model = tf.Qwen3_5ForCausalLM(cfg)
+        else:  # every layer a mixture of 8 experts (2 a token) and a shared expert
+            moe = dict(
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+            )
+            cfg = tf.Qwen3_5MoeTextConfig(tie_word_embeddings=tied, **{**hybrid, **moe, **common})
+            model = tf.Qwen3_5MoeForCausalLM(cfg)
     else:
         raise ValueError(arch)
     # random norms and biases too, so that a norm applied the wrong way shows up

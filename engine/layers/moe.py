@@ -1,5 +1,6 @@
-"""Qwen3-MoE's sparse MLP: a router chooses top_k of num_experts gated MLPs per token; their outputs are
-weighted by the router's probabilities and summed (kernels.moe_route, kernels.fused_moe)."""
+"""The sparse MLP of Qwen3-MoE and Qwen3.5-MoE: a router chooses top_k of num_experts gated MLPs per token;
+their outputs are weighted by the router's probabilities and summed (kernels.moe_route, kernels.fused_moe);
+Qwen3.5-MoE adds a shared expert, a dense gated MLP every token takes, scaled by a sigmoid gate."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import kernels
 from engine.config import ModelConfig
 from engine.layers.linear import Linear, make_param
+from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
 from engine.quant.groupwise import QuantizedTensor
 from kernels.fused_moe.naive import PackedExperts
@@ -72,12 +74,21 @@ class Experts(Module):
         target.copy_(loaded)
 
 
+def make_mlp(config: ModelConfig, sparse: bool) -> Module:
+    """A decoder layer's MLP: the mixture of experts where `sparse`, else the dense gated MLP."""
+    return SparseMoE(config) if sparse else GatedMLP(config.hidden_size, config.intermediate_size)
+
+
 class SparseMoE(Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
+        h = config.hidden_size
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
-        self.gate = Linear(config.hidden_size, config.num_experts)  # the router
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.gate = Linear(h, config.num_experts)  # the router
+        self.experts = Experts(config.num_experts, h, config.moe_intermediate_size)
+        shared = config.shared_expert_intermediate_size
+        self.shared_expert = GatedMLP(h, shared) if shared else None
+        self.shared_expert_gate = Linear(h, 1) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, H] -> [T, H]
@@ -85,7 +96,10 @@ class SparseMoE(Module):
         experts = self.experts
         gate_up = experts.packed.get("gate_up_proj", experts.gate_up_proj)
         down = experts.packed.get("down_proj", experts.down_proj)
-        return kernels.fused_moe(x, gate_up, down, weights, ids)
+        out = kernels.fused_moe(x, gate_up, down, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device) -> bool:

@@ -5,26 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
 from engine.config import ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.linear import Embedding, Linear, MergedLinear
+from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
-
-
-class GatedMLP(Module):
-    """down(silu(gate(x)) * up(x)), gate and up fused."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, {"gate": intermediate_size, "up": intermediate_size})
-        self.down_proj = Linear(intermediate_size, hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_mul(self.gate_up_proj(x)))
 
 
 class LlamaAttention(Module):

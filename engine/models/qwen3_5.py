@@ -10,10 +10,11 @@ from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import Embedding, Linear, MergedLinear
 from engine.layers.module import Module
+from engine.layers.moe import make_mlp
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
-from engine.models.llama import GatedMLP, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
 
 
 class Qwen3_5Attention(Module):
@@ -49,14 +50,15 @@ class Qwen3_5Attention(Module):
 
 
 class Qwen3_5DecoderLayer(Module):
-    def __init__(self, config: ModelConfig, layer_type: str):
+    def __init__(self, config: ModelConfig, layer_type: str, sparse: bool = False):
+        """sparse: a mixture-of-experts MLP (Qwen3.5-MoE) instead of the dense one."""
         super().__init__()
         self.layer_type = layer_type
         if layer_type == "linear_attention":
             self.linear_attn = GatedDeltaNet(config)
         else:
             self.self_attn = Qwen3_5Attention(config)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = make_mlp(config, sparse)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
 
@@ -86,7 +88,8 @@ class Qwen3_5MTP(Module):
         self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered=True)
         self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered=True)
         self.layers = nn.ModuleList(
-            Qwen3_5DecoderLayer(config, "full_attention") for _ in range(config.mtp_num_hidden_layers)
+            Qwen3_5DecoderLayer(config, "full_attention", config.num_experts > 0)
+            for _ in range(config.mtp_num_hidden_layers)
         )
         self.norm = RMSNorm(h, eps, zero_centered=True)
 
@@ -104,7 +107,10 @@ class Qwen3_5Model(DecoderModel):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t) for t in config.layer_types)
+        self.layers = nn.ModuleList(
+            Qwen3_5DecoderLayer(config, t, config.is_sparse_layer(i))
+            for i, t in enumerate(config.layer_types)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=True)
 
 

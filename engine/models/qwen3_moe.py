@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.layers.moe import EXPERT_TENSOR, SparseMoE
+from engine.layers.moe import make_mlp
 from engine.models.base import CausalLM
-from engine.models.llama import GatedMLP, LlamaForCausalLM, LlamaModel
+from engine.models.llama import LlamaForCausalLM, LlamaModel
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
@@ -26,18 +26,5 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
             )
         CausalLM.__init__(self, config)
 
-        def mlp_for(layer: int):
-            if config.is_sparse_layer(layer):
-                return SparseMoE(config)
-            return GatedMLP(config.hidden_size, config.intermediate_size)
-
-        self.model = LlamaModel(config, self.qk_norm, mlp_for)
+        self.model = LlamaModel(config, self.qk_norm, lambda i: make_mlp(config, config.is_sparse_layer(i)))
         self.make_lm_head(self.model.embed_tokens)
-
-    def param_for(self, ckpt_name: str) -> tuple[str, str | None] | None:
-        expert = EXPERT_TENSOR.match(ckpt_name)
-        if expert is None:
-            return super().param_for(ckpt_name)
-        base, index, kind = expert.groups()
-        param = "down_proj" if kind == "down" else "gate_up_proj"
-        return f"{base}.{param}", f"{kind}:{index}"

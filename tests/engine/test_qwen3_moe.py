@@ -210,3 +210,20 @@ def test_plan_counts_a_recipes_experts_as_the_artifact_holds_them(moe, tmp_path)
     predicted = recipe_weight_bytes(llm.model_config, "w4g128", dtype_bytes=2)
     held = artifact_weight_bytes(tmp_path / "m.ninfer", llm.model_config, dtype_bytes=2)
     assert predicted["mlp"] == held["mlp"]
+
+
+def test_qwen3_5_moe_hybrid_matches_transformers(tmp_path):
+    """Qwen3.5-MoE: the hybrid (Gated DeltaNet + gated attention) with every layer a mixture of experts plus
+    a shared expert under a sigmoid gate, routing always renormalised; log-probs and greedy tokens."""
+    model = tiny_hf_model("qwen3_5_moe", tied=False, seed=2)
+    llm = LLM(save_tiny(model, tmp_path), weight_quant="none")
+    assert llm.model_config.shared_expert_intermediate_size == 48 and llm.model_config.norm_topk_prob
+    got = sequence_logprobs(llm, PROMPT)
+    # fp32 summation order through the recurrent layers: ~1e-4 by the 30th position
+    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 5e-4
+    out = llm.generate(
+        prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=6, temperature=0.0)
+    )
+    with torch.no_grad():
+        want = model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False)[0, len(PROMPT) :]
+    assert out[0].token_ids == want.tolist()
