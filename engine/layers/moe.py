@@ -14,21 +14,30 @@ from engine.layers.linear import Linear, make_param
 from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
 from engine.quant.groupwise import QuantizedTensor
+from engine.quant.layer import fused_kernel_takes
 from kernels.fused_moe.naive import PackedExperts
-from kernels.quant_matmul import MIN_GROUP
 
 # one expert's matrix as the hub stores it: model.layers.<i>.mlp.experts.<e>.<kind>_proj.weight
-EXPERT_TENSOR = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+_EXPERT_TENSOR = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
-def expert_stack(name: str) -> str | None:
-    """The stacked experts parameter a checkpoint tensor of one expert loads into (`<...>.experts.gate_up_proj`
-    or `.down_proj`); None for any other tensor."""
-    expert = EXPERT_TENSOR.match(name)
+def expert_shard(name: str) -> tuple[str, str] | None:
+    """(stacked experts parameter, shard) a checkpoint tensor of one expert loads into: `<...>.experts.
+    gate_up_proj` with shard "gate:e" / "up:e", or `.down_proj` with "down:e"; None for any other tensor."""
+    expert = _EXPERT_TENSOR.match(name)
     if expert is None:
         return None
-    base, _, kind = expert.groups()
-    return f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"
+    base, index, kind = expert.groups()
+    return f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}", f"{kind}:{index}"
+
+
+def stack_stays_packed(layouts: set[tuple[int, int, int]]) -> bool:
+    """Whether a stacked experts parameter is held packed, given the (bits, group size, K) of its experts'
+    matrices: all alike, at a width and group the fused kernels take (else dequantized into the stack)."""
+    if len(layouts) != 1:
+        return False
+    bits, group, _ = next(iter(layouts))
+    return fused_kernel_takes(bits, group)
 
 
 class Experts(Module):
@@ -111,13 +120,9 @@ def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device
     module = model.get_submodule(module_name) if module_name else None
     if not isinstance(module, Experts) or set(shards) != set(param.shard_names):
         return False
-    first = next(iter(shards.values()))
-    alike = all(
-        (q.bits, q.group_size, q.shape[1]) == (first.bits, first.group_size, first.shape[1])
-        for q in shards.values()
-    )
-    if not alike or first.group_size < MIN_GROUP.get(first.bits, 1 << 30):
+    if not stack_stays_packed({(q.bits, q.group_size, q.shape[1]) for q in shards.values()}):
         return False
+    first = next(iter(shards.values()))
     kinds = ("down",) if attr == "down_proj" else ("gate", "up")
     per_expert: list[list[QuantizedTensor]] = [
         [shards[f"{k}:{e}"] for k in kinds] for e in range(module.num_experts)

@@ -10,7 +10,7 @@ from engine.errors import NinferError
 from engine.formats.source import WeightIterator
 from engine.layers.linear import Embedding, Linear
 from engine.layers.module import Module
-from engine.layers.moe import EXPERT_TENSOR
+from engine.layers.moe import expert_shard
 
 
 class DecoderModel(Module):
@@ -83,10 +83,9 @@ class CausalLM(Module):
         name = self.checkpoint_name(ckpt_name)
         if name is None or (name.startswith("mtp.") and self.mtp is None):
             return None
-        expert = EXPERT_TENSOR.match(name)  # one expert's matrix: a shard of the stacked experts
+        expert = expert_shard(name)  # one expert's matrix: a shard of the stacked experts
         if expert is not None:
-            base, index, kind = expert.groups()
-            return f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}", f"{kind}:{index}"
+            return expert
         shard = None
         for part, (fused, shard_id) in self.packed_modules_mapping.items():
             if f".{part}." in name:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.layers.moe import expert_stack
+from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
 from engine.quant.layer import fused_kernel_takes
@@ -114,15 +114,18 @@ def artifact_weight_bytes(
     # quantized alike (engine/layers/moe.pack_experts); otherwise they are dequantized into the stack
     layouts: dict[str, set] = defaultdict(set)
     for name, q in quant.items():
-        if (key := expert_stack(name)) is not None:
-            layouts[key].add((q["bits"], q["group_size"], q["shape"][1]))
+        if (expert := expert_shard(name)) is not None:
+            layouts[expert[0]].add((q["bits"], q["group_size"], q["shape"][1]))
     tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     for name, q in quant.items():
         stored = sum(
             _span(header[p]) for p in (f"{name}.qpacked", f"{name}.qscales", f"{name}.qmins") if p in header
         )
-        key = expert_stack(name)
-        packed = fused_kernel_takes(q["bits"], q["group_size"]) and (key is None or len(layouts[key]) == 1)
+        expert = expert_shard(name)
+        if expert is None:
+            packed = fused_kernel_takes(q["bits"], q["group_size"])
+        else:
+            packed = stack_stays_packed(layouts[expert[0]])
         tensors.append((name, tuple(q["shape"]), stored if packed else None))
     for name, info in header.items():
         if name != "__metadata__" and name not in parts:
