@@ -74,12 +74,12 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_moe (Qwen3 with sparse
-        MoE MLPs), qwen3_5 (hybrid; its MoE models too)."""
+        """The model implementation: llama (Llama), qwen3 (Llama + q/k norm), qwen3_5 (hybrid); the MoE
+        models are their family's (each layer's MLP follows is_sparse_layer)."""
         return {
             "LlamaForCausalLM": "llama",
             "Qwen3ForCausalLM": "qwen3",
-            "Qwen3MoeForCausalLM": "qwen3_moe",
+            "Qwen3MoeForCausalLM": "qwen3",
             "Qwen3_5ForCausalLM": "qwen3_5",
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
             "Qwen3_5MoeForCausalLM": "qwen3_5",
@@ -133,7 +133,7 @@ class ModelConfig:
         eos = text.get("eos_token_id", cfg.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        return ModelConfig(
+        config = ModelConfig(
             architecture=arch,
             vocab_size=text["vocab_size"],
             hidden_size=text["hidden_size"],
@@ -168,6 +168,21 @@ class ModelConfig:
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
             vision_config=cfg.get("vision_config") or None,
+        )
+        if "Moe" in arch:
+            _check_experts(config)
+        return config
+
+
+def _check_experts(config: ModelConfig) -> None:
+    """A mixture-of-experts config names its experts; refused in a sentence otherwise."""
+    fields = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    missing = [name for name in fields if getattr(config, name) <= 0]
+    if missing:
+        raise NinferError(f"this {config.architecture} config.json lacks {', '.join(missing)}")
+    if config.num_experts_per_tok > config.num_experts:
+        raise NinferError(
+            f"num_experts_per_tok ({config.num_experts_per_tok}) exceeds num_experts ({config.num_experts})"
         )
 
 

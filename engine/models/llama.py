@@ -1,4 +1,5 @@
-"""Llama and Qwen3 dense (Qwen3 = Llama + per-head q/k RMSNorm)."""
+"""Llama and Qwen3 (Qwen3 = Llama + per-head q/k RMSNorm; Qwen3-MoE = Qwen3 whose sparse layers' MLP is a
+mixture of experts, engine/layers/moe.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.linear import Embedding, Linear, MergedLinear
-from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
+from engine.layers.moe import make_mlp
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
@@ -42,10 +43,11 @@ class LlamaAttention(Module):
 
 
 class LlamaDecoderLayer(Module):
-    def __init__(self, config: ModelConfig, qk_norm: bool, mlp: Module | None = None):
+    def __init__(self, config: ModelConfig, qk_norm: bool, sparse: bool = False):
+        """sparse: a mixture-of-experts MLP (Qwen3-MoE) instead of the dense one."""
         super().__init__()
         self.self_attn = LlamaAttention(config, qk_norm)
-        self.mlp = mlp or GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = make_mlp(config, sparse)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -60,12 +62,11 @@ class LlamaDecoderLayer(Module):
 
 
 class LlamaModel(DecoderModel):
-    def __init__(self, config: ModelConfig, qk_norm: bool, mlp_for=None):
-        """mlp_for(i): layer i's MLP module (default: the dense GatedMLP)."""
+    def __init__(self, config: ModelConfig, qk_norm: bool):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qk_norm, mlp_for(i) if mlp_for else None)
+            LlamaDecoderLayer(config, qk_norm, config.is_sparse_layer(i))
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

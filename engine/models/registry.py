@@ -4,12 +4,10 @@ from engine.config import ModelConfig
 from engine.models.base import CausalLM
 from engine.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 from engine.models.qwen3_5 import Qwen3_5ForCausalLM
-from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODELS: dict[str, type[CausalLM]] = {
     "llama": LlamaForCausalLM,
     "qwen3": Qwen3ForCausalLM,
-    "qwen3_moe": Qwen3MoeForCausalLM,
     "qwen3_5": Qwen3_5ForCausalLM,
 }
 
