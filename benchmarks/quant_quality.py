@@ -33,9 +33,8 @@ from engine.layers.linear import Linear, MergedLinear
 from engine.models.loader import default_model_path, open_source
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
-from engine.quant.layer import INT8_MIN_ROWS, fused_kernel_takes
+from engine.quant.layer import INT8_MIN_ROWS, int8_kernel_takes
 from kernels.int8_act.naive import dequantize_act, quantize_act
-from kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
 
 
 def corpus() -> str:
@@ -71,7 +70,7 @@ def int8_activation_hooks(llm: LLM, artifact: Path) -> list:
         users = [m for m in model.modules() if isinstance(m, Linear) and m.weight is params.get(mapped[0])]
         for module in users:
             start, rows = module.offsets[mapped[1]] if isinstance(module, MergedLinear) else (0, qt.shape[0])
-            int8 = fused_kernel_takes(qt.bits, qt.group_size) and qt.group_size >= INT8_MIN_GROUP
+            int8 = int8_kernel_takes(qt.bits, qt.group_size)
             segments.setdefault(module, []).append((start, rows, qt.group_size if int8 else 0))
 
     def hook(module, args, out):

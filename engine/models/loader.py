@@ -71,17 +71,17 @@ def open_source(model: str | Path | None) -> ModelSource:
 def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     """Build the model with uninitialised storage on the device, then copy tensors in one at a time."""
     cls = model_class(source.config)
+    packed = keeps_quantized(source, engine_config)
     if engine_config.int8_prefill and source.quantized_weights is None:  # refused before loading anything
         raise NinferError(
             _no_int8_prefill("this model's weights are not quantized (ninfer convert SRC OUT --recipe q4.6)")
         )
-    if engine_config.int8_prefill and not keeps_quantized(source, engine_config):
+    if engine_config.int8_prefill and not packed:
         raise NinferError(
             _no_int8_prefill(
                 f"on {engine_config.device} the weights are dequantized at load (use --device cuda)"
             )
         )
-    packed = keeps_quantized(source, engine_config)
     prev_dtype = torch.get_default_dtype()
     torch.set_default_dtype(engine_config.torch_dtype)
     try:

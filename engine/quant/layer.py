@@ -152,12 +152,18 @@ def packed_weights(model: torch.nn.Module) -> list[GroupwiseWeight]:
     return list(found.values())
 
 
+def int8_kernel_takes(bits: int, group_size: int) -> bool:
+    """Whether --int8-prefill multiplies this width and group with int8 activations: kept packed, in groups
+    of kernels/int8_matmul's MIN_GROUP or more (others keep 16-bit activations)."""
+    return fused_kernel_takes(bits, group_size) and group_size >= INT8_MIN_GROUP
+
+
 def use_int8_activations(model: torch.nn.Module) -> int:
-    """--int8-prefill: the packed weights multiply int8 activations from INT8_MIN_ROWS rows of x on (groups
-    under kernels/int8_matmul's MIN_GROUP keep 16-bit ones). Returns how many weights do."""
+    """--int8-prefill: the packed weights multiply int8 activations from INT8_MIN_ROWS rows of x on, where
+    int8_kernel_takes them. Returns how many weights do."""
     count = 0
     for weight in packed_weights(model):
-        if weight.group_size >= INT8_MIN_GROUP:
+        if int8_kernel_takes(weight.bits, weight.group_size):
             weight.int8_min_rows = INT8_MIN_ROWS
             count += 1
     return count
