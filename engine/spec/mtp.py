@@ -24,9 +24,9 @@ from engine.transfer import to_device
 from engine.worker.forward_context import (
     ForwardContext,
     padded_block_table,
-    same_query_count,
     set_forward_context,
 )
+from kernels.paged_attention import same_query_count
 
 
 class MTPDrafter:

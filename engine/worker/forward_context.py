@@ -34,12 +34,6 @@ def padded_block_table(rows: list[list[int]]) -> list[list[int]]:
     return [r + [0] * (width - len(r)) for r in rows]
 
 
-def same_query_count(cu_seqlens: list[int]) -> int:
-    """Every sequence's query tokens when all have the same count, else 0 (query_tokens_per_seq)."""
-    counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}
-    return counts.pop() if len(counts) == 1 else 0
-
-
 _CONTEXT: ForwardContext | None = None
 
 

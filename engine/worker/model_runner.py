@@ -20,9 +20,9 @@ from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import (
     ForwardContext,
     padded_block_table,
-    same_query_count,
     set_forward_context,
 )
+from kernels.paged_attention import same_query_count
 
 
 class ModelRunner:

@@ -7,6 +7,12 @@ MAX_DECODE_SPLITS = 32
 MAX_VERIFY_ROWS = 32
 
 
+def same_query_count(cu_seqlens: list[int]) -> int:
+    """Every sequence's query tokens when all have the same count, else 0 (query_tokens_per_seq)."""
+    counts = {b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])}
+    return counts.pop() if len(counts) == 1 else 0
+
+
 def takes_decode_kernel(num_tokens: int, num_seqs: int, query_tokens_per_seq: int, group: int) -> bool:
     """Whether the Triton path runs a step's attention in its split-K decode kernel: one query token per
     sequence, or the same few per sequence (speculative verification, query_tokens_per_seq a host int);

@@ -5,7 +5,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from kernels.int8_act.naive import dequantize_act, quantize_act
 from kernels.kv_quant.naive import read_kv
-from kernels.paged_attention import takes_decode_kernel
+from kernels.paged_attention import same_query_count, takes_decode_kernel
 from kernels.step_memo import StepMemo
 
 
@@ -81,9 +81,8 @@ def paged_attention(
     )
     cu, lens = plan.cu, plan.lens
     if int8_queries and cache.kv_dtype in ("int8", "k8v4"):
-        per_seq = {b - a for a, b in zip(cu, cu[1:])}
         group = q.shape[1] // cache.k_data.shape[2]
-        if not takes_decode_kernel(q.shape[0], len(lens), per_seq.pop() if len(per_seq) == 1 else 0, group):
+        if not takes_decode_kernel(q.shape[0], len(lens), same_query_count(cu), group):
             q = _int8_queries(q, scale)
     if len(plan.decode) == len(lens):  # a pure decode step: every row, in order
         return _decode(q, cache, plan.block_table, plan, max(lens), scale)
