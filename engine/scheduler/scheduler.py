@@ -155,7 +155,7 @@ class Scheduler:
             scheduled.append(self._scheduled(req, n, restore, state_saves))
             budget -= n
         if self.config.pad_drafts and len(scheduled) == num_running:  # nothing admitted: maybe all decode
-            budget -= self._pad_drafts(scheduled, budget)
+            self._pad_drafts(scheduled, budget)
         if self.state_pool is not None:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
@@ -191,15 +191,15 @@ class Scheduler:
         # request (a hybrid model recomputing accepted tokens drafts fewer), so its shape has a CUDA graph
         return min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
 
-    def _pad_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+    def _pad_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> None:
         """A decode step (every request samples after its known tokens, no prompt chunk) in which some
         request drafts and the query counts differ: pad the shorter requests' drafts, where their limits
-        and spare pages allow, to the longest count. Rewrites `scheduled` in place; returns the tokens
-        added."""
+        and spare pages allow, to the longest count (within what is left of the step's `budget`). Rewrites
+        `scheduled` in place."""
         counts = {len(s.token_ids) for s in scheduled}
         decode = all(s.sample and s.num_known_tokens <= 1 + self.config.num_draft_tokens for s in scheduled)
         if len(counts) < 2 or not decode or not any(s.draft_token_ids for s in scheduled):
-            return 0
+            return
         target, added = max(counts), 0
         for i, s in enumerate(scheduled):
             req = self.requests[s.request_id]
@@ -217,7 +217,6 @@ class Scheduler:
                 num_padding=extra,
             )
             added += extra
-        return added
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
