@@ -18,6 +18,11 @@ class PackedExperts(NamedTuple):
     group_size: int
     k: int
 
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, N, K), as a dense stack's."""
+        return self.scales.shape[0], self.scales.shape[1], self.k
+
     def dequantize(self) -> torch.Tensor:
         """fp32 [E, N, K]."""
         return torch.stack(

@@ -116,13 +116,14 @@ def _moe_matmul_kernel(
 
 def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, block_n):
     sorted_ids, block_expert, num_padded = align
+    _, n, k = experts.shape
     if isinstance(experts, PackedExperts):
         w = experts.packed.view(torch.int32) if experts.bits == 6 else experts.packed
-        n, k, bits, group = experts.scales.shape[1], experts.k, experts.bits, experts.group_size
-        kp, scales, mins = experts.scales.shape[2] * group, experts.scales, experts.minimums
+        bits, group, scales, mins = experts.bits, experts.group_size, experts.scales, experts.minimums
+        kp = scales.shape[2] * group
     else:
-        w, (n, k), bits, group = experts, experts.shape[1:], 16, DENSE_BLOCK_K
-        kp, scales, mins = triton.cdiv(k, group) * group, experts, None
+        w, bits, group, scales, mins = experts, 16, DENSE_BLOCK_K, experts, None
+        kp = triton.cdiv(k, group) * group
     assert w.is_contiguous() and x.stride(1) == 1 and x.shape[1] == k
     grid = (sorted_ids.numel() // block_m, triton.cdiv(n, block_n))
     _moe_matmul_kernel[grid](
@@ -169,11 +170,10 @@ def fused_moe(
     """See kernels/fused_moe/naive.py. block_m (assignments a program: 16 for decode-sized steps, 64 from
     64 assignments on) and block_n are tuning knobs."""
     num_tokens, topk = topk_ids.shape
-    num_experts = gate_up.packed.shape[0] if isinstance(gate_up, PackedExperts) else gate_up.shape[0]
+    num_experts, inter2, _ = gate_up.shape  # inter2: the gate and up rows
     n = num_tokens * topk
     block_m = block_m or (16 if n < 64 else 64)
     align = moe_align(topk_ids, num_experts, block_m)
-    inter2 = gate_up.scales.shape[1] if isinstance(gate_up, PackedExperts) else gate_up.shape[1]
     h = _moe_matmul(x, gate_up, x.new_empty((n, inter2)), align, topk, True, None, block_m, block_n)
     a = silu_mul(h)  # [T k, I]
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
