@@ -257,13 +257,19 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
         }
 
 
+def _packed(*rows: int, k: int, bits: int, group: int = 128):
+    """Zero codes of a [*rows, K] matrix (or stack) in engine/quant/groupwise.py's layout, with random fp16
+    scales and, below 8 bits, minimums: (packed, scales, minimums)."""
+    width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
+    packed = torch.zeros(*rows, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+    scales = torch.rand(*rows, k // group).half()
+    return packed, scales, None if bits == 8 else -scales
+
+
 def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: int = 128):
     """Long prefill chunks: a slice of weight rows dequantized into the cuBLAS scratch (kernels/quant_matmul/
     dequant.py), the same layouts as case_quant_matmul."""
-    scales = torch.rand(n, k // group).half()
-    width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
-    packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
-    minimums = None if bits == 8 else -scales
+    packed, scales, minimums = _packed(n, k=k, bits=bits, group=group)
     out = torch.empty(n, k, dtype=DTYPES[dtype])
     dequant = importlib.import_module("kernels.quant_matmul.dequant")
     dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
@@ -277,10 +283,7 @@ def case_quantize_act(dtype: str, m: int = 2048, k: int = 17408, group: int = 12
 def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
     """The int8 prefill matmul: case_quant_matmul's weight layouts times int8 codes of x per (row, group)."""
     groups = k // group
-    scales = torch.rand(n, groups).half()
-    width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
-    packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
-    minimums = None if bits == 8 else -scales
+    packed, scales, minimums = _packed(n, k=k, bits=bits, group=group)
     codes = torch.zeros(m, k, dtype=torch.int8)
     x_scales, x_sums = torch.rand(m, groups), torch.zeros(m, groups, dtype=torch.int32)
     out = torch.empty(m, n, dtype=DTYPES[dtype])
@@ -297,10 +300,7 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
     def experts_of(n, kk):
         if bits == 16:
             return _randn(experts, n, kk, dtype=DTYPES[dtype])
-        width = {4: kk // 2, 6: kk // 4 * 3, 8: kk}[bits]
-        packed = torch.zeros(experts, n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
-        scales = torch.rand(experts, n, kk // 128).half()
-        return packed_experts(packed, scales, None if bits == 8 else -scales, bits, 128, kk)
+        return packed_experts(*_packed(experts, n, k=kk, bits=bits), bits, 128, kk)
 
     ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k)
@@ -310,10 +310,7 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
 
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
     """A packed table (any width), rows dequantized on lookup."""
-    scales = torch.rand(vocab, dim // 128).half()
-    width = {4: dim // 2, 6: dim // 4 * 3, 8: dim}[bits]
-    packed = torch.zeros(vocab, width, dtype=torch.int8 if bits == 8 else torch.uint8)
-    minimums = None if bits == 8 else -scales
+    packed, scales, minimums = _packed(vocab, k=dim, bits=bits)
     ids = torch.tensor([0, 5, 999])
     _op("quant_embedding").quant_embedding(ids, packed, scales, minimums, bits, 128, dim, DTYPES[dtype])
 
