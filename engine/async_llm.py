@@ -21,6 +21,7 @@ from typing import Any
 from engine.errors import NinferError
 from engine.llm import LLM
 from engine.request import RequestOutput, SamplingParams
+from engine.vision.image import ImageInput
 
 _STOP = object()
 
@@ -93,11 +94,13 @@ class AsyncLLM:
         sampling_params: SamplingParams,
         request_id: str | None = None,
         prompt: str | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncStream:
-        """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused."""
+        """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused.
+        `images`: as LLM.add_request takes them (LLM.image() makes one; a caller's thread can)."""
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._send(("add", list(prompt_token_ids), sampling_params, request_id, prompt, sink, done))
+        self._send(("add", list(prompt_token_ids), sampling_params, request_id, prompt, images, sink, done))
         request_id = await asyncio.wrap_future(done)
         return AsyncStream(self, request_id, sink)
 
@@ -191,9 +194,9 @@ class AsyncLLM:
                 if self._sinks.pop(command[1], None) is not None:
                     self.llm.abort(command[1])
                 continue
-            _, prompt_token_ids, params, request_id, prompt, sink, done = command
+            _, prompt_token_ids, params, request_id, prompt, images, sink, done = command
             try:
-                request_id = self.llm.add_request(prompt_token_ids, params, request_id, prompt)
+                request_id = self.llm.add_request(prompt_token_ids, params, request_id, prompt, images)
             except NinferError as e:
                 done.set_exception(e)
                 continue

@@ -47,6 +47,10 @@ class ModelConfig:
     attention_bias: bool = False
     partial_rotary_factor: float = 1.0
     rope_scaling: dict[str, Any] | None = None
+    # M-RoPE (multimodal checkpoints): rotary frequencies per position axis (time, row, column), and whether
+    # they alternate (engine/vision/mrope.py); text-only prompts have the same position on every axis
+    mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False
     # full_attention / linear_attention per layer (hybrid Qwen3.5); all full_attention otherwise
     layer_types: tuple[str, ...] = ()
     linear_num_key_heads: int = 0
@@ -117,7 +121,12 @@ class ModelConfig:
         rope_theta = text.get("rope_theta", rope.get("rope_theta", 10000.0))
         partial = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        scaling = None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+        mrope = ("mrope_section", "mrope_interleaved")
+        scaling = (
+            None
+            if rope_type == "default"
+            else {k: v for k, v in rope.items() if k != "rope_theta" and k not in mrope}
+        )
         num_heads = text["num_attention_heads"]
         head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
         num_layers = text["num_hidden_layers"]
@@ -149,6 +158,8 @@ class ModelConfig:
             attention_bias=bool(text.get("attention_bias", False)),
             partial_rotary_factor=float(partial),
             rope_scaling=scaling,
+            mrope_section=tuple(rope.get("mrope_section") or ()),
+            mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
             layer_types=layer_types,
             linear_num_key_heads=text.get("linear_num_key_heads", 0),
             linear_num_value_heads=text.get("linear_num_value_heads", 0),
@@ -167,11 +178,20 @@ class ModelConfig:
             decoder_sparse_step=int(text.get("decoder_sparse_step", 1) or 1),
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
-            vision_config=cfg.get("vision_config") or None,
+            vision_config=_vision_config(cfg),
         )
         if "Moe" in arch:
             _check_experts(config)
         return config
+
+
+def _vision_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """transformers' vision_config with the placeholder token ids the wrapper config holds."""
+    vision = cfg.get("vision_config")
+    if not vision:
+        return None
+    ids = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+    return {**vision, **{k: cfg[k] for k in ids if k in cfg}}
 
 
 def _check_experts(config: ModelConfig) -> None:
@@ -251,6 +271,9 @@ class EngineConfig:
     # prefill-sized matmuls of packed 4/6/8-bit weights multiply int8 activations (quantized per token and
     # weight group) on the int8 tensor cores (kernels/int8_matmul); decode keeps 16-bit activations
     int8_prefill: bool = False
+    # load the vision tower: requests may carry images (engine/vision); its weights and activations are in
+    # the memory ledger
+    vision: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

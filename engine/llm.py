@@ -18,6 +18,9 @@ from engine.plan.runtime import size_kv_pool
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.scheduler import Scheduler
+from engine.vision.config import VisionConfig
+from engine.vision.image import ImageInput, preprocess
+from engine.vision.mrope import place_images
 from engine.worker.model_runner import ModelRunner
 
 
@@ -79,13 +82,23 @@ class LLM:
         sampling_params: SamplingParams,
         request_id: str | None = None,
         prompt: str | None = None,
+        images: list[ImageInput] | None = None,
     ) -> str:
+        """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order."""
         request_id = request_id or f"req-{next(self._ids)}"
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise NinferError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        req = Request(request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids)
+        mm = None
+        if images:
+            prompt_token_ids, mm = place_images(list(prompt_token_ids), images, self._vision_or_raise())
+            if len(prompt_token_ids) + 1 > self.max_context:
+                raise NinferError(
+                    f"with its images the prompt is {len(prompt_token_ids)} tokens but the context limit is "
+                    f"{self.max_context} (--max-context); send smaller or fewer images"
+                )
+        req = Request(request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm)
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
@@ -196,6 +209,18 @@ class LLM:
         finally:
             if request_id in self._streams:  # the caller stopped early (Ctrl-C): free the slot and KV
                 self.abort(request_id)
+
+    def image(self, data: bytes) -> ImageInput:
+        """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input."""
+        return preprocess(data, self._vision_or_raise())
+
+    def _vision_or_raise(self) -> VisionConfig:
+        if self.model.visual is None:
+            raise NinferError(
+                "this engine runs without the vision tower, so it takes no images; start it with --vision "
+                "(a Qwen3.5 checkpoint with its vision tower)"
+            )
+        return self.model.visual.config
 
     def _tokenizer_or_raise(self):
         if self.tokenizer is None:

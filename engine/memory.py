@@ -11,6 +11,7 @@ from engine.cache.kv_layout import bytes_per_token_per_layer
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
+from engine.vision.config import MAX_IMAGE_PATCHES
 from kernels.paged_attention import num_decode_splits
 from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
@@ -21,7 +22,8 @@ CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton 
 LIBRARY_WORKSPACE_BYTES = 64 * MIB
 MARGIN_FRACTION, MIN_MARGIN_BYTES = 0.02, 256 * MIB  # allocator fragmentation, stray tensors
 GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured decode graph (its static inputs and bookkeeping)
-VISION_MAX_PATCHES = 16384  # the largest image encoded at once: 2048 x 2048 pixels at patch 16
+# the largest image encoded at once: 2048 x 2048 pixels at patch 16 (larger ones are scaled down to it)
+VISION_MAX_PATCHES = MAX_IMAGE_PATCHES
 LOGIT_COPIES = 3  # fp32 logits, probabilities, and the sorted copy top-p / top-k work on
 SPECS = ("none", "mtp", "ngram")
 

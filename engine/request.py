@@ -6,8 +6,12 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.errors import NinferError
+
+if TYPE_CHECKING:
+    from engine.vision.mrope import MultiModalInputs
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class Request:
     error: str | None = None  # why the request ended without finishing (expired)
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted
+    mm: MultiModalInputs | None = None  # the prompt's images and 3D positions (engine/vision)
 
     @property
     def num_prompt_tokens(self) -> int:

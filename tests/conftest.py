@@ -91,6 +91,70 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     return model.eval()
 
 
+# a tiny Qwen3.5 vision tower: 8-pixel patches merged 2 x 2, a 4 x 4 learned position grid
+TINY_VISION = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    patch_size=8,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    num_position_embeddings=16,
+    initializer_range=0.2,  # wide enough that a picture moves the logits as much as the text does
+)
+# images from 32 x 32 up to 64 x 64 pixels after resizing: 4 to 16 tokens each
+TINY_PREPROCESSOR = {
+    "size": {"shortest_edge": 32 * 32, "longest_edge": 64 * 64},
+    "image_mean": [0.48, 0.46, 0.41],
+    "image_std": [0.27, 0.26, 0.28],
+    "patch_size": 8,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+}
+
+
+def tiny_vl_model(seed: int = 0, vocab_size: int = 512, image_token_id: int = 500, **overrides):
+    """A random-initialised transformers Qwen3_5ForConditionalGeneration: the tiny hybrid text model with
+    M-RoPE (rotary 8 of 16 dims: sections 2, 1, 1 interleaved) and TINY_VISION; placeholder ids
+    image_token_id and the two after it (video, vision start; vision end = image + 3)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    text = tiny_hf_model("qwen3_5", tied=False, seed=seed, vocab_size=vocab_size).config.to_dict()
+    text.update(overrides)
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    }
+    cfg = tf.Qwen3_5Config(
+        text_config=text,
+        vision_config={**TINY_VISION, "out_hidden_size": text["hidden_size"]},
+        image_token_id=image_token_id,
+        video_token_id=image_token_id + 1,
+        vision_start_token_id=image_token_id + 2,
+        vision_end_token_id=image_token_id + 3,
+    )
+    torch.manual_seed(seed)
+    model = tf.Qwen3_5ForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def save_tiny_vl(model, path: Path) -> Path:
+    import json
+
+    save_tiny(model, path)
+    (path / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR))
+    return path
+
+
 def mtp_head_tensors(model, seed: int = 5) -> dict[str, torch.Tensor]:
     """Random mtp.* tensors of a tiny transformers Qwen3.5 (transformers builds no MTP head: its decoder
     layer gives the block's shapes), named as a Qwen3.5 checkpoint stores them."""

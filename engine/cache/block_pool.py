@@ -25,11 +25,15 @@ def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
-def hash_blocks(token_ids: list[int], block_size: int, parent: bytes = ROOT_HASH) -> list[bytes]:
-    """Hashes of each full page of `token_ids`, chained from `parent`."""
+def hash_blocks(
+    token_ids: list[int], block_size: int, parent: bytes = ROOT_HASH, salts: list[bytes] | None = None
+) -> list[bytes]:
+    """Hashes of each full page of `token_ids`, chained from `parent`; `salts`, per page, name what its
+    token ids do not (the images whose placeholders it holds)."""
     out = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
+    for i, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
+        salt = salts[i] if salts else b""
+        parent = hash_block(parent + salt, token_ids[start : start + block_size])
         out.append(parent)
     return out
 

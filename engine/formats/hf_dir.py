@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 from safetensors import safe_open
@@ -71,6 +72,15 @@ def load_hf_dir(path: Path) -> ModelSource:
     except json.JSONDecodeError as e:
         raise NinferError(f"{config_file} is not valid JSON (line {e.lineno}); fix or re-download it") from e
     config = ModelConfig.from_hf_dict(raw)
+    preprocessor = path / "preprocessor_config.json"
+    if config.vision_config and preprocessor.is_file():  # the vision tower's image preprocessing
+        try:
+            settings = json.loads(preprocessor.read_text())
+        except json.JSONDecodeError as e:
+            raise NinferError(
+                f"{preprocessor} is not valid JSON (line {e.lineno}); fix or re-download it"
+            ) from e
+        config = replace(config, vision_config={**config.vision_config, "preprocessor": settings})
     shards = _shard_files(path)
     for shard in shards:
         check_safetensors_header(shard)

@@ -10,6 +10,8 @@ import kernels
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.layers.module import Module
+from engine.vision.mrope import frequency_axes
+from kernels.step_memo import StepMemo
 
 
 def inv_freq_for(config: ModelConfig) -> torch.Tensor:
@@ -70,12 +72,35 @@ def cos_sin_cache_for(config: ModelConfig, device: torch.device) -> torch.Tensor
 _COS_SIN_CACHES: dict[tuple, torch.Tensor] = {}
 
 
+# every attention layer of a step turns its 3D positions into the same per-token cos/sin table
+_MROPE_TABLES = StepMemo()
+
+
 class RotaryEmbedding(Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         # NOTE: a plain attribute, not a buffer: models are built on uninitialised storage and loaded
         # from checkpoints, which never hold this tensor
         self.cos_sin_cache = cos_sin_cache_for(config, torch.get_default_device())
+        self.axes = None  # M-RoPE: [R] the position axis of each cos | sin column
+        if config.mrope_section:
+            half = config.rotary_dim // 2
+            axes = frequency_axes(config.mrope_section, config.mrope_interleaved, half)
+            self.axes = torch.cat([axes, axes]).to(self.cos_sin_cache.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return kernels.rope(q, k, positions, self.cos_sin_cache)
+        # positions: [T], or [3, T] (time, row, column: a step with image tokens, engine/vision/mrope.py)
+        if positions.dim() == 1:
+            return kernels.rope(q, k, positions, self.cos_sin_cache)
+        if self.axes is None:
+            raise NinferError("this model has no M-RoPE sections (mrope_section), so it takes 1D positions")
+        # each token's own cos | sin row, every column read at its axis' position; then token t is "position" t
+        table = _MROPE_TABLES.get(
+            (positions,), (self.cos_sin_cache, self.axes), lambda: self._table(positions)
+        )
+        return kernels.rope(q, k, torch.arange(positions.shape[1], device=positions.device), table)
+
+    def _table(self, positions: torch.Tensor) -> torch.Tensor:
+        by_axis = self.cos_sin_cache[positions]  # [3, T, R]
+        index = self.axes.view(1, 1, -1).expand(1, *by_axis.shape[1:])
+        return by_axis.gather(0, index)[0].contiguous()  # [T, R]

@@ -11,6 +11,7 @@ from engine.formats.source import WeightIterator
 from engine.layers.linear import Embedding, Linear
 from engine.layers.module import Module
 from engine.layers.moe import expert_shard
+from engine.worker.forward_context import current_forward_context
 
 
 class DecoderModel(Module):
@@ -22,6 +23,9 @@ class DecoderModel(Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        ctx = current_forward_context()
+        if ctx is not None and ctx.image_rows is not None:
+            hidden = hidden.index_copy(0, ctx.image_rows, ctx.image_embeds.to(hidden.dtype))
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
@@ -42,12 +46,20 @@ class CausalLM(Module):
         # the multi-token-prediction head, when built (spec mtp); otherwise a checkpoint's mtp.* is skipped
         self.mtp: Module | None = None
         self.draft_head: Linear | None = None  # lm_head's first rows for the MTP drafts (lm_head_draft)
+        self.visual: Module | None = None  # the vision tower, when built (vision)
 
     def build_mtp(self) -> None:
         """Add the MTP head (spec mtp), before the weights load; models without one refuse."""
         raise NinferError(
             f"this {self.config.architecture} model has no MTP head (mtp_num_hidden_layers is 0, or a GGUF "
             "without nextn blocks); use spec ngram or none"
+        )
+
+    def build_vision(self) -> None:
+        """Add the vision tower (vision), before the weights load; text-only models refuse."""
+        raise NinferError(
+            f"this {self.config.architecture} model reads text only; drop --vision (images need a Qwen3.5 "
+            "checkpoint with its vision tower)"
         )
 
     def build_draft_head(self, num_tokens: int) -> None:
@@ -145,6 +157,11 @@ class CausalLM(Module):
             raise NinferError(
                 f"this checkpoint declares an MTP head but lacks its weights ({missing[0]}; converted or "
                 "quantized without them?); use spec ngram or none"
+            )
+        if missing and all(n.startswith("visual.") for n in missing):
+            raise NinferError(
+                f"this checkpoint declares a vision tower but lacks its weights ({missing[0]}; converted "
+                "without them?); drop --vision, or serve the multimodal HF checkpoint"
             )
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

@@ -90,6 +90,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
             model = cls(source.config)
             if engine_config.spec == "mtp":
                 model.build_mtp()
+            if engine_config.vision:
+                model.build_vision()
     finally:
         torch.set_default_dtype(prev_dtype)
     if packed:
@@ -121,6 +123,8 @@ def quantize_linear_weights(model: CausalLM, mode: str) -> None:
         if not isinstance(module, Linear) or module.weight is None:
             continue
         name = param_names[id(module.weight)]
+        if name.startswith("visual."):  # the vision tower runs once an image: kept as loaded
+            continue
         m = mode_for_bits(model.weight_bits.get(name)) if mode == "auto" else mode
         if m != "none" and quantizable(module.weight, m):
             module.qweight = quantize_weight(module.weight.data, m)

@@ -70,6 +70,7 @@ def deployment(
         spec=config.spec,
         draft_tokens=config.num_draft_tokens,
         int8_prefill=config.int8_prefill,
+        vision=config.vision,
     )
 
 

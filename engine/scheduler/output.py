@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.request import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.vision.mrope import MultiModalInputs
 
 
 class ScheduledRequest(NamedTuple):
@@ -26,6 +29,7 @@ class ScheduledRequest(NamedTuple):
     # of draft_token_ids, the last ones that only pad the request to the step's common query count (CUDA
     # graphs: Scheduler._pad_drafts); verified like any draft, left out of the acceptance counters
     num_padding: int = 0
+    mm: MultiModalInputs | None = None  # the request's images and 3D positions (engine/vision)
 
     @property
     def num_known_tokens(self) -> int:

@@ -248,7 +248,8 @@ class Scheduler:
             bs = self.block_size
             parent = req.block_hashes[-1] if have else b""
             tokens = req.token_slice(have * bs, num_blocks * bs)
-            req.block_hashes.extend(hash_blocks(tokens, bs, parent))
+            salts = req.mm.block_salts(have, num_blocks - have, bs) if req.mm else None
+            req.block_hashes.extend(hash_blocks(tokens, bs, parent, salts))
         return req.block_hashes[:num_blocks]
 
     def _scheduled(
@@ -277,6 +278,7 @@ class Scheduler:
             state_restore=restore,
             draft_token_ids=tuple(drafts),
             next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
+            mm=req.mm,
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:

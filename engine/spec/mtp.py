@@ -51,18 +51,19 @@ class MTPDrafter:
     def _slot(self, block_ids: list[int], pos: int) -> int:
         return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]]):
+    def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]], rope: list[int]):
         """One chained draft a request: (the head's hidden states [n, H], the drafts [n]). `blocks` is the
-        same list object for as long as the same requests chain (the graph stages its table once)."""
+        same list object for as long as the same requests chain (the graph stages its table once); `rope`:
+        the rotary position of each `pos` (behind it after an image)."""
         slots = [self._slot(b, p) for b, p in zip(blocks, pos)]
         if self.graphs is not None and len(pos) <= self.graphs.max_batch:
-            self.graphs.stage(tokens, h, pos, slots, blocks)
+            self.graphs.stage(tokens, h, pos, slots, blocks, rope)
             h, drafts = self.graphs.replay(len(pos), step)
             return h, drafts.clone()  # the next replay rewrites the graph's outputs
         model = self.model
         ctx = self._context(list(range(len(pos) + 1)), [p + 1 for p in pos], slots, blocks)
         with set_forward_context(ctx):
-            h = model.mtp(self._tensor(pos, torch.int64), model.model.embed_tokens(tokens), h, step)
+            h = model.mtp(self._tensor(rope, torch.int64), model.model.embed_tokens(tokens), h, step)
         return h, model.draft_logits(h).argmax(-1)
 
     @torch.inference_mode()
@@ -73,9 +74,11 @@ class MTPDrafter:
         cu_seqlens: list[int],
         slot_mapping: list[int],
         sampled: dict[str, list[SampledToken]],
+        mrope_positions: torch.Tensor | None = None,  # [3, T]: the step's, when it had image tokens
     ) -> dict[str, list[int]]:
         """Drafts for every request that emitted tokens this step (those after its last one)."""
         rows, following, positions, slots, cu, seq_lens, tables = [], [], [], [], [0], [], []
+        deltas = []  # rotary position - index of each row (engine/vision/mrope.py)
         chains = []  # (request, row of its last position in this pass)
         for i, r in enumerate(sched.scheduled):
             start, known = cu_seqlens[i], r.num_known_tokens
@@ -90,6 +93,7 @@ class MTPDrafter:
             rows.extend(range(start, start + n))
             following.extend(nxt)
             positions.extend(range(r.start_pos, r.start_pos + n))
+            deltas.extend([r.mm.rope_delta if r.mm else 0] * n)
             slots.extend(slot_mapping[start : start + n])
             cu.append(cu[-1] + n)
             seq_lens.append(r.start_pos + n)
@@ -99,9 +103,13 @@ class MTPDrafter:
         if not rows:
             return {}
         model = self.model
+        if mrope_positions is not None:
+            rope = mrope_positions[:, self._tensor(rows, torch.int64)]  # [3, Tm]
+        else:
+            rope = self._tensor([p + d for p, d in zip(positions, deltas)], torch.int64)
         with set_forward_context(self._context(cu, seq_lens, slots, tables)):
             out = model.mtp(
-                self._tensor(positions, torch.int64),
+                rope,
                 model.model.embed_tokens(self._tensor(following, torch.int64)),
                 hidden[self._tensor(rows, torch.int64)],
             )  # [Tm, H]
@@ -112,6 +120,7 @@ class MTPDrafter:
         active = list(range(len(chains)))  # chains still drafting
         steps = [(active, model.draft_logits(h).argmax(-1))]  # (chains, their drafts [len(chains)])
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        chain_delta = [deltas[row] for _, row in chains]
         for step in range(1, self.num_draft_tokens):
             # one position further; a request stops where its pages end
             pos = [first_pos[c] + step - 1 for c in active]
@@ -125,7 +134,8 @@ class MTPDrafter:
                 active, pos = [active[i] for i in fits], [pos[i] for i in fits]
             if step == 1 or len(fits) < len(steps[-1][0]):  # a new set of requests: their pages
                 blocks = [chains[c][0].block_ids for c in active]
-            h, drafts = self._chain_step(step, tokens, h, pos, blocks)
+            rope = [p + chain_delta[c] for p, c in zip(pos, active)]
+            h, drafts = self._chain_step(step, tokens, h, pos, blocks, rope)
             steps.append((active, drafts))
         flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}

@@ -87,6 +87,7 @@ class ChainGraphs:
         positions: list[int],
         slots: list[int],
         block_rows: list[list[int]],
+        rope_positions: list[int] | None = None,
     ) -> int:
         """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket.
         The block table is staged only for a new `block_rows` object: a chain passes the same one while
@@ -96,7 +97,10 @@ class ChainGraphs:
         pad = b - n
         self.ids[:n].copy_(tokens)
         self.hidden[:n].copy_(hidden)
-        host = torch.tensor([*positions, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
+        rope = (
+            positions if rope_positions is None else rope_positions
+        )  # rotary: behind the index after images
+        host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
         self.positions[:b].copy_(host[0])
         self.slot_mapping[:b].copy_(host[1])
         self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in positions] + [1] * pad, dtype=torch.int32))

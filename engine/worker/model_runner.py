@@ -22,6 +22,7 @@ from engine.worker.forward_context import (
     padded_block_table,
     set_forward_context,
 )
+from engine.worker.image_embeddings import ImageEmbeddings
 from kernels.paged_attention import same_query_count
 
 
@@ -77,6 +78,7 @@ class ModelRunner:
             if model.mtp is not None
             else None
         )
+        self.images = ImageEmbeddings(model.visual, self.device)
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
@@ -128,6 +130,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         for request_id in sched.finished_request_ids:
             self.sampler.forget(request_id)
+            self.images.forget(request_id)
         if not sched.scheduled:
             return RunnerOutput({})
         input_ids: list[int] = []
@@ -141,7 +144,8 @@ class ModelRunner:
             n = len(r.token_ids)
             input_ids.extend(r.token_ids)
             pos = range(r.start_pos, r.start_pos + n)
-            positions.extend(pos)
+            delta = r.mm.rope_delta if r.mm else 0  # after an image, a token's position trails its index
+            positions.extend(pos if not delta else range(r.start_pos + delta, r.start_pos + n + delta))
             slot_mapping.extend(r.block_ids[p // bs] * bs + p % bs for p in pos)
             cu_seqlens.append(cu_seqlens[-1] + n)
             seq_lens.append(r.start_pos + n)
@@ -158,7 +162,9 @@ class ModelRunner:
                 if r.draft_token_ids and r.state_slot >= 0
             ]
         )
-        q = self._graph_query_count(sched)
+        # a step with prompt tokens of a request with images runs eagerly: 3D positions, image embeddings
+        multimodal = any(r.mm and r.start_pos < r.mm.positions.shape[1] for r in sched.scheduled)
+        q = 0 if multimodal else self._graph_query_count(sched)
         # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
         # model's recomputed tokens before them are not)
         rows = [
@@ -174,8 +180,13 @@ class ModelRunner:
             if len(rows) < len(input_ids):
                 logits = logits[to_device(rows, torch.int64, self.device)]
         else:
+            rope_positions = (
+                self._mrope_positions(sched, positions)
+                if multimodal
+                else to_device(positions, torch.int64, self.device)
+            )
             hidden = self._forward(
-                sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices
+                sched, input_ids, rope_positions, slot_mapping, cu_seqlens, seq_lens, state_indices
             )
             logits = (
                 self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)]) if rows else None
@@ -184,17 +195,34 @@ class ModelRunner:
         sampling = [r for r in sched.scheduled if r.sample]
         out = self._sample(logits, sampling) if sampling else RunnerOutput({})
         if self.drafter is not None:
-            drafts = self.drafter.draft(sched, hidden, cu_seqlens, slot_mapping, out.sampled)
+            mrope = rope_positions if multimodal else None
+            drafts = self.drafter.draft(sched, hidden, cu_seqlens, slot_mapping, out.sampled, mrope)
             out = out._replace(drafts=drafts)
         return out
 
+    def _mrope_positions(self, sched: SchedulerOutput, positions: list[int]) -> torch.Tensor:
+        """[3, T] on the device: prompt tokens of requests with images at their 3D positions (time, row,
+        column), every other token at its 1D position on all three axes."""
+        out = torch.tensor(positions, dtype=torch.int64).expand(3, -1).clone()
+        start = 0
+        for r in sched.scheduled:
+            if r.mm is not None:
+                prompt = r.mm.positions.shape[1]
+                end = min(r.start_pos + len(r.token_ids), prompt)
+                if r.start_pos < end:
+                    out[:, start : start + end - r.start_pos] = r.mm.positions[:, r.start_pos : end]
+            start += len(r.token_ids)
+        return out.to(self.device)
+
     def _forward(self, sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices):
-        """The model's eager forward over the step: final-normed hidden states [T, H]."""
+        """The model's eager forward over the step: final-normed hidden states [T, H]. positions: [T], or
+        [3, T] in a step with image tokens."""
         block_table = padded_block_table([r.block_ids for r in sched.scheduled])
 
         def tensor(x, dtype):
             return to_device(x, dtype, self.device)
 
+        image_rows, image_embeds = self.images.step_embeddings(sched, cu_seqlens)
         ctx = ForwardContext(
             cu_seqlens_q=tensor(cu_seqlens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
@@ -204,9 +232,13 @@ class ModelRunner:
             query_tokens_per_seq=same_query_count(cu_seqlens),
             int8_activations=self.int8_prefill
             and any(r.num_known_tokens > self.max_query for r in sched.scheduled),
+            image_rows=image_rows,
+            image_embeds=image_embeds,
         )
         with set_forward_context(ctx):
-            return self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64))  # [T, hidden]
+            hidden = self.model(tensor(input_ids, torch.int64), positions)  # [T, hidden]
+        self.images.release_consumed(sched)
+        return hidden
 
     def _graph_query_count(self, sched: SchedulerOutput) -> int:
         """q when a captured graph holds the step: every request runs q tokens (1, or its last known token

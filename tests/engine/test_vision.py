@@ -1,0 +1,267 @@
+"""Images in the prompt: preprocessing, the vision tower, M-RoPE positions and image embeddings through
+the engine, against transformers' Qwen3.5 (Qwen3_5ForConditionalGeneration and its PIL image processor)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_PREPROCESSOR, mtp_head_tensors, save_tiny_vl, tiny_hf_model, tiny_vl_model
+
+from engine.errors import NinferError
+from engine.llm import LLM
+from engine.request import SamplingParams
+from engine.vision.config import VisionConfig
+from engine.vision.image import preprocess
+from engine.vision.mrope import frequency_axes
+
+PAD, START, END = 500, 502, 503
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+def png(height: int, width: int, seed: int = 0, mode: str = "RGB") -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    if mode != "RGB":
+        image = image.convert(mode)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def hf_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    p = TINY_PREPROCESSOR
+    return Qwen2VLImageProcessorPil(
+        patch_size=p["patch_size"],
+        merge_size=p["merge_size"],
+        temporal_patch_size=p["temporal_patch_size"],
+        image_mean=p["image_mean"],
+        image_std=p["image_std"],
+        size=p["size"],
+    )
+
+
+@pytest.fixture(scope="module")
+def vl_model():
+    return tiny_vl_model()
+
+
+@pytest.fixture(scope="module")
+def vl_dir(vl_model, tmp_path_factory):
+    return save_tiny_vl(vl_model, tmp_path_factory.mktemp("vl"))
+
+
+@pytest.fixture(scope="module")
+def llm(vl_dir):
+    return LLM(vl_dir, vision=True)
+
+
+def run(llm: LLM, prompt: list[int], images: list[bytes], params=GREEDY):
+    request_id = llm.add_request(prompt, params, images=[llm.image(b) for b in images])
+    while True:
+        for out, _ in llm.step():
+            if out.request_id == request_id and out.finished:
+                return out
+
+
+def hf_reference(model, prompt: list[int], images: list[bytes], num_tokens: int = 6):
+    """transformers' greedy tokens and per-step log-softmax for `prompt` (one PAD per image, widened here)."""
+    from PIL import Image
+
+    batch = hf_processor()(
+        images=[Image.open(io.BytesIO(b)).convert("RGB") for b in images], return_tensors="pt"
+    )
+    merge = TINY_PREPROCESSOR["merge_size"] ** 2
+    counts = iter((batch["image_grid_thw"].prod(-1) // merge).tolist())
+    ids = [t for tok in prompt for t in ([PAD] * next(counts) if tok == PAD else [tok])]
+    model.generation_config.eos_token_id = None
+    out = model.generate(
+        torch.tensor([ids]),
+        pixel_values=batch["pixel_values"],
+        image_grid_thw=batch["image_grid_thw"],
+        mm_token_type_ids=torch.tensor([[int(t == PAD) for t in ids]]),
+        max_new_tokens=num_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    return out.sequences[0, len(ids) :].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.logits]
+
+
+def assert_matches(out, reference):
+    tokens, logprobs = reference
+    assert out.token_ids == tokens
+    for step, token, ref in zip(out.logprobs, tokens, logprobs):
+        assert step[token] == pytest.approx(ref[token].item(), abs=5e-4)
+
+
+# -- preprocessing ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "height, width, mode",
+    [(45, 70, "RGB"), (32, 32, "RGB"), (200, 90, "RGB"), (13, 40, "RGB"), (50, 50, "RGBA"), (40, 60, "L")],
+)
+def test_patches_match_transformers_processor(vl_dir, height, width, mode):
+    """Resized (up, down, kept), normalized and patchified as transformers' processor does, in its order."""
+    from PIL import Image
+
+    data = png(height, width, mode=mode)
+    vision = json.loads((vl_dir / "config.json").read_text())["vision_config"]
+    config = VisionConfig.from_dict({**vision, "preprocessor": TINY_PREPROCESSOR})
+    ours = preprocess(data, config)
+    image = Image.open(io.BytesIO(data))
+    if mode == "RGBA":  # transparent pixels over white, as ours composes them
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, image)
+    ref = hf_processor()(images=[image.convert("RGB")], return_tensors="pt")
+    assert ours.grid_thw == tuple(ref["image_grid_thw"][0].tolist())
+    assert ours.num_tokens == ours.grid_thw[1] * ours.grid_thw[2] // 4
+    torch.testing.assert_close(ours.pixel_values, ref["pixel_values"], atol=1e-5, rtol=0)
+
+
+def test_bad_image_bytes_are_refused_in_a_sentence(llm):
+    with pytest.raises(NinferError, match="not a PNG, JPEG, WebP, GIF or BMP image"):
+        llm.image(b"GIF89a but not really")
+    with pytest.raises(NinferError, match="sides differ by more than 200x"):
+        llm.image(png(2, 500))
+
+
+def test_interleaved_frequency_axes():
+    """Qwen3.5's 64-dim rotary: t, h, w interleaved over 11 / 11 / 10 frequency pairs, then time."""
+    axes = frequency_axes((11, 11, 10), True, 32).tolist()
+    assert axes[:6] == [0, 1, 2, 0, 1, 2] and axes[30:] == [0, 1]
+    assert axes.count(1) == 11 and axes.count(2) == 10
+    assert frequency_axes((2, 1, 1), False, 4).tolist() == [0, 0, 1, 2]
+    with pytest.raises(NinferError, match="mrope_section"):
+        frequency_axes((2, 2, 2), True, 4)
+
+
+# -- the engine against transformers -----------------------------------------------------------------
+def test_one_image_matches_transformers(llm, vl_model):
+    prompt = [4, 80, START, PAD, END, 19, 300, 7]
+    images = [png(45, 70)]
+    assert_matches(run(llm, prompt, images), hf_reference(vl_model, prompt, images))
+
+
+def test_two_images_and_text_between_match_transformers(llm, vl_model):
+    """Two images of different grids (one taller than wide), text before, between and after them."""
+    prompt = [4, START, PAD, END, 19, 21, START, PAD, END, 300, 7]
+    images = [png(64, 40, seed=1), png(33, 60, seed=2)]
+    assert_matches(run(llm, prompt, images), hf_reference(vl_model, prompt, images))
+
+
+def test_the_picture_matters(llm):
+    prompt = [4, START, PAD, END, 19]
+    a, b = (run(llm, prompt, [png(48, 48, seed=s)]) for s in (3, 4))
+    assert a.logprobs[0] != b.logprobs[0]
+
+
+def test_image_split_across_prompt_chunks(vl_dir, vl_model):
+    """A 6-token prefill budget cuts the 16-token image into pieces: each chunk takes its own rows."""
+    chunked = LLM(vl_dir, vision=True, prefill_chunk=6, max_concurrency=2)
+    prompt = [4, 80, START, PAD, END, 19]
+    images = [png(64, 64, seed=5)]
+    assert_matches(run(chunked, prompt, images), hf_reference(vl_model, prompt, images))
+
+
+def test_prefix_cache_tells_pictures_apart(vl_dir, vl_model):
+    """Same placeholders, other picture: the cached pages of the first are not reused for the second.
+    Same picture again: they are."""
+    cached = LLM(vl_dir, vision=True, block_size=4, state_snapshot_interval=4)
+    prompt = [4, 80, 81, 82, START, PAD, END, 19, 300, 7, 8, 9]
+    first, second = [png(64, 64, seed=6)], [png(64, 64, seed=7)]
+    assert_matches(run(cached, prompt, first), hf_reference(vl_model, prompt, first))
+    other = run(cached, prompt, second)
+    assert_matches(other, hf_reference(vl_model, prompt, second))
+    assert other.num_cached_tokens <= 4  # the text before the image, at most
+    again = run(cached, prompt, first)
+    assert again.num_cached_tokens > 4 + 16
+    assert_matches(again, hf_reference(vl_model, prompt, first))
+
+
+@pytest.mark.parametrize("spec", ["ngram", "mtp"])
+def test_speculative_decoding_keeps_the_output(vl_dir, vl_model, tmp_path, spec):
+    """Drafts over a prompt with an image (the MTP head reads the image tokens' 3D positions) leave the
+    greedy tokens unchanged."""
+    path = vl_dir
+    if spec == "mtp":
+        import shutil
+
+        from safetensors.torch import save_file
+
+        path = tmp_path / "vl_mtp"
+        shutil.copytree(vl_dir, path)
+        text_model = tiny_hf_model("qwen3_5", tied=False)  # the same shapes as the VL model's text part
+        save_file(mtp_head_tensors(text_model), str(path / "mtp.safetensors"))
+        config = json.loads((path / "config.json").read_text())
+        config["text_config"]["mtp_num_hidden_layers"] = 1
+        (path / "config.json").write_text(json.dumps(config))
+    drafting = LLM(path, vision=True, spec=spec, draft_tokens=3)
+    prompt = [4, 80, START, PAD, END, 19, 300, 7]
+    images = [png(40, 64, seed=8)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    out = run(drafting, prompt, images, params)
+    assert_matches(out, hf_reference(vl_model, prompt, images, 12))
+    if spec == "mtp":
+        assert out.num_draft_tokens > 0
+
+
+def test_triton_kernels_take_image_steps(vl_dir, vl_model, kernel_backend):
+    """The Triton kernels (interpreted on the CPU): the rope kernel over the per-token M-RoPE table, the
+    attention and the chunked delta rule give transformers' tokens."""
+    kernel_backend("triton")
+    prompt = [4, START, PAD, END, 19]
+    images = [png(40, 40, seed=9)]
+    out = run(LLM(vl_dir, vision=True), prompt, images)
+    assert out.token_ids == hf_reference(vl_model, prompt, images)[0]
+
+
+# -- refusals -------------------------------------------------------------------------------------------
+def test_placeholders_must_match_the_images(llm):
+    with pytest.raises(NinferError, match=r"1 image placeholder\(s\) \(<\|image_pad\|>\) for 2 image\(s\)"):
+        llm.add_request([4, PAD, 5], GREEDY, images=[llm.image(png(32, 32))] * 2)
+
+
+def test_without_the_tower_images_are_refused(vl_dir):
+    text_only = LLM(vl_dir)
+    assert text_only.model.visual is None
+    with pytest.raises(NinferError, match="start it with --vision"):
+        text_only.image(png(32, 32))
+
+
+def test_text_models_refuse_vision(tmp_path):
+    from conftest import save_tiny
+
+    save_tiny(tiny_hf_model("qwen3", tied=True), tmp_path)
+    with pytest.raises(NinferError, match="reads text only; drop --vision"):
+        LLM(tmp_path, vision=True)
+
+
+def test_a_checkpoint_without_tower_weights_is_named(vl_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v for k, v in load_file(str(vl_dir / "model.safetensors")).items() if "visual" not in k}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((vl_dir / "config.json").read_text())
+    with pytest.raises(NinferError, match="declares a vision tower but lacks its weights"):
+        LLM(tmp_path, vision=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["none", "ngram"])
+def test_cuda_matches_transformers(vl_dir, vl_model, spec):
+    """On CUDA: the Triton kernels, the tower on the GPU, decode steps replayed from CUDA graphs at
+    index + rope_delta (with drafts: padded to one query count)."""
+    cuda = LLM(vl_dir, vision=True, device="cuda", dtype="float32", spec=spec, max_concurrency=2)
+    assert cuda.runner.graphs is not None
+    prompt = [4, 80, START, PAD, END, 19, 300, 7]
+    images = [png(64, 48, seed=10)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    assert_matches(run(cuda, prompt, images, params), hf_reference(vl_model, prompt, images, 12))
