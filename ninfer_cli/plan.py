@@ -10,6 +10,7 @@ import typer
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.sizes import parse_size
+from ninfer_cli.vision_option import Vision
 
 GIB = 1 << 30
 
@@ -39,7 +40,7 @@ def plan(
     kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
     spec: Annotated[str, typer.Option(help="Speculative decoding: none, mtp, ngram.")] = "none",
     draft_tokens: Annotated[int, typer.Option(help="Draft tokens per step with --spec.")] = 3,
-    vision: Annotated[bool, typer.Option("--vision", help="Load the vision tower too.")] = False,
+    vision: Vision = False,
     int8_prefill: Int8Prefill = False,
     recipe: Annotated[
         str | None,
@@ -109,13 +110,13 @@ def plan(
 
 
 def serve_line(model_arg: str, dep) -> str:
-    # the vision tower is budgeted here but not run by serve yet
     spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
     int8 = " --int8-prefill" if dep.int8_prefill else ""
+    vision = " --vision" if dep.vision else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
-        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}"
+        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}"
     )
 
 
@@ -144,11 +145,6 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
     )
     console.print(t)
     _print_frontier(console, table)
-    if chosen.vision:
-        console.print(
-            "note: the ledger reserves memory for --vision; serve does not run the vision tower yet, so it is "
-            "not in the serve line"
-        )
     console.print("serve it:")
     console.print(line, soft_wrap=True, highlight=False, markup=False)
 

@@ -14,6 +14,7 @@ from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
+from ninfer_cli.vision_option import Vision
 
 GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 
@@ -59,6 +60,7 @@ def serve(
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
+    vision: Vision = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -85,6 +87,7 @@ def serve(
         cuda_graphs=cuda_graphs,
         **spec_options(spec, draft_tokens, lm_head_draft),
         int8_prefill=int8_prefill,
+        vision=vision,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
+from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
@@ -31,24 +32,31 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def _tool_result_text(block: dict, where: str) -> str:
+def _tool_result_content(block: dict, where: str, images: MessageImages) -> str | list[dict[str, str]]:
     content = block.get("content", "")
     if isinstance(content, str):
-        text = content
+        parts: list[str | dict[str, str]] = [content]
     elif isinstance(content, list):
         parts = []
         for i, b in enumerate(content):
-            if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                raise ApiError(400, f"{where}.content[{i}] of a tool_result must be a text block")
-            parts.append(b["text"])
-        text = "".join(parts)
+            bw = f"{where}.content[{i}]"
+            if isinstance(b, dict) and b.get("type") == "image":
+                parts.append(images.add(anthropic_image(b, bw), bw))
+            elif isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+                parts.append(b["text"])
+            else:
+                raise ApiError(400, f"{bw} of a tool_result must be a text or image block")
     else:
-        raise ApiError(400, f"{where}.content must be a string or an array of text blocks")
-    return f"Error: {text}" if block.get("is_error") else text
+        raise ApiError(400, f"{where}.content must be a string or an array of text and image blocks")
+    if block.get("is_error"):
+        parts.insert(0, "Error: ")
+    return template_content(parts)
 
 
-def template_messages(body: dict) -> list[dict[str, Any]]:
+def template_messages(body: dict) -> tuple[list[dict[str, Any]], MessageImages]:
+    """The messages as the chat template takes them, and their images in prompt order."""
     out: list[dict[str, Any]] = []
+    images = MessageImages()
     system = body.get("system")
     if system is not None:
         if isinstance(system, str):
@@ -68,15 +76,18 @@ def template_messages(body: dict) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ApiError(400, f"{where}.role must be 'user' or 'assistant'")
-        texts, calls = [], []
+        texts: list[str | dict[str, str]] = []
+        calls = []
         for j, block in enumerate(_blocks(m.get("content"), where)):
             kind, bw = block["type"], f"{where}.content[{j}]"
             if kind == "text":
                 if not isinstance(block.get("text"), str):
                     raise ApiError(400, f"{bw}.text must be a string")
                 texts.append(block["text"])
-            elif kind == "image" or kind == "document":
-                raise ApiError(400, f"{bw} is an {kind}; this model takes text only")
+            elif kind == "image" and m["role"] == "user":
+                texts.append(images.add(anthropic_image(block, bw), bw))
+            elif kind == "document":
+                raise ApiError(400, f"{bw} is a document; this model takes text and images only")
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                     raise ApiError(400, f"{bw} needs a string 'name' and an object 'input'")
@@ -89,13 +100,13 @@ def template_messages(body: dict) -> list[dict[str, Any]]:
                 )
             elif kind == "tool_result" and m["role"] == "user":
                 if texts:
-                    out.append({"role": "user", "content": "".join(texts)})
+                    out.append({"role": "user", "content": template_content(texts)})
                     texts = []
                 out.append(
                     {
                         "role": "tool",
                         "tool_call_id": block.get("tool_use_id"),
-                        "content": _tool_result_text(block, bw),
+                        "content": _tool_result_content(block, bw, images),
                     }
                 )
             elif kind in ("thinking", "redacted_thinking"):
@@ -103,11 +114,11 @@ def template_messages(body: dict) -> list[dict[str, Any]]:
             else:
                 raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
         if texts or calls or not any(o.get("role") == "tool" for o in out[-1:]):
-            msg: dict[str, Any] = {"role": m["role"], "content": "".join(texts)}
+            msg: dict[str, Any] = {"role": m["role"], "content": template_content(texts)}
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
-    return out
+    return out, images
 
 
 def _tools(body: dict) -> list[dict[str, Any]] | None:
@@ -169,10 +180,12 @@ def _usage(out: RequestOutput) -> dict[str, int]:
     }
 
 
-def _prepare(state: ServerState, body: dict) -> tuple[str, list[int], list[dict[str, Any]] | None]:
+async def _prepare(state: ServerState, body: dict):
+    """(the rendered prompt, its token ids, the tools, the images preprocessed)."""
     tools = _tools(body)
-    text, ids = state.render(template_messages(body), tools, _template_kwargs(body))
-    return text, ids, tools
+    messages, images = template_messages(body)
+    text, ids = state.render(messages, tools, _template_kwargs(body))
+    return text, ids, tools, await preprocess_images(state, images)
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -188,8 +201,8 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 async def count_tokens(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    _, ids, _ = _prepare(state, body)
-    return {"input_tokens": len(ids)}
+    _, ids, _, images = await _prepare(state, body)
+    return {"input_tokens": len(state.with_images(ids, images))}
 
 
 @router.post("/v1/messages")
@@ -200,11 +213,11 @@ async def messages(request: Request):
     max_tokens = field(body, "max_tokens", int, required=True)
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
-    prompt_text, ids, tools = _prepare(state, body)
+    prompt_text, ids, tools, images = await _prepare(state, body)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body))
     stream = field(body, "stream", bool, False)
-    engine_stream = await start(state, ids, params)
+    engine_stream = await start(state, ids, params, images)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if not stream:
         out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)

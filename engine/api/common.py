@@ -15,6 +15,7 @@ from engine.async_llm import AsyncStream
 from engine.errors import EngineOverloaded, NinferError
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput, SamplingParams
+from engine.vision.image import ImageInput
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -98,19 +99,26 @@ def sampling_params(
         raise ApiError(400, str(e)) from e
 
 
-async def start(state, ids: list[int], params: SamplingParams) -> AsyncStream:
-    """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After)."""
+async def start(
+    state, ids: list[int], params: SamplingParams, images: list[ImageInput] | None = None
+) -> AsyncStream:
+    """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After). `images`: one
+    for each image placeholder of `ids`, in order."""
     max_context = state.max_context
     if params.max_tokens >= max_context:
         raise ApiError(
             400, f"max_tokens {params.max_tokens} is beyond the context limit {max_context} (--max-context)"
         )
-    if len(ids) + 1 > max_context:
+    num_tokens = len(ids) + sum(image.num_tokens - 1 for image in images or ())
+    if num_tokens + 1 > max_context:
+        with_images = " with its images" if images else ""
         raise ApiError(
-            400, f"the prompt is {len(ids)} tokens but the context limit is {max_context} (--max-context)"
+            400,
+            f"the prompt{with_images} is {num_tokens} tokens but the context limit is {max_context} "
+            "(--max-context)",
         )
     try:
-        stream = await state.engine.add_request(ids, params)
+        stream = await state.engine.add_request(ids, params, images=images or None)
     except EngineOverloaded as e:
         raise ApiError(429, str(e), retry_after=1) from e
     except NinferError as e:

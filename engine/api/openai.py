@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import check_expired, collect, complete, field, now, read_json, sampling_params, start
 from engine.api.errors import ApiError
+from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.state import ServerState
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
@@ -21,32 +22,37 @@ SHUTDOWN = "the server is shutting down; retry on another instance or after it r
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def _text_of(content: Any, where: str) -> str:
+def _content(content: Any, where: str, images: MessageImages) -> str | list[dict[str, str]]:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts: list[str | dict[str, str]] = []
         for i, part in enumerate(content):
+            pw = f"{where}.content[{i}]"
             if not isinstance(part, dict) or "type" not in part:
-                raise ApiError(400, f"{where}.content[{i}] must be an object with a 'type'")
+                raise ApiError(400, f"{pw} must be an object with a 'type'")
             if part["type"] == "text":
                 if not isinstance(part.get("text"), str):
-                    raise ApiError(400, f"{where}.content[{i}].text must be a string")
+                    raise ApiError(400, f"{pw}.text must be a string")
                 parts.append(part["text"])
-            elif part["type"] in ("image_url", "input_audio", "file"):
-                raise ApiError(400, f"{where}.content[{i}] is {part['type']}; this model takes text only")
+            elif part["type"] == "image_url":
+                parts.append(images.add(openai_image(part, pw), pw))
+            elif part["type"] in ("input_audio", "file"):
+                raise ApiError(400, f"{pw} is {part['type']}; this model takes text and images only")
             else:
-                raise ApiError(400, f"{where}.content[{i}] has unknown type '{part['type']}'")
-        return "".join(parts)
+                raise ApiError(400, f"{pw} has unknown type '{part['type']}'")
+        return template_content(parts)
     raise ApiError(400, f"{where}.content must be a string or an array of content parts")
 
 
-def template_messages(messages: Any) -> list[dict[str, Any]]:
+def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImages]:
+    """The messages as the chat template takes them, and their images in prompt order."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", "messages")
     out = []
+    images = MessageImages()
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -58,7 +64,7 @@ def template_messages(messages: Any) -> list[dict[str, Any]]:
             )
         msg: dict[str, Any] = {
             "role": "system" if role == "developer" else role,
-            "content": _text_of(m.get("content"), where),
+            "content": _content(m.get("content"), where, images),
         }
         if role == "assistant" and m.get("tool_calls"):
             calls = m["tool_calls"]
@@ -70,7 +76,7 @@ def template_messages(messages: Any) -> list[dict[str, Any]]:
         if role == "tool":
             msg["tool_call_id"] = m.get("tool_call_id")
         out.append(msg)
-    return out
+    return out, images
 
 
 def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
@@ -157,7 +163,7 @@ async def models(request: Request):
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    messages = template_messages(body.get("messages"))
+    messages, images = template_messages(body.get("messages"))
     if field(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
     tools = field(body, "tools", list)
@@ -175,7 +181,7 @@ async def chat_completions(request: Request):
     )
     prompt_text, ids = state.render(messages, tools, kwargs)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    engine_stream = await start(state, ids, params)
+    engine_stream = await start(state, ids, params, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
         out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
@@ -272,7 +278,9 @@ async def tokenize(request: Request):
     body = await read_json(request)
     if body.get("messages") is not None:
         kwargs = field(body, "chat_template_kwargs", dict, {})
-        _, ids = state.render(template_messages(body.get("messages")), field(body, "tools", list), kwargs)
+        messages, images = template_messages(body.get("messages"))
+        _, ids = state.render(messages, field(body, "tools", list), kwargs)
+        ids = state.with_images(ids, await preprocess_images(state, images))
     elif isinstance(body.get("prompt"), str):
         ids = state.engine.tokenizer.encode(body["prompt"])
     else:

@@ -10,6 +10,8 @@ from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
+from engine.vision.image import ImageInput
+from engine.vision.mrope import widen_placeholders
 
 
 @dataclass
@@ -45,3 +47,13 @@ class ServerState:
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
             raise ApiError(400, f"the chat template could not render these messages ({e})") from e
         return text, tok.encode(text, add_special_tokens=False)
+
+    def with_images(self, ids: list[int], images: list[ImageInput]) -> list[int]:
+        """The prompt as the engine runs it: each image's placeholder widened to its tokens."""
+        if not images:
+            return ids
+        pad = self.engine.llm.model.visual.config.image_token_id
+        try:
+            return widen_placeholders(ids, images, pad)[0]
+        except NinferError as e:
+            raise ApiError(400, str(e)) from e

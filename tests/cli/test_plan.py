@@ -71,6 +71,19 @@ def test_int8_prefill_plan_budgets_the_chunks_codes_and_serves_with_the_flag():
     assert "dequant scratch" in plain and "int8 activations" not in plain
 
 
+def test_vision_plan_budgets_the_tower_and_serves_with_the_flag():
+    """The field's ledger: the tower costs ~2 GiB on a 24 GiB card, and C2 context drops with it."""
+    code, out = _plan_27b_3090("--concurrency", "2", "--kv-dtype", "k8v4", "--vision")
+    assert code == 0, out
+    assert "vision tower" in out and "vision activations" in out and "16384 patches" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert line.endswith("--prefill-chunk 2048 --vision")
+    with_tower = int(line.split("--max-context ")[1].split()[0])
+    code, plain = _plan_27b_3090("--concurrency", "2", "--kv-dtype", "k8v4")
+    line = next(ln for ln in plain.splitlines() if ln.startswith("ninfer serve"))
+    assert "--vision" not in line and int(line.split("--max-context ")[1].split()[0]) > with_tower
+
+
 def test_json_and_refusal_exit_2_with_three_ways_out():
     code, out = _plan_27b_3090(*["--concurrency", "2", "--context", "250k", "--kv-dtype", "int8", "--json"])
     assert code == 2

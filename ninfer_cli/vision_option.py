@@ -1,0 +1,16 @@
+"""The --vision flag shared by serve and plan."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Vision = Annotated[
+    bool,
+    typer.Option(
+        "--vision",
+        help="Load the vision tower (a Qwen3.5 checkpoint with one): messages may carry images "
+        "(OpenAI image_url data URLs, Anthropic base64 image blocks).",
+    ),
+]

@@ -1,0 +1,210 @@
+"""Images over both protocols on a server run with --vision: OpenAI image_url data URLs and Anthropic base64
+image blocks (also inside a tool_result) reach the tower; usage and token counts include the image's
+tokens; bad images get a 400 in the protocol's shape, naming where they were."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import anthropic
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+from conftest import save_tiny_vl, tiny_vl_model
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+TEMPLATE = (
+    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
+    "{%- if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}"
+    "{% if part.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part.text }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+SPECIAL = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+
+
+def png(seed: int, height: int = 48, width: int = 64) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def openai_parts(data: bytes, text: str = "What is in this picture?") -> list[dict]:
+    url = f"data:image/png;base64,{b64(data)}"
+    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+
+
+def anthropic_blocks(data: bytes, text: str = "What is in this picture?") -> list[dict]:
+    source = {"type": "base64", "media_type": "image/png", "data": b64(data)}
+    return [{"type": "text", "text": text}, {"type": "image", "source": source}]
+
+
+@pytest.fixture(scope="module")
+def vl_dir(default_tokenizer, tmp_path_factory):
+    """The tiny Qwen3.5 VL model with the default tokenizer plus the vision tokens, and a template that
+    places images as Qwen3.5's does."""
+    path = tmp_path_factory.mktemp("vl_api")
+    backend = default_tokenizer.backend
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(backend.to_str())
+    tok.add_special_tokens(SPECIAL)
+    image_id = tok.token_to_id("<|image_pad|>")
+    assert [tok.token_to_id(t) for t in SPECIAL] == list(range(image_id, image_id + 4))
+    save_tiny_vl(tiny_vl_model(vocab_size=tok.get_vocab_size(), image_token_id=image_id), path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None})
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(vl_dir):
+    with (
+        RunningServer(AsyncLLM(vl_dir, vision=True, max_concurrency=2), model_id="vl") as vision,
+        RunningServer(AsyncLLM(vl_dir, max_concurrency=2), model_id="vl") as text_only,
+    ):
+        yield vision, text_only
+
+
+def test_openai_and_anthropic_see_the_same_picture(servers):
+    server = servers[0]
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    an = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    image = png(1)
+    chat = oa.chat.completions.create(
+        model="vl", messages=[{"role": "user", "content": openai_parts(image)}], max_tokens=8, temperature=0
+    )
+    message = an.messages.create(
+        model="vl",
+        messages=[{"role": "user", "content": anthropic_blocks(image)}],
+        max_tokens=8,
+        extra_body={"temperature": 0},
+    )
+    assert chat.choices[0].message.content == message.content[0].text
+    # 48 x 64 pixels -> 6 x 8 patches -> 3 x 4 = 12 image tokens in place of the one placeholder
+    counted = an.messages.count_tokens(
+        model="vl", messages=[{"role": "user", "content": anthropic_blocks(image)}]
+    )
+    # the second request reads the first one's pages, image included, from the prefix cache
+    assert message.usage.cache_read_input_tokens > 12
+    anthropic_prompt = message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert chat.usage.prompt_tokens == anthropic_prompt == counted.input_tokens
+    tokenized = httpx.post(
+        f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": openai_parts(image)}]}
+    ).json()
+    assert tokenized["count"] == chat.usage.prompt_tokens
+    text_only = httpx.post(
+        f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "What is in this picture?"}]}
+    ).json()
+    assert tokenized["count"] == text_only["count"] + 1 + 12 + 1  # vision start, 12 image tokens, vision end
+
+
+def test_another_picture_changes_the_logits(servers):
+    oa = openai.OpenAI(base_url=f"{servers[0].url}/v1", api_key="none", max_retries=0)
+    first = []
+    for seed in (2, 3):
+        r = oa.chat.completions.create(
+            model="vl",
+            messages=[{"role": "user", "content": openai_parts(png(seed))}],
+            max_tokens=1,
+            temperature=0,
+            logprobs=True,
+        )
+        first.append(r.choices[0].logprobs.content[0].logprob)
+    assert first[0] != first[1]
+
+
+def test_streamed_reply_with_a_tool_result_image(servers):
+    """Claude-Code style: a tool returned a screenshot; streamed events arrive as usual."""
+    an = anthropic.Anthropic(base_url=servers[0].url, api_key="none", max_retries=0)
+    source = {"type": "base64", "media_type": "image/png", "data": b64(png(4, 64, 64))}
+    messages = [
+        {"role": "user", "content": "Take a screenshot."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": source}]}
+            ],
+        },
+    ]
+    tools = [{"name": "screenshot", "input_schema": {"type": "object", "properties": {}}}]
+    greedy = {"temperature": 0}
+    with an.messages.stream(
+        model="vl", messages=messages, tools=tools, max_tokens=6, extra_body=greedy
+    ) as stream:
+        final = stream.get_final_message()
+    counted = an.messages.count_tokens(model="vl", messages=messages, tools=tools)
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted.input_tokens
+    assert final.usage.output_tokens > 0
+
+
+BAD = [
+    # (protocol, content, words in the one-line error)
+    ("openai", [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "not fetched"),
+    (
+        "openai",
+        [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
+        "not valid base64",
+    ),
+    ("openai", [{"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}}], "text/plain"),
+    (
+        "openai",
+        [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(b'hello')}"}}],
+        "not a PNG",
+    ),
+    (
+        "anthropic",
+        [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}],
+        "not fetched",
+    ),
+    (
+        "anthropic",
+        [{"type": "image", "source": {"type": "base64", "media_type": "image/tiff", "data": "aGk="}}],
+        "image/tiff",
+    ),
+    (
+        "anthropic",
+        [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": 7}}],
+        "base64",
+    ),
+]
+
+
+@pytest.mark.parametrize("protocol, content, words", BAD)
+def test_bad_images_get_a_400_naming_where(servers, protocol, content, words):
+    url = servers[0].url
+    body = {"model": "vl", "max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    r = httpx.post(f"{url}/v1/{'chat/completions' if protocol == 'openai' else 'messages'}", json=body)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "messages[0].content[0]" in message and words in message and "\n" not in message
+    ok = {"model": "vl", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(f"{url}/v1/chat/completions", json=ok).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+def test_a_server_without_vision_says_how_to_take_images(servers, protocol):
+    url = servers[1].url
+    content = openai_parts(png(5)) if protocol == "openai" else anthropic_blocks(png(5))
+    body = {"model": "vl", "max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    r = httpx.post(f"{url}/v1/{'chat/completions' if protocol == 'openai' else 'messages'}", json=body)
+    assert r.status_code == 400
+    assert "start it with --vision" in r.json()["error"]["message"]
