@@ -26,7 +26,7 @@ from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
 from engine.quant.layer import fused_kernel_takes
-from engine.quant.recipes import GROUP_SIZE, Q46_TARGET_BITS, RECIPES, is_quantizable
+from engine.quant.recipes import GROUP_SIZE, Q46_TARGET_BITS, RECIPES, is_quantizable, is_tower
 
 KINDS = (
     "embedding",
@@ -147,6 +147,8 @@ def held_weight_bytes(
     packed_bytes = packed_weights = 0  # over the matrices kept packed: their average bits for the MTP head
     stored_mtp = any(name.startswith("mtp.") for name, *_ in tensors)
     for name, shape, held in tensors:
+        if is_tower(name):  # the file's own vision tower: held only with --vision, counted below
+            continue
         if name.startswith("mtp."):  # the file's own MTP head: held only with --spec mtp
             if mtp:
                 out["mtp head"] += math.prod(shape) * dtype_bytes if held is None else held

@@ -51,9 +51,22 @@ CALIBRATION_TEXT = (
 
 
 def is_quantizable(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
-    """Whether a checkpoint tensor of this name and shape is a matrix the recipes quantize."""
+    """Whether a checkpoint tensor of this name and shape is a matrix the recipes quantize. Routers and the
+    vision tower stay 16-bit: a wrong expert choice costs more than a router's bytes save, and the tower
+    runs once an image (its error would compound through every block into each image token)."""
     router = name.endswith(".mlp.gate.weight")
-    return len(shape) == 2 and min(shape) >= MIN_DIM and name.endswith("weight") and not router
+    return (
+        len(shape) == 2
+        and min(shape) >= MIN_DIM
+        and name.endswith("weight")
+        and not router
+        and not is_tower(name)
+    )
+
+
+def is_tower(name: str) -> bool:
+    """A vision-tower tensor, as a checkpoint (model.visual.*) or the planner (visual.*) names it."""
+    return name.startswith(("model.visual.", "visual."))
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,8 @@ class Plan:
             option = self.options.get(name)
         else:
             option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor.shape) else None
-        if option is None:
-            return tensor.float()
+        if option is None:  # kept unquantized: fp32, the tower in the 16 bits it ships in
+            return tensor.to(torch.bfloat16) if is_tower(name) else tensor.float()
         bits, group = option
         # NOTE: 8-bit weights are rounded to nearest: their error is already small, and compensating it
         # against the calibration text's statistics measured worse on other text (perplexity +0.32% vs

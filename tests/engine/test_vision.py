@@ -265,3 +265,59 @@ def test_cuda_matches_transformers(vl_dir, vl_model, spec):
     images = [png(64, 48, seed=10)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
     assert_matches(run(cuda, prompt, images, params), hf_reference(vl_model, prompt, images, 12))
+
+
+def test_a_converted_artifact_keeps_the_tower_in_16_bits(vl_dir, tmp_path):
+    """`ninfer convert` leaves the tower unquantized (bf16, as it ships) under every recipe, with the
+    preprocessor's settings in the artifact's config; the artifact serves images like its source."""
+    from engine.quant.convert import convert
+
+    out = tmp_path / "vl-w8.ninfer"
+    convert(vl_dir, out, "w8g128", method="rtn")
+    artifact = LLM(out, vision=True)
+    source = LLM(vl_dir, vision=True)
+    for (name, ours), (_, theirs) in zip(
+        artifact.model.visual.named_parameters(), source.model.visual.named_parameters()
+    ):
+        assert torch.equal(ours, theirs.to(torch.bfloat16).float()), name
+    assert artifact.model.visual.config == source.model.visual.config  # mean / std / pixel limits kept
+    prompt = [4, 80, START, PAD, END, 19]
+    images = [png(48, 64, seed=11)]
+    a, b = run(artifact, prompt, images), run(source, prompt, images)
+    assert a.token_ids[:3] == b.token_ids[:3]
+    assert abs(a.logprobs[0][a.token_ids[0]] - b.logprobs[0][a.token_ids[0]]) < 0.05
+
+
+def test_plan_counts_an_artifacts_tower_only_with_vision(vl_dir, tmp_path):
+    """The artifact's tower is held only with --vision: without, its bytes are in no row; with, in the
+    'vision tower' row, at what the loader holds (bf16)."""
+    from safetensors.torch import load_file, save_file
+    from typer.testing import CliRunner
+
+    from engine.quant.convert import convert
+    from ninfer_cli.main import app
+
+    out = tmp_path / "vl-w4.ninfer"
+    convert(vl_dir, out, "w4g128", method="rtn")
+    text_dir, text_out = tmp_path / "text", tmp_path / "text-w4.ninfer"  # the same model without a tower
+    text_dir.mkdir()
+    tensors = load_file(str(vl_dir / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if "visual" not in k}, str(text_dir / "model.safetensors"))
+    config = json.loads((vl_dir / "config.json").read_text())
+    (text_dir / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k != "vision_config"})
+    )
+    convert(text_dir, text_out, "w4g128", method="rtn")
+
+    def ledger(artifact, *flags):
+        result = CliRunner().invoke(app, ["plan", str(artifact), "--vram", "1G", "--json", *flags])
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.output)["plan"]["ledger"]
+        return {r["component"]: r["bytes"] for r in rows if r["component"].startswith("weights")}
+
+    plain, with_tower = ledger(out), ledger(out, "--vision")
+    assert plain == ledger(text_out)
+    tower = LLM(out, vision=True, dtype="bfloat16").model.visual
+    held = sum(p.numel() * p.element_size() for p in tower.parameters())
+    assert with_tower.pop("weights: vision tower") == held
+    assert with_tower == plain
