@@ -15,14 +15,20 @@ from tokenizers.models import BPE
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import gguf_blocks, gguf_qwen35
+from engine.formats import gguf_blocks, gguf_moe, gguf_qwen35
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor
 from engine.tokenizer import Tokenizer
 
 # GGUF architecture -> HF architecture: Llama's tensor layout (qwen3 adds q/k norms; qwen35 adds the
-# Gated DeltaNet layers and gated attention, gguf_qwen35.py)
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
+# Gated DeltaNet layers and gated attention, gguf_qwen35.py); qwen3moe / qwen35moe add experts (gguf_moe.py)
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen35": "Qwen3_5ForCausalLM",
+    **gguf_moe.MOE_ARCHITECTURES,
+}
+HYBRID = ("qwen35", "qwen35moe")  # the Qwen3.5 layout (gguf_qwen35.py)
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -37,6 +43,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     **gguf_qwen35.LAYER_NAMES,
+    **gguf_moe.LAYER_NAMES,
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -150,13 +157,21 @@ def _config(reader, path: Path) -> ModelConfig:
         num_hidden_layers=num_layers,
         layer_types=("full_attention",) * num_layers,
     )
-    if arch == "qwen35":
+    if arch in HYBRID:
         text = gguf_qwen35.text_layers(names, num_layers)
         layout = gguf_qwen35.config_fields(key, head_dim, text, num_layers - text)
+    if arch in gguf_moe.MOE_ARCHITECTURES:
+
+        def field(name: str, default: Any) -> Any:
+            return _field(reader, f"{arch}.{name}", default)
+
+        experts = gguf_moe.config_fields(key, field, names, layout["num_hidden_layers"])
+        layout = {**layout, **experts, "architecture": ARCHITECTURES[arch]}
+    if "intermediate_size" not in layout:
+        layout["intermediate_size"] = key("feed_forward_length")
     return ModelConfig(
         vocab_size=key("vocab_size", len(tokens)),
         hidden_size=hidden,
-        intermediate_size=key("feed_forward_length"),
         num_attention_heads=num_heads,
         num_key_value_heads=key("attention.head_count_kv", num_heads),
         head_dim=head_dim,
@@ -213,7 +228,7 @@ def _open(path: Path):
 
 def _layout(reader, config: ModelConfig):
     """The tensors the loader reads, (tensor, HF name) each; the order each must be read back in; and the
-    names of those the GPU holds packed."""
+    names of those the GPU holds packed (an experts' stack: each expert's matrices)."""
     arch = _field(reader, "general.architecture")
     layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
     named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, layers, mtp))]
@@ -221,6 +236,18 @@ def _layout(reader, config: ModelConfig):
     blocks = any(gguf_blocks.is_block_quantized(t.tensor_type) for t, _ in named)
     packed = {name for t, name in named if _keeps_packed(t, name, orders[name], blocks)}
     return named, orders, packed
+
+
+def _matrices(t, name: str) -> list[tuple[str, tuple[int, int]]]:
+    """(HF name, shape) of each matrix a tensor holds: itself, or each expert's of a stack."""
+    shape = _shape(t)
+    if not gguf_moe.is_stack(name):
+        return [(name, shape)]
+    return [
+        (expert_name, (shape[1] // len(parts), shape[2]))
+        for parts in gguf_moe.split_names(name, shape[0])
+        for expert_name, _ in parts
+    ]
 
 
 def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...], int | None]]]:
@@ -231,8 +258,9 @@ def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...
     named, _, packed = _layout(reader, config)
     tensors = []
     for t, name in named:
-        held = gguf_blocks.held_nbytes(t.tensor_type, _shape(t)) if name in packed else None
-        tensors.append((name, _shape(t), held))
+        for matrix, shape in _matrices(t, name):
+            held = gguf_blocks.held_nbytes(t.tensor_type, shape) if name in packed else None
+            tensors.append((matrix, shape, held))
     return config, tensors
 
 
@@ -244,32 +272,45 @@ def load_gguf(path: Path) -> ModelSource:
     arch = _field(reader, "general.architecture")
     named, orders, packed = _layout(reader, config)
 
-    def dense(t, name: str) -> torch.Tensor:
+    def dense(t, name: str) -> WeightIterator:
+        """The tensor as the checkpoint holds it (an experts' stack: each expert's matrices)."""
         tensor = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
-        if arch == "qwen35":
+        tensor = tensor.reshape(_shape(t))
+        if arch in HYBRID:
             tensor = gguf_qwen35.restore_values(name, tensor)
-        return tensor if orders[name] is None else tensor.index_select(*orders[name])
+        if gguf_moe.is_stack(name):
+            yield from gguf_moe.per_expert(name, tensor)
+            return
+        tensor = gguf_moe.restore_shape(name, tensor)
+        yield name, tensor if orders[name] is None else tensor.index_select(*orders[name])
 
     def weights() -> WeightIterator:
         for t, name in named:
-            yield name, dense(t, name)
+            yield from dense(t, name)
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for t, name in named:
-            if name in packed:
-                qt = gguf_blocks.to_groupwise(np.asarray(t.data), t.tensor_type, _shape(t))
-                yield name, qt if orders[name] is None else gguf_blocks.select(qt, *orders[name])
+            if name not in packed:
+                continue
+            if gguf_moe.is_stack(name):
+                for expert_name, rows in gguf_moe.expert_rows(name, np.asarray(t.data), _shape(t)[0]):
+                    shape = (rows.shape[0], _shape(t)[2])
+                    yield expert_name, gguf_blocks.to_groupwise(rows, t.tensor_type, shape)
+                continue
+            qt = gguf_blocks.to_groupwise(np.asarray(t.data), t.tensor_type, _shape(t))
+            yield name, qt if orders[name] is None else gguf_blocks.select(qt, *orders[name])
 
     def unquantized() -> WeightIterator:
         for t, name in named:
             if name not in packed:
-                yield name, dense(t, name)
+                yield from dense(t, name)
 
     # bits of each block-quantized tensor, for the CPU's int4 / int8 copies (weight_quant=auto)
     tensor_bits = {
-        name: gguf_blocks.source_bits(t.tensor_type)
+        matrix: gguf_blocks.source_bits(t.tensor_type)
         for t, name in named
         if gguf_blocks.is_block_quantized(t.tensor_type)
+        for matrix, _ in _matrices(t, name)
     }
     return ModelSource(
         config,
@@ -293,7 +334,7 @@ def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         rows = torch.arange(heads * config.head_dim)
         return 0, _unpermute(rows.unsqueeze(1), heads).squeeze(1)
-    if arch == "qwen35":
+    if arch in HYBRID:
         return gguf_qwen35.value_head_order(name, config)
     return None
 
@@ -303,10 +344,13 @@ def _keeps_packed(t, name: str, order: tuple[int, torch.Tensor] | None, blocks: 
     of block-quantized matrices (a fused projection packs only whole), unless its columns must move in runs
     its groups cut through. The conv1d kernel and every vector stay dense."""
     shape = _shape(t)
+    if gguf_moe.is_stack(name):  # each expert's matrix, as the stacked experts kernel takes it
+        shape = shape[1:]
     if len(shape) != 2 or not gguf_blocks.kernel_takes(t.tensor_type, shape):
         return False
     if not gguf_blocks.is_block_quantized(t.tensor_type):
-        linear = blocks and name.endswith(".weight") and "conv1d" not in name
+        router = name.endswith((".mlp.gate.weight", ".shared_expert_gate.weight"))  # kept as stored
+        linear = blocks and name.endswith(".weight") and "conv1d" not in name and not router
         if not (linear and gguf_blocks.packable_float(t.tensor_type)):
             return False
     _, group = gguf_blocks.target(t.tensor_type)

@@ -1,0 +1,176 @@
+"""Mixture-of-experts GGUF files (llama.cpp's `qwen3moe`, `qwen35moe`): a tiny transformers model written
+as llama.cpp's converter writes it (experts stacked per projection, or gate | up fused; the shared
+expert's gate a vector) loads back as the checkpoint, generates transformers' greedy tokens, keeps its
+block-quantized experts packed on the Triton path, and converts to `.ninfer`."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import hf_greedy_reference, tiny_hf_model
+from test_gguf_qwen35 import INTERVAL, _as_converted
+
+from engine import LLM, SamplingParams
+from engine.formats.gguf import gpu_tensors, load_gguf
+from engine.layers.moe import Experts
+from engine.plan.weights import held_weight_bytes
+from engine.quant.convert import convert
+
+Q = gguf.GGMLQuantizationType
+PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def write_moe_gguf(model, path, qtype=None, fused: bool = False):
+    """A GGUF of a transformers Qwen3-MoE / Qwen3.5-MoE with llama.cpp's keys and tensors; with `qtype`,
+    the matrices (expert stacks too) as its blocks, the routers F32 as llama.cpp keeps them."""
+    cfg = model.config
+    hybrid = cfg.model_type.startswith("qwen3_5")
+    arch = gguf.MODEL_ARCH.QWEN35MOE if hybrid else gguf.MODEL_ARCH.QWEN3MOE
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    # a dense layer among sparse ones (mlp_only_layers): llama.cpp's MoE maps lack its names; Qwen3's have them
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if hybrid:
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+        w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+        w.add_ssm_state_size(cfg.linear_key_head_dim)
+        w.add_ssm_group_count(cfg.linear_num_key_heads)
+        w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+        w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+        w.add_full_attention_interval(INTERVAL)
+        w.add_rope_dimension_count(int(cfg.head_dim * rope["partial_rotary_factor"]))
+    inter = cfg.moe_intermediate_size
+    tensors = {}
+    for name, t in model.state_dict().items():
+        t = t.float()
+        if name.endswith("mlp.experts.gate_up_proj") and not fused:  # [E, 2I, H]: gate, up apart
+            base = name.removesuffix("gate_up_proj")
+            tensors[base + "gate_proj.weight"], tensors[base + "up_proj.weight"] = t[:, :inter], t[:, inter:]
+        elif name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            tensors[name + ".weight"] = t
+        elif name.endswith("shared_expert_gate.weight"):
+            tensors[name] = t.squeeze(0)  # llama.cpp's ffn_gate_inp_shexp is a vector
+        else:
+            tensors[name] = t
+    for hf_name, t in tensors.items():
+        if hybrid:
+            hf_name, t = _as_converted(hf_name, t, cfg)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = name or dense_names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if hf_name.endswith("mlp.experts.gate_up_proj.weight"):  # (not in every arch's map)
+            name = f"blk.{hf_name.split('.')[2]}.ffn_gate_up_exps.weight"
+        assert name is not None, hf_name
+        router = hf_name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
+        blocks = t.shape[-1] % 32 == 0  # (else F32, as llama.cpp falls back for rows not whole blocks)
+        if qtype is not None and t.dim() >= 2 and blocks and "conv1d" not in hf_name and not router:
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(t.numpy()), qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, t.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe():
+    return tiny_hf_model("qwen3_moe", tied=False)  # layers: sparse, dense (mlp_only_layers), sparse
+
+
+@pytest.fixture(scope="module")
+def qwen35_moe():
+    return tiny_hf_model("qwen3_5_moe", tied=False, layer_types=["linear_attention", "full_attention"] * 2)
+
+
+def test_config_read_from_the_expert_keys(qwen3_moe, tmp_path):
+    config = load_gguf(write_moe_gguf(qwen3_moe, tmp_path / "m.gguf")).config
+    assert config.architecture == "Qwen3MoeForCausalLM"
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (8, 2, 32)
+    assert config.mlp_only_layers == (1,) and config.norm_topk_prob
+    assert [config.is_sparse_layer(i) for i in range(3)] == [True, False, True]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_experts_come_back_as_the_checkpoint_holds_them(qwen3_moe, tmp_path, fused):
+    got = dict(load_gguf(write_moe_gguf(qwen3_moe, tmp_path / "m.gguf", fused=fused)).weights())
+    state = qwen3_moe.state_dict()
+    gate_up, down = (
+        state["model.layers.2.mlp.experts.gate_up_proj"],
+        state["model.layers.2.mlp.experts.down_proj"],
+    )
+    for e in range(8):
+        base = f"model.layers.2.mlp.experts.{e}"
+        assert torch.equal(got[f"{base}.gate_proj.weight"], gate_up[e, :32])
+        assert torch.equal(got[f"{base}.up_proj.weight"], gate_up[e, 32:])
+        assert torch.equal(got[f"{base}.down_proj.weight"], down[e])
+    assert torch.equal(got["model.layers.0.mlp.gate.weight"], state["model.layers.0.mlp.gate.weight"])
+    assert torch.equal(
+        got["model.layers.1.mlp.down_proj.weight"], state["model.layers.1.mlp.down_proj.weight"]
+    )
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+def test_generates_transformers_greedy_tokens(arch, qwen3_moe, qwen35_moe, tmp_path):
+    model = qwen3_moe if arch == "qwen3_moe" else qwen35_moe
+    path = write_moe_gguf(model, tmp_path / "m.gguf")
+    want, _ = hf_greedy_reference(model, PROMPT, GREEDY.max_tokens)
+    got = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    assert got.token_ids == want
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+def test_block_quantized_experts_stay_packed(arch, qwen3_moe, qwen35_moe, tmp_path, kernel_backend):
+    """Q8_0 experts: the Triton path keeps each layer's stacks packed (the grouped MoE kernel multiplies
+    them as stored) and generates the dequantizing CPU engine's tokens; the planner's bytes are the
+    loader's."""
+    model = qwen3_moe if arch == "qwen3_moe" else qwen35_moe
+    path = write_moe_gguf(model, tmp_path / "m.gguf", qtype=Q.Q8_0, fused=arch == "qwen3_moe")
+    want = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none")  # (the CPU would re-quantize what stays dense)
+    experts = [m for m in llm.model.modules() if isinstance(m, Experts)]
+    assert experts and all(set(m.packed) == {"gate_up_proj", "down_proj"} for m in experts)
+    router = llm.model.model.layers[0].mlp.gate
+    assert router.qweight is None and router.weight is not None  # F32 in the file, kept so
+    got = llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    assert got.token_ids == want.token_ids
+    config, tensors = gpu_tensors(path)
+    assert sum(".experts." in name for name, *_ in tensors) == 3 * 8 * len(experts)
+    qweights = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
+    held = sum(qweights.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    held += sum(
+        t.numel() * t.element_size()
+        for m in experts
+        for stack in m.packed.values()
+        for t in (stack.packed, stack.scales, stack.minimums)
+        if t is not None
+    )
+    assert held == sum(held_weight_bytes(tensors, config, dtype_bytes=4).values())
+
+
+def test_convert_reads_a_moe_gguf(qwen3_moe, tmp_path):
+    path = write_moe_gguf(qwen3_moe, tmp_path / "m.gguf")
+    out = tmp_path / "m.ninfer"
+    convert(path, out, "bf16")
+    want = LLM(path, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    got = LLM(out, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
+    assert got.token_ids == want.token_ids
