@@ -44,7 +44,13 @@ def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: in
             "max_position_embeddings": 262144,
             "rms_norm_eps": 1e-6,
             "mtp_num_hidden_layers": 1,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e7,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True,
+            },
             "dtype": "bfloat16",
         },
     }
@@ -72,6 +78,22 @@ _CONFIGS = {
     "qwen3.5-9b": _qwen35(4096, 32, 12288, 16, 32),
     "qwen3-32b": _dense("Qwen3ForCausalLM", 5120, 64, 25600, 64, 8, 151936, 40960, rope_theta=1e6),
     "qwen3-8b": _dense("Qwen3ForCausalLM", 4096, 36, 12288, 32, 8, 151936, 40960, rope_theta=1e6),
+    # Qwen3-30B-A3B-2507 and Qwen3-Coder-30B-A3B: 128 experts of width 768 a layer, 8 a token
+    "qwen3-30b-a3b": _dense(
+        "Qwen3MoeForCausalLM",
+        2048,
+        48,
+        6144,
+        32,
+        4,
+        151936,
+        262144,
+        rope_theta=1e7,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+    ),
     "llama-3.1-8b": _dense(
         "LlamaForCausalLM",
         4096,

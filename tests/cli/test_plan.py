@@ -71,6 +71,16 @@ def test_int8_prefill_plan_budgets_the_chunks_codes_and_serves_with_the_flag():
     assert "dequant scratch" in plain and "int8 activations" not in plain
 
 
+def test_moe_preset_counts_every_expert():
+    """Qwen3-30B-A3B: all 128 experts of a layer are held (3B active, 30B stored), ~16 GiB at q4.6."""
+    code, out = _run("plan", "--model", "qwen3-30b-a3b", "--vram", "24G", "--sm", "86", "--json")
+    assert code == 0, out
+    plan = json.loads(out)["plan"]
+    weights = sum(r["bytes"] for r in plan["ledger"] if r["component"].startswith("weights"))
+    assert 16.0 < weights / 2**30 < 17.5  # 30.5B weights at 4.6 bits, routers and vectors at 16
+    assert plan["context"] >= 32768 and "--max-concurrency" in plan["serve"]
+
+
 def test_vision_plan_budgets_the_tower_and_serves_with_the_flag():
     """The field's ledger: the tower costs ~2 GiB on a 24 GiB card, and C2 context drops with it."""
     code, out = _plan_27b_3090("--concurrency", "2", "--kv-dtype", "k8v4", "--vision")
