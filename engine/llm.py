@@ -91,8 +91,10 @@ class LLM:
         if bad is not None:
             raise NinferError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         mm = None
-        if images:
-            prompt_token_ids, mm = place_images(list(prompt_token_ids), images, self._vision_or_raise())
+        # with the tower, every placeholder needs its image (a history whose pictures were left out)
+        vision = self._vision_or_raise() if images or self.model.visual is not None else None
+        if vision is not None and (images or vision.image_token_id in prompt_token_ids):
+            prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
             if len(prompt_token_ids) + 1 > self.max_context:
                 raise NinferError(
                     f"with its images the prompt is {len(prompt_token_ids)} tokens but the context limit is "
@@ -182,22 +184,26 @@ class LLM:
         messages: list[dict[str, Any]],
         sampling_params: SamplingParams | None = None,
         tools: list[dict[str, Any]] | None = None,
+        images: list[ImageInput] | None = None,
         **template_kwargs: Any,
     ) -> RequestOutput:
-        """Render the chat template, generate, return the assistant's reply."""
-        ids = self._tokenizer_or_raise().encode_chat(messages, tools, True, **template_kwargs)
-        return self.generate(prompt_token_ids=ids, sampling_params=sampling_params)[0]
+        """Render the chat template, generate, return the assistant's reply. `images`: one for each
+        {"type": "image"} part of the messages' contents, in order (`image()` makes one)."""
+        *_, out = self.stream_chat(messages, sampling_params, images, tools=tools, **template_kwargs)
+        return out[1]
 
     def stream_chat(
         self,
         messages: list[dict[str, Any]],
         sampling_params: SamplingParams | None = None,
+        images: list[ImageInput] | None = None,
+        tools: list[dict[str, Any]] | None = None,
         **template_kwargs: Any,
     ) -> Iterator[tuple[str, RequestOutput]]:
         """Like chat(), yielding (new text, output so far) as tokens arrive."""
         tok = self._tokenizer_or_raise()
-        ids = tok.encode_chat(messages, None, True, **template_kwargs)
-        request_id = self.add_request(ids, sampling_params or SamplingParams())
+        ids = tok.encode_chat(messages, tools, True, **template_kwargs)
+        request_id = self.add_request(ids, sampling_params or SamplingParams(), images=images)
         try:
             while True:
                 for out, delta in self.step():

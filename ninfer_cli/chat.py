@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,16 +14,18 @@ from engine.errors import NinferError
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
+from ninfer_cli.vision_option import Vision
 
 HELP_LINE = (
     "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
 )
+IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
-def _stream_reply(llm, messages, params, out) -> str:
+def _stream_reply(llm, messages, params, out, images=None) -> str:
     reply = []
     try:
-        for delta, _ in llm.stream_chat(messages, params):
+        for delta, _ in llm.stream_chat(messages, params, images):
             if delta:
                 out.write(delta)
                 out.flush()
@@ -62,6 +65,13 @@ def chat(
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
+    vision: Vision = False,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--image", help="With --prompt and --vision: a picture the message carries (repeatable)."
+        ),
+    ] = None,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -86,15 +96,23 @@ def chat(
             max_concurrency=1,
             **spec_options(spec, draft_tokens, lm_head_draft),
             int8_prefill=int8_prefill,
+            vision=vision,
         )
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout
     if prompt is not None:
-        _stream_reply(llm, [*base, {"role": "user", "content": prompt}], params, out)
+        images = [_read_image(llm, path) for path in image or ()]
+        _stream_reply(
+            llm, [*base, {"role": "user", "content": _content(prompt, len(images))}], params, out, images
+        )
         return
+    if image:
+        raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
     console.print(f"[bold]ninfer chat[/bold] — {llm.description}")
-    console.print(HELP_LINE)
+    console.print(HELP_LINE + (" " + IMAGE_HELP if vision else ""))
     messages = list(base)
+    images: list = []  # the conversation's pictures, in order: every turn sends them all again
+    pending: list = []  # attached with /image, for the next message
     interactive = sys.stdin.isatty()
     while True:
         try:
@@ -108,17 +126,39 @@ def chat(
         if text in ("/exit", "/quit"):
             return
         if text == "/reset":
-            messages = list(base)
+            messages, images, pending = list(base), [], []
             console.print("conversation cleared")
             continue
-        messages.append({"role": "user", "content": text})
+        if text.startswith("/image"):
+            try:
+                pending.append(_read_image(llm, Path(text.removeprefix("/image").strip()).expanduser()))
+            except NinferError as e:
+                console.print(f"[red]error:[/red] {e}")
+                continue
+            console.print(f"attached ({pending[-1].num_tokens} tokens); now type your message")
+            continue
+        messages.append({"role": "user", "content": _content(text, len(pending))})
         try:
-            reply = _stream_reply(llm, messages, params, out)
+            reply = _stream_reply(llm, messages, params, out, images + pending)
         except NinferError as e:  # e.g. the conversation outgrew the context: say so, keep the session
             messages.pop()
             console.print(f"[red]error:[/red] {e} (try /reset)")
             continue
+        images, pending = images + pending, []
         messages.append({"role": "assistant", "content": reply})
+
+
+def _content(text: str, num_images: int):
+    """A user message's content: the text, or the pictures first and then the text."""
+    if not num_images:
+        return text
+    return [*[{"type": "image"}] * num_images, {"type": "text", "text": text}]
+
+
+def _read_image(llm, path: Path):
+    if not path.is_file():
+        raise NinferError(f"{path} is not a file; give the path of a PNG, JPEG, WebP, GIF or BMP image")
+    return llm.image(path.read_bytes())
 
 
 def _read_piped_line(out) -> str:

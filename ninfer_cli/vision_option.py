@@ -1,4 +1,4 @@
-"""The --vision flag shared by serve and plan."""
+"""The --vision flag shared by serve, chat and plan."""
 
 from __future__ import annotations
 

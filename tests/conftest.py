@@ -155,6 +155,36 @@ def save_tiny_vl(model, path: Path) -> Path:
     return path
 
 
+# a Qwen3.5-style chat template: an image part renders as the placeholder between the vision tokens
+VL_TEMPLATE = (
+    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
+    "{%- if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}"
+    "{% if part.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part.text }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+VL_SPECIAL = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+
+
+def save_tiny_vl_chat(path: Path, tokenizer) -> Path:
+    """The tiny VL model with `tokenizer` (ninfer's, from the embedded GGUF) plus the vision tokens, and
+    VL_TEMPLATE: a directory the server and `ninfer chat` take messages with images for."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer.backend.to_str())
+    tok.add_special_tokens(VL_SPECIAL)
+    image_id = tok.token_to_id("<|image_pad|>")
+    assert [tok.token_to_id(t) for t in VL_SPECIAL] == list(range(image_id, image_id + 4))
+    save_tiny_vl(tiny_vl_model(vocab_size=tok.get_vocab_size(), image_token_id=image_id), path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": VL_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None})
+    )
+    return path
+
+
 def mtp_head_tensors(model, seed: int = 5) -> dict[str, torch.Tensor]:
     """Random mtp.* tensors of a tiny transformers Qwen3.5 (transformers builds no MTP head: its decoder
     layer gives the block's shapes), named as a Qwen3.5 checkpoint stores them."""

@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 
 import anthropic
 import httpx2 as httpx
 import numpy as np
 import openai
 import pytest
-from conftest import save_tiny_vl, tiny_vl_model
+from conftest import save_tiny_vl_chat
 from server import RunningServer
 
 from engine.async_llm import AsyncLLM
-
-TEMPLATE = (
-    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
-    "{%- if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}"
-    "{% if part.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part.text }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
-)
-SPECIAL = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
 
 
 def png(seed: int, height: int = 48, width: int = 64) -> bytes:
@@ -53,22 +43,7 @@ def anthropic_blocks(data: bytes, text: str = "What is in this picture?") -> lis
 
 @pytest.fixture(scope="module")
 def vl_dir(default_tokenizer, tmp_path_factory):
-    """The tiny Qwen3.5 VL model with the default tokenizer plus the vision tokens, and a template that
-    places images as Qwen3.5's does."""
-    path = tmp_path_factory.mktemp("vl_api")
-    backend = default_tokenizer.backend
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(backend.to_str())
-    tok.add_special_tokens(SPECIAL)
-    image_id = tok.token_to_id("<|image_pad|>")
-    assert [tok.token_to_id(t) for t in SPECIAL] == list(range(image_id, image_id + 4))
-    save_tiny_vl(tiny_vl_model(vocab_size=tok.get_vocab_size(), image_token_id=image_id), path)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None})
-    )
-    return path
+    return save_tiny_vl_chat(tmp_path_factory.mktemp("vl_api"), default_tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,9 @@ def test_triton_kernels_take_image_steps(vl_dir, vl_model, kernel_backend):
 def test_placeholders_must_match_the_images(llm):
     with pytest.raises(NinferError, match=r"1 image placeholder\(s\) \(<\|image_pad\|>\) for 2 image\(s\)"):
         llm.add_request([4, PAD, 5], GREEDY, images=[llm.image(png(32, 32))] * 2)
+    with pytest.raises(NinferError, match=r"1 image placeholder\(s\) \(<\|image_pad\|>\) for 0 image\(s\)"):
+        llm.add_request([4, PAD, 5], GREEDY)  # a history whose pictures were left out
+    llm.abort(llm.add_request([4, 5], GREEDY))  # text alone still goes
 
 
 def test_without_the_tower_images_are_refused(vl_dir):
