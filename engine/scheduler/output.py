@@ -36,6 +36,11 @@ class ScheduledRequest(NamedTuple):
         """Tokens of the request's history run this step (token_ids without the drafts)."""
         return len(self.token_ids) - len(self.draft_token_ids)
 
+    def runs_prompt_chunk(self, num_draft_tokens: int) -> bool:
+        """More known tokens than a decoding request runs: its last one, or a hybrid model's accepted
+        drafts recomputed before it (at most 1 + num_draft_tokens)."""
+        return self.num_known_tokens > 1 + num_draft_tokens
+
 
 class SchedulerOutput(NamedTuple):
     scheduled: list[ScheduledRequest]

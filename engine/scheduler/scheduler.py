@@ -197,7 +197,7 @@ class Scheduler:
         and spare pages allow, to the longest count (within what is left of the step's `budget`). Rewrites
         `scheduled` in place."""
         counts = {len(s.token_ids) for s in scheduled}
-        decode = all(s.sample and s.num_known_tokens <= 1 + self.config.num_draft_tokens for s in scheduled)
+        decode = all(s.sample and not s.runs_prompt_chunk(self.config.num_draft_tokens) for s in scheduled)
         if len(counts) < 2 or not decode or not any(s.draft_token_ids for s in scheduled):
             return
         target, added = max(counts), 0

@@ -42,9 +42,9 @@ class ModelRunner:
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
-        # the most known tokens a request runs in a decode step (its last one, or a hybrid model's accepted
-        # tokens recomputed); more is a prompt chunk
-        self.max_query = 1 + engine_config.num_draft_tokens
+        # a decode step runs at most 1 + k tokens a request (ScheduledRequest.runs_prompt_chunk)
+        self.num_draft_tokens = engine_config.num_draft_tokens
+        self.max_query = 1 + self.num_draft_tokens
         self.int8_prefill = engine_config.int8_prefill
         self.sampler = Sampler()
         dtype = engine_config.torch_dtype
@@ -231,7 +231,7 @@ class ModelRunner:
             state_indices=tensor(state_indices, torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
             int8_activations=self.int8_prefill
-            and any(r.num_known_tokens > self.max_query for r in sched.scheduled),
+            and any(r.runs_prompt_chunk(self.num_draft_tokens) for r in sched.scheduled),
             image_rows=image_rows,
             image_embeds=image_embeds,
         )
