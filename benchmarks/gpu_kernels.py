@@ -25,6 +25,8 @@ import triton.testing
 
 from engine.cache.kv_layout import KVCache
 from engine.quant.groupwise import quantize
+from engine.vision.config import VisionConfig
+from engine.vision.tower import VisionTower
 from kernels.conv1d import triton as conv1d_triton
 from kernels.fused_moe import naive as fused_moe_naive
 from kernels.fused_moe import triton as fused_moe_triton
@@ -566,6 +568,33 @@ def main() -> None:
                     bytes_moved=moved,
                 )
 
+    def vision_tower():
+        """Qwen3.5's tower (27 blocks, 1152 wide, 16 heads) encoding one screenshot, bf16: what an image
+        adds to the time to first token. Torch ops (cuBLAS, SDPA); --compile-only runs a 1-block tower on
+        the CPU once, untimed."""
+        depth = 1 if COMPILE_ONLY else 27
+        config = VisionConfig(
+            depth=depth, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120
+        )
+        with torch.device(DEVICE):
+            tower = VisionTower(config).to(bf)
+        for p in tower.parameters():
+            p.data.normal_(0, 0.02)
+        h, i = config.hidden_size, config.intermediate_size
+        for side in (1024, 2048) if not COMPILE_ONLY else (64,):
+            grid = (1, side // 16, side // 16)
+            n = grid[1] * grid[2]
+            pixels = torch.randn(n, config.patch_dim, device=DEVICE)
+            if COMPILE_ONLY:
+                tower(pixels, grid)
+                continue
+            flops = depth * (2 * n * h * 4 * h + 4 * n * h * i + 4 * n * n * h) + 2 * n * config.patch_dim * h
+            flops += 2 * (n // 4) * (4 * h) * (4 * h + config.out_hidden_size)
+            t = bench(lambda p=pixels, g=grid: tower(p, g), triton_kernels=False)
+            record(
+                "vision tower", f"{side}x{side} image: {n} patches -> {n // 4} tokens, bf16", t, flops=flops
+            )
+
     failed = []
     sections = (
         dense_ops,
@@ -574,6 +603,7 @@ def main() -> None:
         quantized_matmul,
         mixture_of_experts,
         prefill_attention,
+        vision_tower,
         sweeps,
     )
     for section in sections if not args.no_sweeps else sections[:-1]:
