@@ -9,12 +9,14 @@
 # only. Everything lands under $OUT (default ./gpu_out).
 #
 # Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. is set here; pure-Python
-# wheels it lacks (gguf) may be installed beforehand into a folder on PYTHONPATH. The suite's
+# wheels it lacks (gguf; Pillow for the vision tests, a binary wheel for its Python) may be installed
+# beforehand into a folder on PYTHONPATH. The suite's
 # tests/kernels/test_cuda_compile.py (compiling for SM 8.6 / 9.0 without a GPU) is left out: a GPU
 # compiles every kernel anyway.
 #
 # On a lent machine without network (the device tool), once here:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl gguf==0.19.0
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0 pillow==13.0.0
 # then one run with carry [".whl"] and a timeout that leaves room for a second (the steps' limits add up
 # to ~12 minutes; most runs end far sooner):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
