@@ -324,3 +324,22 @@ def test_plan_counts_an_artifacts_tower_only_with_vision(vl_dir, tmp_path):
     held = sum(p.numel() * p.element_size() for p in tower.parameters())
     assert with_tower.pop("weights: vision tower") == held
     assert with_tower == plain
+
+
+def test_tower_attention_takes_the_memory_efficient_kernels(llm, monkeypatch):
+    """The tower calls SDPA with [batch, heads, N, D]: a 3D call falls back to materialising N x N
+    scores (at 2048 x 2048 pixels, 16 heads x 16384² floats: 17 GB on the CPU)."""
+    import engine.vision.tower as tower
+
+    shapes = []
+    real = tower.F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        shapes.append(q.dim())
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(tower.F, "scaled_dot_product_attention", spy)
+    llm.image(png(40, 40))  # preprocessing alone runs no attention
+    item = llm.image(png(48, 48))
+    llm.model.visual(item.pixel_values, item.grid_thw)
+    assert shapes == [4] * llm.model.visual.config.depth
