@@ -17,7 +17,8 @@ from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
+# as the Anthropic API's own request limit: an agent's history carries its screenshots, base64, every turn
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -28,10 +29,10 @@ async def read_json(request: Request) -> dict[str, Any]:
         )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {int(declared)} bytes; the limit is {MAX_BODY_BYTES}")
+        raise ApiError(413, _too_large(int(declared)))
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
+        raise ApiError(413, _too_large(len(raw)))
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -43,6 +44,13 @@ async def read_json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body
+
+
+def _too_large(size: int) -> str:
+    return (
+        f"the body is {size} bytes; the limit is {MAX_BODY_BYTES} (32 MiB); send fewer or smaller images, or "
+        "start a new conversation"
+    )
 
 
 def field(body: dict, name: str, kind: type | tuple, default: Any = None, required: bool = False) -> Any:

@@ -183,3 +183,16 @@ def test_a_server_without_vision_says_how_to_take_images(servers, protocol):
     r = httpx.post(f"{url}/v1/{'chat/completions' if protocol == 'openai' else 'messages'}", json=body)
     assert r.status_code == 400
     assert "start it with --vision" in r.json()["error"]["message"]
+
+
+def test_a_body_past_the_limit_is_413_and_says_what_to_do(servers):
+    """32 MiB, the Anthropic API's own limit: an agent's history resends its screenshots every turn."""
+    url = servers[1].url
+    big = "data:image/png;base64," + "A" * (33 << 20)
+    body = {"model": "vl", "max_tokens": 4, "messages": [{"role": "user", "content": openai_parts(b"")}]}
+    body["messages"][0]["content"][1]["image_url"]["url"] = big
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 413
+    assert "the limit is 33554432 (32 MiB); send fewer or smaller images" in r.json()["error"]["message"]
+    ok = {"model": "vl", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(f"{url}/v1/chat/completions", json=ok).status_code == 200
