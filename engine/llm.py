@@ -19,7 +19,7 @@ from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.vision.config import VisionConfig
-from engine.vision.image import ImageInput, preprocess
+from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
 from engine.worker.model_runner import ModelRunner
 
@@ -74,6 +74,8 @@ class LLM:
         self.eos_token_ids = tuple(sorted(eos))
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
+        visual = self.model.visual
+        self._images = ImageCache(visual.config) if visual is not None else None
 
     # -- step-wise API --------------------------------------------------------------------------
     def add_request(
@@ -217,8 +219,10 @@ class LLM:
                 self.abort(request_id)
 
     def image(self, data: bytes) -> ImageInput:
-        """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input."""
-        return preprocess(data, self._vision_or_raise())
+        """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input (the same bytes
+        again: from a cache of the latest, engine/vision/image.ImageCache)."""
+        self._vision_or_raise()
+        return self._images(data)
 
     def _vision_or_raise(self) -> VisionConfig:
         if self.model.visual is None:

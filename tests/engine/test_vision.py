@@ -343,3 +343,18 @@ def test_tower_attention_takes_the_memory_efficient_kernels(llm, monkeypatch):
     item = llm.image(png(48, 48))
     llm.model.visual(item.pixel_values, item.grid_thw)
     assert shapes == [4] * llm.model.visual.config.depth
+
+
+def test_the_same_bytes_are_preprocessed_once(llm):
+    """An agent resends its screenshots every turn: the same bytes come back from the cache; past its
+    budget the least recently used go first."""
+    from engine.vision.image import ImageCache
+
+    a, b = png(48, 48, seed=12), png(48, 48, seed=13)
+    assert llm.image(a) is llm.image(a)
+    one = llm.image(a).pixel_values
+    cache = ImageCache(llm.model.visual.config, max_bytes=one.numel() * one.element_size())
+    first = cache(a)
+    assert cache(a) is first
+    cache(b)  # over budget: a goes
+    assert cache(a) is not first and torch.equal(cache(a).pixel_values, first.pixel_values)
