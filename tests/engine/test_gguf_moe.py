@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import hf_greedy_reference, tiny_hf_model
-from test_gguf_qwen35 import INTERVAL, _as_converted
+from test_gguf_qwen35 import _as_converted, add_hybrid_keys, close_gguf, gguf_writer
 
 from engine import LLM, SamplingParams
 from engine.formats.gguf import gpu_tensors, load_gguf
@@ -32,31 +32,13 @@ def write_moe_gguf(model, path, qtype=None, fused: bool = False):
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     # a dense layer among sparse ones (mlp_only_layers): llama.cpp's MoE maps lack its names; Qwen3's have them
     dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
-    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    rope = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
+    w = gguf_writer(path, gguf.MODEL_ARCH_NAMES[arch], cfg, cfg.num_hidden_layers)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if hybrid:
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-        w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
-        w.add_ssm_state_size(cfg.linear_key_head_dim)
-        w.add_ssm_group_count(cfg.linear_num_key_heads)
-        w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
-        w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-        w.add_full_attention_interval(INTERVAL)
-        w.add_rope_dimension_count(int(cfg.head_dim * rope["partial_rotary_factor"]))
+        add_hybrid_keys(w, cfg)
     inter = cfg.moe_intermediate_size
     tensors = {}
     for name, t in model.state_dict().items():
@@ -84,11 +66,7 @@ def write_moe_gguf(model, path, qtype=None, fused: bool = False):
             w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(t.numpy()), qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t.numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return close_gguf(w, path)
 
 
 @pytest.fixture(scope="module")

@@ -82,25 +82,8 @@ def write_qwen35_gguf(
     mtp_layers = 1 if mtp_head else 0
     blocks = cfg.num_hidden_layers + mtp_layers
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_block_count(blocks)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
-    w.add_ssm_state_size(cfg.linear_key_head_dim)
-    w.add_ssm_group_count(cfg.linear_num_key_heads)
-    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
-    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-    w.add_full_attention_interval(INTERVAL)
-    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    w = gguf_writer(path, "qwen35", cfg, blocks)
+    add_hybrid_keys(w, cfg)
     w.add_rope_dimension_sections([11, 11, 10, 0])
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
@@ -130,6 +113,39 @@ def write_qwen35_gguf(
             w.add_tensor(name, gguf.quants.quantize(t.numpy(), qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t.numpy())
+    return close_gguf(w, path)
+
+
+def gguf_writer(path, arch: str, cfg, blocks: int) -> gguf.GGUFWriter:
+    """A writer with the keys every llama.cpp text architecture has, from a transformers config."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(blocks)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    return w
+
+
+def add_hybrid_keys(w: gguf.GGUFWriter, cfg) -> None:
+    """The Qwen3.5 layout's keys (Gated DeltaNet shapes, the full-attention interval, partial rotary)."""
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    w.add_full_attention_interval(INTERVAL)
+    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+
+
+def close_gguf(w: gguf.GGUFWriter, path):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
