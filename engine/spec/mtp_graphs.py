@@ -97,9 +97,8 @@ class ChainGraphs:
         pad = b - n
         self.ids[:n].copy_(tokens)
         self.hidden[:n].copy_(hidden)
-        rope = (
-            positions if rope_positions is None else rope_positions
-        )  # rotary: behind the index after images
+        # the rotary positions: behind the index after an image (engine/vision/mrope.py)
+        rope = positions if rope_positions is None else rope_positions
         host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
         self.positions[:b].copy_(host[0])
         self.slot_mapping[:b].copy_(host[1])
