@@ -192,9 +192,13 @@ def mtp_head_tensors(model, seed: int = 5) -> dict[str, torch.Tensor]:
 
     cfg = model.config
     torch.manual_seed(seed)
-    layer = tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer(
-        cfg, cfg.layer_types.index("full_attention")
+    moe = getattr(cfg, "num_experts", 0)  # Qwen3.5-MoE: the head's layer is a mixture of experts too
+    decoder_layer = (
+        tf.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer
+        if moe
+        else tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer
     )
+    layer = decoder_layer(cfg, cfg.layer_types.index("full_attention"))
     h = cfg.hidden_size
     tensors = {
         f"mtp.layers.0.{n}": torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1)

@@ -36,6 +36,8 @@ class Metrics:
             "Accepted / drafted tokens since start (0 without drafts)",
             registry=r,
         )
+        self.images = Counter("ninfer_images", "Images in requests (--vision)", registry=r)
+        self.image_tokens = Counter("ninfer_image_tokens", "Prompt tokens the images take", registry=r)
         self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
         self.ttft = Histogram(
             "ninfer_time_to_first_token_seconds",
@@ -52,9 +54,15 @@ class Metrics:
         self._last: dict[str, float] = {}
         self._start: dict[str, float] = {}
         self._first: dict[str, float] = {}
+        self._images: dict[str, tuple[int, int]] = {}  # request -> (images, their tokens)
 
-    def started(self, request_id: str) -> None:
+    def started(self, request_id: str, images: list | None = None) -> None:
         self._start[request_id] = time.monotonic()
+        if images:
+            tokens = sum(image.num_tokens for image in images)
+            self._images[request_id] = (len(images), tokens)
+            self.images.inc(len(images))
+            self.image_tokens.inc(tokens)
 
     def token(self, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -83,6 +91,8 @@ class Metrics:
             else "-"
         )
         spec = f" accepted={out.num_accepted_tokens}/{out.num_draft_tokens}" if out.num_draft_tokens else ""
+        images = self._images.pop(out.request_id, None)
+        spec += f" images={images[0]} ({images[1]} tokens)" if images else ""
         _log.info(
             "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s%s",
             out.request_id,

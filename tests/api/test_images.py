@@ -86,6 +86,11 @@ def test_openai_and_anthropic_see_the_same_picture(servers):
         f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "What is in this picture?"}]}
     ).json()
     assert tokenized["count"] == text_only["count"] + 1 + 12 + 1  # vision start, 12 image tokens, vision end
+    metrics = httpx.get(f"{server.url}/metrics").text
+    counted = {
+        ln.split()[0]: float(ln.split()[1]) for ln in metrics.splitlines() if ln.startswith("ninfer_image")
+    }
+    assert counted["ninfer_images_total"] >= 2 and counted["ninfer_image_tokens_total"] >= 24
 
 
 def test_another_picture_changes_the_logits(servers):

@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy_reference, tiny_hf_model
-from test_gguf_qwen35 import _as_converted, add_hybrid_keys, close_gguf, gguf_writer
+from conftest import hf_greedy_reference, mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
+from test_gguf_qwen35 import _as_converted, add_hybrid_keys, close_gguf, gguf_name, gguf_writer, mtp_block
 
 from engine import LLM, SamplingParams
 from engine.formats.gguf import gpu_tensors, load_gguf
@@ -23,16 +23,21 @@ PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
-def write_moe_gguf(model, path, qtype=None, fused: bool = False):
+def write_moe_gguf(model, path, qtype=None, fused: bool = False, mtp_head: dict | None = None):
     """A GGUF of a transformers Qwen3-MoE / Qwen3.5-MoE with llama.cpp's keys and tensors; with `qtype`,
-    the matrices (expert stacks too) as its blocks, the routers F32 as llama.cpp keeps them."""
+    the matrices (expert stacks too) as its blocks, the routers F32 as llama.cpp keeps them; `mtp_head`
+    (Qwen3.5-MoE's mtp.*, a mixture-of-experts layer) as the block after the text layers."""
     cfg = model.config
     hybrid = cfg.model_type.startswith("qwen3_5")
     arch = gguf.MODEL_ARCH.QWEN35MOE if hybrid else gguf.MODEL_ARCH.QWEN3MOE
-    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    bid = cfg.num_hidden_layers
+    blocks = bid + (1 if mtp_head else 0)
+    names = gguf.get_tensor_name_map(arch, blocks)
     # a dense layer among sparse ones (mlp_only_layers): llama.cpp's MoE maps lack its names; Qwen3's have them
-    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
-    w = gguf_writer(path, gguf.MODEL_ARCH_NAMES[arch], cfg, cfg.num_hidden_layers)
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, blocks)
+    w = gguf_writer(path, gguf.MODEL_ARCH_NAMES[arch], cfg, blocks)
+    if mtp_head:
+        w.add_nextn_predict_layers(1)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
@@ -41,7 +46,7 @@ def write_moe_gguf(model, path, qtype=None, fused: bool = False):
         add_hybrid_keys(w, cfg)
     inter = cfg.moe_intermediate_size
     tensors = {}
-    for name, t in model.state_dict().items():
+    for name, t in {**model.state_dict(), **mtp_block(mtp_head or {}, bid)}.items():
         t = t.float()
         if name.endswith("mlp.experts.gate_up_proj") and not fused:  # [E, 2I, H]: gate, up apart
             base = name.removesuffix("gate_up_proj")
@@ -55,8 +60,9 @@ def write_moe_gguf(model, path, qtype=None, fused: bool = False):
     for hf_name, t in tensors.items():
         if hybrid:
             hf_name, t = _as_converted(hf_name, t, cfg)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        name = name or dense_names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = gguf_name(names, hf_name, bid) or dense_names.get_name(
+            hf_name, try_suffixes=(".weight", ".bias")
+        )
         if hf_name.endswith("mlp.experts.gate_up_proj.weight"):  # (not in every arch's map)
             name = f"blk.{hf_name.split('.')[2]}.ffn_gate_up_exps.weight"
         assert name is not None, hf_name
@@ -152,3 +158,21 @@ def test_convert_reads_a_moe_gguf(qwen3_moe, tmp_path):
     want = LLM(path, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     got = LLM(out, dtype="bfloat16").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     assert got.token_ids == want.token_ids
+
+
+def test_moe_mtp_head_of_a_gguf_drafts_as_the_checkpoints(qwen35_moe, tmp_path):
+    """Qwen3.5-MoE's MTP block (its layer a mixture of experts, stacked in the file) drafts the tokens the
+    HF checkpoint's mtp.* head drafts."""
+    head = mtp_head_tensors(qwen35_moe)
+    gguf_path = write_moe_gguf(qwen35_moe, tmp_path / "m.gguf", mtp_head=head)
+    hf_dir = save_mtp_head(save_tiny(qwen35_moe, tmp_path / "hf"), head)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = [
+        LLM(p, spec="mtp", draft_tokens=3, weight_quant="none").generate(
+            prompt_token_ids=PROMPT, sampling_params=params
+        )[0]
+        for p in (hf_dir, gguf_path)
+    ]
+    assert outs[0].token_ids == outs[1].token_ids
+    assert outs[0].num_draft_tokens == outs[1].num_draft_tokens > 0
+    assert outs[0].num_accepted_tokens == outs[1].num_accepted_tokens

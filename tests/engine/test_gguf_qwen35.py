@@ -87,23 +87,11 @@ def write_qwen35_gguf(
     w.add_rope_dimension_sections([11, 11, 10, 0])
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
-    tensors = dict(model.state_dict())
     bid = cfg.num_hidden_layers
-    # the converter's renames of the head: a layer after the text layers, its own tensors as `nextn`
-    head = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm"}
-    for name, t in (mtp_head or {}).items():
-        part = name.split(".")[1]
-        if part == "layers":
-            tensors[name.replace("mtp.layers.0.", f"model.layers.{bid}.")] = t
-        else:
-            tensors[f"model.layers.{bid}.{head.get(part, 'shared_head.norm')}.weight"] = t
-    nextn = {"eh_proj", "enorm", "hnorm", "shared_head.norm"}  # (this gguf's QWEN35 map may lack them)
+    tensors = {**model.state_dict(), **mtp_block(mtp_head or {}, bid)}
     for hf_name, t in tensors.items():
         hf_name, t = _as_converted(hf_name, t.float(), cfg)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        part = hf_name.removeprefix(f"model.layers.{bid}.").removesuffix(".weight")
-        if name is None and part in nextn:
-            name = f"blk.{bid}.nextn.{part.replace('.', '_')}.weight"
+        name = gguf_name(names, hf_name, bid)
         if (
             qtype is not None
             and t.dim() == 2
@@ -114,6 +102,36 @@ def write_qwen35_gguf(
         else:
             w.add_tensor(name, t.numpy())
     return close_gguf(w, path)
+
+
+# the converter's renames of an MTP head's own tensors, in the block after the text layers
+_NEXTN = {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+}
+
+
+def mtp_block(mtp_head: dict, bid: int) -> dict:
+    """mtp.* tensors named as the block `bid` the converter writes them as (HF-style names)."""
+    out = {}
+    for name, t in mtp_head.items():
+        part = name.split(".")[1]
+        if part == "layers":
+            out[name.replace("mtp.layers.0.", f"model.layers.{bid}.")] = t
+        else:
+            out[f"model.layers.{bid}.{_NEXTN[part]}.weight"] = t
+    return out
+
+
+def gguf_name(names, hf_name: str, bid: int) -> str | None:
+    """A tensor's GGUF name; the MTP block's own tensors as `nextn` (an arch's map may lack them)."""
+    name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    part = hf_name.removeprefix(f"model.layers.{bid}.").removesuffix(".weight")
+    if name is None and part in _NEXTN.values():
+        name = f"blk.{bid}.nextn.{part.replace('.', '_')}.weight"
+    return name
 
 
 def gguf_writer(path, arch: str, cfg, blocks: int) -> gguf.GGUFWriter:
