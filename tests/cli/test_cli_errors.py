@@ -53,6 +53,17 @@ def test_unsupported_architecture(tiny_dir, tmp_path):
     assert "LlamaForCausalLM" in line and "Qwen3ForCausalLM" in line and "Qwen3_5ForCausalLM" in line
 
 
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_vision_on_a_text_model_is_one_line(tiny_dir, command):
+    args = ["--prompt", "hi"] if command == "chat" else ["--port", "0"]
+    code, out = _run(command, str(tiny_dir), "--vision", *args)
+    assert code == 2 and "Traceback" not in out
+    assert out.strip().splitlines()[-1] == (
+        "error: this LlamaForCausalLM model reads text only; drop --vision (images need a Qwen3.5 checkpoint "
+        "with its vision tower)"
+    )
+
+
 def _copy(src, dst):
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())

@@ -358,3 +358,23 @@ def test_the_same_bytes_are_preprocessed_once(llm):
     assert cache(a) is first
     cache(b)  # over budget: a goes
     assert cache(a) is not first and torch.equal(cache(a).pixel_values, first.pixel_values)
+
+
+def test_a_preempted_request_with_images_recomputes_them(vl_dir):
+    """A KV pool too small for two image requests to finish side by side: the later one is preempted,
+    recomputed (its picture encoded again where its pages were lost) and answers as it does alone."""
+    prompts = [[4, 80, START, PAD, END, 19], [5, 81, START, PAD, END, 20, 21]]
+    images = [png(64, 64, seed=14), png(64, 48, seed=15)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = [run(LLM(vl_dir, vision=True), p, [i], params).token_ids for p, i in zip(prompts, images)]
+    tight = LLM(
+        vl_dir, vision=True, kv_capacity=64, block_size=4, max_concurrency=2, enable_prefix_caching=False
+    )
+    ids = [tight.add_request(p, params, images=[tight.image(i)]) for p, i in zip(prompts, images)]
+    done = {}
+    while len(done) < 2:
+        for out, _ in tight.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert tight.scheduler.num_preemptions > 0
+    assert [done[i] for i in ids] == alone
