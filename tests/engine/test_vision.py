@@ -378,3 +378,14 @@ def test_a_preempted_request_with_images_recomputes_them(vl_dir):
                 done[out.request_id] = out.token_ids
     assert tight.scheduler.num_preemptions > 0
     assert [done[i] for i in ids] == alone
+
+
+def test_images_past_the_context_are_refused_with_both_numbers(vl_dir):
+    small = LLM(vl_dir, vision=True, max_context=24)
+    with pytest.raises(
+        NinferError, match=r"with its images the prompt is 25 tokens but the context limit is 24"
+    ):
+        small.add_request(
+            [4, START, PAD, END, 19, 20, 21, 22, 23, 24], GREEDY, images=[small.image(png(64, 64))]
+        )
+    assert not small.has_unfinished_requests()
