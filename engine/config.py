@@ -19,6 +19,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
 )
 
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
@@ -88,6 +89,7 @@ class ModelConfig:
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
             "Qwen3_5MoeForCausalLM": "qwen3_5",
             "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+            "Qwen3VLForConditionalGeneration": "qwen3",
         }[self.architecture]
 
     def is_sparse_layer(self, layer: int) -> bool:
@@ -215,6 +217,7 @@ def _arch_from_model_type(model_type: str) -> str:
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
         "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+        "qwen3_vl": "Qwen3VLForConditionalGeneration",
     }.get(model_type, model_type or "<none>")
 
 

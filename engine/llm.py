@@ -228,7 +228,7 @@ class LLM:
         if self.model.visual is None:
             raise NinferError(
                 "this engine runs without the vision tower, so it takes no images; start it with --vision "
-                "(a Qwen3.5 checkpoint with its vision tower)"
+                "(a Qwen3.5 or Qwen3-VL checkpoint with its vision tower)"
             )
         return self.model.visual.config
 

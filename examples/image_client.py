@@ -1,4 +1,4 @@
-"""Send an image to `ninfer serve MODEL --vision` (a Qwen3.5 checkpoint with its vision tower), over both
+"""Send an image to `ninfer serve MODEL --vision` (a Qwen3.5 or Qwen3-VL checkpoint), over both
 protocols: `python examples/image_client.py screenshot.png`."""
 
 import base64

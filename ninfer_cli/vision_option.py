@@ -10,7 +10,7 @@ Vision = Annotated[
     bool,
     typer.Option(
         "--vision",
-        help="Load the vision tower (a Qwen3.5 checkpoint with one): messages may carry images "
+        help="Load the vision tower (a Qwen3.5 or Qwen3-VL checkpoint with one): messages may carry images "
         "(OpenAI image_url data URLs, Anthropic base64 image blocks).",
     ),
 ]

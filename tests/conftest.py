@@ -114,32 +114,39 @@ TINY_PREPROCESSOR = {
 }
 
 
-def tiny_vl_model(seed: int = 0, vocab_size: int = 512, image_token_id: int = 500, **overrides):
-    """A random-initialised transformers Qwen3_5ForConditionalGeneration: the tiny hybrid text model with
-    M-RoPE (rotary 8 of 16 dims: sections 2, 1, 1 interleaved) and TINY_VISION; placeholder ids
-    image_token_id and the two after it (video, vision start; vision end = image + 3)."""
+def tiny_vl_model(
+    seed: int = 0, vocab_size: int = 512, image_token_id: int = 500, arch: str = "qwen3_5", **overrides
+):
+    """A random-initialised transformers multimodal model with TINY_VISION; placeholder ids image_token_id
+    and the three after it (video, vision start, vision end). arch qwen3_5: Qwen3_5ForConditionalGeneration,
+    the tiny hybrid text model with M-RoPE (rotary 8 of 16 dims: sections 2, 1, 1 interleaved); qwen3_vl:
+    Qwen3VLForConditionalGeneration, a 3-layer Qwen3 (rotary 16 dims: sections 4, 2, 2 interleaved) and
+    deepstack levels from vision blocks 0 and 1."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    text = tiny_hf_model("qwen3_5", tied=False, seed=seed, vocab_size=vocab_size).config.to_dict()
+    vision = {**TINY_VISION, "out_hidden_size": TINY_COMMON["hidden_size"]}
+    if arch == "qwen3_5":
+        text = tiny_hf_model("qwen3_5", tied=False, seed=seed, vocab_size=vocab_size).config.to_dict()
+        rope = {"partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
+        wrapper, model_class = tf.Qwen3_5Config, tf.Qwen3_5ForConditionalGeneration
+    else:
+        text = {**TINY_COMMON, "num_hidden_layers": 3, "vocab_size": vocab_size}
+        rope = {"mrope_section": [4, 2, 2]}
+        vision["deepstack_visual_indexes"] = [0, 1]
+        wrapper, model_class = tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration
     text.update(overrides)
-    text["rope_parameters"] = {
-        "rope_type": "default",
-        "rope_theta": 1e4,
-        "partial_rotary_factor": 0.5,
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    }
-    cfg = tf.Qwen3_5Config(
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_interleaved": True, **rope}
+    cfg = wrapper(
         text_config=text,
-        vision_config={**TINY_VISION, "out_hidden_size": text["hidden_size"]},
+        vision_config=vision,
         image_token_id=image_token_id,
         video_token_id=image_token_id + 1,
         vision_start_token_id=image_token_id + 2,
         vision_end_token_id=image_token_id + 3,
     )
     torch.manual_seed(seed)
-    model = tf.Qwen3_5ForConditionalGeneration(cfg)
+    model = model_class(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

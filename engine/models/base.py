@@ -11,6 +11,8 @@ from engine.formats.source import WeightIterator
 from engine.layers.linear import Embedding, Linear
 from engine.layers.module import Module
 from engine.layers.moe import expert_shard
+from engine.vision.config import VisionConfig
+from engine.vision.tower import VisionTower
 from engine.worker.forward_context import current_forward_context
 
 
@@ -24,10 +26,14 @@ class DecoderModel(Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
         ctx = current_forward_context()
-        if ctx is not None and ctx.image_rows is not None:
-            hidden = hidden.index_copy(0, ctx.image_rows, ctx.image_embeds.to(hidden.dtype))
-        for layer in self.layers:
+        images = None if ctx is None or ctx.image_rows is None else ctx.image_embeds.to(hidden.dtype)
+        if images is not None:  # [M, 1 + deepstack levels, H]: the image tokens' embeddings
+            hidden = hidden.index_copy(0, ctx.image_rows, images[:, 0])
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(positions, hidden, residual)
+            if images is not None and i + 1 < images.shape[1]:
+                # deepstack (Qwen3-VL): the first layers' outputs at the image rows get a tower level each
+                hidden = hidden.index_add(0, ctx.image_rows, images[:, i + 1])
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -56,11 +62,19 @@ class CausalLM(Module):
         )
 
     def build_vision(self) -> None:
-        """Add the vision tower (vision), before the weights load; text-only models refuse."""
-        raise NinferError(
-            f"this {self.config.architecture} model reads text only; drop --vision (images need a Qwen3.5 "
-            "checkpoint with its vision tower)"
-        )
+        """Add the vision tower (vision), before the weights load; a checkpoint without one refuses."""
+        if not self.config.vision_config:
+            raise NinferError(
+                f"this {self.config.architecture} checkpoint has no vision tower (no vision_config: a text-only "
+                "model or export, or a GGUF, which keeps it in a separate mmproj file ninfer does not read); "
+                "drop --vision, or serve a multimodal HF checkpoint (Qwen3.5, Qwen3-VL)"
+            )
+        if not self.config.mrope_section:
+            raise NinferError(
+                "this checkpoint's text config has no mrope_section, so image tokens have no 3D positions; "
+                "its config.json is incomplete"
+            )
+        self.visual = VisionTower(VisionConfig.from_dict(self.config.vision_config))
 
     def build_draft_head(self, num_tokens: int) -> None:
         """The drafts' own head (lm_head_draft): lm_head's first `num_tokens` rows, sharing its storage.
@@ -86,7 +100,13 @@ class CausalLM(Module):
             self.lm_head.weight = embed.weight
 
     def checkpoint_name(self, name: str) -> str | None:
-        """Map a checkpoint tensor name to this model's naming; None skips the tensor."""
+        """Map a checkpoint tensor name to this model's naming; None skips the tensor. A multimodal
+        checkpoint (Qwen3_5ForConditionalGeneration, Qwen3VLForConditionalGeneration) nests the text model
+        under model.language_model and the tower under model.visual (loaded when built: vision)."""
+        if name.startswith("model.visual."):
+            return None if self.visual is None else name[len("model.") :]
+        if name.startswith("model.language_model."):
+            return "model." + name[len("model.language_model.") :]
         return name
 
     def param_for(self, ckpt_name: str) -> tuple[str, str | None] | None:

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.errors import NinferError
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import Embedding, Linear, MergedLinear
@@ -16,8 +15,6 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, DecoderModel
 from engine.models.llama import LlamaForCausalLM
-from engine.vision.config import VisionConfig
-from engine.vision.tower import VisionTower
 
 
 class Qwen3_5Attention(Module):
@@ -136,25 +133,3 @@ class Qwen3_5ForCausalLM(CausalLM):
         if not self.config.mtp_num_hidden_layers:
             super().build_mtp()
         self.mtp = Qwen3_5MTP(self.config)
-
-    def build_vision(self) -> None:
-        if not self.config.vision_config:
-            raise NinferError(
-                "this model has no vision tower (no vision_config: a text-only export, or a GGUF, which "
-                "keeps it in a separate mmproj file ninfer does not read); drop --vision, or serve the "
-                "multimodal HF checkpoint"
-            )
-        if not self.config.mrope_section:
-            raise NinferError(
-                "this checkpoint's text config has no mrope_section, so image tokens have no 3D positions; "
-                "its config.json is incomplete"
-            )
-        self.visual = VisionTower(VisionConfig.from_dict(self.config.vision_config))
-
-    def checkpoint_name(self, name: str) -> str | None:
-        # the multimodal checkpoint (Qwen3_5ForConditionalGeneration) nests the text model
-        if name.startswith("model.visual."):  # the vision tower: loaded when built (vision)
-            return None if self.visual is None else name[len("model.") :]
-        if name.startswith("model.language_model."):
-            return "model." + name[len("model.language_model.") :]
-        return name

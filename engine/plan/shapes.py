@@ -1,5 +1,5 @@
 """Tensor shapes of a model without its weights: the engine's own modules built on the meta device, plus
-the MTP head and the vision tower counted from the config (the engine does not build those yet)."""
+the MTP head and the vision tower counted from the config."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def mtp_tensors(config: ModelConfig) -> list[tuple[str, Shape]]:
 
 
 def vision_tensors(config: ModelConfig) -> list[tuple[str, Shape]]:
-    """The vision tower of a Qwen3-VL-style checkpoint (patch embedding, learned position table, ViT blocks
+    """The vision tower of a Qwen3.5 / Qwen3-VL checkpoint (patch embedding, learned position table, ViT blocks
     with LayerNorm, and the patch merger(s) into the text hidden size)."""
     v = config.vision_config or {}
     if not v:
@@ -45,8 +45,8 @@ def vision_tensors(config: ModelConfig) -> list[tuple[str, Shape]]:
     merged = hid * v.get("spatial_merge_size", 2) ** 2
     out_hidden = v.get("out_hidden_size", config.hidden_size)
     out: list[tuple[str, Shape]] = [
-        ("visual.patch_embed.weight", (hid, patch)),
-        ("visual.patch_embed.bias", (hid,)),
+        ("visual.patch_embed.proj.weight", (hid, patch)),
+        ("visual.patch_embed.proj.bias", (hid,)),
         ("visual.pos_embed.weight", (v.get("num_position_embeddings", 2304), hid)),
     ]
     for i in range(depth):
@@ -55,15 +55,17 @@ def vision_tensors(config: ModelConfig) -> list[tuple[str, Shape]]:
         out += [(b + "attn.qkv.weight", (3 * hid, hid)), (b + "attn.qkv.bias", (3 * hid,))]
         out += [(b + "attn.proj.weight", (hid, hid)), (b + "attn.proj.bias", (hid,))]
         out += [(b + "norm2.weight", (hid,)), (b + "norm2.bias", (hid,))]
-        out += [(b + "mlp.fc1.weight", (inter, hid)), (b + "mlp.fc1.bias", (inter,))]
-        out += [(b + "mlp.fc2.weight", (hid, inter)), (b + "mlp.fc2.bias", (hid,))]
-    mergers = ["visual.merger."] + [
-        f"visual.deepstack_merger_list.{i}." for i in range(len(v.get("deepstack_visual_indexes") or []))
+        out += [(b + "mlp.linear_fc1.weight", (inter, hid)), (b + "mlp.linear_fc1.bias", (inter,))]
+        out += [(b + "mlp.linear_fc2.weight", (hid, inter)), (b + "mlp.linear_fc2.bias", (hid,))]
+    # the merger normalizes each patch; a deepstack merger (Qwen3-VL) the merged rows
+    mergers = [("visual.merger.", hid)] + [
+        (f"visual.deepstack_merger_list.{i}.", merged)
+        for i in range(len(v.get("deepstack_visual_indexes") or []))
     ]
-    for m in mergers:
-        out += [(m + "norm.weight", (hid,)), (m + "norm.bias", (hid,))]
-        out += [(m + "fc1.weight", (merged, merged)), (m + "fc1.bias", (merged,))]
-        out += [(m + "fc2.weight", (out_hidden, merged)), (m + "fc2.bias", (out_hidden,))]
+    for m, norm in mergers:
+        out += [(m + "norm.weight", (norm,)), (m + "norm.bias", (norm,))]
+        out += [(m + "linear_fc1.weight", (merged, merged)), (m + "linear_fc1.bias", (merged,))]
+        out += [(m + "linear_fc2.weight", (out_hidden, merged)), (m + "linear_fc2.bias", (out_hidden,))]
     return out
 
 

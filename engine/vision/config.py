@@ -27,6 +27,9 @@ class VisionConfig:
     hidden_act: str = "gelu_pytorch_tanh"
     rope_theta: float = 10000.0
     layer_norm_eps: float = 1e-6
+    # Qwen3-VL's deepstack: the outputs of these blocks, merged apart, are added to the first text layers'
+    # outputs at the image tokens (one level a layer); Qwen3.5 has none
+    deepstack_visual_indexes: tuple[int, ...] = ()
     image_token_id: int = 248056  # <|image_pad|>: one per merged patch in the prompt
     vision_start_token_id: int = 248053
     vision_end_token_id: int = 248054
@@ -60,12 +63,13 @@ class VisionConfig:
             out_hidden = int(vision["out_hidden_size"])
         except KeyError as e:
             raise NinferError(
-                f"the checkpoint's vision_config lacks {e.args[0]}; it is not a Qwen3.5 vision tower"
+                f"the checkpoint's vision_config lacks {e.args[0]}; it is not a Qwen3.5 / Qwen3-VL vision tower"
             ) from e
-        if vision.get("deepstack_visual_indexes"):
+        deepstack = tuple(int(i) for i in vision.get("deepstack_visual_indexes") or ())
+        if any(not 0 <= i < depth for i in deepstack):
             raise NinferError(
-                "this vision tower feeds deepstack features into the text layers (Qwen3-VL); ninfer runs "
-                "Qwen3.5's tower, which has none"
+                f"the vision_config's deepstack_visual_indexes {list(deepstack)} name blocks past its depth "
+                f"{depth}; the checkpoint's config is inconsistent"
             )
         pre = vision.get("preprocessor") or {}
         size = pre.get("size") or {}
@@ -94,6 +98,7 @@ class VisionConfig:
             image_std=tuple(float(x) for x in pre.get("image_std", (0.5, 0.5, 0.5))),
             min_pixels=int(size.get("shortest_edge", pre.get("min_pixels", 65536))),
             max_pixels=min(int(size.get("longest_edge", pre.get("max_pixels", budget))), budget),
+            deepstack_visual_indexes=deepstack,
             **ids,
         )
 

@@ -93,18 +93,19 @@ class VisionBlock(Module):
 
 
 class PatchMerger(Module):
-    """LayerNorm each patch, then merge x merge neighbours (consecutive rows) -> MLP -> a text embedding."""
+    """LayerNorm each patch, then merge x merge neighbours (consecutive rows) -> MLP -> a text embedding.
+    A deepstack merger (postshuffle) normalizes the merged rows instead."""
 
-    def __init__(self, config: VisionConfig):
+    def __init__(self, config: VisionConfig, postshuffle: bool = False):
         super().__init__()
         merged = config.hidden_size * config.spatial_merge_size**2
-        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.norm = LayerNorm(merged if postshuffle else config.hidden_size, config.layer_norm_eps)
         self.linear_fc1 = Linear(merged, merged, bias=True)
         self.linear_fc2 = Linear(merged, config.out_hidden_size, bias=True)
-        self.merged = merged
+        self.merged, self.postshuffle = merged, postshuffle
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x).view(-1, self.merged)
+        x = self.norm(x.view(-1, self.merged)) if self.postshuffle else self.norm(x).view(-1, self.merged)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
@@ -116,6 +117,9 @@ class VisionTower(Module):
         self.pos_embed = Embedding(config.num_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
         self.merger = PatchMerger(config)
+        self.deepstack_merger_list = nn.ModuleList(
+            PatchMerger(config, postshuffle=True) for _ in config.deepstack_visual_indexes
+        )
 
     def _merge_order(self, grid: torch.Tensor) -> torch.Tensor:
         # grid [..., h, w] -> [..., h * w] with each merge window's patches together
@@ -144,13 +148,18 @@ class VisionTower(Module):
         return angles.cos(), angles.sin()
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        # pixel_values [h * w, patch_dim] (one still image) -> [h * w / merge^2, out_hidden]
+        # pixel_values [h * w, patch_dim] (one still image) -> [h * w / merge^2, 1 + deepstack levels,
+        # out_hidden]: each token's embedding, then what each deepstack level adds after a text layer
         t, h, w = grid_thw
         assert t == 1, "a still image is one frame"
         dtype = self.pos_embed.weight.dtype
         x = self.patch_embed.proj(pixel_values.to(dtype))
         x = x + self._position_embeddings(h, w).to(dtype)
         cos, sin = self._rotary(h, w, x.device)
-        for block in self.blocks:
+        levels = []
+        deepstack = self.config.deepstack_visual_indexes
+        for i, block in enumerate(self.blocks):
             x = block(x, cos, sin)
-        return self.merger(x)
+            if i in deepstack:
+                levels.append(self.deepstack_merger_list[deepstack.index(i)](x))
+        return torch.stack([self.merger(x), *levels], dim=1)

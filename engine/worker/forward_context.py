@@ -26,8 +26,8 @@ class ForwardContext:
     # takes_int8) and attention over an int8 / k8v4 cache int8 queries. Decode and verification steps, the
     # graphs' and the MTP head's keep 16-bit activations
     int8_activations: bool = False
-    # images in the step's prompt chunks: these token rows [M] int64 take these embeddings [M, H] from the
-    # vision tower instead of the <|image_pad|> token's (engine/vision)
+    # images in the step's prompt chunks: these token rows [M] int64 take the vision tower's embeddings
+    # [M, 1 + deepstack levels, H] instead of the <|image_pad|> token's (engine/vision; DecoderModel)
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
 

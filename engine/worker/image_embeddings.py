@@ -15,7 +15,7 @@ from engine.transfer import to_device
 class ImageEmbeddings:
     def __init__(self, tower, device: torch.device):
         self.tower, self.device = tower, device
-        self._encoded: dict[tuple[str, int], torch.Tensor] = {}  # (request, image) -> [tokens, H]
+        self._encoded: dict[tuple[str, int], torch.Tensor] = {}  # (request, image) -> [tokens, 1 + D, H]
 
     def forget(self, request_id: str) -> None:
         for key in [k for k in self._encoded if k[0] == request_id]:
@@ -26,13 +26,13 @@ class ImageEmbeddings:
         if key not in self._encoded:
             item = mm.images[image]
             pixels = item.pixel_values.to(self.device, non_blocking=True)
-            self._encoded[key] = self.tower(pixels, item.grid_thw)  # [tokens, H]
+            self._encoded[key] = self.tower(pixels, item.grid_thw)  # [tokens, 1 + deepstack levels, H]
         return self._encoded[key]
 
     def step_embeddings(
         self, sched: SchedulerOutput, cu_seqlens: list[int]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(rows [M] int64, embeddings [M, H]) of the step's image tokens; (None, None) when it has none."""
+        """(rows [M] int64, embeddings [M, 1 + D, H]) of the step's image tokens; (None, None) if none."""
         rows: list[int] = []
         parts: list[torch.Tensor] = []
         for i, r in enumerate(sched.scheduled):

@@ -1,5 +1,6 @@
 """Images in the prompt: preprocessing, the vision tower, M-RoPE positions and image embeddings through
-the engine, against transformers' Qwen3.5 (Qwen3_5ForConditionalGeneration and its PIL image processor)."""
+the engine, against transformers' Qwen3.5 (Qwen3_5ForConditionalGeneration and its PIL image processor) and
+Qwen3-VL (Qwen3VLForConditionalGeneration: a Qwen3 text model, deepstack levels from the tower)."""
 
 from __future__ import annotations
 
@@ -163,6 +164,22 @@ def test_the_picture_matters(llm):
     assert a.logprobs[0] != b.logprobs[0]
 
 
+@pytest.fixture(scope="module")
+def qwen3_vl(tmp_path_factory):
+    model = tiny_vl_model(arch="qwen3_vl")
+    return model, LLM(save_tiny_vl(model, tmp_path_factory.mktemp("qwen3_vl")), vision=True, prefill_chunk=16)
+
+
+def test_qwen3_vl_matches_transformers(qwen3_vl):
+    """Qwen3-VL: the Qwen3 text model with M-RoPE, the tower's deepstack levels added to the first two
+    layers' outputs at the image tokens; two images, the second cut by the 16-token prefill chunks."""
+    model, llm = qwen3_vl
+    assert len(llm.model.visual.deepstack_merger_list) == 2
+    prompt = [4, START, PAD, END, 19, 21, START, PAD, END, 300, 7]
+    images = [png(64, 40, seed=16), png(33, 60, seed=17)]
+    assert_matches(run(llm, prompt, images), hf_reference(model, prompt, images))
+
+
 def test_image_split_across_prompt_chunks(vl_dir, vl_model):
     """A 6-token prefill budget cuts the 16-token image into pieces: each chunk takes its own rows."""
     chunked = LLM(vl_dir, vision=True, prefill_chunk=6, max_concurrency=2)
@@ -243,7 +260,7 @@ def test_text_models_refuse_vision(tmp_path):
     from conftest import save_tiny
 
     save_tiny(tiny_hf_model("qwen3", tied=True), tmp_path)
-    with pytest.raises(NinferError, match="reads text only; drop --vision"):
+    with pytest.raises(NinferError, match="Qwen3ForCausalLM checkpoint has no vision tower .* drop --vision"):
         LLM(tmp_path, vision=True)
 
 
@@ -389,3 +406,13 @@ def test_images_past_the_context_are_refused_with_both_numbers(vl_dir):
             [4, START, PAD, END, 19, 20, 21, 22, 23, 24], GREEDY, images=[small.image(png(64, 64))]
         )
     assert not small.has_unfinished_requests()
+
+
+def test_the_planner_counts_the_tower_the_engine_builds(llm, qwen3_vl):
+    """engine/plan/shapes.vision_tensors names every parameter of the tower with its shape (Qwen3.5's, and
+    Qwen3-VL's with its deepstack mergers), so the ledger's row is what loading takes."""
+    from engine.plan.shapes import vision_tensors
+
+    for engine in (llm, qwen3_vl[1]):
+        built = {f"visual.{n}": tuple(p.shape) for n, p in engine.model.visual.named_parameters()}
+        assert dict(vision_tensors(engine.model_config)) == built
