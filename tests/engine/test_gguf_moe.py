@@ -121,13 +121,15 @@ def test_generates_transformers_greedy_tokens(arch, qwen3_moe, qwen35_moe, tmp_p
     assert got.token_ids == want
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
-def test_block_quantized_experts_stay_packed(arch, qwen3_moe, qwen35_moe, tmp_path, kernel_backend):
-    """Q8_0 experts: the Triton path keeps each layer's stacks packed (the grouped MoE kernel multiplies
-    them as stored) and generates the dequantizing CPU engine's tokens; the planner's bytes are the
-    loader's."""
+@pytest.mark.parametrize(
+    "arch, qtype", [("qwen3_moe", Q.Q8_0), ("qwen3_moe", Q.Q4_1), ("qwen3_5_moe", Q.Q8_0)]
+)
+def test_block_quantized_experts_stay_packed(arch, qtype, qwen3_moe, qwen35_moe, tmp_path, kernel_backend):
+    """Q8_0 / Q4_1 experts: the Triton path keeps each layer's stacks packed (the grouped MoE kernel
+    multiplies them as stored) and generates the dequantizing CPU engine's tokens; the planner's bytes are
+    the loader's."""
     model = qwen3_moe if arch == "qwen3_moe" else qwen35_moe
-    path = write_moe_gguf(model, tmp_path / "m.gguf", qtype=Q.Q8_0, fused=arch == "qwen3_moe")
+    path = write_moe_gguf(model, tmp_path / "m.gguf", qtype=qtype, fused=arch == "qwen3_moe")
     want = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     kernel_backend("triton")
     llm = LLM(path, weight_quant="none")  # (the CPU would re-quantize what stays dense)
