@@ -218,11 +218,12 @@ class LLM:
             if request_id in self._streams:  # the caller stopped early (Ctrl-C): free the slot and KV
                 self.abort(request_id)
 
-    def image(self, data: bytes) -> ImageInput:
-        """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input (the same bytes
-        again: from a cache of the latest, engine/vision/image.ImageCache)."""
+    def image(self, data: bytes, max_pixels: int | None = None) -> ImageInput:
+        """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input, resized within
+        the checkpoint's pixel limits (or `max_pixels`, when lower); the same bytes again come from a cache
+        of the latest (engine/vision/image.ImageCache)."""
         self._vision_or_raise()
-        return self._images(data)
+        return self._images(data, max_pixels)
 
     def _vision_or_raise(self) -> VisionConfig:
         if self.model.visual is None:

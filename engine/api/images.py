@@ -20,18 +20,23 @@ _NOT_FETCHED = (
 )
 
 
+# OpenAI's image detail "low": a 512 x 512 image's worth of pixels (256 tokens at Qwen's 32-pixel tiles)
+LOW_DETAIL_PIXELS = 512 * 512
+
+
 class MessageImages:
-    """The images of one request's messages in prompt order, each with where it was in the body."""
+    """The images of one request's messages in prompt order, each with where it was in the body and the
+    most pixels it may keep (None: the checkpoint's limit)."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[str, bytes]] = []
+        self.items: list[tuple[str, bytes, int | None]] = []
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, data: bytes, where: str) -> dict[str, str]:
+    def add(self, data: bytes, where: str, max_pixels: int | None = None) -> dict[str, str]:
         """Keep an image; returns the chat template's part for it (the template writes its placeholder)."""
-        self.items.append((where, data))
+        self.items.append((where, data, max_pixels))
         return {"type": "image"}
 
 
@@ -61,10 +66,14 @@ def _base64(data: Any, where: str) -> bytes:
         raise ApiError(400, f"{where} is not valid base64 ({e})") from e
 
 
-def openai_image(part: dict[str, Any], where: str) -> bytes:
-    """The bytes of an OpenAI `image_url` part: {"image_url": {"url": "data:image/png;base64,..."}}."""
+def openai_image(part: dict[str, Any], where: str) -> tuple[bytes, int | None]:
+    """The bytes of an OpenAI `image_url` part, {"image_url": {"url": "data:image/png;base64,...",
+    "detail": "auto"}}, and its pixel limit (detail "low": LOW_DETAIL_PIXELS; "high", "auto": none)."""
     image_url = part.get("image_url")
     url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    detail = image_url.get("detail", "auto") if isinstance(image_url, dict) else "auto"
+    if detail not in ("low", "high", "auto", None):
+        raise ApiError(400, f"{where}.image_url.detail is {detail!r}; use low, high or auto")
     if not isinstance(url, str):
         raise ApiError(400, f"{where}.image_url.url must be a string (a data: URL)")
     if url.startswith(("http://", "https://")):
@@ -74,7 +83,7 @@ def openai_image(part: dict[str, Any], where: str) -> bytes:
         raise ApiError(400, f"{where}.image_url.url must be a base64 data URL (data:image/png;base64,...)")
     if match["media"] and match["media"] not in MEDIA_TYPES:
         raise ApiError(400, f"{where} is {match['media']}; send one of {', '.join(MEDIA_TYPES)}")
-    return _base64(match["data"], f"{where}.image_url.url")
+    return _base64(match["data"], f"{where}.image_url.url"), LOW_DETAIL_PIXELS if detail == "low" else None
 
 
 def anthropic_image(block: dict[str, Any], where: str) -> bytes:
@@ -97,9 +106,9 @@ def anthropic_image(block: dict[str, Any], where: str) -> bytes:
 async def preprocess_images(state, images: MessageImages) -> list[ImageInput]:
     """Decode and preprocess each image off the event loop; a bad one is named by where it was."""
     out = []
-    for where, data in images.items:
+    for where, data, max_pixels in images.items:
         try:
-            out.append(await asyncio.to_thread(state.engine.llm.image, data))
+            out.append(await asyncio.to_thread(state.engine.llm.image, data, max_pixels))
         except NinferError as e:
             raise ApiError(400, f"{where}: {e}") from e
     return out

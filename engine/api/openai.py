@@ -38,7 +38,8 @@ def _content(content: Any, where: str, images: MessageImages) -> str | list[dict
                     raise ApiError(400, f"{pw}.text must be a string")
                 parts.append(part["text"])
             elif part["type"] == "image_url":
-                parts.append(images.add(openai_image(part, pw), pw))
+                data, max_pixels = openai_image(part, pw)
+                parts.append(images.add(data, pw, max_pixels))
             elif part["type"] in ("input_audio", "file"):
                 raise ApiError(400, f"{pw} is {part['type']}; this model takes text and images only")
             else:

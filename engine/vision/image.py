@@ -81,17 +81,17 @@ class ImageCache:
 
     def __init__(self, config: VisionConfig, max_bytes: int = 1 << 30):
         self.config, self.max_bytes = config, max_bytes
-        self._items: OrderedDict[bytes, ImageInput] = OrderedDict()
+        self._items: OrderedDict[tuple[bytes, int | None], ImageInput] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def __call__(self, data: bytes) -> ImageInput:
-        key = hashlib.blake2b(data, digest_size=16).digest()
+    def __call__(self, data: bytes, max_pixels: int | None = None) -> ImageInput:
+        key = (hashlib.blake2b(data, digest_size=16).digest(), max_pixels)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        image = preprocess(data, self.config)
+        image = preprocess(data, self.config, max_pixels)
         size = image.pixel_values.numel() * image.pixel_values.element_size()
         with self._lock:
             if key not in self._items:
@@ -103,12 +103,14 @@ class ImageCache:
         return image
 
 
-def preprocess(data: bytes, config: VisionConfig) -> ImageInput:
-    """Encoded image bytes -> the tower's input."""
+def preprocess(data: bytes, config: VisionConfig, max_pixels: int | None = None) -> ImageInput:
+    """Encoded image bytes -> the tower's input; `max_pixels` lowers the preprocessor's limit (OpenAI's
+    detail "low")."""
     from PIL import Image
 
     image = decode_image(data)
-    h, w = smart_resize(image.height, image.width, config.factor, config.min_pixels, config.max_pixels)
+    limit = min(config.max_pixels, max_pixels or config.max_pixels)
+    h, w = smart_resize(image.height, image.width, config.factor, min(config.min_pixels, limit), limit)
     if (image.height, image.width) != (h, w):
         image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
     raw = image.tobytes()

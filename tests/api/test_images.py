@@ -201,3 +201,21 @@ def test_a_body_past_the_limit_is_413_and_says_what_to_do(servers):
     assert "the limit is 33554432 (32 MiB); send fewer or smaller images" in r.json()["error"]["message"]
     ok = {"model": "vl", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(f"{url}/v1/chat/completions", json=ok).status_code == 200
+
+
+def test_openai_detail_low_caps_the_pixels(servers):
+    """detail "low" asks for at most a 512 x 512 image's pixels; "high" and "auto" for the checkpoint's
+    limit; anything else is a 400."""
+    from engine.api.images import LOW_DETAIL_PIXELS, openai_image
+
+    image = png(6)
+    for detail, limit in (("low", LOW_DETAIL_PIXELS), ("high", None), ("auto", None)):
+        part = openai_parts(image)[1]
+        part["image_url"]["detail"] = detail
+        assert openai_image(part, "messages[0].content[1]") == (image, limit)
+    assert LOW_DETAIL_PIXELS == 512 * 512
+    parts = openai_parts(image)
+    parts[1]["image_url"]["detail"] = "tiny"
+    body = {"model": "vl", "max_tokens": 2, "messages": [{"role": "user", "content": parts}]}
+    r = httpx.post(f"{servers[0].url}/v1/chat/completions", json=body)
+    assert r.status_code == 400 and "detail is 'tiny'; use low, high or auto" in r.json()["error"]["message"]

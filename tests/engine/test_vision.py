@@ -127,6 +127,16 @@ def test_patches_match_transformers_processor(vl_dir, height, width, mode):
     torch.testing.assert_close(ours.pixel_values, ref["pixel_values"], atol=1e-5, rtol=0)
 
 
+def test_a_lower_pixel_limit_shrinks_the_image(llm):
+    """max_pixels (OpenAI's detail "low") below the preprocessor's: a 128 x 64 image within 64 x 64 pixels'
+    worth is 80 x 32 (5 x 2 tokens of 16 x 16 pixels); within 32 x 32, 32 x 16 (2 tokens); the cache keeps
+    the two apart."""
+    data = png(64, 128, seed=18)
+    assert llm.image(data).num_tokens == 10
+    assert llm.image(data, max_pixels=32 * 32).num_tokens == 2
+    assert llm.image(data).num_tokens == 10
+
+
 def test_bad_image_bytes_are_refused_in_a_sentence(llm):
     with pytest.raises(NinferError, match="not a PNG, JPEG, WebP, GIF or BMP image"):
         llm.image(b"GIF89a but not really")
