@@ -11,6 +11,7 @@ from rich.console import Console
 
 from engine.config import DTYPES
 from engine.errors import NinferError
+from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
@@ -22,14 +23,13 @@ HELP_LINE = (
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
-def _stream_reply(llm, messages, params, out, images=None) -> str:
+def _stream_reply(backend, messages, params, out) -> str:
     reply = []
     try:
-        for delta, _ in llm.stream_chat(messages, params, images):
-            if delta:
-                out.write(delta)
-                out.flush()
-                reply.append(delta)
+        for delta in backend.reply(messages, params):
+            out.write(delta)
+            out.flush()
+            reply.append(delta)
     except KeyboardInterrupt:
         out.write(" [interrupted]")
     out.write("\n")
@@ -41,7 +41,17 @@ def _stream_reply(llm, messages, params, out, images=None) -> str:
 def chat(
     model: Annotated[
         str | None,
-        typer.Argument(help="HF checkpoint directory or .gguf file; default: the embedded SmolLM2-135M"),
+        typer.Argument(help="HF directory, .gguf or .ninfer; default: the embedded SmolLM2-135M"),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(help="Chat with a running OpenAI-compatible server instead (ninfer serve, vLLM, ...)."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="NINFER_API_KEY", help="With --url: the server's key.")
+    ] = None,
+    model_id: Annotated[
+        str | None, typer.Option(help="With --url: the model to ask for (default: the server's first).")
     ] = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", "-p", help="Answer this one message and exit.")
@@ -69,7 +79,8 @@ def chat(
     image: Annotated[
         list[Path] | None,
         typer.Option(
-            "--image", help="With --prompt and --vision: a picture the message carries (repeatable)."
+            "--image",
+            help="With --prompt (and --vision, or --url): a picture the message carries (repeatable).",
         ),
     ] = None,
 ):
@@ -84,35 +95,37 @@ def chat(
 
         if not torch.cuda.is_available():
             raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    check_source(model, url)
     console = Console(stderr=True)
-    with console.status("loading model…"):
-        llm = LLM(
-            model,
-            device=device,
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-            weight_quant=weight_quant,
-            max_context=max_context,
-            max_concurrency=1,
-            **spec_options(spec, draft_tokens, lm_head_draft),
-            int8_prefill=int8_prefill,
-            vision=vision,
-        )
+    if url is not None:  # the engine options do not apply: the server has its own
+        backend = RemoteChat(url, api_key, model_id)
+    else:
+        with console.status("loading model…"):
+            llm = LLM(
+                model,
+                device=device,
+                dtype=dtype,
+                kv_dtype=kv_dtype,
+                weight_quant=weight_quant,
+                max_context=max_context,
+                max_concurrency=1,
+                **spec_options(spec, draft_tokens, lm_head_draft),
+                int8_prefill=int8_prefill,
+                vision=vision,
+            )
+        backend = LocalChat(llm)
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout
     if prompt is not None:
-        images = [_read_image(llm, path) for path in image or ()]
-        _stream_reply(
-            llm, [*base, {"role": "user", "content": _content(prompt, len(images))}], params, out, images
-        )
+        pictures = [_read_image(backend, path)[0] for path in image or ()]
+        _stream_reply(backend, [*base, {"role": "user", "content": _content(prompt, pictures)}], params, out)
         return
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
-    console.print(f"[bold]ninfer chat[/bold] — {llm.description}")
-    console.print(HELP_LINE + (" " + IMAGE_HELP if vision else ""))
+    console.print(f"[bold]ninfer chat[/bold] — {backend.description}")
+    console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
     messages = list(base)
-    images: list = []  # the conversation's pictures, in order: every turn sends them all again
-    pending: list = []  # attached with /image, for the next message
+    pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)
     interactive = sys.stdin.isatty()
     while True:
         try:
@@ -126,39 +139,44 @@ def chat(
         if text in ("/exit", "/quit"):
             return
         if text == "/reset":
-            messages, images, pending = list(base), [], []
+            messages, pending = list(base), []
             console.print("conversation cleared")
             continue
         if text.startswith("/image"):
+            path = Path(text.removeprefix("/image").strip()).expanduser()
             try:
-                pending.append(_read_image(llm, Path(text.removeprefix("/image").strip()).expanduser()))
+                data, said = _read_image(backend, path)
             except NinferError as e:
                 console.print(f"[red]error:[/red] {e}")
                 continue
-            console.print(f"attached ({pending[-1].num_tokens} tokens); now type your message")
+            pending.append(data)
+            console.print(f"{said}; now type your message")
             continue
-        messages.append({"role": "user", "content": _content(text, len(pending))})
+        messages.append({"role": "user", "content": _content(text, pending)})
         try:
-            reply = _stream_reply(llm, messages, params, out, images + pending)
+            reply = _stream_reply(backend, messages, params, out)
         except NinferError as e:  # e.g. the conversation outgrew the context: say so, keep the session
             messages.pop()
             console.print(f"[red]error:[/red] {e} (try /reset)")
             continue
-        images, pending = images + pending, []
+        pending = []
         messages.append({"role": "assistant", "content": reply})
 
 
-def _content(text: str, num_images: int):
+def _content(text: str, pictures: list[bytes]):
     """A user message's content: the text, or the pictures first and then the text."""
-    if not num_images:
+    if not pictures:
         return text
-    return [*[{"type": "image"}] * num_images, {"type": "text", "text": text}]
+    return [*({"type": "image", "data": data} for data in pictures), {"type": "text", "text": text}]
 
 
-def _read_image(llm, path: Path):
+def _read_image(backend, path: Path) -> tuple[bytes, str]:
+    """A picture's bytes, checked by the backend (an engine without its tower refuses here), and what the
+    backend says of it."""
     if not path.is_file():
         raise NinferError(f"{path} is not a file; give the path of a PNG, JPEG, WebP, GIF or BMP image")
-    return llm.image(path.read_bytes())
+    data = path.read_bytes()
+    return data, backend.attach(data)
 
 
 def _read_piped_line(out) -> str:

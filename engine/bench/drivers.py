@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from engine.bench.workloads import Prompt
@@ -200,6 +201,49 @@ class OverHttp:
         if len(values) < 2:
             return None
         return values["ninfer_spec_draft_tokens_total"], values["ninfer_spec_accepted_tokens_total"]
+
+    def chat(self, messages: list[dict], sampling: dict) -> Iterator[str]:
+        """Stream one chat reply's text (`ninfer chat --url`): `sampling` holds the request's max_tokens,
+        temperature, ... fields. A refusal raises NinferError with the server's own message; leaving the
+        loop early closes the connection, which a server takes as a disconnect (ninfer frees the request)."""
+        body = {"model": self.model, "messages": messages, "stream": True, **sampling}
+        conn = self._conn()
+        try:
+            try:
+                conn.request("POST", self.base + "/v1/chat/completions", json.dumps(body), self._headers())
+                resp = conn.getresponse()
+            except OSError as e:
+                raise NinferError(
+                    f"cannot reach {self.host}:{self.port} ({e}); is the server running?"
+                ) from e
+            if resp.status != 200:
+                raw = resp.read()
+                try:
+                    error = json.loads(raw).get("error") or {}
+                    message = error.get("message") if isinstance(error, dict) else str(error)
+                except (json.JSONDecodeError, AttributeError):
+                    message = None
+                raise NinferError(
+                    f"the server answered {resp.status}: {message or raw[:200].decode(errors='replace')}"
+                )
+            while line := resp.readline():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("error"):
+                    raise NinferError(
+                        f"the server stopped the reply: {event['error'].get('message', event['error'])}"
+                    )
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
+                    if text:
+                        yield text
+        finally:
+            conn.close()
 
     def _stream(self, prompt: Prompt, gen: int) -> Timing:
         body = {

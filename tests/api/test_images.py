@@ -219,3 +219,22 @@ def test_openai_detail_low_caps_the_pixels(servers):
     body = {"model": "vl", "max_tokens": 2, "messages": [{"role": "user", "content": parts}]}
     r = httpx.post(f"{servers[0].url}/v1/chat/completions", json=body)
     assert r.status_code == 400 and "detail is 'tiny'; use low, high or auto" in r.json()["error"]["message"]
+
+
+def test_chat_url_sends_pictures_as_the_local_chat_takes_them(servers, vl_dir, tmp_path):
+    """`ninfer chat --url ... --image`: the picture goes as a data URL and the reply is the local chat's;
+    a server without --vision says so in one line."""
+    from typer.testing import CliRunner
+
+    from ninfer_cli.main import app
+
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(png(7))
+    ask = ["--prompt", "What is this?", "--image", str(picture), "--max-tokens", "6"]
+    remote = CliRunner().invoke(app, ["chat", "--url", servers[0].url, *ask])
+    local = CliRunner().invoke(app, ["chat", str(vl_dir), "--vision", *ask])
+    assert remote.exit_code == 0 and local.exit_code == 0, remote.output + local.output
+    assert remote.output.strip() and remote.output.strip() == local.output.strip()
+    refused = CliRunner().invoke(app, ["chat", "--url", servers[1].url, *ask])
+    assert refused.exit_code == 2 and "the server answered 400" in refused.output
+    assert "start it with --vision" in refused.output
