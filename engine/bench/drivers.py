@@ -226,13 +226,7 @@ class OverHttp:
                 raise NinferError(
                     f"the server answered {resp.status}: {message or raw[:200].decode(errors='replace')}"
                 )
-            while line := resp.readline():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                event = json.loads(data)
+            for event in _events(resp):
                 if event.get("error"):
                     raise NinferError(
                         f"the server stopped the reply: {event['error'].get('message', event['error'])}"
@@ -268,13 +262,7 @@ class OverHttp:
             if resp.status != 200:
                 text = resp.read()[:300].decode(errors="replace")
                 return Timing.failed(t_start, f"HTTP {resp.status}: {text}")
-            while line := resp.readline():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                event = json.loads(data)
+            for event in _events(resp):
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or []:
@@ -295,3 +283,14 @@ class OverHttp:
             chunks[-1],
             chunks,
         )
+
+
+def _events(resp) -> Iterator[dict]:
+    """The JSON events of a streamed (server-sent events) response, up to `data: [DONE]`."""
+    while line := resp.readline():
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
