@@ -97,11 +97,6 @@ class LLM:
         vision = self._vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
-            if len(prompt_token_ids) + 1 > self.max_context:
-                raise NinferError(
-                    f"with its images the prompt is {len(prompt_token_ids)} tokens but the context limit is "
-                    f"{self.max_context} (--max-context); send smaller or fewer images"
-                )
         req = Request(request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm)
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)

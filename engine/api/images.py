@@ -31,9 +31,6 @@ class MessageImages:
     def __init__(self) -> None:
         self.items: list[tuple[str, bytes, int | None]] = []
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def add(self, data: bytes, where: str, max_pixels: int | None = None) -> dict[str, str]:
         """Keep an image; returns the chat template's part for it (the template writes its placeholder)."""
         self.items.append((where, data, max_pixels))

@@ -56,8 +56,8 @@ def is_stack(name: str) -> bool:
     return _STACK.match(name) is not None
 
 
-def split_names(name: str, num_experts: int) -> list[list[tuple[str, slice | None]]]:
-    """Per expert, the (HF name, rows of the expert's slice) its matrices load from; rows None = all."""
+def split_names(name: str, num_experts: int) -> list[list[tuple[str, str | None]]]:
+    """Per expert, the (HF name, half of the expert's rows: "gate", "up" or None for all) it loads from."""
     base, kind = _STACK.match(name).groups()
     if kind != "gate_up":
         return [[(f"{base}.{e}.{kind}_proj.weight", None)] for e in range(num_experts)]

@@ -61,25 +61,23 @@ def _shard_files(path: Path) -> list[Path]:
     return shards
 
 
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise NinferError(f"{file} is not valid JSON (line {e.lineno}); fix or re-download it") from e
+
+
 def load_hf_dir(path: Path) -> ModelSource:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise NinferError(
             f"{path} has no config.json; point ninfer at an HF checkpoint directory or a GGUF file"
         )
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise NinferError(f"{config_file} is not valid JSON (line {e.lineno}); fix or re-download it") from e
-    config = ModelConfig.from_hf_dict(raw)
+    config = ModelConfig.from_hf_dict(_read_json(config_file))
     preprocessor = path / "preprocessor_config.json"
     if config.vision_config and preprocessor.is_file():  # the vision tower's image preprocessing
-        try:
-            settings = json.loads(preprocessor.read_text())
-        except json.JSONDecodeError as e:
-            raise NinferError(
-                f"{preprocessor} is not valid JSON (line {e.lineno}); fix or re-download it"
-            ) from e
+        settings = _read_json(preprocessor)
         config = replace(config, vision_config={**config.vision_config, "preprocessor": settings})
     shards = _shard_files(path)
     for shard in shards:

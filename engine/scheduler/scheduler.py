@@ -77,6 +77,11 @@ class Scheduler:
         if n == 0:
             raise NinferError("the prompt is empty; give at least one token")
         if n >= limit:
+            if request.mm is not None:  # the placeholders widened: most of the prompt may be pictures
+                raise NinferError(
+                    f"with its images the prompt is {n} tokens but the context limit is {limit} (max_context); "
+                    "send smaller or fewer images, or raise max_context"
+                )
             raise NinferError(
                 f"the prompt is {n} tokens but the context limit is {limit} (max_context); "
                 "shorten the prompt or raise max_context"
