@@ -98,9 +98,16 @@ class AsyncLLM:
     ) -> AsyncStream:
         """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused.
         `images`: as LLM.add_request takes them (LLM.image() makes one; a caller's thread can)."""
+        grammar = None
+        if sampling_params.grammar is not None:  # compiled here, not in the engine loop other streams share
+            grammar = await asyncio.to_thread(
+                self.llm.grammar_matcher, sampling_params.grammar, prompt_token_ids
+            )
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._send(("add", list(prompt_token_ids), sampling_params, request_id, prompt, images, sink, done))
+        self._send(
+            ("add", list(prompt_token_ids), sampling_params, request_id, prompt, images, grammar, sink, done)
+        )
         request_id = await asyncio.wrap_future(done)
         return AsyncStream(self, request_id, sink)
 
@@ -194,9 +201,11 @@ class AsyncLLM:
                 if self._sinks.pop(command[1], None) is not None:
                     self.llm.abort(command[1])
                 continue
-            _, prompt_token_ids, params, request_id, prompt, images, sink, done = command
+            _, prompt_token_ids, params, request_id, prompt, images, grammar, sink, done = command
             try:
-                request_id = self.llm.add_request(prompt_token_ids, params, request_id, prompt, images)
+                request_id = self.llm.add_request(
+                    prompt_token_ids, params, request_id, prompt, images, grammar
+                )
             except NinferError as e:
                 done.set_exception(e)
                 continue

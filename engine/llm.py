@@ -18,6 +18,7 @@ from engine.plan.runtime import size_kv_pool
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.scheduler import Scheduler
+from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
@@ -72,6 +73,7 @@ class LLM:
         if self.tokenizer is not None:
             eos.update(self.tokenizer.eos_token_ids)
         self.eos_token_ids = tuple(sorted(eos))
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
         visual = self.model.visual
@@ -85,8 +87,10 @@ class LLM:
         request_id: str | None = None,
         prompt: str | None = None,
         images: list[ImageInput] | None = None,
+        grammar: GrammarMatcher | None = None,
     ) -> str:
-        """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order."""
+        """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order.
+        `grammar`: `sampling_params.grammar` compiled already (`grammar_matcher`); else compiled here."""
         request_id = request_id or f"req-{next(self._ids)}"
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
@@ -97,10 +101,19 @@ class LLM:
         vision = self._vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
-        req = Request(request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm)
+        if sampling_params.grammar is not None and grammar is None:
+            grammar = self.grammar_matcher(sampling_params.grammar, prompt_token_ids)
+        req = Request(
+            request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm, grammar=grammar
+        )
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    def grammar_matcher(self, grammar: str, prompt_token_ids: list[int]) -> GrammarMatcher:
+        """Compile a structured-output grammar (engine/structured/grammars.py) for a request with this
+        prompt; NinferError when it does not compile. Thread-safe: the server compiles off the engine loop."""
+        return self.grammars.matcher(grammar, prompt_token_ids)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now: its KV pages and state slot are freed at once."""

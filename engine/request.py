@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from engine.errors import NinferError
 
 if TYPE_CHECKING:
+    from engine.structured.matcher import GrammarMatcher
     from engine.vision.mrope import MultiModalInputs
 
 
@@ -32,6 +33,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # structured outputs: the grammar the output must follow, as engine/structured/grammars.py builds it
+    # (a JSON schema, a regex, a choice, forced tool calls; or llguidance Lark text)
+    grammar: str | None = None
 
     def __post_init__(self):
         floats = (
@@ -107,6 +111,7 @@ class Request:
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted
     mm: MultiModalInputs | None = None  # the prompt's images and 3D positions (engine/vision)
+    grammar: GrammarMatcher | None = None  # structured outputs: the output's grammar state
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -6,6 +6,7 @@ import torch
 
 from engine.request import SamplingParams
 from engine.scheduler.output import SampledToken
+from engine.structured.matcher import apply_token_bitmask
 from engine.transfer import to_device
 
 
@@ -80,6 +81,7 @@ class Sampler:
         params: list[SamplingParams],
         histories: list[tuple[list[int], list[int]] | None] | None = None,
         draft_ids: list[int] | None = None,
+        token_masks: torch.Tensor | None = None,  # [R, ceil(V / 32)] int32: allowed tokens (structured)
     ) -> list[SampledToken]:
         """One token per row. All on the device; the only host sync is reading the results back.
 
@@ -87,10 +89,13 @@ class Sampler:
         accept it when it is the argmax; sampled rows accept it with the target probability p(draft) and
         otherwise draw from p with the draft removed, which leaves every emitted token distributed as p
         (a draft is one token, not a distribution). The row's token is then the draft itself when
-        accepted, and `SampledToken.accepted` says so."""
+        accepted, and `SampledToken.accepted` says so. `token_masks` (structured outputs) leave each row
+        only the tokens its grammar allows; a draft outside them is rejected."""
         num_rows, vocab = logits.shape
         device = logits.device
         raw = logits
+        if token_masks is not None:
+            logits = apply_token_bitmask(logits, token_masks)
         if any(p.has_penalties for p in params):
             logits = logits.clone()
             for i, p in enumerate(params):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from engine.request import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.structured.matcher import GrammarMatcher
     from engine.vision.mrope import MultiModalInputs
 
 
@@ -30,6 +31,7 @@ class ScheduledRequest(NamedTuple):
     # graphs: Scheduler._pad_drafts); verified like any draft, left out of the acceptance counters
     num_padding: int = 0
     mm: MultiModalInputs | None = None  # the request's images and 3D positions (engine/vision)
+    grammar: GrammarMatcher | None = None  # structured outputs: masks the sampled rows (sample=True)
 
     @property
     def num_known_tokens(self) -> int:

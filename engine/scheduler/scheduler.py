@@ -33,6 +33,7 @@ acceptance counters.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +46,8 @@ from engine.request import Request, RequestStatus
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.spec.ngram import NgramProposer
 from engine.spec.stored import StoredDrafts
+
+log = logging.getLogger("ninfer.scheduler")
 
 
 class Scheduler:
@@ -284,6 +287,7 @@ class Scheduler:
             draft_token_ids=tuple(drafts),
             next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
             mm=req.mm,
+            grammar=req.grammar,
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -388,6 +392,12 @@ class Scheduler:
                     req.output_logprobs.append(sampled.logprobs)
                 n += 1
                 reason = self._stop_reason(req, sampled.token_id)
+            if req.grammar is not None and n:
+                req.grammar.consume([t.token_id for t in emitted[:n]])
+                if reason is None and req.grammar.done:  # complete: nothing but the end may follow
+                    if req.grammar.error:
+                        log.warning("request %s left its grammar: %s", req.request_id, req.grammar.error)
+                    reason = "stop"
             # a stop among accepted drafts leaves computed tokens past the end
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
             self._register_full_blocks(req)  # after the tokens it covers are appended

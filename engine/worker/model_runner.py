@@ -256,6 +256,22 @@ class ModelRunner:
         assert self.backup_slot_base is not None, "drafts on a hybrid model need backup state slots"
         return self.backup_slot_base + slot
 
+    def _token_masks(self, sampling: list, num_rows: int) -> torch.Tensor | None:
+        """[rows, ceil(V / 32)] int32 on the device: the tokens each row's grammar allows (structured
+        outputs); all bits set for rows without one. None when no request has a grammar."""
+        grammars = [r.grammar for r in sampling if r.grammar is not None]
+        if not grammars:
+            return None
+        masks = torch.full((num_rows, grammars[0].num_words), -1, dtype=torch.int32)
+        row = 0
+        for r in sampling:
+            if r.grammar is not None:
+                r.grammar.fill_masks(masks, row, r.draft_token_ids)
+            row += len(r.draft_token_ids) + 1
+        if self.device.type != "cuda":
+            return masks
+        return masks.pin_memory().to(self.device, non_blocking=True)
+
     def _sample(self, logits: torch.Tensor, sampling: list) -> RunnerOutput:
         """Sample each request's next token, or verify its drafts: it gets the tokens up to and including
         the first that is not an accepted draft. A hybrid request that rejects a draft gets its state
@@ -270,7 +286,9 @@ class ModelRunner:
                 drafted = list(r.draft_token_ids[:k])
                 histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
-        sampled = self.sampler(logits, request_ids, params, histories, draft_ids)
+        sampled = self.sampler(
+            logits, request_ids, params, histories, draft_ids, self._token_masks(sampling, len(request_ids))
+        )
         out, restores, i = {}, [], 0
         for r in sampling:
             rows_of_r = sampled[i : i + len(r.draft_token_ids) + 1]

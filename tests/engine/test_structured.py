@@ -1,0 +1,272 @@
+"""Structured outputs in the engine: grammars (JSON schema, regex, choice, forced tool calls), the token
+masks, drafts verified under them, and the answer constrained only after a thinking section.
+
+A random-initialised model writes noise, so a schema-valid reply from one is the grammar's doing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine import LLM, NinferError, SamplingParams
+from engine.parsers.reply import parse_reply
+from engine.structured import grammars
+from engine.structured.matcher import GrammarCompiler, apply_token_bitmask
+from engine.tokenizer import Tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome", "Berlin"]},
+        "capital": {"type": "boolean"},
+        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["city", "capital", "rank"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"enum": ["Paris", "Rome"]},
+                    "days": {"type": "integer", "maximum": 9},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    },
+]
+QUESTION = [{"role": "user", "content": "Tell me about the capital of France, as JSON."}]
+GREEDY = dict(temperature=0.0, max_tokens=60)
+
+
+def valid(text: str) -> bool:
+    value = json.loads(text)
+    return (
+        set(value) == {"city", "capital", "rank"}
+        and value["city"] in ("Paris", "Rome", "Berlin")
+        and isinstance(value["capital"], bool)
+        and isinstance(value["rank"], int)
+        and 0 <= value["rank"] <= 99
+    )
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def thinking_tokenizer(default_tokenizer):
+    """The default tokenizer with Qwen's <think> / </think> as tokens of their own."""
+    backend = HFTokenizer.from_str(default_tokenizer.backend.to_str())
+    backend.add_special_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    return Tokenizer(backend=backend, eos_token=default_tokenizer.eos_token)
+
+
+def test_json_schema_regex_and_choice_on_the_default_model(llm):
+    out = llm.chat(QUESTION, SamplingParams(**GREEDY, grammar=grammars.json_schema(SCHEMA)))
+    assert out.finish_reason == "stop" and valid(out.text), out.text
+    out = llm.chat(QUESTION, SamplingParams(**GREEDY, grammar=grammars.regex(r"(yes|no), [a-z ]{1,30}\.")))
+    assert re.fullmatch(r"(yes|no), [a-z ]{1,30}\.", out.text), out.text
+    out = llm.chat(
+        QUESTION, SamplingParams(**GREEDY, grammar=grammars.choice(["Paris", "Lyon", 'a "quoted" one']))
+    )
+    assert out.text in ("Paris", "Lyon", 'a "quoted" one')
+    for seed in range(3):  # sampled tokens too
+        params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed, max_tokens=60)
+        out = llm.chat(
+            QUESTION, SamplingParams(**{**params.__dict__, "grammar": grammars.json_schema(SCHEMA)})
+        )
+        assert valid(out.text), out.text
+
+
+def test_without_the_grammar_the_model_does_not_write_it(llm):
+    """The check above can fail: unconstrained, the same request is not schema JSON."""
+    out = llm.chat(QUESTION, SamplingParams(**GREEDY))
+    with pytest.raises((ValueError, KeyError)):
+        assert valid(out.text)
+
+
+def test_forced_tool_calls_in_both_forms(llm):
+    for form in ("json", "xml"):
+        # any tool, as many calls as the model writes (this small one repeats them to the token limit)
+        out = llm.chat(
+            QUESTION,
+            SamplingParams(
+                temperature=0.0, max_tokens=80, grammar=grammars.tool_calls(TOOLS, None, True, form)
+            ),
+        )
+        calls = parse_reply(out.text, False, TOOLS)[2]
+        assert calls and all(c.name in ("get_weather", "get_time") for c in calls), out.text
+        # the one named tool, once: then only the end may follow
+        grammar = grammars.tool_calls(TOOLS, "get_weather", False, form)
+        out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=80, grammar=grammar))
+        _, text, calls = parse_reply(out.text, False, TOOLS)
+        assert out.finish_reason == "stop" and not text.strip(), out.text
+        assert len(calls) == 1 and calls[0].name == "get_weather"
+        assert calls[0].arguments["city"] in ("Paris", "Rome")
+        assert isinstance(calls[0].arguments["days"], int) and calls[0].arguments["days"] <= 9
+
+
+def test_drafts_are_verified_under_the_grammar(llm):
+    """n-gram drafts: the same greedy tokens as without drafting, and drafts accepted."""
+    drafting = LLM(spec="ngram", draft_tokens=3)
+    for grammar in (grammars.json_schema(SCHEMA), grammars.json_object()):
+        params = SamplingParams(temperature=0.0, max_tokens=48, grammar=grammar)
+        assert drafting.chat(QUESTION, params).token_ids == llm.chat(QUESTION, params).token_ids
+    assert drafting.scheduler.num_accepted_tokens > 0
+
+
+def test_masks_of_the_draft_rows(default_tokenizer):
+    """Row k holds the tokens allowed after k drafts; a refused draft leaves the later rows untouched."""
+    tok = default_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    matcher = compiler.matcher(grammars.choice(["red apple", "green pear"]), [1, 2])
+    red, apple, green = (tok.encode(w, add_special_tokens=False) for w in ("red", " apple", "green"))
+    assert len(red) == len(apple) == 1
+
+    def allowed(mask_row):
+        row = torch.zeros(1, tok.vocab_size)
+        return set(torch.nonzero(apply_token_bitmask(row, mask_row[None])[0] == 0).flatten().tolist())
+
+    masks = torch.full((4, compiler.num_words), -1, dtype=torch.int32)
+    matcher.fill_masks(masks, 1, (red[0], apple[0]))
+    assert (masks[0] == -1).all()  # another request's row
+    assert red[0] in allowed(masks[1]) and apple[0] not in allowed(masks[1])
+    assert allowed(masks[2]) == {apple[0]}
+    assert allowed(masks[3]) == set(tok.eos_token_ids)  # after "red apple": only the end
+    again = torch.full((3, compiler.num_words), -1, dtype=torch.int32)
+    matcher.fill_masks(again, 0, (green[0], apple[0]))  # green then apple: apple is refused at row 1
+    assert apple[0] not in allowed(again[1]) and (again[2] == -1).all()
+    assert allowed(again[0]) == allowed(masks[1])  # the masks were computed without moving the matcher
+    matcher.consume(red)
+    after = torch.full((1, compiler.num_words), -1, dtype=torch.int32)
+    matcher.fill_masks(after, 0, ())
+    assert allowed(after[0]) == {apple[0]}
+    matcher.consume(apple)
+    assert matcher.done and not matcher.error
+
+
+def test_apply_token_bitmask_against_a_loop():
+    gen = torch.Generator().manual_seed(0)
+    vocab = 77  # not a multiple of 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 3), dtype=torch.int32, generator=gen)
+    logits = torch.randn(3, vocab, generator=gen)
+    got = apply_token_bitmask(logits, bitmask)
+    for r in range(3):
+        for t in range(vocab):
+            on = (int(bitmask[r, t // 32]) >> (t % 32)) & 1
+            assert got[r, t] == (logits[r, t] if on else float("-inf"))
+
+
+def test_grammar_waits_for_the_end_of_thinking(thinking_tokenizer):
+    tok = thinking_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    newline = tok.encode("\n", add_special_tokens=False)
+    grammar = grammars.choice(["yes"])
+    assert compiler.matcher(grammar, [5, 6]).waiting_for is None
+    assert compiler.matcher(grammar, [5, think, end, *newline]).waiting_for is None  # thinking off
+    matcher = compiler.matcher(grammar, [5, think, *newline])
+    assert matcher.waiting_for == end
+    masks = torch.full((3, compiler.num_words), -1, dtype=torch.int32)
+    hmm = tok.encode("hmm", add_special_tokens=False)[0]
+    matcher.fill_masks(masks, 0, (hmm, end))
+    assert (masks[0] == -1).all() and (masks[1] == -1).all()  # free while thinking, up to </think>
+    assert not (masks[2] == -1).all()  # the answer: "yes" only
+    matcher.consume([hmm, end])
+    assert matcher.waiting_for is None and not matcher.done
+
+
+def test_bad_grammars_are_refused_in_one_line(llm):
+    for grammar, words in (
+        (grammars.regex("(unclosed"), "does not compile"),
+        ("start: undefined_rule", "does not compile"),
+    ):
+        with pytest.raises(NinferError, match=words) as e:
+            llm.chat(QUESTION, SamplingParams(max_tokens=4, grammar=grammar))
+        assert "\n" not in str(e.value)
+    for call, words in (
+        (lambda: grammars.tool_calls(TOOLS, "nope", True, "json"), "'nope', which is not among"),
+        (lambda: grammars.tool_calls([], None, True, "json"), "at least one tool"),
+        (lambda: grammars.choice([]), "non-empty list"),
+        (lambda: grammars.json_schema([1]), "must be an object"),
+        (lambda: grammars.grammar("root ::= (unclosed"), "neither Lark nor GBNF"),
+    ):
+        with pytest.raises(NinferError, match=words):
+            call()
+    assert not llm.scheduler.has_unfinished_requests()
+
+
+def test_gbnf_is_taken_as_llama_cpp_writes_it(llm):
+    gbnf = 'root ::= "answer: " ("yes" | "no")'
+    out = llm.chat(QUESTION, SamplingParams(**GREEDY, grammar=grammars.grammar(gbnf)))
+    assert out.text in ("answer: yes", "answer: no")
+
+
+def save_thinking_mtp_model(path, tokenizer, think: bool):
+    """A tiny random Qwen3.5 with an MTP head, over `tokenizer`; its template opens <think> if `think`."""
+    model = tiny_hf_model("qwen3_5", tied=False, vocab_size=tokenizer.vocab_size)
+    save_tiny(model, path)
+    save_mtp_head(path, mtp_head_tensors(model))
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n" + ("<think>\n" if think else "")
+    )
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": tokenizer.eos_token})
+    )
+    return path
+
+
+PROMPTS = ("a", "b c", "d e f")
+
+
+def test_mtp_drafts_under_a_schema(tmp_path, thinking_tokenizer):
+    """A random model with its MTP head writes schema JSON, the same greedy tokens as without drafts."""
+    path = save_thinking_mtp_model(tmp_path, thinking_tokenizer, think=False)
+    plain, drafting = LLM(path), LLM(path, spec="mtp", draft_tokens=3)
+    for prompt in PROMPTS:
+        params = SamplingParams(temperature=0.0, max_tokens=60, grammar=grammars.json_schema(SCHEMA))
+        ref = plain.chat([{"role": "user", "content": prompt}], params)
+        assert drafting.chat([{"role": "user", "content": prompt}], params).token_ids == ref.token_ids
+        assert ref.finish_reason == "stop" and valid(ref.text), ref.text
+    assert drafting.scheduler.num_draft_tokens > 0
+
+
+def test_thinking_is_left_free_until_it_ends(tmp_path, thinking_tokenizer):
+    """With the prompt inside <think>, the output follows the model up to </think> and the schema after."""
+    path = save_thinking_mtp_model(tmp_path, thinking_tokenizer, think=True)
+    end = thinking_tokenizer.token_to_id("</think>")
+    llm = LLM(path, spec="mtp", draft_tokens=3)
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        free = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=40))
+        got = llm.chat(
+            messages, SamplingParams(temperature=0.0, max_tokens=40, grammar=grammars.json_schema(SCHEMA))
+        )
+        if end not in free.token_ids:
+            assert got.token_ids == free.token_ids
+        else:
+            cut = free.token_ids.index(end) + 1
+            assert got.token_ids[:cut] == free.token_ids[:cut]
+            assert got.token_ids[cut:] != free.token_ids[cut:]
