@@ -7,7 +7,7 @@ Two forms inside `<tool_call>…</tool_call>`:
 A call is emitted once complete. The JSON form is scanned as JSON (a string holding `</tool_call>` does not
 end it), the XML form parameter by parameter. Text outside calls passes through; a partial `<tool_call>`
 tag at the end of a delta is held back, so no tag leaks into the text. A call that never completes or does
-not parse is given back as text at the end.
+not parse is given back as text at the end. Whitespace between calls, or after the last, is no text.
 """
 
 from __future__ import annotations
@@ -64,12 +64,23 @@ class ToolCallParser:
         self.schemas = _schemas(tools)
         self.buffer = ""
         self.in_call = False
+        self.after_call = False  # a call just ended: whitespace before the next call or the end is dropped
 
     def feed(self, delta: str, final: bool = False) -> list[str | ToolCall]:
         """Text pieces and complete ToolCalls, in order."""
         self.buffer += delta
         events: list[str | ToolCall] = []
         while self.buffer:
+            if self.after_call and not self.in_call:
+                body = self.buffer.lstrip()
+                if body.startswith(OPEN):
+                    self.buffer, self.after_call = body, False
+                elif not body or (not final and OPEN.startswith(body)):
+                    self.buffer = "" if final else self.buffer  # held until what follows is known
+                    break
+                else:
+                    self.after_call = False  # text follows the call: it keeps its whitespace
+                continue
             if not self.in_call:
                 at = self.buffer.find(OPEN)
                 if at < 0:
@@ -96,7 +107,7 @@ class ToolCallParser:
                 events.append(OPEN + self.buffer[:used])
             else:
                 events.append(call)
-            self.buffer, self.in_call = self.buffer[used:], False
+            self.buffer, self.in_call, self.after_call = self.buffer[used:], False, True
         return events
 
     def _parse_call(self, text: str) -> tuple[ToolCall | None, int] | None:

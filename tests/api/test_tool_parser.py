@@ -99,3 +99,16 @@ def test_string_arguments_are_decoded():
 def test_untyped_xml_values_stay_strings():
     reply = "<tool_call><function=other><parameter=n>\n42\n</parameter></function></tool_call>"
     assert parse_tool_calls(reply, TOOLS)[1] == [ToolCall("other", {"n": "42"})]
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1000])
+def test_whitespace_between_and_after_calls_is_no_text(piece):
+    """Qwen writes parallel calls one per line: the newlines are not content; text after a call is."""
+    reply = "\n".join([JSON_REPLY[len("Let me check.\n") :]] * 2) + "\n"
+    for text, want in ((reply, ""), (reply + "\nDone.", "\n\nDone."), (reply + "<tool", "\n<tool")):
+        parser, events = ToolCallParser(TOOLS), []
+        for i in range(0, len(text), piece):
+            events += parser.feed(text[i : i + piece])
+        events += parser.feed("", final=True)
+        assert [e for e in events if isinstance(e, ToolCall)] == [JSON_CALL, JSON_CALL]
+        assert "".join(e for e in events if isinstance(e, str)) == want
