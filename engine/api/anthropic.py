@@ -13,6 +13,7 @@ from engine.api.common import complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
+from engine.api.structured import anthropic_grammar
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -215,7 +216,8 @@ async def messages(request: Request):
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
     prompt_text, ids, tools, images = await _prepare(state, body)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body))
+    grammar = anthropic_grammar(body, tools, state.engine.tokenizer.chat_template)
+    params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body), grammar=grammar)
     stream = field(body, "stream", bool, False)
     engine_stream = await start(state, ids, params, images)
     mid = f"msg_{uuid.uuid4().hex[:24]}"

@@ -13,6 +13,7 @@ from engine.api.common import check_expired, collect, complete, field, now, read
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.state import ServerState
+from engine.api.structured import openai_grammar, openai_text_grammar
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -177,8 +178,14 @@ async def chat_completions(request: Request):
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
+    grammar = openai_grammar(body, tools, state.engine.tokenizer.chat_template)
     params = sampling_params(
-        body, max_tokens_field, state.default_max_tokens(), _stop_list(body), logprobs=top_logprobs
+        body,
+        max_tokens_field,
+        state.default_max_tokens(),
+        _stop_list(body),
+        logprobs=top_logprobs,
+        grammar=grammar,
     )
     prompt_text, ids = state.render(messages, tools, kwargs)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
@@ -311,7 +318,8 @@ async def completions(request: Request):
     if field(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
     stream = field(body, "stream", bool, False)
-    params = sampling_params(body, "max_tokens", 16, _stop_list(body))
+    grammar = openai_text_grammar(body)
+    params = sampling_params(body, "max_tokens", 16, _stop_list(body), grammar=grammar)
     engine_stream = await start(state, ids, params)
     rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:

@@ -1,0 +1,154 @@
+"""Structured outputs in the protocols: the request fields that constrain the output, as one grammar.
+
+OpenAI: `response_format` (json_object, json_schema), vLLM's `structured_outputs` ({json | regex | choice
+| grammar}) and its older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, and a forced
+`tool_choice` ("required": one call or more, one with `parallel_tool_calls: false`; a named function: one
+call of it). Anthropic: `output_config.format` / `output_format` ({"type": "json_schema", "schema": ...})
+and a forced `tool_choice` ({"type": "any"}: one call or more, one with `disable_parallel_tool_use`;
+{"type": "tool", "name": ...}: one call of it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.api.errors import ApiError
+from engine.errors import NinferError
+from engine.structured import grammars
+
+_GUIDED = {
+    "json": "guided_json",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+    "grammar": "guided_grammar",
+}
+
+
+def openai_text_grammar(body: dict) -> str | None:
+    """The grammar a text completion asks for; None when its output is free."""
+    return _one(_formats(body), "response_format and structured_outputs (or guided_*)")
+
+
+def openai_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+    """The grammar a chat completion asks for (a format or forced tool calls); None when its output is free."""
+    asked = _formats(body)
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        if not tools:
+            raise ApiError(
+                400, "'tool_choice' forces a tool call, but the request has no 'tools'", "tool_choice"
+            )
+        name = None
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if choice.get("type") != "function" or not isinstance(name, str):
+                raise ApiError(
+                    400,
+                    "'tool_choice' must be none, auto, required or "
+                    '{"type": "function", "function": {"name": ...}}',
+                    "tool_choice",
+                )
+        # a named function is called once (as OpenAI and vLLM do); "required": as many as the model writes
+        parallel = name is None and body.get("parallel_tool_calls", True) is not False
+        asked.append(
+            _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
+        )
+    elif choice not in (None, "auto", "none"):
+        raise ApiError(400, "'tool_choice' must be none, auto, required or a named function", "tool_choice")
+    return _one(asked, "response_format, structured_outputs (or guided_*) and a forced tool_choice")
+
+
+def anthropic_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+    asked = []
+    config = body.get("output_config")
+    fmt = (config or {}).get("format") if isinstance(config, dict) else None
+    for name, value in (("output_config.format", fmt), ("output_format", body.get("output_format"))):
+        if value is not None:
+            if not isinstance(value, dict) or value.get("type") != "json_schema":
+                raise ApiError(400, f'\'{name}\' must be {{"type": "json_schema", "schema": {{...}}}}')
+            asked.append(_built(grammars.json_schema, _schema(value.get("schema"), f"{name}.schema")))
+    choice = body.get("tool_choice") or {}
+    if choice.get("type") in ("any", "tool") and tools:
+        name = choice.get("name") if choice["type"] == "tool" else None
+        if choice["type"] == "tool" and not isinstance(name, str):
+            raise ApiError(400, "'tool_choice' of type 'tool' needs the tool's 'name'")
+        parallel = name is None and not choice.get("disable_parallel_tool_use", False)
+        asked.append(
+            _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
+        )
+    return _one(asked, "output_config.format (or output_format) and a forced tool_choice")
+
+
+def _formats(body: dict) -> list[str]:
+    return [g for g in (_response_format(body), _vllm_structured(body)) if g is not None]
+
+
+def _response_format(body: dict) -> str | None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return grammars.json_object()
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ApiError(
+                400, "'response_format.json_schema' must be an object with a 'schema'", "response_format"
+            )
+        return _built(grammars.json_schema, _schema(spec.get("schema"), "response_format.json_schema.schema"))
+    raise ApiError(400, "'response_format.type' must be text, json_object or json_schema", "response_format")
+
+
+def _vllm_structured(body: dict) -> str | None:
+    spec = body.get("structured_outputs")
+    if spec is not None and not isinstance(spec, dict):
+        raise ApiError(400, "'structured_outputs' must be an object", "structured_outputs")
+    spec = {k: v for k, v in (spec or {}).items() if v is not None}
+    spec.update({k: body[old] for k, old in _GUIDED.items() if body.get(old) is not None})
+    if not spec:
+        return None
+    unknown = sorted(set(spec) - set(_GUIDED))
+    if unknown or len(spec) != 1:
+        raise ApiError(
+            400,
+            "'structured_outputs' takes exactly one of json, regex, choice or grammar"
+            + (f" (got {', '.join(unknown)})" if unknown else ""),
+            "structured_outputs",
+        )
+    ((kind, value),) = spec.items()
+    if kind == "json":
+        return _built(grammars.json_schema, _schema(value, "structured_outputs.json"))
+    if kind == "choice":
+        return _built(grammars.choice, value)
+    if not isinstance(value, str):
+        raise ApiError(400, f"'structured_outputs.{kind}' must be a string", "structured_outputs")
+    return _built(grammars.regex if kind == "regex" else grammars.grammar, value)
+
+
+def _schema(value: Any, where: str) -> dict:
+    if isinstance(value, str):  # some clients send the schema as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ApiError(400, f"'{where}' is not valid JSON ({e.msg})") from e
+    if not isinstance(value, dict):
+        raise ApiError(400, f"'{where}' must be a JSON schema object")
+    return value
+
+
+def _built(builder, *args) -> str:
+    try:
+        return builder(*args)
+    except NinferError as e:
+        raise ApiError(400, str(e)) from e
+
+
+def _one(asked: list[str], names: str) -> str | None:
+    if len(asked) > 1:
+        raise ApiError(400, f"ask for one output format at a time: {names} each constrain the whole output")
+    return asked[0] if asked else None

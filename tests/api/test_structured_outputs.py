@@ -1,0 +1,284 @@
+"""Structured outputs over both protocols, through the official SDKs, on the embedded default model:
+OpenAI response_format / structured_outputs / forced tool_choice, Anthropic output_config.format / forced
+tool_choice; refusals one line each, and nothing left running after them."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+from scripted_engine import QWEN_STYLE_TEMPLATE
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome", "Berlin"]},
+        "capital": {"type": "boolean"},
+        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["city", "capital", "rank"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
+        "required": ["city", "days"],
+    },
+}
+CLOCK = {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}
+OAI_TOOLS = [{"type": "function", "function": f} for f in (WEATHER, CLOCK)]
+CLAUDE_TOOLS = [{"name": f["name"], "input_schema": f["parameters"]} for f in (WEATHER, CLOCK)]
+QUESTION = [{"role": "user", "content": "What is the weather in the capital of France?"}]
+# the Qwen3.5 form of a call (the template that renders one decides the form the grammar forces)
+XML_TEMPLATE = QWEN_STYLE_TEMPLATE.replace(
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}',
+    "<function={{ c.function.name }}>\n</function>",
+)
+
+
+def valid(value) -> bool:
+    return (
+        set(value) == {"city", "capital", "rank"}
+        and value["city"] in ("Paris", "Rome", "Berlin")
+        and isinstance(value["capital"], bool)
+        and 0 <= value["rank"] <= 99
+    )
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = AsyncLLM(max_concurrency=4)
+    engine.tokenizer = replace(engine.tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
+    with RunningServer(engine) as s:
+        yield s
+
+
+@pytest.fixture
+def xml_form(server):
+    json_form = server.engine.tokenizer
+    server.engine.tokenizer = replace(json_form, chat_template=XML_TEMPLATE)
+    yield
+    server.engine.tokenizer = json_form
+
+
+@pytest.fixture
+def oai(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+
+
+def test_openai_response_format_json_schema_plain_and_streamed(oai):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+    r = oai.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=60, temperature=0, response_format=fmt
+    )
+    assert r.choices[0].finish_reason == "stop" and valid(json.loads(r.choices[0].message.content))
+    chunks = oai.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=60, temperature=0, response_format=fmt, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+    # json_object: any JSON object; the schema as JSON text is taken too
+    r = oai.chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=200, temperature=0, response_format={"type": "json_object"}
+    )
+    assert r.choices[0].finish_reason == "length" or isinstance(
+        json.loads(r.choices[0].message.content), dict
+    )
+    assert r.choices[0].message.content.startswith("{")
+    fmt["json_schema"]["schema"] = json.dumps(SCHEMA)
+    r = oai.chat.completions.create(model="m", messages=QUESTION, max_tokens=60, response_format=fmt, seed=4)
+    assert valid(json.loads(r.choices[0].message.content))
+
+
+def test_vllm_structured_outputs_and_guided_fields(oai):
+    def ask(extra, endpoint="chat"):
+        if endpoint == "chat":
+            r = oai.chat.completions.create(
+                model="m", messages=QUESTION, max_tokens=30, temperature=0, extra_body=extra
+            )
+            return r.choices[0].message.content
+        return (
+            oai.completions.create(
+                model="m", prompt="The capital of France is", max_tokens=30, temperature=0, extra_body=extra
+            )
+            .choices[0]
+            .text
+        )
+
+    assert ask({"structured_outputs": {"choice": ["sunny", "rainy"]}}) in ("sunny", "rainy")
+    assert ask({"guided_choice": ["sunny", "rainy"]}) in ("sunny", "rainy")
+    assert re.fullmatch(
+        r"[A-Z][a-z]+, [0-9]{2} C", ask({"structured_outputs": {"regex": r"[A-Z][a-z]+, [0-9]{2} C"}})
+    )
+    assert ask({"structured_outputs": {"grammar": 'root ::= "It is " ("hot" | "cold")'}}) in (
+        "It is hot",
+        "It is cold",
+    )
+    assert valid(json.loads(ask({"guided_json": SCHEMA}, "completions")))
+    r = oai.completions.create(
+        model="m",
+        prompt="Answer:",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+    )
+    assert valid(json.loads(r.choices[0].text))
+
+
+@pytest.mark.parametrize("form", ["json", "xml"])
+def test_openai_forced_tool_choice(oai, request, form):
+    if form == "xml":
+        request.getfixturevalue("xml_form")
+    r = oai.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        tools=OAI_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=80,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert (
+        call.function.name == "get_weather" and args["city"] in ("Paris", "Rome") and 0 <= args["days"] <= 9
+    )
+    r = oai.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        tools=OAI_TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0,
+        stream=True,
+    )
+    calls = [tc for c in r if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert len(calls) == 1 and calls[0].function.name in ("get_weather", "get_time")
+
+
+@pytest.mark.parametrize("form", ["json", "xml"])
+def test_anthropic_forced_tool_choice_and_output_format(claude, request, form):
+    if form == "xml":
+        request.getfixturevalue("xml_form")
+    m = claude.messages.create(
+        model="m",
+        max_tokens=80,
+        messages=QUESTION,
+        tools=CLAUDE_TOOLS,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
+    )
+    assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"]
+    (use,) = m.content
+    assert (
+        use.name == "get_weather"
+        and use.input["city"] in ("Paris", "Rome")
+        and isinstance(use.input["days"], int)
+    )
+    with claude.messages.stream(
+        model="m",
+        max_tokens=80,
+        messages=QUESTION,
+        tools=CLAUDE_TOOLS,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body={"temperature": 0},
+    ) as s:
+        final = s.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(uses) == 1
+    for field in ("output_config", "output_format"):
+        fmt = {"type": "json_schema", "schema": SCHEMA}
+        body = {"output_config": {"format": fmt}} if field == "output_config" else {"output_format": fmt}
+        m = claude.messages.create(
+            model="m", max_tokens=60, messages=QUESTION, extra_body={**body, "temperature": 0}
+        )
+        assert m.stop_reason == "end_turn" and valid(json.loads(m.content[0].text))
+
+
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "yaml"}},
+            "must be text, json_object or json_schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema"}},
+            "must be an object with a 'schema'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": "{nope"}}},
+            "not valid JSON",
+        ),
+        ("/v1/chat/completions", {"tool_choice": "required"}, "has no 'tools'"),
+        (
+            "/v1/chat/completions",
+            {"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": OAI_TOOLS},
+            "'nope', which is not among",
+        ),
+        (
+            "/v1/chat/completions",
+            {"tool_choice": "always", "tools": OAI_TOOLS},
+            "must be none, auto, required",
+        ),
+        ("/v1/chat/completions", {"structured_outputs": {"regex": "(unclosed"}}, "does not compile"),
+        ("/v1/chat/completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one of"),
+        ("/v1/chat/completions", {"structured_outputs": {"yaml": "a"}}, "(got yaml)"),
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"grammar": "start: missing_rule"}},
+            "does not compile",
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+            "one output format at a time",
+        ),
+        ("/v1/completions", {"guided_choice": []}, "non-empty list"),
+        ("/v1/messages", {"output_format": {"type": "xml"}}, 'must be {"type": "json_schema"'),
+        ("/v1/messages", {"tool_choice": {"type": "tool"}, "tools": CLAUDE_TOOLS}, "needs the tool's 'name'"),
+        (
+            "/v1/messages",
+            {
+                "output_format": {"type": "json_schema", "schema": SCHEMA},
+                "tool_choice": {"type": "any"},
+                "tools": CLAUDE_TOOLS,
+            },
+            "one output format at a time",
+        ),
+    ],
+)
+def test_refusals_are_one_line(server, path, body, words):
+    base = {"model": "m", "max_tokens": 8}
+    base.update({"prompt": "Hi"} if path == "/v1/completions" else {"messages": QUESTION})
+    r = httpx.post(server.url + path, json={**base, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert words in error["message"] and "\n" not in error["message"]
+    if path == "/v1/messages":
+        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
+
+
+def test_nothing_left_running(server):
+    assert not server.engine.llm.has_unfinished_requests()
