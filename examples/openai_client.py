@@ -13,3 +13,18 @@ for chunk in client.chat.completions.create(model="ninfer", messages=messages, m
     if chunk.choices and chunk.choices[0].delta.content:
         print(chunk.choices[0].delta.content, end="", flush=True)
 print()
+
+# structured outputs: the reply is JSON that follows the schema
+schema = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+}
+reply = client.chat.completions.create(
+    model="ninfer",
+    messages=messages,
+    max_tokens=64,
+    temperature=0,
+    response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}},
+)
+print(reply.choices[0].message.content)
