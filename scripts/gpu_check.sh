@@ -9,14 +9,16 @@
 # only. Everything lands under $OUT (default ./gpu_out).
 #
 # Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. is set here; pure-Python
-# wheels it lacks (gguf; Pillow for the vision tests, a binary wheel for its Python) may be installed
+# wheels it lacks (gguf; Pillow for the vision tests and llguidance for the structured-output tests, binary
+# wheels for its Python) may be installed
 # beforehand into a folder on PYTHONPATH. The suite's
 # tests/kernels/test_cuda_compile.py (compiling for SM 8.6 / 9.0 without a GPU) is left out: a GPU
 # compiles every kernel anyway.
 #
 # On a lent machine without network (the device tool), once here:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0 pillow==13.0.0
+#     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
+#     gguf==0.19.0 pillow==13.0.0 llguidance==1.9.1
 # then one run with carry [".whl"] and a timeout that leaves room for a second (the steps' limits add up
 # to ~12 minutes; most runs end far sooner):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
@@ -51,7 +53,7 @@ python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
-  tests/engine/test_vision.py \
+  tests/engine/test_vision.py tests/engine/test_structured.py \
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5

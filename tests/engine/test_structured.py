@@ -270,3 +270,13 @@ def test_thinking_is_left_free_until_it_ends(tmp_path, thinking_tokenizer):
             cut = free.token_ids.index(end) + 1
             assert got.token_ids[:cut] == free.token_ids[:cut]
             assert got.token_ids[cut:] != free.token_ids[cut:]
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_graphs_and_drafts():
+    """The masks on the device: CUDA graphs and n-gram drafts, the same greedy tokens, schema JSON."""
+    params = SamplingParams(temperature=0.0, max_tokens=48, grammar=grammars.json_schema(SCHEMA))
+    ref = LLM(device="cuda", dtype="bfloat16").chat(QUESTION, params)
+    drafting = LLM(device="cuda", dtype="bfloat16", spec="ngram", draft_tokens=3)
+    assert drafting.chat(QUESTION, params).token_ids == ref.token_ids
+    assert ref.finish_reason == "stop" and valid(ref.text), ref.text
