@@ -96,6 +96,9 @@ class LLM:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise NinferError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        bad = next((t for t, _ in sampling_params.logit_bias if t >= vocab), None)
+        if bad is not None:
+            raise NinferError(f"logit_bias token id {bad} is outside the vocabulary (0..{vocab - 1})")
         mm = None
         # with the tower, every placeholder needs its image (a history whose pictures were left out)
         vision = self._vision_or_raise() if images or self.model.visual is not None else None

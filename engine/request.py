@@ -36,6 +36,9 @@ class SamplingParams:
     # structured outputs: the grammar the output must follow, as engine/structured/grammars.py builds it
     # (a JSON schema, a regex, a choice, forced tool calls; or llguidance Lark text)
     grammar: str | None = None
+    # added to the logits of those token ids before sampling, -100..100 (-100 bans, 100 all but forces);
+    # a {token_id: bias} dict is taken too
+    logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
 
     def __post_init__(self):
         floats = (
@@ -71,6 +74,14 @@ class SamplingParams:
             stop = (stop,)
         object.__setattr__(self, "stop", tuple(s for s in (stop or ()) if s))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or ()
+        bias = tuple((int(t), float(b)) for t, b in bias)
+        bad = next(((t, b) for t, b in bias if t < 0 or not -100 <= b <= 100 or not math.isfinite(b)), None)
+        if bad is not None:
+            raise NinferError(
+                f"logit_bias maps token ids (>= 0) to biases between -100 and 100 (got {bad[0]}: {bad[1]})"
+            )
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def greedy(self) -> bool:

@@ -100,11 +100,28 @@ def sampling_params(
             repetition_penalty=field(body, "repetition_penalty", float, 1.0),
             seed=field(body, "seed", int),
             ignore_eos=field(body, "ignore_eos", bool, False),
+            logit_bias=_logit_bias(body),
             stop=stop,
             **extra,
         )
     except NinferError as e:
         raise ApiError(400, str(e)) from e
+
+
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} (JSON keys are strings)."""
+    bias = field(body, "logit_bias", dict)
+    if bias is None:
+        return None
+    out = {}
+    for key, value in bias.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (isinstance(key, str) and key.strip().isdigit()) or not number:
+            raise ApiError(
+                400, f"'logit_bias' maps token ids to numbers (got {key!r}: {value!r})", "logit_bias"
+            )
+        out[int(key)] = float(value)
+    return out
 
 
 async def start(

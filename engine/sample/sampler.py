@@ -52,6 +52,15 @@ def _filter(
     return logits
 
 
+def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [R, V] plus each row's logit_bias (a copy)."""
+    triples = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
+    rows, tokens, biases = zip(*triples)
+    device = logits.device
+    index = (to_device(rows, torch.long, device), to_device(tokens, torch.long, device))
+    return logits.index_put(index, to_device(biases, logits.dtype, device), accumulate=True)
+
+
 class Sampler:
     def __init__(self):
         self._generators: dict[str, torch.Generator] = {}
@@ -96,6 +105,8 @@ class Sampler:
         raw = logits
         if token_masks is not None:
             logits = apply_token_bitmask(logits, token_masks)
+        if any(p.logit_bias for p in params):
+            logits = _add_logit_bias(logits, params)
         if any(p.has_penalties for p in params):
             logits = logits.clone()
             for i, p in enumerate(params):

@@ -191,3 +191,12 @@ def test_anthropic_beta_query_and_headers_are_tolerated(server):
         timeout=60,
     )
     assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+def test_openai_logit_bias_bans_tokens(oai, server):
+    r = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=8, logprobs=True, **GREEDY)
+    first = server.engine.tokenizer.encode(r.choices[0].logprobs.content[0].token, add_special_tokens=False)
+    banned = oai.chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=8, logit_bias={str(first[0]): -100}, **GREEDY
+    )
+    assert banned.choices[0].message.content != r.choices[0].message.content

@@ -161,3 +161,35 @@ def test_batched_filters_match_each_rows_own_settings():
         for j, t in enumerate(out):
             seen[j].add(t.token_id)
     assert seen[:3] == [{0, 1}] * 3 and seen[3] == {0, 1, 2, 3}
+
+
+def test_logit_bias_bans_and_forces_tokens(llm):
+    greedy = gen(llm, max_tokens=12, temperature=0.0).token_ids
+    banned = set(greedy[:3])
+    out = gen(llm, max_tokens=12, temperature=0.0, logit_bias={t: -100 for t in banned}).token_ids
+    assert not banned & set(out) and out != greedy
+    for temperature in (0.0, 1.0):
+        forced = gen(llm, max_tokens=6, temperature=temperature, seed=0, logit_bias=((77, 100.0),))
+        assert forced.token_ids == [77] * 6
+    # a small bias shifts a row without touching the others in the batch
+    prompts = [PROMPT, list(range(30, 40))]
+    plain = llm.generate(
+        prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )
+    params = [
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={plain[0].token_ids[0]: -100})
+    ]
+    rid = llm.add_request(prompts[0], params[0])
+    other = llm.add_request(prompts[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    done = finished_token_ids(llm)
+    assert done[other] == plain[1].token_ids and done[rid][0] != plain[0].token_ids[0]
+
+
+def test_bad_logit_bias_is_refused(llm):
+    with pytest.raises(NinferError, match="between -100 and 100"):
+        SamplingParams(logit_bias={5: 101})
+    with pytest.raises(NinferError, match="between -100 and 100"):
+        SamplingParams(logit_bias={-1: 1})
+    with pytest.raises(NinferError, match="logit_bias token id 99999 is outside the vocabulary"):
+        gen(llm, logit_bias={99999: 1.0})
+    assert not llm.scheduler.has_unfinished_requests()
