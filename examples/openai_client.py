@@ -28,3 +28,9 @@ reply = client.chat.completions.create(
     response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}},
 )
 print(reply.choices[0].message.content)
+
+# the Responses API: a stored conversation continued by its id
+ask = dict(model="ninfer", max_output_tokens=32, temperature=0)
+first = client.responses.create(input="What is the capital of France?", **ask)
+second = client.responses.create(input="And of Italy?", previous_response_id=first.id, **ask)
+print(first.output_text, "/", second.output_text)

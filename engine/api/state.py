@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
+from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
 from engine.vision.image import ImageInput
@@ -25,6 +26,7 @@ class ServerState:
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine)
+        self.responses = ResponseStore()
 
     @property
     def max_context(self) -> int:

@@ -33,31 +33,55 @@ def openai_text_grammar(body: dict) -> str | None:
 def openai_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
     """The grammar a chat completion asks for (a format or forced tool calls); None when its output is free."""
     asked = _formats(body)
+    forced = _openai_forced_calls(body, tools, chat_template, nested=True)
+    return _one(
+        asked + ([forced] if forced else []),
+        "response_format, structured_outputs (or guided_*) and a forced tool_choice",
+    )
+
+
+def responses_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+    """The Responses API's `text.format` ({"type": "json_schema", "schema": ...} or json_object) or a forced
+    `tool_choice` ("required", {"type": "function", "name": ...})."""
+    asked = []
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            asked.append(grammars.json_object())
+        elif kind == "json_schema":
+            asked.append(_built(grammars.json_schema, _schema(fmt.get("schema"), "text.format.schema")))
+        elif kind != "text":
+            raise ApiError(400, "'text.format.type' must be text, json_object or json_schema", "text")
+    forced = _openai_forced_calls(body, tools, chat_template, nested=False)
+    return _one(asked + ([forced] if forced else []), "text.format and a forced tool_choice")
+
+
+def _openai_forced_calls(
+    body: dict, tools: list[dict] | None, chat_template: str | None, nested: bool
+) -> str | None:
+    """OpenAI's `tool_choice` "required" or a named function (chat completions: {"type": "function",
+    "function": {"name": ...}}; Responses: {"type": "function", "name": ...}) as a grammar; None for auto /
+    none. A named function is called once (as OpenAI and vLLM do); "required": as many calls as the model
+    writes, one with `parallel_tool_calls: false`."""
     choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        if not tools:
-            raise ApiError(
-                400, "'tool_choice' forces a tool call, but the request has no 'tools'", "tool_choice"
-            )
-        name = None
-        if isinstance(choice, dict):
-            fn = choice.get("function")
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if choice.get("type") != "function" or not isinstance(name, str):
-                raise ApiError(
-                    400,
-                    "'tool_choice' must be none, auto, required or "
-                    '{"type": "function", "function": {"name": ...}}',
-                    "tool_choice",
-                )
-        # a named function is called once (as OpenAI and vLLM do); "required": as many as the model writes
-        parallel = name is None and body.get("parallel_tool_calls", True) is not False
-        asked.append(
-            _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
-        )
-    elif choice not in (None, "auto", "none"):
-        raise ApiError(400, "'tool_choice' must be none, auto, required or a named function", "tool_choice")
-    return _one(asked, "response_format, structured_outputs (or guided_*) and a forced tool_choice")
+    if choice in (None, "auto", "none"):
+        return None
+    shape = (
+        '{"type": "function", "function": {"name": ...}}' if nested else '{"type": "function", "name": ...}'
+    )
+    name = None
+    if isinstance(choice, dict):
+        holder = choice.get("function") if nested else choice
+        name = holder.get("name") if isinstance(holder, dict) else None
+    valid = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)
+    if choice != "required" and not valid:
+        raise ApiError(400, f"'tool_choice' must be none, auto, required or {shape}", "tool_choice")
+    if not tools:
+        raise ApiError(400, "'tool_choice' forces a tool call, but the request has no 'tools'", "tool_choice")
+    parallel = name is None and body.get("parallel_tool_calls", True) is not False
+    return _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
 
 
 def anthropic_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:

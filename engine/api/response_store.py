@@ -1,0 +1,37 @@
+"""The Responses API's stored responses (store: true), kept in memory for previous_response_id and GET."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from engine.api.errors import ApiError
+
+MAX_STORED = 256
+
+
+class ResponseStore:
+    """The latest stored responses: each one's JSON and the conversation it ends (chat messages)."""
+
+    def __init__(self, capacity: int = MAX_STORED):
+        self.capacity = capacity
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+
+    def put(self, response: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self._items[response["id"]] = (response, history)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        if response_id not in self._items:
+            raise ApiError(
+                404,
+                f"no stored response '{response_id}'; this server keeps the latest {self.capacity} responses "
+                "made with store: true, in memory (send the whole conversation as input instead)",
+            )
+        self._items.move_to_end(response_id)
+        return self._items[response_id]
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        del self._items[response_id]

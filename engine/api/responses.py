@@ -1,0 +1,431 @@
+"""The OpenAI Responses API: `POST /v1/responses` (streamed or not), `GET` / `DELETE /v1/responses/{id}`.
+
+The input items become chat messages (the chat completions route's validation, images included): messages,
+`function_call`s (an assistant turn's tool calls) and `function_call_output`s (tool results); reasoning
+items are not fed back, as the Qwen templates drop earlier reasoning. `instructions` is the system turn.
+Function tools only (the client runs them). The output: a `reasoning` item when the model thought, a
+`message`, and a `function_call` per call. With `store` (the default) a response is kept in memory, the
+latest 256 (engine/api/response_store.py), so `previous_response_id` continues its conversation and GET returns it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.api.common import complete, field, now, read_json, sampling_params, start
+from engine.api.errors import ApiError
+from engine.api.images import preprocess_images
+from engine.api.openai import SHUTDOWN, template_messages
+from engine.api.state import ServerState
+from engine.api.structured import responses_grammar
+from engine.parsers.reply import ReplyParser
+from engine.parsers.tool_calls import ToolCall
+from engine.request import RequestOutput
+
+router = APIRouter()
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _parts(content: Any, where: str) -> Any:
+    """A Responses content array in chat completions' part shapes (text, image_url)."""
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        pw = f"{where}.content[{i}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS:
+            parts.append({"type": "text", "text": part.get("text")})
+        elif kind == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise ApiError(
+                    400, f"{pw} needs an 'image_url' (a data URL; file ids are not kept here)", "input"
+                )
+            parts.append(
+                {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail")}}
+            )
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": part.get("refusal", "")})
+        else:
+            raise ApiError(400, f"{pw} has type '{kind}'; this server takes text and images", "input")
+    return parts
+
+
+def _chat_messages(items: Any) -> list[dict[str, Any]]:
+    """The input items as chat completions messages (not yet validated: template_messages does that)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise ApiError(400, "'input' must be a string or an array of items", "input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where} must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            if item.get("role") not in ("user", "system", "developer", "assistant"):
+                raise ApiError(
+                    400,
+                    f"{where}.role is '{item.get('role')}'; use user, system, developer or assistant",
+                    "input",
+                )
+            out.append({"role": item.get("role"), "content": _parts(item.get("content"), where)})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            if out and out[-1].get("role") == "assistant":  # the turn's text, then its calls
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if isinstance(output, list):
+                output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
+            if not isinstance(output, str):
+                raise ApiError(400, f"{where}.output must be a string or an array of text parts", "input")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        elif kind != "reasoning":
+            raise ApiError(
+                400,
+                f"{where} has type '{kind}'; this server takes message, function_call, function_call_output "
+                "and reasoning items",
+                "input",
+            )
+    return out
+
+
+def _tools(body: dict) -> list[dict[str, Any]] | None:
+    tools = field(body, "tools", list)
+    if not tools or body.get("tool_choice") == "none":
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise ApiError(
+                400,
+                f"tools[{i}] is a '{kind}' tool; this server takes function tools (the client runs them)",
+                "tools",
+            )
+        if not isinstance(tool.get("name"), str):
+            raise ApiError(400, f"tools[{i}] needs a string 'name'", "tools")
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _template_kwargs(body: dict) -> dict[str, Any]:
+    kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
+    reasoning = field(body, "reasoning", dict)
+    effort = (reasoning or {}).get("effort")
+    if effort is not None:
+        if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
+            raise ApiError(
+                400, "'reasoning.effort' must be none, minimal, low, medium, high or xhigh", "reasoning"
+            )
+        kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
+    return kwargs
+
+
+def _message_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id or f"msg_{uuid.uuid4().hex[:24]}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id or f"rs_{uuid.uuid4().hex[:24]}",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": "completed",
+    }
+
+
+def _call_item(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{uuid.uuid4().hex[:24]}",
+        "call_id": f"call_{uuid.uuid4().hex[:24]}",
+        "name": call.name,
+        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        "status": "completed",
+    }
+
+
+def _usage(state: ServerState, out: RequestOutput, reasoning: str) -> dict[str, Any]:
+    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+    thought = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": min(thought, completion)},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """The output as the assistant's chat message (for a later previous_response_id)."""
+    text = "".join(c["text"] for item in output if item["type"] == "message" for c in item["content"])
+    calls = [
+        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        for i in output
+        if i["type"] == "function_call"
+    ]
+    turn: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        turn["tool_calls"] = calls
+    return turn
+
+
+@router.post("/v1/responses")
+async def create(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    if field(body, "background", bool, False):
+        raise ApiError(
+            400, "background responses are not supported here; leave 'background' false", "background"
+        )
+    store = field(body, "store", bool, True)
+    previous = field(body, "previous_response_id", str)
+    history = list(state.responses.get(previous)[1]) if previous else []
+    if body.get("input") is None:
+        raise ApiError(400, "'input' is required", "input")
+    turns = history + _chat_messages(body["input"])
+    instructions = field(body, "instructions", str)
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    messages, images = template_messages(system + turns)
+    tools = _tools(body)
+    prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
+    in_reasoning = prompt_text.rstrip().endswith("<think>")
+    grammar = responses_grammar(body, tools, state.engine.tokenizer.chat_template)
+    params = sampling_params(body, "max_output_tokens", state.default_max_tokens(), None, grammar=grammar)
+    engine_stream = await start(state, ids, params, await preprocess_images(state, images))
+    rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
+
+    def response(status: str, output: list[dict[str, Any]], usage: dict | None, out=None) -> dict[str, Any]:
+        incomplete = out is not None and out.finish_reason == "length"
+        return {
+            "id": rid,
+            "object": "response",
+            "created_at": created,
+            "status": "incomplete" if incomplete else status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": instructions,
+            "max_output_tokens": body.get("max_output_tokens"),
+            "model": state.model_id,
+            "output": output,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+            "previous_response_id": previous,
+            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+            "store": store,
+            "temperature": body.get("temperature", 1.0),
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "top_p": body.get("top_p", 1.0),
+            "truncation": "disabled",
+            "usage": usage,
+            "metadata": body.get("metadata") or {},
+            "user": body.get("user"),
+        }
+
+    def finish(out: RequestOutput, output: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
+        final = response("completed", output, _usage(state, out, reasoning), out)
+        if store:
+            state.responses.put(final, turns + [_history_turn(output)])
+        return final
+
+    if not field(body, "stream", bool, False):
+        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
+        output = [_reasoning_item(reasoning)] if reasoning else []
+        if content or not calls:
+            output.append(_message_item(content))
+        output += [_call_item(c) for c in calls]
+        return JSONResponse(finish(out, output, reasoning))
+
+    sequence = itertools.count()
+
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(sequence), **data})}\n\n"
+
+    async def events():
+        parser = ReplyParser(in_reasoning, tools)
+        output: list[dict[str, Any]] = []
+        current: dict[str, Any] | None = None  # the reasoning or message item being streamed
+        reasoning = ""
+
+        def close() -> list[str]:
+            nonlocal current
+            if current is None:
+                return []
+            index, item_id, text = len(output), current["id"], current["text"]
+            if current["type"] == "reasoning":
+                item = _reasoning_item(text, item_id)
+                done = [
+                    event(
+                        "response.reasoning_text.done",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        text=text,
+                    )
+                ]
+            else:
+                item = _message_item(text, item_id)
+                part = item["content"][0]
+                done = [
+                    event(
+                        "response.output_text.done",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        text=text,
+                        logprobs=[],
+                    ),
+                    event(
+                        "response.content_part.done",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                    ),
+                ]
+            output.append(item)
+            current = None
+            return [*done, event("response.output_item.done", output_index=index, item=item)]
+
+        def open_item(kind: str) -> list[str]:
+            nonlocal current
+            index = len(output)
+            if kind == "reasoning":
+                current = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}", "text": ""}
+                added = {
+                    "type": "reasoning",
+                    "id": current["id"],
+                    "summary": [],
+                    "content": [],
+                    "status": "in_progress",
+                }
+                return [event("response.output_item.added", output_index=index, item=added)]
+            current = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "text": ""}
+            added = {**_message_item("", current["id"]), "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            return [
+                event("response.output_item.added", output_index=index, item=added),
+                event(
+                    "response.content_part.added",
+                    item_id=current["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                ),
+            ]
+
+        out = None
+        try:
+            yield event("response.created", response=response("in_progress", [], None))
+            yield event("response.in_progress", response=response("in_progress", [], None))
+            async for out, delta in engine_stream:
+                failure = out.error if out.finish_reason == "expired" else SHUTDOWN if state.ending else None
+                if failure is not None:
+                    failed = {
+                        **response("failed", output, None),
+                        "error": {"code": "server_error", "message": failure},
+                    }
+                    yield event("response.failed", response=failed)
+                    return
+                state.metrics.token(out)
+                for kind, piece in parser.feed(delta, final=out.finished):
+                    if kind == "tool_call":
+                        for e in close():
+                            yield e
+                        item, index = _call_item(piece), len(output)
+                        yield event(
+                            "response.output_item.added",
+                            output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"},
+                        )
+                        yield event(
+                            "response.function_call_arguments.delta",
+                            item_id=item["id"],
+                            output_index=index,
+                            delta=item["arguments"],
+                        )
+                        yield event(
+                            "response.function_call_arguments.done",
+                            item_id=item["id"],
+                            output_index=index,
+                            name=item["name"],
+                            arguments=item["arguments"],
+                        )
+                        yield event("response.output_item.done", output_index=index, item=item)
+                        output.append(item)
+                        continue
+                    want = "reasoning" if kind == "reasoning" else "message"
+                    if current is None or current["type"] != want:
+                        for e in close() + open_item(want):
+                            yield e
+                    current["text"] += piece
+                    index = len(output)
+                    if want == "reasoning":
+                        reasoning += piece
+                        yield event(
+                            "response.reasoning_text.delta",
+                            item_id=current["id"],
+                            output_index=index,
+                            content_index=0,
+                            delta=piece,
+                        )
+                    else:
+                        yield event(
+                            "response.output_text.delta",
+                            item_id=current["id"],
+                            output_index=index,
+                            content_index=0,
+                            delta=piece,
+                            logprobs=[],
+                        )
+            if (
+                not any(i["type"] in ("message", "function_call") for i in output)
+                and (current or {}).get("type") != "message"
+            ):
+                for e in close() + open_item("message"):  # a reply with no words still has its message
+                    yield e
+            for e in close():
+                yield e
+            state.metrics.finished(out)
+            final = finish(out, output, reasoning)
+            yield event(f"response.{final['status']}", response=final)
+        finally:
+            engine_stream.abort()  # the client went away mid-stream: free its KV now
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve(request: Request, response_id: str):
+    return JSONResponse(request.app.state.ninfer.responses.get(response_id)[0])
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete(request: Request, response_id: str):
+    request.app.state.ninfer.responses.delete(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}

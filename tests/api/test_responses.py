@@ -1,0 +1,194 @@
+"""The Responses API through the official openai SDK, on the embedded default model with a Qwen-style
+template: text, streaming events, stored conversations, function tools, text.format, reasoning items."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import httpx2 as httpx
+import openai
+import pytest
+from scripted_engine import QWEN_STYLE_TEMPLATE
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "capital": {"type": "boolean"}},
+    "required": ["city", "capital"],
+    "additionalProperties": False,
+}
+ASK = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = AsyncLLM(max_concurrency=2)
+    engine.tokenizer = replace(engine.tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
+    with RunningServer(engine) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+def test_text_plain_and_streamed_with_the_events_in_order(client):
+    r = client.responses.create(model="m", input=ASK, max_output_tokens=24, temperature=0)
+    assert r.status == "completed" and "Paris" in r.output_text
+    assert [o.type for o in r.output] == ["message"]
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    with client.responses.stream(model="m", input=ASK, max_output_tokens=24, temperature=0) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.output_text == r.output_text
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    numbers = [e.sequence_number for e in events]
+    assert numbers == sorted(set(numbers))
+    # out of tokens: incomplete, said so
+    short = client.responses.create(model="m", input=ASK, max_output_tokens=2)
+    assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(
+        model="m", input=ASK, instructions="Answer briefly.", max_output_tokens=16, temperature=0
+    )
+    second = client.responses.create(
+        model="m", input="And of Italy?", previous_response_id=first.id, max_output_tokens=16, temperature=0
+    )
+    assert second.instructions is None  # instructions hold for one response, as OpenAI's do
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert second.previous_response_id == first.id
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError, match="no stored response"):
+        client.responses.retrieve(first.id)
+    unstored = client.responses.create(model="m", input=ASK, max_output_tokens=4, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_tool_round_trip(client, stream):
+    ask = dict(model="m", tools=[WEATHER], max_output_tokens=60, temperature=0)
+    forced = dict(tool_choice="required", parallel_tool_calls=False)
+    if stream:
+        with client.responses.stream(input="Weather in Paris?", **ask, **forced) as s:
+            kinds = [e.type for e in s]
+            r = s.get_final_response()
+        assert "response.function_call_arguments.done" in kinds
+    else:
+        r = client.responses.create(input="Weather in Paris?", **ask, **forced)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+    after = client.responses.create(previous_response_id=r.id, input=[result], **ask)
+    # the same conversation sent whole, without the stored one, renders the same prompt
+    whole = client.responses.create(
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            result,
+        ],
+        store=False,
+        **ask,
+    )
+    assert after.output_text == whole.output_text
+    assert after.usage.input_tokens == whole.usage.input_tokens
+
+
+def test_text_format_json_schema(client):
+    fmt = {"format": {"type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}}
+    r = client.responses.create(model="m", input=ASK, text=fmt, max_output_tokens=40, temperature=0)
+    value = json.loads(r.output_text)
+    assert value["city"] in ("Paris", "Rome") and isinstance(value["capital"], bool)
+
+
+def test_reasoning_effort_turns_thinking_on_and_off(client):
+    on = client.responses.create(
+        model="m", input=ASK, reasoning={"effort": "high"}, max_output_tokens=12, temperature=0
+    )
+    # the prompt opened <think> and this small model never closes it: all of it is reasoning
+    assert on.output[0].type == "reasoning" and on.output[0].content[0].text
+    assert on.usage.output_tokens_details.reasoning_tokens > 0
+    off = client.responses.create(
+        model="m", input=ASK, reasoning={"effort": "none"}, max_output_tokens=12, temperature=0
+    )
+    assert [o.type for o in off.output] == ["message"]
+    with client.responses.stream(
+        model="m", input=ASK, reasoning={"effort": "high"}, max_output_tokens=12, temperature=0
+    ) as s:
+        kinds = [e.type for e in s]
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    assert kinds[-1] == ("response.completed" if on.status == "completed" else "response.incomplete")
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ({"input": ASK, "tools": [{"type": "web_search"}]}, 400, "takes function tools"),
+        ({"input": [{"type": "computer_call"}]}, 400, "has type 'computer_call'"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role is 'robot'"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            400,
+            "takes text and images",
+        ),
+        ({"input": ASK, "previous_response_id": "resp_nope"}, 404, "no stored response 'resp_nope'"),
+        ({"input": ASK, "background": True}, 400, "background responses are not supported"),
+        ({"input": ASK, "reasoning": {"effort": "extreme"}}, 400, "'reasoning.effort' must be"),
+        ({"input": ASK, "text": {"format": {"type": "yaml"}}}, 400, "'text.format.type' must be"),
+        ({"input": ASK, "tool_choice": "required"}, 400, "has no 'tools'"),
+        (
+            {"input": ASK, "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
+            400,
+            "'nope'",
+        ),
+        ({}, 400, "'input' is required"),
+    ],
+)
+def test_refusals_are_one_line(server, body, status, words):
+    r = httpx.post(
+        f"{server.url}/v1/responses", json={"model": "m", "max_output_tokens": 4, **body}, timeout=30
+    )
+    assert r.status_code == status, r.text
+    message = r.json()["error"]["message"]
+    assert words in message and "\n" not in message
+
+
+def test_nothing_left_running(server):
+    assert not server.engine.llm.has_unfinished_requests()
