@@ -140,6 +140,7 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
                     "name": t["name"],
                     "description": t.get("description", ""),
                     "parameters": t.get("input_schema", {}),
+                    **({"strict": True} if t.get("strict") is True else {}),  # calls held to the schema
                 },
             }
         )
@@ -216,7 +217,7 @@ async def messages(request: Request):
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
     prompt_text, ids, tools, images = await _prepare(state, body)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    grammar = anthropic_grammar(body, tools, state.engine.tokenizer.chat_template)
+    grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body), grammar=grammar)
     stream = field(body, "stream", bool, False)
     engine_stream = await start(state, ids, params, images)

@@ -178,7 +178,7 @@ async def chat_completions(request: Request):
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    grammar = openai_grammar(body, tools, state.engine.tokenizer.chat_template)
+    grammar = openai_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(
         body,
         max_tokens_field,

@@ -119,7 +119,7 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
             )
         if not isinstance(tool.get("name"), str):
             raise ApiError(400, f"tools[{i}] needs a string 'name'", "tools")
-        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 
@@ -214,7 +214,7 @@ async def create(request: Request):
     tools = _tools(body)
     prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    grammar = responses_grammar(body, tools, state.engine.tokenizer.chat_template)
+    grammar = responses_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(body, "max_output_tokens", state.default_max_tokens(), None, grammar=grammar)
     engine_stream = await start(state, ids, params, await preprocess_images(state, images))
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()

@@ -16,6 +16,7 @@ from typing import Any
 from engine.api.errors import ApiError
 from engine.errors import NinferError
 from engine.structured import grammars
+from engine.tokenizer import Tokenizer
 
 _GUIDED = {
     "json": "guided_json",
@@ -30,17 +31,17 @@ def openai_text_grammar(body: dict) -> str | None:
     return _one(_formats(body), "response_format and structured_outputs (or guided_*)")
 
 
-def openai_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+def openai_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
     """The grammar a chat completion asks for (a format or forced tool calls); None when its output is free."""
     asked = _formats(body)
-    forced = _openai_forced_calls(body, tools, chat_template, nested=True)
+    forced = _openai_forced_calls(body, tools, tokenizer, nested=True)
     return _one(
         asked + ([forced] if forced else []),
         "response_format, structured_outputs (or guided_*) and a forced tool_choice",
-    )
+    ) or _strict_calls(tools, tokenizer)
 
 
-def responses_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+def responses_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
     """The Responses API's `text.format` ({"type": "json_schema", "schema": ...} or json_object) or a forced
     `tool_choice` ("required", {"type": "function", "name": ...})."""
     asked = []
@@ -54,12 +55,13 @@ def responses_grammar(body: dict, tools: list[dict] | None, chat_template: str |
             asked.append(_built(grammars.json_schema, _schema(fmt.get("schema"), "text.format.schema")))
         elif kind != "text":
             raise ApiError(400, "'text.format.type' must be text, json_object or json_schema", "text")
-    forced = _openai_forced_calls(body, tools, chat_template, nested=False)
-    return _one(asked + ([forced] if forced else []), "text.format and a forced tool_choice")
+    forced = _openai_forced_calls(body, tools, tokenizer, nested=False)
+    asked += [forced] if forced else []
+    return _one(asked, "text.format and a forced tool_choice") or _strict_calls(tools, tokenizer)
 
 
 def _openai_forced_calls(
-    body: dict, tools: list[dict] | None, chat_template: str | None, nested: bool
+    body: dict, tools: list[dict] | None, tokenizer: Tokenizer, nested: bool
 ) -> str | None:
     """OpenAI's `tool_choice` "required" or a named function (chat completions: {"type": "function",
     "function": {"name": ...}}; Responses: {"type": "function", "name": ...}) as a grammar; None for auto /
@@ -81,10 +83,10 @@ def _openai_forced_calls(
     if not tools:
         raise ApiError(400, "'tool_choice' forces a tool call, but the request has no 'tools'", "tool_choice")
     parallel = name is None and body.get("parallel_tool_calls", True) is not False
-    return _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
+    return _built(grammars.tool_calls, tools, name, parallel, grammars.call_syntax(tokenizer))
 
 
-def anthropic_grammar(body: dict, tools: list[dict] | None, chat_template: str | None) -> str | None:
+def anthropic_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
     asked = []
     config = body.get("output_config")
     fmt = (config or {}).get("format") if isinstance(config, dict) else None
@@ -99,10 +101,22 @@ def anthropic_grammar(body: dict, tools: list[dict] | None, chat_template: str |
         if choice["type"] == "tool" and not isinstance(name, str):
             raise ApiError(400, "'tool_choice' of type 'tool' needs the tool's 'name'")
         parallel = name is None and not choice.get("disable_parallel_tool_use", False)
-        asked.append(
-            _built(grammars.tool_calls, tools, name, parallel, grammars.tool_call_form(chat_template))
-        )
-    return _one(asked, "output_config.format (or output_format) and a forced tool_choice")
+        asked.append(_built(grammars.tool_calls, tools, name, parallel, grammars.call_syntax(tokenizer)))
+    asked_one = _one(asked, "output_config.format (or output_format) and a forced tool_choice")
+    return asked_one or _strict_calls(tools, tokenizer)
+
+
+def _strict_calls(tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
+    """With a tool marked `strict` (and no other format), the reply is free but each call in it is held to
+    its tool's schema: every tool's, once one is strict. None without a strict tool."""
+    if not tools or not any(_is_strict(t) for t in tools):
+        return None
+    return _built(grammars.tool_calls_in_text, tools, grammars.call_syntax(tokenizer))
+
+
+def _is_strict(tool: dict) -> bool:
+    fn = tool.get("function", tool) if isinstance(tool, dict) else None
+    return isinstance(fn, dict) and fn.get("strict") is True
 
 
 def _formats(body: dict) -> list[str]:

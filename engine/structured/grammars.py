@@ -8,9 +8,11 @@ into endless newlines inside a value the grammar still allows.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import NinferError
+from engine.tokenizer import Tokenizer
 
 # llguidance's JSON compiler options: fixed separators, no free whitespace; keywords it does not implement
 # are ignored rather than refused (a schema's "format": "email" still constrains the rest)
@@ -76,10 +78,35 @@ def grammar(text: str) -> str:
         raise NinferError(f"the grammar is neither Lark nor GBNF: {e}") from e
 
 
-def tool_call_form(chat_template: str | None) -> str:
-    """How the model writes a call: "xml" (Qwen3.5, Qwen3-Coder: `<function=name><parameter=p>`) or "json"
-    (Qwen3: `{"name": ..., "arguments": {...}}`), read off the chat template that renders them."""
-    return "xml" if chat_template and "<function=" in chat_template else "json"
+@dataclass(frozen=True)
+class CallSyntax:
+    """How a model writes a tool call: `form` "json" (Qwen3: `{"name": ..., "arguments": {...}}`) or
+    "xml" (Qwen3.5, Qwen3-Coder: `<function=name><parameter=p>`), inside `<tool_call>` ... `</tool_call>`;
+    `open` / `close`: those tags as grammar terms (a token reference where the tokenizer has the tag as a
+    token of its own, which llguidance counts as special: never spelled out in text)."""
+
+    form: str = "json"
+    open: str = '"<tool_call>"'
+    close: str = '"</tool_call>"'
+
+    @property
+    def open_is_token(self) -> bool:
+        return self.open.startswith("<[")
+
+
+def call_syntax(tokenizer: Tokenizer | None) -> CallSyntax:
+    """The CallSyntax of a model: the form from the chat template that renders calls, the tags from its
+    tokenizer's added tokens."""
+    template = tokenizer.chat_template if tokenizer is not None else None
+    form = "xml" if template and "<function=" in template else "json"
+    added = (
+        {t.content: i for i, t in tokenizer.backend.get_added_tokens_decoder().items()} if tokenizer else {}
+    )
+
+    def term(tag: str) -> str:
+        return f"<[{added[tag]}]>" if tag in added else _literal(tag)
+
+    return CallSyntax(form, term("<tool_call>"), term("</tool_call>"))
 
 
 def _function(tool: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -96,9 +123,9 @@ def _function(tool: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, form: str) -> str:
+def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, syntax: CallSyntax) -> str:
     """Output that is nothing but tool calls: one (parallel=False) or more, of the tool `name` or of any
-    of `tools`, each call's arguments following its tool's schema. `form`: tool_call_form()."""
+    of `tools`, each call's arguments following its tool's schema."""
     functions = [_function(t) for t in tools]
     if name is not None:
         functions = [f for f in functions if f[0] == name]
@@ -106,10 +133,33 @@ def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, fo
             raise NinferError(f"tool_choice names the tool '{name}', which is not among the tools")
     if not functions:
         raise NinferError("a forced tool call needs at least one tool")
-    rules = ['start: call ("\\n" call)*' if parallel else "start: call"]
+    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    return "\n".join([start, f"call: {syntax.open} call_body", *_call_body(functions, syntax)])
+
+
+def tool_calls_in_text(tools: list[dict[str, Any]], syntax: CallSyntax) -> str:
+    """Free text with tool calls anywhere in it (strict tools in auto mode): whatever the model writes, but
+    from each `<tool_call>` on, a call of one of `tools` with arguments its schema allows."""
+    functions = [_function(t) for t in tools]
+    if not functions:
+        raise NinferError("strict tool calls need at least one tool")
+    if syntax.open_is_token:  # text can never hold the tag's token, so the text ends where it comes
+        rules = ["start: segment* FREE", f"segment: FREE {syntax.open} call_body", "FREE: /(?s:.*)/"]
+    else:  # text up to the first spelled-out tag (lazy: the call starts there), and text holding none
+        rules = [
+            "start: segment* FREE",
+            "segment: call_head call_body",
+            f"call_head[lazy]: FREE {syntax.open}",
+            "FREE: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
+        ]
+    return "\n".join(rules + _call_body(functions, syntax))
+
+
+def _call_body(functions: list[tuple[str, dict[str, Any]]], syntax: CallSyntax) -> list[str]:
+    """Rules for what follows `<tool_call>`: one call of one of `functions`, through `</tool_call>`."""
     alternatives = " | ".join(f"fn_{i}" for i in range(len(functions)))
-    if form == "json":
-        rules.append(f'call: "<tool_call>\\n" ({alternatives}) "\\n</tool_call>"')
+    if syntax.form == "json":
+        rules = [f'call_body: "\\n" ({alternatives}) "\\n" {syntax.close}']
         for i, (fn_name, params) in enumerate(functions):
             call = {
                 "type": "object",
@@ -118,12 +168,14 @@ def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, fo
                 "additionalProperties": False,
             }
             rules.append(f"fn_{i}: {_json_value(call)}")
-    else:
-        rules.append(f'call: "<tool_call>\\n" ({alternatives}) "</tool_call>"')
-        rules.append('text_value[stop="\\n</parameter>\\n"]: /(?s:.*)/')
-        for i, (fn_name, params) in enumerate(functions):
-            rules.extend(_xml_function(i, fn_name, params))
-    return "\n".join(rules)
+        return rules
+    rules = [
+        f'call_body: "\\n" ({alternatives}) {syntax.close}',
+        'text_value[stop="\\n</parameter>\\n"]: /(?s:.*)/',
+    ]
+    for i, (fn_name, params) in enumerate(functions):
+        rules.extend(_xml_function(i, fn_name, params))
+    return rules
 
 
 _END = '"\\n</parameter>\\n"'

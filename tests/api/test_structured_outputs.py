@@ -15,6 +15,7 @@ import pytest
 from scripted_engine import QWEN_STYLE_TEMPLATE
 from server import RunningServer
 
+from engine.api.structured import openai_grammar
 from engine.async_llm import AsyncLLM
 
 SCHEMA = {
@@ -282,3 +283,20 @@ def test_refusals_are_one_line(server, path, body, words):
 
 def test_nothing_left_running(server):
     assert not server.engine.llm.has_unfinished_requests()
+
+
+def test_strict_tools_leave_text_free(oai, claude, server):
+    """A strict tool in auto mode holds calls to the schema, not the text: the same greedy reply as without."""
+    strict = [{"type": "function", "function": {**WEATHER, "strict": True}}]
+    ask = dict(model="m", messages=QUESTION, max_tokens=24, temperature=0)
+    plain = oai.chat.completions.create(tools=[{"type": "function", "function": WEATHER}], **ask)
+    held = oai.chat.completions.create(tools=strict, **ask)
+    assert held.choices[0].message.content == plain.choices[0].message.content
+    grammar = openai_grammar({"tools": strict}, strict, server.engine.tokenizer)
+    assert grammar is not None and "segment" in grammar
+    assert openai_grammar({}, [{"type": "function", "function": WEATHER}], server.engine.tokenizer) is None
+    tools = [{**CLAUDE_TOOLS[0], "strict": True}]
+    m = claude.messages.create(
+        model="m", max_tokens=24, messages=QUESTION, tools=tools, extra_body={"temperature": 0}
+    )
+    assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -111,13 +112,15 @@ def test_forced_tool_calls_in_both_forms(llm):
         out = llm.chat(
             QUESTION,
             SamplingParams(
-                temperature=0.0, max_tokens=80, grammar=grammars.tool_calls(TOOLS, None, True, form)
+                temperature=0.0,
+                max_tokens=80,
+                grammar=grammars.tool_calls(TOOLS, None, True, grammars.CallSyntax(form)),
             ),
         )
         calls = parse_reply(out.text, False, TOOLS)[2]
         assert calls and all(c.name in ("get_weather", "get_time") for c in calls), out.text
         # the one named tool, once: then only the end may follow
-        grammar = grammars.tool_calls(TOOLS, "get_weather", False, form)
+        grammar = grammars.tool_calls(TOOLS, "get_weather", False, grammars.CallSyntax(form))
         out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=80, grammar=grammar))
         _, text, calls = parse_reply(out.text, False, TOOLS)
         assert out.finish_reason == "stop" and not text.strip(), out.text
@@ -205,8 +208,11 @@ def test_bad_grammars_are_refused_in_one_line(llm):
             llm.chat(QUESTION, SamplingParams(max_tokens=4, grammar=grammar))
         assert "\n" not in str(e.value)
     for call, words in (
-        (lambda: grammars.tool_calls(TOOLS, "nope", True, "json"), "'nope', which is not among"),
-        (lambda: grammars.tool_calls([], None, True, "json"), "at least one tool"),
+        (
+            lambda: grammars.tool_calls(TOOLS, "nope", True, grammars.CallSyntax()),
+            "'nope', which is not among",
+        ),
+        (lambda: grammars.tool_calls([], None, True, grammars.CallSyntax()), "at least one tool"),
         (lambda: grammars.choice([]), "non-empty list"),
         (lambda: grammars.json_schema([1]), "must be an object"),
         (lambda: grammars.grammar("root ::= (unclosed"), "neither Lark nor GBNF"),
@@ -280,3 +286,65 @@ def test_on_cuda_with_graphs_and_drafts():
     drafting = LLM(device="cuda", dtype="bfloat16", spec="ngram", draft_tokens=3)
     assert drafting.chat(QUESTION, params).token_ids == ref.token_ids
     assert ref.finish_reason == "stop" and valid(ref.text), ref.text
+
+
+def test_strict_calls_in_free_text(default_tokenizer):
+    """Text is free; from `<tool_call>` on, the call must name a tool and pass arguments its schema allows."""
+    tok = default_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
+    for form, good, bad in (
+        ("json", f"Let me look.\n{call}\nIt is sunny.", 'Sure <tool_call>\n{"name": "get_moon"'),
+        (
+            "xml",
+            "Hm.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+            "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call> ok",
+            "<tool_call>\n<function=get_weather>\n<parameter=days>\nlots",
+        ),
+    ):
+        grammar = grammars.tool_calls_in_text(TOOLS, grammars.CallSyntax(form))
+        for text, accepted in (("No tools needed: 2 < 3 > 1.", True), (good, True), (bad, False)):
+            matcher = compiler.matcher(grammar, [1])
+            matcher.consume(tok.encode(text, add_special_tokens=False))
+            assert (not matcher.error) == accepted, (form, text, matcher.error)
+
+
+def test_strict_calls_from_a_model_pushed_to_call(tmp_path, thinking_tokenizer):
+    """A random model pushed toward `<tool_call>` (logit_bias) writes only valid calls under the grammar;
+    without it, noise follows the tag."""
+    backend = HFTokenizer.from_str(thinking_tokenizer.backend.to_str())
+    backend.add_tokens([AddedToken("<tool_call>", special=False), AddedToken("</tool_call>", special=False)])
+    tok = Tokenizer(backend=backend, eos_token=thinking_tokenizer.eos_token)
+    path = save_thinking_mtp_model(tmp_path, tok, think=False)
+    llm = LLM(path)
+    push = {tok.token_to_id("<tool_call>"): 30.0}
+    ask = dict(temperature=0.0, max_tokens=80, logit_bias=push)
+    grammar = grammars.tool_calls_in_text(TOOLS, grammars.call_syntax(tok))
+    out = llm.chat(QUESTION, SamplingParams(**ask, grammar=grammar))
+    calls = parse_reply(out.text, False, TOOLS)[2]
+    assert calls and out.text.count("<tool_call>") - (out.finish_reason == "length") <= len(calls), out.text
+    assert all(c.name in ("get_weather", "get_time") for c in calls)
+    free = llm.chat(QUESTION, SamplingParams(**ask))
+    assert "<tool_call>" in free.text and not parse_reply(free.text, False, TOOLS)[2]
+
+
+def test_call_tags_that_are_tokens(tmp_path, thinking_tokenizer):
+    """Where the tokenizer has `<tool_call>` as a token of its own (Qwen's do), llguidance counts it as
+    special: the grammars name the token, and the model writes it as that one token."""
+    backend = HFTokenizer.from_str(thinking_tokenizer.backend.to_str())
+    backend.add_tokens([AddedToken("<tool_call>", special=False), AddedToken("</tool_call>", special=False)])
+    tok = Tokenizer(
+        backend=backend, eos_token=thinking_tokenizer.eos_token, chat_template="{{ '<function=' }}"
+    )
+    open_id, close_id = tok.token_to_id("<tool_call>"), tok.token_to_id("</tool_call>")
+    syntax = grammars.call_syntax(tok)
+    assert syntax == grammars.CallSyntax("xml", f"<[{open_id}]>", f"<[{close_id}]>")
+    assert grammars.call_syntax(thinking_tokenizer) == grammars.CallSyntax()  # tags spelled out, JSON form
+    path = save_thinking_mtp_model(tmp_path, tok, think=False)
+    llm = LLM(path)
+    for form in ("json", "xml"):
+        grammar = grammars.tool_calls(TOOLS, "get_weather", False, replace(syntax, form=form))
+        out = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=80, grammar=grammar))
+        assert out.finish_reason == "stop" and out.token_ids[0] == open_id and close_id in out.token_ids
+        (call,) = parse_reply(out.text, False, TOOLS)[2]
+        assert call.name == "get_weather" and call.arguments["city"] in ("Paris", "Rome")
