@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -83,23 +84,34 @@ def chat(
             help="With --prompt (and --vision, or --url): a picture the message carries (repeatable).",
         ),
     ] = None,
+    json_schema: Annotated[
+        str | None,
+        typer.Option(help="Replies are JSON following this schema (inline JSON, or a file holding it)."),
+    ] = None,
+    grammar_file: Annotated[
+        Path | None,
+        typer.Option(help="Replies follow this grammar: llama.cpp's GBNF (root ::= ...) or llguidance Lark."),
+    ] = None,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
 
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
-    )
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
     check_source(model, url)
+    grammar, request_fields = structured_output(json_schema, grammar_file)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, grammar=grammar
+    )
     console = Console(stderr=True)
     if url is not None:  # the engine options do not apply: the server has its own
-        backend = RemoteChat(url, api_key, model_id)
+        backend = RemoteChat(url, api_key, model_id, request_fields)
     else:
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise NinferError(
+                    "--device cuda was asked for but no CUDA device is visible; use --device cpu"
+                )
         with console.status("loading model…"):
             llm = LLM(
                 model,
@@ -161,6 +173,35 @@ def chat(
             continue
         pending = []
         messages.append({"role": "assistant", "content": reply})
+
+
+def structured_output(json_schema: str | None, grammar_file: Path | None) -> tuple[str | None, dict]:
+    """(the grammar for a local engine, the request fields that ask a server for the same)."""
+    from engine.structured import grammars
+
+    if json_schema is not None and grammar_file is not None:
+        raise NinferError("give --json-schema or --grammar-file, not both: each holds the whole reply")
+    if json_schema is not None:
+        path = Path(json_schema)
+        text = (
+            path.read_text() if not json_schema.lstrip().startswith("{") and path.is_file() else json_schema
+        )
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise NinferError(
+                f"--json-schema is not JSON (or a file holding JSON): {e.msg} at column {e.colno}"
+            ) from e
+        fields = {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        }
+        return grammars.json_schema(schema), fields
+    if grammar_file is not None:
+        if not grammar_file.is_file():
+            raise NinferError(f"--grammar-file {grammar_file} is not a file")
+        text = grammar_file.read_text()
+        return grammars.grammar(text), {"structured_outputs": {"grammar": text}}
+    return None, {}
 
 
 def _content(text: str, pictures: list[bytes]):

@@ -71,10 +71,11 @@ class RemoteChat:
     """The conversation on an OpenAI-compatible server (ninfer serve, vLLM, llama-server): streamed
     chat completions, pictures as data URLs."""
 
-    def __init__(self, url: str, api_key: str | None, model: str | None):
+    def __init__(self, url: str, api_key: str | None, model: str | None, fields: dict | None = None):
         from engine.bench.drivers import OverHttp
 
         self.server = OverHttp(url, api_key, model)
+        self.fields = fields or {}  # more request fields (a response_format, ...)
         self.description = f"{url} (model {self.server.model})"
 
     def attach(self, data: bytes) -> str:
@@ -89,6 +90,7 @@ class RemoteChat:
             return {"type": "image_url", "image_url": {"url": url}}
 
         sampling: dict[str, Any] = {
+            **self.fields,
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,

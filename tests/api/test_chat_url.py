@@ -51,3 +51,37 @@ def test_refusals_are_one_line(server, tmp_path):
     code, out = _chat("--url", server.url, "--prompt", "hi", "--max-tokens", "100000")
     assert code == 2 and "the server answered 400: max_tokens 100000 is beyond the context limit" in out
     assert "Traceback" not in out
+
+
+def test_json_schema_and_grammar_file_locally_and_over_http(server, tmp_path):
+    """--json-schema / --grammar-file hold the reply, on the local engine and through a server (as
+    response_format / structured_outputs), with the same words."""
+    schema = '{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"], "additionalProperties": false}'
+    (tmp_path / "schema.json").write_text(schema)
+    (tmp_path / "yes_no.gbnf").write_text('root ::= "The answer is " ("yes" | "no") "."')
+    for flags in (
+        ["--json-schema", schema],
+        ["--json-schema", str(tmp_path / "schema.json")],
+        ["--grammar-file", str(tmp_path / "yes_no.gbnf")],
+    ):
+        code, local = _chat("--prompt", "Is Paris in France?", *flags)
+        assert code == 0, local
+        code, remote = _chat("--url", server.url, "--prompt", "Is Paris in France?", *flags)
+        assert code == 0, remote
+        assert local.strip() == remote.strip()
+        text = local.strip()
+        assert text in ('{"answer": "yes"}', '{"answer": "no"}', "The answer is yes.", "The answer is no.")
+    for flags, words in (
+        (["--json-schema", "{bad"], "--json-schema is not JSON"),
+        (["--json-schema", schema, "--grammar-file", str(tmp_path / "yes_no.gbnf")], "not both"),
+        (["--grammar-file", str(tmp_path / "none.gbnf")], "is not a file"),
+        (["--grammar-file", str(tmp_path / "schema.json")], "neither Lark nor GBNF"),
+    ):
+        code, out = _chat("--prompt", "hi", *flags)
+        assert code == 2 and words in out and "Traceback" not in out, out
+
+
+def test_engine_flags_do_not_apply_to_a_server(server):
+    """--device cuda on a machine without CUDA is no concern of a chat with a server."""
+    code, out = _chat("--url", server.url, "--prompt", QUESTION, "--device", "cuda")
+    assert code == 0 and "Paris" in out, out
