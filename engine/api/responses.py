@@ -10,8 +10,6 @@ latest 256 (engine/api/response_store.py), so `previous_response_id` continues i
 
 from __future__ import annotations
 
-import itertools
-import json
 import uuid
 from typing import Any
 
@@ -22,10 +20,10 @@ from engine.api.common import complete, field, now, read_json, sampling_params, 
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import SHUTDOWN, template_messages
+from engine.api.response_items import OutputEvents, output_items
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
 from engine.parsers.reply import ReplyParser
-from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -137,37 +135,6 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     return kwargs
 
 
-def _message_item(text: str, item_id: str | None = None) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": item_id or f"msg_{uuid.uuid4().hex[:24]}",
-        "status": "completed",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
-
-
-def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
-    return {
-        "type": "reasoning",
-        "id": item_id or f"rs_{uuid.uuid4().hex[:24]}",
-        "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
-        "status": "completed",
-    }
-
-
-def _call_item(call: ToolCall) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": f"fc_{uuid.uuid4().hex[:24]}",
-        "call_id": f"call_{uuid.uuid4().hex[:24]}",
-        "name": call.name,
-        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-        "status": "completed",
-    }
-
-
 def _usage(state: ServerState, out: RequestOutput, reasoning: str) -> dict[str, Any]:
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
     thought = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
@@ -255,165 +222,30 @@ async def create(request: Request):
 
     if not field(body, "stream", bool, False):
         out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
-        output = [_reasoning_item(reasoning)] if reasoning else []
-        if content or not calls:
-            output.append(_message_item(content))
-        output += [_call_item(c) for c in calls]
-        return JSONResponse(finish(out, output, reasoning))
-
-    sequence = itertools.count()
-
-    def event(kind: str, **data: Any) -> str:
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(sequence), **data})}\n\n"
+        return JSONResponse(finish(out, output_items(reasoning, content, calls), reasoning))
 
     async def events():
-        parser = ReplyParser(in_reasoning, tools)
-        output: list[dict[str, Any]] = []
-        current: dict[str, Any] | None = None  # the reasoning or message item being streamed
-        reasoning = ""
-
-        def close() -> list[str]:
-            nonlocal current
-            if current is None:
-                return []
-            index, item_id, text = len(output), current["id"], current["text"]
-            if current["type"] == "reasoning":
-                item = _reasoning_item(text, item_id)
-                done = [
-                    event(
-                        "response.reasoning_text.done",
-                        item_id=item_id,
-                        output_index=index,
-                        content_index=0,
-                        text=text,
-                    )
-                ]
-            else:
-                item = _message_item(text, item_id)
-                part = item["content"][0]
-                done = [
-                    event(
-                        "response.output_text.done",
-                        item_id=item_id,
-                        output_index=index,
-                        content_index=0,
-                        text=text,
-                        logprobs=[],
-                    ),
-                    event(
-                        "response.content_part.done",
-                        item_id=item_id,
-                        output_index=index,
-                        content_index=0,
-                        part=part,
-                    ),
-                ]
-            output.append(item)
-            current = None
-            return [*done, event("response.output_item.done", output_index=index, item=item)]
-
-        def open_item(kind: str) -> list[str]:
-            nonlocal current
-            index = len(output)
-            if kind == "reasoning":
-                current = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}", "text": ""}
-                added = {
-                    "type": "reasoning",
-                    "id": current["id"],
-                    "summary": [],
-                    "content": [],
-                    "status": "in_progress",
-                }
-                return [event("response.output_item.added", output_index=index, item=added)]
-            current = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "text": ""}
-            added = {**_message_item("", current["id"]), "status": "in_progress", "content": []}
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            return [
-                event("response.output_item.added", output_index=index, item=added),
-                event(
-                    "response.content_part.added",
-                    item_id=current["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                ),
-            ]
-
+        parser, stream = ReplyParser(in_reasoning, tools), OutputEvents()
         out = None
         try:
-            yield event("response.created", response=response("in_progress", [], None))
-            yield event("response.in_progress", response=response("in_progress", [], None))
+            yield stream.event("response.created", response=response("in_progress", [], None))
+            yield stream.event("response.in_progress", response=response("in_progress", [], None))
             async for out, delta in engine_stream:
                 failure = out.error if out.finish_reason == "expired" else SHUTDOWN if state.ending else None
                 if failure is not None:
-                    failed = {
-                        **response("failed", output, None),
-                        "error": {"code": "server_error", "message": failure},
-                    }
-                    yield event("response.failed", response=failed)
+                    failed = response("failed", stream.output, None)
+                    failed["error"] = {"code": "server_error", "message": failure}
+                    yield stream.event("response.failed", response=failed)
                     return
                 state.metrics.token(out)
                 for kind, piece in parser.feed(delta, final=out.finished):
-                    if kind == "tool_call":
-                        for e in close():
-                            yield e
-                        item, index = _call_item(piece), len(output)
-                        yield event(
-                            "response.output_item.added",
-                            output_index=index,
-                            item={**item, "arguments": "", "status": "in_progress"},
-                        )
-                        yield event(
-                            "response.function_call_arguments.delta",
-                            item_id=item["id"],
-                            output_index=index,
-                            delta=item["arguments"],
-                        )
-                        yield event(
-                            "response.function_call_arguments.done",
-                            item_id=item["id"],
-                            output_index=index,
-                            name=item["name"],
-                            arguments=item["arguments"],
-                        )
-                        yield event("response.output_item.done", output_index=index, item=item)
-                        output.append(item)
-                        continue
-                    want = "reasoning" if kind == "reasoning" else "message"
-                    if current is None or current["type"] != want:
-                        for e in close() + open_item(want):
-                            yield e
-                    current["text"] += piece
-                    index = len(output)
-                    if want == "reasoning":
-                        reasoning += piece
-                        yield event(
-                            "response.reasoning_text.delta",
-                            item_id=current["id"],
-                            output_index=index,
-                            content_index=0,
-                            delta=piece,
-                        )
-                    else:
-                        yield event(
-                            "response.output_text.delta",
-                            item_id=current["id"],
-                            output_index=index,
-                            content_index=0,
-                            delta=piece,
-                            logprobs=[],
-                        )
-            if (
-                not any(i["type"] in ("message", "function_call") for i in output)
-                and (current or {}).get("type") != "message"
-            ):
-                for e in close() + open_item("message"):  # a reply with no words still has its message
-                    yield e
-            for e in close():
+                    for e in stream.piece(kind, piece):
+                        yield e
+            for e in stream.finish():
                 yield e
             state.metrics.finished(out)
-            final = finish(out, output, reasoning)
-            yield event(f"response.{final['status']}", response=final)
+            final = finish(out, stream.output, stream.reasoning)
+            yield stream.event(f"response.{final['status']}", response=final)
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now
 

@@ -1,0 +1,146 @@
+"""The Responses API's output items (reasoning, message, function_call) and their streamed events."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from typing import Any
+
+from engine.parsers.tool_calls import ToolCall
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def message_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id or _id("msg"),
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id or _id("rs"),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": "completed",
+    }
+
+
+def call_item(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": _id("fc"),
+        "call_id": _id("call"),
+        "name": call.name,
+        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        "status": "completed",
+    }
+
+
+def output_items(reasoning: str, content: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A whole reply's items: its reasoning (if any), its message (unless it is only calls), its calls."""
+    items = [reasoning_item(reasoning)] if reasoning else []
+    if content or not calls:
+        items.append(message_item(content))
+    return items + [call_item(c) for c in calls]
+
+
+class OutputEvents:
+    """The server-sent events of one streamed response, as its reply's pieces arrive: each item added,
+    its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done."""
+
+    def __init__(self):
+        self.output: list[dict[str, Any]] = []
+        self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
+        self._current: dict[str, Any] | None = None  # the reasoning or message item being streamed
+        self._sequence = itertools.count()
+
+    def event(self, kind: str, **data: Any) -> str:
+        payload = {"type": kind, "sequence_number": next(self._sequence), **data}
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
+
+    def piece(self, kind: str, value: Any) -> list[str]:
+        """Events for one piece of the reply parser: ("reasoning" | "text", str) or ("tool_call", ToolCall)."""
+        if kind == "tool_call":
+            return self._close() + self._call(value)
+        want = "reasoning" if kind == "reasoning" else "message"
+        events = [] if self._current and self._current["type"] == want else self._close() + self._open(want)
+        self._current["text"] += value
+        where = {"item_id": self._current["id"], "output_index": len(self.output), "content_index": 0}
+        if want == "reasoning":
+            self.reasoning += value
+            return events + [self.event("response.reasoning_text.delta", **where, delta=value)]
+        return events + [self.event("response.output_text.delta", **where, delta=value, logprobs=[])]
+
+    def finish(self) -> list[str]:
+        """The last item done (a reply with no words still gets its message)."""
+        said = any(i["type"] in ("message", "function_call") for i in self.output)
+        if not said and not (self._current and self._current["type"] == "message"):
+            return self._close() + self._open("message") + self._close()
+        return self._close()
+
+    def _open(self, kind: str) -> list[str]:
+        index = len(self.output)
+        if kind == "reasoning":
+            self._current = {"type": "reasoning", "id": _id("rs"), "text": ""}
+            added = {**reasoning_item("", self._current["id"]), "content": [], "status": "in_progress"}
+            return [self.event("response.output_item.added", output_index=index, item=added)]
+        self._current = {"type": "message", "id": _id("msg"), "text": ""}
+        added = {**message_item("", self._current["id"]), "status": "in_progress", "content": []}
+        part = message_item("")["content"][0]
+        return [
+            self.event("response.output_item.added", output_index=index, item=added),
+            self.event(
+                "response.content_part.added",
+                item_id=self._current["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            ),
+        ]
+
+    def _close(self) -> list[str]:
+        if self._current is None:
+            return []
+        index, item_id, text = len(self.output), self._current["id"], self._current["text"]
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        if self._current["type"] == "reasoning":
+            item = reasoning_item(text, item_id)
+            done = [self.event("response.reasoning_text.done", **where, text=text)]
+        else:
+            item = message_item(text, item_id)
+            done = [
+                self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                self.event("response.content_part.done", **where, part=item["content"][0]),
+            ]
+        self.output.append(item)
+        self._current = None
+        return [*done, self.event("response.output_item.done", output_index=index, item=item)]
+
+    def _call(self, call: ToolCall) -> list[str]:
+        item, index = call_item(call), len(self.output)
+        self.output.append(item)
+        where = {"item_id": item["id"], "output_index": index}
+        return [
+            self.event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            ),
+            self.event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            self.event(
+                "response.function_call_arguments.done",
+                **where,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
