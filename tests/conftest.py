@@ -32,6 +32,33 @@ TINY_COMMON = dict(
 )
 
 
+# structured outputs: a schema whose every value is bounded, so even a random model's reply ends
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome", "Berlin"]},
+        "capital": {"type": "boolean"},
+        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["city", "capital", "rank"],
+    "additionalProperties": False,
+}
+
+
+def follows_city_schema(text: str) -> bool:
+    """`text` is JSON that CITY_SCHEMA allows (raises on text that is not JSON)."""
+    import json
+
+    value = json.loads(text)
+    return (
+        set(value) == {"city", "capital", "rank"}
+        and value["city"] in ("Paris", "Rome", "Berlin")
+        and isinstance(value["capital"], bool)
+        and isinstance(value["rank"], int)
+        and 0 <= value["rank"] <= 99
+    )
+
+
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
     import transformers as tf

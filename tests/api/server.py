@@ -13,6 +13,16 @@ from engine.api.state import ServerState
 from engine.async_llm import AsyncLLM
 
 
+def qwen_style(engine: AsyncLLM) -> AsyncLLM:
+    """The engine with a Qwen-style chat template (tools, tool calls, think tags) over its tokenizer."""
+    from dataclasses import replace
+
+    from scripted_engine import QWEN_STYLE_TEMPLATE
+
+    engine.tokenizer = replace(engine.tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
+    return engine
+
+
 class RunningServer:
     def __init__(self, engine: AsyncLLM, model_id: str = "smollm2", api_key: str | None = None):
         self.engine = engine

@@ -4,13 +4,11 @@ template: text, streaming events, stored conversations, function tools, text.for
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import httpx2 as httpx
 import openai
 import pytest
-from scripted_engine import QWEN_STYLE_TEMPLATE
-from server import RunningServer
+from server import RunningServer, qwen_style
 
 from engine.async_llm import AsyncLLM
 
@@ -35,9 +33,7 @@ ASK = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server():
-    engine = AsyncLLM(max_concurrency=2)
-    engine.tokenizer = replace(engine.tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
-    with RunningServer(engine) as s:
+    with RunningServer(qwen_style(AsyncLLM(max_concurrency=2))) as s:
         yield s
 
 

@@ -12,22 +12,14 @@ import anthropic
 import httpx2 as httpx
 import openai
 import pytest
+from conftest import CITY_SCHEMA as SCHEMA
+from conftest import follows_city_schema as valid
 from scripted_engine import QWEN_STYLE_TEMPLATE
-from server import RunningServer
+from server import RunningServer, qwen_style
 
 from engine.api.structured import openai_grammar
 from engine.async_llm import AsyncLLM
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome", "Berlin"]},
-        "capital": {"type": "boolean"},
-        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
-    "required": ["city", "capital", "rank"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "name": "get_weather",
     "description": "Weather for a city",
@@ -48,20 +40,9 @@ XML_TEMPLATE = QWEN_STYLE_TEMPLATE.replace(
 )
 
 
-def valid(value) -> bool:
-    return (
-        set(value) == {"city", "capital", "rank"}
-        and value["city"] in ("Paris", "Rome", "Berlin")
-        and isinstance(value["capital"], bool)
-        and 0 <= value["rank"] <= 99
-    )
-
-
 @pytest.fixture(scope="module")
 def server():
-    engine = AsyncLLM(max_concurrency=4)
-    engine.tokenizer = replace(engine.tokenizer, chat_template=QWEN_STYLE_TEMPLATE)
-    with RunningServer(engine) as s:
+    with RunningServer(qwen_style(AsyncLLM(max_concurrency=4))) as s:
         yield s
 
 
@@ -88,7 +69,7 @@ def test_openai_response_format_json_schema_plain_and_streamed(oai):
     r = oai.chat.completions.create(
         model="m", messages=QUESTION, max_tokens=60, temperature=0, response_format=fmt
     )
-    assert r.choices[0].finish_reason == "stop" and valid(json.loads(r.choices[0].message.content))
+    assert r.choices[0].finish_reason == "stop" and valid(r.choices[0].message.content)
     chunks = oai.chat.completions.create(
         model="m", messages=QUESTION, max_tokens=60, temperature=0, response_format=fmt, stream=True
     )
@@ -104,7 +85,7 @@ def test_openai_response_format_json_schema_plain_and_streamed(oai):
     assert r.choices[0].message.content.startswith("{")
     fmt["json_schema"]["schema"] = json.dumps(SCHEMA)
     r = oai.chat.completions.create(model="m", messages=QUESTION, max_tokens=60, response_format=fmt, seed=4)
-    assert valid(json.loads(r.choices[0].message.content))
+    assert valid(r.choices[0].message.content)
 
 
 def test_vllm_structured_outputs_and_guided_fields(oai):
@@ -131,7 +112,7 @@ def test_vllm_structured_outputs_and_guided_fields(oai):
         "It is hot",
         "It is cold",
     )
-    assert valid(json.loads(ask({"guided_json": SCHEMA}, "completions")))
+    assert valid(ask({"guided_json": SCHEMA}, "completions"))
     r = oai.completions.create(
         model="m",
         prompt="Answer:",
@@ -139,7 +120,7 @@ def test_vllm_structured_outputs_and_guided_fields(oai):
         temperature=0,
         extra_body={"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
     )
-    assert valid(json.loads(r.choices[0].text))
+    assert valid(r.choices[0].text)
 
 
 @pytest.mark.parametrize("form", ["json", "xml"])
@@ -211,7 +192,7 @@ def test_anthropic_forced_tool_choice_and_output_format(claude, request, form):
         m = claude.messages.create(
             model="m", max_tokens=60, messages=QUESTION, extra_body={**body, "temperature": 0}
         )
-        assert m.stop_reason == "end_turn" and valid(json.loads(m.content[0].text))
+        assert m.stop_reason == "end_turn" and valid(m.content[0].text)
 
 
 @pytest.mark.parametrize(

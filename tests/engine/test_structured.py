@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import CITY_SCHEMA as SCHEMA
+from conftest import follows_city_schema as valid
 from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
@@ -21,16 +23,6 @@ from engine.structured import grammars
 from engine.structured.matcher import GrammarCompiler, apply_token_bitmask
 from engine.tokenizer import Tokenizer
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome", "Berlin"]},
-        "capital": {"type": "boolean"},
-        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
-    "required": ["city", "capital", "rank"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {
         "type": "function",
@@ -56,17 +48,6 @@ TOOLS = [
 ]
 QUESTION = [{"role": "user", "content": "Tell me about the capital of France, as JSON."}]
 GREEDY = dict(temperature=0.0, max_tokens=60)
-
-
-def valid(text: str) -> bool:
-    value = json.loads(text)
-    return (
-        set(value) == {"city", "capital", "rank"}
-        and value["city"] in ("Paris", "Rome", "Berlin")
-        and isinstance(value["capital"], bool)
-        and isinstance(value["rank"], int)
-        and 0 <= value["rank"] <= 99
-    )
 
 
 @pytest.fixture(scope="module")
