@@ -53,7 +53,8 @@ python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
-  tests/engine/test_vision.py tests/engine/test_structured.py \
+  tests/engine/test_vision.py \
+  "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5

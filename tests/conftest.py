@@ -59,6 +59,23 @@ def follows_city_schema(text: str) -> bool:
     )
 
 
+def byte_tokenizer():
+    """ninfer's Tokenizer over a byte-level BPE without merges (one token a byte, then <|im_end|>): a real
+    tokenizer for tiny models where the embedded model is not installed (a GPU lease)."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from engine.tokenizer import Tokenizer
+
+    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    return Tokenizer(backend=backend, eos_token="<|im_end|>")
+
+
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
     import transformers as tf

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import CITY_SCHEMA as SCHEMA
+from conftest import byte_tokenizer, mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from conftest import follows_city_schema as valid
-from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -259,14 +259,27 @@ def test_thinking_is_left_free_until_it_ends(tmp_path, thinking_tokenizer):
             assert got.token_ids[cut:] != free.token_ids[cut:]
 
 
-@pytest.mark.gpu
-def test_on_cuda_with_graphs_and_drafts():
-    """The masks on the device: CUDA graphs and n-gram drafts, the same greedy tokens, schema JSON."""
-    params = SamplingParams(temperature=0.0, max_tokens=48, grammar=grammars.json_schema(SCHEMA))
-    ref = LLM(device="cuda", dtype="bfloat16").chat(QUESTION, params)
-    drafting = LLM(device="cuda", dtype="bfloat16", spec="ngram", draft_tokens=3)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_masks_on_the_device_with_graphs_and_drafts(tmp_path, device):
+    """A tiny random model over a byte-level tokenizer (no embedded model needed: a GPU lease has none):
+    schema JSON, the same greedy tokens with n-gram drafts as without; on CUDA the masks come from pinned
+    memory and the decode steps replay CUDA graphs."""
+    tok = byte_tokenizer()
+    end = tok.token_to_id("<|im_end|>")
+    model = tiny_hf_model("qwen3", tied=False, vocab_size=tok.vocab_size, eos_token_id=end, bos_token_id=end)
+    path = save_tiny(model, tmp_path)
+    tok.backend.save(str(path / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": "<|im_end|>"})
+    )
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    params = SamplingParams(temperature=0.0, max_tokens=80, grammar=grammars.json_schema(SCHEMA))
+    ref = LLM(path, device=device, dtype=dtype).chat(QUESTION, params)
+    drafting = LLM(path, device=device, dtype=dtype, spec="ngram", draft_tokens=3)
     assert drafting.chat(QUESTION, params).token_ids == ref.token_ids
     assert ref.finish_reason == "stop" and valid(ref.text), ref.text
+    assert drafting.scheduler.num_draft_tokens > 0
 
 
 def test_strict_calls_in_free_text(default_tokenizer):
