@@ -238,3 +238,22 @@ def test_chat_url_sends_pictures_as_the_local_chat_takes_them(servers, vl_dir, t
     refused = CliRunner().invoke(app, ["chat", "--url", servers[1].url, *ask])
     assert refused.exit_code == 2 and "the server answered 400" in refused.output
     assert "start it with --vision" in refused.output
+
+
+def test_responses_api_takes_input_images(servers):
+    """The Responses API's input_image (a data URL) is the chat route's image_url: the same reply and count."""
+    server = servers[0]
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    image = png(2)
+    chat = oa.chat.completions.create(
+        model="vl", messages=[{"role": "user", "content": openai_parts(image)}], max_tokens=8, temperature=0
+    )
+    parts = [
+        {"type": "input_text", "text": "What is in this picture?"},
+        {"type": "input_image", "image_url": f"data:image/png;base64,{b64(image)}", "detail": "auto"},
+    ]
+    r = oa.responses.create(
+        model="vl", input=[{"role": "user", "content": parts}], max_output_tokens=8, temperature=0
+    )
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
