@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import anthropic, openai, responses
+from engine.api import anthropic, completions, openai, responses
 from engine.api.errors import ApiError, anthropic_error, openai_error
 from engine.api.state import ServerState
 
@@ -75,6 +75,7 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(openai.router)
+    app.include_router(completions.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     return app

@@ -88,6 +88,21 @@ def sampling_params(
     body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
 ) -> SamplingParams:
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
+    if field(body, "min_tokens", int, 0):
+        raise ApiError(400, "'min_tokens' is not supported here; leave it 0 (or out)", "min_tokens")
+    if field(body, "include_stop_str_in_output", bool, False):
+        raise ApiError(
+            400,
+            "'include_stop_str_in_output' is not supported here: stop strings are cut from the output",
+            "include_stop_str_in_output",
+        )
+    stop_ids = field(body, "stop_token_ids", list)
+    if stop_ids is not None and not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids
+    ):
+        raise ApiError(
+            400, "'stop_token_ids' must be an array of token ids (integers >= 0)", "stop_token_ids"
+        )
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -102,6 +117,8 @@ def sampling_params(
             ignore_eos=field(body, "ignore_eos", bool, False),
             logit_bias=_logit_bias(body),
             stop=stop,
+            stop_token_ids=stop_ids,
+            skip_special_tokens=field(body, "skip_special_tokens", bool, True),
             **extra,
         )
     except NinferError as e:

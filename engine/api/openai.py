@@ -9,11 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import check_expired, collect, complete, field, now, read_json, sampling_params, start
+from engine.api.common import complete, field, now, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.state import ServerState
-from engine.api.structured import openai_grammar, openai_text_grammar
+from engine.api.structured import openai_grammar
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -93,7 +93,7 @@ def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "id": call.get("id"), "function": {"name": fn["name"], "arguments": parsed}}
 
 
-def _stop_list(body: dict) -> list[str] | None:
+def stop_list(body: dict) -> list[str] | None:
     stop = body.get("stop")
     if stop is None:
         return None
@@ -110,7 +110,7 @@ def _logprobs_settings(body: dict) -> int | None:
     return field(body, "top_logprobs", int, 0)
 
 
-def _usage(out: RequestOutput) -> dict[str, Any]:
+def usage_json(out: RequestOutput) -> dict[str, Any]:
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
     return {
         "prompt_tokens": prompt,
@@ -128,7 +128,7 @@ def _tool_call_json(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _finish(out: RequestOutput) -> str | None:
+def finish_reason(out: RequestOutput) -> str | None:
     return {"stop": "stop", "length": "length", "abort": "stop"}.get(
         out.finish_reason or "", out.finish_reason
     )
@@ -168,6 +168,13 @@ async def chat_completions(request: Request):
     messages, images = template_messages(body.get("messages"))
     if field(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
+    if body.get("functions") or body.get("function_call") is not None:
+        raise ApiError(
+            400,
+            "'functions' / 'function_call' are OpenAI's deprecated form; send 'tools' "
+            '([{"type": "function", "function": {...}}]) and \'tool_choice\'',
+            "functions",
+        )
     tools = field(body, "tools", list)
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
@@ -183,7 +190,7 @@ async def chat_completions(request: Request):
         body,
         max_tokens_field,
         state.default_max_tokens(),
-        _stop_list(body),
+        stop_list(body),
         logprobs=top_logprobs,
         grammar=grammar,
     )
@@ -201,7 +208,7 @@ async def chat_completions(request: Request):
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "finish_reason": "tool_calls" if calls else _finish(out),
+            "finish_reason": "tool_calls" if calls else finish_reason(out),
             "logprobs": None,
         }
         if top_logprobs is not None:
@@ -213,7 +220,7 @@ async def chat_completions(request: Request):
                 "created": created,
                 "model": state.model_id,
                 "choices": [choice],
-                "usage": _usage(out),
+                "usage": usage_json(out),
             }
         )
 
@@ -268,9 +275,9 @@ async def chat_completions(request: Request):
                     else:
                         yield chunk({"reasoning_content" if kind == "reasoning" else "content": piece})
             state.metrics.finished(out)
-            yield chunk({}, "tool_calls" if num_calls else _finish(out))
+            yield chunk({}, "tool_calls" if num_calls else finish_reason(out))
             if include_usage:
-                yield chunk({}, usage=_usage(out), choices=False)
+                yield chunk({}, usage=usage_json(out), choices=False)
             yield "data: [DONE]\n\n"
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now
@@ -294,72 +301,3 @@ async def tokenize(request: Request):
     else:
         raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
     return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}
-
-
-@router.post("/v1/completions")
-async def completions(request: Request):
-    state: ServerState = request.app.state.ninfer
-    body = await read_json(request)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        ids = state.engine.tokenizer.encode(prompt)
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        ids = list(prompt)
-    else:
-        raise ApiError(
-            400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt"
-        )
-    if field(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", "n")
-    stream = field(body, "stream", bool, False)
-    grammar = openai_text_grammar(body)
-    params = sampling_params(body, "max_tokens", 16, _stop_list(body), grammar=grammar)
-    engine_stream = await start(state, ids, params)
-    rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
-    if not stream:
-        out = await collect(engine_stream, request)
-        check_expired(out)
-        state.metrics.finished(out)
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": state.model_id,
-                "choices": [{"index": 0, "text": out.text, "finish_reason": _finish(out), "logprobs": None}],
-                "usage": _usage(out),
-            }
-        )
-
-    async def events():
-        try:
-            out = None
-            async for out, delta in engine_stream:
-                state.metrics.token(out)
-                if delta or out.finished:
-                    payload = {
-                        "id": rid,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": state.model_id,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "text": delta,
-                                "finish_reason": _finish(out) if out.finished else None,
-                            }
-                        ],
-                    }
-                    yield f"data: {json.dumps(payload)}\n\n"
-            state.metrics.finished(out)
-            yield "data: [DONE]\n\n"
-        finally:
-            engine_stream.abort()
-
-    return StreamingResponse(events(), media_type="text/event-stream")

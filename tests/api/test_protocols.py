@@ -56,6 +56,50 @@ def test_openai_completions(oai):
     assert r.choices[0].text and r.usage.prompt_tokens == 5 or r.usage.prompt_tokens > 0
 
 
+def test_openai_completions_echo_and_legacy_logprobs(oai):
+    prompt = "The capital of France is"
+    plain = oai.completions.create(model="smollm2", prompt=prompt, max_tokens=8, **GREEDY).choices[0].text
+    echoed = oai.completions.create(model="smollm2", prompt=prompt, max_tokens=8, echo=True, **GREEDY)
+    assert echoed.choices[0].text == prompt + plain
+    streamed = oai.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=8, echo=True, stream=True, **GREEDY
+    )
+    assert "".join(c.choices[0].text for c in streamed) == prompt + plain
+    r = oai.completions.create(model="smollm2", prompt=prompt, max_tokens=8, logprobs=3, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text == plain and len(lp.tokens) == r.usage.completion_tokens
+    assert all(
+        len(top) == 3 and max(top.values()) == chosen
+        for top, chosen in zip(lp.top_logprobs, lp.token_logprobs)
+    )
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    chunks = list(
+        oai.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=8, logprobs=2, stream=True, **GREEDY
+        )
+    )
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+
+
+def test_vllm_stop_token_ids_and_skip_special_tokens(oai, server):
+    r = oai.chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=12, logprobs=True, **GREEDY
+    )
+    tokens = [c.token for c in r.choices[0].logprobs.content]
+    stop_id = server.engine.tokenizer.encode(tokens[2], add_special_tokens=False)[0]
+    stopped = oai.chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=12, extra_body={"stop_token_ids": [stop_id], **GREEDY}
+    )
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 3
+    kept = oai.completions.create(
+        model="smollm2",
+        prompt="Hi",
+        max_tokens=40,
+        extra_body={"skip_special_tokens": False, "ignore_eos": True, **GREEDY},
+    )
+    assert kept.usage.completion_tokens == 40
+
+
 def test_anthropic_message_and_stream(claude):
     m = claude.messages.create(model="smollm2", max_tokens=24, messages=QUESTION, extra_body=GREEDY)
     assert m.content[0].type == "text" and "Paris" in m.content[0].text and m.stop_reason == "end_turn"
