@@ -100,9 +100,7 @@ class AsyncLLM:
         `images`: as LLM.add_request takes them (LLM.image() makes one; a caller's thread can)."""
         grammar = None
         if sampling_params.grammar is not None:  # compiled here, not in the engine loop other streams share
-            grammar = await asyncio.to_thread(
-                self.llm.grammar_matcher, sampling_params.grammar, prompt_token_ids
-            )
+            grammar = await asyncio.to_thread(self.llm.grammar_matcher, sampling_params, prompt_token_ids)
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._send(

@@ -90,7 +90,7 @@ class LLM:
         grammar: GrammarMatcher | None = None,
     ) -> str:
         """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order.
-        `grammar`: `sampling_params.grammar` compiled already (`grammar_matcher`); else compiled here."""
+        `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here."""
         request_id = request_id or f"req-{next(self._ids)}"
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
@@ -104,8 +104,8 @@ class LLM:
         vision = self._vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
-        if sampling_params.grammar is not None and grammar is None:
-            grammar = self.grammar_matcher(sampling_params.grammar, prompt_token_ids)
+        if grammar is None:
+            grammar = self.grammar_matcher(sampling_params, prompt_token_ids)
         req = Request(
             request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm, grammar=grammar
         )
@@ -113,10 +113,11 @@ class LLM:
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
 
-    def grammar_matcher(self, grammar: str, prompt_token_ids: list[int]) -> GrammarMatcher:
-        """Compile a structured-output grammar (engine/structured/grammars.py) for a request with this
-        prompt; NinferError when it does not compile. Thread-safe: the server compiles off the engine loop."""
-        return self.grammars.matcher(grammar, prompt_token_ids)
+    def grammar_matcher(self, params: SamplingParams, prompt_token_ids: list[int]) -> GrammarMatcher | None:
+        """What constrains a request's output: its structured-output grammar (engine/structured/grammars.py)
+        compiled, and its thinking budget; None when neither applies. NinferError for a grammar that does not
+        compile. Thread-safe: the server compiles off the engine loop."""
+        return self.grammars.matcher(params.grammar, prompt_token_ids, params.thinking_budget)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now: its KV pages and state slot are freed at once."""

@@ -36,6 +36,8 @@ class SamplingParams:
     # structured outputs: the grammar the output must follow, as engine/structured/grammars.py builds it
     # (a JSON schema, a regex, a choice, forced tool calls; or llguidance Lark text)
     grammar: str | None = None
+    # with the prompt inside an open <think> (thinking on): at most this many reasoning tokens, then </think>
+    thinking_budget: int | None = None
     # added to the logits of those token ids before sampling, -100..100 (-100 bans, 100 all but forces);
     # a {token_id: bias} dict is taken too
     logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
@@ -67,6 +69,8 @@ class SamplingParams:
             )
         if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
             raise NinferError("presence_penalty and frequency_penalty must be between -2 and 2")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise NinferError(f"thinking_budget must be >= 0 tokens (got {self.thinking_budget})")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
         stop = self.stop

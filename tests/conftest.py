@@ -336,3 +336,35 @@ def hf_default_tokenizer():
 
     path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def thinking_tokenizer(default_tokenizer):
+    """The default tokenizer with Qwen's <think> / </think> as tokens of their own (not special, as in Qwen's
+    tokenizer: decoded text keeps them, so the reasoning parser sees them)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from engine.tokenizer import Tokenizer
+
+    backend = HFTokenizer.from_str(default_tokenizer.backend.to_str())
+    backend.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    return Tokenizer(backend=backend, eos_token=default_tokenizer.eos_token)
+
+
+def save_thinking_mtp_model(path: Path, tokenizer, think: bool) -> Path:
+    """A tiny random Qwen3.5 with an MTP head, over `tokenizer`; its template opens <think> if `think`."""
+    import json
+
+    model = tiny_hf_model("qwen3_5", tied=False, vocab_size=tokenizer.vocab_size)
+    save_tiny(model, path)
+    save_mtp_head(path, mtp_head_tensors(model))
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n" + ("<think>\n" if think else "")
+    )
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": tokenizer.eos_token})
+    )
+    return path

@@ -157,6 +157,15 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     return {"enable_thinking": kind == "enabled"}
 
 
+def _budget(body: dict) -> int | None:
+    """thinking.budget_tokens: the most reasoning tokens before the answer (enforced: then </think>)."""
+    thinking = field(body, "thinking", dict)
+    budget = (thinking or {}).get("budget_tokens") if (thinking or {}).get("type") == "enabled" else None
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise ApiError(400, f"'thinking.budget_tokens' must be a positive integer (got {budget!r})")
+    return budget
+
+
 def _stop_sequences(body: dict) -> list[str] | None:
     stops = field(body, "stop_sequences", list)
     if stops is not None and not all(isinstance(s, str) for s in stops):
@@ -218,7 +227,9 @@ async def messages(request: Request):
     prompt_text, ids, tools, images = await _prepare(state, body)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
-    params = sampling_params(body, "max_tokens", max_tokens, _stop_sequences(body), grammar=grammar)
+    params = sampling_params(
+        body, "max_tokens", max_tokens, _stop_sequences(body), grammar=grammar, thinking_budget=_budget(body)
+    )
     stream = field(body, "stream", bool, False)
     engine_stream = await start(state, ids, params, images)
     mid = f"msg_{uuid.uuid4().hex[:24]}"

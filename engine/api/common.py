@@ -96,6 +96,8 @@ def sampling_params(
             "'include_stop_str_in_output' is not supported here: stop strings are cut from the output",
             "include_stop_str_in_output",
         )
+    # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
+    extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
     stop_ids = field(body, "stop_token_ids", list)
     if stop_ids is not None and not all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids

@@ -20,30 +20,37 @@ from engine.tokenizer import Tokenizer
 
 
 class GrammarMatcher:
-    """The grammar state of one request's output."""
+    """What constrains one request's output: a grammar (llguidance's matcher), a thinking budget, or both.
 
-    def __init__(self, matcher, num_words: int, waiting_for: int | None):
-        self._matcher = matcher  # llguidance.LLMatcher
+    While the prompt's `<think>` section is open (`waiting_for` is `</think>`'s id), the reasoning is free, up
+    to `thinking_budget` tokens: the row that would pass it allows `</think>` alone. Then the grammar, if
+    any, holds the answer."""
+
+    def __init__(self, matcher, num_words: int, waiting_for: int | None, thinking_budget: int | None = None):
+        self._matcher = matcher  # llguidance.LLMatcher, or None for a thinking budget alone
         self.num_words = num_words  # int32 words of one mask row: ceil(vocab / 32)
         self.waiting_for = waiting_for  # the token that ends the reasoning; None once the grammar applies
+        self.thinking_budget = thinking_budget
+        self.num_thinking = 0  # reasoning tokens so far
 
     @property
     def done(self) -> bool:
         """The grammar is complete (only an end-of-sequence token may follow) or broken."""
-        return self.waiting_for is None and self._matcher.is_stopped()
+        return self.waiting_for is None and self._matcher is not None and self._matcher.is_stopped()
 
     @property
     def error(self) -> str:
         """Why the output left the grammar ('' when it has not)."""
-        return self._matcher.get_error()
+        return self._matcher.get_error() if self._matcher is not None else ""
 
     def consume(self, token_ids: list[int]) -> None:
         """Advance past emitted tokens (the masks only ever allow tokens the grammar takes)."""
         for t in token_ids:
             if self.waiting_for is not None:
+                self.num_thinking += 1
                 if t == self.waiting_for:
                     self.waiting_for = None
-            elif not self._matcher.consume_token(t):
+            elif self._matcher is not None and not self._matcher.consume_token(t):
                 return
 
     def fill_masks(self, bitmask: torch.Tensor, first_row: int, draft_token_ids: tuple[int, ...]) -> None:
@@ -52,20 +59,31 @@ class GrammarMatcher:
         its own row (so it is rejected); the rows after it are never used and stay as they are."""
         waiting, consumed = self.waiting_for, 0
         for k in range(len(draft_token_ids) + 1):
-            if waiting is None and not self._matcher.is_error():
-                row = bitmask[first_row + k]
+            row = bitmask[first_row + k]
+            if waiting is not None:
+                if self.thinking_budget is not None and self.num_thinking + k >= self.thinking_budget:
+                    row.zero_()  # the budget is spent: the reasoning ends here
+                    row[waiting // 32] = _bit(waiting % 32)
+            elif self._matcher is not None and not self._matcher.is_error():
                 self._matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
             if k == len(draft_token_ids):
                 break
             draft = draft_token_ids[k]
             if waiting is not None:
                 waiting = None if draft == waiting else waiting
+            elif self._matcher is None:
+                break  # nothing constrains the rows after the reasoning
             elif self._matcher.try_consume_tokens([draft]) == 1:
                 consumed += 1
             else:
                 break
         if consumed:
             self._matcher.rollback(consumed)
+
+
+def _bit(i: int) -> int:
+    """An int32 word with bit i set (bit 31 is the sign)."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
 
 
 class GrammarCompiler:
@@ -82,12 +100,24 @@ class GrammarCompiler:
     def num_words(self) -> int:
         return (self.vocab_size + 31) // 32
 
-    def matcher(self, grammar: str, prompt_token_ids: list[int]) -> GrammarMatcher:
-        """A matcher at the start of the output of `prompt_token_ids`; NinferError for a grammar that does
-        not compile (the message says where)."""
-        llg = llguidance()
+    def matcher(
+        self, grammar: str | None, prompt_token_ids: list[int], thinking_budget: int | None = None
+    ) -> GrammarMatcher | None:
+        """A matcher at the start of the output of `prompt_token_ids` (None when neither the grammar nor the
+        budget applies: no grammar, and no open `<think>` to limit); NinferError for a grammar that does not
+        compile (the message says where)."""
+        if grammar is None and (thinking_budget is None or self.tokenizer is None):
+            return None
         if self.tokenizer is None:
             raise NinferError("structured outputs need the model's tokenizer; this model has none")
+        waiting_for = self._reasoning_end(prompt_token_ids)
+        if grammar is None:
+            return (
+                GrammarMatcher(None, self.num_words, waiting_for, thinking_budget)
+                if waiting_for is not None
+                else None
+            )
+        llg = llguidance()
         with self._lock:
             if self._ll_tokenizer is None:
                 self._ll_tokenizer = llg.LLTokenizer(
@@ -99,7 +129,7 @@ class GrammarCompiler:
         if matcher.is_error():
             reason = matcher.get_error().strip().splitlines()[0]
             raise NinferError(f"the output format does not compile into a grammar: {reason}")
-        return GrammarMatcher(matcher, self.num_words, self._reasoning_end(prompt_token_ids))
+        return GrammarMatcher(matcher, self.num_words, waiting_for, thinking_budget)
 
     def _reasoning_end(self, prompt_token_ids: list[int]) -> int | None:
         """`</think>`'s id when the prompt ends inside an open `<think>` section, else None."""

@@ -14,6 +14,7 @@ import openai
 import pytest
 from conftest import CITY_SCHEMA as SCHEMA
 from conftest import follows_city_schema as valid
+from conftest import save_thinking_mtp_model
 from scripted_engine import QWEN_STYLE_TEMPLATE
 from server import RunningServer, qwen_style
 
@@ -281,3 +282,46 @@ def test_strict_tools_leave_text_free(oai, claude, server):
         model="m", max_tokens=24, messages=QUESTION, tools=tools, extra_body={"temperature": 0}
     )
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory, thinking_tokenizer):
+    path = save_thinking_mtp_model(tmp_path_factory.mktemp("think"), thinking_tokenizer, think=True)
+    with RunningServer(AsyncLLM(path, max_concurrency=2)) as s:
+        yield s
+
+
+def test_thinking_budget_over_both_protocols(thinking_server):
+    """Anthropic's thinking.budget_tokens (and the OpenAI routes' thinking_budget) end the reasoning after
+    that many tokens: a random model's thinking block is exactly the budget."""
+    tok = thinking_server.engine.tokenizer
+    claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0)
+    oai = openai.OpenAI(base_url=f"{thinking_server.url}/v1", api_key="x", max_retries=0)
+    ask = [{"role": "user", "content": "b c"}]
+    m = claude.messages.create(
+        model="m",
+        max_tokens=40,
+        messages=ask,
+        thinking={"type": "enabled", "budget_tokens": 6},
+        extra_body={"temperature": 0},
+    )
+    assert m.content[0].type == "thinking"
+    assert len(tok.encode(m.content[0].thinking, add_special_tokens=False)) <= 6
+    r = oai.chat.completions.create(
+        model="m", messages=ask, max_tokens=40, temperature=0, extra_body={"thinking_budget": 6}
+    )
+    assert r.choices[0].message.reasoning_content == m.content[0].thinking
+    free = oai.chat.completions.create(model="m", messages=ask, max_tokens=12, temperature=0)
+    assert free.choices[0].message.reasoning_content != m.content[0].thinking  # the budget did cut it
+    r = httpx.post(
+        f"{thinking_server.url}/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 8,
+            "messages": ask,
+            "thinking": {"type": "enabled", "budget_tokens": 0},
+        },
+    )
+    assert (
+        r.status_code == 400 and "budget_tokens' must be a positive integer" in r.json()["error"]["message"]
+    )

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import CITY_SCHEMA as SCHEMA
-from conftest import byte_tokenizer, mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
+from conftest import byte_tokenizer, save_thinking_mtp_model, save_tiny, tiny_hf_model
 from conftest import follows_city_schema as valid
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
@@ -53,14 +53,6 @@ GREEDY = dict(temperature=0.0, max_tokens=60)
 @pytest.fixture(scope="module")
 def llm():
     return LLM()
-
-
-@pytest.fixture(scope="module")
-def thinking_tokenizer(default_tokenizer):
-    """The default tokenizer with Qwen's <think> / </think> as tokens of their own."""
-    backend = HFTokenizer.from_str(default_tokenizer.backend.to_str())
-    backend.add_special_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
-    return Tokenizer(backend=backend, eos_token=default_tokenizer.eos_token)
 
 
 def test_json_schema_regex_and_choice_on_the_default_model(llm):
@@ -209,22 +201,6 @@ def test_gbnf_is_taken_as_llama_cpp_writes_it(llm):
     assert out.text in ("answer: yes", "answer: no")
 
 
-def save_thinking_mtp_model(path, tokenizer, think: bool):
-    """A tiny random Qwen3.5 with an MTP head, over `tokenizer`; its template opens <think> if `think`."""
-    model = tiny_hf_model("qwen3_5", tied=False, vocab_size=tokenizer.vocab_size)
-    save_tiny(model, path)
-    save_mtp_head(path, mtp_head_tensors(model))
-    tokenizer.backend.save(str(path / "tokenizer.json"))
-    template = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "<|im_start|>assistant\n" + ("<think>\n" if think else "")
-    )
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": template, "eos_token": tokenizer.eos_token})
-    )
-    return path
-
-
 PROMPTS = ("a", "b c", "d e f")
 
 
@@ -342,3 +318,47 @@ def test_call_tags_that_are_tokens(tmp_path, thinking_tokenizer):
         assert out.finish_reason == "stop" and out.token_ids[0] == open_id and close_id in out.token_ids
         (call,) = parse_reply(out.text, False, TOOLS)[2]
         assert call.name == "get_weather" and call.arguments["city"] in ("Paris", "Rome")
+
+
+def test_thinking_budget_masks(thinking_tokenizer):
+    """Budget 3: the reasoning's fourth token can only be </think>; after it nothing is masked."""
+    tok = thinking_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    hmm = tok.encode("hmm", add_special_tokens=False)[0]
+    assert compiler.matcher(None, [5, think], None) is None  # no budget, no grammar: nothing to hold
+    assert compiler.matcher(None, [5, 6], 3) is None  # thinking off: no reasoning to limit
+    matcher = compiler.matcher(None, [5, think], 3)
+    masks = torch.full((4, compiler.num_words), -1, dtype=torch.int32)
+    matcher.fill_masks(masks, 0, (hmm, hmm, hmm))
+    assert all((masks[k] == -1).all() for k in range(3))
+    allowed = torch.nonzero(apply_token_bitmask(torch.zeros(1, tok.vocab_size), masks[3:])[0] == 0).flatten()
+    assert allowed.tolist() == [end]
+    matcher.consume([hmm, hmm, end])
+    after = torch.full((2, compiler.num_words), -1, dtype=torch.int32)
+    matcher.fill_masks(after, 0, (hmm,))
+    assert (after == -1).all() and matcher.waiting_for is None and not matcher.done
+
+
+@pytest.mark.parametrize("with_grammar", [False, True])
+def test_thinking_budget_ends_the_reasoning(tmp_path, thinking_tokenizer, with_grammar):
+    """A random model thinks exactly `budget` tokens, then </think> (and the schema's JSON, with one);
+    MTP drafts give the same tokens."""
+    path = save_thinking_mtp_model(tmp_path, thinking_tokenizer, think=True)
+    end = thinking_tokenizer.token_to_id("</think>")
+    grammar = grammars.json_schema(SCHEMA) if with_grammar else None
+    params = SamplingParams(temperature=0.0, max_tokens=60, thinking_budget=5, grammar=grammar)
+    plain, drafting = LLM(path), LLM(path, spec="mtp", draft_tokens=3)
+    checked = 0
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        free = plain.chat(messages, SamplingParams(temperature=0.0, max_tokens=6))
+        out = plain.chat(messages, params)
+        assert drafting.chat(messages, params).token_ids == out.token_ids
+        if end in free.token_ids[:5] or set(free.token_ids[:5]) & set(plain.eos_token_ids):
+            continue  # the model ended its reasoning (or reply) before the budget did
+        assert out.token_ids[:5] == free.token_ids[:5] and out.token_ids[5] == end
+        if with_grammar:
+            assert valid(thinking_tokenizer.decode(out.token_ids[6:])), out.text
+        checked += 1
+    assert checked
