@@ -53,19 +53,22 @@ class GrammarMatcher:
             elif self._matcher is not None and not self._matcher.consume_token(t):
                 return
 
-    def fill_masks(self, bitmask: torch.Tensor, first_row: int, draft_token_ids: tuple[int, ...]) -> None:
+    def fill_masks(self, bitmask: torch.Tensor, first_row: int, draft_token_ids: tuple[int, ...]) -> bool:
         """bitmask: [R, num_words] int32 on the host, all bits set. Rows first_row.. get the tokens allowed
         after the known tokens, then after each draft in turn. A draft the grammar refuses is masked out at
-        its own row (so it is rejected); the rows after it are never used and stay as they are."""
-        waiting, consumed = self.waiting_for, 0
+        its own row (so it is rejected); the rows after it are never used and stay as they are. Returns
+        whether any row was written (a budget still far off writes none)."""
+        waiting, consumed, wrote = self.waiting_for, 0, False
         for k in range(len(draft_token_ids) + 1):
             row = bitmask[first_row + k]
             if waiting is not None:
                 if self.thinking_budget is not None and self.num_thinking + k >= self.thinking_budget:
                     row.zero_()  # the budget is spent: the reasoning ends here
                     row[waiting // 32] = _bit(waiting % 32)
+                    wrote = True
             elif self._matcher is not None and not self._matcher.is_error():
                 self._matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+                wrote = True
             if k == len(draft_token_ids):
                 break
             draft = draft_token_ids[k]
@@ -79,6 +82,7 @@ class GrammarMatcher:
                 break
         if consumed:
             self._matcher.rollback(consumed)
+        return wrote
 
 
 def _bit(i: int) -> int:

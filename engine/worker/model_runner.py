@@ -258,16 +258,18 @@ class ModelRunner:
 
     def _token_masks(self, sampling: list, num_rows: int) -> torch.Tensor | None:
         """[rows, ceil(V / 32)] int32 on the device: the tokens each row's grammar allows (structured
-        outputs); all bits set for rows without one. None when no request has a grammar."""
+        outputs, thinking budgets); all bits set for rows without one. None when no row is masked."""
         grammars = [r.grammar for r in sampling if r.grammar is not None]
         if not grammars:
             return None
         masks = torch.full((num_rows, grammars[0].num_words), -1, dtype=torch.int32)
-        row = 0
+        row, wrote = 0, False
         for r in sampling:
             if r.grammar is not None:
-                r.grammar.fill_masks(masks, row, r.draft_token_ids)
+                wrote |= r.grammar.fill_masks(masks, row, r.draft_token_ids)
             row += len(r.draft_token_ids) + 1
+        if not wrote:
+            return None
         if self.device.type != "cuda":
             return masks
         return masks.pin_memory().to(self.device, non_blocking=True)

@@ -329,14 +329,16 @@ def test_thinking_budget_masks(thinking_tokenizer):
     assert compiler.matcher(None, [5, think], None) is None  # no budget, no grammar: nothing to hold
     assert compiler.matcher(None, [5, 6], 3) is None  # thinking off: no reasoning to limit
     matcher = compiler.matcher(None, [5, think], 3)
+    early = torch.full((3, compiler.num_words), -1, dtype=torch.int32)
+    assert not matcher.fill_masks(early, 0, (hmm, hmm))  # the budget not reached: no mask to copy
     masks = torch.full((4, compiler.num_words), -1, dtype=torch.int32)
-    matcher.fill_masks(masks, 0, (hmm, hmm, hmm))
+    assert matcher.fill_masks(masks, 0, (hmm, hmm, hmm))
     assert all((masks[k] == -1).all() for k in range(3))
     allowed = torch.nonzero(apply_token_bitmask(torch.zeros(1, tok.vocab_size), masks[3:])[0] == 0).flatten()
     assert allowed.tolist() == [end]
     matcher.consume([hmm, hmm, end])
     after = torch.full((2, compiler.num_words), -1, dtype=torch.int32)
-    matcher.fill_masks(after, 0, (hmm,))
+    assert not matcher.fill_masks(after, 0, (hmm,))
     assert (after == -1).all() and matcher.waiting_for is None and not matcher.done
 
 
