@@ -152,9 +152,10 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     if thinking is None:
         return {}
     kind = thinking.get("type")
-    if kind not in ("enabled", "disabled"):
-        raise ApiError(400, "'thinking.type' must be 'enabled' or 'disabled'")
-    return {"enable_thinking": kind == "enabled"}
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise ApiError(400, "'thinking.type' must be 'enabled', 'adaptive' or 'disabled'")
+    # adaptive: the model decides how long to think (Qwen's thinking on, no budget)
+    return {"enable_thinking": kind != "disabled"}
 
 
 def _budget(body: dict) -> int | None:

@@ -313,6 +313,10 @@ def test_thinking_budget_over_both_protocols(thinking_server):
     assert r.choices[0].message.reasoning_content == m.content[0].thinking
     free = oai.chat.completions.create(model="m", messages=ask, max_tokens=12, temperature=0)
     assert free.choices[0].message.reasoning_content != m.content[0].thinking  # the budget did cut it
+    adaptive = claude.messages.create(
+        model="m", max_tokens=8, messages=ask, extra_body={"thinking": {"type": "adaptive"}, "temperature": 0}
+    )
+    assert adaptive.content[0].type == "thinking"  # Claude's newer form: thinking on, no budget
     r = httpx.post(
         f"{thinking_server.url}/v1/messages",
         json={
