@@ -364,3 +364,29 @@ def test_thinking_budget_ends_the_reasoning(tmp_path, thinking_tokenizer, with_g
             assert valid(thinking_tokenizer.decode(out.token_ids[6:])), out.text
         checked += 1
     assert checked
+
+
+def test_requests_with_different_grammars_in_one_batch(llm):
+    """Rows of one step carry each request's own mask (and none for a free request): the same replies
+    batched as alone."""
+    tok = llm.tokenizer
+    asks = [
+        ("Is Paris in France?", grammars.choice(["yes", "no"])),
+        ("Give a number.", grammars.regex(r"[0-9]{2,4}")),
+        ("Tell me about a city.", grammars.json_schema(SCHEMA)),
+        ("Say hello.", None),
+    ]
+    prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q, _ in asks]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, grammar=g) for _, g in asks]
+    alone = [
+        llm.generate(prompt_token_ids=p, sampling_params=sp)[0].token_ids for p, sp in zip(prompts, params)
+    ]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert [done[i].token_ids for i in ids] == alone
+    assert done[ids[0]].text in ("yes", "no") and re.fullmatch(r"[0-9]{2,4}", done[ids[1]].text)
+    assert valid(done[ids[2]].text)
