@@ -5,7 +5,9 @@ the request arrives. Each step that samples it, `fill_masks` writes the tokens t
 bit per vocabulary entry (llguidance's bitmask layout), for its known tokens and after each of its draft
 tokens; the sampler sets every other logit to -inf; the scheduler feeds the emitted tokens back
 (`consume`). A prompt that opens a `<think>` section (thinking on) is left free until `</think>`: the grammar
-applies to the answer, as the reasoning parser splits it.
+applies to the answer, as the reasoning parser splits it. A thinking budget uses the same masks: once the
+reasoning has that many tokens, `</think>` is the only token allowed (a request with a budget and no grammar
+gets a matcher too; its masks cost nothing until the budget is spent).
 """
 
 from __future__ import annotations
