@@ -10,6 +10,7 @@ latest 256 (engine/api/response_store.py), so `previous_response_id` continues i
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -55,13 +56,15 @@ def _parts(content: Any, where: str) -> Any:
     return parts
 
 
-def _chat_messages(items: Any) -> list[dict[str, Any]]:
-    """The input items as chat completions messages (not yet validated: template_messages does that)."""
+def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The input items as chat completions messages (not yet validated: template_messages does that), and
+    for each, the item it came from (`input[i]`, the first where calls were merged into one turn)."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+        return [{"role": "user", "content": items}], ["input"]
     if not isinstance(items, list):
         raise ApiError(400, "'input' must be a string or an array of items", "input")
     out: list[dict[str, Any]] = []
+    origins: list[str] = []
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -75,6 +78,7 @@ def _chat_messages(items: Any) -> list[dict[str, Any]]:
                     "input",
                 )
             out.append({"role": item.get("role"), "content": _parts(item.get("content"), where)})
+            origins.append(where)
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
@@ -85,6 +89,7 @@ def _chat_messages(items: Any) -> list[dict[str, Any]]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origins.append(where)
         elif kind == "function_call_output":
             output = item.get("output")
             if isinstance(output, list):
@@ -92,6 +97,7 @@ def _chat_messages(items: Any) -> list[dict[str, Any]]:
             if not isinstance(output, str):
                 raise ApiError(400, f"{where}.output must be a string or an array of text parts", "input")
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+            origins.append(where)
         elif kind != "reasoning":
             raise ApiError(
                 400,
@@ -99,7 +105,15 @@ def _chat_messages(items: Any) -> list[dict[str, Any]]:
                 "and reasoning items",
                 "input",
             )
-    return out
+    return out, origins
+
+
+def _named_as_input(e: ApiError, origins: list[str]) -> ApiError:
+    """The chat route's error about messages[k], named as the Responses request has it."""
+    m = re.match(r"messages\[(\d+)\]", e.message)
+    if m is None or int(m.group(1)) >= len(origins):
+        return e
+    return ApiError(e.status, origins[int(m.group(1))] + e.message[m.end() :], "input")
 
 
 def _tools(body: dict) -> list[dict[str, Any]] | None:
@@ -174,10 +188,17 @@ async def create(request: Request):
     history = list(state.responses.get(previous)[1]) if previous else []
     if body.get("input") is None:
         raise ApiError(400, "'input' is required", "input")
-    turns = history + _chat_messages(body["input"])
+    new_turns, origins = _chat_messages(body["input"])
+    turns = history + new_turns
     instructions = field(body, "instructions", str)
     system = [{"role": "system", "content": instructions}] if instructions else []
-    messages, images = template_messages(system + turns)
+    origins = (
+        ["instructions"] * len(system) + ["previous_response_id's conversation"] * len(history) + origins
+    )
+    try:
+        messages, images = template_messages(system + turns)
+    except ApiError as e:
+        raise _named_as_input(e, origins) from e
     tools = _tools(body)
     prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")

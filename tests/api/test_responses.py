@@ -175,6 +175,18 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
             "'nope'",
         ),
         ({}, 400, "'input' is required"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"type": "reasoning", "summary": []},
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "https://x/cat.png"}]},
+                ],
+                "instructions": "Be brief.",
+            },
+            400,
+            "input[2].content[0]: image URLs are not fetched",
+        ),
     ],
 )
 def test_refusals_are_one_line(server, body, status, words):
