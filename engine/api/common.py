@@ -163,7 +163,7 @@ async def start(
         raise ApiError(429, str(e), retry_after=1) from e
     except NinferError as e:
         raise ApiError(400, str(e)) from e
-    state.metrics.started(stream.request_id, images)
+    state.metrics.started(stream.request_id, images, structured=params.grammar is not None)
     return stream
 
 

@@ -39,6 +39,11 @@ class Metrics:
         self.images = Counter("ninfer_images", "Images in requests (--vision)", registry=r)
         self.image_tokens = Counter("ninfer_image_tokens", "Prompt tokens the images take", registry=r)
         self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
+        self.structured = Counter(
+            "ninfer_structured_requests",
+            "Requests held to a grammar (response_format, structured_outputs, forced or strict tool calls)",
+            registry=r,
+        )
         self.ttft = Histogram(
             "ninfer_time_to_first_token_seconds",
             "Time to first token",
@@ -56,8 +61,10 @@ class Metrics:
         self._first: dict[str, float] = {}
         self._images: dict[str, tuple[int, int]] = {}  # request -> (images, their tokens)
 
-    def started(self, request_id: str, images: list | None = None) -> None:
+    def started(self, request_id: str, images: list | None = None, structured: bool = False) -> None:
         self._start[request_id] = time.monotonic()
+        if structured:
+            self.structured.inc()
         if images:
             tokens = sum(image.num_tokens for image in images)
             self._images[request_id] = (len(images), tokens)

@@ -263,8 +263,11 @@ def test_refusals_are_one_line(server, path, body, words):
         assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
 
 
-def test_nothing_left_running(server):
+def test_nothing_left_running_and_counted(server):
     assert not server.engine.llm.has_unfinished_requests()
+    metrics = httpx.get(f"{server.url}/metrics").text
+    counted = next(ln for ln in metrics.splitlines() if ln.startswith("ninfer_structured_requests_total"))
+    assert float(counted.split()[1]) >= 10  # the requests above that held their output to a grammar
 
 
 def test_strict_tools_leave_text_free(oai, claude, server):
