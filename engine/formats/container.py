@@ -11,6 +11,7 @@ never holds the whole model in memory; it is read through safetensors' mmap.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -144,7 +145,8 @@ def write_container(
 
 
 def read_header(path: Path) -> dict[str, Any]:
-    """The safetensors header of `path`, telling a non-container and a corrupt file apart (NinferError)."""
+    """The safetensors header of `path`, telling a non-container and a corrupt file apart (NinferError).
+    The same header bytes are parsed once (the loader and the planner each ask at start-up); read-only."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -159,7 +161,7 @@ def read_header(path: Path) -> dict[str, Any]:
                 "checkpoint directory or a .gguf file"
             )
         try:
-            header = json.loads(f.read(n))
+            header = _parse_header(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise NinferError(f"{path} is corrupt: its header does not parse ({e}); download it again") from e
     meta = header.get("__metadata__") or {}
@@ -185,6 +187,11 @@ def read_header(path: Path) -> dict[str, Any]:
             f"{path} is container v{version}, older than this ninfer reads; convert the model again"
         )
     return header
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_header(raw: bytes) -> dict[str, Any]:
+    return json.loads(raw)
 
 
 def load_container(path: Path) -> ModelSource:

@@ -121,6 +121,7 @@ def test_container_versions_and_corruption(tiny, tmp_path):
     out = tmp_path / "m.ninfer"
     convert(tiny, out, "w4g128")
     assert read_header(out)["__metadata__"]["container_version"] == "1"
+    assert read_header(out) is read_header(out)  # the loader and the planner share one parse
     newer = tmp_path / "newer.ninfer"
     newer.write_bytes(out.read_bytes())
     _rewrite_metadata(newer, container_version=str(MAX_READ_VERSION + 1))
