@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, field, read_json, sampling_params, start
+from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
@@ -19,7 +19,6 @@ from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
-SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:

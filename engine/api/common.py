@@ -17,6 +17,7 @@ from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
+SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 # as the Anthropic API's own request limit: an agent's history carries its screenshots, base64, every turn
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -184,6 +185,14 @@ async def collect(stream: AsyncStream, request: Request) -> RequestOutput:
     finally:
         watcher.cancel()
         stream.abort()
+
+
+def stream_failure(state, out: RequestOutput) -> str | None:
+    """Why a streamed reply stops before its end: it expired waiting for admission, or the server's
+    shutdown grace period is over; None while it goes on."""
+    if out.finish_reason == "expired":
+        return out.error
+    return SHUTDOWN if state.ending else None
 
 
 def check_expired(out: RequestOutput) -> None:

@@ -11,9 +11,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import check_expired, collect, field, now, read_json, sampling_params, start
+from engine.api.common import (
+    check_expired,
+    collect,
+    field,
+    now,
+    read_json,
+    sampling_params,
+    start,
+    stream_failure,
+)
 from engine.api.errors import ApiError
-from engine.api.openai import SHUTDOWN, finish_reason, stop_list, usage_json
+from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
 from engine.api.state import ServerState
 from engine.api.structured import openai_text_grammar
 from engine.request import RequestOutput
@@ -54,19 +63,16 @@ def _refusals(body: dict) -> None:
 def _logprobs(state: ServerState, out: RequestOutput, top: int, start: int, offset: int) -> dict[str, Any]:
     """The legacy completions logprobs of the output tokens from `start` on; `offset`: the text length before
     them (text_offset counts from the start of the returned text)."""
-    decode = state.engine.tokenizer.decode
-    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]:
-        piece = decode([token], skip_special_tokens=False)
+    tokens, logprobs, top_logprobs, text_offset = [], [], [], []
+    for piece, logprob, alts in token_logprobs(state, out, top, start):
         tokens.append(piece)
-        token_logprobs.append(lp.get(token, float("-inf")))
-        alts = sorted(lp.items(), key=lambda tv: -tv[1])[:top]
-        top_logprobs.append({decode([t], skip_special_tokens=False): v for t, v in alts})
+        logprobs.append(logprob)
+        top_logprobs.append(dict(alts))
         text_offset.append(offset)
         offset += len(piece)
     return {
         "tokens": tokens,
-        "token_logprobs": token_logprobs,
+        "token_logprobs": logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": text_offset,
     }
@@ -116,10 +122,9 @@ async def completions(request: Request):
                 yield f"data: {json.dumps(payload(prompt_text, None, None))}\n\n"
             out = None
             async for out, delta in engine_stream:
-                failure = out.error if out.finish_reason == "expired" else SHUTDOWN if state.ending else None
+                failure = stream_failure(state, out)
                 if failure is not None:
-                    err = {"error": {"message": failure, "type": "server_error", "param": None, "code": None}}
-                    yield f"data: {json.dumps(err)}\n\n"
+                    yield stream_error(failure)
                     return
                 state.metrics.token(out)
                 if delta or out.finished:

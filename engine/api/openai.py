@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, field, now, read_json, sampling_params, start
+from engine.api.common import complete, field, now, read_json, sampling_params, start, stream_failure
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.state import ServerState
@@ -19,7 +19,6 @@ from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
-SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -134,22 +133,42 @@ def finish_reason(out: RequestOutput) -> str | None:
     )
 
 
-def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
-    """OpenAI's logprobs.content for the output tokens from `start` on."""
-    tok = state.engine.tokenizer
+def stream_error(message: str) -> str:
+    """The server-sent event that ends an OpenAI stream early."""
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
+def token_logprobs(
+    state: ServerState, out: RequestOutput, top: int, start: int = 0
+) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    """(text, logprob, the top-N (text, logprob) alternatives) of each output token from `start` on."""
+    decode = state.engine.tokenizer.decode
     items = []
     for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]:
         alts = sorted(lp.items(), key=lambda tv: -tv[1])[:top]
         items.append(
-            {
-                "token": tok.decode([token], skip_special_tokens=False),
-                "logprob": lp.get(token, float("-inf")),
-                "top_logprobs": [
-                    {"token": tok.decode([t], skip_special_tokens=False), "logprob": v} for t, v in alts
-                ],
-            }
+            (
+                decode([token], skip_special_tokens=False),
+                lp.get(token, float("-inf")),
+                [(decode([t], skip_special_tokens=False), v) for t, v in alts],
+            )
         )
-    return {"content": items}
+    return items
+
+
+def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs.content for the output tokens from `start` on."""
+    return {
+        "content": [
+            {
+                "token": text,
+                "logprob": logprob,
+                "top_logprobs": [{"token": t, "logprob": v} for t, v in alts],
+            }
+            for text, logprob, alts in token_logprobs(state, out, top, start)
+        ]
+    }
 
 
 @router.get("/v1/models")
@@ -251,17 +270,9 @@ async def chat_completions(request: Request):
         try:
             yield chunk({"role": "assistant", "content": ""})
             async for out, delta in engine_stream:
-                if out.finish_reason == "expired":
-                    err = {
-                        "error": {"message": out.error, "type": "server_error", "param": None, "code": None}
-                    }
-                    yield f"data: {json.dumps(err)}\n\n"
-                    return
-                if state.ending:
-                    err = {
-                        "error": {"message": SHUTDOWN, "type": "server_error", "param": None, "code": None}
-                    }
-                    yield f"data: {json.dumps(err)}\n\n"
+                failure = stream_failure(state, out)
+                if failure is not None:
+                    yield stream_error(failure)
                     return
                 state.metrics.token(out)
                 if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs:

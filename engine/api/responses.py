@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, field, now, read_json, sampling_params, start
+from engine.api.common import complete, field, now, read_json, sampling_params, start, stream_failure
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
-from engine.api.openai import SHUTDOWN, template_messages
+from engine.api.openai import template_messages
 from engine.api.response_items import OutputEvents, output_items
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
@@ -252,7 +252,7 @@ async def create(request: Request):
             yield stream.event("response.created", response=response("in_progress", [], None))
             yield stream.event("response.in_progress", response=response("in_progress", [], None))
             async for out, delta in engine_stream:
-                failure = out.error if out.finish_reason == "expired" else SHUTDOWN if state.ending else None
+                failure = stream_failure(state, out)
                 if failure is not None:
                     failed = response("failed", stream.output, None)
                     failed["error"] = {"code": "server_error", "message": failure}
