@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from engine.cache.kv_layout import resolve_kv_dtype
 from engine.errors import NinferError
+from engine.rope_scaling import (
+    check_rope_scaling,
+    parse_rope_scaling,
+    position_limit,
+    positions_phrase,
+    stretch_hint,
+    with_defaults,
+)
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -109,6 +117,18 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    @property
+    def position_limit(self) -> int:
+        """The positions the model takes: max_position_embeddings, or what YaRN stretches them to."""
+        return position_limit(self.rope_scaling, self.max_position_embeddings)
+
+    def with_rope_scaling(self, scaling: dict[str, Any] | None, where: str = "--rope-scaling") -> ModelConfig:
+        """This config with another rope scaling (None: unscaled), checked; YaRN's original context
+        defaults to max_position_embeddings."""
+        if scaling is not None:
+            check_rope_scaling(scaling, where)
+        return replace(self, rope_scaling=with_defaults(scaling, self.max_position_embeddings))
+
     @staticmethod
     def from_hf_dict(cfg: dict[str, Any]) -> ModelConfig:
         """Build from a transformers config.json dict (text_config is used for multimodal wrappers)."""
@@ -184,6 +204,8 @@ class ModelConfig:
         )
         if "Moe" in arch:
             _check_experts(config)
+        if scaling is not None:
+            config = config.with_rope_scaling(scaling, "config.json's rope_scaling")
         return config
 
 
@@ -252,7 +274,10 @@ class EngineConfig:
     # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts; "auto": sized from the memory
     # free after loading (engine/plan/runtime.py)
     kv_capacity: int | str | None = None
-    max_context: int | None = None  # None: the model's max_position_embeddings, capped at 32K on CPU
+    max_context: int | None = None  # None: the model's positions (position_limit), capped at 32K on CPU
+    # the model's rope scaling replaced (engine/rope_scaling.py): yarn:FACTOR[:ORIGINAL_CONTEXT], none, or
+    # a config.json-style JSON object; None keeps the checkpoint's
+    rope_scaling: str | None = None
     max_concurrency: int = 8  # requests running at once
     max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
     pending_timeout_ms: float | None = None  # a request waiting longer than this expires
@@ -311,6 +336,8 @@ class EngineConfig:
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "
                 "every running request needs one token of each step's budget"
             )
+        if self.rope_scaling is not None:
+            parse_rope_scaling(self.rope_scaling)  # refused here, in a sentence, before anything loads
         if self.spec not in SPEC_METHODS:
             raise NinferError(f"unknown spec '{self.spec}'; use one of {', '.join(SPEC_METHODS)}")
         if self.spec != "none" and not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
@@ -335,14 +362,21 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    def scaled(self, model_config: ModelConfig) -> ModelConfig:
+        """The model's config under this engine's rope_scaling (the checkpoint's own without one)."""
+        if self.rope_scaling is None:
+            return model_config
+        return model_config.with_rope_scaling(parse_rope_scaling(self.rope_scaling))
+
     def resolved_max_context(self, model_config: ModelConfig) -> int:
-        limit = model_config.max_position_embeddings
+        limit = model_config.position_limit
         if self.max_context is None:
             return min(limit, 32768) if self.device == "cpu" else limit
         if self.max_context > limit:
+            scaling, positions = model_config.rope_scaling, model_config.max_position_embeddings
             raise NinferError(
-                f"max_context {self.max_context} is beyond the model's {limit} positions "
-                f"(max_position_embeddings); use max_context {limit} or less"
+                f"max_context {self.max_context} is beyond the model's {positions_phrase(scaling, positions)}; "
+                f"use max_context {limit} or less{stretch_hint(self.max_context, scaling, positions)}"
             )
         return self.max_context
 

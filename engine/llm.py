@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ class LLM:
         """`options` are EngineConfig's fields, named as the `ninfer serve` flags: device, dtype,
         kv_dtype, kv_capacity, max_context, max_concurrency, max_pending, pending_timeout_ms,
         prefill_chunk, enable_prefix_caching, state_snapshot_interval, state_snapshots, block_size,
-        cuda_graphs, spec, draft_tokens."""
+        cuda_graphs, spec, draft_tokens, rope_scaling (see EngineConfig for the rest)."""
         known = {f.name for f in fields(EngineConfig)} - {"model"}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -41,6 +41,10 @@ class LLM:
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
         source = open_source(model)
+        if (
+            config.rope_scaling is not None
+        ):  # --rope-scaling: the rotary tables and the context limit follow it
+            source = replace(source, config=config.scaled(source.config))
         self.model_config, self.tokenizer = source.config, source.tokenizer
         self.description = source.description
         self.model = load_model(source, config)

@@ -15,6 +15,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
+from ninfer_cli.rope_option import RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
@@ -59,6 +60,7 @@ def bench(
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
+    rope_scaling: RopeScaling = None,
     model_config: Annotated[
         str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
     ] = None,
@@ -112,6 +114,7 @@ def bench(
             draft_tokens,
             lm_head_draft,
             int8_prefill,
+            rope_scaling,
             model_config,
             peak_bw,
             peak_tflops,
@@ -142,6 +145,7 @@ class _Options:
     draft_tokens: int
     lm_head_draft: bool
     int8_prefill: bool
+    rope_scaling: str | None
     model_config: str | None
     peak_bw: float | None
     peak_tflops: float | None
@@ -168,6 +172,7 @@ def _run(o: _Options) -> None:
         "draft_tokens": o.draft_tokens if o.spec != "none" else 0,
         "lm_head_draft": o.lm_head_draft,
         "int8_prefill": o.int8_prefill,
+        "rope_scaling": o.rope_scaling,
     }
     if o.url:
         driver = OverHttp(o.url, o.api_key, o.served)
@@ -184,13 +189,19 @@ def _run(o: _Options) -> None:
     else:
         from engine import LLM
         from engine.models.loader import open_source
+        from engine.rope_scaling import parse_rope_scaling, positions_phrase, stretch_hint
 
         longest = max(o.contexts) + o.gen
-        limit = open_source(o.model_path).config.max_position_embeddings
+        config = open_source(o.model_path).config
+        if o.rope_scaling is not None:
+            config = config.with_rope_scaling(parse_rope_scaling(o.rope_scaling))
+        limit = config.position_limit
         if longest > limit:
+            scaling, positions = config.rope_scaling, config.max_position_embeddings
             raise NinferError(
-                f"--ctx {max(o.contexts)} + --gen {o.gen} = {longest} tokens is beyond the model's {limit} "
-                f"positions; use --ctx up to {limit - o.gen}"
+                f"--ctx {max(o.contexts)} + --gen {o.gen} = {longest} tokens is beyond the model's "
+                f"{positions_phrase(scaling, positions)}; use --ctx up to {limit - o.gen}"
+                f"{stretch_hint(longest, scaling, positions)}"
             )
         llm = LLM(
             o.model_path,
@@ -204,6 +215,7 @@ def _run(o: _Options) -> None:
             prefill_chunk=max(2048, max(o.concurrencies)),
             **spec_options(o.spec, o.draft_tokens, o.lm_head_draft),
             int8_prefill=o.int8_prefill,
+            rope_scaling=o.rope_scaling,
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")

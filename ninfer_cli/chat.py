@@ -15,6 +15,8 @@ from engine.errors import NinferError
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
+from ninfer_cli.rope_option import RopeScaling
+from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
@@ -65,7 +67,7 @@ def chat(
     seed: Annotated[int | None, typer.Option()] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help=f"One of {', '.join(DTYPES)}.")] = "float32",
-    max_context: Annotated[int | None, typer.Option(help="Context limit in tokens.")] = None,
+    max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 32k.")] = None,
     kv_dtype: Annotated[
         str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")
     ] = "auto",
@@ -77,6 +79,7 @@ def chat(
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
+    rope_scaling: RopeScaling = None,
     image: Annotated[
         list[Path] | None,
         typer.Option(
@@ -119,11 +122,12 @@ def chat(
                 dtype=dtype,
                 kv_dtype=kv_dtype,
                 weight_quant=weight_quant,
-                max_context=max_context,
+                max_context=parse_size(max_context, "--max-context") if max_context else None,
                 max_concurrency=1,
                 **spec_options(spec, draft_tokens, lm_head_draft),
                 int8_prefill=int8_prefill,
                 vision=vision,
+                rope_scaling=rope_scaling,
             )
         backend = LocalChat(llm)
     base = [{"role": "system", "content": system}] if system else []

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
+from ninfer_cli.rope_option import RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.vision_option import Vision
 
@@ -50,6 +53,7 @@ def plan(
         float | None, typer.Option(help="Weights at this many bits per matrix weight instead.")
     ] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Tokens per engine step.")] = 2048,
+    rope_scaling: RopeScaling = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ):
     """Solve the VRAM budget: context, concurrency and KV dtype for a model on a GPU."""
@@ -59,6 +63,7 @@ def plan(
     from engine.plan.gpu import local_gpu, parse_sm
     from engine.plan.model import resolve
     from engine.plan.solver import Device, PlanRefusal, frontier, solve, solve_any_concurrency
+    from engine.rope_scaling import parse_rope_scaling
 
     if vram is None and sm is not None:
         raise NinferError("--sm goes with --vram; without --vram the local GPU is read")
@@ -75,10 +80,12 @@ def plan(
     target = parse_size(context, "--context") if context else None
     spec_on = spec != "none"
     planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
+    if rope_scaling is not None:
+        planned = replace(planned, config=planned.config.with_rope_scaling(parse_rope_scaling(rope_scaling)))
     dep = Deployment(
         planned.config,
         kv or "k8v4",
-        target or planned.config.max_position_embeddings,
+        target or planned.config.position_limit,
         concurrency=concurrency or 1,
         weights=planned.weights,
         packed_weights=planned.packed_weights,
@@ -102,21 +109,22 @@ def plan(
             _print_refusal(planned, device, table, refusal)
         raise typer.Exit(2) from None
     rows = ledger(chosen, device.total_bytes)
-    line = serve_line(planned.serve_arg, chosen)
+    line = serve_line(planned.serve_arg, chosen, rope_scaling)
     if as_json:
         print(json.dumps(_json(planned, device, (chosen, rows, line), table, None), indent=2))
         return
     _print_plan(planned, device, chosen, rows, table, line)
 
 
-def serve_line(model_arg: str, dep) -> str:
+def serve_line(model_arg: str, dep, rope_scaling: str | None = None) -> str:
     spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
+    rope = f" --rope-scaling {shlex.quote(rope_scaling)}" if rope_scaling is not None else ""
     int8 = " --int8-prefill" if dep.int8_prefill else ""
     vision = " --vision" if dep.vision else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
-        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}"
+        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}{rope}"
     )
 
 

@@ -12,6 +12,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
+from ninfer_cli.rope_option import RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
@@ -61,6 +62,7 @@ def serve(
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
+    rope_scaling: RopeScaling = None,
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -88,6 +90,7 @@ def serve(
         **spec_options(spec, draft_tokens, lm_head_draft),
         int8_prefill=int8_prefill,
         vision=vision,
+        rope_scaling=rope_scaling,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )

@@ -144,7 +144,7 @@ def _config(reader, path: Path) -> ModelConfig:
     # Llama 3.1+: llama.cpp's converter stores the llama3 rope scaling as per-dimension frequency factors
     # (rope_freqs.weight [rotary_dim / 2]; each rotation frequency is divided by its factor)
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    scaling = None
+    scaling = _rope_scaling(reader, arch)
     if freqs is not None:
         scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in np.asarray(freqs.data).ravel()]}
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
@@ -169,7 +169,7 @@ def _config(reader, path: Path) -> ModelConfig:
         layout = {**layout, **experts, "architecture": ARCHITECTURES[arch]}
     if "intermediate_size" not in layout:
         layout["intermediate_size"] = key("feed_forward_length")
-    return ModelConfig(
+    config = ModelConfig(
         vocab_size=key("vocab_size", len(tokens)),
         hidden_size=hidden,
         num_attention_heads=num_heads,
@@ -183,6 +183,32 @@ def _config(reader, path: Path) -> ModelConfig:
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
         **layout,
+    )
+    return config.with_rope_scaling(scaling, str(path)) if scaling else config
+
+
+def _rope_scaling(reader, arch: str) -> dict[str, Any] | None:
+    """llama.cpp's rope.scaling.* keys (a GGUF converted from a config with YaRN or linear scaling) as a
+    config.json rope_scaling."""
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if kind == "linear" and factor:
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn" and factor:
+        scaling: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
+        original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = _field(reader, f"{arch}.rope.scaling.{key}")
+            if value:
+                scaling[name] = float(value)
+        return scaling
+    raise NinferError(
+        f"this GGUF's rope scaling is '{kind}' (factor {factor}); ninfer runs yarn and linear scaling: convert "
+        "the checkpoint again, or pass --rope-scaling"
     )
 
 

@@ -1,4 +1,5 @@
-"""Rotary embedding frequencies (default, linear, llama3 scaling, GGUF frequency factors) and the rope op."""
+"""Rotary embedding frequencies (default, linear, llama3, YaRN scaling, GGUF frequency factors) and the rope
+op."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import kernels
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.layers.module import Module
+from engine.rope_scaling import attention_factor, yarn_inv_freq
 from engine.vision.mrope import frequency_axes
 from kernels.step_memo import StepMemo
 
@@ -35,6 +37,8 @@ def inv_freq_for(config: ModelConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv_freq = yarn_inv_freq(scaling, config.rope_theta, dim)
     elif kind == "freq_factors":  # a GGUF's rope_freqs: each frequency divided by its factor (as llama.cpp)
         factors = torch.tensor(scaling["factors"], dtype=torch.float32)
         if factors.shape != inv_freq.shape:
@@ -45,26 +49,29 @@ def inv_freq_for(config: ModelConfig) -> torch.Tensor:
         inv_freq = inv_freq / factors
     else:
         raise NinferError(
-            f"rope scaling '{kind}' is not supported yet; supported: default, linear, llama3, GGUF rope_freqs"
+            f"rope scaling '{kind}' is not supported yet; supported: default, linear, llama3, yarn, GGUF "
+            "rope_freqs"
         )
     return inv_freq.float()
 
 
 def cos_sin_cache_for(config: ModelConfig, device: torch.device) -> torch.Tensor:
-    """[max_position_embeddings, rotary_dim] fp32: cos | sin per position, shared by every layer."""
+    """[position_limit, rotary_dim] fp32: cos | sin per position (times YaRN's attention factor), shared by
+    every layer."""
     key = (
         config.rotary_dim,
         config.rope_theta,
         repr(config.rope_scaling),
-        config.max_position_embeddings,
+        config.position_limit,
         str(device),
     )
     cache = _COS_SIN_CACHES.get(key)
     if cache is None:
         inv_freq = inv_freq_for(config)
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        positions = torch.arange(config.position_limit, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [P, R/2]
-        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor(config.rope_scaling)
+        cache = cache.to(device)
         _COS_SIN_CACHES[key] = cache
     return cache
 

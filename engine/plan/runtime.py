@@ -78,7 +78,7 @@ def size_kv_pool(
     config: EngineConfig, model_config: ModelConfig, packed_weights: bool = False
 ) -> tuple[int, int]:
     """(max_context, KV pool tokens) for this engine; NinferError (with three ways out) when it does not fit."""
-    limit = model_config.max_position_embeddings
+    limit = model_config.position_limit
     given_context = config.max_context
     context = config.resolved_max_context(model_config)
     dep = deployment(config, model_config, context, packed_weights)

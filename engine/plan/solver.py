@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engine.errors import NinferError
 from engine.memory import CUDA_CONTEXT, WEIGHTS, Deployment, kv_bytes_per_token, ledger
+from engine.rope_scaling import positions_phrase, stretch_hint
 
 PLAN_KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "k8v4")  # most precise first
 SPEED_TIE = 0.03
@@ -82,7 +83,7 @@ def max_pool_tokens(dep: Deployment, budget: Budget) -> int:
 
 def max_context(dep: Deployment, budget: Budget) -> int:
     """The longest context (pool = context) that fits, at most the model's positions; 0 when none does."""
-    limit = dep.config.max_position_embeddings // dep.block_size * dep.block_size
+    limit = dep.config.position_limit // dep.block_size * dep.block_size
     ctx = min(max_pool_tokens(dep.with_(context=limit), budget), limit)
     return ctx if ctx >= dep.block_size else 0
 
@@ -124,11 +125,12 @@ def solve(dep: Deployment, device: Device, context: int | None, kv_dtype: str | 
     """The best deployment at dep.concurrency for a target context (None: as long as fits) and KV dtype
     (None: chosen). Raises PlanRefusal with three suggestions when the target does not fit, NinferError
     when it is past the model's own context limit (no memory makes that fit)."""
-    limit = dep.config.max_position_embeddings // dep.block_size * dep.block_size
+    limit = dep.config.position_limit // dep.block_size * dep.block_size
     if context is not None and context > limit:
+        scaling, positions = dep.config.rope_scaling, dep.config.max_position_embeddings
         raise NinferError(
-            f"{context:,} tokens of context is past this model's limit of {limit:,} "
-            f"(max_position_embeddings); use --context {limit} or less"
+            f"{context:,} tokens of context is past this model's {positions_phrase(scaling, positions)}; use "
+            f"--context {limit} or less{stretch_hint(context, scaling, positions)}"
         )
     budget = Budget.whole(device)
     if kv_dtype is not None:

@@ -297,7 +297,10 @@ def test_no_gpu_means_no_telemetry_and_no_error(monkeypatch):
         (["--url", "ftp://x"], "is not an http(s) URL"),
         (["--url", "http://127.0.0.1:9"], "cannot reach 127.0.0.1:9"),
         (["--gen", "1"], "--gen must be at least 2"),
-        (["--ctx", "8k", "--gen", "256"], "is beyond the model's 8192 positions; use --ctx up to 7936"),
+        (
+            ["--ctx", "8k", "--gen", "256"],
+            "beyond the model's 8192 positions (max_position_embeddings); use --ctx up to 7936, or stretch",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args, message):

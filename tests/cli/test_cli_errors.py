@@ -63,6 +63,25 @@ def test_vision_on_a_text_model_is_one_line(tiny_dir, command):
     assert line.endswith("drop --vision, or serve a multimodal HF checkpoint (Qwen3.5, Qwen3-VL)")
 
 
+@pytest.mark.parametrize("command", ["chat", "serve", "bench"])
+def test_rope_scaling_flag_is_taken_and_checked(tiny_dir, command):
+    args = {"chat": ["--prompt", "hi"], "serve": ["--port", "0"], "bench": ["--ctx", "2k", "--gen", "8"]}
+    code, out = _run(command, str(tiny_dir), "--rope-scaling", "yarn:fast", *args[command])
+    assert code == 2 and "Traceback" not in out
+    assert (
+        out.strip().splitlines()[-1].startswith("error: --rope-scaling 'yarn:fast': the factor is a number")
+    )
+    if command == "bench":  # the tiny model takes 1024 positions; stretched x4 it takes the 2K prompt
+        code, out = _run(command, str(tiny_dir), *args[command], "--concurrency", "1", "--repeat", "1")
+        assert code == 2 and "beyond the model's 1024 positions" in out and "--rope-scaling yarn:3" in out
+    if command == "chat":  # the embedded SmolLM2 takes 8192 positions
+        ask = ("chat", "--max-context", "12k", "--max-tokens", "4", "-p", "hi")
+        code, out = _run(*ask)
+        assert code == 2 and "beyond the model's 8192 positions" in out and "--rope-scaling yarn:2" in out
+        code, out = _run(*ask, "--rope-scaling", "yarn:2")
+        assert code == 0 and out.strip(), out
+
+
 def _copy(src, dst):
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())

@@ -128,7 +128,27 @@ def test_a_target_context_without_concurrency_takes_the_most_requests_that_fit()
 
 def test_a_context_past_the_models_limit_is_refused_as_such():
     code, out = _plan_27b_3090("--context", "300k")
-    assert code == 2 and "past this model's limit of 262,144" in out and "--context 262144" in out
+    assert code == 2 and "past this model's 262144 positions (max_position_embeddings)" in out
+    assert "use --context 262144 or less, or stretch them with YaRN: --rope-scaling yarn:2" in out
+
+
+def test_yarn_lifts_the_limit_and_the_serve_line_carries_it():
+    """Qwen3-32B takes 40960 positions; its card's YaRN recipe (x4 over 32768) reaches 128K."""
+    args = ("plan", "--model", "qwen3-32b", "--vram", "80G", "--sm", "90", "--context", "128k")
+    code, out = _run(*args)
+    assert code == 2 and "--rope-scaling yarn:4" in out
+    code, out = _run(*args, "--rope-scaling", "yarn:4:32768")
+    assert code == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert "--max-context 131072" in line and line.endswith("--rope-scaling yarn:4:32768")
+    code, out = _run(*args, "--rope-scaling", "yarn:4:32768", "--context", "160k")
+    assert code == 2 and "past this model's 131072 positions (YaRN x4 over 32768)" in out
+    assert "stretch" not in out  # already stretched: no second hint
+    code, out = _run(*args[:-2], "--rope-scaling", '{"rope_type": "yarn", "factor": 2}', "--json")
+    assert code == 0 and json.loads(out)["plan"]["context"] == 81920  # 40960 x 2
+    assert '--rope-scaling \'{"rope_type": "yarn", "factor": 2}\'' in json.loads(out)["plan"]["serve"]
+    code, out = _run(*args, "--rope-scaling", "yarn:x")
+    assert code == 2 and "the factor is a number" in out
 
 
 def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
