@@ -15,6 +15,9 @@ class RequestStream:
         self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if tokenizer else None
         self.stop = params.stop
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.min_tokens = params.min_tokens
+        self.num_pushed = 0
+        self.free_until = 0  # a stop string must end past this much text: that of the first min_tokens - 1
         self.text = ""
         self.emitted = 0
         self.stopped = False
@@ -24,13 +27,17 @@ class RequestStream:
         """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it)."""
         if self.detok is None or self.stopped:
             return
+        self.num_pushed += 1
         delta = self.detok.push(token_id)
         if not delta:
             return
         search_from = max(0, len(self.text) - self.holdback)
         self.text += delta
+        if self.num_pushed < self.min_tokens:  # min_tokens: no stop string ends the output yet
+            self.free_until = len(self.text)
+            return
         for s in self.stop:
-            at = self.text.find(s, search_from)
+            at = self.text.find(s, max(search_from, self.free_until - len(s) + 1))
             if at >= 0:
                 self.text, self.stopped, self.matched_stop = self.text[:at], True, s
 

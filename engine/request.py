@@ -20,6 +20,9 @@ class SamplingParams:
     """How to pick tokens. temperature == 0 is greedy; logprobs=N also returns the top-N per token."""
 
     max_tokens: int = 256
+    # neither an EOS token nor a stop_token_id can be sampled, nor a stop string end the output, before this
+    # many tokens (vLLM's min_tokens)
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -55,6 +58,15 @@ class SamplingParams:
             raise NinferError("sampling parameters must be finite numbers (got NaN or infinity)")
         if self.max_tokens < 1:
             raise NinferError(f"max_tokens must be at least 1 (got {self.max_tokens})")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise NinferError(
+                f"min_tokens must be between 0 and max_tokens ({self.max_tokens}) (got {self.min_tokens})"
+            )
+        if self.min_tokens and self.grammar is not None:
+            raise NinferError(
+                "min_tokens does not go with structured outputs or forced tool calls: the grammar decides "
+                "where the output ends; drop min_tokens"
+            )
         if self.temperature < 0:
             raise NinferError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:

@@ -89,8 +89,6 @@ def sampling_params(
     body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
 ) -> SamplingParams:
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
-    if field(body, "min_tokens", int, 0):
-        raise ApiError(400, "'min_tokens' is not supported here; leave it 0 (or out)", "min_tokens")
     if field(body, "include_stop_str_in_output", bool, False):
         raise ApiError(
             400,
@@ -109,6 +107,7 @@ def sampling_params(
     try:
         return SamplingParams(
             max_tokens=max_tokens,
+            min_tokens=field(body, "min_tokens", int, 0),
             temperature=field(body, "temperature", float, 1.0),
             top_p=field(body, "top_p", float, 1.0),
             top_k=max(0, field(body, "top_k", int, 0)),

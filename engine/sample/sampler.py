@@ -61,6 +61,15 @@ def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return logits.index_put(index, to_device(biases, logits.dtype, device), accumulate=True)
 
 
+def _ban(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
+    """logits [R, V] with each row's banned token ids at -inf (a copy)."""
+    pairs = [(i, t) for i, ids in enumerate(banned) for t in ids]
+    rows, tokens = zip(*pairs)
+    device = logits.device
+    index = (to_device(rows, torch.long, device), to_device(tokens, torch.long, device))
+    return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+
+
 class Sampler:
     def __init__(self):
         self._generators: dict[str, torch.Generator] = {}
@@ -91,6 +100,7 @@ class Sampler:
         histories: list[tuple[list[int], list[int]] | None] | None = None,
         draft_ids: list[int] | None = None,
         token_masks: torch.Tensor | None = None,  # [R, ceil(V / 32)] int32: allowed tokens (structured)
+        banned: list[tuple[int, ...]] | None = None,  # per row: token ids it may not be (min_tokens)
     ) -> list[SampledToken]:
         """One token per row. All on the device; the only host sync is reading the results back.
 
@@ -99,7 +109,8 @@ class Sampler:
         otherwise draw from p with the draft removed, which leaves every emitted token distributed as p
         (a draft is one token, not a distribution). The row's token is then the draft itself when
         accepted, and `SampledToken.accepted` says so. `token_masks` (structured outputs) leave each row
-        only the tokens its grammar allows; a draft outside them is rejected."""
+        only the tokens its grammar allows, and `banned` takes those ids from its row (a request's EOS
+        before min_tokens); a draft outside what is left is rejected."""
         num_rows, vocab = logits.shape
         device = logits.device
         raw = logits
@@ -107,6 +118,8 @@ class Sampler:
             logits = apply_token_bitmask(logits, token_masks)
         if any(p.logit_bias for p in params):
             logits = _add_logit_bias(logits, params)
+        if banned is not None:
+            logits = _ban(logits, banned)
         if any(p.has_penalties for p in params):
             logits = logits.clone()
             for i, p in enumerate(params):

@@ -32,6 +32,10 @@ class ScheduledRequest(NamedTuple):
     num_padding: int = 0
     mm: MultiModalInputs | None = None  # the request's images and 3D positions (engine/vision)
     grammar: GrammarMatcher | None = None  # structured outputs: masks the sampled rows (sample=True)
+    # min_tokens: the first `num_banned_rows` sampled rows (the next token, then one per draft) may not be
+    # any of `banned_token_ids` (the request's EOS and stop token ids)
+    num_banned_rows: int = 0
+    banned_token_ids: tuple[int, ...] = ()
 
     @property
     def num_known_tokens(self) -> int:

@@ -288,6 +288,7 @@ class Scheduler:
             next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
             mm=req.mm,
             grammar=req.grammar,
+            **_min_tokens_bans(req),
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -455,3 +456,13 @@ class Scheduler:
             self.proposer.forget(request_id)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         self._finished_ids.append(request_id)
+
+
+def _min_tokens_bans(req: Request) -> dict:
+    """ScheduledRequest's ban on ending the output before min_tokens (none once that many are out)."""
+    left = req.sampling_params.min_tokens - len(req.output_token_ids)
+    if left <= 0:
+        return {}
+    params = req.sampling_params
+    ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(req.eos_token_ids))
+    return {"num_banned_rows": left, "banned_token_ids": tuple(sorted(ids))} if ids else {}

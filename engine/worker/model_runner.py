@@ -279,7 +279,7 @@ class ModelRunner:
         the first that is not an accepted draft. A hybrid request that rejects a draft gets its state
         back as it was before the step (the scheduler recomputes from start_pos)."""
         # logits: [rows, V]; per request 1 + len(draft_token_ids) rows
-        request_ids, params, histories, draft_ids = [], [], [], []
+        request_ids, params, histories, draft_ids, banned = [], [], [], [], []
         for r in sampling:
             for k in range(len(r.draft_token_ids) + 1):
                 request_ids.append(r.request_id)
@@ -288,8 +288,15 @@ class ModelRunner:
                 drafted = list(r.draft_token_ids[:k])
                 histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
+                banned.append(r.banned_token_ids if k < r.num_banned_rows else ())
         sampled = self.sampler(
-            logits, request_ids, params, histories, draft_ids, self._token_masks(sampling, len(request_ids))
+            logits,
+            request_ids,
+            params,
+            histories,
+            draft_ids,
+            self._token_masks(sampling, len(request_ids)),
+            banned if any(banned) else None,
         )
         out, restores, i = {}, [], 0
         for r in sampling:

@@ -100,6 +100,31 @@ def test_vllm_stop_token_ids_and_skip_special_tokens(oai, server):
     assert kept.usage.completion_tokens == 40
 
 
+def test_vllm_min_tokens_holds_off_the_end(oai):
+    short = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=64, **GREEDY)
+    n = short.usage.completion_tokens
+    assert short.choices[0].finish_reason == "stop" and n < 40  # the model ends its answer itself
+    for stream in (False, True):
+        body = {
+            "model": "smollm2",
+            "messages": QUESTION,
+            "max_tokens": 64,
+            "extra_body": {"min_tokens": n + 8},
+        }
+        if stream:
+            chunks = list(
+                oai.chat.completions.create(
+                    **body, stream=True, stream_options={"include_usage": True}, **GREEDY
+                )
+            )
+            used = chunks[-1].usage.completion_tokens
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            r = oai.chat.completions.create(**body, **GREEDY)
+            used, text = r.usage.completion_tokens, r.choices[0].message.content
+        assert used >= n + 8 and text.startswith(short.choices[0].message.content)
+
+
 def test_anthropic_message_and_stream(claude):
     m = claude.messages.create(model="smollm2", max_tokens=24, messages=QUESTION, extra_body=GREEDY)
     assert m.content[0].type == "text" and "Paris" in m.content[0].text and m.stop_reason == "end_turn"

@@ -193,3 +193,85 @@ def test_bad_logit_bias_is_refused(llm):
     with pytest.raises(NinferError, match="logit_bias token id 99999 is outside the vocabulary"):
         gen(llm, logit_bias={99999: 1.0})
     assert not llm.scheduler.has_unfinished_requests()
+
+
+def test_min_tokens_bans_the_end_until_reached(llm):
+    # EOS (id 2) forced by a bias: without min_tokens the output is that one token
+    forced_eos = {2: 100.0}
+    out = llm.generate(
+        prompt_token_ids=PROMPT,
+        sampling_params=SamplingParams(temperature=0, max_tokens=20, logit_bias=forced_eos),
+    )[0]
+    assert (out.token_ids, out.finish_reason) == ([2], "stop")
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(
+            temperature=temperature, seed=3, max_tokens=20, min_tokens=6, logit_bias=forced_eos
+        )
+        out = llm.generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
+        assert len(out.token_ids) == 7 and 2 not in out.token_ids[:6]
+        assert (out.token_ids[6], out.finish_reason) == (2, "stop")
+    # ignore_eos (gen's): EOS is not an end, so min_tokens leaves it alone (as vLLM)
+    assert gen(llm, temperature=0, max_tokens=4, min_tokens=4, logit_bias=forced_eos).token_ids == [2] * 4
+
+
+def test_min_tokens_bans_stop_token_ids_and_otherwise_keeps_the_greedy_tokens(llm):
+    plain = gen(llm, max_tokens=30, temperature=0.0).token_ids
+    stop = plain[4]
+    first = plain.index(stop)
+    ended = gen(llm, max_tokens=30, temperature=0.0, stop_token_ids=[stop])
+    assert ended.token_ids == plain[: first + 1] and ended.finish_reason == "stop"
+    held = gen(llm, max_tokens=30, temperature=0.0, stop_token_ids=[stop], min_tokens=12)
+    assert len(held.token_ids) >= 12 and stop not in held.token_ids[:12]
+    assert held.token_ids[:first] == plain[:first]
+    # the same tokens as banning `stop` outright for those 12 steps
+    banned = gen(llm, max_tokens=12, temperature=0.0, logit_bias={stop: -100})
+    assert held.token_ids[:12] == banned.token_ids
+    # and then the stop token may end it again
+    assert (held.finish_reason, held.token_ids[-1]) == ("stop", stop) or len(held.token_ids) == 30
+
+
+def test_min_tokens_rows_in_a_batch_are_their_own(llm):
+    forced_eos = {2: 100.0}
+    prompts = [PROMPT, list(range(30, 40))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=10, min_tokens=3, logit_bias=forced_eos),
+        SamplingParams(temperature=0, max_tokens=10, logit_bias=forced_eos),
+    ]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = finished_token_ids(llm)
+    assert len(done[ids[0]]) == 4 and done[ids[0]][-1] == 2
+    assert done[ids[1]] == [2]
+
+
+def test_bad_min_tokens_are_refused():
+    with pytest.raises(NinferError, match=r"min_tokens must be between 0 and max_tokens \(8\) \(got 9\)"):
+        SamplingParams(max_tokens=8, min_tokens=9)
+    with pytest.raises(NinferError, match="min_tokens must be between 0"):
+        SamplingParams(min_tokens=-1)
+    with pytest.raises(NinferError, match="min_tokens does not go with structured outputs"):
+        SamplingParams(min_tokens=2, grammar="start: /[a-z]+/")
+
+
+def test_stop_strings_wait_for_min_tokens():
+    from conftest import byte_tokenizer
+
+    from engine.output_processor import RequestStream
+    from engine.request import Request
+
+    tok = byte_tokenizer()
+
+    def stream(min_tokens: int, text: str, stop=("X", "YZ")) -> RequestStream:
+        params = SamplingParams(stop=list(stop), min_tokens=min_tokens, max_tokens=16)
+        s = RequestStream(Request("r", [0], params), tok, None)
+        for t in tok.encode(text):
+            s.push(t)
+            if s.stopped:
+                break
+        return s
+
+    assert stream(0, "aXbXc").text == "a"
+    assert stream(3, "aXbXc").text == "aXb"  # the X of token 2 is before min_tokens; that of token 4 ends it
+    s = stream(3, "aYZbYZ")  # "YZ" completes at token 3: allowed, as it ends with the min_tokens-th token
+    assert (s.text, s.matched_stop) == ("a", "YZ")
+    s = stream(4, "aYZbYZ")  # here the first YZ ended before: only the second counts
+    assert (s.text, s.matched_stop) == ("aYZb", "YZ")

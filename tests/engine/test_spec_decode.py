@@ -107,6 +107,23 @@ def test_stop_token_and_token_limit_inside_an_accepted_run(model_dir):
             assert (out.token_ids, out.finish_reason) == (ref.token_ids, ref.finish_reason)
 
 
+@pytest.mark.parametrize("wrong_every", [3, 1000])
+def test_min_tokens_bans_the_stop_token_in_draft_rows_too(model_dir, wrong_every):
+    """Drafts of the unbanned continuation hold the stop token before min_tokens: rejected at that row."""
+    plain = _generate(LLM(model_dir), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    stop = plain[0].token_ids[3]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop], min_tokens=10
+    )
+    reference = _generate(LLM(model_dir), params)
+    assert len(reference[0].token_ids) >= 10 and stop not in reference[0].token_ids[:10]
+    llm = _with_drafts(model_dir, plain, wrong_every)
+    got = _generate(llm, params)
+    for ref, out in zip(reference, got):
+        assert (out.token_ids, out.finish_reason) == (ref.token_ids, ref.finish_reason)
+    assert llm.scheduler.num_accepted_tokens > 0
+
+
 def test_ngram_drafts_on_a_repeating_prompt_keep_greedy_output(model_dir):
     prompt = [[7, 8, 9, 10, 11] * 6 + [7, 8]]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
