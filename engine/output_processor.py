@@ -63,4 +63,7 @@ class RequestStream:
             stop_string=self.matched_stop,
             num_draft_tokens=req.num_draft_tokens,
             num_accepted_tokens=req.num_accepted_tokens,
+            prompt_logprobs=[None, *req.prompt_logprobs]
+            if req.sampling_params.prompt_logprobs is not None
+            else None,
         )

@@ -6,7 +6,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.errors import NinferError
 
@@ -35,6 +35,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    # log-probabilities of the prompt's tokens (each given those before it) and the top-N there; the prompt
+    # is computed whole for them (no prefix-cache hit)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # structured outputs: the grammar the output must follow, as engine/structured/grammars.py builds it
     # (a JSON schema, a regex, a choice, forced tool calls; or llguidance Lark text)
@@ -85,6 +88,8 @@ class SamplingParams:
             raise NinferError(f"thinking_budget must be >= 0 tokens (got {self.thinking_budget})")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise NinferError(f"prompt_logprobs must be between 0 and 20 (got {self.prompt_logprobs})")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -106,6 +111,14 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+class PromptLogprob(NamedTuple):
+    """A prompt token's log-probability given the tokens before it: {the token: logprob, then the top-N},
+    and the token's rank (1 = the most likely)."""
+
+    logprobs: dict[int, float]
+    rank: int
 
 
 class RequestStatus(enum.Enum):
@@ -139,6 +152,8 @@ class Request:
     num_accepted_tokens: int = 0  # of those, accepted
     mm: MultiModalInputs | None = None  # the prompt's images and 3D positions (engine/vision)
     grammar: GrammarMatcher | None = None  # structured outputs: the output's grammar state
+    # prompt_logprobs: entry p is prompt token p + 1's, given tokens 0..p (filled as prompt chunks run)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -182,6 +197,8 @@ class RequestOutput:
     stop_string: str | None = None  # the stop string that ended the request, if one did
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
     num_accepted_tokens: int = 0
+    # prompt_logprobs: one per prompt token, None for the first (nothing before it to predict it from)
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,11 +1,14 @@
 """OpenAI text completions: `POST /v1/completions` (one prompt, streamed or not), with `echo` and the
 legacy `logprobs` (an integer: the top-N alternatives per token, in the tokens / token_logprobs /
-top_logprobs / text_offset form). `suffix` (fill-in-the-middle) and `best_of` > 1 are refused in one line."""
+top_logprobs / text_offset form; with `echo`, the prompt's tokens first), `max_tokens: 0` (the prompt
+scored, nothing generated) and vLLM's `prompt_logprobs`. `suffix` (fill-in-the-middle) and `best_of` > 1
+are refused in one line."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,6 +26,7 @@ from engine.api.common import (
 )
 from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
+from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
 from engine.api.structured import openai_text_grammar
 from engine.request import RequestOutput
@@ -78,6 +82,13 @@ def _logprobs(state: ServerState, out: RequestOutput, top: int, start: int, offs
     }
 
 
+def _nothing_generated(out: RequestOutput) -> RequestOutput:
+    """A max_tokens 0 request's output: its one generated token dropped, ended by the length limit."""
+    return replace(
+        out, token_ids=[], text="", logprobs=[] if out.logprobs is not None else None, finish_reason="length"
+    )
+
+
 @router.post("/v1/completions")
 async def completions(request: Request):
     state: ServerState = request.app.state.ninfer
@@ -86,14 +97,22 @@ async def completions(request: Request):
     _refusals(body)
     echo = field(body, "echo", bool, False)
     top = field(body, "logprobs", int)
-    if top is not None and echo:
-        raise ApiError(
-            400,
-            "'echo' with 'logprobs' needs the prompt's log-probabilities, which this server does not compute",
-        )
+    vllm_top = prompt_logprobs_field(body)
+    # the prompt's own log-probabilities: asked for directly (vLLM), or echoed with the legacy logprobs
+    prompt_top = max(top if echo and top is not None else -1, -1 if vllm_top is None else vllm_top)
+    # max_tokens 0: score the prompt only (one token is generated and dropped)
+    score_only = field(body, "max_tokens", int, 16) == 0
     stream = field(body, "stream", bool, False)
     grammar = openai_text_grammar(body)
-    params = sampling_params(body, "max_tokens", 16, stop_list(body), grammar=grammar, logprobs=top)
+    params = sampling_params(
+        {**body, "max_tokens": 1} if score_only else body,
+        "max_tokens",
+        16,
+        stop_list(body),
+        grammar=grammar,
+        logprobs=top,
+        prompt_logprobs=None if prompt_top < 0 else prompt_top,
+    )
     engine_stream = await start(state, ids, params)
     prompt_text = state.engine.tokenizer.decode(ids) if echo else ""
     rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
@@ -108,18 +127,31 @@ async def completions(request: Request):
         }
         return body if usage is None else {**body, "usage": usage}
 
+    def echoed_logprobs(out: RequestOutput) -> dict | None:
+        """The prompt's legacy logprobs, when echoed with them."""
+        return legacy_prompt_logprobs(state, out, top) if echo and top is not None else None
+
     if not stream:
         out = await collect(engine_stream, request)
         check_expired(out)
         state.metrics.finished(out)
-        logprobs = _logprobs(state, out, top, 0, 0) if top is not None else None
-        return JSONResponse(payload(prompt_text + out.text, finish_reason(out), logprobs, usage_json(out)))
+        if score_only:
+            out = _nothing_generated(out)
+        logprobs = _logprobs(state, out, top, 0, len(prompt_text)) if top is not None else None
+        if echo and top is not None:
+            logprobs = {k: echoed_logprobs(out)[k] + logprobs[k] for k in logprobs}
+        response = payload(prompt_text + out.text, finish_reason(out), logprobs, usage_json(out))
+        if vllm_top is not None:
+            response["choices"][0]["prompt_logprobs"] = vllm_prompt_logprobs(state, out, vllm_top)
+        return JSONResponse(response)
 
     async def events():
         sent_tokens, sent_text = 0, len(prompt_text)
+        echoed = not echo  # with logprobs, the echo waits for the prompt's, which come with the first token
         try:
-            if echo:
+            if echo and top is None:
                 yield f"data: {json.dumps(payload(prompt_text, None, None))}\n\n"
+                echoed = True
             out = None
             async for out, delta in engine_stream:
                 failure = stream_failure(state, out)
@@ -127,7 +159,12 @@ async def completions(request: Request):
                     yield stream_error(failure)
                     return
                 state.metrics.token(out)
-                if delta or out.finished:
+                if score_only:
+                    out, delta = _nothing_generated(out), ""
+                if not echoed:
+                    yield f"data: {json.dumps(payload(prompt_text, None, echoed_logprobs(out)))}\n\n"
+                    echoed = True
+                if (delta or out.finished) and not (score_only and not out.finished):
                     logprobs = None
                     if top is not None:
                         logprobs = _logprobs(state, out, top, sent_tokens, sent_text)

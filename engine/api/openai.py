@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.api.common import complete, field, now, read_json, sampling_params, start, stream_failure
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
+from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
 from engine.api.structured import openai_grammar
 from engine.parsers.reply import ReplyParser
@@ -205,6 +206,7 @@ async def chat_completions(request: Request):
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     grammar = openai_grammar(body, tools, state.engine.tokenizer)
+    prompt_top = prompt_logprobs_field(body)
     params = sampling_params(
         body,
         max_tokens_field,
@@ -212,6 +214,7 @@ async def chat_completions(request: Request):
         stop_list(body),
         logprobs=top_logprobs,
         grammar=grammar,
+        prompt_logprobs=prompt_top,
     )
     prompt_text, ids = state.render(messages, tools, kwargs)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
@@ -232,16 +235,17 @@ async def chat_completions(request: Request):
         }
         if top_logprobs is not None:
             choice["logprobs"] = _logprobs_content(state, out, top_logprobs)
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "chat.completion",
-                "created": created,
-                "model": state.model_id,
-                "choices": [choice],
-                "usage": usage_json(out),
-            }
-        )
+        response = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": state.model_id,
+            "choices": [choice],
+            "usage": usage_json(out),
+        }
+        if prompt_top is not None:
+            response["prompt_logprobs"] = vllm_prompt_logprobs(state, out, prompt_top)
+        return JSONResponse(response)
 
     def chunk(
         delta: dict[str, Any],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine.request import SamplingParams
+from engine.request import PromptLogprob, SamplingParams
 
 if TYPE_CHECKING:
     from engine.structured.matcher import GrammarMatcher
@@ -36,6 +36,8 @@ class ScheduledRequest(NamedTuple):
     # any of `banned_token_ids` (the request's EOS and stop token ids)
     num_banned_rows: int = 0
     banned_token_ids: tuple[int, ...] = ()
+    # prompt_logprobs: the first len(...) of token_ids are prompt positions whose next prompt token is this
+    prompt_logprob_targets: tuple[int, ...] = ()
 
     @property
     def num_known_tokens(self) -> int:
@@ -70,3 +72,5 @@ class RunnerOutput(NamedTuple):
     sampled: dict[str, list[SampledToken]]
     # spec mtp: draft tokens for each request that emitted tokens, to follow its last one
     drafts: dict[str, list[int]] = {}
+    # prompt_logprobs: for each request with prompt_logprob_targets, one PromptLogprob per target
+    prompt_logprobs: dict[str, list[PromptLogprob]] = {}

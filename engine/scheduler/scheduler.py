@@ -237,7 +237,7 @@ class Scheduler:
 
     def _lookup_prefix(self, req: Request) -> tuple[list[int], int]:
         """Cached pages to reuse for the request's leading tokens, and the snapshot slot to restore (-1)."""
-        if not self.block_pool.enable_prefix_caching:
+        if not self.block_pool.enable_prefix_caching or _needs_prompt_logprobs(req):
             return [], -1
         hashes = self._block_hashes(req, (req.num_tokens - 1) // self.block_size)
         hits = self.block_pool.lookup(hashes)
@@ -289,6 +289,7 @@ class Scheduler:
             mm=req.mm,
             grammar=req.grammar,
             **_min_tokens_bans(req),
+            prompt_logprob_targets=_prompt_logprob_targets(req, start, end),
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -374,6 +375,9 @@ class Scheduler:
             req = self.requests.get(s.request_id)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted during the step
+            if s.prompt_logprob_targets:  # in order: a recomputed chunk (after preemption) overwrites
+                del req.prompt_logprobs[s.start_pos :]
+                req.prompt_logprobs.extend(out.prompt_logprobs[s.request_id])
             emitted = out.sampled.get(s.request_id) or []
             drafted, accepted = len(s.draft_token_ids), max(len(emitted) - 1, 0)
             # the counters leave padding out (a padded draft accepted counts as one of them)
@@ -466,3 +470,20 @@ def _min_tokens_bans(req: Request) -> dict:
     params = req.sampling_params
     ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(req.eos_token_ids))
     return {"num_banned_rows": left, "banned_token_ids": tuple(sorted(ids))} if ids else {}
+
+
+def _needs_prompt_logprobs(req: Request) -> bool:
+    """Whether the request still needs prompt positions computed for their log-probabilities (so takes
+    no prefix-cache hit)."""
+    return (
+        req.sampling_params.prompt_logprobs is not None
+        and len(req.prompt_logprobs) < req.num_prompt_tokens - 1
+    )
+
+
+def _prompt_logprob_targets(req: Request, start: int, end: int) -> tuple[int, ...]:
+    """The prompt tokens that positions start.. of a step running start..end predict (prompt_logprobs)."""
+    if req.sampling_params.prompt_logprobs is None:
+        return ()
+    last = min(end, req.num_prompt_tokens - 1)  # the last prompt position predicts the first output token
+    return tuple(req.prompt_token_ids[start + 1 : last + 1]) if last > start else ()

@@ -23,6 +23,7 @@ from engine.worker.forward_context import (
     set_forward_context,
 )
 from engine.worker.image_embeddings import ImageEmbeddings
+from engine.worker.prompt_logprobs import prompt_logprobs
 from kernels.paged_attention import same_query_count
 
 
@@ -194,6 +195,10 @@ class ModelRunner:
         self._save_states(sched)
         sampling = [r for r in sched.scheduled if r.sample]
         out = self._sample(logits, sampling) if sampling else RunnerOutput({})
+        if any(r.prompt_logprob_targets for r in sched.scheduled):
+            out = out._replace(
+                prompt_logprobs=prompt_logprobs(self.model, hidden, sched.scheduled, cu_seqlens)
+            )
         if self.drafter is not None:
             mrope = rope_positions if multimodal else None
             drafts = self.drafter.draft(sched, hidden, cu_seqlens, slot_mapping, out.sampled, mrope)

@@ -87,7 +87,7 @@ CASES = [
     (CHAT, chat(stop_token_ids=["x"])),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),
-    (COMPLETIONS, {"model": "m", "prompt": "hi", "echo": True, "logprobs": 2}),
+    (COMPLETIONS, {"model": "m", "prompt": "hi", "max_tokens": -1}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "logprobs": 99}),
     (COMPLETIONS, {"model": "m", "max_tokens": 4}),
     (COMPLETIONS, {"model": "m", "prompt": 42}),
