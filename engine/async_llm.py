@@ -95,16 +95,29 @@ class AsyncLLM:
         request_id: str | None = None,
         prompt: str | None = None,
         images: list[ImageInput] | None = None,
+        after: str | None = None,
     ) -> AsyncStream:
         """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused.
-        `images`: as LLM.add_request takes them (LLM.image() makes one; a caller's thread can)."""
+        `images`, `after`: as LLM.add_request takes them (LLM.image() makes an image; a caller's thread
+        can)."""
         grammar = None
         if sampling_params.grammar is not None:  # compiled here, not in the engine loop other streams share
             grammar = await asyncio.to_thread(self.llm.grammar_matcher, sampling_params, prompt_token_ids)
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._send(
-            ("add", list(prompt_token_ids), sampling_params, request_id, prompt, images, grammar, sink, done)
+            (
+                "add",
+                list(prompt_token_ids),
+                sampling_params,
+                request_id,
+                prompt,
+                images,
+                grammar,
+                after,
+                sink,
+                done,
+            )
         )
         request_id = await asyncio.wrap_future(done)
         return AsyncStream(self, request_id, sink)
@@ -199,10 +212,10 @@ class AsyncLLM:
                 if self._sinks.pop(command[1], None) is not None:
                     self.llm.abort(command[1])
                 continue
-            _, prompt_token_ids, params, request_id, prompt, images, grammar, sink, done = command
+            _, prompt_token_ids, params, request_id, prompt, images, grammar, after, sink, done = command
             try:
                 request_id = self.llm.add_request(
-                    prompt_token_ids, params, request_id, prompt, images, grammar
+                    prompt_token_ids, params, request_id, prompt, images, grammar, after
                 )
             except NinferError as e:
                 done.set_exception(e)

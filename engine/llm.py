@@ -92,9 +92,11 @@ class LLM:
         prompt: str | None = None,
         images: list[ImageInput] | None = None,
         grammar: GrammarMatcher | None = None,
+        after: str | None = None,
     ) -> str:
         """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order.
-        `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here."""
+        `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here. `after`: a
+        request with the same prompt; this one waits until that one's prompt is in the prefix cache."""
         request_id = request_id or f"req-{next(self._ids)}"
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
@@ -111,7 +113,13 @@ class LLM:
         if grammar is None:
             grammar = self.grammar_matcher(sampling_params, prompt_token_ids)
         req = Request(
-            request_id, list(prompt_token_ids), sampling_params, self.eos_token_ids, mm=mm, grammar=grammar
+            request_id,
+            list(prompt_token_ids),
+            sampling_params,
+            self.eos_token_ids,
+            mm=mm,
+            grammar=grammar,
+            after=after,
         )
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)

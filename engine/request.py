@@ -154,6 +154,9 @@ class Request:
     grammar: GrammarMatcher | None = None  # structured outputs: the output's grammar state
     # prompt_logprobs: entry p is prompt token p + 1's, given tokens 0..p (filled as prompt chunks run)
     prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
+    # another request with the same prompt (n > 1 choices): this one is not admitted while that one runs
+    # its prompt, so it starts from that prompt's pages in the prefix cache instead of computing them too
+    after: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

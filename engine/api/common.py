@@ -144,10 +144,14 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
 
 
 async def start(
-    state, ids: list[int], params: SamplingParams, images: list[ImageInput] | None = None
+    state,
+    ids: list[int],
+    params: SamplingParams,
+    images: list[ImageInput] | None = None,
+    after: str | None = None,
 ) -> AsyncStream:
     """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After). `images`: one
-    for each image placeholder of `ids`, in order."""
+    for each image placeholder of `ids`, in order; `after`: as AsyncLLM.add_request."""
     max_context = state.max_context
     if params.max_tokens >= max_context:
         raise ApiError(
@@ -158,7 +162,7 @@ async def start(
             400, f"the prompt is {len(ids)} tokens but the context limit is {max_context} (--max-context)"
         )
     try:
-        stream = await state.engine.add_request(ids, params, images=images or None)
+        stream = await state.engine.add_request(ids, params, images=images or None, after=after)
     except EngineOverloaded as e:
         raise ApiError(429, str(e), retry_after=1) from e
     except NinferError as e:

@@ -1,8 +1,8 @@
-"""OpenAI text completions: `POST /v1/completions` (one prompt, streamed or not), with `echo` and the
-legacy `logprobs` (an integer: the top-N alternatives per token, in the tokens / token_logprobs /
-top_logprobs / text_offset form; with `echo`, the prompt's tokens first), `max_tokens: 0` (the prompt
-scored, nothing generated) and vLLM's `prompt_logprobs`. `suffix` (fill-in-the-middle) and `best_of` > 1
-are refused in one line."""
+"""OpenAI text completions: `POST /v1/completions` (one prompt or several, `n` choices each, streamed or
+not), with `echo` and the legacy `logprobs` (an integer: the top-N alternatives per token, in the tokens /
+token_logprobs / top_logprobs / text_offset form; with `echo`, the prompt's tokens first), `max_tokens: 0`
+(the prompt scored, nothing generated) and vLLM's `prompt_logprobs`. `suffix` (fill-in-the-middle) and
+`best_of` > 1 are refused in one line."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import (
-    check_expired,
-    collect,
-    field,
-    now,
-    read_json,
-    sampling_params,
-    start,
-    stream_failure,
-)
+from engine.api.choices import collect_choices, merged, num_choices, start_choices
+from engine.api.common import check_expired, field, now, read_json, sampling_params, stream_failure
 from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
 from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
@@ -34,25 +26,28 @@ from engine.request import RequestOutput
 router = APIRouter()
 
 
-def _prompt_ids(state: ServerState, prompt: Any) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return state.engine.tokenizer.encode(prompt)
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return list(prompt)
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
+    """A string, an array of token ids, or an array of several (strings or token-id arrays)."""
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompt = [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        return [state.engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
     raise ApiError(
-        400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt"
+        400,
+        "'prompt' must be a string, an array of token ids, or an array of several strings or token-id arrays",
+        "prompt",
     )
 
 
 def _refusals(body: dict) -> None:
-    if field(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", "n")
     if field(body, "best_of", int, 1) != 1:
         raise ApiError(400, "only best_of=1 is supported", "best_of")
     if field(body, "suffix", str):
@@ -93,8 +88,9 @@ def _nothing_generated(out: RequestOutput) -> RequestOutput:
 async def completions(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    ids = _prompt_ids(state, body.get("prompt"))
+    prompts = _prompts(state, body.get("prompt"))
     _refusals(body)
+    n = num_choices(body, len(prompts))
     echo = field(body, "echo", bool, False)
     top = field(body, "logprobs", int)
     vllm_top = prompt_logprobs_field(body)
@@ -113,47 +109,60 @@ async def completions(request: Request):
         logprobs=top,
         prompt_logprobs=None if prompt_top < 0 else prompt_top,
     )
-    engine_stream = await start(state, ids, params)
-    prompt_text = state.engine.tokenizer.decode(ids) if echo else ""
+    streams = await start_choices(state, prompts, params, n)
+    # choice i answers prompt i // n
+    prompt_texts = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts for _ in range(n)]
     rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
 
-    def payload(text: str, finish: str | None, logprobs: dict | None, usage: dict | None = None) -> dict:
+    def payload(choices: list[dict], usage: dict | None = None) -> dict:
         body = {
             "id": rid,
             "object": "text_completion",
             "created": created,
             "model": state.model_id,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
+            "choices": choices,
         }
         return body if usage is None else {**body, "usage": usage}
+
+    def choice(index: int, text: str, finish: str | None, logprobs: dict | None) -> dict:
+        return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+
+    def event(index: int, text: str, finish: str | None, logprobs: dict | None) -> str:
+        return f"data: {json.dumps(payload([choice(index, text, finish, logprobs)]))}\n\n"
 
     def echoed_logprobs(out: RequestOutput) -> dict | None:
         """The prompt's legacy logprobs, when echoed with them."""
         return legacy_prompt_logprobs(state, out, top) if echo and top is not None else None
 
     if not stream:
-        out = await collect(engine_stream, request)
-        check_expired(out)
-        state.metrics.finished(out)
-        if score_only:
-            out = _nothing_generated(out)
-        logprobs = _logprobs(state, out, top, 0, len(prompt_text)) if top is not None else None
-        if echo and top is not None:
-            logprobs = {k: echoed_logprobs(out)[k] + logprobs[k] for k in logprobs}
-        response = payload(prompt_text + out.text, finish_reason(out), logprobs, usage_json(out))
-        if vllm_top is not None:
-            response["choices"][0]["prompt_logprobs"] = vllm_prompt_logprobs(state, out, vllm_top)
-        return JSONResponse(response)
+        outs = await collect_choices(streams, request)
+        choices = []
+        for index, out in enumerate(outs):
+            check_expired(out)
+            state.metrics.finished(out)
+            if score_only:
+                outs[index] = out = _nothing_generated(out)
+            text = prompt_texts[index]
+            logprobs = _logprobs(state, out, top, 0, len(text)) if top is not None else None
+            if echo and top is not None:
+                logprobs = {k: echoed_logprobs(out)[k] + logprobs[k] for k in logprobs}
+            choices.append(choice(index, text + out.text, finish_reason(out), logprobs))
+            if vllm_top is not None:
+                choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(state, out, vllm_top)
+        return JSONResponse(payload(choices, usage_json(*outs, n=n)))
 
     async def events():
-        sent_tokens, sent_text = 0, len(prompt_text)
-        echoed = not echo  # with logprobs, the echo waits for the prompt's, which come with the first token
+        sent_tokens = [0] * len(streams)
+        sent_text = [len(text) for text in prompt_texts]
+        # with logprobs, an echo waits for the prompt's, which come with the choice's first token
+        echoed = [not echo] * len(streams)
+        outputs = merged(streams)
         try:
             if echo and top is None:
-                yield f"data: {json.dumps(payload(prompt_text, None, None))}\n\n"
-                echoed = True
-            out = None
-            async for out, delta in engine_stream:
+                for index, text in enumerate(prompt_texts):
+                    yield event(index, text, None, None)
+                echoed = [True] * len(streams)
+            async for index, out, delta in outputs:
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)
@@ -161,20 +170,20 @@ async def completions(request: Request):
                 state.metrics.token(out)
                 if score_only:
                     out, delta = _nothing_generated(out), ""
-                if not echoed:
-                    yield f"data: {json.dumps(payload(prompt_text, None, echoed_logprobs(out)))}\n\n"
-                    echoed = True
+                if not echoed[index]:
+                    yield event(index, prompt_texts[index], None, echoed_logprobs(out))
+                    echoed[index] = True
                 if (delta or out.finished) and not (score_only and not out.finished):
                     logprobs = None
                     if top is not None:
-                        logprobs = _logprobs(state, out, top, sent_tokens, sent_text)
-                        sent_tokens = len(out.token_ids)
-                    sent_text += len(delta)
-                    finish = finish_reason(out) if out.finished else None
-                    yield f"data: {json.dumps(payload(delta, finish, logprobs))}\n\n"
-            state.metrics.finished(out)
+                        logprobs = _logprobs(state, out, top, sent_tokens[index], sent_text[index])
+                        sent_tokens[index] = len(out.token_ids)
+                    sent_text[index] += len(delta)
+                    yield event(index, delta, finish_reason(out) if out.finished else None, logprobs)
+                if out.finished:
+                    state.metrics.finished(out)
             yield "data: [DONE]\n\n"
         finally:
-            engine_stream.abort()
+            await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -9,13 +9,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, field, now, read_json, sampling_params, start, stream_failure
+from engine.api.choices import collect_choices, merged, num_choices, start_choices
+from engine.api.common import check_expired, field, now, read_json, sampling_params, stream_failure
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
 from engine.api.structured import openai_grammar
-from engine.parsers.reply import ReplyParser
+from engine.parsers.reply import ReplyParser, parse_reply
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
@@ -110,13 +111,18 @@ def _logprobs_settings(body: dict) -> int | None:
     return field(body, "top_logprobs", int, 0)
 
 
-def usage_json(out: RequestOutput) -> dict[str, Any]:
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+def usage_json(out: RequestOutput, *others: RequestOutput, n: int = 1) -> dict[str, Any]:
+    """Usage of one output, or of several choices, n a prompt (each prompt and its cache hit counted
+    once, by its first choice)."""
+    outs = [out, *others]
+    firsts = outs[::n]
+    prompt = sum(len(o.prompt_token_ids) for o in firsts)
+    completion = sum(len(o.token_ids) for o in outs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)},
     }
 
 
@@ -186,8 +192,7 @@ async def chat_completions(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
     messages, images = template_messages(body.get("messages"))
-    if field(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", "n")
+    n = num_choices(body)
     if body.get("functions") or body.get("function_call") is not None:
         raise ApiError(
             400,
@@ -218,40 +223,49 @@ async def chat_completions(request: Request):
     )
     prompt_text, ids = state.render(messages, tools, kwargs)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    engine_stream = await start(state, ids, params, await preprocess_images(state, images))
+    streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
-        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
-        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-        if reasoning:
-            message["reasoning_content"] = reasoning
-        if calls:
-            message["tool_calls"] = [_tool_call_json(c) for c in calls]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "finish_reason": "tool_calls" if calls else finish_reason(out),
-            "logprobs": None,
-        }
-        if top_logprobs is not None:
-            choice["logprobs"] = _logprobs_content(state, out, top_logprobs)
+        outs = await collect_choices(streams, request)
+        choices = []
+        for index, out in enumerate(outs):
+            check_expired(out)
+            state.metrics.finished(out)
+            reasoning, content, calls = parse_reply(out.text, in_reasoning, tools)
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": content if content or not calls else None,
+            }
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = [_tool_call_json(c) for c in calls]
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else finish_reason(out),
+                "logprobs": None,
+            }
+            if top_logprobs is not None:
+                choice["logprobs"] = _logprobs_content(state, out, top_logprobs)
+            choices.append(choice)
         response = {
             "id": rid,
             "object": "chat.completion",
             "created": created,
             "model": state.model_id,
-            "choices": [choice],
-            "usage": usage_json(out),
+            "choices": choices,
+            "usage": usage_json(*outs, n=n),
         }
         if prompt_top is not None:
-            response["prompt_logprobs"] = vllm_prompt_logprobs(state, out, prompt_top)
+            response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
         return JSONResponse(response)
 
     def chunk(
         delta: dict[str, Any],
         finish: str | None = None,
         usage: dict | None = None,
-        choices: bool = True,
+        index: int | None = 0,
         logprobs: dict | None = None,
     ) -> str:
         payload: dict[str, Any] = {
@@ -259,8 +273,8 @@ async def chat_completions(request: Request):
             "object": "chat.completion.chunk",
             "created": created,
             "model": state.model_id,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
-            if choices
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
+            if index is not None
             else [],
         }
         if usage is not None:
@@ -268,51 +282,41 @@ async def chat_completions(request: Request):
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
-        parser = ReplyParser(in_reasoning, tools)
-        num_calls = sent_logprobs = 0
-        out = None
+        parsers = [ReplyParser(in_reasoning, tools) for _ in streams]
+        num_calls, sent_logprobs = [0] * len(streams), [0] * len(streams)
+        last: list[RequestOutput | None] = [None] * len(streams)
+        outputs = merged(streams)
         try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for out, delta in engine_stream:
+            for index in range(len(streams)):
+                yield chunk({"role": "assistant", "content": ""}, index=index)
+            async for index, out, delta in outputs:
+                last[index] = out
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)
                     return
                 state.metrics.token(out)
-                if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs:
+                if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs[index]:
                     # the new tokens' logprobs, in a chunk of their own (text may be held back a while)
-                    yield chunk({}, logprobs=_logprobs_content(state, out, top_logprobs, sent_logprobs))
-                    sent_logprobs = len(out.logprobs)
-                for kind, piece in parser.feed(delta, final=out.finished):
+                    logprobs = _logprobs_content(state, out, top_logprobs, sent_logprobs[index])
+                    yield chunk({}, index=index, logprobs=logprobs)
+                    sent_logprobs[index] = len(out.logprobs)
+                for kind, piece in parsers[index].feed(delta, final=out.finished):
                     if kind == "tool_call":
-                        yield chunk({"tool_calls": [{"index": num_calls, **_tool_call_json(piece)}]})
-                        num_calls += 1
+                        call = {"index": num_calls[index], **_tool_call_json(piece)}
+                        yield chunk({"tool_calls": [call]}, index=index)
+                        num_calls[index] += 1
                     else:
-                        yield chunk({"reasoning_content" if kind == "reasoning" else "content": piece})
-            state.metrics.finished(out)
-            yield chunk({}, "tool_calls" if num_calls else finish_reason(out))
+                        yield chunk(
+                            {"reasoning_content" if kind == "reasoning" else "content": piece}, index=index
+                        )
+                if out.finished:
+                    state.metrics.finished(out)
+                    yield chunk({}, "tool_calls" if num_calls[index] else finish_reason(out), index=index)
             if include_usage:
-                yield chunk({}, usage=usage_json(out), choices=False)
+                yield chunk({}, usage=usage_json(*last, n=n), index=None)
             yield "data: [DONE]\n\n"
         finally:
-            engine_stream.abort()  # the client went away mid-stream: free its KV now
+            await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-@router.post("/tokenize")
-async def tokenize(request: Request):
-    """vLLM-compatible token counting: `messages` (rendered with the chat template, as chat completions does)
-    or `prompt`; answers count, tokens and max_model_len."""
-    state: ServerState = request.app.state.ninfer
-    body = await read_json(request)
-    if body.get("messages") is not None:
-        kwargs = field(body, "chat_template_kwargs", dict, {})
-        messages, images = template_messages(body.get("messages"))
-        _, ids = state.render(messages, field(body, "tools", list), kwargs)
-        ids = state.with_images(ids, await preprocess_images(state, images))
-    elif isinstance(body.get("prompt"), str):
-        ids = state.engine.tokenizer.encode(body["prompt"])
-    else:
-        raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
-    return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}

@@ -141,6 +141,8 @@ class Scheduler:
             req = self.waiting[0]
             if self.state_pool is not None and self.state_pool.num_free_slots == 0:
                 break
+            if self._waits_for_prompt(req):  # a few steps: its twin's prompt chunks are running
+                break
             hit_blocks, restore = self._lookup_prefix(req)
             num_cached = len(hit_blocks) * self.block_size
             n = self._num_to_run(req, budget, num_cached)
@@ -168,6 +170,16 @@ class Scheduler:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled, finished, state_saves)
+
+    def _waits_for_prompt(self, req: Request) -> bool:
+        """Whether `req` waits for its `after` request, which is running its prompt (the same one)."""
+        twin = self.requests.get(req.after) if req.after is not None else None
+        return (
+            twin is not None
+            and twin.status == RequestStatus.RUNNING
+            and twin.num_computed_tokens < twin.num_prompt_tokens
+            and self.block_pool.enable_prefix_caching
+        )
 
     def _num_to_run(self, req: Request, budget: int, start: int | None = None) -> int:
         start = req.num_computed_tokens if start is None else start
@@ -357,6 +369,9 @@ class Scheduler:
             return
         now = self.clock()
         for req in [r for r in self.waiting if not r.admitted]:
+            if self._waits_for_prompt(req):  # held on purpose: its wait counts from its twin's prompt end
+                req.arrival_time = now
+                continue
             waited_ms = (now - req.arrival_time) * 1000.0
             if waited_ms > timeout:
                 req.error = (

@@ -83,7 +83,9 @@ class ScriptedEngine:
         self.is_running = True
         self._ids = itertools.count()
 
-    async def add_request(self, prompt_token_ids, sampling_params, request_id=None, prompt=None, images=None):
+    async def add_request(
+        self, prompt_token_ids, sampling_params, request_id=None, prompt=None, images=None, after=None
+    ):
         self.prompts.append(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False))
         request_id = request_id or f"scripted-{next(self._ids)}"
         output = RequestOutput(request_id, None, list(prompt_token_ids), [], "", None, "stop")

@@ -176,6 +176,8 @@ def test_tokenize_counts_as_chat_completions_does_and_ignore_eos(oai, server):
     assert plain.json()["count"] == len(server.engine.tokenizer.encode("hello world"))
     assert httpx.post(f"{server.url}/tokenize", json={}, headers={"x-api-key": KEY}).status_code == 400
     assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}).status_code == 401  # the key guards it
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [1]}).status_code == 401
+    assert httpx.get(f"{server.url}/tokenizer_info").status_code == 401
     # the short answer ends with EOS well before 40 tokens; ignore_eos runs all 40
     short = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=40, **GREEDY)
     assert short.usage.completion_tokens < 40

@@ -121,3 +121,22 @@ def test_prompt_logprobs_refused_when_streamed_or_out_of_range(server, path):
     ):
         r = httpx.post(server.url + path, json={**base, **extra}, timeout=60)
         assert r.status_code == 400 and message in r.json()["error"]["message"]
+
+
+def test_the_tokenizer_routes_lm_eval_reads(server):
+    """lm-eval's remote tokenizer: /tokenizer_info must name eos_token, /tokenize take add_special_tokens,
+    /detokenize give the text back."""
+    tok = server.engine.tokenizer
+    info = httpx.get(f"{server.url}/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template
+    assert info["model_max_length"] == server.engine.llm.max_context
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT, "add_special_tokens": False}, timeout=30)
+    ids = r.json()["tokens"]
+    assert ids == tok.encode(PROMPT, add_special_tokens=False)
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()
+    assert back == {"prompt": PROMPT}
+    eos = tok.token_to_id(tok.eos_token)
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [eos]}).json()["prompt"] == tok.eos_token
+    for bad in ({"tokens": "abc"}, {"tokens": [-1]}, {"tokens": [10**9]}, {}):
+        r = httpx.post(f"{server.url}/detokenize", json=bad, timeout=30)
+        assert r.status_code == 400 and "'tokens' must be an array" in r.json()["error"]["message"]

@@ -3,7 +3,9 @@ decode; prefix-cache hits (dense and hybrid) equal cold runs; nothing leaks unde
 
 from __future__ import annotations
 
+import itertools
 import random
+import time
 
 import pytest
 import torch
@@ -231,3 +233,38 @@ def test_drafts_under_preemption_keep_greedy_output(tmp_path, arch):
     assert llm.scheduler.num_preemptions > 0
     assert 0 < llm.scheduler.num_accepted_tokens < llm.scheduler.num_draft_tokens
     assert pool.num_free_blocks == free_blocks and (states is None or states.num_free_slots == free_slots)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_choices_after_a_twin_start_from_its_prompt_in_the_cache(tmp_path, arch):
+    """n > 1 choices: the others wait while the first runs the shared prompt, then take its pages (and a
+    hybrid model's state snapshot) from the prefix cache; each samples as it would alone."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, seed=4), tmp_path)
+    prompt = _prompt(45, 7)
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    alone = [LLM(path).generate(prompt_token_ids=prompt, sampling_params=p)[0].token_ids for p in params]
+    llm = LLM(path, max_concurrency=3, prefill_chunk=64)  # room for a second prompt in the first step
+    first = llm.add_request(prompt, params[0])
+    others = [llm.add_request(prompt, p, after=first) for p in params[1:]]
+    outs = {}
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o, _ in llm.step() if o.finished})
+    assert [outs[r].token_ids for r in (first, *others)] == alone
+    assert outs[first].num_cached_tokens == 0
+    assert all(outs[r].num_cached_tokens == 32 for r in others)  # the prompt's full pages, computed once
+    assert llm.scheduler.block_pool.num_free_blocks == llm.scheduler.block_pool.num_blocks
+
+
+def test_a_choice_waiting_for_its_twin_does_not_expire_meanwhile(tmp_path):
+    path = save_tiny(tiny_hf_model("llama", tied=False, seed=4), tmp_path)
+    llm = LLM(path, max_concurrency=2, prefill_chunk=16, pending_timeout_ms=2500)
+    ticks, base = itertools.count(), time.monotonic()  # (requests take their arrival time from it)
+    llm.scheduler.clock = lambda: base + next(ticks)  # a second passes at each look at the clock
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = llm.add_request(_prompt(60, 8), params)
+    llm.step()  # the first is admitted at once (so never expires); its prompt takes four steps
+    second = llm.add_request(_prompt(60, 8), params, after=first)
+    outs = {}
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o, _ in llm.step() if o.finished})
+    assert outs[second].finish_reason == "length" and outs[second].token_ids == outs[first].token_ids

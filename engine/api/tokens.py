@@ -1,0 +1,67 @@
+"""vLLM's tokenizer routes: /tokenize, /detokenize and /tokenizer_info (which lm-evaluation-harness's
+remote tokenizer reads, so it counts and cuts prompts with the served model's own tokenizer)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from engine.api.common import field, read_json
+from engine.api.errors import ApiError
+from engine.api.images import preprocess_images
+from engine.api.openai import template_messages
+from engine.api.state import ServerState
+
+router = APIRouter()
+PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # behind --api-key like /v1/*
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    """`messages` (rendered with the chat template, as chat completions does) or `prompt` (with the
+    tokenizer's special tokens unless `add_special_tokens` is false); answers count, tokens and
+    max_model_len."""
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    if body.get("messages") is not None:
+        kwargs = field(body, "chat_template_kwargs", dict, {})
+        messages, images = template_messages(body.get("messages"))
+        _, ids = state.render(messages, field(body, "tools", list), kwargs)
+        ids = state.with_images(ids, await preprocess_images(state, images))
+    elif isinstance(body.get("prompt"), str):
+        special = field(body, "add_special_tokens", bool, True)
+        ids = state.engine.tokenizer.encode(body["prompt"], add_special_tokens=special)
+    else:
+        raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
+    return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request):
+    """`tokens` (ids) back to text, special tokens included."""
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    tokens = field(body, "tokens", list)
+    vocab = state.engine.tokenizer.vocab_size
+    if tokens is None or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
+    ):
+        raise ApiError(400, f"'tokens' must be an array of token ids (0..{vocab - 1})", "tokens")
+    return {"prompt": state.engine.tokenizer.decode(tokens, skip_special_tokens=False)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request):
+    """The tokenizer's special tokens, chat template and context limit."""
+    state: ServerState = request.app.state.ninfer
+    tok = state.engine.tokenizer
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "pad_token": tok.pad_token,
+        "unk_token": tok.unk_token,
+        "add_bos_token": tok.add_bos_token,
+        "chat_template": tok.chat_template,
+        "model_max_length": state.engine.llm.max_context,
+        "vocab_size": tok.vocab_size,
+    }
