@@ -180,6 +180,10 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
                 f"ngram: {dep.concurrency} x the state before a step (restored when a draft is rejected)",
             )
         )
+    positions = cfg.position_limit  # the rope table covers every position the model takes
+    rows.append(
+        Row("rotary table", positions * cfg.rotary_dim * 4, f"cos | sin of {positions:,} positions, fp32")
+    )
     step_tokens = max(dep.prefill_chunk, dep.concurrency * dep.decode_tokens)
     act = step_tokens * activation_bytes_per_token(cfg, b)
     logits = dep.concurrency * dep.decode_tokens * cfg.vocab_size * 4 * LOGIT_COPIES
