@@ -32,6 +32,37 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
+def _document_text(block: dict, where: str) -> str:
+    """A plain-text `document` block (source type text, or content of text blocks) as the text the model
+    reads: its title and context, then the document; PDFs and URLs are refused (no parser, no fetching)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source.get("data"), str):
+        body = source["data"]
+    elif kind == "content" and isinstance(source.get("content"), (str, list)):
+        parts = source["content"]
+        parts = [{"type": "text", "text": parts}] if isinstance(parts, str) else parts
+        if not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts
+        ):
+            raise ApiError(
+                400, f"{where}.source.content must hold text blocks (this model reads no images there)"
+            )
+        body = "\n".join(p["text"] for p in parts)
+    elif kind in ("base64", "url", "file"):
+        raise ApiError(
+            400,
+            f"{where} is a document of type {source.get('media_type') or kind}; this server reads plain-text "
+            "documents (source type text or content): send the document's text",
+        )
+    else:
+        raise ApiError(400, f'{where}.source must be a text source ({{"type": "text", "data": ...}})')
+    head = [
+        f"{key.capitalize()}: {block[key]}" for key in ("title", "context") if isinstance(block.get(key), str)
+    ]
+    return "\n".join([*head, body]) + "\n\n"
+
+
 def _tool_result_content(block: dict, where: str, images: MessageImages) -> str | list[dict[str, str]]:
     content = block.get("content", "")
     if isinstance(content, str):
@@ -44,8 +75,10 @@ def _tool_result_content(block: dict, where: str, images: MessageImages) -> str 
                 parts.append(images.add(anthropic_image(b, bw), bw))
             elif isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
                 parts.append(b["text"])
+            elif isinstance(b, dict) and b.get("type") == "document":
+                parts.append(_document_text(b, bw))
             else:
-                raise ApiError(400, f"{bw} of a tool_result must be a text or image block")
+                raise ApiError(400, f"{bw} of a tool_result must be a text, image or document block")
     else:
         raise ApiError(400, f"{where}.content must be a string or an array of text and image blocks")
     if block.get("is_error"):
@@ -86,8 +119,8 @@ def template_messages(body: dict) -> tuple[list[dict[str, Any]], MessageImages]:
                 texts.append(block["text"])
             elif kind == "image" and m["role"] == "user":
                 texts.append(images.add(anthropic_image(block, bw), bw))
-            elif kind == "document":
-                raise ApiError(400, f"{bw} is a document; this model takes text and images only")
+            elif kind == "document" and m["role"] == "user":
+                texts.append(_document_text(block, bw))
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                     raise ApiError(400, f"{bw} needs a string 'name' and an object 'input'")

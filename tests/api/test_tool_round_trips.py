@@ -130,3 +130,47 @@ def test_thinking_is_split_in_both_protocols():
             m = s.get_final_message()
         assert [b.type for b in m.content] == ["thinking", "text"]
         assert m.content[0].thinking == "Let me think.\n" and m.content[1].text == "Four."
+
+
+def test_anthropic_text_documents_are_read_and_others_refused_in_one_line():
+    engine = ScriptedEngine([FINAL, FINAL])
+    with RunningServer(engine) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        doc = {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": "The sky was green that day."},
+            "title": "Notes",
+            "context": "from the logbook",
+        }
+        question = {"type": "text", "text": "What colour was the sky?"}
+        message = client.messages.create(
+            model="m", max_tokens=20, messages=[{"role": "user", "content": [doc, question]}]
+        )
+        assert message.content[0].text == FINAL
+        assert (
+            "Title: Notes\nContext: from the logbook\nThe sky was green that day.\n\nWhat colour"
+            in engine.prompts[0]
+        )
+        # a document of text blocks, inside a tool result
+        blocks = {
+            "type": "document",
+            "source": {"type": "content", "content": [{"type": "text", "text": "page 1"}]},
+        }
+        messages = [
+            {"role": "user", "content": "Read it."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [blocks]}]},
+        ]
+        client.messages.create(model="m", max_tokens=20, messages=messages)
+        assert "page 1" in engine.prompts[1]
+        pdf = {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+        }
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(
+                model="m", max_tokens=20, messages=[{"role": "user", "content": [pdf, question]}]
+            )
+        message = e.value.body["error"]["message"]
+        assert "is a document of type application/pdf; this server reads plain-text documents" in message
+        assert "\n" not in message
