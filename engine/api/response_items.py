@@ -53,6 +53,26 @@ def output_items(reasoning: str, content: str, calls: list[ToolCall]) -> list[di
     return items + [call_item(c) for c in calls]
 
 
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(given: Any) -> list[dict[str, Any]]:
+    """A request's `input` as the items input_items lists: a string becomes a user message; message
+    content strings become input_text parts; every item gets an id (its own where it has one)."""
+    raw = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
+    items = []
+    for item in raw:
+        item = {"type": "message", **item}
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", _id(_ID_PREFIX.get(item["type"], "item")))
+        if item["type"] == "message":
+            item.setdefault("status", "completed")
+        items.append(item)
+    return items
+
+
 class OutputEvents:
     """The server-sent events of one streamed response, as its reply's pieces arrive: each item added,
     its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done."""

@@ -11,18 +11,23 @@ MAX_STORED = 256
 
 
 class ResponseStore:
-    """The latest stored responses: each one's JSON and the conversation it ends (chat messages)."""
+    """The latest stored responses: each one's JSON, the conversation it ends (chat messages), and the
+    input items it was given."""
 
     def __init__(self, capacity: int = MAX_STORED):
         self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = (
+            OrderedDict()
+        )
 
-    def put(self, response: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = (response, history)
+    def put(
+        self, response: dict[str, Any], history: list[dict[str, Any]], inputs: list[dict[str, Any]] = ()
+    ) -> None:
+        self._items[response["id"]] = (response, history, list(inputs))
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
         if response_id not in self._items:
             raise ApiError(
                 404,

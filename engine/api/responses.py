@@ -21,7 +21,7 @@ from engine.api.common import complete, field, now, read_json, sampling_params, 
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
-from engine.api.response_items import OutputEvents, output_items
+from engine.api.response_items import OutputEvents, input_items, output_items
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
 from engine.parsers.reply import ReplyParser
@@ -238,7 +238,7 @@ async def create(request: Request):
     def finish(out: RequestOutput, output: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
         final = response("completed", output, _usage(state, out, reasoning), out)
         if store:
-            state.responses.put(final, turns + [_history_turn(output)])
+            state.responses.put(final, turns + [_history_turn(output)], input_items(body["input"]))
         return final
 
     if not field(body, "stream", bool, False):
@@ -276,6 +276,40 @@ async def create(request: Request):
 @router.get("/v1/responses/{response_id}")
 async def retrieve(request: Request, response_id: str):
     return JSONResponse(request.app.state.ninfer.responses.get(response_id)[0])
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(request: Request, response_id: str):
+    """The input items a stored response was given: `order` desc (the default) or asc, `limit` 1..100
+    (20), `after` an item id."""
+    items = request.app.state.ninfer.responses.get(response_id)[2]
+    query = request.query_params
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"'order' is {order!r}; use asc or desc", "order")
+    try:
+        limit = int(query.get("limit", 20))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise ApiError(
+            400, f"'limit' must be a whole number from 1 to 100 (got {query.get('limit')!r})", "limit"
+        )
+    ordered = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise ApiError(400, f"'after' is {after!r}, which is not an input item of {response_id}", "after")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -92,6 +92,39 @@ def test_previous_response_id_continues_the_conversation(client):
         client.responses.retrieve(unstored.id)
 
 
+def test_input_items_of_a_stored_response(client, server):
+    given = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": ASK}],
+            "id": "msg_mine",
+        },
+    ]
+    r = client.responses.create(model="m", input=given, max_output_tokens=4, temperature=0)
+    page = client.responses.input_items.list(r.id)
+    assert [i.id for i in page.data][0] == "msg_mine"  # newest first by default
+    assert [i.role for i in page.data] == ["user", "system"]
+    assert page.data[1].content[0].type == "input_text" and page.data[1].content[0].text == "Be brief."
+    assert page.first_id == "msg_mine" and not page.has_more
+    asc = client.responses.input_items.list(r.id, order="asc", limit=1)
+    assert [i.role for i in asc.data] == ["system"] and asc.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=asc.last_id)
+    assert [i.id for i in rest.data] == ["msg_mine"] and not rest.has_more
+    one = client.responses.create(model="m", input=ASK, max_output_tokens=4)
+    (item,) = client.responses.input_items.list(one.id).data
+    assert item.role == "user" and item.content[0].text == ASK and item.id.startswith("msg_")
+    for query, words in (
+        ("order=up", "'order' is 'up'"),
+        ("limit=0", "'limit' must be"),
+        ("after=x", "'after'"),
+    ):
+        got = httpx.get(f"{server.url}/v1/responses/{r.id}/input_items?{query}", timeout=30)
+        assert got.status_code == 400 and words in got.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/v1/responses/resp_gone/input_items", timeout=30).status_code == 404
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_function_tool_round_trip(client, stream):
     ask = dict(model="m", tools=[WEATHER], max_output_tokens=60, temperature=0)
