@@ -57,3 +57,50 @@ def test_cuda_bf16_close_to_fp32(pair):
         out = bf16.generate(prompt_token_ids=ids + fp32.token_ids[:k], sampling_params=step)[0]
         worst = max(worst, abs(out.logprobs[0].get(tok, -99.0) - fp32.logprobs[k][tok]))
     assert worst < 0.3
+
+
+def test_cuda_yarn_matches_transformers_past_the_original_positions(tmp_path):
+    """YaRN's scaled table through the Triton rope kernel: a tiny Qwen3 trained on 64 positions, x4."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e6}
+    ref = tiny_hf_model("qwen3", tied=False, seed=7, max_position_embeddings=64, rope_parameters=yarn)
+    path = save_tiny(ref, tmp_path)
+    ids = _prompt(150)
+    ref_tokens, ref_lp = hf_greedy_reference(ref, ids, GEN)
+    llm = LLM(path, device="cuda", dtype="float32", max_context=256)
+    ours = llm.generate(
+        prompt_token_ids=ids,
+        sampling_params=SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1),
+    )[0]
+    for step, (tok, want) in enumerate(zip(ours.token_ids, ref_tokens)):
+        assert abs(ours.logprobs[step][tok] - ref_lp[step][tok].item()) < 1e-3
+        if tok != want:
+            top2 = torch.topk(ref_lp[step], 2).values
+            assert (top2[0] - top2[1]).item() < TIE, f"step {step}: {tok} vs {want} without a tie"
+            break
+
+
+def test_cuda_prompt_logprobs_min_tokens_and_twins_match_the_cpu(pair):
+    """With CUDA graphs: prompt log-probabilities, min_tokens' banned rows and a choice waiting for its
+    twin's prompt give what the CPU engine gives."""
+    _, path = pair
+    ids = _prompt(70)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(path, device=device, dtype="float32", max_concurrency=2, prefill_chunk=64)
+        scored = SamplingParams(
+            max_tokens=6, temperature=0.0, prompt_logprobs=2, min_tokens=4, logit_bias={2: 30}
+        )
+        first = llm.add_request(ids, scored)
+        twin = llm.add_request(
+            ids, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), after=first
+        )
+        outs = {}
+        while llm.has_unfinished_requests():
+            outs.update({o.request_id: o for o, _ in llm.step() if o.finished})
+        runs[device] = outs[first], outs[twin]
+    (cpu, cpu_twin), (gpu, gpu_twin) = runs["cpu"], runs["cuda"]
+    assert gpu.token_ids == cpu.token_ids and len(gpu.token_ids) >= 4 and 2 not in gpu.token_ids[:4]
+    for a, b in zip(gpu.prompt_logprobs[1:], cpu.prompt_logprobs[1:]):
+        assert a.logprobs.keys() == b.logprobs.keys()
+        assert all(abs(a.logprobs[t] - b.logprobs[t]) < 1e-3 for t in a.logprobs)
+    assert gpu_twin.token_ids == cpu_twin.token_ids and gpu_twin.num_cached_tokens == 64
