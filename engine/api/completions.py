@@ -99,6 +99,7 @@ async def completions(request: Request):
     # max_tokens 0: score the prompt only (one token is generated and dropped)
     score_only = field(body, "max_tokens", int, 16) == 0
     stream = field(body, "stream", bool, False)
+    include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
     grammar = openai_text_grammar(body)
     params = sampling_params(
         {**body, "max_tokens": 1} if score_only else body,
@@ -156,6 +157,7 @@ async def completions(request: Request):
         sent_text = [len(text) for text in prompt_texts]
         # with logprobs, an echo waits for the prompt's, which come with the choice's first token
         echoed = [not echo] * len(streams)
+        last: list[RequestOutput | None] = [None] * len(streams)
         outputs = merged(streams)
         try:
             if echo and top is None:
@@ -182,6 +184,9 @@ async def completions(request: Request):
                     yield event(index, delta, finish_reason(out) if out.finished else None, logprobs)
                 if out.finished:
                     state.metrics.finished(out)
+                    last[index] = out
+            if include_usage:
+                yield f"data: {json.dumps(payload([], usage_json(*last, n=n)))}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now

@@ -183,7 +183,15 @@ async def models(request: Request):
     state: ServerState = request.app.state.ninfer
     return {
         "object": "list",
-        "data": [{"id": state.model_id, "object": "model", "created": state.started, "owned_by": "ninfer"}],
+        "data": [
+            {
+                "id": state.model_id,
+                "object": "model",
+                "created": state.started,
+                "owned_by": "ninfer",
+                "max_model_len": state.max_context,  # vLLM's field: the context limit (--max-context)
+            }
+        ],
     }
 
 

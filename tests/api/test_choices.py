@@ -87,7 +87,23 @@ def test_completions_several_prompts_and_n(oai, server):
     texts = {0: "", 1: ""}
     for c in chunks:
         texts[c.choices[0].index] += c.choices[0].text
+    assert chunks[-1].usage is None
     assert texts == {i: prompts[i] + a.choices[0].text for i, a in enumerate(alone)}
+    # the usage chunk closes the stream when asked for: no choices, each prompt counted once
+    chunks = list(
+        oai.completions.create(
+            model="m",
+            prompt=prompts,
+            max_tokens=6,
+            n=2,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    assert chunks[-1].usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
     _idle(server)
 
 

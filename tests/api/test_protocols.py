@@ -31,7 +31,7 @@ def claude(server):
     return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
 
 
-def test_openai_chat_and_stream(oai):
+def test_openai_chat_and_stream(oai, server):
     r = oai.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=24, **GREEDY)
     assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
@@ -48,7 +48,9 @@ def test_openai_chat_and_stream(oai):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == r.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
-    assert [m.id for m in oai.models.list().data] == ["smollm2"]
+    models = oai.models.list().data
+    assert [m.id for m in models] == ["smollm2"]
+    assert models[0].model_extra["max_model_len"] == server.engine.llm.max_context
 
 
 def test_openai_completions(oai):
