@@ -153,7 +153,8 @@ def test_bad_choices_are_one_line(server, path, extra, message):
 
 def test_more_choices_than_the_queue_holds_are_refused_whole(server):
     """4 running + 8 waiting: 13 choices get a 429, and none of them is left queued or running."""
-    body = {"model": "m", "max_tokens": 4, "messages": QUESTION, "n": 13}
+    # long replies: none of the first twelve ends (and makes room) while the thirteenth is queued
+    body = {"model": "m", "max_tokens": 300, "ignore_eos": True, "messages": QUESTION, "n": 13}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 429
     stats = _idle(server)
