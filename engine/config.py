@@ -278,6 +278,10 @@ class EngineConfig:
     # the model's rope scaling replaced (engine/rope_scaling.py): yarn:FACTOR[:ORIGINAL_CONTEXT], none, or
     # a config.json-style JSON object; None keeps the checkpoint's
     rope_scaling: str | None = None
+    # the sampling defaults of the fields a request leaves out (engine/sampling_defaults.py): auto = the
+    # checkpoint's generation_config.json (or GGUF general.sampling.*), none = ninfer's own, or a file
+    generation_config: str = "auto"
+    chat_template: str | None = None  # a Jinja file replacing the checkpoint's chat template
     max_concurrency: int = 8  # requests running at once
     max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
     pending_timeout_ms: float | None = None  # a request waiting longer than this expires

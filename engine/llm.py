@@ -17,8 +17,10 @@ from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
+from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
+from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
@@ -41,11 +43,13 @@ class LLM:
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
         source = open_source(model)
-        if (
-            config.rope_scaling is not None
-        ):  # --rope-scaling: the rotary tables and the context limit follow it
+        if config.rope_scaling is not None:  # the rotary tables and the context limit follow it
             source = replace(source, config=config.scaled(source.config))
-        self.model_config, self.tokenizer = source.config, source.tokenizer
+        self.model_config = source.config
+        self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)
+        # what a server request's left-out sampling fields default to
+        checkpoint = self.tokenizer.sampling_defaults if self.tokenizer is not None else {}
+        self.sampling_defaults = resolve_sampling_defaults(config.generation_config, checkpoint)
         self.description = source.description
         self.model = load_model(source, config)
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.chat_template import render_chat_template
 from engine.errors import NinferError
+from engine.sampling_defaults import from_generation_config
 
 
 def _token_content(tok: Any) -> str | None:
@@ -29,6 +30,8 @@ class Tokenizer:
     unk_token: str | None = None
     add_bos_token: bool = False
     extra_eos_token_ids: tuple[int, ...] = ()
+    # the checkpoint's recommended sampling (generation_config.json; engine/sampling_defaults.py)
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -101,9 +104,12 @@ class Tokenizer:
             template = jinja_file.read_text()
         gen_cfg_file = path / "generation_config.json"
         extra_eos: tuple[int, ...] = ()
+        sampling: dict[str, float | int] = {}
         if gen_cfg_file.is_file():
-            eos = json.loads(gen_cfg_file.read_text()).get("eos_token_id")
+            gen_cfg = json.loads(gen_cfg_file.read_text())
+            eos = gen_cfg.get("eos_token_id")
             extra_eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+            sampling = from_generation_config(gen_cfg)
         return Tokenizer(
             backend=backend,
             chat_template=template,
@@ -113,6 +119,7 @@ class Tokenizer:
             unk_token=_token_content(cfg.get("unk_token")),
             add_bos_token=bool(cfg.get("add_bos_token", False)),
             extra_eos_token_ids=extra_eos,
+            sampling_defaults=sampling,
         )
 
 
@@ -143,3 +150,23 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.text += delta
         return delta
+
+
+def with_chat_template(tokenizer: Tokenizer | None, path: str | None) -> Tokenizer | None:
+    """The tokenizer with the chat template of the Jinja file at `path` (--chat-template), checked by
+    rendering a conversation; unchanged without one."""
+    if path is None:
+        return tokenizer
+    if tokenizer is None:
+        raise NinferError("--chat-template needs a tokenizer, and this model has none")
+    file = Path(path).expanduser()
+    try:
+        template = file.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise NinferError(f"--chat-template {path}: cannot read it ({e.__class__.__name__}: {e})") from None
+    replaced = replace(tokenizer, chat_template=template)
+    try:
+        replaced.apply_chat_template([{"role": "user", "content": "hi"}])
+    except Exception as e:  # noqa: BLE001 - Jinja's own message says where the template is wrong
+        raise NinferError(f"--chat-template {path} does not render a conversation: {e}") from None
+    return replaced

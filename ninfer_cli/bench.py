@@ -15,7 +15,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.rope_option import RopeScaling
+from ninfer_cli.model_options import ChatTemplate, RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
@@ -61,6 +61,7 @@ def bench(
     lm_head_draft: LmHeadDraft = False,
     int8_prefill: Int8Prefill = False,
     rope_scaling: RopeScaling = None,
+    chat_template: ChatTemplate = None,
     model_config: Annotated[
         str | None, typer.Option(help="HTTP: a preset or model path, for roofline % (e.g. qwen3.5-27b).")
     ] = None,
@@ -115,6 +116,7 @@ def bench(
             lm_head_draft,
             int8_prefill,
             rope_scaling,
+            chat_template,
             model_config,
             peak_bw,
             peak_tflops,
@@ -146,6 +148,7 @@ class _Options:
     lm_head_draft: bool
     int8_prefill: bool
     rope_scaling: str | None
+    chat_template: str | None
     model_config: str | None
     peak_bw: float | None
     peak_tflops: float | None
@@ -173,6 +176,7 @@ def _run(o: _Options) -> None:
         "lm_head_draft": o.lm_head_draft,
         "int8_prefill": o.int8_prefill,
         "rope_scaling": o.rope_scaling,
+        "chat_template": o.chat_template,
     }
     if o.url:
         driver = OverHttp(o.url, o.api_key, o.served)
@@ -216,6 +220,7 @@ def _run(o: _Options) -> None:
             **spec_options(o.spec, o.draft_tokens, o.lm_head_draft),
             int8_prefill=o.int8_prefill,
             rope_scaling=o.rope_scaling,
+            chat_template=o.chat_template,
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")

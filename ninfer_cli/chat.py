@@ -15,11 +15,12 @@ from engine.errors import NinferError
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.rope_option import RopeScaling
+from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
+CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
     "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
 )
@@ -61,9 +62,14 @@ def chat(
     ] = None,
     system: Annotated[str | None, typer.Option(help="System message.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option()] = 1.0,
-    top_k: Annotated[int, typer.Option(help="0 = off.")] = 0,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="0 = greedy (default: the model's recommended, see --generation-config; else 0)."),
+    ] = None,
+    top_p: Annotated[float | None, typer.Option(help="Default: the model's recommended, else 1.")] = None,
+    top_k: Annotated[
+        int | None, typer.Option(help="0 = off (default: the model's recommended, else 0).")
+    ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help=f"One of {', '.join(DTYPES)}.")] = "float32",
@@ -80,6 +86,8 @@ def chat(
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
     rope_scaling: RopeScaling = None,
+    chat_template: ChatTemplate = None,
+    generation_config: GenerationConfig = "auto",
     image: Annotated[
         list[Path] | None,
         typer.Option(
@@ -101,9 +109,13 @@ def chat(
 
     check_source(model, url)
     grammar, request_fields = structured_output(json_schema, grammar_file)
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, grammar=grammar
-    )
+    given = {
+        k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)) if v is not None
+    }
+    sampling = {**CHAT_SAMPLING, **given}
+    SamplingParams(
+        max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling
+    )  # bad flags: said before loading
     console = Console(stderr=True)
     if url is not None:  # the engine options do not apply: the server has its own
         backend = RemoteChat(url, api_key, model_id, request_fields)
@@ -128,8 +140,13 @@ def chat(
                 int8_prefill=int8_prefill,
                 vision=vision,
                 rope_scaling=rope_scaling,
+                chat_template=chat_template,
+                generation_config=generation_config,
             )
         backend = LocalChat(llm)
+        # flags given, then the model's recommended sampling (--generation-config), then greedy
+        sampling = {**CHAT_SAMPLING, **llm.sampling_defaults, **given}
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout
     if prompt is not None:

@@ -11,7 +11,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.rope_option import RopeScaling
+from ninfer_cli.model_options import RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.vision_option import Vision
 

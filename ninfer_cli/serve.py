@@ -12,7 +12,7 @@ import typer
 
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.rope_option import RopeScaling
+from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
 from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
@@ -63,6 +63,8 @@ def serve(
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
     rope_scaling: RopeScaling = None,
+    chat_template: ChatTemplate = None,
+    generation_config: GenerationConfig = "auto",
 ):
     """Serve a model over the OpenAI and Anthropic protocols."""
     import uvicorn
@@ -71,6 +73,7 @@ def serve(
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.errors import NinferError
+    from engine.sampling_defaults import describe
 
     if device.startswith("cuda"):
         import torch
@@ -91,6 +94,8 @@ def serve(
         int8_prefill=int8_prefill,
         vision=vision,
         rope_scaling=rope_scaling,
+        chat_template=chat_template,
+        generation_config=generation_config,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
     )
@@ -99,9 +104,15 @@ def serve(
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
     state = ServerState(engine, name, api_key)
     app = create_app(state)
-    logging.getLogger("ninfer").info(
-        "serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description
-    )
+    log = logging.getLogger("ninfer")
+    log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
+    if engine.llm.sampling_defaults:
+        log.info(
+            "sampling defaults for the fields a request leaves out: %s (--generation-config %s; none for "
+            "ninfer's own)",
+            describe(engine.llm.sampling_defaults),
+            generation_config,
+        )
     _Server = _server_class()
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S + 2

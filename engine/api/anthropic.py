@@ -261,7 +261,13 @@ async def messages(request: Request):
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(
-        body, "max_tokens", max_tokens, _stop_sequences(body), grammar=grammar, thinking_budget=_budget(body)
+        state,
+        body,
+        "max_tokens",
+        max_tokens,
+        _stop_sequences(body),
+        grammar=grammar,
+        thinking_budget=_budget(body),
     )
     stream = field(body, "stream", bool, False)
     engine_stream = await start(state, ids, params, images)

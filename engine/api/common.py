@@ -86,8 +86,11 @@ def _kind_name(kinds: tuple) -> str:
 
 
 def sampling_params(
-    body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
+    state, body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
 ) -> SamplingParams:
+    """The body's sampling fields; those it leaves out take the served model's defaults
+    (`--generation-config`), then ninfer's own."""
+    defaults = state.sampling_defaults
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
     if field(body, "include_stop_str_in_output", bool, False):
         raise ApiError(
@@ -108,13 +111,15 @@ def sampling_params(
         return SamplingParams(
             max_tokens=max_tokens,
             min_tokens=field(body, "min_tokens", int, 0),
-            temperature=field(body, "temperature", float, 1.0),
-            top_p=field(body, "top_p", float, 1.0),
-            top_k=max(0, field(body, "top_k", int, 0)),
-            min_p=field(body, "min_p", float, 0.0),
+            temperature=field(body, "temperature", float, defaults.get("temperature", 1.0)),
+            top_p=field(body, "top_p", float, defaults.get("top_p", 1.0)),
+            top_k=max(0, field(body, "top_k", int, defaults.get("top_k", 0))),
+            min_p=field(body, "min_p", float, defaults.get("min_p", 0.0)),
             presence_penalty=field(body, "presence_penalty", float, 0.0),
             frequency_penalty=field(body, "frequency_penalty", float, 0.0),
-            repetition_penalty=field(body, "repetition_penalty", float, 1.0),
+            repetition_penalty=field(
+                body, "repetition_penalty", float, defaults.get("repetition_penalty", 1.0)
+            ),
             seed=field(body, "seed", int),
             ignore_eos=field(body, "ignore_eos", bool, False),
             logit_bias=_logit_bias(body),

@@ -102,6 +102,7 @@ async def completions(request: Request):
     include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
     grammar = openai_text_grammar(body)
     params = sampling_params(
+        state,
         {**body, "max_tokens": 1} if score_only else body,
         "max_tokens",
         16,

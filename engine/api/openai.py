@@ -221,6 +221,7 @@ async def chat_completions(request: Request):
     grammar = openai_grammar(body, tools, state.engine.tokenizer)
     prompt_top = prompt_logprobs_field(body)
     params = sampling_params(
+        state,
         body,
         max_tokens_field,
         state.default_max_tokens(),

@@ -203,7 +203,9 @@ async def create(request: Request):
     prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
-    params = sampling_params(body, "max_output_tokens", state.default_max_tokens(), None, grammar=grammar)
+    params = sampling_params(
+        state, body, "max_output_tokens", state.default_max_tokens(), None, grammar=grammar
+    )
     engine_stream = await start(state, ids, params, await preprocess_images(state, images))
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
 

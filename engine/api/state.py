@@ -32,6 +32,11 @@ class ServerState:
     def max_context(self) -> int:
         return self.engine.llm.max_context
 
+    @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The served model's sampling defaults for fields a request leaves out (--generation-config)."""
+        return self.engine.llm.sampling_defaults
+
     def default_max_tokens(self) -> int:
         return max(1, min(4096, self.max_context // 2))
 

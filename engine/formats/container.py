@@ -66,6 +66,7 @@ def tokenizer_to_json(tok: Tokenizer) -> str:
             "unk_token": tok.unk_token,
             "add_bos_token": tok.add_bos_token,
             "extra_eos_token_ids": list(tok.extra_eos_token_ids),
+            "sampling_defaults": tok.sampling_defaults,
         }
     )
 
@@ -83,6 +84,7 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         unk_token=data.get("unk_token"),
         add_bos_token=bool(data.get("add_bos_token")),
         extra_eos_token_ids=tuple(data.get("extra_eos_token_ids") or ()),
+        sampling_defaults=dict(data.get("sampling_defaults") or {}),
     )
 
 

@@ -18,6 +18,7 @@ from engine.errors import NinferError
 from engine.formats import gguf_blocks, gguf_moe, gguf_qwen35
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor
+from engine.sampling_defaults import GGUF_KEYS, from_generation_config
 from engine.tokenizer import Tokenizer
 
 # GGUF architecture -> HF architecture: Llama's tensor layout (qwen3 adds q/k norms; qwen35 adds the
@@ -122,6 +123,9 @@ def _build_tokenizer(reader) -> Tokenizer | None:
         unk_token=tok("tokenizer.ggml.unknown_token_id"),
         add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
         extra_eos_token_ids=(eot,) if eot is not None else (),
+        sampling_defaults=from_generation_config(
+            {name: _field(reader, key) for name, key in GGUF_KEYS.items()}
+        ),
     )
 
 

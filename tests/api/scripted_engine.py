@@ -71,6 +71,7 @@ class ScriptedStream:
 
 class _Stats:
     max_context = 4096
+    sampling_defaults: dict = {}
 
 
 class ScriptedEngine:

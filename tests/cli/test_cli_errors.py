@@ -126,3 +126,13 @@ def test_int8_prefill_without_packed_weights_is_one_line(tiny_dir, command):
     assert "dequantized at load (use --device cuda)" in out and "drop --int8-prefill" in out
     code, out = _run(command, str(tiny_dir), "--int8-prefill", *extra)
     assert code == 2 and "not quantized" in out, out
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_checkpoint_overrides_are_checked_in_one_line(command, tmp_path):
+    args = ["--prompt", "hi"] if command == "chat" else ["--port", "0"]
+    code, out = _run(command, "--chat-template", str(tmp_path / "none.jinja"), *args)
+    assert code == 2 and out.strip().splitlines()[-1].startswith("error: --chat-template ")
+    assert "cannot read it" in out and "Traceback" not in out
+    code, out = _run(command, "--generation-config", "nowhere.json", *args)
+    assert code == 2 and "error: --generation-config nowhere.json: no such file" in out

@@ -1,0 +1,67 @@
+"""The checkpoint's recommended sampling (generation_config.json, or a GGUF's general.sampling.* keys): the
+defaults of the sampling fields a request leaves out, as vLLM applies them (`--generation-config`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from engine.errors import NinferError
+
+# SamplingParams field <- generation_config.json key
+FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
+# SamplingParams field <- GGUF key
+GGUF_KEYS = {
+    "temperature": "general.sampling.temp",
+    "top_p": "general.sampling.top_p",
+    "top_k": "general.sampling.top_k",
+    "min_p": "general.sampling.min_p",
+    "repetition_penalty": "general.sampling.penalty_repeat",
+}
+MODES = ("auto", "none")
+
+
+def from_generation_config(cfg: dict[str, Any]) -> dict[str, float | int]:
+    """The sampling fields generation_config.json sets (numbers only; top_k a whole number)."""
+    out: dict[str, float | int] = {}
+    for name, key in FIELDS.items():
+        value = cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = int(value) if name == "top_k" else float(value)
+    return out
+
+
+def resolve(mode: str, checkpoint: dict[str, float | int]) -> dict[str, float | int]:
+    """`--generation-config`: auto (the checkpoint's), none (ninfer's own defaults), or a
+    generation_config.json file."""
+    if mode == "auto":
+        return dict(checkpoint)
+    if mode == "none":
+        return {}
+    path = Path(mode).expanduser()
+    if path.is_dir():
+        path = path / "generation_config.json"
+    if not path.is_file():
+        raise NinferError(
+            f"--generation-config {mode}: no such file; use auto (the checkpoint's), none, or a "
+            "generation_config.json"
+        )
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NinferError(f"--generation-config {path} is not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise NinferError(f"--generation-config {path} must hold a JSON object")
+    return from_generation_config(cfg)
+
+
+def describe(defaults: dict[str, float | int]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "none"

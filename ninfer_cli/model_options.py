@@ -1,0 +1,27 @@
+"""Flags that change how the checkpoint is read, shared by serve, chat, bench (and plan: --rope-scaling)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+RopeScaling = Annotated[
+    str | None,
+    typer.Option(
+        help="Stretch the model's positions: yarn:FACTOR[:ORIGINAL_CONTEXT] (Qwen3 to 128K: yarn:4:32768), "
+        "none (drop the checkpoint's own scaling), or a JSON object as in config.json's rope_scaling.",
+    ),
+]
+ChatTemplate = Annotated[
+    str | None,
+    typer.Option(help="A Jinja chat template file to use instead of the checkpoint's."),
+]
+GenerationConfig = Annotated[
+    str,
+    typer.Option(
+        help="Sampling defaults for the fields a request leaves out: auto (the checkpoint's "
+        "generation_config.json or GGUF general.sampling.*), none (temperature 1, no top-k / top-p), or a "
+        "generation_config.json file.",
+    ),
+]

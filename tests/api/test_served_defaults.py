@@ -1,0 +1,61 @@
+"""`serve --generation-config FILE --chat-template FILE` on the embedded model: requests that leave the
+sampling fields out take the file's, and prompts are rendered with the template given."""
+
+from __future__ import annotations
+
+import json
+
+import httpx2 as httpx
+import openai
+import pytest
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\nAnswer: "
+)
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("defaults")
+    (d / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 5}))
+    (d / "template.jinja").write_text(TEMPLATE)
+    engine = AsyncLLM(
+        generation_config=str(d / "generation_config.json"), chat_template=str(d / "template.jinja")
+    )
+    with RunningServer(engine) as s:
+        yield s
+
+
+def test_left_out_fields_take_the_served_defaults(server):
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    assert server.engine.llm.sampling_defaults == {"temperature": 0.0, "top_k": 5}
+    # temperature 0 from the file: two requests without one answer alike, as an explicit greedy one does
+    runs = [
+        oai.chat.completions.create(model="m", messages=ASK, max_tokens=12).choices[0].message.content
+        for _ in range(2)
+    ]
+    greedy = (
+        oai.chat.completions.create(model="m", messages=ASK, max_tokens=12, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    assert runs[0] == runs[1] == greedy
+    # a field the request sets is its own
+    sampled = {
+        oai.chat.completions.create(model="m", messages=ASK, max_tokens=12, temperature=1.5, seed=s)
+        .choices[0]
+        .message.content
+        for s in range(4)
+    }
+    assert len(sampled) > 1
+
+
+def test_prompts_use_the_template_given(server):
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}, timeout=30).json()
+    text = server.engine.tokenizer.decode(r["tokens"], skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\nAnswer: ") and "What is the capital of France?" in text
