@@ -194,7 +194,11 @@ class Scheduler:
     def _drafts(self, req: Request, n: int, room: int) -> list[int]:
         """Draft tokens to verify after this step's `n` known tokens (see _most_drafts)."""
         most = self._most_drafts(req, n, room)
-        return self.proposer.propose(req, most) if most > 0 else []
+        drafts = self.proposer.propose(req, most) if most > 0 else []
+        # drafts the grammar refuses would only be verified and rejected: cut them here
+        if drafts and req.grammar is not None:
+            drafts = drafts[: req.grammar.valid_prefix(drafts)]
+        return drafts
 
     def _most_drafts(self, req: Request, n: int, room: int) -> int:
         """How many drafts may follow this step's `n` known tokens: none unless they reach the end of the

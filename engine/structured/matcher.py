@@ -55,6 +55,25 @@ class GrammarMatcher:
             elif self._matcher is not None and not self._matcher.consume_token(t):
                 return
 
+    def valid_prefix(self, draft_token_ids: list[int]) -> int:
+        """How many of the drafts, in order, the constraints allow (a refused one would be rejected at its
+        row, and every draft after it with it): n-gram drafts are cut there before they are run."""
+        waiting = self.waiting_for
+        for k, t in enumerate(draft_token_ids):
+            if waiting is None:
+                if self._matcher is None:
+                    break
+                return k + self._matcher.validate_tokens(list(draft_token_ids[k:]))
+            if (
+                self.thinking_budget is not None
+                and self.num_thinking + k >= self.thinking_budget
+                and t != waiting
+            ):
+                return k
+            if t == waiting:
+                waiting = None
+        return len(draft_token_ids)
+
     def fill_masks(self, bitmask: torch.Tensor, first_row: int, draft_token_ids: tuple[int, ...]) -> bool:
         """bitmask: [R, num_words] int32 on the host, all bits set. Rows first_row.. get the tokens allowed
         after the known tokens, then after each draft in turn. A draft the grammar refuses is masked out at

@@ -141,6 +141,26 @@ def test_masks_of_the_draft_rows(default_tokenizer):
     assert matcher.done and not matcher.error
 
 
+def test_drafts_are_cut_where_the_grammar_refuses(default_tokenizer, thinking_tokenizer):
+    tok = default_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    matcher = compiler.matcher(grammars.choice(["red apple", "green pear"]), [1, 2])
+    red, apple, green = (tok.encode(w, add_special_tokens=False)[0] for w in ("red", " apple", "green"))
+    assert matcher.valid_prefix([red, apple, apple]) == 2  # nothing may follow "red apple" but the end
+    assert matcher.valid_prefix([green, apple]) == 1 and matcher.valid_prefix([apple]) == 0
+    assert matcher.valid_prefix([red, apple]) == 2  # and the matcher has not moved
+    # a thinking budget of 3: the fourth reasoning token must be </think>, then the grammar holds
+    tok = thinking_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    hmm = tok.encode("hmm", add_special_tokens=False)[0]
+    budget = compiler.matcher(None, [5, think], 3)
+    assert budget.valid_prefix([hmm, hmm, hmm, hmm]) == 3 and budget.valid_prefix([hmm, end, hmm, hmm]) == 4
+    held = compiler.matcher(grammars.regex("[0-9]+"), [5, think], 3)
+    digit, letter = tok.encode("7", add_special_tokens=False)[0], tok.encode("x", add_special_tokens=False)[0]
+    assert held.valid_prefix([hmm, end, digit, letter, digit]) == 3
+
+
 def test_apply_token_bitmask_against_a_loop():
     gen = torch.Generator().manual_seed(0)
     vocab = 77  # not a multiple of 32
@@ -208,12 +228,21 @@ def test_mtp_drafts_under_a_schema(tmp_path, thinking_tokenizer):
     """A random model with its MTP head writes schema JSON, the same greedy tokens as without drafts."""
     path = save_thinking_mtp_model(tmp_path, thinking_tokenizer, think=False)
     plain, drafting = LLM(path), LLM(path, spec="mtp", draft_tokens=3)
+    propose, proposed = drafting.scheduler.proposer.propose, []
+
+    def counted(req, most):
+        drafts = propose(req, most)
+        proposed.extend(drafts)
+        return drafts
+
+    drafting.scheduler.proposer.propose = counted
     for prompt in PROMPTS:
         params = SamplingParams(temperature=0.0, max_tokens=60, grammar=grammars.json_schema(SCHEMA))
         ref = plain.chat([{"role": "user", "content": prompt}], params)
         assert drafting.chat([{"role": "user", "content": prompt}], params).token_ids == ref.token_ids
         assert ref.finish_reason == "stop" and valid(ref.text), ref.text
-    assert drafting.scheduler.num_draft_tokens > 0
+    # the head drafted; those the schema refuses (a random head's, mostly) were cut before the step
+    assert proposed and drafting.scheduler.num_draft_tokens < len(proposed)
 
 
 def test_thinking_is_left_free_until_it_ends(tmp_path, thinking_tokenizer):
