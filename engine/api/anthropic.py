@@ -228,7 +228,9 @@ async def _prepare(state: ServerState, body: dict):
     """(the rendered prompt, its token ids, the tools, the images preprocessed)."""
     tools = _tools(body)
     messages, images = template_messages(body)
-    text, ids = state.render(messages, tools, _template_kwargs(body))
+    # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
+    prefill = body["messages"][-1].get("role") == "assistant"
+    text, ids = state.render(messages, tools, _template_kwargs(body), continue_final=prefill)
     return text, ids, tools, await preprocess_images(state, images)
 
 

@@ -164,6 +164,14 @@ def token_logprobs(
     return items
 
 
+def template_options(body: dict) -> tuple[bool, bool]:
+    """vLLM's `continue_final_message` (the reply continues the last, assistant, message: a prefill) and
+    `add_generation_prompt` (default true; with a continued message it does not apply)."""
+    return field(body, "continue_final_message", bool, False), field(
+        body, "add_generation_prompt", bool, True
+    )
+
+
 def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
     """OpenAI's logprobs.content for the output tokens from `start` on."""
     return {
@@ -230,7 +238,7 @@ async def chat_completions(request: Request):
         grammar=grammar,
         prompt_logprobs=prompt_top,
     )
-    prompt_text, ids = state.render(messages, tools, kwargs)
+    prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()

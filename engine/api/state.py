@@ -41,18 +41,29 @@ class ServerState:
         return max(1, min(4096, self.max_context // 2))
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list | None, kwargs: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        tools: list | None,
+        kwargs: dict[str, Any],
+        continue_final: bool = False,
+        generation_prompt: bool = True,
     ) -> tuple[str, list[int]]:
-        """The chat template's text and its token ids."""
+        """The chat template's text and its token ids. `continue_final`: the last message is an assistant
+        turn the reply continues (a prefill): the text ends where its content does, not where the template
+        closes the turn."""
         tok = self.engine.tokenizer
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
         try:
-            text = tok.apply_chat_template(messages, tools, True, **kwargs)
+            text = tok.apply_chat_template(
+                messages, tools, generation_prompt and not continue_final, **kwargs
+            )
         except NinferError as e:
             raise ApiError(400, str(e)) from e
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
             raise ApiError(400, f"the chat template could not render these messages ({e})") from e
+        if continue_final:
+            text = _cut_after_final(text, messages[-1])
         return text, tok.encode(text, add_special_tokens=False)
 
     def with_images(self, ids: list[int], images: list[ImageInput]) -> list[int]:
@@ -64,3 +75,31 @@ class ServerState:
             return widen_placeholders(ids, images, pad)[0]
         except NinferError as e:
             raise ApiError(400, str(e)) from e
+
+
+def _cut_after_final(text: str, final: dict[str, Any]) -> str:
+    """The rendered conversation up to the end of its last (assistant) message's content: what the
+    template writes after it (the turn's end, a new turn) is dropped, so the reply continues it."""
+    content = final.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if final.get("tool_calls"):
+        raise ApiError(
+            400,
+            "the last assistant message holds tool calls, which cannot be continued; end with their results",
+        )
+    if final.get("role") != "assistant" or not isinstance(content, str) or not content.strip():
+        raise ApiError(400, "only a last assistant message with text can be continued (a prefill)")
+    at = text.rfind(content.strip())
+    if at < 0:
+        raise ApiError(
+            400,
+            "the chat template does not write the last assistant message as given, so it cannot be continued",
+        )
+    # keep the content's own leading and trailing whitespace where the template kept it
+    end = (
+        at + len(content.lstrip())
+        if text[at : at + len(content.lstrip())] == content.lstrip()
+        else at + len(content.strip())
+    )
+    return text[:end]

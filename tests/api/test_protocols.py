@@ -273,3 +273,13 @@ def test_openai_logit_bias_bans_tokens(oai, server):
         model="smollm2", messages=QUESTION, max_tokens=8, logit_bias={str(first[0]): -100}, **GREEDY
     )
     assert banned.choices[0].message.content != r.choices[0].message.content
+
+
+def test_anthropic_prefill_is_continued_on_the_real_template(claude, server):
+    turns = [*QUESTION, {"role": "assistant", "content": "The capital of France is"}]
+    m = claude.messages.create(model="smollm2", max_tokens=8, messages=turns, extra_body=GREEDY)
+    assert m.content[0].text.lstrip().startswith("Paris")
+    counted = claude.messages.count_tokens(model="smollm2", messages=turns)
+    assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
+    text = server.engine.tokenizer.apply_chat_template(turns, None, False)
+    assert text.index("The capital of France is") + len("The capital of France is") < len(text)  # closed turn

@@ -174,3 +174,47 @@ def test_anthropic_text_documents_are_read_and_others_refused_in_one_line():
         message = e.value.body["error"]["message"]
         assert "is a document of type application/pdf; this server reads plain-text documents" in message
         assert "\n" not in message
+
+
+def test_a_last_assistant_turn_is_continued_in_both_protocols():
+    """Anthropic's prefill (a last assistant message) and vLLM's continue_final_message: the prompt ends
+    where the assistant's text does, and the reply is the continuation."""
+    engine = ScriptedEngine([" Paris.", " Paris.", " Paris."])
+    prefill = "The capital of France is"
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        m = claude.messages.create(
+            model="m",
+            max_tokens=20,
+            messages=[
+                {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": prefill},
+            ],
+        )
+        assert m.content[0].text == " Paris."
+        assert engine.prompts[0].endswith("<|im_start|>assistant\n" + prefill)
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        turns = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": prefill}]
+        r = oai.chat.completions.create(
+            model="m",
+            messages=turns,
+            max_tokens=20,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
+        assert r.choices[0].message.content == " Paris." and engine.prompts[1] == engine.prompts[0]
+        # without it, the assistant turn is history and a new one starts
+        oai.chat.completions.create(model="m", messages=turns, max_tokens=20)
+        assert engine.prompts[2].endswith(prefill + "<|im_end|>\n<|im_start|>assistant\n")
+        for bad, words in (
+            ([{"role": "user", "content": "Hi"}], "only a last assistant message with text can be continued"),
+            (turns[:1] + [{"role": "assistant", "content": " "}], "only a last assistant message with text"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=words):
+                oai.chat.completions.create(
+                    model="m", messages=bad, max_tokens=5, extra_body={"continue_final_message": True}
+                )
+        calls = [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]
+        with pytest.raises(anthropic.BadRequestError, match="holds tool calls, which cannot be continued"):
+            claude.messages.create(
+                model="m", max_tokens=5, messages=[turns[0], {"role": "assistant", "content": calls}]
+            )
