@@ -76,6 +76,26 @@ def byte_tokenizer():
     return Tokenizer(backend=backend, eos_token="<|im_end|>")
 
 
+def rope_model_config(**fields):
+    """A one-layer ModelConfig with 128-wide heads, for rotary-frequency tests (fields override)."""
+    from engine.config import ModelConfig
+
+    base = dict(
+        architecture="LlamaForCausalLM",
+        vocab_size=32,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+    )
+    return ModelConfig(**{**base, **fields})
+
+
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
     import transformers as tf

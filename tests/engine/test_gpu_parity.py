@@ -20,6 +20,16 @@ def _prompt(n: int) -> list[int]:
     return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist()
 
 
+def _assert_greedy_matches(ours, ref_tokens, ref_lp) -> None:
+    """The reference's tokens until a numerical tie, chosen-token logprobs within 1e-3."""
+    for step, (tok, want) in enumerate(zip(ours.token_ids, ref_tokens)):
+        assert abs(ours.logprobs[step][tok] - ref_lp[step][tok].item()) < 1e-3
+        if tok != want:
+            top2 = torch.topk(ref_lp[step], 2).values
+            assert (top2[0] - top2[1]).item() < TIE, f"step {step}: {tok} vs {want} without a tie"
+            break
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request, tmp_path_factory):
     ref = tiny_hf_model(request.param, tied=False, seed=ARCHS.index(request.param))
@@ -36,12 +46,7 @@ def test_cuda_fp32_greedy_matches_transformers(pair, prompt_len):
         prompt_token_ids=ids,
         sampling_params=SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1),
     )[0]
-    for step, (tok, want) in enumerate(zip(ours.token_ids, ref_tokens)):
-        assert abs(ours.logprobs[step][tok] - ref_lp[step][tok].item()) < 1e-3
-        if tok != want:
-            top2 = torch.topk(ref_lp[step], 2).values
-            assert (top2[0] - top2[1]).item() < TIE, f"step {step}: {tok} vs {want} without a tie"
-            break
+    _assert_greedy_matches(ours, ref_tokens, ref_lp)
 
 
 def test_cuda_bf16_close_to_fp32(pair):
@@ -71,12 +76,7 @@ def test_cuda_yarn_matches_transformers_past_the_original_positions(tmp_path):
         prompt_token_ids=ids,
         sampling_params=SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1),
     )[0]
-    for step, (tok, want) in enumerate(zip(ours.token_ids, ref_tokens)):
-        assert abs(ours.logprobs[step][tok] - ref_lp[step][tok].item()) < 1e-3
-        if tok != want:
-            top2 = torch.topk(ref_lp[step], 2).values
-            assert (top2[0] - top2[1]).item() < TIE, f"step {step}: {tok} vs {want} without a tie"
-            break
+    _assert_greedy_matches(ours, ref_tokens, ref_lp)
 
 
 def test_cuda_prompt_logprobs_min_tokens_and_twins_match_the_cpu(pair):

@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
+from conftest import hf_greedy_reference, rope_model_config, save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
@@ -23,16 +23,8 @@ GEN = 24
 
 
 def _model_config(scaling, max_positions: int = 40960, partial: float = 1.0) -> ModelConfig:
-    return ModelConfig(
+    return rope_model_config(
         architecture="Qwen3ForCausalLM",
-        vocab_size=32,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        rms_norm_eps=1e-6,
         rope_theta=1e6,
         max_position_embeddings=max_positions,
         partial_rotary_factor=partial,

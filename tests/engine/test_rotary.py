@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import rope_model_config
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
@@ -25,20 +26,7 @@ LLAMA3 = {
 
 
 def _config_with(scaling) -> ModelConfig:
-    return ModelConfig(
-        architecture="LlamaForCausalLM",
-        vocab_size=32,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        rope_scaling=scaling,
-    )
+    return rope_model_config(rope_scaling=scaling)
 
 
 def _converter_factors() -> list[float]:
