@@ -24,6 +24,7 @@ from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
 _STOP = object()
+_ABORTED = object()  # put into an aborted stream's own queue: wakes a reader waiting on it
 
 
 class EngineDeadError(NinferError):
@@ -58,6 +59,8 @@ class AsyncStream:
         if self.finished:
             raise StopAsyncIteration
         item = await self._sink.queue.get()
+        if item is _ABORTED:
+            raise StopAsyncIteration
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -66,9 +69,11 @@ class AsyncStream:
         return out, delta
 
     def abort(self) -> None:
+        """Stop the request; a reader waiting for its next output (on this event loop) gets the end."""
         if not self.finished:
             self.finished = True
             self.engine.abort(self.request_id)
+            self._sink.queue.put_nowait(_ABORTED)
 
     async def aclose(self) -> None:
         self.abort()

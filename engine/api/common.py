@@ -189,6 +189,8 @@ async def collect(stream: AsyncStream, request: Request) -> RequestOutput:
         last = None
         async for item in stream:
             last = item[0]
+        if last is None or not last.finished:  # aborted: the client went away (nobody reads this)
+            raise ApiError(499, "the client closed the connection before the reply was complete")
         return last
     finally:
         watcher.cancel()

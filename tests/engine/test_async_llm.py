@@ -82,6 +82,31 @@ def test_leaving_a_stream_early_frees_its_pages(engine):
     assert engine.llm.scheduler.state_pool.num_free_slots == 4
 
 
+def test_abort_wakes_a_reader_waiting_for_the_next_output(engine):
+    """A client that goes away aborts its stream from another task (the server's disconnect watcher):
+    the task reading the stream ends then, instead of waiting forever for an output that never comes."""
+
+    async def main():
+        params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+        stream = await engine.add_request(_prompt(70, 4), params)
+        seen = []
+
+        async def read():
+            async for out, _ in stream:
+                seen.append(out)
+
+        reader = asyncio.create_task(read())
+        while not seen:
+            await asyncio.sleep(0.01)
+        stream.abort()
+        await asyncio.wait_for(reader, timeout=10)  # ends (a hang would time out)
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen and not seen[-1].finished
+    _wait_until(lambda: not engine.llm.scheduler.requests)
+
+
 def test_overloaded_and_expired(model_dir):
     eng = AsyncLLM(model_dir, max_concurrency=1, max_pending=1, pending_timeout_ms=50)
     try:
