@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
 from engine.vision.config import MAX_IMAGE_PATCHES
+from engine.worker.prompt_logprobs import ROWS as PROMPT_LOGPROB_ROWS
 from kernels.paged_attention import num_decode_splits
 from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
@@ -185,7 +186,8 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         Row("rotary table", positions * cfg.rotary_dim * 4, f"cos | sin of {positions:,} positions, fp32")
     )
     step_tokens = max(dep.prefill_chunk, dep.concurrency * dep.decode_tokens)
-    act = step_tokens * activation_bytes_per_token(cfg, b)
+    # after a prompt chunk's forward, its prompt log-probabilities (when asked for) take the same room
+    act = max(step_tokens * activation_bytes_per_token(cfg, b), 2 * PROMPT_LOGPROB_ROWS * cfg.vocab_size * 4)
     logits = dep.concurrency * dep.decode_tokens * cfg.vocab_size * 4 * LOGIT_COPIES
     rows_q = dep.concurrency * dep.decode_tokens
     partials = rows_q * cfg.num_attention_heads * num_decode_splits(dep.context) * (cfg.head_dim + 1) * 4

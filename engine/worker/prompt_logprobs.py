@@ -3,15 +3,20 @@ states (prompt chunks only: never on the decode hot path)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from engine.models.base import CausalLM
 from engine.request import PromptLogprob
-from engine.scheduler.output import ScheduledRequest
 from engine.transfer import to_device
 
-# rows through lm_head at a time: [ROWS, V] fp32 is 127 MB at Qwen3.5's 248K vocabulary
-ROWS = 128
+if TYPE_CHECKING:
+    from engine.models.base import CausalLM
+    from engine.scheduler.output import ScheduledRequest
+
+# rows through lm_head at a time: their fp32 logits and log-softmax, 2 x [ROWS, V], are 127 MB at Qwen3.5's
+# 248K vocabulary; they live after the step's forward, in the room its activations had (engine/memory.py)
+ROWS = 64
 
 
 def prompt_logprobs(
