@@ -272,10 +272,16 @@ async def messages(request: Request):
         thinking_budget=_budget(body),
     )
     stream = field(body, "stream", bool, False)
+    # tool_choice's disable_parallel_tool_use: at most one tool_use block
+    max_calls = (
+        1 if (field(body, "tool_choice", dict) or {}).get("disable_parallel_tool_use") is True else None
+    )
     engine_stream = await start(state, ids, params, images)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if not stream:
-        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
+        out, reasoning, content, calls = await complete(
+            state, engine_stream, request, in_reasoning, tools, max_calls
+        )
         blocks = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
         if content or not calls:
             blocks.append({"type": "text", "text": content})
@@ -297,7 +303,7 @@ async def messages(request: Request):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
     async def events():
-        parser = ReplyParser(in_reasoning, tools)
+        parser = ReplyParser(in_reasoning, tools, max_calls)
         called = False
         block = {"index": -1, "type": None}
 

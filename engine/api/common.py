@@ -214,9 +214,9 @@ def now() -> int:
     return int(time.time())
 
 
-async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools):
-    """A non-streamed reply: (output, reasoning, answer text, tool calls)."""
+async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools, max_calls=None):
+    """A non-streamed reply: (output, reasoning, answer text, tool calls, at most max_calls of them)."""
     out = await collect(stream, request)
     check_expired(out)
     state.metrics.finished(out)
-    return (out, *parse_reply(out.text, in_reasoning, tools))
+    return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))

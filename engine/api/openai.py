@@ -239,6 +239,7 @@ async def chat_completions(request: Request):
         prompt_logprobs=prompt_top,
     )
     prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
+    max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
@@ -248,7 +249,7 @@ async def chat_completions(request: Request):
         for index, out in enumerate(outs):
             check_expired(out)
             state.metrics.finished(out)
-            reasoning, content, calls = parse_reply(out.text, in_reasoning, tools)
+            reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls)
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": content if content or not calls else None,
@@ -299,7 +300,7 @@ async def chat_completions(request: Request):
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
-        parsers = [ReplyParser(in_reasoning, tools) for _ in streams]
+        parsers = [ReplyParser(in_reasoning, tools, max_calls) for _ in streams]
         num_calls, sent_logprobs = [0] * len(streams), [0] * len(streams)
         last: list[RequestOutput | None] = [None] * len(streams)
         outputs = merged(streams)

@@ -208,6 +208,7 @@ async def create(request: Request):
     )
     engine_stream = await start(state, ids, params, await preprocess_images(state, images))
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
+    max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
 
     def response(status: str, output: list[dict[str, Any]], usage: dict | None, out=None) -> dict[str, Any]:
         incomplete = out is not None and out.finish_reason == "length"
@@ -244,11 +245,13 @@ async def create(request: Request):
         return final
 
     if not field(body, "stream", bool, False):
-        out, reasoning, content, calls = await complete(state, engine_stream, request, in_reasoning, tools)
+        out, reasoning, content, calls = await complete(
+            state, engine_stream, request, in_reasoning, tools, max_calls
+        )
         return JSONResponse(finish(out, output_items(reasoning, content, calls), reasoning))
 
     async def events():
-        parser, stream = ReplyParser(in_reasoning, tools), OutputEvents()
+        parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents()
         out = None
         try:
             yield stream.event("response.created", response=response("in_progress", [], None))

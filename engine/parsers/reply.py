@@ -11,24 +11,34 @@ from engine.parsers.tool_calls import ToolCall, ToolCallParser
 class ReplyParser:
     """feed(delta) -> [("reasoning", str) | ("text", str) | ("tool_call", ToolCall)], never a partial tag."""
 
-    def __init__(self, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None):
+    def __init__(
+        self, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None, max_calls: int | None = None
+    ):
+        """max_calls: the calls kept (1 when the client turned parallel calls off); later ones are dropped."""
         self.reasoning = ReasoningSplitter(starts_in_reasoning)
         self.tools = ToolCallParser(tools) if tools else None
+        self.calls_left = max_calls
 
     def feed(self, delta: str, final: bool = False) -> list[tuple[str, Any]]:
         reasoning, content = self.reasoning.feed(delta, final)
         pieces: list[tuple[str, Any]] = [("reasoning", reasoning)] if reasoning else []
         for piece in self.tools.feed(content, final) if self.tools else [content]:
             if isinstance(piece, ToolCall):
+                if self.calls_left is not None:
+                    if self.calls_left == 0:
+                        continue
+                    self.calls_left -= 1
                 pieces.append(("tool_call", piece))
             elif piece:
                 pieces.append(("text", piece))
         return pieces
 
 
-def parse_reply(text: str, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None):
+def parse_reply(
+    text: str, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None, max_calls: int | None = None
+):
     """(reasoning, answer text, tool calls) of a whole reply."""
-    pieces = ReplyParser(starts_in_reasoning, tools).feed(text, final=True)
+    pieces = ReplyParser(starts_in_reasoning, tools, max_calls).feed(text, final=True)
     reasoning = "".join(v for k, v in pieces if k == "reasoning")
     content = "".join(v for k, v in pieces if k == "text")
     return reasoning, content, [v for k, v in pieces if k == "tool_call"]

@@ -218,3 +218,44 @@ def test_a_last_assistant_turn_is_continued_in_both_protocols():
             claude.messages.create(
                 model="m", max_tokens=5, messages=[turns[0], {"role": "assistant", "content": calls}]
             )
+
+
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_calls_turned_off_keep_the_first(stream):
+    """parallel_tool_calls: false (OpenAI chat and Responses) / disable_parallel_tool_use (Anthropic) in
+    auto mode: a reply with two calls gives the first; left on, both."""
+    engine = ScriptedEngine([TWO_CALLS] * 6)
+    with RunningServer(engine) as server:
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+        tools = [{"type": "function", "function": WEATHER}]
+
+        def openai_cities(parallel: bool) -> list[str]:
+            kwargs = dict(model="m", messages=ask, tools=tools, max_tokens=100, parallel_tool_calls=parallel)
+            if not stream:
+                calls = oai.chat.completions.create(**kwargs).choices[0].message.tool_calls
+                return [json.loads(c.function.arguments)["city"] for c in calls]
+            chunks = list(oai.chat.completions.create(**kwargs, stream=True))
+            calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            return [json.loads(c.function.arguments)["city"] for c in calls]
+
+        assert openai_cities(True) == ["Paris", "Rome"] and openai_cities(False) == ["Paris"]
+        anthropic_tools = [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]
+        choice = {"type": "auto", "disable_parallel_tool_use": True}
+        kwargs = dict(model="m", max_tokens=100, messages=ask, tools=anthropic_tools, tool_choice=choice)
+        if stream:
+            with claude.messages.stream(**kwargs) as s:
+                message = s.get_final_message()
+        else:
+            message = claude.messages.create(**kwargs)
+        assert [b.input["city"] for b in message.content if b.type == "tool_use"] == ["Paris"]
+        response_tools = [{"type": "function", **WEATHER}]
+        r = oai.responses.create(model="m", input="Weather?", tools=response_tools, parallel_tool_calls=False)
+        assert [json.loads(i.arguments)["city"] for i in r.output if i.type == "function_call"] == ["Paris"]
