@@ -220,3 +220,16 @@ async def complete(state, stream: AsyncStream, request: Request, in_reasoning: b
     check_expired(out)
     state.metrics.finished(out)
     return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def with_effort(kwargs: dict[str, Any], effort: Any, where: str) -> dict[str, Any]:
+    """Template kwargs with a reasoning effort (OpenAI's `reasoning_effort` / `reasoning.effort`): none and
+    minimal turn the template's thinking off, the others on, unless chat_template_kwargs already says."""
+    if effort is None:
+        return kwargs
+    if effort not in EFFORTS:
+        raise ApiError(400, f"'{where}' must be {', '.join(EFFORTS[:-1])} or {EFFORTS[-1]}", where)
+    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": effort, **kwargs}

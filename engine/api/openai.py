@@ -10,7 +10,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.choices import collect_choices, merged, num_choices, start_choices
-from engine.api.common import check_expired, field, now, read_json, sampling_params, stream_failure
+from engine.api.common import (
+    check_expired,
+    field,
+    now,
+    read_json,
+    sampling_params,
+    stream_failure,
+    with_effort,
+)
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
@@ -219,7 +227,11 @@ async def chat_completions(request: Request):
     tools = field(body, "tools", list)
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
-    kwargs = field(body, "chat_template_kwargs", dict, {})
+    kwargs = with_effort(
+        field(body, "chat_template_kwargs", dict, {}),
+        field(body, "reasoning_effort", str),
+        "reasoning_effort",
+    )
     stream = field(body, "stream", bool, False)
     include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
     top_logprobs = _logprobs_settings(body)

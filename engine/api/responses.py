@@ -17,7 +17,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, field, now, read_json, sampling_params, start, stream_failure
+from engine.api.common import (
+    complete,
+    field,
+    now,
+    read_json,
+    sampling_params,
+    start,
+    stream_failure,
+    with_effort,
+)
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
@@ -137,16 +146,8 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
 
 
 def _template_kwargs(body: dict) -> dict[str, Any]:
-    kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
-    reasoning = field(body, "reasoning", dict)
-    effort = (reasoning or {}).get("effort")
-    if effort is not None:
-        if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
-            raise ApiError(
-                400, "'reasoning.effort' must be none, minimal, low, medium, high or xhigh", "reasoning"
-            )
-        kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
-    return kwargs
+    effort = (field(body, "reasoning", dict) or {}).get("effort")
+    return with_effort(dict(field(body, "chat_template_kwargs", dict, {})), effort, "reasoning.effort")
 
 
 def _usage(state: ServerState, out: RequestOutput, reasoning: str) -> dict[str, Any]:

@@ -259,3 +259,26 @@ def test_parallel_calls_turned_off_keep_the_first(stream):
         response_tools = [{"type": "function", **WEATHER}]
         r = oai.responses.create(model="m", input="Weather?", tools=response_tools, parallel_tool_calls=False)
         assert [json.loads(i.arguments)["city"] for i in r.output if i.type == "function_call"] == ["Paris"]
+
+
+def test_chat_reasoning_effort_turns_thinking_on_and_off():
+    """OpenAI's reasoning_effort on chat completions, as the Responses API's reasoning.effort: none and
+    minimal turn the template's thinking off, the others on; chat_template_kwargs has the last word."""
+    engine = ScriptedEngine([FINAL] * 4)
+    with RunningServer(engine) as server:
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "Hi"}]
+        oai.chat.completions.create(model="m", messages=ask, max_tokens=5, reasoning_effort="high")
+        oai.chat.completions.create(model="m", messages=ask, max_tokens=5, reasoning_effort="minimal")
+        oai.chat.completions.create(
+            model="m",
+            messages=ask,
+            max_tokens=5,
+            reasoning_effort="none",
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+        )
+        assert [p.endswith("<think>\n") for p in engine.prompts] == [True, False, True]
+        with pytest.raises(openai.BadRequestError, match="'reasoning_effort' must be none, minimal, low"):
+            oai.chat.completions.create(
+                model="m", messages=ask, max_tokens=5, extra_body={"reasoning_effort": "max"}
+            )
