@@ -9,9 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from fastapi import Request
-
-from engine.api.common import collect, field, start
+from engine.api.common import field, start
 from engine.api.errors import ApiError
 from engine.async_llm import AsyncStream
 from engine.request import RequestOutput, SamplingParams
@@ -52,15 +50,6 @@ async def start_choices(
             stream.abort()
         raise
     return streams
-
-
-async def collect_choices(streams: list[AsyncStream], request: Request) -> list[RequestOutput]:
-    """Every choice's whole output; a client that goes away aborts them all."""
-    try:
-        return list(await asyncio.gather(*(collect(s, request) for s in streams)))
-    finally:
-        for stream in streams:
-            stream.abort()
 
 
 async def merged(streams: list[AsyncStream]) -> AsyncIterator[tuple[int, RequestOutput, str]]:

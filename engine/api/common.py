@@ -214,11 +214,23 @@ def now() -> int:
     return int(time.time())
 
 
+async def collect_choices(state, streams: list[AsyncStream], request: Request) -> list[RequestOutput]:
+    """Every stream's whole output (a choice each), expiry said as a 503 and each counted as finished; a
+    client that goes away aborts them all."""
+    try:
+        outs = list(await asyncio.gather(*(collect(s, request) for s in streams)))
+    finally:
+        for stream in streams:
+            stream.abort()
+    for out in outs:
+        check_expired(out)
+        state.metrics.finished(out)
+    return outs
+
+
 async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools, max_calls=None):
     """A non-streamed reply: (output, reasoning, answer text, tool calls, at most max_calls of them)."""
-    out = await collect(stream, request)
-    check_expired(out)
-    state.metrics.finished(out)
+    (out,) = await collect_choices(state, [stream], request)
     return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))
 
 

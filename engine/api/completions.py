@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.choices import collect_choices, merged, num_choices, start_choices
-from engine.api.common import check_expired, field, now, read_json, sampling_params, stream_failure
+from engine.api.choices import merged, num_choices, start_choices
+from engine.api.common import collect_choices, field, now, read_json, sampling_params, stream_failure
 from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
 from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
@@ -112,8 +112,8 @@ async def completions(request: Request):
         prompt_logprobs=None if prompt_top < 0 else prompt_top,
     )
     streams = await start_choices(state, prompts, params, n)
-    # choice i answers prompt i // n
-    prompt_texts = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts for _ in range(n)]
+    echoes = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts]
+    prompt_texts = [text for text in echoes for _ in range(n)]  # choice i answers prompt i // n
     rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", now()
 
     def payload(choices: list[dict], usage: dict | None = None) -> dict:
@@ -137,11 +137,9 @@ async def completions(request: Request):
         return legacy_prompt_logprobs(state, out, top) if echo and top is not None else None
 
     if not stream:
-        outs = await collect_choices(streams, request)
+        outs = await collect_choices(state, streams, request)
         choices = []
         for index, out in enumerate(outs):
-            check_expired(out)
-            state.metrics.finished(out)
             if score_only:
                 outs[index] = out = _nothing_generated(out)
             text = prompt_texts[index]

@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.choices import collect_choices, merged, num_choices, start_choices
+from engine.api.choices import merged, num_choices, start_choices
 from engine.api.common import (
-    check_expired,
+    collect_choices,
     field,
     now,
     read_json,
@@ -256,11 +256,9 @@ async def chat_completions(request: Request):
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
-        outs = await collect_choices(streams, request)
+        outs = await collect_choices(state, streams, request)
         choices = []
         for index, out in enumerate(outs):
-            check_expired(out)
-            state.metrics.finished(out)
             reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls)
             message: dict[str, Any] = {
                 "role": "assistant",
