@@ -85,6 +85,16 @@ def _kind_name(kinds: tuple) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+def is_token_id(value: Any) -> bool:
+    """An integer (not a bool) of 0 or more."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def top_alternatives(logprobs: dict[int, float], top: int) -> list[tuple[int, float]]:
+    """A position's `top` most likely (token id, logprob) pairs, most likely first."""
+    return sorted(logprobs.items(), key=lambda tv: -tv[1])[:top]
+
+
 def sampling_params(
     state, body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
 ) -> SamplingParams:
@@ -101,9 +111,7 @@ def sampling_params(
     # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
     extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
     stop_ids = field(body, "stop_token_ids", list)
-    if stop_ids is not None and not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids
-    ):
+    if stop_ids is not None and not all(is_token_id(t) for t in stop_ids):
         raise ApiError(
             400, "'stop_token_ids' must be an array of token ids (integers >= 0)", "stop_token_ids"
         )

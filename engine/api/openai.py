@@ -17,6 +17,7 @@ from engine.api.common import (
     read_json,
     sampling_params,
     stream_failure,
+    top_alternatives,
     with_effort,
 )
 from engine.api.errors import ApiError
@@ -161,7 +162,7 @@ def token_logprobs(
     decode = state.engine.tokenizer.decode
     items = []
     for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]:
-        alts = sorted(lp.items(), key=lambda tv: -tv[1])[:top]
+        alts = top_alternatives(lp, top)
         items.append(
             (
                 decode([token], skip_special_tokens=False),

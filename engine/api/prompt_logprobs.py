@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.api.common import field
+from engine.api.common import field, top_alternatives
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.request import RequestOutput
@@ -26,7 +26,7 @@ def vllm_prompt_logprobs(state: ServerState, out: RequestOutput, top: int) -> li
     decode = state.engine.tokenizer.decode
     items: list[dict[str, Any] | None] = [None]
     for token, entry in zip(out.prompt_token_ids[1:], (out.prompt_logprobs or [None])[1:]):
-        ranked = sorted(entry.logprobs.items(), key=lambda tv: -tv[1])[:top]
+        ranked = top_alternatives(entry.logprobs, top)
         ranks = {t: k + 1 for k, (t, _) in enumerate(ranked)}
         ranks[token] = entry.rank
         items.append(
@@ -58,7 +58,7 @@ def legacy_prompt_logprobs(state: ServerState, out: RequestOutput, top: int) -> 
             top_logprobs.append(None)
             continue
         logprobs.append(entry.logprobs[token])
-        ranked = sorted(entry.logprobs.items(), key=lambda tv: -tv[1])[:top]
+        ranked = top_alternatives(entry.logprobs, top)
         top_logprobs.append({decode([t], skip_special_tokens=False): v for t, v in ranked})
     return {
         "tokens": tokens,

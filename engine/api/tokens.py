@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from engine.api.common import field, read_json
+from engine.api.common import field, is_token_id, read_json
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages, template_options
@@ -42,9 +42,7 @@ async def detokenize(request: Request):
     body = await read_json(request)
     tokens = field(body, "tokens", list)
     vocab = state.engine.tokenizer.vocab_size
-    if tokens is None or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
-    ):
+    if tokens is None or not all(is_token_id(t) and t < vocab for t in tokens):
         raise ApiError(400, f"'tokens' must be an array of token ids (0..{vocab - 1})", "tokens")
     return {"prompt": state.engine.tokenizer.decode(tokens, skip_special_tokens=False)}
 
