@@ -129,6 +129,10 @@ class ModelConfig:
             check_rope_scaling(scaling, where)
         return replace(self, rope_scaling=with_defaults(scaling, self.max_position_embeddings))
 
+    def with_rope_scaling_flag(self, flag: str | None) -> ModelConfig:
+        """This config under `--rope-scaling FLAG` (engine/rope_scaling.py); unchanged without the flag."""
+        return self if flag is None else self.with_rope_scaling(parse_rope_scaling(flag))
+
     @staticmethod
     def from_hf_dict(cfg: dict[str, Any]) -> ModelConfig:
         """Build from a transformers config.json dict (text_config is used for multimodal wrappers)."""
@@ -365,12 +369,6 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
-
-    def scaled(self, model_config: ModelConfig) -> ModelConfig:
-        """The model's config under this engine's rope_scaling (the checkpoint's own without one)."""
-        if self.rope_scaling is None:
-            return model_config
-        return model_config.with_rope_scaling(parse_rope_scaling(self.rope_scaling))
 
     def resolved_max_context(self, model_config: ModelConfig) -> int:
         limit = model_config.position_limit

@@ -42,9 +42,9 @@ class LLM:
                 f"unknown LLM option {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
+        # --rope-scaling: the rotary tables and the context limit follow it
         source = open_source(model)
-        if config.rope_scaling is not None:  # the rotary tables and the context limit follow it
-            source = replace(source, config=config.scaled(source.config))
+        source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
         self.model_config = source.config
         self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)
         # what a server request's left-out sampling fields default to

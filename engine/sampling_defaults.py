@@ -10,14 +10,8 @@ from typing import Any
 
 from engine.errors import NinferError
 
-# SamplingParams field <- generation_config.json key
-FIELDS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-}
+# the SamplingParams fields a generation_config.json may set (under the same names)
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # SamplingParams field <- GGUF key
 GGUF_KEYS = {
     "temperature": "general.sampling.temp",
@@ -26,14 +20,13 @@ GGUF_KEYS = {
     "min_p": "general.sampling.min_p",
     "repetition_penalty": "general.sampling.penalty_repeat",
 }
-MODES = ("auto", "none")
 
 
 def from_generation_config(cfg: dict[str, Any]) -> dict[str, float | int]:
     """The sampling fields generation_config.json sets (numbers only; top_k a whole number)."""
     out: dict[str, float | int] = {}
-    for name, key in FIELDS.items():
-        value = cfg.get(key)
+    for name in FIELDS:
+        value = cfg.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[name] = int(value) if name == "top_k" else float(value)
     return out

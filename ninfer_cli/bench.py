@@ -193,12 +193,10 @@ def _run(o: _Options) -> None:
     else:
         from engine import LLM
         from engine.models.loader import open_source
-        from engine.rope_scaling import parse_rope_scaling, positions_phrase, stretch_hint
+        from engine.rope_scaling import positions_phrase, stretch_hint
 
         longest = max(o.contexts) + o.gen
-        config = open_source(o.model_path).config
-        if o.rope_scaling is not None:
-            config = config.with_rope_scaling(parse_rope_scaling(o.rope_scaling))
+        config = open_source(o.model_path).config.with_rope_scaling_flag(o.rope_scaling)
         limit = config.position_limit
         if longest > limit:
             scaling, positions = config.rope_scaling, config.max_position_embeddings

@@ -113,9 +113,8 @@ def chat(
         k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)) if v is not None
     }
     sampling = {**CHAT_SAMPLING, **given}
-    SamplingParams(
-        max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling
-    )  # bad flags: said before loading
+    # bad flags are said before the model loads
+    SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)
     console = Console(stderr=True)
     if url is not None:  # the engine options do not apply: the server has its own
         backend = RemoteChat(url, api_key, model_id, request_fields)

@@ -63,7 +63,6 @@ def plan(
     from engine.plan.gpu import local_gpu, parse_sm
     from engine.plan.model import resolve
     from engine.plan.solver import Device, PlanRefusal, frontier, solve, solve_any_concurrency
-    from engine.rope_scaling import parse_rope_scaling
 
     if vram is None and sm is not None:
         raise NinferError("--sm goes with --vram; without --vram the local GPU is read")
@@ -80,8 +79,7 @@ def plan(
     target = parse_size(context, "--context") if context else None
     spec_on = spec != "none"
     planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
-    if rope_scaling is not None:
-        planned = replace(planned, config=planned.config.with_rope_scaling(parse_rope_scaling(rope_scaling)))
+    planned = replace(planned, config=planned.config.with_rope_scaling_flag(rope_scaling))
     dep = Deployment(
         planned.config,
         kv or "k8v4",
