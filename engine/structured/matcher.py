@@ -55,20 +55,20 @@ class GrammarMatcher:
             elif self._matcher is not None and not self._matcher.consume_token(t):
                 return
 
+    def _budget_spent(self, k: int) -> bool:
+        """Whether the reasoning's budget is spent at the k-th token from now (only `</think>` may come)."""
+        return self.thinking_budget is not None and self.num_thinking + k >= self.thinking_budget
+
     def valid_prefix(self, draft_token_ids: list[int]) -> int:
         """How many of the drafts, in order, the constraints allow (a refused one would be rejected at its
-        row, and every draft after it with it): n-gram drafts are cut there before they are run."""
+        row, and every draft after it with it): drafts are cut there before they are run."""
         waiting = self.waiting_for
         for k, t in enumerate(draft_token_ids):
             if waiting is None:
                 if self._matcher is None:
                     break
                 return k + self._matcher.validate_tokens(list(draft_token_ids[k:]))
-            if (
-                self.thinking_budget is not None
-                and self.num_thinking + k >= self.thinking_budget
-                and t != waiting
-            ):
+            if self._budget_spent(k) and t != waiting:
                 return k
             if t == waiting:
                 waiting = None
@@ -83,7 +83,7 @@ class GrammarMatcher:
         for k in range(len(draft_token_ids) + 1):
             row = bitmask[first_row + k]
             if waiting is not None:
-                if self.thinking_budget is not None and self.num_thinking + k >= self.thinking_budget:
+                if self._budget_spent(k):
                     row.zero_()  # the budget is spent: the reasoning ends here
                     row[waiting // 32] = _bit(waiting % 32)
                     wrote = True
