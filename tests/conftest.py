@@ -96,6 +96,32 @@ def rope_model_config(**fields):
     return ModelConfig(**{**base, **fields})
 
 
+def write_config_gguf(path: Path, arch: str, context: int, rope_theta: float, keys=None, tensors=None):
+    """A one-layer GGUF of `arch` with 128-wide heads (as rope_model_config) and only an output matrix:
+    enough for its config to be read. `keys`: more metadata, typed by value (str, int as uint32, float as
+    float32); `tensors`: more tensors. Returns a reader over it."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    shape = {"block_count": 1, "context_length": context, "embedding_length": 256, "feed_forward_length": 512}
+    heads = {"attention.head_count": 2, "attention.head_count_kv": 1, "vocab_size": 32}
+    for key, value in {**shape, **heads}.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{arch}.rope.freq_base", rope_theta)
+    for key, value in (keys or {}).items():
+        add = {str: writer.add_string, int: writer.add_uint32, float: writer.add_float32}[type(value)]
+        add(key, value)
+    for name, t in {**(tensors or {}), "output.weight": np.zeros((32, 256), dtype=np.float32)}.items():
+        writer.add_tensor(name, t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf.GGUFReader(str(path))
+
+
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
     import transformers as tf

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-import gguf
-import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy_reference, rope_model_config, save_tiny, tiny_hf_model
+from conftest import hf_greedy_reference, rope_model_config, save_tiny, tiny_hf_model, write_config_gguf
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
@@ -207,33 +205,8 @@ def test_yarn_changes_what_the_model_computes(yarn_pair):
 
 
 def _write_gguf(path, **rope_keys):
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    for key, value in {
-        "block_count": 1,
-        "context_length": 40960,
-        "embedding_length": 256,
-        "feed_forward_length": 512,
-        "attention.head_count": 2,
-        "attention.head_count_kv": 1,
-        "attention.key_length": 128,
-        "vocab_size": 32,
-    }.items():
-        writer.add_uint32(f"qwen3.{key}", value)
-    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32("qwen3.rope.freq_base", 1e6)
-    for key, value in rope_keys.items():
-        if isinstance(value, str):
-            writer.add_string(f"qwen3.rope.scaling.{key}", value)
-        elif isinstance(value, int):
-            writer.add_uint32(f"qwen3.rope.scaling.{key}", value)
-        else:
-            writer.add_float32(f"qwen3.rope.scaling.{key}", value)
-    writer.add_tensor("output.weight", np.zeros((32, 256), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return gguf.GGUFReader(str(path))
+    keys = {"qwen3.attention.key_length": 128, **{f"qwen3.rope.scaling.{k}": v for k, v in rope_keys.items()}}
+    return write_config_gguf(path, "qwen3", 40960, 1e6, keys)
 
 
 def test_gguf_yarn_keys_are_read_into_the_config(tmp_path):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import rope_model_config
+from conftest import rope_model_config, write_config_gguf
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
@@ -76,27 +75,9 @@ def test_gguf_frequency_factors_give_the_llama3_frequencies():
 
 def test_gguf_rope_freqs_tensor_is_read_into_the_config(tmp_path):
     path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {
-        "block_count": 1,
-        "context_length": 131072,
-        "embedding_length": 256,
-        "feed_forward_length": 512,
-        "attention.head_count": 2,
-        "attention.head_count_kv": 1,
-        "vocab_size": 32,
-    }.items():
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_float32("llama.rope.freq_base", 500000.0)
     factors = np.array(_converter_factors(), dtype=np.float32)
-    writer.add_tensor("rope_freqs.weight", factors)
-    writer.add_tensor("output.weight", np.zeros((32, 256), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    config = _config(gguf.GGUFReader(str(path)), path)
+    reader = write_config_gguf(path, "llama", 131072, 500000.0, tensors={"rope_freqs.weight": factors})
+    config = _config(reader, path)
     assert config.rope_scaling["rope_type"] == "freq_factors"
     assert np.allclose(config.rope_scaling["factors"], factors)
     assert torch.allclose(inv_freq_for(config), inv_freq_for(_config_with(LLAMA3)), rtol=1e-5, atol=0)
