@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engine.errors import NinferError
+from engine.sizes import parse_size
 
 # what the flag and a config.json may name; llama3 and GGUF frequency factors come with their checkpoints
 SCALING_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
@@ -46,8 +47,8 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
         raise NinferError(f"--rope-scaling '{text}' has too many parts; use yarn:FACTOR[:ORIGINAL_CONTEXT]")
     try:
         factor = float(parts[0])
-        original = _size(parts[1]) if len(parts) == 2 else None
-    except ValueError:
+        original = parse_size(parts[1], "the original context") if len(parts) == 2 else None
+    except (ValueError, NinferError):
         raise NinferError(
             f"--rope-scaling '{text}': the factor is a number (e.g. 4) and the original context a size "
             "(e.g. 32768 or 32k)"
@@ -57,11 +58,6 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
         scaling["original_max_position_embeddings"] = original
     check_rope_scaling(scaling, "--rope-scaling")
     return scaling
-
-
-def _size(text: str) -> int:
-    text = text.strip().lower()
-    return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
 
 
 def _kind(scaling: dict[str, Any]) -> str:

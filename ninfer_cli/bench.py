@@ -13,10 +13,10 @@ from typing import Annotated
 
 import typer
 
+from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, RopeScaling
-from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 
 

@@ -12,11 +12,11 @@ from rich.console import Console
 
 from engine.config import DTYPES
 from engine.errors import NinferError
+from engine.sizes import parse_size
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
-from ninfer_cli.sizes import parse_size
 from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 

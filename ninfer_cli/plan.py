@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
+from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import RopeScaling
-from ninfer_cli.sizes import parse_size
 from ninfer_cli.vision_option import Vision
 
 GIB = 1 << 30

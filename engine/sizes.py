@@ -1,4 +1,4 @@
-"""Sizes as users write them: 24G, 24GiB, 180k, 184320."""
+"""Sizes as users write them: 24G, 24GiB, 180k, 184320 (the CLI's flags, and --rope-scaling's original context)."""
 
 from __future__ import annotations
 
