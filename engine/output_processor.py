@@ -14,6 +14,11 @@ class RequestStream:
         params = request.sampling_params
         self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if tokenizer else None
         self.stop = params.stop
+        # a token that ends the request (EOS unless ignored, a stop token id) adds no text, as in vLLM: an
+        # infill's <|file_sep|> or a caller's stop token that is plain text stays out of the reply
+        self.end_ids = set(params.stop_token_ids) | (
+            set() if params.ignore_eos else set(request.eos_token_ids)
+        )
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.min_tokens = params.min_tokens
         self.num_pushed = 0
@@ -28,6 +33,8 @@ class RequestStream:
         if self.detok is None or self.stopped:
             return
         self.num_pushed += 1
+        if token_id in self.end_ids:
+            return
         delta = self.detok.push(token_id)
         if not delta:
             return

@@ -398,6 +398,30 @@ def thinking_tokenizer(default_tokenizer):
     return Tokenizer(backend=backend, eos_token=default_tokenizer.eos_token)
 
 
+FIM_SPECIALS = (
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+
+
+@pytest.fixture(scope="session")
+def fim_tokenizer(default_tokenizer):
+    """The default tokenizer with Qwen's fill-in-the-middle and repository tokens, not special (as in Qwen's
+    tokenizer: decoded text keeps them)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from engine.tokenizer import Tokenizer
+
+    backend = HFTokenizer.from_str(default_tokenizer.backend.to_str())
+    backend.add_tokens([AddedToken(t, special=False) for t in FIM_SPECIALS])
+    return Tokenizer(backend=backend, eos_token=default_tokenizer.eos_token)
+
+
 def save_thinking_mtp_model(path: Path, tokenizer, think: bool) -> Path:
     """A tiny random Qwen3.5 with an MTP head, over `tokenizer`; its template opens <think> if `think`."""
     import json

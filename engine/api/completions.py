@@ -1,8 +1,9 @@
 """OpenAI text completions: `POST /v1/completions` (one prompt or several, `n` choices each, streamed or
 not), with `echo` and the legacy `logprobs` (an integer: the top-N alternatives per token, in the tokens /
 token_logprobs / top_logprobs / text_offset form; with `echo`, the prompt's tokens first), `max_tokens: 0`
-(the prompt scored, nothing generated) and vLLM's `prompt_logprobs`. `suffix` (fill-in-the-middle) and
-`best_of` > 1 are refused in one line."""
+(the prompt scored, nothing generated), vLLM's `prompt_logprobs`, and `suffix`: fill-in-the-middle, the
+prompt the code before the gap and the suffix the code after it, laid out with the model's FIM tokens
+(engine/fim.py; refused for a model without them, and with `echo`). `best_of` > 1 is refused in one line."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.api.openai import finish_reason, stop_list, stream_error, token_logp
 from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
 from engine.api.structured import openai_text_grammar
+from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.request import RequestOutput
 
 router = APIRouter()
@@ -50,13 +52,26 @@ def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
 def _refusals(body: dict) -> None:
     if field(body, "best_of", int, 1) != 1:
         raise ApiError(400, "only best_of=1 is supported", "best_of")
-    if field(body, "suffix", str):
-        raise ApiError(
-            400,
-            "'suffix' (fill-in-the-middle) is not supported; send the text after the gap in the prompt "
-            "with the model's own FIM tokens",
-            "suffix",
-        )
+
+
+def _infill(
+    state: ServerState, body: dict, prompts: list[list[int]], raw: Any
+) -> tuple[list[list[int]], tuple]:
+    """With a `suffix`: each prompt as the code before the gap of a FIM prompt, and the tokens that end the
+    middle; as they were without one."""
+    suffix = field(body, "suffix", str)
+    if suffix is None:
+        return prompts, ()
+    tokenizer = state.engine.tokenizer
+    fim = fim_tokens(tokenizer)
+    if fim is None:
+        raise ApiError(400, no_fim_message(tokenizer), "suffix")
+    if field(body, "echo", bool, False):
+        raise ApiError(400, "'echo' cannot be combined with 'suffix' (fill-in-the-middle)", "echo")
+    texts = [raw] if isinstance(raw, str) or _token_ids(raw) else raw
+    # too long is refused by the context check (no cutting here, unlike llama.cpp's /infill)
+    built = [infill_prompt(tokenizer, fim, prefix, suffix, budget=2**62).token_ids for prefix in texts]
+    return built, fim.stop_token_ids
 
 
 def _logprobs(state: ServerState, out: RequestOutput, top: int, start: int, offset: int) -> dict[str, Any]:
@@ -90,6 +105,7 @@ async def completions(request: Request):
     body = await read_json(request)
     prompts = _prompts(state, body.get("prompt"))
     _refusals(body)
+    prompts, fim_stops = _infill(state, body, prompts, body.get("prompt"))
     n = num_choices(body, len(prompts))
     echo = field(body, "echo", bool, False)
     top = field(body, "logprobs", int)
@@ -111,6 +127,8 @@ async def completions(request: Request):
         logprobs=top,
         prompt_logprobs=None if prompt_top < 0 else prompt_top,
     )
+    if fim_stops:
+        params = replace(params, stop_token_ids=(*params.stop_token_ids, *fim_stops))
     streams = await start_choices(state, prompts, params, n)
     echoes = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts]
     prompt_texts = [text for text in echoes for _ in range(n)]  # choice i answers prompt i // n

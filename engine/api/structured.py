@@ -5,7 +5,7 @@ OpenAI: `response_format` (json_object, json_schema), vLLM's `structured_outputs
 `tool_choice` ("required": one call or more, one with `parallel_tool_calls: false`; a named function: one
 call of it). Anthropic: `output_config.format` / `output_format` ({"type": "json_schema", "schema": ...})
 and a forced `tool_choice` ({"type": "any"}: one call or more, one with `disable_parallel_tool_use`;
-{"type": "tool", "name": ...}: one call of it).
+{"type": "tool", "name": ...}: one call of it). llama.cpp's native routes: `grammar` and `json_schema`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ _GUIDED = {
 def openai_text_grammar(body: dict) -> str | None:
     """The grammar a text completion asks for; None when its output is free."""
     return _one(_formats(body), "response_format and structured_outputs (or guided_*)")
+
+
+def llama_cpp_grammar(body: dict) -> str | None:
+    """llama.cpp's `grammar` (GBNF, or llguidance Lark) or `json_schema`; None when the output is free."""
+    asked = []
+    text = body.get("grammar")
+    if text is not None and text != "":
+        if not isinstance(text, str):
+            raise ApiError(400, "'grammar' must be a string (GBNF or Lark)", "grammar")
+        asked.append(_built(grammars.grammar, text))
+    if body.get("json_schema") is not None:
+        asked.append(_built(grammars.json_schema, _schema(body["json_schema"], "json_schema")))
+    return _one(asked, "grammar and json_schema")
 
 
 def openai_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:

@@ -79,6 +79,7 @@ class ScriptedEngine:
         self.tokenizer = _tokenizer()
         self.replies = list(replies)
         self.prompts: list[str] = []
+        self.params: list = []  # each request's SamplingParams
         self.piece = piece
         self.llm = _Stats()
         self.is_running = True
@@ -88,6 +89,7 @@ class ScriptedEngine:
         self, prompt_token_ids, sampling_params, request_id=None, prompt=None, images=None, after=None
     ):
         self.prompts.append(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False))
+        self.params.append(sampling_params)
         request_id = request_id or f"scripted-{next(self._ids)}"
         output = RequestOutput(request_id, None, list(prompt_token_ids), [], "", None, "stop")
         return ScriptedStream(request_id, output, self.replies.pop(0), self.piece)
