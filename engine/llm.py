@@ -116,6 +116,7 @@ class LLM:
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
         if grammar is None:
             grammar = self.grammar_matcher(sampling_params, prompt_token_ids)
+        sampling_params = self._with_hidden_stops(sampling_params)
         req = Request(
             request_id,
             list(prompt_token_ids),
@@ -128,6 +129,16 @@ class LLM:
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    def _with_hidden_stops(self, params: SamplingParams) -> SamplingParams:
+        """A stop string that is a special token (a raw FIM client's "<|endoftext|>", "<|im_end|>") can never
+        appear in the text, which leaves such tokens out: it stops as that token instead."""
+        if self.tokenizer is None or not params.stop:
+            return params
+        hidden = [t for t in map(self.tokenizer.hidden_token_id, params.stop) if t is not None]
+        if not hidden:
+            return params
+        return replace(params, stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *hidden))))
 
     def grammar_matcher(self, params: SamplingParams, prompt_token_ids: list[int]) -> GrammarMatcher | None:
         """What constrains a request's output: its structured-output grammar (engine/structured/grammars.py)

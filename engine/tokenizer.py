@@ -40,6 +40,14 @@ class Tokenizer:
     def token_to_id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
 
+    def hidden_token_id(self, text: str) -> int | None:
+        """The id of `text` when it is one whole token that decoded text leaves out (a special token such as
+        <|endoftext|>); None otherwise."""
+        token_id = self.token_to_id(text)
+        if token_id is None or self.decode([token_id], skip_special_tokens=True):
+            return None
+        return token_id
+
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         ids = [self.token_to_id(self.eos_token), *self.extra_eos_token_ids]

@@ -113,3 +113,20 @@ def test_grammars_hold_the_reply(server):
     assert held["content"].replace(" ", "").startswith(('{"n":', "{}"))
     r = httpx.post(f"{server.url}/completion", json={"prompt": "x", "grammar": "start: ((("}, timeout=60)
     assert r.status_code == 400 and "\n" not in r.json()["error"]["message"]
+
+
+def test_a_stop_string_that_is_a_special_token_stops_there(server):
+    """A raw-FIM client (prompt written with the FIM tokens itself) stops on "<|endoftext|>": a special
+    token, left out of the text, so it stops as that token."""
+    eot = server.engine.tokenizer.token_to_id("<|endoftext|>")
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    ask = {
+        "model": "m",
+        "prompt": "<|fim_prefix|>a = <|fim_suffix|><|fim_middle|>",
+        "max_tokens": 6,
+        **GREEDY,
+    }
+    forced = {**ask, "logit_bias": {str(eot): 100}}
+    stopped = oai.completions.create(**forced, stop=["<|endoftext|>", "<|file_sep|>"]).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == ""
+    assert oai.completions.create(**forced).choices[0].finish_reason == "length"  # no such stop: runs on

@@ -43,3 +43,11 @@ def test_incremental_detokenizer_equals_full_decode(default_tokenizer, text):
     pieces = [detok.push(i) for i in ids]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_hidden_token_ids_are_those_decoding_leaves_out(default_tokenizer, fim_tokenizer):
+    assert default_tokenizer.hidden_token_id("<|im_end|>") == 2
+    assert default_tokenizer.hidden_token_id("<|endoftext|>") == 0
+    assert default_tokenizer.hidden_token_id("hello") is None  # text decodes to itself
+    assert default_tokenizer.hidden_token_id("<|no_such_token|>") is None
+    assert fim_tokenizer.hidden_token_id("<|fim_prefix|>") is None  # a token, but not special: it shows
