@@ -90,6 +90,18 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
+# control tokens that end a generation wherever a vocabulary has them (a GGUF names one eos; Qwen's HF
+# generation_config names <|im_end|> and <|endoftext|>, and llama.cpp ends on both)
+_END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>")
+
+
+def _end_of_generation(reader, tokens: list[str], types: list[int]) -> tuple[int, ...]:
+    """The ids besides eos that end a generation: the eot / eom keys and the known end tokens (control)."""
+    keys = (_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom"))
+    named = (i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3 and t in _END_TOKENS)
+    return tuple(dict.fromkeys(i for i in (*keys, *named) if i is not None))
+
+
 def _build_tokenizer(reader) -> Tokenizer | None:
     model = _field(reader, "tokenizer.ggml.model")
     if model is None:
@@ -113,7 +125,6 @@ def _build_tokenizer(reader) -> Tokenizer | None:
         i = _field(reader, key)
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
     return Tokenizer(
         backend=backend,
         chat_template=_field(reader, "tokenizer.chat_template"),
@@ -122,7 +133,7 @@ def _build_tokenizer(reader) -> Tokenizer | None:
         pad_token=tok("tokenizer.ggml.padding_token_id"),
         unk_token=tok("tokenizer.ggml.unknown_token_id"),
         add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        extra_eos_token_ids=(eot,) if eot is not None else (),
+        extra_eos_token_ids=_end_of_generation(reader, tokens, types),
         sampling_defaults=from_generation_config(
             {name: _field(reader, key) for name, key in GGUF_KEYS.items()}
         ),

@@ -33,7 +33,8 @@ def test_digits_split_one_by_one(default_tokenizer):
 def test_special_tokens(default_tokenizer):
     assert default_tokenizer.eos_token == "<|im_end|>"
     assert default_tokenizer.bos_token == "<|im_start|>"
-    assert default_tokenizer.eos_token_ids == (2,)
+    # the GGUF names <|im_end|>; <|endoftext|> (a control token) ends a generation too, as in llama.cpp
+    assert default_tokenizer.eos_token_ids == (2, 0)
 
 
 @pytest.mark.parametrize("text", TEXTS)
