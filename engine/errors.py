@@ -7,3 +7,11 @@ class NinferError(Exception):
 
 class EngineOverloaded(NinferError):
     """The admission queue is full (the server answers 429 / Anthropic 529 overloaded_error)."""
+
+
+class PromptTooLong(NinferError):
+    """A prompt at or beyond the context limit (the server words it as each protocol's clients detect)."""
+
+    def __init__(self, message: str, tokens: int, limit: int):
+        super().__init__(message)
+        self.tokens, self.limit = tokens, limit

@@ -10,9 +10,9 @@ from typing import Any
 
 from fastapi import Request
 
-from engine.api.errors import ApiError
+from engine.api.errors import ApiError, ContextExceeded
 from engine.async_llm import AsyncStream
-from engine.errors import EngineOverloaded, NinferError
+from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
@@ -170,14 +170,14 @@ async def start(
         raise ApiError(
             400, f"max_tokens {params.max_tokens} is beyond the context limit {max_context} (--max-context)"
         )
-    if len(ids) + 1 > max_context:  # (with images, the engine counts their tokens and refuses: 400 below)
-        raise ApiError(
-            400, f"the prompt is {len(ids)} tokens but the context limit is {max_context} (--max-context)"
-        )
+    if len(ids) + 1 > max_context:  # (with images, the engine counts their tokens and refuses below)
+        raise ContextExceeded(len(ids), max_context)
     try:
         stream = await state.engine.add_request(ids, params, images=images or None, after=after)
     except EngineOverloaded as e:
         raise ApiError(429, str(e), retry_after=1) from e
+    except PromptTooLong as e:
+        raise ContextExceeded(e.tokens, e.limit, images=bool(images)) from e
     except NinferError as e:
         raise ApiError(400, str(e)) from e
     state.metrics.started(stream.request_id, images, structured=params.grammar is not None)

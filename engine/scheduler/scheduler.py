@@ -41,7 +41,7 @@ from collections.abc import Callable
 from engine.cache.block_pool import BlockPool, hash_blocks
 from engine.cache.state_pool import StatePool
 from engine.config import SchedulerConfig
-from engine.errors import EngineOverloaded, NinferError
+from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.spec.ngram import NgramProposer
@@ -81,13 +81,17 @@ class Scheduler:
             raise NinferError("the prompt is empty; give at least one token")
         if n >= limit:
             if request.mm is not None:  # the placeholders widened: most of the prompt may be pictures
-                raise NinferError(
+                raise PromptTooLong(
                     f"with its images the prompt is {n} tokens but the context limit is {limit} (max_context); "
-                    "send smaller or fewer images, or raise max_context"
+                    "send smaller or fewer images, or raise max_context",
+                    n,
+                    limit,
                 )
-            raise NinferError(
+            raise PromptTooLong(
                 f"the prompt is {n} tokens but the context limit is {limit} (max_context); "
-                "shorten the prompt or raise max_context"
+                "shorten the prompt or raise max_context",
+                n,
+                limit,
             )
         capacity = self.block_pool.num_blocks * self.block_size
         if n + 1 > capacity:

@@ -173,3 +173,51 @@ def test_still_serving_and_nothing_leaked(server):
     stats = server.engine.stats()
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_a_prompt_beyond_the_context_is_worded_as_each_protocols_clients_detect(server):
+    """OpenAI clients (litellm, aider, LangChain) look for "This model's maximum context length is" and the
+    code context_length_exceeded; Claude Code compacts on Anthropic's "prompt is too long"."""
+    import anthropic
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    long = [{"role": "user", "content": LONG_TEXT}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="m", messages=long, max_tokens=4)
+    error = caught.value.body
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(
+        "This model's maximum context length is 2048 tokens, but the prompt is "
+    )
+    assert error["message"].endswith("; shorten the conversation or raise --max-context")
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 2048"):
+        oai.completions.create(model="m", prompt=LONG_TEXT, max_tokens=4)
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="m", messages=long, max_tokens=4)
+    message = caught.value.body["error"]["message"]
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert message.startswith("prompt is too long: ") and " tokens > 2048 maximum; " in message
+
+
+def test_the_engines_own_count_is_worded_the_same(monkeypatch):
+    """With images the engine counts the prompt (each picture's tokens): its refusal reads the same."""
+    from scripted_engine import ScriptedEngine
+
+    from engine.errors import PromptTooLong
+
+    engine = ScriptedEngine([])
+
+    async def too_long(*args, **kwargs):
+        raise PromptTooLong(
+            "the prompt is 5000 tokens but the context limit is 4096 (max_context)", 5000, 4096
+        )
+
+    monkeypatch.setattr(engine, "add_request", too_long)
+    with RunningServer(engine) as s:
+        r = httpx.post(s.url + CHAT, json=chat(), timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert r.json()["error"]["message"].startswith("This model's maximum context length is 4096 tokens")
+        r = httpx.post(s.url + MESSAGES, json=msg(), timeout=60)
+        assert r.json()["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
