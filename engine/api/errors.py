@@ -48,8 +48,8 @@ class ApiError(Exception):
 class ContextExceeded(ApiError):
     """A prompt beyond the context limit, worded as each protocol's clients detect it: OpenAI's "This
     model's maximum context length is ..." with code context_length_exceeded (what litellm, aider and
-    LangChain look for), Anthropic's "prompt is too long: N tokens > M maximum" (what Claude Code
-    compacts the conversation on)."""
+    LangChain look for), Anthropic's "prompt is too long: N tokens > M maximum" (the API's own wording,
+    which Claude Code recognises)."""
 
     def __init__(self, tokens: int, limit: int, images: bool = False):
         fix = (

@@ -177,7 +177,7 @@ def test_still_serving_and_nothing_leaked(server):
 
 def test_a_prompt_beyond_the_context_is_worded_as_each_protocols_clients_detect(server):
     """OpenAI clients (litellm, aider, LangChain) look for "This model's maximum context length is" and the
-    code context_length_exceeded; Claude Code compacts on Anthropic's "prompt is too long"."""
+    code context_length_exceeded; Claude Code, Anthropic's own "prompt is too long"."""
     import anthropic
     import openai
 
