@@ -22,6 +22,7 @@ from engine.rope_scaling import (
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3Model",
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration",
@@ -30,6 +31,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3VLForConditionalGeneration",
 )
 
+BARE_ARCHITECTURES = ("Qwen3Model",)  # transformers' decoder without an LM head (Qwen3-Embedding)
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
 SPEC_METHODS = ("none", "ngram", "mtp")
 MAX_DRAFT_TOKENS = 16
@@ -84,6 +86,9 @@ class ModelConfig:
     # the multimodal checkpoint's vision tower (transformers' vision_config), None when there is none
     vision_config: dict[str, Any] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # an embedding model (a bare decoder: transformers' Qwen3Model, or a GGUF with a pooling type): it makes
+    # embeddings, not text; a checkpoint saved without the "model." prefix is one too (found at load)
+    embedding_model: bool = False
 
     @property
     def family(self) -> str:
@@ -92,6 +97,7 @@ class ModelConfig:
         return {
             "LlamaForCausalLM": "llama",
             "Qwen3ForCausalLM": "qwen3",
+            "Qwen3Model": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3",
             "Qwen3_5ForCausalLM": "qwen3_5",
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
@@ -168,6 +174,7 @@ class ModelConfig:
         eos = text.get("eos_token_id", cfg.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        bare = arch in BARE_ARCHITECTURES
         config = ModelConfig(
             architecture=arch,
             vocab_size=text["vocab_size"],
@@ -180,7 +187,7 @@ class ModelConfig:
             rms_norm_eps=text.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             max_position_embeddings=text.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(tie),
+            tie_word_embeddings=bool(tie) or bare,  # a bare decoder has no head of its own
             attention_bias=bool(text.get("attention_bias", False)),
             partial_rotary_factor=float(partial),
             rope_scaling=scaling,
@@ -205,6 +212,7 @@ class ModelConfig:
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
             vision_config=_vision_config(cfg),
+            embedding_model=bare,
         )
         if "Moe" in arch:
             _check_experts(config)

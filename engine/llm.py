@@ -15,6 +15,7 @@ from engine.errors import NinferError
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
+from engine.pooling import normalized
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
@@ -102,6 +103,11 @@ class LLM:
         `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here. `after`: a
         request with the same prompt; this one waits until that one's prompt is in the prefix cache."""
         request_id = request_id or f"req-{next(self._ids)}"
+        if self.model.headless and sampling_params.pooling is None:
+            raise NinferError(
+                "this checkpoint is an embedding model (a decoder without an output head): it makes "
+                "embeddings (/v1/embeddings, LLM.embed()), not text; serve a chat model to generate"
+            )
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -219,6 +225,24 @@ class LLM:
                 if out.finished:
                     finished[out.request_id] = out
         return [finished[i] for i in ids]
+
+    def embed(
+        self,
+        inputs: str | list[str] | list[int] | list[list[int]],
+        normalize: bool = True,
+    ) -> list[list[float]]:
+        """The embedding of each input (text, or token ids): the final-normed hidden state at its last
+        token, as Qwen3-Embedding pools, L2-normalized unless `normalize` is false. A text is encoded with
+        the tokenizer's special tokens (an embedding model's tokenizer appends its end-of-text)."""
+        single = isinstance(inputs, str) or (bool(inputs) and isinstance(inputs[0], int))
+        batch = [inputs] if single else list(inputs)
+        if not batch:
+            raise NinferError("embed() needs at least one input")
+        encode = self._tokenizer_or_raise().encode if any(isinstance(x, str) for x in batch) else None
+        ids = [encode(x) if isinstance(x, str) else list(x) for x in batch]
+        params = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
+        outs = self.generate(None, params, ids)
+        return [normalized(out.embedding) if normalize else list(out.embedding) for out in outs]
 
     def chat(
         self,

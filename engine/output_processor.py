@@ -73,4 +73,5 @@ class RequestStream:
             prompt_logprobs=[None, *req.prompt_logprobs]
             if req.sampling_params.prompt_logprobs is not None
             else None,
+            embedding=req.embedding,
         )

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from engine.vision.mrope import MultiModalInputs
 
 
+POOLING = (None, "last")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. temperature == 0 is greedy; logprobs=N also returns the top-N per token."""
@@ -47,6 +50,9 @@ class SamplingParams:
     # added to the logits of those token ids before sampling, -100..100 (-100 bans, 100 all but forces);
     # a {token_id: bias} dict is taken too
     logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
+    # "last": the output carries an embedding, the final-normed hidden state at the prompt's last token (as
+    # Qwen3-Embedding pools); the tokens the request generates are beside the point
+    pooling: str | None = None
 
     def __post_init__(self):
         floats = (
@@ -90,6 +96,8 @@ class SamplingParams:
             raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise NinferError(f"prompt_logprobs must be between 0 and 20 (got {self.prompt_logprobs})")
+        if self.pooling not in POOLING:
+            raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -154,6 +162,8 @@ class Request:
     grammar: GrammarMatcher | None = None  # structured outputs: the output's grammar state
     # prompt_logprobs: entry p is prompt token p + 1's, given tokens 0..p (filled as prompt chunks run)
     prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
+    # pooling: the prompt's pooled hidden state, once its last token has run
+    embedding: list[float] | None = None
     # another request with the same prompt (n > 1 choices): this one is not admitted while that one runs
     # its prompt, so it starts from that prompt's pages in the prefix cache instead of computing them too
     after: str | None = None
@@ -202,6 +212,8 @@ class RequestOutput:
     num_accepted_tokens: int = 0
     # prompt_logprobs: one per prompt token, None for the first (nothing before it to predict it from)
     prompt_logprobs: list[PromptLogprob | None] | None = None
+    # pooling: the prompt's embedding (not normalized), once the prompt has run
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -106,6 +106,10 @@ def serve(
     app = create_app(state)
     log = logging.getLogger("ninfer")
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
+    if engine.llm.model.headless:
+        log.info(
+            "an embedding model (no output head): it answers POST /v1/embeddings; text routes are refused"
+        )
     if engine.llm.sampling_defaults:
         log.info(
             "sampling defaults for the fields a request leaves out: %s (--generation-config %s; none for "

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import anthropic, completions, llama_cpp, openai, responses, tokens
+from engine.api import anthropic, completions, embeddings, llama_cpp, openai, responses, tokens
 from engine.api.errors import ApiError, anthropic_error, openai_error
 from engine.api.state import ServerState
 
@@ -76,6 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app.include_router(openai.router)
     app.include_router(completions.router)
+    app.include_router(embeddings.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     app.include_router(tokens.router)

@@ -197,9 +197,25 @@ def _config(reader, path: Path) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
+        embedding_model=_pools_last_token(reader, arch, path),
         **layout,
     )
     return config.with_rope_scaling(scaling, str(path)) if scaling else config
+
+
+def _pools_last_token(reader, arch: str, path: Path) -> bool:
+    """Whether llama.cpp's pooling type marks an embedding model (Qwen3-Embedding: 3, the last token);
+    one pooled otherwise (1 mean, 2 cls, 4 rank) is refused in a sentence."""
+    kind = _field(reader, f"{arch}.pooling_type", 0)
+    if kind in (0, -1):
+        return False
+    if kind != 3:
+        name = {1: "mean", 2: "cls", 4: "rank"}.get(kind, str(kind))
+        raise NinferError(
+            f"{path} is an embedding model pooled by '{name}'; ninfer pools by the last token only "
+            "(Qwen3-Embedding)"
+        )
+    return True
 
 
 def _rope_scaling(reader, arch: str) -> dict[str, Any] | None:

@@ -38,6 +38,10 @@ class DecoderModel(Module):
         return hidden
 
 
+# tensor names of a checkpoint saved from the bare decoder (no "model." prefix, no lm_head)
+BARE_DECODER = ("embed_tokens.", "layers.", "norm.")
+
+
 class CausalLM(Module):
     # checkpoint sub-name -> (fused parameter sub-name, shard id)
     packed_modules_mapping: dict[str, tuple[str, str]] = {}
@@ -53,6 +57,9 @@ class CausalLM(Module):
         self.mtp: Module | None = None
         self.draft_head: Linear | None = None  # lm_head's first rows for the MTP drafts (lm_head_draft)
         self.visual: Module | None = None  # the vision tower, when built (vision)
+        # a bare decoder without an output head (an embedding model: Qwen3-Embedding): it pools, never
+        # generates text; its lm_head is the embedding matrix, so the engine's one code path still samples
+        self.headless = config.embedding_model
 
     def build_mtp(self) -> None:
         """Add the MTP head (spec mtp), before the weights load; models without one refuse."""
@@ -107,6 +114,8 @@ class CausalLM(Module):
             return None if self.visual is None else name[len("model.") :]
         if name.startswith("model.language_model."):
             return "model." + name[len("model.language_model.") :]
+        if name.startswith(BARE_DECODER):  # saved from the bare decoder (transformers' Qwen3Model)
+            return "model." + name
         return name
 
     def param_for(self, ckpt_name: str) -> tuple[str, str | None] | None:
@@ -152,6 +161,7 @@ class CausalLM(Module):
         expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
         loaded: set[tuple[str, str | None]] = set(provided or ())
         for ckpt_name, tensor in weights:
+            self.headless |= ckpt_name.startswith(BARE_DECODER)
             mapped = self.param_for(ckpt_name)
             if mapped is None:
                 continue
@@ -172,6 +182,9 @@ class CausalLM(Module):
             )
             bits, prev = tensor_bits.get(ckpt_name), self.weight_bits.get(name, 0)
             self.weight_bits[name] = None if bits is None or prev is None else max(prev, bits)
+        if self.headless and ("lm_head.weight", None) in expected - loaded:
+            self.lm_head.weight = self.model.embed_tokens.weight  # no head: the embedding stands in
+            loaded.add(("lm_head.weight", None))
         missing = sorted(f"{n}" + (f" [{s}]" if s else "") for n, s in expected - loaded)
         if missing and all(n.startswith("mtp.") for n in missing):
             raise NinferError(

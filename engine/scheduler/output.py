@@ -38,6 +38,8 @@ class ScheduledRequest(NamedTuple):
     banned_token_ids: tuple[int, ...] = ()
     # prompt_logprobs: the first len(...) of token_ids are prompt positions whose next prompt token is this
     prompt_logprob_targets: tuple[int, ...] = ()
+    # pooling: the row of token_ids that is the prompt's last token, whose hidden state is the embedding
+    pool_row: int = -1
 
     @property
     def num_known_tokens(self) -> int:
@@ -74,3 +76,5 @@ class RunnerOutput(NamedTuple):
     drafts: dict[str, list[int]] = {}
     # prompt_logprobs: for each request with prompt_logprob_targets, one PromptLogprob per target
     prompt_logprobs: dict[str, list[PromptLogprob]] = {}
+    # pooling: for each request with a pool_row, its hidden state there (fp32)
+    embeddings: dict[str, list[float]] = {}

@@ -310,6 +310,7 @@ class Scheduler:
             grammar=req.grammar,
             **_min_tokens_bans(req),
             prompt_logprob_targets=_prompt_logprob_targets(req, start, end),
+            pool_row=_pool_row(req, start, end),
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
@@ -401,6 +402,8 @@ class Scheduler:
             if s.prompt_logprob_targets:  # in order: a recomputed chunk (after preemption) overwrites
                 del req.prompt_logprobs[s.start_pos :]
                 req.prompt_logprobs.extend(out.prompt_logprobs[s.request_id])
+            if s.pool_row >= 0:
+                req.embedding = out.embeddings[s.request_id]
             emitted = out.sampled.get(s.request_id) or []
             drafted, accepted = len(s.draft_token_ids), max(len(emitted) - 1, 0)
             # the counters leave padding out (a padded draft accepted counts as one of them)
@@ -502,6 +505,12 @@ def _needs_prompt_logprobs(req: Request) -> bool:
         req.sampling_params.prompt_logprobs is not None
         and len(req.prompt_logprobs) < req.num_prompt_tokens - 1
     )
+
+
+def _pool_row(req: Request, start: int, end: int) -> int:
+    """Pooling: the row of a step running start..end that holds the prompt's last token; -1 if none."""
+    last = req.num_prompt_tokens - 1
+    return last - start if req.sampling_params.pooling is not None and start <= last < end else -1
 
 
 def _prompt_logprob_targets(req: Request, start: int, end: int) -> tuple[int, ...]:

@@ -199,6 +199,11 @@ class ModelRunner:
             out = out._replace(
                 prompt_logprobs=prompt_logprobs(self.model, hidden, sched.scheduled, cu_seqlens)
             )
+        pooled = [(i, r) for i, r in enumerate(sched.scheduled) if r.pool_row >= 0]
+        if pooled:  # a prompt's last row: its embedding (prefill steps only, off the decode hot path)
+            rows_of = to_device([cu_seqlens[i] + r.pool_row for i, r in pooled], torch.int64, self.device)
+            vectors = hidden[rows_of].float().cpu().tolist()  # [n, H]
+            out = out._replace(embeddings={r.request_id: v for (_, r), v in zip(pooled, vectors)})
         if self.drafter is not None:
             mrope = rope_positions if multimodal else None
             drafts = self.drafter.draft(sched, hidden, cu_seqlens, slot_mapping, out.sampled, mrope)

@@ -1,0 +1,105 @@
+"""OpenAI embeddings: `POST /v1/embeddings`. Each input (a string, token ids, or an array of either) is one
+engine request pooled at its prompt's last token (engine/pooling.py; meaningful with an embedding model such
+as Qwen3-Embedding, whose tokenizer ends a text with its end-of-text token), at most `--max-concurrency` of
+them running at once so a large batch does not fill the admission queue. `encoding_format` float or base64
+(little-endian float32, what the official SDK asks for), `dimensions` (the first N, normalized again:
+Matryoshka), vLLM's `normalize` (default true)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from engine.api.common import check_expired, collect, field, is_token_id, read_json, start
+from engine.api.errors import ApiError
+from engine.api.state import ServerState
+from engine.errors import NinferError
+from engine.pooling import truncated
+from engine.request import RequestOutput, SamplingParams
+
+router = APIRouter()
+MAX_INPUTS = 2048  # as OpenAI's API
+POOLED = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    prompts = _inputs(state, body.get("input"))
+    encoding = field(body, "encoding_format", str, "float")
+    if encoding not in ("float", "base64"):
+        raise ApiError(
+            400, f"'encoding_format' must be float or base64 (got {encoding!r})", "encoding_format"
+        )
+    dimensions = field(body, "dimensions", int)
+    normalize = field(body, "normalize", bool, True)
+    if dimensions is not None and dimensions < 1:
+        raise ApiError(400, f"'dimensions' must be at least 1 (got {dimensions})", "dimensions")
+    outs = await _pooled(state, prompts, request)
+    data = []
+    for index, out in enumerate(outs):
+        try:
+            vector = truncated(out.embedding, dimensions, normalize)
+        except NinferError as e:
+            raise ApiError(400, str(e), "dimensions") from e
+        data.append({"object": "embedding", "index": index, "embedding": _encoded(vector, encoding)})
+    tokens = sum(len(ids) for ids in prompts)
+    return {
+        "object": "list",
+        "data": data,
+        "model": state.model_id,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _inputs(state: ServerState, value: Any) -> list[list[int]]:
+    """A string, token ids, or an array of several (strings or token-id arrays), each encoded."""
+    shape = "'input' must be a string, an array of token ids, or an array of strings or of token-id arrays"
+    if isinstance(value, str) or (isinstance(value, list) and value and all(is_token_id(t) for t in value)):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, shape, "input")
+    if len(value) > MAX_INPUTS:
+        raise ApiError(400, f"{len(value)} inputs in one request; at most {MAX_INPUTS}", "input")
+    prompts = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and item:
+            prompts.append(state.engine.tokenizer.encode(item))
+        elif isinstance(item, list) and item and all(is_token_id(t) for t in item):
+            prompts.append(list(item))
+        elif item == "" or item == []:
+            raise ApiError(400, f"input {i} is empty; every input needs at least one token", "input")
+        else:
+            raise ApiError(400, shape, "input")
+    return prompts
+
+
+async def _pooled(state: ServerState, prompts: list[list[int]], request: Request) -> list[RequestOutput]:
+    """Every prompt's output, at most --max-concurrency in the engine at once; the first refusal (or the
+    client going away) ends them all."""
+    gate = asyncio.Semaphore(max(1, state.engine.llm.engine_config.max_concurrency))
+
+    async def one(ids: list[int]) -> RequestOutput:
+        async with gate:
+            out = await collect(await start(state, ids, POOLED), request)
+            check_expired(out)
+            state.metrics.finished(out)
+            return out
+
+    tasks = [asyncio.create_task(one(ids)) for ids in prompts]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
