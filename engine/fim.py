@@ -99,6 +99,10 @@ REPO_NAME = "project"
 FILENAME = "file"
 
 
+def _line_ended(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
 def infill_prompt(
     tokenizer: Tokenizer,
     fim: FimTokens,
@@ -124,10 +128,11 @@ def infill_prompt(
     repo_level = fim.repo_level and (bool(extra) or filename is not None)
     if repo_level:
         head += [fim.repo_name, *enc(f"{REPO_NAME}\n")]
-        files = [[fim.file_sep, *enc(f"{f.filename}\n{f.text}")] for f in extra]
+        # each file's text ends with a newline before the next separator, as the model was trained
+        files = [[fim.file_sep, *enc(f"{f.filename}\n{_line_ended(f.text)}")] for f in extra]
         current = [fim.file_sep, *enc(f"{filename or FILENAME}\n")]
     else:
-        files = [enc(f.text) for f in extra]
+        files = [enc(_line_ended(f.text)) for f in extra]
         current = []
     pre, suf, mid = enc(prefix), enc(suffix), enc(middle)
     fixed = len(head) + len(current) + 3 + len(mid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -195,21 +196,39 @@ def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: i
     }
 
 
+def _model_card(state: ServerState) -> dict[str, Any]:
+    """The served model in OpenAI's shape (id, object, created, owned_by), vLLM's (max_model_len) and
+    Anthropic's (type, display_name, created_at), so either SDK's models API reads it."""
+    return {
+        "id": state.model_id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "ninfer",
+        "max_model_len": state.max_context,  # vLLM's field: the context limit (--max-context)
+        "type": "model",
+        "display_name": state.model_id,
+        "created_at": datetime.fromtimestamp(state.started, timezone.utc).isoformat().replace("+00:00", "Z"),
+    }
+
+
 @router.get("/v1/models")
 async def models(request: Request):
     state: ServerState = request.app.state.ninfer
     return {
         "object": "list",
-        "data": [
-            {
-                "id": state.model_id,
-                "object": "model",
-                "created": state.started,
-                "owned_by": "ninfer",
-                "max_model_len": state.max_context,  # vLLM's field: the context limit (--max-context)
-            }
-        ],
+        "data": [_model_card(state)],
+        "has_more": False,  # Anthropic's page fields
+        "first_id": state.model_id,
+        "last_id": state.model_id,
     }
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request):
+    state: ServerState = request.app.state.ninfer
+    if model_id != state.model_id:
+        raise ApiError(404, f"no model '{model_id}' here; this server serves '{state.model_id}'", "model")
+    return _model_card(state)
 
 
 @router.post("/v1/chat/completions")

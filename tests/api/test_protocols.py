@@ -283,3 +283,15 @@ def test_anthropic_prefill_is_continued_on_the_real_template(claude, server):
     assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
     text = server.engine.tokenizer.apply_chat_template(turns, None, False)
     assert text.index("The capital of France is") + len("The capital of France is") < len(text)  # closed turn
+
+
+def test_both_sdks_list_and_retrieve_the_served_model(oai, claude, server):
+    listed = oai.models.list().data
+    assert [m.id for m in listed] == ["smollm2"] and listed[0].owned_by == "ninfer"
+    assert oai.models.retrieve("smollm2").id == "smollm2"
+    with pytest.raises(openai.NotFoundError, match="no model 'gpt-4' here; this server serves 'smollm2'"):
+        oai.models.retrieve("gpt-4")
+    page = claude.models.list()
+    assert [m.id for m in page.data] == ["smollm2"] and page.data[0].type == "model"
+    assert page.data[0].display_name == "smollm2" and page.data[0].created_at.year >= 2026
+    assert claude.models.retrieve("smollm2").id == "smollm2"

@@ -70,7 +70,7 @@ def test_the_prefix_suffix_middle_layout(fim_tokenizer):
 
 def test_other_files_take_the_repository_layout(fim_tokenizer, default_tokenizer):
     fim = fim_tokens(fim_tokenizer)
-    extra = (ExtraFile("util.py", "def pi():\n    return 3.14\n"), ExtraFile("a.py", "import util\n"))
+    extra = (ExtraFile("util.py", "def pi():\n    return 3.14"), ExtraFile("a.py", "import util\n"))
     built = infill_prompt(fim_tokenizer, fim, "r = ", "\n", budget=1000, extra=extra, filename="main.py")
     assert _text(fim_tokenizer, built.token_ids) == (
         "<|repo_name|>project\n<|file_sep|>util.py\ndef pi():\n    return 3.14\n<|file_sep|>a.py\nimport util\n"
