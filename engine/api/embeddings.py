@@ -69,7 +69,7 @@ def _inputs(state: ServerState, value: Any) -> list[list[int]]:
     prompts = []
     for i, item in enumerate(value):
         if isinstance(item, str) and item:
-            prompts.append(state.engine.tokenizer.encode(item))
+            prompts.append(state.text_tokenizer().encode(item))
         elif isinstance(item, list) and item and all(is_token_id(t) for t in item):
             prompts.append(list(item))
         elif item == "" or item == []:

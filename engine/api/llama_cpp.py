@@ -71,6 +71,10 @@ async def infill(request: Request):
         raise ApiError(400, no_fim_message(tokenizer))
     prompt = field(body, "prompt", str, "")
     n_predict = _n_predict(body)
+    if n_predict >= state.max_context:
+        raise ApiError(
+            400, f"n_predict {n_predict} is beyond the context limit {state.max_context} (--max-context)"
+        )
     reserve = n_predict if n_predict > 0 else state.default_max_tokens()
     try:
         built = infill_prompt(
@@ -100,10 +104,9 @@ def _prompt_ids(state: ServerState, prompt: Any) -> list[int]:
             "a request are taken by /v1/completions",
             "prompt",
         )
-    encode = state.engine.tokenizer.encode
     ids: list[int] = []
     for i, part in enumerate(parts):
-        ids += encode(part, add_special_tokens=i == 0) if isinstance(part, str) else [part]
+        ids += state.text_tokenizer().encode(part, i == 0) if isinstance(part, str) else [part]
     if not ids:
         raise ApiError(400, "the prompt is empty", "prompt")
     return ids
@@ -148,7 +151,7 @@ def _logit_bias(state: ServerState, body: dict) -> dict[str, float] | None:
         value = -100.0 if pair[1] is False else pair[1]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ApiError(400, shape, "logit_bias")
-        ids = [pair[0]] if is_token_id(pair[0]) else state.engine.tokenizer.encode(pair[0], False)
+        ids = [pair[0]] if is_token_id(pair[0]) else state.text_tokenizer().encode(pair[0], False)
         out.update({str(i): float(value) for i in ids})
     return out
 
@@ -339,7 +342,7 @@ def _final(
         "tokens_predicted": predicted_n,
         "tokens_evaluated": len(ids),
         "generation_settings": settings,
-        "prompt": state.engine.tokenizer.decode(ids, skip_special_tokens=False),
+        "prompt": _decoded(state, ids),
         "has_new_line": "\n" in out.text,
         "truncated": truncated,
         "stop_type": _stop_type(out, run),
@@ -364,10 +367,9 @@ def _final(
 
 def _probabilities(state: ServerState, out: RequestOutput, top: int, start: int) -> list[dict[str, Any]]:
     """llama.cpp's completion_probabilities of the output tokens from `start` on."""
-    decode = state.engine.tokenizer.decode
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = decode([token], skip_special_tokens=False)
+        text = _decoded(state, [token])
         return {"id": token, "token": text, "bytes": list(text.encode()), "logprob": logprob}
 
     probs = []
@@ -380,6 +382,12 @@ def _probabilities(state: ServerState, out: RequestOutput, top: int, start: int)
             }
         )
     return probs
+
+
+def _decoded(state: ServerState, ids: list[int]) -> str:
+    """The ids' text, special tokens included ("" for a model without a tokenizer)."""
+    tokenizer = state.engine.tokenizer
+    return "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _picked(reply: dict[str, Any], fields: list | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from engine.api.metrics import Metrics
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
+from engine.tokenizer import Tokenizer
 from engine.vision.image import ImageInput
 from engine.vision.mrope import widen_placeholders
 
@@ -36,6 +37,12 @@ class ServerState:
     def sampling_defaults(self) -> dict[str, float | int]:
         """The served model's sampling defaults for fields a request leaves out (--generation-config)."""
         return self.engine.llm.sampling_defaults
+
+    def text_tokenizer(self) -> Tokenizer:
+        """The tokenizer, for a request that sends text; a model without one takes token ids only."""
+        if self.engine.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer, so it takes token ids, not text")
+        return self.engine.tokenizer
 
     def default_max_tokens(self) -> int:
         return max(1, min(4096, self.max_context // 2))

@@ -29,7 +29,7 @@ async def tokenize(request: Request):
         ids = state.with_images(ids, await preprocess_images(state, images))
     elif isinstance(body.get("prompt"), str):
         special = field(body, "add_special_tokens", bool, True)
-        ids = state.engine.tokenizer.encode(body["prompt"], add_special_tokens=special)
+        ids = state.text_tokenizer().encode(body["prompt"], add_special_tokens=special)
     else:
         raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
     return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}

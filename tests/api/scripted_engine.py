@@ -88,7 +88,10 @@ class ScriptedEngine:
     async def add_request(
         self, prompt_token_ids, sampling_params, request_id=None, prompt=None, images=None, after=None
     ):
-        self.prompts.append(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False))
+        tok = self.tokenizer
+        self.prompts.append(
+            tok.decode(prompt_token_ids, skip_special_tokens=False) if tok else str(list(prompt_token_ids))
+        )
         self.params.append(sampling_params)
         request_id = request_id or f"scripted-{next(self._ids)}"
         output = RequestOutput(request_id, None, list(prompt_token_ids), [], "", None, "stop")

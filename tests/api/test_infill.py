@@ -177,6 +177,7 @@ def test_llama_cpp_sampling_fields_map_onto_the_engines(serve):
         ("/infill", {"input_extra": [{"filename": "a"}]}, "'input_extra' must be an array of"),
         ("/infill", {"input_extra": "a.py"}, "'input_extra' must be an array"),
         ("/infill", {"n_predict": -2}, "'n_predict' must be -1 (no limit), 0 or more"),
+        ("/infill", {"n_predict": 5000}, "n_predict 5000 is beyond the context limit 4096"),
         ("/completion", {"prompt": [["a"], "b"]}, "'prompt' must be a string, an array of token ids"),
         ("/completion", {"prompt": ""}, "the prompt is empty"),
         ("/completion", {"prompt": "x", "logit_bias": [[1]]}, "'logit_bias' must be [["),
@@ -230,3 +231,16 @@ def test_the_llama_cpp_routes_are_behind_the_api_key(serve):
         httpx.post(f"{server.url}/infill", json=body, headers={"Authorization": "Bearer k"}).status_code
         == 200
     )
+
+
+def test_a_model_without_a_tokenizer_takes_token_ids_only(serve):
+    server = serve(["x", "y"], fim=False)
+    server.engine.tokenizer = None
+    r = httpx.post(f"{server.url}/completion", json={"prompt": "text"})
+    assert r.status_code == 400 and "takes token ids, not text" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/infill", json={"input_prefix": "a"})
+    assert r.status_code == 400 and "this model has no tokenizer" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "text", "max_tokens": 2})
+    assert r.status_code == 400 and "takes token ids, not text" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/completion", json={"prompt": [1, 2, 3], "n_predict": 2})
+    assert r.status_code == 200 and r.json()["prompt"] == ""
