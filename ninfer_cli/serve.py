@@ -66,7 +66,7 @@ def serve(
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
 ):
-    """Serve a model over the OpenAI and Anthropic protocols."""
+    """Serve a model over the OpenAI and Anthropic protocols (and llama.cpp's /completion and /infill)."""
     import uvicorn
 
     from engine.api.app import create_app

@@ -156,6 +156,23 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     return out
 
 
+def truncated_prompt(body: dict, ids: list[int], max_context: int, reply_tokens: int) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: N keeps the prompt's last N tokens; -1 the most that leave room for
+    `reply_tokens` within the context; absent, the prompt as it is."""
+    keep = field(body, "truncate_prompt_tokens", int)
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = max(1, max_context - reply_tokens)
+    if keep < 1:
+        raise ApiError(
+            400,
+            f"'truncate_prompt_tokens' must be -1 (as much as fits) or 1 or more (got {keep})",
+            "truncate_prompt_tokens",
+        )
+    return ids[-keep:]
+
+
 async def start(
     state,
     ids: list[int],

@@ -16,7 +16,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.choices import merged, num_choices, start_choices
-from engine.api.common import collect_choices, field, now, read_json, sampling_params, stream_failure
+from engine.api.common import (
+    collect_choices,
+    field,
+    now,
+    read_json,
+    sampling_params,
+    stream_failure,
+    truncated_prompt,
+)
 from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
 from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
@@ -106,6 +114,13 @@ async def completions(request: Request):
     prompts = _prompts(state, body.get("prompt"))
     _refusals(body)
     prompts, fim_stops = _infill(state, body, prompts, body.get("prompt"))
+    if fim_stops and body.get("truncate_prompt_tokens") is not None:
+        raise ApiError(
+            400,
+            "'truncate_prompt_tokens' does not go with 'suffix' (a cut would drop the FIM tokens); llama.cpp's "
+            "/infill cuts a long gap's code to fit",
+            "truncate_prompt_tokens",
+        )
     n = num_choices(body, len(prompts))
     echo = field(body, "echo", bool, False)
     top = field(body, "logprobs", int)
@@ -129,6 +144,7 @@ async def completions(request: Request):
     )
     if fim_stops:
         params = replace(params, stop_token_ids=(*params.stop_token_ids, *fim_stops))
+    prompts = [truncated_prompt(body, ids, state.max_context, params.max_tokens) for ids in prompts]
     streams = await start_choices(state, prompts, params, n)
     echoes = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts]
     prompt_texts = [text for text in echoes for _ in range(n)]  # choice i answers prompt i // n

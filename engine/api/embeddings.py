@@ -3,7 +3,8 @@ engine request pooled at its prompt's last token (engine/pooling.py; meaningful 
 as Qwen3-Embedding, whose tokenizer ends a text with its end-of-text token), at most `--max-concurrency` of
 them running at once so a large batch does not fill the admission queue. `encoding_format` float or base64
 (little-endian float32, what the official SDK asks for), `dimensions` (the first N, normalized again:
-Matryoshka), vLLM's `normalize` (default true)."""
+Matryoshka), vLLM's `normalize` (default true) and `truncate_prompt_tokens` (an input's last N tokens; -1:
+as many as fit)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from engine.api.common import check_expired, collect, field, is_token_id, read_json, start
+from engine.api.common import check_expired, collect, field, is_token_id, read_json, start, truncated_prompt
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.errors import NinferError
@@ -30,7 +31,7 @@ POOLED = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
 async def embeddings(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    prompts = _inputs(state, body.get("input"))
+    prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in _inputs(state, body.get("input"))]
     encoding = field(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise ApiError(

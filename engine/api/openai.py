@@ -19,6 +19,7 @@ from engine.api.common import (
     sampling_params,
     stream_failure,
     top_alternatives,
+    truncated_prompt,
     with_effort,
 )
 from engine.api.errors import ApiError
@@ -271,6 +272,13 @@ async def chat_completions(request: Request):
         prompt_logprobs=prompt_top,
     )
     prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
+    if images.items and body.get("truncate_prompt_tokens") is not None:
+        raise ApiError(
+            400,
+            "'truncate_prompt_tokens' does not go with images (a cut could split one)",
+            "truncate_prompt_tokens",
+        )
+    ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))

@@ -221,3 +221,17 @@ def test_the_engines_own_count_is_worded_the_same(monkeypatch):
         assert r.json()["error"]["message"].startswith("This model's maximum context length is 4096 tokens")
         r = httpx.post(s.url + MESSAGES, json=msg(), timeout=60)
         assert r.json()["error"]["message"].startswith("prompt is too long: 5000 tokens > 4096 maximum")
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(server):
+    """vLLM's truncate_prompt_tokens: N keeps the last N prompt tokens; -1 as many as leave room for
+    max_tokens; 0 is refused."""
+    long = [{"role": "user", "content": LONG_TEXT}]
+    r = httpx.post(server.url + CHAT, json=chat(messages=long, truncate_prompt_tokens=-1), timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 2048 - 4
+    body = {"model": "m", "prompt": LONG_TEXT, "max_tokens": 2, "truncate_prompt_tokens": 10}
+    r = httpx.post(server.url + COMPLETIONS, json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10
+    r = httpx.post(server.url + COMPLETIONS, json={**body, "truncate_prompt_tokens": 0}, timeout=60)
+    assert r.status_code == 400 and "'truncate_prompt_tokens' must be -1" in r.json()["error"]["message"]

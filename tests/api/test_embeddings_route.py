@@ -116,3 +116,17 @@ def test_bad_requests_get_one_line(served, body, message):
     r = httpx.post(f"{served[0].url}/v1/embeddings", json=body, timeout=60)
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"] and "\n" not in r.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_embeds_the_inputs_end(served):
+    server, model = served
+    text = "word " * 300  # beyond the 256-token context
+    r = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"input": text, "truncate_prompt_tokens": -1, "encoding_format": "float"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    kept = server.engine.tokenizer.encode(text)[-255:]
+    assert r.json()["usage"]["prompt_tokens"] == 255
+    assert _close(r.json()["data"][0]["embedding"], _reference(model, kept))
