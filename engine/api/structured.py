@@ -5,7 +5,8 @@ OpenAI: `response_format` (json_object, json_schema), vLLM's `structured_outputs
 `tool_choice` ("required": one call or more, one with `parallel_tool_calls: false`; a named function: one
 call of it). Anthropic: `output_config.format` / `output_format` ({"type": "json_schema", "schema": ...})
 and a forced `tool_choice` ({"type": "any"}: one call or more, one with `disable_parallel_tool_use`;
-{"type": "tool", "name": ...}: one call of it). llama.cpp's native routes: `grammar` and `json_schema`.
+{"type": "tool", "name": ...}: one call of it). llama.cpp's native routes: `grammar` and `json_schema`
+(taken on the OpenAI routes too, as llama-server does).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ _GUIDED = {
 
 def openai_text_grammar(body: dict) -> str | None:
     """The grammar a text completion asks for; None when its output is free."""
-    return _one(_formats(body), "response_format and structured_outputs (or guided_*)")
+    return _one(_formats(body), "response_format, structured_outputs (or guided_*) and grammar / json_schema")
 
 
 def llama_cpp_grammar(body: dict) -> str | None:
@@ -50,7 +51,7 @@ def openai_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -
     forced = _openai_forced_calls(body, tools, tokenizer, nested=True)
     return _one(
         asked + ([forced] if forced else []),
-        "response_format, structured_outputs (or guided_*) and a forced tool_choice",
+        "response_format, structured_outputs (or guided_*), grammar / json_schema and a forced tool_choice",
     ) or _strict_calls(tools, tokenizer)
 
 
@@ -133,7 +134,11 @@ def _is_strict(tool: dict) -> bool:
 
 
 def _formats(body: dict) -> list[str]:
-    return [g for g in (_response_format(body), _vllm_structured(body)) if g is not None]
+    """What the OpenAI routes take: response_format, vLLM's structured outputs, and llama-server's own
+    `grammar` / `json_schema` fields (which it takes on its OpenAI routes too)."""
+    return [
+        g for g in (_response_format(body), _vllm_structured(body), llama_cpp_grammar(body)) if g is not None
+    ]
 
 
 def _response_format(body: dict) -> str | None:

@@ -114,6 +114,11 @@ def test_vllm_structured_outputs_and_guided_fields(oai):
         "It is cold",
     )
     assert valid(ask({"guided_json": SCHEMA}, "completions"))
+    # llama-server's own fields, which it takes on its OpenAI routes too
+    assert ask({"grammar": 'root ::= "It is " ("hot" | "cold")'}) in ("It is hot", "It is cold")
+    assert valid(ask({"json_schema": SCHEMA}, "completions"))
+    with pytest.raises(openai.BadRequestError, match="ask for one output format at a time"):
+        ask({"json_schema": SCHEMA, "guided_json": SCHEMA})
     r = oai.completions.create(
         model="m",
         prompt="Answer:",
