@@ -104,3 +104,24 @@ def test_cuda_prompt_logprobs_min_tokens_and_twins_match_the_cpu(pair):
         assert a.logprobs.keys() == b.logprobs.keys()
         assert all(abs(a.logprobs[t] - b.logprobs[t]) < 1e-3 for t in a.logprobs)
     assert gpu_twin.token_ids == cpu_twin.token_ids and gpu_twin.num_cached_tokens == 64
+
+
+def test_cuda_embeddings_match_the_cpu_beside_decoding_requests(pair):
+    """Pooled embeddings on CUDA (graphs on) equal the CPU engine's, also for a prompt whose pages are all
+    cached but its last token (pooled in a step it shares with a decoding request)."""
+    _, path = pair
+    ids = _prompt(40)
+    vectors = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(path, device=device, dtype="float32", max_concurrency=2)
+        first = llm.embed([ids, ids[:17]])
+        decoding = llm.add_request(
+            _prompt(9), SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+        )
+        llm.step()
+        again = llm.embed(ids)  # 32 of its 40 tokens come from the prefix cache
+        while llm.has_unfinished_requests():
+            llm.step()
+        vectors[device] = [*first, *again]
+    for a, b in zip(vectors["cuda"], vectors["cpu"]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
