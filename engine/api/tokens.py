@@ -18,7 +18,8 @@ PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # behind --api-key like
 @router.post("/tokenize")
 async def tokenize(request: Request):
     """`messages` (rendered with the chat template, as chat completions does) or `prompt` (with the
-    tokenizer's special tokens unless `add_special_tokens` is false); answers count, tokens and
+    tokenizer's special tokens unless `add_special_tokens` is false), or llama-server's `content` (special
+    tokens with `add_special`, each token's text with `with_pieces`); answers count, tokens and
     max_model_len."""
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
@@ -30,21 +31,30 @@ async def tokenize(request: Request):
     elif isinstance(body.get("prompt"), str):
         special = field(body, "add_special_tokens", bool, True)
         ids = state.text_tokenizer().encode(body["prompt"], add_special_tokens=special)
+    elif isinstance(body.get("content"), str):  # llama-server's form
+        special = field(body, "add_special", bool, False)
+        ids = state.text_tokenizer().encode(body["content"], add_special_tokens=special)
+        if field(body, "with_pieces", bool, False):
+            decode = state.engine.tokenizer.decode
+            pieces = [{"id": t, "piece": decode([t], skip_special_tokens=False)} for t in ids]
+            return {"tokens": pieces, "count": len(ids), "max_model_len": state.max_context}
     else:
-        raise ApiError(400, "send 'messages' (chat) or 'prompt' (a string) to count", "messages")
+        raise ApiError(400, "send 'messages' (chat), 'prompt' or 'content' (a string) to count", "messages")
     return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request):
-    """`tokens` (ids) back to text, special tokens included."""
+    """`tokens` (ids) back to text, special tokens included: as vLLM's `prompt` and llama-server's
+    `content`."""
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
     tokens = field(body, "tokens", list)
     vocab = state.engine.tokenizer.vocab_size
     if tokens is None or not all(is_token_id(t) and t < vocab for t in tokens):
         raise ApiError(400, f"'tokens' must be an array of token ids (0..{vocab - 1})", "tokens")
-    return {"prompt": state.engine.tokenizer.decode(tokens, skip_special_tokens=False)}
+    text = state.engine.tokenizer.decode(tokens, skip_special_tokens=False)
+    return {"prompt": text, "content": text}
 
 
 @router.get("/tokenizer_info")

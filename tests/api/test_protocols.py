@@ -177,6 +177,18 @@ def test_tokenize_counts_as_chat_completions_does_and_ignore_eos(oai, server):
     plain = httpx.post(f"{server.url}/tokenize", json={"prompt": "hello world"}, headers={"x-api-key": KEY})
     assert plain.json()["count"] == len(server.engine.tokenizer.encode("hello world"))
     assert httpx.post(f"{server.url}/tokenize", json={}, headers={"x-api-key": KEY}).status_code == 400
+    # llama-server's shapes: `content` (no special tokens unless add_special), pieces, `content` back
+    hdr = {"x-api-key": KEY}
+    llama = httpx.post(
+        f"{server.url}/tokenize", json={"content": "hello world", "with_pieces": True}, headers=hdr
+    )
+    pieces = llama.json()["tokens"]
+    assert [p["id"] for p in pieces] == server.engine.tokenizer.encode(
+        "hello world", add_special_tokens=False
+    )
+    assert "".join(p["piece"] for p in pieces) == "hello world"
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": [p["id"] for p in pieces]}, headers=hdr)
+    assert back.json()["content"] == back.json()["prompt"] == "hello world"
     assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}).status_code == 401  # the key guards it
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [1]}).status_code == 401
     assert httpx.get(f"{server.url}/tokenizer_info").status_code == 401
