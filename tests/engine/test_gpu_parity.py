@@ -115,9 +115,7 @@ def test_cuda_embeddings_match_the_cpu_beside_decoding_requests(pair):
     for device in ("cpu", "cuda"):
         llm = LLM(path, device=device, dtype="float32", max_concurrency=2)
         first = llm.embed([ids, ids[:17]])
-        decoding = llm.add_request(
-            _prompt(9), SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-        )
+        llm.add_request(_prompt(9), SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
         llm.step()
         again = llm.embed(ids)  # 32 of its 40 tokens come from the prefix cache
         while llm.has_unfinished_requests():
