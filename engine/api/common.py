@@ -259,6 +259,15 @@ async def complete(state, stream: AsyncStream, request: Request, in_reasoning: b
     return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))
 
 
+def reasoning_tokens(tokenizer, out: RequestOutput, in_reasoning: bool) -> int:
+    """The output's reasoning tokens: up to and with its first </think> (the prompt opened <think>, or the
+    model did); all of them when the prompt opened <think> and the reply never closed it."""
+    end = tokenizer.token_to_id("</think>") if tokenizer is not None else None
+    if end is not None and end in out.token_ids:
+        return out.token_ids.index(end) + 1
+    return len(out.token_ids) if in_reasoning else 0
+
+
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 

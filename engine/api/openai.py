@@ -16,6 +16,7 @@ from engine.api.common import (
     field,
     now,
     read_json,
+    reasoning_tokens,
     sampling_params,
     stream_failure,
     top_alternatives,
@@ -122,19 +123,24 @@ def _logprobs_settings(body: dict) -> int | None:
     return field(body, "top_logprobs", int, 0)
 
 
-def usage_json(out: RequestOutput, *others: RequestOutput, n: int = 1) -> dict[str, Any]:
+def usage_json(
+    out: RequestOutput, *others: RequestOutput, n: int = 1, reasoning: int | None = None
+) -> dict[str, Any]:
     """Usage of one output, or of several choices, n a prompt (each prompt and its cache hit counted
-    once, by its first choice)."""
+    once, by its first choice); `reasoning`: the choices' reasoning tokens, where the reply can think."""
     outs = [out, *others]
     firsts = outs[::n]
     prompt = sum(len(o.prompt_token_ids) for o in firsts)
     completion = sum(len(o.token_ids) for o in outs)
-    return {
+    usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)},
     }
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
 
 
 def _tool_call_json(call: ToolCall) -> dict[str, Any]:
@@ -281,6 +287,10 @@ async def chat_completions(request: Request):
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
+
+    def thought(outs) -> int:
+        return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)
+
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
@@ -311,7 +321,7 @@ async def chat_completions(request: Request):
             "created": created,
             "model": state.model_id,
             "choices": choices,
-            "usage": usage_json(*outs, n=n),
+            "usage": usage_json(*outs, n=n, reasoning=thought(outs)),
         }
         if prompt_top is not None:
             response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
@@ -370,7 +380,7 @@ async def chat_completions(request: Request):
                     state.metrics.finished(out)
                     yield chunk({}, "tool_calls" if num_calls[index] else finish_reason(out), index=index)
             if include_usage:
-                yield chunk({}, usage=usage_json(*last, n=n), index=None)
+                yield chunk({}, usage=usage_json(*last, n=n, reasoning=thought(last)), index=None)
             yield "data: [DONE]\n\n"
         finally:
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now

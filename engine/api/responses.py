@@ -22,6 +22,7 @@ from engine.api.common import (
     field,
     now,
     read_json,
+    reasoning_tokens,
     sampling_params,
     start,
     stream_failure,
@@ -150,9 +151,9 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     return with_effort(dict(field(body, "chat_template_kwargs", dict, {})), effort, "reasoning.effort")
 
 
-def _usage(state: ServerState, out: RequestOutput, reasoning: str) -> dict[str, Any]:
+def _usage(state: ServerState, out: RequestOutput, in_reasoning: bool) -> dict[str, Any]:
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
-    thought = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    thought = reasoning_tokens(state.engine.tokenizer, out, in_reasoning)
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
@@ -239,8 +240,8 @@ async def create(request: Request):
             "user": body.get("user"),
         }
 
-    def finish(out: RequestOutput, output: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
-        final = response("completed", output, _usage(state, out, reasoning), out)
+    def finish(out: RequestOutput, output: list[dict[str, Any]]) -> dict[str, Any]:
+        final = response("completed", output, _usage(state, out, in_reasoning), out)
         if store:
             state.responses.put(final, turns + [_history_turn(output)], input_items(body["input"]))
         return final
@@ -249,7 +250,7 @@ async def create(request: Request):
         out, reasoning, content, calls = await complete(
             state, engine_stream, request, in_reasoning, tools, max_calls
         )
-        return JSONResponse(finish(out, output_items(reasoning, content, calls), reasoning))
+        return JSONResponse(finish(out, output_items(reasoning, content, calls)))
 
     async def events():
         parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents()
@@ -271,7 +272,7 @@ async def create(request: Request):
             for e in stream.finish():
                 yield e
             state.metrics.finished(out)
-            final = finish(out, stream.output, stream.reasoning)
+            final = finish(out, stream.output)
             yield stream.event(f"response.{final['status']}", response=final)
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now

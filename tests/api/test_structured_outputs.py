@@ -319,8 +319,24 @@ def test_thinking_budget_over_both_protocols(thinking_server):
         model="m", messages=ask, max_tokens=40, temperature=0, extra_body={"thinking_budget": 6}
     )
     assert r.choices[0].message.reasoning_content == m.content[0].thinking
+    # usage counts the reasoning: the budget's tokens and the </think> that ended them
+    thought = r.usage.completion_tokens_details.reasoning_tokens
+    assert 1 <= thought <= 7 and thought < r.usage.completion_tokens
     free = oai.chat.completions.create(model="m", messages=ask, max_tokens=12, temperature=0)
     assert free.choices[0].message.reasoning_content != m.content[0].thinking  # the budget did cut it
+    if not free.choices[0].message.content:  # never closed: every token is reasoning
+        assert free.usage.completion_tokens_details.reasoning_tokens == free.usage.completion_tokens == 12
+    streamed = oai.chat.completions.create(
+        model="m",
+        messages=ask,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"thinking_budget": 6},
+    )
+    usage = [c.usage for c in streamed if c.usage is not None]
+    assert usage[-1].completion_tokens_details.reasoning_tokens == thought
     adaptive = claude.messages.create(
         model="m", max_tokens=8, messages=ask, extra_body={"thinking": {"type": "adaptive"}, "temperature": 0}
     )
