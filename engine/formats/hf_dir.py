@@ -68,6 +68,33 @@ def _read_json(file: Path) -> dict:
         raise NinferError(f"{file} is not valid JSON (line {e.lineno}); fix or re-download it") from e
 
 
+# sentence-transformers' pooling modes (1_Pooling/config.json) and what to call them
+_POOLING_MODES = {
+    "pooling_mode_lasttoken": "last token",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_weightedmean_tokens": "weighted mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean / sqrt(length)",
+}
+
+
+def _pools_last_token(path: Path) -> bool:
+    """Whether the directory is a sentence-transformers embedding model pooled by its last token (as
+    Qwen3-Embedding ships); another pooling is refused in a sentence (ninfer pools by the last token
+    only). False without a pooling config."""
+    pooling = path / "1_Pooling" / "config.json"
+    if not pooling.is_file():
+        return False
+    modes = [name for key, name in _POOLING_MODES.items() if _read_json(pooling).get(key)]
+    if modes == ["last token"]:
+        return True
+    raise NinferError(
+        f"{path} is an embedding model pooled by {' + '.join(modes) or 'no mode it names'}; ninfer pools by "
+        "the last token only (Qwen3-Embedding)"
+    )
+
+
 def load_hf_dir(path: Path) -> ModelSource:
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -79,6 +106,8 @@ def load_hf_dir(path: Path) -> ModelSource:
     if config.vision_config and preprocessor.is_file():  # the vision tower's image preprocessing
         settings = _read_json(preprocessor)
         config = replace(config, vision_config={**config.vision_config, "preprocessor": settings})
+    if _pools_last_token(path):
+        config = replace(config, embedding_model=True)
     shards = _shard_files(path)
     for shard in shards:
         check_safetensors_header(shard)

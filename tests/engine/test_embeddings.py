@@ -93,3 +93,27 @@ def test_a_gguf_pooling_type_marks_an_embedding_model(tmp_path):
     mean = write_config_gguf(tmp_path / "mean.gguf", "qwen3", 4096, 1e6, {"qwen3.pooling_type": 1})
     with pytest.raises(NinferError, match="pooled by 'mean'; ninfer pools by the last token only"):
         gguf_format._config(mean, tmp_path / "mean.gguf")
+
+
+def test_a_sentence_transformers_pooling_config_marks_or_refuses_an_embedding_model(causal, tmp_path):
+    """Qwen3-Embedding ships 1_Pooling/config.json with last-token pooling: a prefixed causal checkpoint
+    with it is an embedding model; another pooling is refused before anything loads."""
+    import shutil
+
+    model, path = causal
+    marked = tmp_path / "marked"
+    shutil.copytree(path, marked)
+    (marked / "1_Pooling").mkdir()
+    pooling = {
+        "word_embedding_dimension": 64,
+        "pooling_mode_lasttoken": True,
+        "pooling_mode_mean_tokens": False,
+    }
+    (marked / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    llm = LLM(marked)
+    assert llm.model.headless and _close(llm.embed(PROMPTS[0])[0], _reference(model, PROMPTS[0]))
+    (marked / "1_Pooling" / "config.json").write_text(
+        json.dumps({**pooling, "pooling_mode_lasttoken": False, "pooling_mode_mean_tokens": True})
+    )
+    with pytest.raises(NinferError, match="pooled by mean; ninfer pools by the last token only"):
+        LLM(marked)
