@@ -134,7 +134,7 @@ def test_the_tokenizer_routes_lm_eval_reads(server):
     ids = r.json()["tokens"]
     assert ids == tok.encode(PROMPT, add_special_tokens=False)
     back = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()
-    assert back == {"prompt": PROMPT}
+    assert back == {"prompt": PROMPT, "content": PROMPT}  # vLLM's field and llama-server's
     eos = tok.token_to_id(tok.eos_token)
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [eos]}).json()["prompt"] == tok.eos_token
     for bad in ({"tokens": "abc"}, {"tokens": [-1]}, {"tokens": [10**9]}, {}):
