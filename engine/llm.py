@@ -27,6 +27,11 @@ from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
 from engine.worker.model_runner import ModelRunner
 
+EMBEDDING_ONLY = (
+    "this checkpoint is an embedding model (a decoder without an output head): it makes embeddings "
+    "(/v1/embeddings, LLM.embed()), not text; serve a chat model to generate"
+)
+
 
 class LLM:
     """Load a model (an HF checkpoint directory or a GGUF file; None = the embedded default) and generate."""
@@ -104,10 +109,7 @@ class LLM:
         request with the same prompt; this one waits until that one's prompt is in the prefix cache."""
         request_id = request_id or f"req-{next(self._ids)}"
         if self.model.headless and sampling_params.pooling is None:
-            raise NinferError(
-                "this checkpoint is an embedding model (a decoder without an output head): it makes "
-                "embeddings (/v1/embeddings, LLM.embed()), not text; serve a chat model to generate"
-            )
+            raise NinferError(EMBEDDING_ONLY)
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:

@@ -11,6 +11,7 @@ from engine.api.metrics import Metrics
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
+from engine.llm import EMBEDDING_ONLY
 from engine.tokenizer import Tokenizer
 from engine.vision.image import ImageInput
 from engine.vision.mrope import widen_placeholders
@@ -59,6 +60,8 @@ class ServerState:
         turn the reply continues (a prefill): the text ends where its content does, not where the template
         closes the turn."""
         tok = self.engine.tokenizer
+        if getattr(getattr(self.engine.llm, "model", None), "headless", False):
+            raise ApiError(400, EMBEDDING_ONLY)  # said before the chat template is looked for
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
         try:

@@ -94,6 +94,9 @@ def test_a_batch_beyond_the_concurrency_is_answered_whole_and_in_order(served, o
 def test_an_embedding_model_makes_no_text(oai):
     with pytest.raises(openai.BadRequestError, match="is an embedding model .* serve a chat model"):
         oai.completions.create(model="m", prompt="hi", max_tokens=4)
+    # chat too, before the (absent) chat template is looked for
+    with pytest.raises(openai.BadRequestError, match="is an embedding model"):
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 
 
 @pytest.mark.parametrize(
