@@ -142,11 +142,13 @@ def infill_prompt(
             "send a shorter 'prompt', fewer tokens to predict, or raise --max-context"
         )
     room = budget - fixed
-    truncated = False
-    while files and sum(map(len, files)) + len(pre) + len(suf) > room:
-        files.pop(0)
-        truncated = True
-    room -= sum(map(len, files))
+    files_len, first = sum(map(len, files)), 0
+    while first < len(files) and files_len + len(pre) + len(suf) > room:  # the earliest files go first
+        files_len -= len(files[first])
+        first += 1
+    truncated = first > 0
+    files = files[first:]
+    room -= files_len
     if len(pre) + len(suf) > room:
         truncated = True
         keep_suf = min(len(suf), max(room // 4, room - len(pre)))
