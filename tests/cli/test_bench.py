@@ -358,3 +358,16 @@ def test_rows_carry_decode_telemetry_and_flag_pcie_spill():
     console.print(run_table({"label": "x", "config": {"repeat": 2}, "rows": rows}))
     text = console.export_text()
     assert "decode W avg/max" in text and "300 / 350" in text and "PCIe busy in decode" in text
+
+
+def test_an_embedding_model_is_refused_in_one_line(tmp_path, default_tokenizer):
+    import json
+
+    from conftest import save_tiny, tiny_hf_model
+
+    model = tiny_hf_model("qwen3", tied=False, vocab_size=default_tokenizer.vocab_size)
+    save_tiny(model.model, tmp_path)  # a bare decoder: an embedding model
+    default_tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": default_tokenizer.eos_token}))
+    code, out = _run("bench", str(tmp_path), "--ctx", "256", "--gen", "8")
+    assert code == 2 and "this is an embedding model (no output head)" in out and "Traceback" not in out
