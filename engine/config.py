@@ -21,6 +21,7 @@ from engine.rope_scaling import (
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3Model",
     "Qwen3MoeForCausalLM",
@@ -56,6 +57,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    qkv_bias: bool = False  # bias on the q / k / v projections only (Qwen2); attention_bias: on o_proj too
     partial_rotary_factor: float = 1.0
     rope_scaling: dict[str, Any] | None = None
     # M-RoPE (multimodal checkpoints): rotary frequencies per position axis (time, row, column), and whether
@@ -96,6 +98,7 @@ class ModelConfig:
         models are their family's (each layer's MLP follows is_sparse_layer)."""
         return {
             "LlamaForCausalLM": "llama",
+            "Qwen2ForCausalLM": "llama",  # Llama with biased q / k / v projections (Qwen2.5, Qwen2.5-Coder)
             "Qwen3ForCausalLM": "qwen3",
             "Qwen3Model": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3",
@@ -148,6 +151,11 @@ class ModelConfig:
             raise NinferError(
                 f"unsupported architecture '{arch}'; ninfer supports {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        if cfg.get("use_sliding_window"):
+            raise NinferError(
+                f"this {arch} config turns sliding-window attention on (use_sliding_window), which ninfer "
+                "does not run; set it to false (Qwen2.5 checkpoints ship it off)"
+            )
         text = dict(cfg.get("text_config") or cfg)
         rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
         rope_theta = text.get("rope_theta", rope.get("rope_theta", 10000.0))
@@ -189,6 +197,7 @@ class ModelConfig:
             max_position_embeddings=text.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(tie) or bare,  # a bare decoder has no head of its own
             attention_bias=bool(text.get("attention_bias", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM",
             partial_rotary_factor=float(partial),
             rope_scaling=scaling,
             mrope_section=tuple(rope.get("mrope_section") or ()),
@@ -245,6 +254,7 @@ def _check_experts(config: ModelConfig) -> None:
 def _arch_from_model_type(model_type: str) -> str:
     return {
         "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
         "qwen3_5_text": "Qwen3_5ForCausalLM",

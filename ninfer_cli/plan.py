@@ -26,7 +26,9 @@ def plan(
     preset_name: Annotated[
         str | None,
         typer.Option(
-            "--model", help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, llama-3.1-8b, default."
+            "--model",
+            help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, qwen3-30b-a3b, qwen2.5-coder-7b, "
+            "qwen2.5-coder-1.5b, llama-3.1-8b, default.",
         ),
     ] = None,
     vram: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24G (default: the local GPU).")] = None,

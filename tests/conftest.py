@@ -123,7 +123,8 @@ def write_config_gguf(path: Path, arch: str, context: int, rope_theta: float, ke
 
 
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
-    """A random-initialised transformers model of `arch` (llama, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe)."""
+    """A random-initialised transformers model of `arch` (llama, qwen2, qwen3, qwen3_moe, qwen3_5,
+    qwen3_5_moe)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -131,6 +132,9 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     if arch == "llama":
         cfg = tf.LlamaConfig(num_hidden_layers=2, rope_theta=10000.0, tie_word_embeddings=tied, **common)
         model = tf.LlamaForCausalLM(cfg)
+    elif arch == "qwen2":  # Llama with biased q / k / v projections (Qwen2.5, Qwen2.5-Coder)
+        cfg = tf.Qwen2Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **common)
+        model = tf.Qwen2ForCausalLM(cfg)
     elif arch == "qwen3":
         cfg = tf.Qwen3Config(num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=tied, **common)
         model = tf.Qwen3ForCausalLM(cfg)
@@ -177,6 +181,8 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith("dt_bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
+            if name.endswith("proj.bias"):  # (zero at init: a bias loaded wrongly would not show)
                 p.copy_(torch.randn_like(p) * 0.5)
     return model.eval()
 

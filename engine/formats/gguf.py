@@ -25,6 +25,7 @@ from engine.tokenizer import Tokenizer
 # Gated DeltaNet layers and gated attention, gguf_qwen35.py); qwen3moe / qwen35moe add experts (gguf_moe.py)
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen35": "Qwen3_5ForCausalLM",
     **gguf_moe.MOE_ARCHITECTURES,
@@ -198,6 +199,7 @@ def _config(reader, path: Path) -> ModelConfig:
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
         embedding_model=_pools_last_token(reader, arch, path),
+        qkv_bias=arch == "qwen2",
         **layout,
     )
     return config.with_rope_scaling(scaling, str(path)) if scaling else config

@@ -1,4 +1,4 @@
-"""Llama and Qwen3 (Qwen3 = Llama + per-head q/k RMSNorm; Qwen3-MoE = Qwen3 whose sparse layers' MLP is a
+"""Llama, Qwen2 (Llama with biased q/k/v projections) and Qwen3 (Qwen3 = Llama + per-head q/k RMSNorm; Qwen3-MoE = Qwen3 whose sparse layers' MLP is a
 mixture of experts, engine/layers/moe.py)."""
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class LlamaAttention(Module):
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(
-            config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=config.attention_bias
+            config.hidden_size,
+            {"q": q_size, "k": kv_size, "v": kv_size},
+            bias=config.attention_bias or config.qkv_bias,
         )
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None

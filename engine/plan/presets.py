@@ -78,6 +78,11 @@ _CONFIGS = {
     "qwen3.5-9b": _qwen35(4096, 32, 12288, 16, 32),
     "qwen3-32b": _dense("Qwen3ForCausalLM", 5120, 64, 25600, 64, 8, 151936, 40960, rope_theta=1e6),
     "qwen3-8b": _dense("Qwen3ForCausalLM", 4096, 36, 12288, 32, 8, 151936, 40960, rope_theta=1e6),
+    # Qwen2.5-Coder: the fill-in-the-middle models editor completion runs (Qwen2: biased q / k / v)
+    "qwen2.5-coder-7b": _dense("Qwen2ForCausalLM", 3584, 28, 18944, 28, 4, 152064, 32768, rope_theta=1e6),
+    "qwen2.5-coder-1.5b": _dense(
+        "Qwen2ForCausalLM", 1536, 28, 8960, 12, 2, 151936, 32768, rope_theta=1e6, tie_word_embeddings=True
+    ),
     # Qwen3-30B-A3B-2507 and Qwen3-Coder-30B-A3B: 128 experts of width 768 a layer, 8 a token
     "qwen3-30b-a3b": _dense(
         "Qwen3MoeForCausalLM",

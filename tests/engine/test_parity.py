@@ -15,6 +15,7 @@ LOGPROB_ATOL = 1e-4
 ARCH_CASES = [
     ("llama", False),
     ("llama", True),
+    ("qwen2", False),
     ("qwen3", False),
     ("qwen3", True),
     ("qwen3_5", False),
