@@ -11,7 +11,7 @@ from engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ["llama", "qwen3", "qwen3_5"]
+ARCHS = ["llama", "qwen3", "qwen3_5", "qwen2"]
 GEN = 24
 TIE = 1e-3
 
