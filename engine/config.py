@@ -309,6 +309,9 @@ class EngineConfig:
     pending_timeout_ms: float | None = None  # a request waiting longer than this expires
     prefill_chunk: int = 2048  # tokens per engine step, shared by decode and prompt chunks
     enable_prefix_caching: bool = True
+    # bytes of host memory for the prefix cache's second tier (engine/cache/host_pool.py): KV pages evicted
+    # from the GPU pool are kept there and copied back for a later request with the same prefix; 0 = off
+    host_cache: int = 0
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
@@ -357,6 +360,10 @@ class EngineConfig:
             )
         if isinstance(self.kv_capacity, int) and self.kv_capacity <= 0:
             raise NinferError(f"kv_capacity must be positive (got {self.kv_capacity})")
+        if self.host_cache < 0:
+            raise NinferError(f"host_cache must be 0 (off) or a number of bytes (got {self.host_cache})")
+        if self.host_cache and not self.enable_prefix_caching:
+            raise NinferError("host_cache is the prefix cache's second tier; it needs prefix caching on")
         if self.prefill_chunk < self.max_concurrency:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "

@@ -25,6 +25,7 @@ from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
+from engine.worker.host_kv import host_slots_for, page_bytes
 from engine.worker.model_runner import ModelRunner
 
 EMBEDDING_ONLY = (
@@ -78,9 +79,13 @@ class LLM:
             self.max_context,
             backup_slot_base=state_pool.backup_slot_base if state_pool else None,
         )
+        host_slots = 0
+        if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)
+            host_slots = host_slots_for(config.host_cache, page_bytes(self.runner.kv_caches))
+            self.runner.attach_host_kv(host_slots)
         self.scheduler = Scheduler(
             config.scheduler_config(self.max_context),
-            BlockPool(num_blocks, config.block_size, config.enable_prefix_caching),
+            BlockPool(num_blocks, config.block_size, config.enable_prefix_caching, host_slots),
             state_pool,
         )
         eos = set(self.model_config.eos_token_ids)

@@ -48,6 +48,13 @@ def serve(
         int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")
     ] = 2048,
     kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
+    host_cache: Annotated[
+        str,
+        typer.Option(
+            help="Host memory for KV pages evicted from the prefix cache, e.g. 32G (0: off): a later "
+            "request with that prefix copies them back instead of computing them again."
+        ),
+    ] = "0",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
@@ -98,6 +105,7 @@ def serve(
         generation_config=generation_config,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
+        host_cache=parse_size(host_cache, "--host-cache"),
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = AsyncLLM(model, **options)
@@ -106,6 +114,13 @@ def serve(
     app = create_app(state)
     log = logging.getLogger("ninfer")
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
+    host_kv = engine.llm.runner.host_kv
+    if host_kv is not None:
+        log.info(
+            "host cache: %d KV pages (%.1f GiB) for prefixes evicted from the GPU pool",
+            host_kv.num_slots,
+            host_kv.num_bytes / 2**30,
+        )
     if engine.llm.model.headless:
         log.info(
             "an embedding model (no output head): it answers POST /v1/embeddings; text routes are refused"

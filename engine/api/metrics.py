@@ -36,6 +36,15 @@ class Metrics:
             "Accepted / drafted tokens since start (0 without drafts)",
             registry=r,
         )
+        self.host_used = Gauge(
+            "ninfer_host_cache_pages_used", "KV pages held in the host tier (--host-cache)", registry=r
+        )
+        self.host_total = Gauge("ninfer_host_cache_pages_total", "KV pages the host tier holds", registry=r)
+        self.host_hits = Gauge(
+            "ninfer_prefix_cache_host_hit_tokens",
+            "Prompt tokens copied back from the host tier instead of computed (since start)",
+            registry=r,
+        )
         self.images = Counter("ninfer_images", "Images in requests (--vision)", registry=r)
         self.image_tokens = Counter("ninfer_image_tokens", "Prompt tokens the images take", registry=r)
         self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
@@ -125,6 +134,9 @@ class Metrics:
         self.waiting.set(stats["num_waiting"])
         self.kv_total.set(stats["kv_blocks_total"])
         self.kv_used.set(stats["kv_blocks_total"] - stats["kv_blocks_free"])
+        self.host_used.set(stats.get("host_cache_pages_used", 0))
+        self.host_total.set(stats.get("host_cache_pages_total", 0))
+        self.host_hits.set(stats.get("prefix_cache_host_hits", 0))
         drafted = stats["spec_draft_tokens"]
         self.spec_acceptance.set(stats["spec_accepted_tokens"] / drafted if drafted else 0.0)
         return generate_latest(self.registry)

@@ -6,6 +6,10 @@ in the free queue in LRU order; a later request whose prompt starts with the sam
 back instead of recomputing them. Allocation takes never-cached pages first, then evicts the least
 recently used cached page.
 
+With a host tier (engine/cache/host_pool.py), an evicted page's KV is copied to host memory first and the
+prefix stays findable there: `swap_out` lists the step's (block, host slot) copies, `swap_in` the (host
+slot, block) copies of the pages taken back.
+
 NOTE: slot = block_id * block_size + offset indexes the flattened [num_blocks * block_size] cache.
 NOTE: only full pages are shared, so a request never writes to a page another request reads.
 """
@@ -16,6 +20,8 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from engine.cache.host_pool import HostPool
 
 ROOT_HASH = b""
 
@@ -42,6 +48,7 @@ def hash_blocks(
 class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
     hits: int = 0  # of which found in the cache
+    host_hits: int = 0  # of those, found in the host tier
 
     @property
     def hit_rate(self) -> float:
@@ -49,7 +56,9 @@ class PrefixCacheStats:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, host_slots: int = 0
+    ):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_cnt = [0] * num_blocks
@@ -58,6 +67,9 @@ class BlockPool:
         # unreferenced pages; never-cached ones at the front, cached ones behind in LRU order
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.stats = PrefixCacheStats()
+        self.host = HostPool(host_slots) if host_slots > 0 and enable_prefix_caching else None
+        self.swap_out: list[tuple[int, int]] = []  # this step's (block, host slot) copies
+        self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, block) copies
 
     @property
     def num_free_blocks(self) -> int:
@@ -81,6 +93,9 @@ class BlockPool:
             if h is not None:  # evict: this page no longer names its prefix
                 if self.cached.get(h) == block_id:
                     del self.cached[h]
+                    slot = self.host.put(h) if self.host is not None else None
+                    if slot is not None:  # its KV goes to the host tier before the step writes here
+                        self.swap_out.append((block_id, slot))
                 self.block_hash[block_id] = None
             self.ref_cnt[block_id] = 1
             out.append(block_id)
@@ -114,6 +129,27 @@ class BlockPool:
                 del self._free[block_id]
             self.ref_cnt[block_id] += 1
 
+    def lookup_host(self, hashes: list[bytes]) -> list[bytes]:
+        """The leading run of `hashes` the host tier holds (none without one)."""
+        return self.host.lookup(hashes) if self.host is not None else []
+
+    def take_from_host(self, hashes: list[bytes], block_ids: list[int]) -> None:
+        """Bring host-tier pages back into freshly allocated `block_ids` (copied at the step's start) and
+        name them in the GPU prefix cache."""
+        for h, block_id in zip(hashes, block_ids):
+            self.swap_in.append((self.host.take(h), block_id))
+            self.register(block_id, h)
+
+    def drain_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """This step's copies, (swap_out, swap_in); the host tier's slots taken last step are free again."""
+        out, back = self.swap_out, self.swap_in
+        self.swap_out, self.swap_in = [], []
+        return out, back
+
+    def begin_step(self) -> None:
+        if self.host is not None:
+            self.host.end_step()
+
     def register(self, block_id: int, block_hash: bytes) -> None:
         """Name a page that now holds a full page of computed tokens."""
         if not self.enable_prefix_caching or block_hash in self.cached:
@@ -121,6 +157,7 @@ class BlockPool:
         self.block_hash[block_id] = block_hash
         self.cached[block_hash] = block_id
 
-    def record_lookup(self, num_queried: int, num_hit: int) -> None:
+    def record_lookup(self, num_queried: int, num_hit: int, num_host_hit: int = 0) -> None:
         self.stats.queries += num_queried
         self.stats.hits += num_hit
+        self.stats.host_hits += num_host_hit

@@ -56,6 +56,9 @@ class SchedulerOutput(NamedTuple):
     scheduled: list[ScheduledRequest]
     finished_request_ids: list[str]  # finished or aborted since the last step (runner drops their state)
     state_saves: list[tuple[int, int]] = []  # (state slot, snapshot slot) to copy after the forward
+    # the host tier (engine/cache/host_pool.py), copied before the forward, swap_out first:
+    swap_out: list[tuple[int, int]] = []  # (KV page, host slot): evicted pages whose prefix stays findable
+    swap_in: list[tuple[int, int]] = []  # (host slot, KV page): host pages a request takes back
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

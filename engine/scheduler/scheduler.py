@@ -116,6 +116,7 @@ class Scheduler:
 
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.block_pool.begin_step()
         self._expire_waiting()
         budget = self.config.prefill_chunk
         scheduled: list[ScheduledRequest] = []
@@ -147,8 +148,8 @@ class Scheduler:
                 break
             if self._waits_for_prompt(req):  # a few steps: its twin's prompt chunks are running
                 break
-            hit_blocks, restore = self._lookup_prefix(req)
-            num_cached = len(hit_blocks) * self.block_size
+            hit_blocks, host_hits, restore = self._lookup_prefix(req)
+            num_cached = (len(hit_blocks) + len(host_hits)) * self.block_size
             n = self._num_to_run(req, budget, num_cached)
             need = self.block_pool.blocks_needed(num_cached + n, len(hit_blocks))
             reclaimed = sum(self.block_pool.ref_cnt[b] == 0 for b in hit_blocks)
@@ -156,11 +157,16 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_pool.touch(hit_blocks)
-            req.block_ids = hit_blocks + self.block_pool.allocate(need)
-            req.num_computed_tokens, req.num_registered_blocks = num_cached, len(hit_blocks)
+            new_blocks = self.block_pool.allocate(need)
+            self.block_pool.take_from_host(host_hits, new_blocks)  # the first new pages: copied back
+            req.block_ids = hit_blocks + new_blocks
+            req.num_computed_tokens = num_cached
+            req.num_registered_blocks = len(hit_blocks) + len(host_hits)
             if not req.admitted:
                 req.admitted, req.num_cached_tokens = True, num_cached
-                self.block_pool.record_lookup(req.num_prompt_tokens, num_cached)
+                self.block_pool.record_lookup(
+                    req.num_prompt_tokens, num_cached, len(host_hits) * self.block_size
+                )
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
             req.status = RequestStatus.RUNNING
@@ -173,7 +179,8 @@ class Scheduler:
         if self.state_pool is not None:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled, finished, state_saves)
+        swap_out, swap_in = self.block_pool.drain_swaps()
+        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in)
 
     def _waits_for_prompt(self, req: Request) -> bool:
         """Whether `req` waits for its `after` request, which is running its prompt (the same one)."""
@@ -255,19 +262,21 @@ class Scheduler:
             points.append(prompt_end)
         return sorted(points)
 
-    def _lookup_prefix(self, req: Request) -> tuple[list[int], int]:
-        """Cached pages to reuse for the request's leading tokens, and the snapshot slot to restore (-1)."""
+    def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int]:
+        """Cached pages to reuse for the request's leading tokens (on the GPU), the hashes of the host-tier
+        pages that follow them, and the snapshot slot to restore (-1)."""
         if not self.block_pool.enable_prefix_caching or _needs_prompt_logprobs(req):
-            return [], -1
+            return [], [], -1
         hashes = self._block_hashes(req, (req.num_tokens - 1) // self.block_size)
         hits = self.block_pool.lookup(hashes)
+        host = self.block_pool.lookup_host(hashes[len(hits) :])
         if self.state_pool is None:
-            return hits, -1
-        for k in range(len(hits), 0, -1):
+            return hits, host, -1
+        for k in range(len(hits) + len(host), 0, -1):
             slot = self.state_pool.find_snapshot(hashes[k - 1])
             if slot is not None:
-                return hits[:k], slot
-        return [], -1
+                return hits[:k], host[: max(0, k - len(hits))], slot
+        return [], [], -1
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[bytes]:
         """The request's page hashes for its first `num_blocks` full pages (computed once, then extended)."""

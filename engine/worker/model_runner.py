@@ -22,6 +22,7 @@ from engine.worker.forward_context import (
     padded_block_table,
     set_forward_context,
 )
+from engine.worker.host_kv import HostKV
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
 from kernels.paged_attention import same_query_count
@@ -73,6 +74,7 @@ class ModelRunner:
                     device=self.device,
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+        self.host_kv: HostKV | None = None  # the prefix cache's host tier, once attached
         self.backup_slot_base = backup_slot_base
         self.drafter = (
             MTPDrafter(model, engine_config.num_draft_tokens, self.block_size, self.device)
@@ -127,8 +129,19 @@ class ModelRunner:
         ]
         torch._foreach_copy_(dst, src)
 
+    @property
+    def kv_caches(self) -> list[KVCache]:
+        return [m.kv_cache for m in self.model.modules() if isinstance(m, Attention)]
+
+    def attach_host_kv(self, num_slots: int) -> HostKV:
+        """The host tier's storage: `num_slots` KV pages in host memory (pinned on CUDA)."""
+        self.host_kv = HostKV(self.kv_caches, num_slots, self.device)
+        return self.host_kv
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        if self.host_kv is not None:  # before anything writes a page this step
+            self.host_kv.copy(sched.swap_out, sched.swap_in)
         for request_id in sched.finished_request_ids:
             self.sampler.forget(request_id)
             self.images.forget(request_id)

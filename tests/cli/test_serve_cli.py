@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_serve_default_model_then_sigterm():
-    proc, port = start_serve("--api-key", "k", "--max-context", "4k")
+    proc, port = start_serve("--api-key", "k", "--max-context", "4k", "--host-cache", "64M")
     try:
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -28,11 +28,14 @@ def test_serve_default_model_then_sigterm():
             timeout=60,
         )
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        total = next(ln for ln in metrics.splitlines() if ln.startswith("ninfer_host_cache_pages_total "))
+        assert float(total.split()[1]) > 0
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "host cache: " in err and "KV pages" in err
 
 
 def test_serve_refuses_bad_flags():

@@ -123,3 +123,26 @@ def test_cuda_embeddings_match_the_cpu_beside_decoding_requests(pair):
         vectors[device] = [*first, *again]
     for a, b in zip(vectors["cuda"], vectors["cpu"]):
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+def test_cuda_host_cache_brings_an_evicted_prefix_back(pair):
+    """--host-cache on CUDA (pinned pages, copies in stream order before the forward, graphs on): a
+    prefix evicted by another request's pages comes back and generates what it did when computed."""
+    _, path = pair
+    a, b = _prompt(50), _prompt(51)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    llm = LLM(
+        path,
+        device="cuda",
+        dtype="float32",
+        kv_capacity=64,
+        max_context=64,
+        max_concurrency=1,
+        state_snapshots=8,
+        host_cache=1 << 22,
+    )
+    first = llm.generate(prompt_token_ids=a, sampling_params=params)[0]
+    llm.generate(prompt_token_ids=b, sampling_params=params)
+    again = llm.generate(prompt_token_ids=a, sampling_params=params)[0]
+    assert again.num_cached_tokens == 48 and again.token_ids == first.token_ids
+    assert all(abs(x[t] - y[t]) < 1e-4 for x, y, t in zip(again.logprobs, first.logprobs, first.token_ids))

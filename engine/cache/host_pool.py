@@ -1,0 +1,61 @@
+"""The prefix cache's second tier in host memory (`--host-cache`): full KV pages evicted from the GPU pool
+are copied to host slots, named by the same prefix hash, so a later request that starts with that prefix
+copies them back instead of computing them again (an agent's long conversation, paused while another
+runs, keeps its prefix across the eviction).
+
+The tiers are exclusive: a page taken back to the GPU leaves the host tier (and goes back there when it is
+evicted again). Slots live in LRU order; a slot taken this step is reserved until the next, so no copy of
+the same step writes it while it is read. Copies run at the start of the step that needs them, host
+writes (swap-outs) before host reads (swap-ins), both before the forward writes any page.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class HostPool:
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.slots: OrderedDict[bytes, int] = OrderedDict()  # prefix hash -> slot, least recent first
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._reserved: list[int] = []  # taken this step: free again at the next
+
+    @property
+    def num_used(self) -> int:
+        return len(self.slots)
+
+    def put(self, block_hash: bytes) -> int | None:
+        """A slot for an evicted page named `block_hash` (the least recently used one's when none is
+        free); None when the tier already holds that prefix (the same tokens: the same KV)."""
+        if block_hash in self.slots:
+            self.slots.move_to_end(block_hash)
+            return None
+        if self._free:
+            slot = self._free.pop()
+        elif self.slots:
+            _, slot = self.slots.popitem(last=False)
+        else:
+            return None  # every slot is reserved this step
+        self.slots[block_hash] = slot
+        return slot
+
+    def lookup(self, hashes: list[bytes]) -> list[bytes]:
+        """The longest leading run of `hashes` the tier holds."""
+        out = []
+        for h in hashes:
+            if h not in self.slots:
+                break
+            out.append(h)
+        return out
+
+    def take(self, block_hash: bytes) -> int:
+        """Take a page back to the GPU: its slot, reserved until the next step."""
+        slot = self.slots.pop(block_hash)
+        self._reserved.append(slot)
+        return slot
+
+    def end_step(self) -> None:
+        """The previous step's copies are done (they run in order): its taken slots are free."""
+        self._free.extend(self._reserved)
+        self._reserved.clear()

@@ -1,0 +1,97 @@
+"""The prefix cache's host tier (--host-cache): pages evicted from a full KV pool keep their prefix in host
+memory, and a later request with that prefix copies them back (num_cached_tokens counts them) and
+generates exactly what it generated when it computed them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+from engine.cache.block_pool import BlockPool
+from engine.cache.host_pool import HostPool
+
+GEN = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+def _same(a, b) -> bool:
+    """The same tokens with the same log-probabilities (the copied KV is the computed one, bit for bit)."""
+    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
+    return a.token_ids == b.token_ids and max(lp) < 1e-4
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_host_pool_keeps_prefixes_in_lru_order_and_reserves_what_it_hands_back():
+    pool = HostPool(2)
+    assert pool.put(b"a") is not None and pool.put(b"a") is None  # the same prefix: already held
+    slot_b = pool.put(b"b")
+    assert pool.lookup([b"a", b"b", b"c"]) == [b"a", b"b"] and pool.lookup([b"c", b"a"]) == []
+    slot_c = pool.put(b"c")  # full: the least recently used (a) goes
+    assert pool.lookup([b"a"]) == [] and pool.lookup([b"b", b"c"]) == [b"b", b"c"]
+    assert pool.take(b"b") == slot_b and pool.lookup([b"b"]) == []
+    # the taken slot is reserved until the next step: a put now evicts c rather than reuse it
+    assert pool.put(b"d") == slot_c
+    pool.end_step()
+    assert pool.put(b"e") == slot_b
+
+
+def test_an_evicted_page_is_copied_out_only_when_it_named_its_prefix():
+    pool = BlockPool(2, 4, host_slots=4)
+    a, b = pool.allocate(2)
+    pool.register(a, b"pa")
+    pool.register(b, b"pa")  # a second page with the same prefix: not named (a's is)
+    pool.free([a, b])
+    pool.allocate(2)
+    swap_out, swap_in = pool.drain_swaps()
+    assert [blk for blk, _ in swap_out] == [a] and swap_in == []
+    assert pool.lookup_host([b"pa"]) == [b"pa"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return save_tiny(
+        tiny_hf_model("qwen3", tied=False, head_dim=32), tmp_path_factory.mktemp("q3")
+    )  # k8v4: 32
+
+
+def _evict_and_return(llm: LLM) -> tuple[list, list]:
+    """Request A, then B (its pages take A's), then A again: (A's first output, A's second)."""
+    a, b = _prompt(50, 1), _prompt(50, 2)
+    first = llm.generate(prompt_token_ids=a, sampling_params=GEN)[0]
+    llm.generate(prompt_token_ids=b, sampling_params=GEN)
+    again = llm.generate(prompt_token_ids=a, sampling_params=GEN)[0]
+    return first, again
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "k8v4"])
+def test_a_prefix_evicted_to_host_memory_comes_back(qwen3_dir, kv_dtype):
+    # a pool of 4 pages (64 tokens): B's 54 tokens take A's pages; 3 of them were full, named pages
+    small = dict(kv_capacity=64, max_context=64, max_concurrency=1, kv_dtype=kv_dtype)
+    first, again = _evict_and_return(LLM(qwen3_dir, **small, host_cache=1 << 20))
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 48
+    assert _same(again, first)
+    # without the tier the prefix is gone: computed again
+    _, again = _evict_and_return(LLM(qwen3_dir, **small))
+    assert again.num_cached_tokens == 0
+
+
+def test_a_hybrid_prefix_comes_back_with_its_state_snapshot(tmp_path):
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False), tmp_path)
+    small = dict(kv_capacity=64, max_context=64, max_concurrency=1, state_snapshots=8)
+    llm = LLM(path, **small, host_cache=1 << 20)
+    first, again = _evict_and_return(llm)
+    assert again.num_cached_tokens == 48 and _same(again, first)
+    assert llm.scheduler.block_pool.stats.host_hits == 48
+
+
+def test_host_cache_sizes_are_checked_in_a_sentence(qwen3_dir):
+    with pytest.raises(NinferError, match="more than the .* GiB of host memory free"):
+        LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=1 << 50)
+    with pytest.raises(NinferError, match="holds no KV page"):
+        LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=16)
+    with pytest.raises(NinferError, match="needs prefix caching on"):
+        LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=1 << 20, enable_prefix_caching=False)
