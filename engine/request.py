@@ -50,6 +50,8 @@ class SamplingParams:
     # added to the logits of those token ids before sampling, -100..100 (-100 bans, 100 all but forces);
     # a {token_id: bias} dict is taken too
     logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
+    # vLLM's allowed_token_ids: every sampled token is one of these (EOS only when listed); None: any
+    allowed_token_ids: tuple[int, ...] | list[int] | None = None
     # "last": the output carries an embedding, the final-normed hidden state at the prompt's last token (as
     # Qwen3-Embedding pools); the tokens the request generates are beside the point
     pooling: str | None = None
@@ -96,6 +98,11 @@ class SamplingParams:
             raise NinferError(f"logprobs must be between 0 and 20 (got {self.logprobs})")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise NinferError(f"prompt_logprobs must be between 0 and 20 (got {self.prompt_logprobs})")
+        if self.allowed_token_ids is not None:
+            allowed = tuple(self.allowed_token_ids)
+            if not allowed or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in allowed):
+                raise NinferError("allowed_token_ids must be a non-empty list of token ids (integers >= 0)")
+            object.__setattr__(self, "allowed_token_ids", allowed)
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = self.stop

@@ -131,6 +131,7 @@ def sampling_params(
             seed=field(body, "seed", int),
             ignore_eos=field(body, "ignore_eos", bool, False),
             logit_bias=_logit_bias(body),
+            allowed_token_ids=field(body, "allowed_token_ids", list),
             stop=stop,
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),

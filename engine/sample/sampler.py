@@ -61,6 +61,18 @@ def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return logits.index_put(index, to_device(biases, logits.dtype, device), accumulate=True)
 
 
+def _allow_only(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [R, V] with every token a row's allowed_token_ids leave out at -inf (a copy)."""
+    out = logits.clone()
+    for i, p in enumerate(params):
+        if p.allowed_token_ids:
+            ids = to_device(p.allowed_token_ids, torch.long, logits.device)
+            kept = out[i, ids]
+            out[i].fill_(float("-inf"))
+            out[i, ids] = kept
+    return out
+
+
 def _ban(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
     """logits [R, V] with each row's banned token ids at -inf (a copy)."""
     pairs = [(i, t) for i, ids in enumerate(banned) for t in ids]
@@ -120,6 +132,8 @@ class Sampler:
             logits = _add_logit_bias(logits, params)
         if banned is not None:
             logits = _ban(logits, banned)
+        if any(p.allowed_token_ids for p in params):
+            logits = _allow_only(logits, params)
         if any(p.has_penalties for p in params):
             logits = logits.clone()
             for i, p in enumerate(params):

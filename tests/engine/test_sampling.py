@@ -275,3 +275,27 @@ def test_stop_strings_wait_for_min_tokens():
     assert (s.text, s.matched_stop) == ("a", "YZ")
     s = stream(4, "aYZbYZ")  # here the first YZ ended before: only the second counts
     assert (s.text, s.matched_stop) == ("aYZb", "YZ")
+
+
+def test_allowed_token_ids_hold_every_sampled_token(llm, tmp_path):
+    """vLLM's allowed_token_ids: greedy takes the likeliest allowed token (the model's logprobs tell which),
+    sampling never leaves the set, drafts outside it are refused; out-of-vocabulary ids and an empty list
+    are sentences."""
+    free = gen(llm, max_tokens=1, temperature=0.0, logprobs=20)
+    ranked = sorted(free.logprobs[0], key=free.logprobs[0].get, reverse=True)
+    allowed = [ranked[5], ranked[2], 7]  # the third likeliest, the sixth, and one far down
+    greedy = gen(llm, max_tokens=1, temperature=0.0, allowed_token_ids=allowed)
+    assert greedy.token_ids == [ranked[2]]
+    sampled = gen(llm, max_tokens=30, temperature=1.5, seed=4, allowed_token_ids=allowed)
+    assert set(sampled.token_ids) <= set(allowed) and len(set(sampled.token_ids)) > 1
+    # n-gram drafts copy the repeated prompt; every one but 7 is refused
+    spec = LLM(save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path), spec="ngram", draft_tokens=3)
+    only_7 = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, allowed_token_ids=[7])
+    drafted = spec.generate(prompt_token_ids=[7] * 20, sampling_params=only_7)[0]
+    assert drafted.token_ids == [7] * 12 and drafted.num_accepted_tokens > 0
+    refused = spec.generate(prompt_token_ids=PROMPT * 4, sampling_params=only_7)[0]
+    assert refused.token_ids == [7] * 12
+    with pytest.raises(NinferError, match="allowed_token_ids holds 999999, outside the vocabulary"):
+        gen(llm, max_tokens=2, allowed_token_ids=[999999])
+    with pytest.raises(NinferError, match="allowed_token_ids must be a non-empty list"):
+        SamplingParams(allowed_token_ids=[])
