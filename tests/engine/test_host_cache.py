@@ -95,3 +95,25 @@ def test_host_cache_sizes_are_checked_in_a_sentence(qwen3_dir):
         LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=16)
     with pytest.raises(NinferError, match="needs prefix caching on"):
         LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=1 << 20, enable_prefix_caching=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_the_tier_never_changes_what_is_generated(tmp_path, arch):
+    """Twelve requests over three shared prefixes, two at a time through a pool too small for them
+    (evictions, preemptions, hits in both tiers): every output equals the one without the tier."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, head_dim=32), tmp_path)
+    bases = [_prompt(40, 10 + i) for i in range(3)]
+    prompts = [bases[i % 3] + _prompt(5 + i, 20 + i) for i in range(12)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    small = dict(kv_capacity=112, max_context=64, max_concurrency=2, state_snapshots=4, prefill_chunk=32)
+    outs = {}
+    for label, extra in (("off", {}), ("on", {"host_cache": 1 << 20})):
+        llm = LLM(path, **small, **extra)
+        outs[label] = [
+            llm.generate(prompt_token_ids=prompts[i : i + 2], sampling_params=params) for i in range(0, 12, 2)
+        ]
+        if label == "on":
+            assert llm.scheduler.block_pool.stats.host_hits > 0 and llm.scheduler.num_preemptions > 0
+    for pair_off, pair_on in zip(outs["off"], outs["on"]):
+        for off, on in zip(pair_off, pair_on):
+            assert _same(on, off)
