@@ -89,6 +89,7 @@ async def _pooled(state: ServerState, prompts: list[list[int]], request: Request
         async with gate:
             out = await collect(await start(state, ids, POOLED), request)
             check_expired(out)
+            state.metrics.token(out)  # the time to the embedding, as a time to first token
             state.metrics.finished(out)
             return out
 

@@ -122,7 +122,8 @@ class Metrics:
         )
 
         self.prompt_tokens.inc(len(out.prompt_token_ids))
-        self.generation_tokens.inc(len(out.token_ids))
+        # an embedding's one sampled token is beside the point: no generation
+        self.generation_tokens.inc(0 if out.embedding is not None else len(out.token_ids))
         self.cached_tokens.inc(out.num_cached_tokens)
         self.spec_drafted.inc(out.num_draft_tokens)
         self.spec_accepted.inc(out.num_accepted_tokens)
