@@ -268,9 +268,11 @@ class _Run:
                 out = replace(out, token_ids=[], text="", logprobs=None if out.logprobs is None else [])
             at = self.limits.cut_at(out.text)
             late = self.limits.out_of_time(out.text, (now - self.first) * 1000)
-            if not out.finished and (at is not None or late):
+            # (a line indented less may come in the step that ends the reply: it is cut all the same)
+            if at is not None or (late and not out.finished):
                 self.cut = True
-                self.stream.abort()
+                if not out.finished:
+                    self.stream.abort()
                 out = replace(out, text=out.text if at is None else out.text[:at], finish_reason="length")
             end = len(out.text) if out.finished else self.limits.sendable(out.text)
             delta, sent = out.text[sent:end], max(sent, end)

@@ -107,6 +107,15 @@ def test_n_indent_ends_the_middle_at_a_line_indented_less(serve):
     assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] > 0
 
 
+def test_n_indent_cuts_a_line_that_comes_with_the_end(serve):
+    """The whole reply in one piece (as a step of accepted drafts brings it): the line is cut still."""
+    reply = "total = 0\nprint(total)"
+    server = serve([reply])
+    server.engine.piece = len(reply)
+    out = httpx.post(f"{server.url}/infill", json={"input_prefix": "    ", "n_indent": 4}).json()
+    assert out["content"] == "total = 0\n" and out["stop_type"] == "limit"
+
+
 def test_t_max_predict_ms_ends_the_middle_after_a_newline(serve, monkeypatch):
     import engine.api.llama_cpp as llama_cpp
 
