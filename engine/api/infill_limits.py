@@ -20,7 +20,7 @@ class InfillLimits:
         start = text.find("\n") + 1
         while start > 0:
             line_end = text.find("\n", start)
-            line = text[start:] if line_end < 0 else text[start:line_end]
+            line = (text[start:] if line_end < 0 else text[start:line_end]).rstrip("\r")  # CRLF files too
             body = line.lstrip(" \t")
             if body and len(line) - len(body) < self.n_indent:
                 return start
@@ -33,7 +33,7 @@ class InfillLimits:
         if self.n_indent <= 0:
             return len(text)
         start = text.rfind("\n") + 1
-        return start if start > 0 and not text[start:].strip(" \t") else len(text)
+        return start if start > 0 and not text[start:].strip(" \t\r") else len(text)
 
     def out_of_time(self, text: str, predicting_ms: float) -> bool:
         return 0 < self.t_max_predict_ms < predicting_ms and "\n" in text

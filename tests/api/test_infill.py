@@ -116,6 +116,15 @@ def test_n_indent_cuts_a_line_that_comes_with_the_end(serve):
     assert out["content"] == "total = 0\n" and out["stop_type"] == "limit"
 
 
+def test_n_indent_reads_crlf_lines():
+    from engine.api.infill_limits import InfillLimits
+
+    limits = InfillLimits(n_indent=4)
+    text = "x = 1\r\n\r\n    y = 2\r\nz = 3\r\n"
+    assert limits.cut_at(text) == text.index("z")  # the blank CRLF line does not end it
+    assert limits.sendable("x = 1\r\n  \r") == len("x = 1\r\n")
+
+
 def test_t_max_predict_ms_ends_the_middle_after_a_newline(serve, monkeypatch):
     import engine.api.llama_cpp as llama_cpp
 
