@@ -15,7 +15,6 @@ taken and have nothing to do: the prefix cache is always on.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -25,7 +24,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import field, is_token_id, read_json, sampling_params, start, stream_failure
+from engine.api.common import (
+    collect_choices,
+    field,
+    is_token_id,
+    read_json,
+    sampling_params,
+    start,
+    stream_failure,
+    top_alternatives,
+)
 from engine.api.errors import ApiError
 from engine.api.infill_limits import InfillLimits
 from engine.api.openai import stream_error
@@ -203,7 +211,7 @@ async def _reply(
         return _picked(_final(state, out, ids, run, truncated, return_tokens), fields)
 
     if not field(body, "stream", bool, False):
-        out = await run.collect(request)
+        (out,) = await collect_choices(state, [run], request)  # a stream with the limits applied
         return JSONResponse(result(out))
 
     async def events():
@@ -240,7 +248,7 @@ async def _reply(
 
 class _Run:
     """One request's outputs with the infill limits applied and the text held as they need; records when
-    the first token came and when the last did."""
+    the first token came and when the last did. Iterated and aborted as an AsyncStream is."""
 
     def __init__(
         self,
@@ -280,28 +288,8 @@ class _Run:
             if out.finished:
                 return
 
-    async def collect(self, request: Request) -> RequestOutput:
-        """The whole output; a client that goes away aborts the request."""
-
-        async def watch() -> None:
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.05)
-            self.stream.abort()
-
-        watcher = asyncio.create_task(watch())
-        last = None
-        try:
-            async for out, _ in self:
-                last = out
-        finally:
-            watcher.cancel()
-            self.stream.abort()
-        if last is None or not last.finished:
-            raise ApiError(499, "the client closed the connection before the reply was complete")
-        if last.finish_reason == "expired":
-            raise ApiError(503, last.error or "the request expired in the queue")
-        self.state.metrics.finished(last)
-        return last
+    def abort(self) -> None:
+        self.stream.abort()
 
 
 def _stop_type(out: RequestOutput, run: _Run) -> str:
@@ -376,7 +364,7 @@ def _probabilities(state: ServerState, out: RequestOutput, top: int, start: int)
 
     probs = []
     for token, logprobs in list(zip(out.token_ids, out.logprobs or []))[start:]:
-        alts = sorted(logprobs.items(), key=lambda tv: -tv[1])[:top]
+        alts = top_alternatives(logprobs, top)
         probs.append(
             {
                 **entry(token, logprobs.get(token, float("-inf"))),
