@@ -60,7 +60,7 @@ class ServerState:
         turn the reply continues (a prefill): the text ends where its content does, not where the template
         closes the turn."""
         tok = self.engine.tokenizer
-        if getattr(getattr(self.engine.llm, "model", None), "headless", False):
+        if self.engine.llm.model.headless:
             raise ApiError(400, EMBEDDING_ONLY)  # said before the chat template is looked for
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")

@@ -69,9 +69,14 @@ class ScriptedStream:
         self.aborted = True
 
 
+class _Model:
+    headless = False  # a model that generates text
+
+
 class _Stats:
     max_context = 4096
     sampling_defaults: dict = {}
+    model = _Model()
 
 
 class ScriptedEngine:
