@@ -108,12 +108,13 @@ def infill_prompt(
     fim: FimTokens,
     prefix: str | list[int],
     suffix: str,
-    budget: int,
+    budget: int | None = None,
     middle: str = "",
     extra: tuple[ExtraFile, ...] = (),
     filename: str | None = None,
 ) -> InfillPrompt:
-    """The infill prompt's token ids, at most `budget` of them. `prefix`: text, or token ids as they are;
+    """The infill prompt's token ids, at most `budget` of them (None: all, uncut). `prefix`: text, or token
+    ids as they are;
     `middle`: text the middle starts with (after <fim_middle>); `filename`: the current file's
     (repository-level layout only)."""
 
@@ -136,6 +137,8 @@ def infill_prompt(
         current = []
     pre, suf, mid = enc(prefix), enc(suffix), enc(middle)
     fixed = len(head) + len(current) + 3 + len(mid)
+    if budget is None:  # room for everything: nothing is cut
+        budget = fixed + sum(map(len, files)) + len(pre) + len(suf)
     if fixed > budget:
         raise NinferError(
             f"the infill prompt needs {fixed} tokens before any code, but only {budget} fit; "

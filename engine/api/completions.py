@@ -78,7 +78,7 @@ def _infill(
         raise ApiError(400, "'echo' cannot be combined with 'suffix' (fill-in-the-middle)", "echo")
     texts = [raw] if isinstance(raw, str) or _token_ids(raw) else raw
     # too long is refused by the context check (no cutting here, unlike llama.cpp's /infill)
-    built = [infill_prompt(tokenizer, fim, prefix, suffix, budget=2**62).token_ids for prefix in texts]
+    built = [infill_prompt(tokenizer, fim, prefix, suffix).token_ids for prefix in texts]
     return built, fim.stop_token_ids
 
 
