@@ -36,17 +36,21 @@ def pair(request, tmp_path_factory):
     return ref, save_tiny(ref, tmp_path_factory.mktemp(request.param))
 
 
-@pytest.mark.parametrize("prompt_len", [1, 17, 150])
-def test_cuda_fp32_greedy_matches_transformers(pair, prompt_len):
-    ref, path = pair
-    ids = _prompt(prompt_len)
+def _assert_cuda_greedy_matches(ref, path, ids: list[int], **options) -> None:
+    """The engine on CUDA in fp32 (`options` for LLM) generates transformers' greedy tokens from `ids`."""
     ref_tokens, ref_lp = hf_greedy_reference(ref, ids, GEN)
-    llm = LLM(path, device="cuda", dtype="float32", max_concurrency=2)
+    llm = LLM(path, device="cuda", dtype="float32", **options)
     ours = llm.generate(
         prompt_token_ids=ids,
         sampling_params=SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1),
     )[0]
     _assert_greedy_matches(ours, ref_tokens, ref_lp)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 17, 150])
+def test_cuda_fp32_greedy_matches_transformers(pair, prompt_len):
+    ref, path = pair
+    _assert_cuda_greedy_matches(ref, path, _prompt(prompt_len), max_concurrency=2)
 
 
 def test_cuda_bf16_close_to_fp32(pair):
@@ -68,15 +72,7 @@ def test_cuda_yarn_matches_transformers_past_the_original_positions(tmp_path):
     """YaRN's scaled table through the Triton rope kernel: a tiny Qwen3 trained on 64 positions, x4."""
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e6}
     ref = tiny_hf_model("qwen3", tied=False, seed=7, max_position_embeddings=64, rope_parameters=yarn)
-    path = save_tiny(ref, tmp_path)
-    ids = _prompt(150)
-    ref_tokens, ref_lp = hf_greedy_reference(ref, ids, GEN)
-    llm = LLM(path, device="cuda", dtype="float32", max_context=256)
-    ours = llm.generate(
-        prompt_token_ids=ids,
-        sampling_params=SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1),
-    )[0]
-    _assert_greedy_matches(ours, ref_tokens, ref_lp)
+    _assert_cuda_greedy_matches(ref, save_tiny(ref, tmp_path), _prompt(150), max_context=256)
 
 
 def test_cuda_prompt_logprobs_min_tokens_and_twins_match_the_cpu(pair):
