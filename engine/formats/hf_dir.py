@@ -86,7 +86,8 @@ def _pools_last_token(path: Path) -> bool:
     pooling = path / "1_Pooling" / "config.json"
     if not pooling.is_file():
         return False
-    modes = [name for key, name in _POOLING_MODES.items() if _read_json(pooling).get(key)]
+    settings = _read_json(pooling)
+    modes = [name for key, name in _POOLING_MODES.items() if settings.get(key)]
     if modes == ["last token"]:
         return True
     raise NinferError(
