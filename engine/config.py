@@ -23,6 +23,7 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3ForSequenceClassification",
     "Qwen3Model",
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM",
@@ -33,6 +34,8 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 BARE_ARCHITECTURES = ("Qwen3Model",)  # transformers' decoder without an LM head (Qwen3-Embedding)
+# a decoder with a classifier in place of the LM head (a Qwen3-Reranker converted to score `yes` - `no`)
+CLASSIFIER_ARCHITECTURES = ("Qwen3ForSequenceClassification",)
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
 SPEC_METHODS = ("none", "ngram", "mtp")
 MAX_DRAFT_TOKENS = 16
@@ -91,6 +94,13 @@ class ModelConfig:
     # an embedding model (a bare decoder: transformers' Qwen3Model, or a GGUF with a pooling type): it makes
     # embeddings, not text; a checkpoint saved without the "model." prefix is one too (found at load)
     embedding_model: bool = False
+    # a reranker (engine/rerank.py): "yes_no", a causal LM judging a query-document pair by its next token
+    # (Qwen3-Reranker); "classifier", a head of its own over the last token (score / cls.output, kept apart
+    # from the decoder, which is then headless); "" otherwise
+    rerank: str = ""
+    rerank_labels: tuple[str, ...] = ()  # the classifier's labels, in its rows' order (may be unnamed)
+    # the checkpoint's own pair prompt with {query} and {document} (a GGUF's tokenizer.chat_template.rerank)
+    rerank_template: str | None = field(default=None, compare=False)
 
     @property
     def family(self) -> str:
@@ -100,6 +110,7 @@ class ModelConfig:
             "LlamaForCausalLM": "llama",
             "Qwen2ForCausalLM": "llama",  # Llama with biased q / k / v projections (Qwen2.5, Qwen2.5-Coder)
             "Qwen3ForCausalLM": "qwen3",
+            "Qwen3ForSequenceClassification": "qwen3",
             "Qwen3Model": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3",
             "Qwen3_5ForCausalLM": "qwen3_5",
@@ -183,6 +194,7 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         bare = arch in BARE_ARCHITECTURES
+        classifier = arch in CLASSIFIER_ARCHITECTURES
         config = ModelConfig(
             architecture=arch,
             vocab_size=text["vocab_size"],
@@ -195,7 +207,8 @@ class ModelConfig:
             rms_norm_eps=text.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             max_position_embeddings=text.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(tie) or bare,  # a bare decoder has no head of its own
+            # a bare decoder (or a classifier's) has no LM head of its own
+            tie_word_embeddings=bool(tie) or bare or classifier,
             attention_bias=bool(text.get("attention_bias", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
             partial_rotary_factor=float(partial),
@@ -221,7 +234,9 @@ class ModelConfig:
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
             vision_config=_vision_config(cfg),
-            embedding_model=bare,
+            embedding_model=bare or classifier,
+            rerank="classifier" if classifier else "",
+            rerank_labels=_labels(cfg) if classifier else (),
         )
         if "Moe" in arch:
             _check_experts(config)
@@ -237,6 +252,13 @@ def _vision_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     ids = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
     return {**vision, **{k: cfg[k] for k in ids if k in cfg}}
+
+
+def _labels(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """A sequence classifier's labels in row order (transformers' id2label; num_labels unnamed ones)."""
+    names = cfg.get("id2label") or {}
+    count = int(cfg.get("num_labels") or len(names) or 2)
+    return tuple(str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(count))
 
 
 def _check_experts(config: ModelConfig) -> None:
@@ -331,6 +353,9 @@ class EngineConfig:
     # load the vision tower: requests may carry images (engine/vision); its weights and activations are in
     # the memory ledger
     vision: bool = False
+    # score query-document pairs with a causal LM's `yes` / `no` next-token logits (engine/rerank.py), for a
+    # Qwen3-Reranker checkpoint ninfer does not recognise as one by itself
+    rerank: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

@@ -15,9 +15,10 @@ from engine.errors import NinferError
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
-from engine.pooling import normalized
+from engine.pooling import POOLED, normalized
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
+from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
@@ -31,6 +32,10 @@ from engine.worker.model_runner import ModelRunner
 EMBEDDING_ONLY = (
     "this checkpoint is an embedding model (a decoder without an output head): it makes embeddings "
     "(/v1/embeddings, LLM.embed()), not text; serve a chat model to generate"
+)
+RERANKER_ONLY = (
+    "this checkpoint is a reranker (a classifier in place of an output head): it scores query-document "
+    "pairs (/v1/rerank, LLM.rerank()), not text; serve a chat model to generate"
 )
 
 
@@ -58,7 +63,10 @@ class LLM:
         checkpoint = self.tokenizer.sampling_defaults if self.tokenizer is not None else {}
         self.sampling_defaults = resolve_sampling_defaults(config.generation_config, checkpoint)
         self.description = source.description
-        self.model = load_model(source, config)
+        # a reranker's head (engine/rerank.py) is copied out of the weights as they load
+        tap = HeadTap(source.config, self.tokenizer, config)
+        self.model = load_model(tap.wrap(source), config)
+        self.rerank_head: RerankHead | None = tap.head()
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
         packed = holds_packed_weights(self.model)
         self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed)
@@ -113,8 +121,8 @@ class LLM:
         `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here. `after`: a
         request with the same prompt; this one waits until that one's prompt is in the prefix cache."""
         request_id = request_id or f"req-{next(self._ids)}"
-        if self.model.headless and sampling_params.pooling is None:
-            raise NinferError(EMBEDDING_ONLY)
+        if self.text_refusal and sampling_params.pooling is None:
+            raise NinferError(self.text_refusal)
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -250,9 +258,32 @@ class LLM:
             raise NinferError("embed() needs at least one input")
         encode = self._tokenizer_or_raise().encode if any(isinstance(x, str) for x in batch) else None
         ids = [encode(x) if isinstance(x, str) else list(x) for x in batch]
-        params = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
-        outs = self.generate(None, params, ids)
+        outs = self.generate(None, POOLED, ids)
         return [normalized(out.embedding) if normalize else list(out.embedding) for out in outs]
+
+    @property
+    def text_refusal(self) -> str | None:
+        """Why this model makes no text (an embedding model, a classifier reranker); None when it does."""
+        if not self.model.headless:
+            return None
+        return RERANKER_ONLY if self.rerank_head is not None else EMBEDDING_ONLY
+
+    def rerank_ids(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        """The token ids of the prompt that asks the reranker about one query-document pair."""
+        if self.rerank_head is None:
+            raise NinferError(NOT_A_RERANKER)
+        text = pair_prompt(query, document, instruction, self.model_config.rerank_template)
+        return self._tokenizer_or_raise().encode(text, add_special_tokens=False)
+
+    def rerank(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
+        """How relevant each document is to the query, a probability each, in the documents' order. The
+        pairs share their prompt up to the document, so the prefix cache computes it once."""
+        if not documents:
+            raise NinferError("rerank() needs at least one document")
+        ids = [self.rerank_ids(query, d, instruction) for d in documents]
+        head = self.rerank_head
+        assert head is not None  # rerank_ids refused otherwise
+        return [head.score(out.embedding) for out in self.generate(None, POOLED, ids)]
 
     def chat(
         self,

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 
 from engine.errors import NinferError
+from engine.request import SamplingParams
+
+# a pooled request: the prompt's last hidden state, with one token sampled (and dropped) as any request's
+POOLED = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
 
 
 def normalized(vector: list[float]) -> list[float]:

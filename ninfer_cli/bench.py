@@ -222,10 +222,10 @@ def _run(o: _Options) -> None:
         )
         if llm.tokenizer is None:
             raise NinferError("this model has no tokenizer; benchmark prompts are built with it")
-        if llm.model.headless:
+        if llm.text_refusal:
             raise NinferError(
-                "this is an embedding model (no output head); bench measures prefill and decode of a model "
-                "that generates"
+                "this model makes no text (an embedding model or a classifier reranker); bench measures "
+                "prefill and decode of a model that generates"
             )
         driver = InProcess(llm)
         from engine.models.loader import default_model_path

@@ -72,6 +72,13 @@ def serve(
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
+    rerank: Annotated[
+        bool,
+        typer.Option(
+            help="Serve POST /v1/rerank by the model's yes / no next token, for a Qwen3-Reranker not "
+            "recognised by itself (its model card, a classifier conversion and a rank GGUF are)."
+        ),
+    ] = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols (and llama.cpp's /completion and /infill)."""
     import uvicorn
@@ -106,6 +113,7 @@ def serve(
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
+        rerank=rerank,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = AsyncLLM(model, **options)
@@ -121,10 +129,11 @@ def serve(
             host_kv.num_slots,
             host_kv.num_bytes / 2**30,
         )
-    if engine.llm.model.headless:
-        log.info(
-            "an embedding model (no output head): it answers POST /v1/embeddings; text routes are refused"
-        )
+    refused = "; text routes are refused" if engine.llm.text_refusal else ""
+    if engine.llm.rerank_head is not None:
+        log.info("a reranker: it answers POST /v1/rerank (also /rerank, /v2/rerank, /v1/score)%s", refused)
+    elif refused:
+        log.info("an embedding model (no output head): it answers POST /v1/embeddings%s", refused)
     if engine.llm.sampling_defaults:
         log.info(
             "sampling defaults for the fields a request leaves out: %s (--generation-config %s; none for "

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import anthropic, completions, embeddings, llama_cpp, openai, responses, tokens
+from engine.api import anthropic, completions, embeddings, llama_cpp, openai, rerank, responses, tokens
 from engine.api.errors import ApiError, anthropic_error, openai_error
 from engine.api.state import ServerState
 
@@ -38,7 +38,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
-        guarded = request.url.path.startswith("/v1/") or request.url.path in (*tokens.PATHS, *llama_cpp.PATHS)
+        guarded = request.url.path.startswith("/v1/") or request.url.path in (
+            *tokens.PATHS,
+            *llama_cpp.PATHS,
+            *rerank.PATHS,
+        )
         if state.api_key and guarded and not _authorized(request, state.api_key):
             return error_response(
                 request,
@@ -77,6 +81,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(completions.router)
     app.include_router(embeddings.router)
+    app.include_router(rerank.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     app.include_router(tokens.router)

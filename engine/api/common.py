@@ -14,6 +14,7 @@ from engine.api.errors import ApiError, ContextExceeded
 from engine.async_llm import AsyncStream
 from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.parsers.reply import parse_reply
+from engine.pooling import POOLED
 from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
@@ -252,6 +253,27 @@ async def collect_choices(state, streams: list[AsyncStream], request: Request) -
         check_expired(out)
         state.metrics.finished(out)
     return outs
+
+
+async def pooled(state, prompts: list[list[int]], request: Request) -> list[RequestOutput]:
+    """Every prompt's output, at most --max-concurrency in the engine at once; the first refusal (or the
+    client going away) ends them all."""
+    gate = asyncio.Semaphore(max(1, state.engine.llm.engine_config.max_concurrency))
+
+    async def one(ids: list[int]) -> RequestOutput:
+        async with gate:
+            out = await collect(await start(state, ids, POOLED), request)
+            check_expired(out)
+            state.metrics.token(out)  # the time to the embedding, as a time to first token
+            state.metrics.finished(out)
+            return out
+
+    tasks = [asyncio.create_task(one(ids)) for ids in prompts]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools, max_calls=None):

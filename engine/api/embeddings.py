@@ -8,23 +8,20 @@ as many as fit)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 
-from engine.api.common import check_expired, collect, field, is_token_id, read_json, start, truncated_prompt
+from engine.api.common import field, is_token_id, pooled, read_json, truncated_prompt
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.errors import NinferError
 from engine.pooling import truncated
-from engine.request import RequestOutput, SamplingParams
 
 router = APIRouter()
 MAX_INPUTS = 2048  # as OpenAI's API
-POOLED = SamplingParams(max_tokens=1, temperature=0.0, pooling="last")
 
 
 @router.post("/v1/embeddings")
@@ -41,7 +38,7 @@ async def embeddings(request: Request):
     normalize = field(body, "normalize", bool, True)
     if dimensions is not None and dimensions < 1:
         raise ApiError(400, f"'dimensions' must be at least 1 (got {dimensions})", "dimensions")
-    outs = await _pooled(state, prompts, request)
+    outs = await pooled(state, prompts, request)
     data = []
     for index, out in enumerate(outs):
         try:
@@ -78,27 +75,6 @@ def _inputs(state: ServerState, value: Any) -> list[list[int]]:
         else:
             raise ApiError(400, shape, "input")
     return prompts
-
-
-async def _pooled(state: ServerState, prompts: list[list[int]], request: Request) -> list[RequestOutput]:
-    """Every prompt's output, at most --max-concurrency in the engine at once; the first refusal (or the
-    client going away) ends them all."""
-    gate = asyncio.Semaphore(max(1, state.engine.llm.engine_config.max_concurrency))
-
-    async def one(ids: list[int]) -> RequestOutput:
-        async with gate:
-            out = await collect(await start(state, ids, POOLED), request)
-            check_expired(out)
-            state.metrics.token(out)  # the time to the embedding, as a time to first token
-            state.metrics.finished(out)
-            return out
-
-    tasks = [asyncio.create_task(one(ids)) for ids in prompts]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 def _encoded(vector: list[float], encoding: str) -> list[float] | str:

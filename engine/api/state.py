@@ -11,7 +11,6 @@ from engine.api.metrics import Metrics
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
-from engine.llm import EMBEDDING_ONLY
 from engine.tokenizer import Tokenizer
 from engine.vision.image import ImageInput
 from engine.vision.mrope import widen_placeholders
@@ -60,8 +59,8 @@ class ServerState:
         turn the reply continues (a prefill): the text ends where its content does, not where the template
         closes the turn."""
         tok = self.engine.tokenizer
-        if self.engine.llm.model.headless:
-            raise ApiError(400, EMBEDDING_ONLY)  # said before the chat template is looked for
+        if self.engine.llm.text_refusal:  # said before the chat template is looked for
+            raise ApiError(400, self.engine.llm.text_refusal)
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
         try:

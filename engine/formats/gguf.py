@@ -51,6 +51,9 @@ _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    # a reranker's classifier (pooling type rank): kept apart from the decoder (engine/rerank.py)
+    "cls.output.weight": "score.weight",
+    "cls.output.bias": "score.bias",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -198,26 +201,45 @@ def _config(reader, path: Path) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in (eos, eot) if i is not None),
-        embedding_model=_pools_last_token(reader, arch, path),
+        embedding_model=_pooled(reader, arch, path) is not None,
         qkv_bias=arch == "qwen2",
         **layout,
+        **_rerank_fields(reader, arch, path, names),
     )
     return config.with_rope_scaling(scaling, str(path)) if scaling else config
 
 
-def _pools_last_token(reader, arch: str, path: Path) -> bool:
-    """Whether llama.cpp's pooling type marks an embedding model (Qwen3-Embedding: 3, the last token);
-    one pooled otherwise (1 mean, 2 cls, 4 rank) is refused in a sentence."""
+def _pooled(reader, arch: str, path: Path) -> str | None:
+    """How llama.cpp's pooling type says the model pools: "last" (Qwen3-Embedding, 3), "rank" (a reranker's
+    classifier over the last token, 4), None for a text model; mean (1) and cls (2) are refused in a
+    sentence."""
     kind = _field(reader, f"{arch}.pooling_type", 0)
     if kind in (0, -1):
-        return False
-    if kind != 3:
-        name = {1: "mean", 2: "cls", 4: "rank"}.get(kind, str(kind))
+        return None
+    if kind not in (3, 4):
+        name = {1: "mean", 2: "cls"}.get(kind, str(kind))
         raise NinferError(
             f"{path} is an embedding model pooled by '{name}'; ninfer pools by the last token only "
-            "(Qwen3-Embedding)"
+            "(Qwen3-Embedding, or a reranker's classifier)"
         )
-    return True
+    return "last" if kind == 3 else "rank"
+
+
+def _rerank_fields(reader, arch: str, path: Path, names: set[str]) -> dict[str, Any]:
+    """A rank-pooled GGUF's reranker fields (ModelConfig.rerank...): its classifier, labels and pair prompt."""
+    if _pooled(reader, arch, path) != "rank":
+        return {}
+    if "cls.output.weight" not in names:
+        raise NinferError(
+            f"{path} is pooled by rank but holds no classifier (cls.output.weight); convert the reranker "
+            "again with llama.cpp's convert_hf_to_gguf.py, or serve its HF checkpoint"
+        )
+    labels = _field(reader, f"{arch}.classifier.output_labels") or ()
+    return dict(
+        rerank="classifier",
+        rerank_labels=tuple(str(label) for label in labels),
+        rerank_template=_field(reader, "tokenizer.chat_template.rerank"),
+    )
 
 
 def _rope_scaling(reader, arch: str) -> dict[str, Any] | None:
@@ -401,11 +423,11 @@ def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor
 def _keeps_packed(t, name: str, order: tuple[int, torch.Tensor] | None, blocks: bool) -> bool:
     """A block-quantized matrix goes to the GPU packed (gguf_blocks.py), and so does a float one in a file
     of block-quantized matrices (a fused projection packs only whole), unless its columns must move in runs
-    its groups cut through. The conv1d kernel and every vector stay dense."""
+    its groups cut through. The conv1d kernel, a reranker's classifier and every vector stay dense."""
     shape = _shape(t)
     if gguf_moe.is_stack(name):  # each expert's matrix, as the stacked experts kernel takes it
         shape = shape[1:]
-    if len(shape) != 2 or not gguf_blocks.kernel_takes(t.tensor_type, shape):
+    if len(shape) != 2 or name.startswith("score.") or not gguf_blocks.kernel_takes(t.tensor_type, shape):
         return False
     if not gguf_blocks.is_block_quantized(t.tensor_type):
         router = name.endswith((".mlp.gate.weight", ".shared_expert_gate.weight"))  # kept as stored

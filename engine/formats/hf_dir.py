@@ -96,6 +96,18 @@ def _pools_last_token(path: Path) -> bool:
     )
 
 
+def _is_qwen3_reranker(path: Path) -> bool:
+    """Whether the model card titles the checkpoint a Qwen3-Reranker: a causal LM whose config says nothing
+    of it, judged by its `yes` / `no` next token (as llama.cpp's converter recognises one)."""
+    readme = path / "README.md"
+    if not readme.is_file():
+        return False
+    lines = readme.read_text(errors="replace").splitlines()
+    return any(
+        line[2:].strip().lower().startswith("qwen3-reranker") for line in lines if line.startswith("# ")
+    )
+
+
 def load_hf_dir(path: Path) -> ModelSource:
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -109,6 +121,8 @@ def load_hf_dir(path: Path) -> ModelSource:
         config = replace(config, vision_config={**config.vision_config, "preprocessor": settings})
     if _pools_last_token(path):
         config = replace(config, embedding_model=True)
+    if not config.rerank and config.architecture == "Qwen3ForCausalLM" and _is_qwen3_reranker(path):
+        config = replace(config, rerank="yes_no")
     shards = _shard_files(path)
     for shard in shards:
         check_safetensors_header(shard)

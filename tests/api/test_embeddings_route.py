@@ -133,3 +133,8 @@ def test_truncate_prompt_tokens_embeds_the_inputs_end(served):
     kept = server.engine.tokenizer.encode(text)[-255:]
     assert r.json()["usage"]["prompt_tokens"] == 255
     assert _close(r.json()["data"][0]["embedding"], _reference(model, kept))
+
+
+def test_an_embedding_model_does_not_rerank(served):
+    r = httpx.post(f"{served[0].url}/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=60)
+    assert r.status_code == 400 and "this model is not a reranker" in r.json()["error"]["message"]

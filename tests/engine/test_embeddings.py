@@ -84,8 +84,8 @@ def test_pooling_is_checked_and_truncation_renormalizes():
 
 
 def test_a_gguf_pooling_type_marks_an_embedding_model(tmp_path):
-    """llama.cpp writes {arch}.pooling_type for embedding models: 3 (last) is one; mean, cls and rank
-    poolings are refused in one line; a chat GGUF has none."""
+    """llama.cpp writes {arch}.pooling_type for embedding models: 3 (last) is one; mean and cls poolings are
+    refused in one line (4, rank, is a reranker: tests/engine/test_rerank.py); a chat GGUF has none."""
     plain = write_config_gguf(tmp_path / "chat.gguf", "qwen3", 4096, 1e6)
     assert not gguf_format._config(plain, tmp_path / "chat.gguf").embedding_model
     last = write_config_gguf(tmp_path / "last.gguf", "qwen3", 4096, 1e6, {"qwen3.pooling_type": 3})
