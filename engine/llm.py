@@ -229,10 +229,21 @@ class LLM:
             requests = [(list(ids), None) for ids in batch]
         else:
             raise NinferError("generate() needs prompts or prompt_token_ids")
+        return self._run_all(requests, params)
+
+    def _run_all(
+        self,
+        requests: list[tuple[list[int], str | None]],
+        params: SamplingParams,
+        shared_prefix: bool = False,
+    ) -> list[RequestOutput]:
+        """Run (token ids, text) requests to the end; outputs in their order. `shared_prefix`: the prompts
+        begin alike, so the later ones wait until the first has run its prompt, then start from its pages."""
         ids: list[str] = []
         try:
             for toks, text in requests:
-                ids.append(self.add_request(toks, params, prompt=text))
+                after = ids[0] if shared_prefix and ids else None
+                ids.append(self.add_request(toks, params, prompt=text, after=after))
         except NinferError:
             for request_id in ids:  # one bad prompt rejects the whole batch; nothing stays queued
                 self.abort(request_id)
@@ -280,10 +291,10 @@ class LLM:
         pairs share their prompt up to the document, so the prefix cache computes it once."""
         if not documents:
             raise NinferError("rerank() needs at least one document")
-        ids = [self.rerank_ids(query, d, instruction) for d in documents]
+        prompts = [(self.rerank_ids(query, d, instruction), None) for d in documents]
         head = self.rerank_head
         assert head is not None  # rerank_ids refused otherwise
-        return [head.score(out.embedding) for out in self.generate(None, POOLED, ids)]
+        return [head.score(out.embedding) for out in self._run_all(prompts, POOLED, shared_prefix=True)]
 
     def chat(
         self,

@@ -255,20 +255,32 @@ async def collect_choices(state, streams: list[AsyncStream], request: Request) -
     return outs
 
 
-async def pooled(state, prompts: list[list[int]], request: Request) -> list[RequestOutput]:
+async def pooled(
+    state, prompts: list[list[int]], request: Request, shared_prefix: bool = False
+) -> list[RequestOutput]:
     """Every prompt's output, at most --max-concurrency in the engine at once; the first refusal (or the
-    client going away) ends them all."""
+    client going away) ends them all. `shared_prefix`: the prompts begin alike (a reranker's pairs of one
+    query), so the later ones wait until the first has run its prompt, then start from its pages."""
     gate = asyncio.Semaphore(max(1, state.engine.llm.engine_config.max_concurrency))
+    first: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
 
-    async def one(ids: list[int]) -> RequestOutput:
-        async with gate:
-            out = await collect(await start(state, ids, POOLED), request)
+    async def one(index: int, ids: list[int]) -> RequestOutput:
+        async with gate:  # the first task takes it first: tasks start in the order they were made
+            if index == 0:
+                stream: AsyncStream | None = None
+                try:
+                    stream = await start(state, ids, POOLED)
+                finally:  # the first request's id, None when it was refused
+                    first.set_result(stream.request_id if stream is not None else None)
+            else:
+                stream = await start(state, ids, POOLED, after=await first if shared_prefix else None)
+            out = await collect(stream, request)
             check_expired(out)
             state.metrics.token(out)  # the time to the embedding, as a time to first token
             state.metrics.finished(out)
             return out
 
-    tasks = [asyncio.create_task(one(ids)) for ids in prompts]
+    tasks = [asyncio.create_task(one(i, ids)) for i, ids in enumerate(prompts)]
     try:
         return list(await asyncio.gather(*tasks))
     finally:

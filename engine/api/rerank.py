@@ -115,7 +115,7 @@ async def _scored(
     prompts = [
         _pair_ids(state, query, document, instruction, limit, i) for i, (query, document) in enumerate(pairs)
     ]
-    outs = await pooled(state, prompts, request)
+    outs = await pooled(state, prompts, request, shared_prefix=True)
     return [head.log_odds(out.embedding) for out in outs], sum(len(ids) for ids in prompts)
 
 

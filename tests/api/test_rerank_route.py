@@ -171,3 +171,19 @@ def test_bad_requests_get_one_line(served, path, body, message):
 @pytest.mark.parametrize("path", ["/rerank", "/v2/rerank", "/reranking", "/score", "/v1/rerank"])
 def test_the_api_key_guards_every_route(served, path):
     assert _post(served, path, {"query": QUERY, "documents": DOCS}, key=None).status_code == 401
+
+
+def test_the_pairs_of_a_query_compute_its_part_once(served):
+    """The later pairs wait for the first to run its prompt, then start from its pages: every pair but the
+    first takes the prompt up to its document from the prefix cache (--max-concurrency 2 would otherwise
+    run the first two side by side)."""
+    server = served[0]
+    query = " ".join(f"term{i}" for i in range(40))  # a query no earlier test sent
+    prompts = [server.engine.llm.rerank_ids(query, d) for d in DOCS]
+    shared = next(i for i, ids in enumerate(zip(*prompts)) if len(set(ids)) > 1)
+    before = server.state.metrics.cached_tokens._value.get()
+    assert _post(served, "/v1/rerank", {"query": query, "documents": DOCS}).status_code == 200
+    block = server.engine.llm.engine_config.block_size
+    assert server.state.metrics.cached_tokens._value.get() - before >= (len(DOCS) - 1) * (
+        shared // block * block
+    )
