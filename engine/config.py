@@ -37,7 +37,7 @@ BARE_ARCHITECTURES = ("Qwen3Model",)  # transformers' decoder without an LM head
 # a decoder with a classifier in place of the LM head (a Qwen3-Reranker converted to score `yes` - `no`)
 CLASSIFIER_ARCHITECTURES = ("Qwen3ForSequenceClassification",)
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
-SPEC_METHODS = ("none", "ngram", "mtp")
+SPEC_METHODS = ("none", "ngram", "mtp", "draft")
 MAX_DRAFT_TOKENS = 16
 LM_HEAD_DRAFT_TOKENS = 32768  # --lm-head-draft: the token ids the MTP head's drafts are chosen from
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -343,6 +343,9 @@ class EngineConfig:
     # verified `draft_tokens` at a time
     spec: str = "none"
     draft_tokens: int = 3
+    # spec draft: the small model whose greedy tokens are the drafts (an HF directory, .gguf or .ninfer of the
+    # same vocabulary: Qwen3-0.6B for a Qwen3-32B); its KV pages are the target's pages (engine/spec/draft_model.py)
+    draft_model: str | None = None
     # spec mtp: the head's drafts score only the first N token ids of the vocabulary (a BPE vocabulary
     # lists tokens in merge order, the most frequent first); 0 = the whole lm_head. Verification always
     # uses the whole head, so output is unchanged; only the drafts' cost (and reach) shrink
@@ -402,6 +405,16 @@ class EngineConfig:
             raise NinferError(
                 f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS} (got {self.draft_tokens}); 3 to 5 "
                 "suits n-gram drafts"
+            )
+        if self.spec == "draft" and not self.draft_model:
+            raise NinferError(
+                "spec draft needs a draft model (--draft-model PATH: a small model of the same family)"
+            )
+        if self.spec == "draft" and self.vision:
+            raise NinferError("a draft model drafts text; drop --vision, or use --spec ngram with images")
+        if self.draft_model and self.spec != "draft":
+            raise NinferError(
+                f"a draft model drafts with spec draft (got spec {self.spec}); add --spec draft"
             )
         if self.lm_head_draft < 0:
             raise NinferError(

@@ -21,6 +21,7 @@ from engine.request import Request, RequestOutput, SamplingParams
 from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
+from engine.spec.draft_model import load_draft_model
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
@@ -67,9 +68,20 @@ class LLM:
         tap = HeadTap(source.config, self.tokenizer, config)
         self.model = load_model(tap.wrap(source), config)
         self.rerank_head: RerankHead | None = tap.head()
+        # spec draft: the draft model, loaded before the pool is sized (its KV shares the pool's pages)
+        self.draft_model = (
+            load_draft_model(config, self.model_config, self.tokenizer) if config.spec == "draft" else None
+        )
+        draft_config = self.draft_model.config if self.draft_model is not None else None
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
         packed = holds_packed_weights(self.model)
-        self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed)
+        self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed, draft_config)
+        if draft_config is not None and draft_config.position_limit < self.max_context:
+            raise NinferError(
+                f"the draft model takes {draft_config.position_limit} positions, fewer than the context "
+                f"{self.max_context}; use --max-context {draft_config.position_limit} or a draft model of the "
+                "model's context"
+            )
         num_blocks = kv_tokens // config.block_size
         hybrid = self.model_config.num_linear_attention_layers > 0
         state_pool = (
@@ -86,6 +98,7 @@ class LLM:
             num_state_slots,
             self.max_context,
             backup_slot_base=state_pool.backup_slot_base if state_pool else None,
+            draft_model=self.draft_model,
         )
         host_slots = 0
         if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)

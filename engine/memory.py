@@ -51,6 +51,8 @@ class Deployment:
     dtype_bytes: int = 2
     block_size: int = 16
     device: str = "cuda"
+    # spec draft: the draft model, whose KV shares the pool's pages (its weights are measured as loaded)
+    draft: ModelConfig | None = field(default=None, compare=False)
 
     def with_(self, **changes) -> Deployment:
         return replace(self, **changes)
@@ -109,6 +111,18 @@ def kv_bytes_per_token(config: ModelConfig, kv_dtype: str, spec: str = "none") -
     return kv_layers(config, spec) * per_layer
 
 
+def pool_bytes_per_token(dep: Deployment, kv_dtype: str | None = None) -> int:
+    """What a KV pool token takes: the model's layers, and with spec draft the draft model's too (its KV
+    lives in the same pages)."""
+    kv = kv_dtype or dep.kv_dtype
+    draft = kv_bytes_per_token(dep.draft, kv) if dep.draft is not None else 0
+    return kv_bytes_per_token(dep.config, kv, dep.spec) + draft
+
+
+def pool_layers(dep: Deployment) -> int:
+    return kv_layers(dep.config, dep.spec) + (kv_layers(dep.draft) if dep.draft is not None else 0)
+
+
 def state_slot_bytes(config: ModelConfig, dtype_bytes: int) -> int:
     """One recurrent-state slot: per linear-attention layer, conv_state [conv_dim, K - 1] in the model dtype
     and ssm_state [Hv, Dk, Dv] in fp32 (as the model runner allocates them)."""
@@ -144,12 +158,12 @@ def activation_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
 def ledger(dep: Deployment, device_total: int) -> Ledger:
     cfg, b = dep.config, dep.dtype_bytes
     rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]
-    per_token = kv_bytes_per_token(cfg, dep.kv_dtype, dep.spec)
+    per_token = pool_bytes_per_token(dep)
     rows.append(
         Row(
             KV_POOL,
             dep.pool_tokens * per_token,
-            f"{dep.pool_tokens:,} tokens x {per_token:,} B ({kv_layers(cfg, dep.spec)} layers, {dep.kv_dtype})",
+            f"{dep.pool_tokens:,} tokens x {per_token:,} B ({pool_layers(dep)} layers, {dep.kv_dtype})",
         )
     )
     slot = state_slot_bytes(cfg, b)
@@ -162,14 +176,15 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
         )
     # hybrid models back up each running request's state before a step that verifies drafts
     backups = dep.concurrency * slot if dep.hybrid else 0
-    if dep.spec == "mtp":
-        # the head's pass over a step's tokens and its chained steps: hidden states, logits
+    if dep.spec in ("mtp", "draft"):
+        # the head's (the draft model's) pass over a step's tokens and its chained steps: hidden states, logits
         draft_io = dep.concurrency * dep.decode_tokens * (cfg.vocab_size * 4 + 2 * cfg.hidden_size * b)
+        drafter = "the head's" if dep.spec == "mtp" else "the draft model's"
         rows.append(
             Row(
                 "draft buffers",
                 backups + draft_io,
-                f"mtp, {dep.draft_tokens} draft tokens: state backups + the head's hidden states and logits",
+                f"{dep.spec}, {dep.draft_tokens} draft tokens: state backups + {drafter} hidden states and logits",
             )
         )
     elif dep.spec == "ngram" and dep.hybrid:
@@ -250,6 +265,11 @@ def graph_buckets(max_batch: int) -> list[int]:
 
 
 def validate(dep: Deployment) -> None:
+    if dep.spec == "draft" and dep.draft is None:
+        raise NinferError(
+            "plan does not size a draft model (--spec draft): plan the model with --spec none, then serve with "
+            "--spec draft --draft-model PATH, which sizes the pool for both at start"
+        )
     if dep.spec not in SPECS:
         raise NinferError(f"unknown --spec '{dep.spec}'; use one of {', '.join(SPECS)}")
     if dep.spec == "mtp" and not dep.config.mtp_num_hidden_layers:

@@ -17,7 +17,7 @@ from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, RopeScaling
-from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
+from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 
 
 def _list(text: str, what: str, parse) -> tuple[int, ...]:
@@ -59,6 +59,7 @@ def bench(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    draft_model: DraftModel = None,
     int8_prefill: Int8Prefill = False,
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
@@ -114,6 +115,7 @@ def bench(
             spec,
             draft_tokens,
             lm_head_draft,
+            draft_model,
             int8_prefill,
             rope_scaling,
             chat_template,
@@ -146,6 +148,7 @@ class _Options:
     spec: str
     draft_tokens: int
     lm_head_draft: bool
+    draft_model: str | None
     int8_prefill: bool
     rope_scaling: str | None
     chat_template: str | None
@@ -174,6 +177,7 @@ def _run(o: _Options) -> None:
         "spec": o.spec,
         "draft_tokens": o.draft_tokens if o.spec != "none" else 0,
         "lm_head_draft": o.lm_head_draft,
+        "draft_model": o.draft_model,
         "int8_prefill": o.int8_prefill,
         "rope_scaling": o.rope_scaling,
         "chat_template": o.chat_template,
@@ -215,7 +219,7 @@ def _run(o: _Options) -> None:
             max_concurrency=max(o.concurrencies),
             kv_capacity=longest * max(o.concurrencies),
             prefill_chunk=max(2048, max(o.concurrencies)),
-            **spec_options(o.spec, o.draft_tokens, o.lm_head_draft),
+            **spec_options(o.spec, o.draft_tokens, o.lm_head_draft, o.draft_model),
             int8_prefill=o.int8_prefill,
             rope_scaling=o.rope_scaling,
             chat_template=o.chat_template,

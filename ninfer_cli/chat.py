@@ -17,7 +17,7 @@ from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
-from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
+from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
@@ -83,6 +83,7 @@ def chat(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    draft_model: DraftModel = None,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
     rope_scaling: RopeScaling = None,
@@ -135,7 +136,7 @@ def chat(
                 weight_quant=weight_quant,
                 max_context=parse_size(max_context, "--max-context") if max_context else None,
                 max_concurrency=1,
-                **spec_options(spec, draft_tokens, lm_head_draft),
+                **spec_options(spec, draft_tokens, lm_head_draft, draft_model),
                 int8_prefill=int8_prefill,
                 vision=vision,
                 rope_scaling=rope_scaling,

@@ -14,7 +14,7 @@ from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
-from ninfer_cli.spec_options import DraftTokens, LmHeadDraft, Spec, spec_options
+from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
 GRACE_S = 30  # seconds running requests get to finish after SIGTERM
@@ -67,6 +67,7 @@ def serve(
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
+    draft_model: DraftModel = None,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
     rope_scaling: RopeScaling = None,
@@ -104,7 +105,7 @@ def serve(
         pending_timeout_ms=pending_timeout_ms,
         prefill_chunk=prefill_chunk,
         cuda_graphs=cuda_graphs,
-        **spec_options(spec, draft_tokens, lm_head_draft),
+        **spec_options(spec, draft_tokens, lm_head_draft, draft_model),
         int8_prefill=int8_prefill,
         vision=vision,
         rope_scaling=rope_scaling,

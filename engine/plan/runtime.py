@@ -52,10 +52,14 @@ def _device(device: str, total: int) -> Device:
 
 
 def deployment(
-    config: EngineConfig, model_config: ModelConfig, context: int, packed_weights: bool = False
+    config: EngineConfig,
+    model_config: ModelConfig,
+    context: int,
+    packed_weights: bool = False,
+    draft: ModelConfig | None = None,
 ) -> Deployment:
     """The ledger's view of an engine configuration (packed_weights: the loaded model multiplies 4/6/8-bit
-    matrices as they are stored)."""
+    matrices as they are stored; draft: spec draft's draft model)."""
     return Deployment(
         model_config,
         config.kv_dtype,
@@ -71,17 +75,23 @@ def deployment(
         draft_tokens=config.num_draft_tokens,
         int8_prefill=config.int8_prefill,
         vision=config.vision,
+        draft=draft,
     )
 
 
 def size_kv_pool(
-    config: EngineConfig, model_config: ModelConfig, packed_weights: bool = False
+    config: EngineConfig,
+    model_config: ModelConfig,
+    packed_weights: bool = False,
+    draft: ModelConfig | None = None,
 ) -> tuple[int, int]:
-    """(max_context, KV pool tokens) for this engine; NinferError (with three ways out) when it does not fit."""
+    """(max_context, KV pool tokens) for this engine; NinferError (with three ways out) when it does not fit.
+    `draft`: spec draft's draft model, loaded already (its weights are out of the free memory; its KV takes
+    pool pages)."""
     limit = model_config.position_limit
     given_context = config.max_context
     context = config.resolved_max_context(model_config)
-    dep = deployment(config, model_config, context, packed_weights)
+    dep = deployment(config, model_config, context, packed_weights, draft)
     total, free = device_memory(config.device)
     budget = Budget.after_load(total, free)
     auto_cuda = config.kv_capacity == "auto" and config.device.startswith("cuda")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import NinferError
-from engine.memory import CUDA_CONTEXT, WEIGHTS, Deployment, kv_bytes_per_token, ledger
+from engine.memory import CUDA_CONTEXT, WEIGHTS, Deployment, ledger, pool_bytes_per_token
 from engine.rope_scaling import positions_phrase, stretch_hint
 
 PLAN_KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "k8v4")  # most precise first
@@ -76,7 +76,7 @@ def fits(dep: Deployment, budget: Budget) -> bool:
 def max_pool_tokens(dep: Deployment, budget: Budget) -> int:
     """The most KV pool tokens (whole pages) that fit beside everything else; 0 when not one page does."""
     fixed = needed(dep.with_(kv_capacity=0), budget)
-    per_token = kv_bytes_per_token(dep.config, dep.kv_dtype, dep.spec)
+    per_token = pool_bytes_per_token(dep)
     tokens = max(0, budget.available - fixed) // per_token // dep.block_size * dep.block_size
     return tokens
 
@@ -103,9 +103,7 @@ def frontier(dep: Deployment, device: Device, concurrencies=(1, 2, 3, 4)) -> dic
 
 def decode_bytes(dep: Deployment) -> int:
     """Bytes one decode step reads: the weights and the KV of every running request at full context."""
-    return sum(dep.weights.values()) + dep.concurrency * dep.context * kv_bytes_per_token(
-        dep.config, dep.kv_dtype, dep.spec
-    )
+    return sum(dep.weights.values()) + dep.concurrency * dep.context * pool_bytes_per_token(dep)
 
 
 MAX_PLANNED_CONCURRENCY = 4
@@ -277,4 +275,4 @@ def _shrunk(trial: Deployment, budget: Budget, flags: Flags, text: str, floor: i
 
 
 def _kv_size(dep: Deployment, kv: str) -> int:
-    return kv_bytes_per_token(dep.config, kv, dep.spec)
+    return pool_bytes_per_token(dep, kv)

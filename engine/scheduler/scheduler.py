@@ -67,7 +67,9 @@ class Scheduler:
         self.expired: list[Request] = []  # ended while waiting; the front end reports them
         self.num_preemptions = 0
         k = config.num_draft_tokens
-        self.proposer = (StoredDrafts() if config.spec == "mtp" else NgramProposer(k)) if k else None
+        self.proposer = (
+            (StoredDrafts() if config.spec in ("mtp", "draft") else NgramProposer(k)) if k else None
+        )
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
 
@@ -135,7 +137,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                self._grow_for_mtp(req, n + len(drafts))
+                self._grow_for_drafter(req, n + len(drafts))
                 scheduled.append(self._scheduled(req, n, -1, state_saves, drafts))
                 budget -= n + len(drafts)
                 i += 1
@@ -171,7 +173,7 @@ class Scheduler:
                 req.state_slot = self.state_pool.allocate()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            self._grow_for_mtp(req, n)
+            self._grow_for_drafter(req, n)
             scheduled.append(self._scheduled(req, n, restore, state_saves))
             budget -= n
         if self.config.pad_drafts and len(scheduled) == num_running:  # nothing admitted: maybe all decode
@@ -244,7 +246,7 @@ class Scheduler:
             end = req.num_computed_tokens + s.num_known_tokens
             if extra <= 0 or not self._grow_spare(req, end + drafted + extra, end):
                 continue
-            self._grow_for_mtp(req, s.num_known_tokens + drafted + extra)
+            self._grow_for_drafter(req, s.num_known_tokens + drafted + extra)
             padding = (s.token_ids[-1],) * extra
             scheduled[i] = s._replace(
                 token_ids=[*s.token_ids, *padding],
@@ -355,12 +357,13 @@ class Scheduler:
             return False
         return self._grow(req, num_tokens)
 
-    def _grow_for_mtp(self, req: Request, n: int) -> None:
-        """spec mtp: spare pages for the positions the MTP head's chained drafts write after a step of n
-        tokens (the step's last emitted token's and k - 2 more); the chain stops where pages end."""
-        if self.config.spec == "mtp":
+    def _grow_for_drafter(self, req: Request, n: int) -> None:
+        """spec mtp / draft: spare pages for the positions the drafter's chained drafts write after a step of
+        n tokens (the step's last emitted token's and k - 2 more for the MTP head, k - 1 more for a draft
+        model); the chain stops where pages end."""
+        if self.config.spec in ("mtp", "draft"):
             end = req.num_computed_tokens + n
-            self._grow_spare(req, end + self.config.num_draft_tokens - 1, end)
+            self._grow_spare(req, end + self.config.num_draft_tokens - (self.config.spec == "mtp"), end)
 
     def _release(self, req: Request) -> None:
         self.block_pool.free(req.block_ids)

@@ -21,12 +21,7 @@ import torch
 
 from engine.scheduler.output import SampledToken, SchedulerOutput
 from engine.transfer import to_device
-from engine.worker.forward_context import (
-    ForwardContext,
-    padded_block_table,
-    set_forward_context,
-)
-from kernels.paged_attention import same_query_count
+from engine.worker.forward_context import ForwardContext, paged_context, set_forward_context, slot_of
 
 
 class MTPDrafter:
@@ -39,17 +34,10 @@ class MTPDrafter:
         return to_device(x, dtype, self.device)
 
     def _context(self, cu_seqlens, seq_lens, slot_mapping, tables) -> ForwardContext:
-        return ForwardContext(
-            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            slot_mapping=self._tensor(slot_mapping, torch.int64),
-            block_table=self._tensor(padded_block_table(tables), torch.int32),
-            state_indices=self._tensor([-1] * len(tables), torch.int32),
-            query_tokens_per_seq=same_query_count(cu_seqlens),
-        )
+        return paged_context(cu_seqlens, seq_lens, slot_mapping, tables, self.device)
 
     def _slot(self, block_ids: list[int], pos: int) -> int:
-        return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+        return slot_of(block_ids, pos, self.block_size)
 
     def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]], rope: list[int]):
         """One chained draft a request: (the head's hidden states [n, H], the drafts [n]). `blocks` is the

@@ -13,6 +13,7 @@ from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
+from engine.spec.draft_model import DraftModelDrafter
 from engine.spec.mtp import MTPDrafter
 from engine.spec.mtp_graphs import ChainGraphs
 from engine.transfer import to_device
@@ -38,9 +39,11 @@ class ModelRunner:
         num_state_slots: int,
         max_context: int | None = None,
         backup_slot_base: int | None = None,
+        draft_model: CausalLM | None = None,
     ):
         """backup_slot_base: speculative decoding on a hybrid model: state slot s is backed up at
-        backup_slot_base + s while a step verifies drafts (engine/cache/state_pool.py)."""
+        backup_slot_base + s while a step verifies drafts (engine/cache/state_pool.py). draft_model: spec
+        draft's drafter, whose KV caches take the same pages (engine/spec/draft_model.py)."""
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
@@ -50,7 +53,8 @@ class ModelRunner:
         self.int8_prefill = engine_config.int8_prefill
         self.sampler = Sampler()
         dtype = engine_config.torch_dtype
-        for module in model.modules():
+        self.draft_model = draft_model
+        for module in self._modules():
             if isinstance(module, Attention):
                 module.kv_cache = KVCache.allocate(
                     engine_config.kv_dtype,
@@ -76,11 +80,13 @@ class ModelRunner:
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
         self.host_kv: HostKV | None = None  # the prefix cache's host tier, once attached
         self.backup_slot_base = backup_slot_base
-        self.drafter = (
-            MTPDrafter(model, engine_config.num_draft_tokens, self.block_size, self.device)
-            if model.mtp is not None
-            else None
-        )
+        k = engine_config.num_draft_tokens
+        self.drafter: MTPDrafter | DraftModelDrafter | None = None
+        if model.mtp is not None:
+            self.drafter = MTPDrafter(model, k, self.block_size, self.device)
+        elif draft_model is not None:
+            vocab = model_config.vocab_size
+            self.drafter = DraftModelDrafter(draft_model, k, self.block_size, self.device, vocab)
         self.images = ImageEmbeddings(model.visual, self.device)
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
@@ -94,13 +100,19 @@ class ModelRunner:
                 max_query=self.max_query,
             )
             self.graphs = captured_or_none(graphs)
-            if self.drafter is not None and self.graphs is not None:
+            if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
                 chain = ChainGraphs(model, engine_config.max_concurrency, max_blocks, self.device, dtype)
                 self.drafter.graphs = captured_or_none(chain)
 
+    def _modules(self):
+        """The target's modules, then the draft model's (spec draft)."""
+        yield from self.model.modules()
+        if self.draft_model is not None:
+            yield from self.draft_model.modules()
+
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(m.kv_cache.num_bytes for m in self.model.modules() if isinstance(m, Attention))
+        return sum(cache.num_bytes for cache in self.kv_caches)
 
     def _reset_state(self, slot: int) -> None:
         for layer in self._state_layers:
@@ -131,7 +143,8 @@ class ModelRunner:
 
     @property
     def kv_caches(self) -> list[KVCache]:
-        return [m.kv_cache for m in self.model.modules() if isinstance(m, Attention)]
+        """Every attention layer's cache, the draft model's too: what a page holds."""
+        return [m.kv_cache for m in self._modules() if isinstance(m, Attention)]
 
     def attach_host_kv(self, num_slots: int) -> HostKV:
         """The host tier's storage: `num_slots` KV pages in host memory (pinned on CUDA)."""

@@ -370,4 +370,4 @@ def test_an_embedding_model_is_refused_in_one_line(tmp_path, default_tokenizer):
     default_tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": default_tokenizer.eos_token}))
     code, out = _run("bench", str(tmp_path), "--ctx", "256", "--gen", "8")
-    assert code == 2 and "this is an embedding model (no output head)" in out and "Traceback" not in out
+    assert code == 2 and "this model makes no text (an embedding model" in out and "Traceback" not in out

@@ -1,0 +1,118 @@
+"""Speculative decoding with a draft model (spec draft, engine/spec/draft_model.py): the output is the
+target's own greedy tokens whatever the draft; a draft that is the target itself sees its drafts accepted;
+the draft's KV rides the target's pages (prefix-cache hits, a pool tight enough to preempt, quantized KV);
+what cannot draft is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+
+PROMPTS = [
+    [5, 17, 33, 2, 91, 45, 12, 7, 88, 3, 140, 61, 9, 27, 19, 4, 55, 76, 8, 101, 7, 3],
+    [3, 1, 4, 1, 5, 9, 2, 6],
+    [7, 7, 7, 12, 12, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52],
+]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    model = tiny_hf_model("qwen3", tied=False, seed=1)
+    return model, save_tiny(model, tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """A smaller model of the same vocabulary: another width, other weights."""
+    model = tiny_hf_model("qwen3", tied=True, seed=9, hidden_size=32, num_key_value_heads=1)
+    return save_tiny(model, tmp_path_factory.mktemp("draft"))
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    llm = LLM(target[1], max_concurrency=2)
+    return [out.token_ids for out in llm.generate(None, GREEDY, PROMPTS)]
+
+
+def _spec(path, draft, **options) -> LLM:
+    return LLM(path, spec="draft", draft_model=str(draft), draft_tokens=3, block_size=8, **options)
+
+
+def test_the_output_is_the_targets_greedy_tokens(target, plain, other_draft):
+    model, path = target
+    assert plain[0] == hf_greedy_reference(model, PROMPTS[0], GREEDY.max_tokens)[0]
+    llm = _spec(path, other_draft, max_concurrency=2, prefill_chunk=16)  # prompts in chunks, a queue
+    assert [out.token_ids for out in llm.generate(None, GREEDY, PROMPTS)] == plain
+    assert llm.scheduler.num_draft_tokens > 0  # drafts were made (and mostly refused: another model)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
+def test_a_draft_that_is_the_target_sees_its_drafts_accepted(target, plain, kv_dtype):
+    _, path = target
+    llm = _spec(path, path, kv_dtype=kv_dtype)
+    got = [out.token_ids for out in llm.generate(None, GREEDY, PROMPTS)]
+    if kv_dtype == "fp32":
+        assert got == plain
+    sched = llm.scheduler
+    assert sched.num_draft_tokens >= 3 * len(PROMPTS) * 4  # k drafts a step
+    assert sched.num_accepted_tokens >= 0.9 * sched.num_draft_tokens
+    # the same prompts again start from the pages the first run left: the draft's KV came with them
+    before = (sched.num_draft_tokens, sched.num_accepted_tokens)
+    again = [out for out in llm.generate(None, GREEDY, PROMPTS)]
+    assert [out.token_ids for out in again] == got
+    assert all(out.num_cached_tokens > 0 for out, p in zip(again, PROMPTS) if len(p) > 8)  # a page or more
+    drafted, accepted = sched.num_draft_tokens - before[0], sched.num_accepted_tokens - before[1]
+    assert accepted >= 0.9 * drafted
+
+
+def test_preemptions_recompute_the_drafts_kv(target, plain):
+    """A pool of 10 pages of 8 for three requests of up to 46 tokens: they preempt each other."""
+    _, path = target
+    llm = _spec(path, path, max_concurrency=3, kv_capacity=80, enable_prefix_caching=False)
+    got = [out.token_ids for out in llm.generate(None, GREEDY, PROMPTS)]
+    assert got == plain and llm.scheduler.num_preemptions > 0
+    assert llm.scheduler.num_accepted_tokens >= 0.9 * llm.scheduler.num_draft_tokens
+
+
+def test_what_cannot_draft_is_refused(target, tmp_path):
+    _, path = target
+    with pytest.raises(NinferError, match="spec draft needs a draft model"):
+        LLM(path, spec="draft")
+    with pytest.raises(NinferError, match="drafts with spec draft .* add --spec draft"):
+        LLM(path, draft_model=str(path))
+    wider = save_tiny(tiny_hf_model("qwen3", tied=True, vocab_size=600), tmp_path / "wider")
+    with pytest.raises(NinferError, match="has 600 token ids, the model 512"):
+        _spec(path, wider)
+    hybrid = save_tiny(tiny_hf_model("qwen3_5", tied=True), tmp_path / "hybrid")
+    with pytest.raises(NinferError, match="is a hybrid .* a draft model is a plain decoder"):
+        _spec(path, hybrid)
+    short = save_tiny(tiny_hf_model("qwen3", tied=True, max_position_embeddings=64), tmp_path / "short")
+    with pytest.raises(NinferError, match="draft model takes 64 positions, fewer than the context"):
+        _spec(path, short)
+    bare = tmp_path / "bare"
+    save_tiny(tiny_hf_model("qwen3", tied=False).model, bare)
+    assert json.loads((bare / "config.json").read_text())["architectures"] == ["Qwen3Model"]
+    with pytest.raises(NinferError, match="has no LM head"):
+        _spec(path, bare)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
+def test_the_ledger_counts_the_drafts_kv_in_every_pool_token(target, other_draft, kv_dtype):
+    """What the runner allocates for a pool token, the target's layers and the draft model's, is what the
+    memory ledger (and so --kv-capacity auto) charges for it."""
+    from engine.memory import pool_bytes_per_token
+    from engine.plan.runtime import deployment
+
+    llm = _spec(target[1], other_draft, kv_dtype=kv_dtype, kv_capacity=64)
+    caches = llm.runner.kv_caches
+    assert len(caches) == llm.model_config.num_hidden_layers + llm.draft_model.config.num_hidden_layers
+    allocated = sum(c.num_bytes for c in caches) // (llm.scheduler.block_pool.num_blocks * 8)
+    dep = deployment(llm.engine_config, llm.model_config, 64, draft=llm.draft_model.config)
+    assert pool_bytes_per_token(dep) == allocated
+    alone = deployment(llm.engine_config, llm.model_config, 64)
+    assert pool_bytes_per_token(alone) < allocated
