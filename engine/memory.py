@@ -26,7 +26,7 @@ GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured decode graph (its static inputs a
 # the largest image encoded at once: 2048 x 2048 pixels at patch 16 (larger ones are scaled down to it)
 VISION_MAX_PATCHES = MAX_IMAGE_PATCHES
 LOGIT_COPIES = 3  # fp32 logits, probabilities, and the sorted copy top-p / top-k work on
-SPECS = ("none", "mtp", "ngram")
+SPECS = ("none", "mtp", "ngram", "draft")
 
 WEIGHTS, KV_POOL, CUDA_CONTEXT = "weights", "KV pool", "CUDA context + workspaces"
 
@@ -266,10 +266,7 @@ def graph_buckets(max_batch: int) -> list[int]:
 
 def validate(dep: Deployment) -> None:
     if dep.spec == "draft" and dep.draft is None:
-        raise NinferError(
-            "plan does not size a draft model (--spec draft): plan the model with --spec none, then serve with "
-            "--spec draft --draft-model PATH, which sizes the pool for both at start"
-        )
+        raise NinferError("--spec draft needs --draft-model (a path or preset, e.g. qwen3-0.6b)")
     if dep.spec not in SPECS:
         raise NinferError(f"unknown --spec '{dep.spec}'; use one of {', '.join(SPECS)}")
     if dep.spec == "mtp" and not dep.config.mtp_num_hidden_layers:

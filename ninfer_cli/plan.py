@@ -27,8 +27,8 @@ def plan(
         str | None,
         typer.Option(
             "--model",
-            help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, qwen3-30b-a3b, qwen2.5-coder-7b, "
-            "qwen2.5-coder-1.5b, llama-3.1-8b, default.",
+            help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, qwen3-1.7b, qwen3-0.6b, "
+            "qwen3-30b-a3b, qwen2.5-coder-7b, qwen2.5-coder-1.5b, llama-3.1-8b, default.",
         ),
     ] = None,
     vram: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24G (default: the local GPU).")] = None,
@@ -43,8 +43,15 @@ def plan(
         str | None, typer.Option(help="Target context, e.g. 180k (default: the most that fits).")
     ] = None,
     kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
-    spec: Annotated[str, typer.Option(help="Speculative decoding: none, mtp, ngram.")] = "none",
+    spec: Annotated[str, typer.Option(help="Speculative decoding: none, mtp, ngram, draft.")] = "none",
     draft_tokens: Annotated[int, typer.Option(help="Draft tokens per step with --spec.")] = 3,
+    draft_model: Annotated[
+        str | None,
+        typer.Option(
+            help="With --spec draft: the draft model (path or preset, e.g. qwen3-0.6b); its weights and KV "
+            "are in the ledger."
+        ),
+    ] = None,
     vision: Vision = False,
     int8_prefill: Int8Prefill = False,
     recipe: Annotated[
@@ -82,18 +89,23 @@ def plan(
     spec_on = spec != "none"
     planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
     planned = replace(planned, config=planned.config.with_rope_scaling_flag(rope_scaling))
+    draft = _draft(draft_model, spec)
+    weights = (
+        planned.weights if draft is None else {**planned.weights, "draft model": sum(draft.weights.values())}
+    )
     dep = Deployment(
         planned.config,
         kv or "k8v4",
         target or planned.config.position_limit,
         concurrency=concurrency or 1,
-        weights=planned.weights,
+        weights=weights,
         packed_weights=planned.packed_weights,
         prefill_chunk=prefill_chunk,
         spec=spec,
         draft_tokens=draft_tokens if spec_on else 0,
         vision=vision,
         int8_prefill=int8_prefill,
+        draft=draft.config if draft is not None else None,
     )
     validate(dep)
     table = frontier(dep, device)
@@ -109,15 +121,35 @@ def plan(
             _print_refusal(planned, device, table, refusal)
         raise typer.Exit(2) from None
     rows = ledger(chosen, device.total_bytes)
-    line = serve_line(planned.serve_arg, chosen, rope_scaling)
+    line = serve_line(planned.serve_arg, chosen, rope_scaling, draft.serve_arg if draft is not None else None)
     if as_json:
         print(json.dumps(_json(planned, device, (chosen, rows, line), table, None), indent=2))
         return
     _print_plan(planned, device, chosen, rows, table, line)
 
 
-def serve_line(model_arg: str, dep, rope_scaling: str | None = None) -> str:
+def _draft(draft_model: str | None, spec: str):
+    """The planned draft model of --spec draft (None without one)."""
+    from engine.errors import NinferError
+    from engine.plan.model import resolve
+
+    if draft_model is None:
+        return None
+    if spec != "draft":
+        raise NinferError(f"a draft model drafts with --spec draft (got --spec {spec}); add --spec draft")
+    draft = resolve(draft_model, None, None, None, mtp=False, vision=False)
+    if draft.config.num_linear_attention_layers:
+        raise NinferError(
+            f"the draft model {draft.label} is a hybrid (recurrent-state layers); a draft model is a plain "
+            "decoder (qwen3-0.6b, qwen3-1.7b); for Qwen3.5 use --spec mtp"
+        )
+    return draft
+
+
+def serve_line(model_arg: str, dep, rope_scaling: str | None = None, draft_arg: str | None = None) -> str:
     spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
+    if draft_arg is not None:
+        spec += f" --draft-model {shlex.quote(draft_arg)}"
     rope = f" --rope-scaling {shlex.quote(rope_scaling)}" if rope_scaling is not None else ""
     int8 = " --int8-prefill" if dep.int8_prefill else ""
     vision = " --vision" if dep.vision else ""

@@ -78,6 +78,13 @@ _CONFIGS = {
     "qwen3.5-9b": _qwen35(4096, 32, 12288, 16, 32),
     "qwen3-32b": _dense("Qwen3ForCausalLM", 5120, 64, 25600, 64, 8, 151936, 40960, rope_theta=1e6),
     "qwen3-8b": _dense("Qwen3ForCausalLM", 4096, 36, 12288, 32, 8, 151936, 40960, rope_theta=1e6),
+    # the small Qwen3 models: draft models for the dense ones (--spec draft)
+    "qwen3-1.7b": _dense(
+        "Qwen3ForCausalLM", 2048, 28, 6144, 16, 8, 151936, 40960, rope_theta=1e6, tie_word_embeddings=True
+    ),
+    "qwen3-0.6b": _dense(
+        "Qwen3ForCausalLM", 1024, 28, 3072, 16, 8, 151936, 40960, rope_theta=1e6, tie_word_embeddings=True
+    ),
     # Qwen2.5-Coder: the fill-in-the-middle models editor completion runs (Qwen2: biased q / k / v)
     "qwen2.5-coder-7b": _dense("Qwen2ForCausalLM", 3584, 28, 18944, 28, 4, 152064, 32768, rope_theta=1e6),
     "qwen2.5-coder-1.5b": _dense(

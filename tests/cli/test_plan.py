@@ -199,3 +199,35 @@ def test_model_forms_hf_dir_config_json_and_ninfer(tmp_path):
         ledger = json.loads(_run("plan", model, "--vram", "1G", "--json")[1])["plan"]["ledger"]
         weights[model] = sum(r["bytes"] for r in ledger if r["component"].startswith("weights"))
     assert weights[str(artifact)] < weights[str(src)]
+
+
+def test_a_draft_model_takes_its_weights_and_kv_in_the_ledger():
+    """qwen3-32b drafted by qwen3-0.6b: the draft's weights (as its preset's recipe) are a ledger row, each pool token carries both
+    models' KV (64 + 28 layers), so the context is shorter than without it; the serve line names it."""
+    base = ("plan", "--model", "qwen3-32b", "--vram", "24G", "--sm", "86", "--concurrency", "1", "--json")
+    code, plain = _run(*base)
+    assert code == 0, plain
+    code, out = _run(*base, "--spec", "draft", "--draft-model", "qwen3-0.6b")
+    assert code == 0, out
+    alone, drafted = json.loads(plain)["plan"], json.loads(out)["plan"]
+    rows = {r["component"]: r for r in drafted["ledger"]}
+    from engine.plan.model import resolve
+
+    draft = resolve(None, "qwen3-0.6b", None, None, mtp=False, vision=False)  # its preset's recipe
+    assert rows["weights: draft model"]["bytes"] == sum(draft.weights.values()) > 0
+    assert "(92 layers, k8v4)" in rows["KV pool"]["detail"]
+    assert drafted["context"] < alone["context"]
+    assert drafted["serve"].endswith("--spec draft --draft-tokens 3 --draft-model '<qwen3-0.6b artifact>'")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--spec", "draft"), "--spec draft needs --draft-model"),
+        (("--draft-model", "qwen3-0.6b"), "a draft model drafts with --spec draft"),
+        (("--spec", "draft", "--draft-model", "qwen3.5-9b"), "is a hybrid (recurrent-state layers)"),
+    ],
+)
+def test_draft_model_flags_are_checked(args, message):
+    code, out = _run("plan", "--model", "qwen3-32b", "--vram", "24G", *args)
+    assert code == 2 and message in out and "Traceback" not in out
