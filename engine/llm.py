@@ -162,10 +162,21 @@ class LLM:
             mm=mm,
             grammar=grammar,
             after=after,
+            bad_word_ids=self._bad_word_ids(sampling_params.bad_words),
         )
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    def _bad_word_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """vLLM's bad_words as token ids: each word as the text would start with it and after a space."""
+        if not words:
+            return ()
+        tok = self._tokenizer_or_raise()
+        variants = (v for w in words for v in (w.lstrip(), " " + w.lstrip()))
+        return tuple(
+            dict.fromkeys(tuple(ids) for v in variants if (ids := tok.encode(v, add_special_tokens=False)))
+        )
 
     def _with_hidden_stops(self, params: SamplingParams) -> SamplingParams:
         """A stop string that is a special token (a raw FIM client's "<|endoftext|>", "<|im_end|>") can never

@@ -52,6 +52,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] | dict[int, float] | None = None
     # vLLM's allowed_token_ids: every sampled token is one of these (EOS only when listed); None: any
     allowed_token_ids: tuple[int, ...] | list[int] | None = None
+    # vLLM's bad_words: the output never holds one of these words' tokens; the last token of a word is banned
+    # wherever the tokens before it would complete the word (at the start of the text or after a space)
+    bad_words: tuple[str, ...] | list[str] = ()
     # "last": the output carries an embedding, the final-normed hidden state at the prompt's last token (as
     # Qwen3-Embedding pools); the tokens the request generates are beside the point
     pooling: str | None = None
@@ -103,6 +106,10 @@ class SamplingParams:
             if not allowed or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in allowed):
                 raise NinferError("allowed_token_ids must be a non-empty list of token ids (integers >= 0)")
             object.__setattr__(self, "allowed_token_ids", allowed)
+        words = (self.bad_words,) if isinstance(self.bad_words, str) else tuple(self.bad_words)
+        if any(not isinstance(w, str) or not w.strip() for w in words):
+            raise NinferError("bad_words must be a list of non-empty strings")
+        object.__setattr__(self, "bad_words", words)
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = self.stop
@@ -174,6 +181,8 @@ class Request:
     # another request with the same prompt (n > 1 choices): this one is not admitted while that one runs
     # its prompt, so it starts from that prompt's pages in the prefix cache instead of computing them too
     after: str | None = None
+    # vLLM's bad_words as token ids (each word as the text starts with it and after a space)
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -133,6 +133,7 @@ def sampling_params(
             ignore_eos=field(body, "ignore_eos", bool, False),
             logit_bias=_logit_bias(body),
             allowed_token_ids=field(body, "allowed_token_ids", list),
+            bad_words=field(body, "bad_words", list, ()),
             stop=stop,
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),

@@ -32,10 +32,10 @@ class ScheduledRequest(NamedTuple):
     num_padding: int = 0
     mm: MultiModalInputs | None = None  # the request's images and 3D positions (engine/vision)
     grammar: GrammarMatcher | None = None  # structured outputs: masks the sampled rows (sample=True)
-    # min_tokens: the first `num_banned_rows` sampled rows (the next token, then one per draft) may not be
-    # any of `banned_token_ids` (the request's EOS and stop token ids)
-    num_banned_rows: int = 0
-    banned_token_ids: tuple[int, ...] = ()
+    # per sampled row (the next token, then one per draft; fewer rows than that: the rest ban nothing), the
+    # token ids it may not be: the request's EOS and stop token ids before min_tokens, and the last token of
+    # each of vLLM's bad_words the tokens before the row would complete (engine/scheduler/bans.py)
+    banned_rows: tuple[tuple[int, ...], ...] = ()
     # prompt_logprobs: the first len(...) of token_ids are prompt positions whose next prompt token is this
     prompt_logprob_targets: tuple[int, ...] = ()
     # pooling: the row of token_ids that is the prompt's last token, whose hidden state is the embedding

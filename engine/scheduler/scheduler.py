@@ -43,6 +43,7 @@ from engine.cache.state_pool import StatePool
 from engine.config import SchedulerConfig
 from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.request import Request, RequestStatus
+from engine.scheduler.bans import banned_rows
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.spec.ngram import NgramProposer
 from engine.spec.stored import StoredDrafts
@@ -319,7 +320,7 @@ class Scheduler:
             next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
             mm=req.mm,
             grammar=req.grammar,
-            **_min_tokens_bans(req),
+            banned_rows=banned_rows(req, drafts),
             prompt_logprob_targets=_prompt_logprob_targets(req, start, end),
             pool_row=_pool_row(req, start, end),
         )
@@ -498,16 +499,6 @@ class Scheduler:
             self.proposer.forget(request_id)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         self._finished_ids.append(request_id)
-
-
-def _min_tokens_bans(req: Request) -> dict:
-    """ScheduledRequest's ban on ending the output before min_tokens (none once that many are out)."""
-    left = req.sampling_params.min_tokens - len(req.output_token_ids)
-    if left <= 0:
-        return {}
-    params = req.sampling_params
-    ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(req.eos_token_ids))
-    return {"num_banned_rows": left, "banned_token_ids": tuple(sorted(ids))} if ids else {}
 
 
 def _needs_prompt_logprobs(req: Request) -> bool:

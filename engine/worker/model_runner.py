@@ -324,7 +324,7 @@ class ModelRunner:
                 drafted = list(r.draft_token_ids[:k])
                 histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
-                banned.append(r.banned_token_ids if k < r.num_banned_rows else ())
+                banned.append(r.banned_rows[k] if k < len(r.banned_rows) else ())
         sampled = self.sampler(
             logits,
             request_ids,

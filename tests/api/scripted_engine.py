@@ -77,6 +77,8 @@ class _Stats:
     max_context = 4096
     sampling_defaults: dict = {}
     model = _Model()
+    text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
+    rerank_head = None  # not a reranker
 
 
 class ScriptedEngine:

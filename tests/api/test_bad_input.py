@@ -92,6 +92,8 @@ CASES = [
     (COMPLETIONS, {"model": "m", "prompt": "hi", "allowed_token_ids": []}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "allowed_token_ids": [10**9]}),
     (CHAT, chat(allowed_token_ids="all")),
+    (CHAT, chat(bad_words="damn")),
+    (COMPLETIONS, {"model": "m", "prompt": "hi", "bad_words": ["ok", ""]}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "max_tokens": -1}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "logprobs": 99}),
     (COMPLETIONS, {"model": "m", "max_tokens": 4}),

@@ -307,3 +307,22 @@ def test_both_sdks_list_and_retrieve_the_served_model(oai, claude, server):
     assert [m.id for m in page.data] == ["smollm2"] and page.data[0].type == "model"
     assert page.data[0].display_name == "smollm2" and page.data[0].created_at.year >= 2026
     assert claude.models.retrieve("smollm2").id == "smollm2"
+
+
+def test_bad_words_keep_a_word_out_of_the_reply(oai, server):
+    """vLLM's bad_words on the OpenAI routes: the greedy reply's first word, banned, is not its first word."""
+    prompt = "The capital of France is"
+    first = oai.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0).choices[0].text
+    word = first.split()[0]
+    banned = oai.completions.create(
+        model="m", prompt=prompt, max_tokens=6, temperature=0, extra_body={"bad_words": [word]}
+    )
+    assert not banned.choices[0].text.lstrip().startswith(word), (first, banned.choices[0].text)
+    chat = oai.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"bad_words": ["Hello", "hello"]},
+    )
+    assert "hello" not in chat.choices[0].message.content.lower()
