@@ -70,7 +70,7 @@ class ScriptedStream:
 
 
 class _Model:
-    headless = False  # a model that generates text
+    visual = None  # no vision tower
 
 
 class _Stats:

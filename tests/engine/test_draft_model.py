@@ -116,3 +116,21 @@ def test_the_ledger_counts_the_drafts_kv_in_every_pool_token(target, other_draft
     assert pool_bytes_per_token(dep) == allocated
     alone = deployment(llm.engine_config, llm.model_config, 64)
     assert pool_bytes_per_token(alone) < allocated
+
+
+def test_the_host_tier_carries_the_drafts_kv(target, plain):
+    """A prefix evicted to host memory comes back with the draft model's KV: the drafts after it are
+    accepted as before (a page copied back without the draft's part would leave its attention reading
+    another request's KV)."""
+    _, path = target
+    small = dict(kv_capacity=48, max_context=48, max_concurrency=1, host_cache=1 << 20)
+    llm = _spec(path, path, **small)  # 6 pages of 8
+    a, b = PROMPTS[0], PROMPTS[2]  # 22 and 18 tokens, 24 generated: b's pages take a's
+    first = llm.generate(None, GREEDY, [a])[0]
+    llm.generate(None, GREEDY, [b])
+    sched = llm.scheduler
+    before = (sched.num_draft_tokens, sched.num_accepted_tokens)
+    again = llm.generate(None, GREEDY, [a])[0]
+    assert again.num_cached_tokens == 16 and again.token_ids == first.token_ids == plain[0]
+    drafted, accepted = sched.num_draft_tokens - before[0], sched.num_accepted_tokens - before[1]
+    assert drafted > 0 and accepted >= 0.9 * drafted
