@@ -179,15 +179,28 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
     return out
 
 
+ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
 def _template_kwargs(body: dict) -> dict[str, Any]:
+    """What the chat template hears: thinking on or off (`thinking`), and `output_config.effort` as the
+    template's reasoning_effort (it does not turn thinking on or off by itself, as on Anthropic's API)."""
+    kwargs: dict[str, Any] = {}
+    effort = (field(body, "output_config", dict) or {}).get("effort")
+    if effort is not None:
+        if effort not in ANTHROPIC_EFFORTS:
+            raise ApiError(
+                400, f"'output_config.effort' must be {', '.join(ANTHROPIC_EFFORTS)}", "output_config"
+            )
+        kwargs["reasoning_effort"] = effort
     thinking = field(body, "thinking", dict)
     if thinking is None:
-        return {}
+        return kwargs
     kind = thinking.get("type")
     if kind not in ("enabled", "adaptive", "disabled"):
         raise ApiError(400, "'thinking.type' must be 'enabled', 'adaptive' or 'disabled'")
     # adaptive: the model decides how long to think (Qwen's thinking on, no budget)
-    return {"enable_thinking": kind != "disabled"}
+    return {**kwargs, "enable_thinking": kind != "disabled"}
 
 
 def _budget(body: dict) -> int | None:

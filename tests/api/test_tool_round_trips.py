@@ -282,3 +282,27 @@ def test_chat_reasoning_effort_turns_thinking_on_and_off():
             oai.chat.completions.create(
                 model="m", messages=ask, max_tokens=5, extra_body={"reasoning_effort": "max"}
             )
+
+
+def test_anthropic_output_config_effort_reaches_the_template():
+    """Anthropic's output_config.effort is the template's reasoning_effort (thinking left as `thinking`
+    says); another value is a 400 naming the ones there are."""
+    from dataclasses import replace
+
+    engine = ScriptedEngine([FINAL] * 2)
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}|{{ reasoning_effort | default('unset') }}"
+    engine.tokenizer = replace(engine.tokenizer, chat_template=template)
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "Hi"}]
+        claude.messages.create(
+            model="m", max_tokens=5, messages=ask, extra_body={"output_config": {"effort": "max"}}
+        )
+        claude.messages.create(model="m", max_tokens=5, messages=ask)
+        assert [p.rsplit("|", 1)[1] for p in engine.prompts] == ["max", "unset"]
+        with pytest.raises(
+            anthropic.BadRequestError, match="'output_config.effort' must be low, medium, high"
+        ):
+            claude.messages.create(
+                model="m", max_tokens=5, messages=ask, extra_body={"output_config": {"effort": "extreme"}}
+            )
