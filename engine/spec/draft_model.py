@@ -28,6 +28,7 @@ from engine.errors import NinferError
 from engine.models.base import CausalLM
 from engine.models.loader import load_model, open_source
 from engine.scheduler.output import SampledToken, SchedulerOutput
+from engine.spec.stored import per_request
 from engine.tokenizer import Tokenizer
 from engine.transfer import to_device
 from engine.worker.forward_context import paged_context, set_forward_context, slot_of
@@ -46,12 +47,13 @@ class DraftModelDrafter:
         return self.model.compute_logits(hidden)[:, : self.vocab_size].argmax(-1)
 
     def _run(self, tokens, positions, cu_seqlens, seq_lens, slots, tables) -> torch.Tensor:
-        """The draft model over these tokens (KV written at `slots`): final-normed hidden states [T, H]."""
+        """The draft model over `tokens` (host ids, or [T] on the device; KV written at `slots`): its
+        final-normed hidden states [T, H]."""
+        if not isinstance(tokens, torch.Tensor):
+            tokens = to_device(tokens, torch.int64, self.device)
         ctx = paged_context(cu_seqlens, seq_lens, slots, tables, self.device)
         with set_forward_context(ctx):
-            return self.model(
-                to_device(tokens, torch.int64, self.device), to_device(positions, torch.int64, self.device)
-            )
+            return self.model(tokens, to_device(positions, torch.int64, self.device))
 
     @torch.inference_mode()
     def draft(
@@ -111,20 +113,10 @@ class DraftModelDrafter:
                     [blocks_of[i] for i in fits],
                 )
             slots = [slot_of(b, p, self.block_size) for b, p in zip(blocks_of, pos)]
-            ctx = paged_context(
-                list(range(len(pos) + 1)), [p + 1 for p in pos], slots, blocks_of, self.device
-            )
-            with set_forward_context(ctx):
-                h = self.model(drafts, to_device(pos, torch.int64, self.device))  # [n, H]
+            cu = list(range(len(pos) + 1))  # one token a request
+            h = self._run(drafts, pos, cu, [p + 1 for p in pos], slots, blocks_of)  # [n, H]
             steps.append((active, self._greedy(h)))
-        flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
-        result: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}
-        i = 0
-        for chain_ids, _ in steps:
-            for c in chain_ids:
-                result[chains[c][0].request_id].append(flat[i])
-                i += 1
-        return result
+        return per_request([r.request_id for r, _ in chains], steps)  # the one read back
 
 
 def load_draft_model(

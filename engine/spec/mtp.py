@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from engine.scheduler.output import SampledToken, SchedulerOutput
+from engine.spec.stored import per_request
 from engine.transfer import to_device
 from engine.worker.forward_context import ForwardContext, paged_context, set_forward_context, slot_of
 
@@ -125,11 +126,4 @@ class MTPDrafter:
             rope = [p + chain_delta[c] for p, c in zip(pos, active)]
             h, drafts = self._chain_step(step, tokens, h, pos, blocks, rope)
             steps.append((active, drafts))
-        flat = torch.cat([d for _, d in steps]).tolist()  # the one read back
-        drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in chains}
-        i = 0
-        for chain_ids, _ in steps:
-            for c in chain_ids:
-                drafts[chains[c][0].request_id].append(flat[i])
-                i += 1
-        return drafts
+        return per_request([r.request_id for r, _ in chains], steps)  # the one read back

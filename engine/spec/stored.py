@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import torch
+
 from engine.request import Request
+
+
+def per_request(request_ids: list[str], steps: list[tuple[list[int], torch.Tensor]]) -> dict[str, list[int]]:
+    """A chained drafter's drafts by request: `steps` holds, per chained step, the chains still drafting
+    (indices into `request_ids`) and their drafts [n] on the device, read back here in one transfer."""
+    flat = torch.cat([d for _, d in steps]).tolist()
+    drafts: dict[str, list[int]] = {rid: [] for rid in request_ids}
+    i = 0
+    for chain_ids, _ in steps:
+        for c in chain_ids:
+            drafts[request_ids[c]].append(flat[i])
+            i += 1
+    return drafts
 
 
 class StoredDrafts:
