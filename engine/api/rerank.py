@@ -31,9 +31,7 @@ MAX_DOCUMENTS = 1000  # as Cohere's recommended ceiling
 @router.post("/v1/reranking")
 @router.post("/reranking")
 async def rerank(request: Request):
-    state: ServerState = request.app.state.ninfer
-    head = _head(state)
-    body = await read_json(request)
+    state, head, body = await _opened(request)
     tei = "texts" in body and "documents" not in body
     key = "texts" if tei else "documents"
     query = _text(body.get("query"), "query")
@@ -71,9 +69,7 @@ async def rerank(request: Request):
 @router.post("/v1/score")
 @router.post("/score")
 async def score(request: Request):
-    state: ServerState = request.app.state.ninfer
-    head = _head(state)
-    body = await read_json(request)
+    state, head, body = await _opened(request)
     first, second = _side(body.get("text_1"), "text_1"), _side(body.get("text_2"), "text_2")
     if len(first) == 1:
         first = first * len(second)
@@ -95,11 +91,13 @@ async def score(request: Request):
     }
 
 
-def _head(state: ServerState) -> RerankHead:
+async def _opened(request: Request) -> tuple[ServerState, RerankHead, dict]:
+    """The server's state, the reranker's head (another model is refused before the body is read), the body."""
+    state: ServerState = request.app.state.ninfer
     head = state.engine.llm.rerank_head
     if head is None:
         raise ApiError(400, NOT_A_RERANKER)
-    return head
+    return state, head, await read_json(request)
 
 
 async def _scored(
