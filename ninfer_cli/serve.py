@@ -130,6 +130,12 @@ def serve(
             host_kv.num_slots,
             host_kv.num_bytes / 2**30,
         )
+    if engine.llm.draft_model is not None:
+        log.info(
+            "speculative decoding: %s drafts %d tokens a step, its KV in the same pool",
+            draft_model,
+            engine.llm.engine_config.draft_tokens,
+        )
     refused = "; text routes are refused" if engine.llm.text_refusal else ""
     if engine.llm.rerank_head is not None:
         log.info("a reranker: it answers POST /v1/rerank (also /rerank, /v2/rerank, /v1/score)%s", refused)
