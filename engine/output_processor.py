@@ -14,6 +14,7 @@ class RequestStream:
         params = request.sampling_params
         self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if tokenizer else None
         self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
         # a token that ends the request (EOS unless ignored, a stop token id) adds no text, as in vLLM: an
         # infill's <|file_sep|> or a caller's stop token that is plain text stays out of the reply
         self.end_ids = set(params.stop_token_ids) | (
@@ -29,7 +30,8 @@ class RequestStream:
         self.matched_stop: str | None = None
 
     def push(self, token_id: int) -> None:
-        """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it)."""
+        """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it, or after
+        it with include_stop_str_in_output)."""
         if self.detok is None or self.stopped:
             return
         self.num_pushed += 1
@@ -43,10 +45,15 @@ class RequestStream:
         if self.num_pushed < self.min_tokens:  # min_tokens: no stop string ends the output yet
             self.free_until = len(self.text)
             return
-        for s in self.stop:
-            at = self.text.find(s, max(search_from, self.free_until - len(s) + 1))
-            if at >= 0:
-                self.text, self.stopped, self.matched_stop = self.text[:at], True, s
+        found = [
+            (at, s)
+            for s in self.stop
+            if (at := self.text.find(s, max(search_from, self.free_until - len(s) + 1))) >= 0
+        ]
+        if found:  # the earliest; the text ends before it, or with it (include_stop_str_in_output)
+            at, s = min(found)
+            self.text = self.text[: at + len(s) if self.include_stop else at]
+            self.stopped, self.matched_stop = True, s
 
     def take_delta(self, finished: bool) -> str:
         end = (

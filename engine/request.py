@@ -35,6 +35,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str | None = None
+    # vLLM's include_stop_str_in_output: the text ends with the stop string that ended it (else before it)
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None

@@ -103,12 +103,6 @@ def sampling_params(
     (`--generation-config`), then ninfer's own."""
     defaults = state.sampling_defaults
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
-    if field(body, "include_stop_str_in_output", bool, False):
-        raise ApiError(
-            400,
-            "'include_stop_str_in_output' is not supported here: stop strings are cut from the output",
-            "include_stop_str_in_output",
-        )
     # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
     extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
     stop_ids = field(body, "stop_token_ids", list)
@@ -135,6 +129,7 @@ def sampling_params(
             allowed_token_ids=field(body, "allowed_token_ids", list),
             bad_words=field(body, "bad_words", list, ()),
             stop=stop,
+            include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),
             **extra,

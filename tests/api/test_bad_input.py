@@ -85,7 +85,7 @@ CASES = [
     (CHAT, chat(min_tokens=-1)),
     (CHAT, chat(min_tokens=99, max_tokens=8)),
     (CHAT, chat(min_tokens=4, response_format={"type": "json_object"})),
-    (CHAT, chat(include_stop_str_in_output=True)),
+    (CHAT, chat(include_stop_str_in_output="yes")),
     (CHAT, chat(stop_token_ids=["x"])),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),

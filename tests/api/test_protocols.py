@@ -326,3 +326,30 @@ def test_bad_words_keep_a_word_out_of_the_reply(oai, server):
         extra_body={"bad_words": ["Hello", "hello"]},
     )
     assert "hello" not in chat.choices[0].message.content.lower()
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(oai):
+    """vLLM's include_stop_str_in_output: the reply ends with the stop string that ended it (streamed too)."""
+    prompt = "The capital of France is"
+    free = oai.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+    stop = free.split()[1]  # the reply's second word
+    cut = oai.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0, stop=[stop])
+    kept = oai.completions.create(
+        model="m",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == cut.choices[0].text + stop and kept.choices[0].finish_reason == "stop"
+    streamed = oai.completions.create(
+        model="m",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        stream=True,
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == kept.choices[0].text

@@ -252,7 +252,7 @@ def test_bad_min_tokens_are_refused():
         SamplingParams(min_tokens=2, grammar="start: /[a-z]+/")
 
 
-def test_stop_strings_wait_for_min_tokens():
+def test_stop_strings_wait_for_min_tokens_and_may_stay_in_the_text():
     from conftest import byte_tokenizer
 
     from engine.output_processor import RequestStream
@@ -260,13 +260,18 @@ def test_stop_strings_wait_for_min_tokens():
 
     tok = byte_tokenizer()
 
-    def stream(min_tokens: int, text: str, stop=("X", "YZ")) -> RequestStream:
-        params = SamplingParams(stop=list(stop), min_tokens=min_tokens, max_tokens=16)
+    def stream(min_tokens: int, text: str, stop=("X", "YZ"), include: bool = False) -> RequestStream:
+        params = SamplingParams(
+            stop=list(stop), min_tokens=min_tokens, max_tokens=16, include_stop_str_in_output=include
+        )
         s = RequestStream(Request("r", [0], params), tok, None)
+        deltas = ""
         for t in tok.encode(text):
             s.push(t)
+            deltas += s.take_delta(s.stopped)
             if s.stopped:
                 break
+        assert deltas == s.text  # streamed, the same text
         return s
 
     assert stream(0, "aXbXc").text == "a"
@@ -275,6 +280,11 @@ def test_stop_strings_wait_for_min_tokens():
     assert (s.text, s.matched_stop) == ("a", "YZ")
     s = stream(4, "aYZbYZ")  # here the first YZ ended before: only the second counts
     assert (s.text, s.matched_stop) == ("aYZb", "YZ")
+    # vLLM's include_stop_str_in_output: the text ends with the stop string, the earliest of those found
+    assert stream(0, "aXbXc", include=True).text == "aX"
+    assert stream(3, "aYZbYZ", include=True).text == "aYZ"
+    s = stream(0, "aXYZb", stop=("YZ", "XYZ"), include=True)  # both complete at Z: XYZ starts first
+    assert (s.text, s.matched_stop) == ("aXYZ", "XYZ")
 
 
 def test_allowed_token_ids_hold_every_sampled_token(llm, tmp_path):
