@@ -72,12 +72,13 @@ def test_prompt_chunks_take_int8_activations_and_decode_does_not(
     # int8 KV and int8 queries too)
     assert (want.argmax(-1) == got.argmax(-1)).float().mean() >= 0.8
     calls.clear()
-    # 18 requests at once: after the prompt step(s), decode steps of 18 rows, more than INT8_MIN_ROWS
+    # INT8_MIN_ROWS + 1 requests of 2 tokens at once: after the prompt step(s), a decode step of that
+    # many rows, more than INT8_MIN_ROWS
     n = INT8_MIN_ROWS + 1
-    prompts = [[7 + i, *PROMPT[: 2 + i]] for i in range(n)]
-    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    prompts = [[7 + i, PROMPT[i]] for i in range(n)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     outs = a8.generate(prompt_token_ids=prompts, sampling_params=params)
-    assert all(len(o.token_ids) == 3 for o in outs)
+    assert all(len(o.token_ids) == 2 for o in outs)
     # the prompt chunks went int8 (a hybrid's may be split at state snapshots), the decode steps did not
     # however many rows they had
     assert calls and all(m > n for m in calls), calls
