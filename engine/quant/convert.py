@@ -29,6 +29,7 @@ from engine.quant.recipes import (
     Q46_TARGET_BITS,
     RECIPES,
     Plan,
+    calibrates,
     is_quantizable,
     mixed_plan,
 )
@@ -119,7 +120,7 @@ def convert(
     if method not in METHODS:
         raise NinferError(f"unknown method '{method}'; use one of {', '.join(METHODS)}")
     source = open_source(src)
-    llm = calibration_llm(src) if recipe == "q4.6" or (method == "gptq" and recipe != "bf16") else None
+    llm = calibration_llm(src) if calibrates(recipe, method) else None
     if recipe == "q4.6":
         plan = mixed_plan(*measure_sensitivity(llm, src, progress))
     else:

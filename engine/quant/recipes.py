@@ -50,6 +50,12 @@ CALIBRATION_TEXT = (
 )
 
 
+def calibrates(recipe: str, method: str) -> bool:
+    """Whether converting under `recipe` runs the model on calibration text: q4.6 measures each matrix's
+    sensitivity, GPTQ compensates the weights below 8 bits (8-bit ones are rounded: Plan.quantize)."""
+    return recipe == "q4.6" or (method == "gptq" and recipe not in ("bf16", "w8g128"))
+
+
 def is_quantizable(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
     """Whether a checkpoint tensor of this name and shape is a matrix the recipes quantize. Routers and the
     vision tower stay 16-bit: a wrong expert choice costs more than a router's bytes save, and the tower
