@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,10 +300,22 @@ def _hf_name(name: str, num_layers: int, mtp_layers: int = 0) -> str | None:
 
 
 def _open(path: Path):
+    """The file's reader (read-only maps of its fields and tensors). Parsing the fields walks every
+    vocabulary entry (seconds for a 150K vocabulary), so a process that opens the same file again (the
+    planner then the loader, a draft model, a reload) reuses the parse while the file is unchanged."""
+    try:
+        stat = Path(path).stat()
+    except OSError as e:
+        raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
+    return _parsed(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, inode: int, size: int, mtime_ns: int):
     import gguf
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except (ValueError, OSError) as e:
         raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
 
