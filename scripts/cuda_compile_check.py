@@ -12,8 +12,10 @@ kernel.
     python scripts/cuda_compile_check.py                 # SM 8.6 (RTX 3090) and SM 9.0 (H100 / H200)
     python scripts/cuda_compile_check.py --arch 89 -k attention --json out.json
     python scripts/cuda_compile_check.py --arch 90 --sass -k decode
+    python scripts/cuda_compile_check.py --arch 90 --sass _decode_kernel,_quant_matmul_kernel
 
---sass disassembles each kernel (Triton's bundled nvdisasm) and counts the instructions of its hottest loop.
+--sass disassembles each kernel (Triton's bundled nvdisasm; or only those it names, comma-separated) and
+counts the instructions of its hottest loop.
 Cases that stream memory say how many bytes one program reads per loop iteration (a decode step's KV
 tile, a GEMV's weight tile), which turns the count into instructions per KB. An SM issues at most four
 warp-instructions a clock, so that count caps the fraction of HBM bandwidth it can consume however well
@@ -28,7 +30,10 @@ Exit status 1 when a case fails to compile or a kernel needs more shared memory 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib
+import io
 import json
 import os
 import re
@@ -118,10 +123,15 @@ class Result:
 
 
 _launched: list = []  # (kernel name, CompiledKernel) of the case being compiled
+# ptxas -v's report per compiled variant (hash), kept from Triton's own ptxas run where it compiled one here
+_ptxas_logs: dict[str, str] = {}
 
 
 def _compile_only_run(self, *args, grid, warmup, **kwargs):
-    kernel = _JIT_RUN(self, *args, grid=grid, warmup=True, **kwargs)
+    with contextlib.redirect_stdout(io.StringIO()) as log:  # Triton prints its ptxas log (dump_ptxas_log)
+        kernel = _JIT_RUN(self, *args, grid=grid, warmup=True, **kwargs)
+    if "Used " in log.getvalue():
+        _ptxas_logs.setdefault(kernel.metadata.hash, log.getvalue())
     _launched.append((self.fn.__name__, kernel))
     return kernel
 
@@ -386,21 +396,28 @@ def cases() -> list[tuple[str, callable, dict, int]]:
 # ------------------------------------------------------------------------------------------- the checks
 
 
-def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
-    """(registers per thread, spill bytes) as ptxas -v reports them for the kernel's PTX."""
+def _ptxas_info(kernel, arch: int) -> tuple[int | None, int | None]:
+    """(registers per thread, spill bytes) as ptxas -v reports them for the kernel: Triton's own report
+    where it compiled the variant in this process, else ptxas run again on its PTX (a cached variant)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    target = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={target.group(1)}", str(src), "-o", str(src) + ".o"]
-        info = subprocess.run(cmd, capture_output=True, text=True).stderr
+    info = _ptxas_logs.get(kernel.metadata.hash)
+    if info is None:
+        ptx = kernel.asm["ptx"]
+        target = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "k.ptx"
+            src.write_text(ptx)
+            cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={target.group(1)}", str(src), "-o", f"{src}.o"]
+            info = _ptxas_logs[kernel.metadata.hash] = subprocess.run(
+                cmd, capture_output=True, text=True
+            ).stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
     return (int(regs.group(1)) if regs else None), (max(spills) if spills else None)
 
 
+@functools.cache
 def _sass(cubin: bytes) -> str:
     nvdisasm = triton.knobs.nvidia.nvdisasm.path
     with tempfile.TemporaryDirectory() as tmp:
@@ -453,7 +470,10 @@ def _loop_cost(compiled: Compiled, cubin: bytes, loop_bytes: int | None, arch: i
             )
 
 
-def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool, sass: bool = False) -> Result:
+def run_case(
+    name: str, fn, kwargs: dict, arch: int, ptxas_info: bool, sass: frozenset[str] | None = None
+) -> Result:
+    """Compile one case. sass: the kernels to disassemble (empty: every one; None: none)."""
     driver.set_active(_CompileOnlyDriver(arch))
     _launched.clear()
     start = time.perf_counter()
@@ -470,8 +490,8 @@ def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool, sass: boo
         versions = re.findall(r"nvidia_mma<\{versionMajor = (\d+)", kernel.asm.get("ttgir", ""))
         compiled.mma = max(map(int, versions)) if versions else None
         if ptxas_info:
-            compiled.registers, compiled.spill_bytes = _ptxas_info(kernel.asm["ptx"], arch)
-        if sass:
+            compiled.registers, compiled.spill_bytes = _ptxas_info(kernel, arch)
+        if sass is not None and (not sass or kernel_name in sass):
             _loop_cost(compiled, kernel.asm["cubin"], loop_bytes.get(kernel_name), arch)
         if meta.shared > SHARED_LIMIT.get(arch, 101376):
             result.ok = False
@@ -480,6 +500,14 @@ def run_case(name: str, fn, kwargs: dict, arch: int, ptxas_info: bool, sass: boo
             )
         result.kernels.append(compiled)
     return result
+
+
+def _kernel_names() -> set[str]:
+    """Every launched @triton.jit function of the ops (kernels/<op>/triton.py: _*_kernel by convention)."""
+    ops = Path(__file__).resolve().parents[1] / "kernels"
+    modules = [_op(path.parent.name) for path in ops.glob("*/triton.py")]
+    jitted = {name for m in modules for name, obj in vars(m).items() if isinstance(obj, JITFunction)}
+    return {name for name in jitted if name.endswith("_kernel")}
 
 
 def variants_per_kernel() -> dict[str, int]:
@@ -502,14 +530,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--no-ptxas-info", action="store_true", help="skip the registers / spills report")
     parser.add_argument(
-        "--sass", action="store_true", help="count the hottest loop's instructions (per KB where streaming)"
+        "--sass",
+        nargs="?",
+        const="",
+        metavar="KERNELS",
+        help="count the hottest loop's instructions (per KB where streaming); of the named kernels only",
     )
     args = parser.parse_args(argv)
     arches = [int(a) for a in args.arch.split(",")]
     unknown = [a for a in arches if a not in SHARED_LIMIT]
     if unknown:
         parser.error(f"unknown compute capability {unknown}; use some of {sorted(SHARED_LIMIT)}")
+    sass = None if args.sass is None else frozenset(filter(None, args.sass.split(",")))
+    unknown = sorted((sass or set()) - _kernel_names())
+    if unknown:
+        parser.error(f"--sass names no kernel {unknown}; use some of {sorted(_kernel_names())}")
     JITFunction.run = _compile_only_run
+    triton.knobs.nvidia.dump_ptxas_log = True  # registers and spills from the compile itself (_ptxas_info)
     torch.manual_seed(0)
     targets = ", ".join(f"SM{a} ({DEVICES[a]})" if a in DEVICES else f"SM{a}" for a in arches)
     print(f"triton {triton.__version__}, torch {torch.__version__}; targets: {targets}")
@@ -518,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn, kwargs, min_arch in cases():
             if args.select not in name or arch < min_arch:
                 continue
-            r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info, args.sass)
+            r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info, sass)
             results.append(r)
             detail = r.error or "  ".join(
                 f"{c.kernel} smem {c.shared} warps {c.num_warps}"
