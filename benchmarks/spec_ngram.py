@@ -1,9 +1,11 @@
 """N-gram speculative decoding against plain decoding, side by side in one process, on the embedded default
-model (or MODEL): per workload, decode tokens/s of each, their ratio, draft acceptance and tokens per step.
-Greedy, so both must produce the same tokens (checked).
+model (or MODEL): per workload, decode tokens/s of each, their ratio, draft acceptance and tokens per step;
+and, where the workload has an expected reply, n-gram decoding with that reply sent as the prediction
+(OpenAI's Predicted Outputs). Greedy, so every run must produce the same tokens (checked).
 
-Workloads: `copy` (repeat a file), `edit` (the file back with one change: the coding-agent case), `prose`
-(an open question: little to copy). The timing window starts at the first token, so prefill is out of it.
+Workloads: `copy` (repeat a file; predicted: the file), `edit` (the file back with one change: the
+coding-agent case; predicted: the file with the change made), `prose` (an open question: little to copy,
+nothing to predict). The timing window starts at the first token, so prefill is out of it.
 
     python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--gen 160] [--repeat 3] [--device cpu|cuda]
 """
@@ -22,16 +24,20 @@ from engine import LLM, SamplingParams
 from engine.sample import sampler
 
 SOURCE = inspect.getsource(sampler.apply_penalties)
-WORKLOADS = {
-    "copy": f"Repeat this code exactly, with nothing else:\n\n{SOURCE}",
-    "edit": f"Rename the argument `params` to `sampling` in this code and print the whole function:\n\n{SOURCE}",
-    "prose": "Explain in a few paragraphs why the sky is blue.",
+WORKLOADS = {  # name: (prompt, the reply expected, or None)
+    "copy": (f"Repeat this code exactly, with nothing else:\n\n{SOURCE}", SOURCE),
+    "edit": (
+        f"Rename the argument `params` to `sampling` in this code and print the whole function:\n\n{SOURCE}",
+        SOURCE.replace("params", "sampling"),
+    ),
+    "prose": ("Explain in a few paragraphs why the sky is blue.", None),
 }
 
 
-def _decode(llm: LLM, prompt: str, gen: int) -> tuple[list[int], float, int]:
+def _decode(llm: LLM, prompt: str, gen: int, prediction: str | None = None) -> tuple[list[int], float, int]:
     """(tokens, decode seconds after the first token, engine steps after the first token)."""
-    params = SamplingParams(max_tokens=gen, temperature=0.0)
+    predicted = llm.tokenizer.encode(prediction, add_special_tokens=False) if prediction else ()
+    params = SamplingParams(max_tokens=gen, temperature=0.0, prediction=predicted)
     ids = llm.tokenizer.encode_chat([{"role": "user", "content": prompt}], None, True)
     llm.add_request(ids, params)
     first, steps, out = None, 0, None
@@ -62,23 +68,34 @@ def main() -> None:
         f"# {plain.description}; {args.device} {dtype} ({platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads); draft tokens {args.draft_tokens}; median of {args.repeat}"
     )
-    print("| workload | tokens | plain tok/s | ngram tok/s | ratio | accepted | tokens/step |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, prompt in WORKLOADS.items():
-        rates: dict[str, list[float]] = {"plain": [], "ngram": []}
-        for _ in range(args.repeat):  # alternate, so drift in machine speed hits both alike
+    print(
+        "| workload | tokens | plain tok/s | ngram tok/s | ratio | accepted | tokens/step "
+        "| + prediction tok/s | ratio | accepted | tokens/step |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, (prompt, expected) in WORKLOADS.items():
+        rates: dict[str, list[float]] = {"plain": [], "ngram": [], "predicted": []}
+        outs, steps = {}, {}
+        for _ in range(args.repeat):  # alternate, so drift in machine speed hits all alike
             ref, t_plain, _ = _decode(plain, prompt, args.gen)
-            out, t_spec, steps = _decode(spec, prompt, args.gen)
-            assert out.token_ids == ref.token_ids, f"{name}: n-gram decoding changed the output"
-            n = len(out.token_ids) - 1
-            rates["plain"].append(n / t_plain)
-            rates["ngram"].append(n / t_spec)
-        p, s = statistics.median(rates["plain"]), statistics.median(rates["ngram"])
-        accepted = out.num_accepted_tokens / out.num_draft_tokens if out.num_draft_tokens else 0.0
-        print(
-            f"| {name} | {n + 1} | {p:.1f} | {s:.1f} | {s / p:.2f}x | {accepted:.0%} | "
-            f"{n / max(steps, 1):.2f} |"
-        )
+            rates["plain"].append((len(ref.token_ids) - 1) / t_plain)
+            for kind, prediction in (("ngram", None), ("predicted", expected)):
+                if kind == "predicted" and expected is None:
+                    continue
+                out, seconds, steps[kind] = _decode(spec, prompt, args.gen, prediction)
+                assert out.token_ids == ref.token_ids, f"{name}: {kind} decoding changed the output"
+                rates[kind].append((len(out.token_ids) - 1) / seconds)
+                outs[kind] = out
+        n, p = len(ref.token_ids) - 1, statistics.median(rates["plain"])
+        row = f"| {name} | {n + 1} | {p:.1f} |"
+        for kind in ("ngram", "predicted"):
+            if kind not in outs:
+                row += " – | – | – | – |"
+                continue
+            out, s = outs[kind], statistics.median(rates[kind])
+            accepted = out.num_accepted_tokens / out.num_draft_tokens if out.num_draft_tokens else 0.0
+            row += f" {s:.1f} | {s / p:.2f}x | {accepted:.0%} | {n / max(steps[kind], 1):.2f} |"
+        print(row)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,9 @@ class LLM:
         bad = next((t for t in sampling_params.allowed_token_ids or () if t >= vocab), None)
         if bad is not None:
             raise NinferError(f"allowed_token_ids holds {bad}, outside the vocabulary (0..{vocab - 1})")
+        bad = next((t for t in sampling_params.prediction if t >= vocab), None)
+        if bad is not None:
+            raise NinferError(f"prediction holds token id {bad}, outside the vocabulary (0..{vocab - 1})")
         mm = None
         # with the tower, every placeholder needs its image (a history whose pictures were left out)
         vision = self._vision_or_raise() if images or self.model.visual is not None else None

@@ -77,6 +77,8 @@ class RequestStream:
             stop_string=self.matched_stop,
             num_draft_tokens=req.num_draft_tokens,
             num_accepted_tokens=req.num_accepted_tokens,
+            num_prediction_tokens=req.num_prediction_tokens,
+            num_accepted_prediction_tokens=req.num_accepted_prediction_tokens,
             prompt_logprobs=[None, *req.prompt_logprobs]
             if req.sampling_params.prompt_logprobs is not None
             else None,

@@ -60,6 +60,9 @@ class SamplingParams:
     # "last": the output carries an embedding, the final-normed hidden state at the prompt's last token (as
     # Qwen3-Embedding pools); the tokens the request generates are beside the point
     pooling: str | None = None
+    # OpenAI's Predicted Outputs: the tokens the output is expected to be (a file being edited), drafted
+    # where the output follows them when speculative decoding is on (engine/spec/prediction.py)
+    prediction: tuple[int, ...] | list[int] = ()
 
     def __post_init__(self):
         floats = (
@@ -112,6 +115,10 @@ class SamplingParams:
         if any(not isinstance(w, str) or not w.strip() for w in words):
             raise NinferError("bad_words must be a list of non-empty strings")
         object.__setattr__(self, "bad_words", words)
+        prediction = tuple(self.prediction or ())
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prediction):
+            raise NinferError("prediction must be a list of token ids (integers >= 0)")
+        object.__setattr__(self, "prediction", prediction)
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = self.stop
@@ -174,6 +181,8 @@ class Request:
     error: str | None = None  # why the request ended without finishing (expired)
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted
+    num_prediction_tokens: int = 0  # of the drafts, those from the prediction (SamplingParams.prediction)
+    num_accepted_prediction_tokens: int = 0  # of those, accepted
     mm: MultiModalInputs | None = None  # the prompt's images and 3D positions (engine/vision)
     grammar: GrammarMatcher | None = None  # structured outputs: the output's grammar state
     # prompt_logprobs: entry p is prompt token p + 1's, given tokens 0..p (filled as prompt chunks run)
@@ -228,6 +237,9 @@ class RequestOutput:
     stop_string: str | None = None  # the stop string that ended the request, if one did
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
     num_accepted_tokens: int = 0
+    # of the drafts, those from the request's prediction (SamplingParams.prediction), and of those accepted
+    num_prediction_tokens: int = 0
+    num_accepted_prediction_tokens: int = 0
     # prompt_logprobs: one per prompt token, None for the first (nothing before it to predict it from)
     prompt_logprobs: list[PromptLogprob | None] | None = None
     # pooling: the prompt's embedding (not normalized), once the prompt has run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -33,6 +34,7 @@ from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
+log = logging.getLogger("ninfer.api")
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -124,10 +126,15 @@ def _logprobs_settings(body: dict) -> int | None:
 
 
 def usage_json(
-    out: RequestOutput, *others: RequestOutput, n: int = 1, reasoning: int | None = None
+    out: RequestOutput,
+    *others: RequestOutput,
+    n: int = 1,
+    reasoning: int | None = None,
+    prediction: bool = False,
 ) -> dict[str, Any]:
     """Usage of one output, or of several choices, n a prompt (each prompt and its cache hit counted
-    once, by its first choice); `reasoning`: the choices' reasoning tokens, where the reply can think."""
+    once, by its first choice); `reasoning`: the choices' reasoning tokens, where the reply can think;
+    `prediction`: the request sent one (its drafts accepted and rejected are counted)."""
     outs = [out, *others]
     firsts = outs[::n]
     prompt = sum(len(o.prompt_token_ids) for o in firsts)
@@ -138,9 +145,47 @@ def usage_json(
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)},
     }
+    details: dict[str, int] = {}
     if reasoning is not None:
-        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        details["reasoning_tokens"] = reasoning
+    if prediction:
+        accepted = sum(o.num_accepted_prediction_tokens for o in outs)
+        details["accepted_prediction_tokens"] = accepted
+        details["rejected_prediction_tokens"] = sum(o.num_prediction_tokens for o in outs) - accepted
+    if details:
+        usage["completion_tokens_details"] = details
     return usage
+
+
+def _prediction(state: ServerState, body: dict) -> tuple[int, ...]:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or [{"type": "text", ...}]} as token
+    ids; () without one."""
+    prediction = field(body, "prediction", dict)
+    if prediction is None:
+        return ()
+    if prediction.get("type") != "content":
+        raise ApiError(
+            400, f"'prediction.type' must be 'content' (got {prediction.get('type')!r})", "prediction"
+        )
+    content = prediction.get("content")
+    if isinstance(content, list):
+        if not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
+            raise ApiError(
+                400, '\'prediction.content\' parts must be {"type": "text", "text": ...}', "prediction"
+            )
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, "'prediction.content' must be a string or an array of text parts", "prediction")
+    if content and not state.engine.llm.engine_config.num_draft_tokens and not state.prediction_warned:
+        state.prediction_warned = True
+        log.warning(
+            "requests send predictions (Predicted Outputs), which draft only with speculative decoding; "
+            "start the server with --spec ngram (or mtp / draft) to use them"
+        )
+    return tuple(state.text_tokenizer().encode(content, add_special_tokens=False)) if content else ()
 
 
 def _tool_call_json(call: ToolCall) -> dict[str, Any]:
@@ -276,6 +321,7 @@ async def chat_completions(request: Request):
         logprobs=top_logprobs,
         grammar=grammar,
         prompt_logprobs=prompt_top,
+        prediction=_prediction(state, body),
     )
     prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
     if images.items and body.get("truncate_prompt_tokens") is not None:
@@ -287,6 +333,7 @@ async def chat_completions(request: Request):
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
+    predicted = "prediction" in body and body["prediction"] is not None
 
     def thought(outs) -> int:
         return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)
@@ -321,7 +368,7 @@ async def chat_completions(request: Request):
             "created": created,
             "model": state.model_id,
             "choices": choices,
-            "usage": usage_json(*outs, n=n, reasoning=thought(outs)),
+            "usage": usage_json(*outs, n=n, reasoning=thought(outs), prediction=predicted),
         }
         if prompt_top is not None:
             response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
@@ -380,7 +427,8 @@ async def chat_completions(request: Request):
                     state.metrics.finished(out)
                     yield chunk({}, "tool_calls" if num_calls[index] else finish_reason(out), index=index)
             if include_usage:
-                yield chunk({}, usage=usage_json(*last, n=n, reasoning=thought(last)), index=None)
+                totals = usage_json(*last, n=n, reasoning=thought(last), prediction=predicted)
+                yield chunk({}, usage=totals, index=None)
             yield "data: [DONE]\n\n"
         finally:
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now

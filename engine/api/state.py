@@ -24,6 +24,8 @@ class ServerState:
     started: int = field(default_factory=lambda: int(time.time()))
     # set when a shutdown's grace period is over: running streams end with a final error event
     ending: bool = False
+    # a request sent a prediction while speculative decoding is off: said once in the log
+    prediction_warned: bool = False
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine)

@@ -30,6 +30,7 @@ class ScheduledRequest(NamedTuple):
     # of draft_token_ids, the last ones that only pad the request to the step's common query count (CUDA
     # graphs: Scheduler._pad_drafts); verified like any draft, left out of the acceptance counters
     num_padding: int = 0
+    predicted: bool = False  # the drafts come from the request's prediction (engine/spec/prediction.py)
     mm: MultiModalInputs | None = None  # the request's images and 3D positions (engine/vision)
     grammar: GrammarMatcher | None = None  # structured outputs: masks the sampled rows (sample=True)
     # per sampled row (the next token, then one per draft; fewer rows than that: the rest ban nothing), the

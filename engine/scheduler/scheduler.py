@@ -18,7 +18,8 @@ Admission policy (docs/architecture.md):
   that also has a recurrent-state snapshot), always leaving at least one token to compute.
 
 Speculative decoding (`num_draft_tokens`): a running request whose step reaches the end of its known
-tokens also runs up to that many draft tokens (n-gram, engine/spec/ngram.py; or the MTP head's from the
+tokens also runs up to that many draft tokens (its prediction's where its output follows one,
+engine/spec/prediction.py; else n-gram, engine/spec/ngram.py, or the MTP head's / draft model's from the
 previous step, engine/spec/stored.py) when budget and spare pages allow (a page a running request stays
 free for its own next token); the runner verifies them and the request advances by the tokens
 accepted. A hybrid model whose state saw a rejected draft is put back to the step's start and recomputes
@@ -46,6 +47,7 @@ from engine.request import Request, RequestStatus
 from engine.scheduler.bans import banned_rows
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.spec.ngram import NgramProposer
+from engine.spec.prediction import PredictionDrafts
 from engine.spec.stored import StoredDrafts
 
 log = logging.getLogger("ninfer.scheduler")
@@ -71,6 +73,8 @@ class Scheduler:
         self.proposer = (
             (StoredDrafts() if config.spec in ("mtp", "draft") else NgramProposer(k)) if k else None
         )
+        # a request's prediction (OpenAI's Predicted Outputs) drafts before the method above, where it can
+        self.predictions = PredictionDrafts() if k else None
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
 
@@ -128,7 +132,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._num_to_run(req, budget)
-            drafts = self._drafts(req, n, budget - n)
+            drafts, predicted = self._drafts(req, n, budget - n)
             end = req.num_computed_tokens + n
             if drafts and not self._grow_spare(req, end + len(drafts), end):
                 drafts = []  # no pages to spare for guesses
@@ -139,7 +143,7 @@ class Scheduler:
                     break
             else:
                 self._grow_for_drafter(req, n + len(drafts))
-                scheduled.append(self._scheduled(req, n, -1, state_saves, drafts))
+                scheduled.append(self._scheduled(req, n, -1, state_saves, drafts, predicted and bool(drafts)))
                 budget -= n + len(drafts)
                 i += 1
                 continue
@@ -205,14 +209,20 @@ class Scheduler:
                 n = stop - start
         return n
 
-    def _drafts(self, req: Request, n: int, room: int) -> list[int]:
-        """Draft tokens to verify after this step's `n` known tokens (see _most_drafts)."""
+    def _drafts(self, req: Request, n: int, room: int) -> tuple[list[int], bool]:
+        """Draft tokens to verify after this step's `n` known tokens (see _most_drafts), and whether they
+        come from the request's prediction."""
         most = self._most_drafts(req, n, room)
-        drafts = self.proposer.propose(req, most) if most > 0 else []
+        if most <= 0:
+            return [], False
+        drafts = self.predictions.propose(req, most)
+        predicted = bool(drafts)
+        if not predicted:
+            drafts = self.proposer.propose(req, most)
         # drafts the grammar refuses would only be verified and rejected: cut them here
         if drafts and req.grammar is not None:
             drafts = drafts[: req.grammar.valid_prefix(drafts)]
-        return drafts
+        return drafts, predicted
 
     def _most_drafts(self, req: Request, n: int, room: int) -> int:
         """How many drafts may follow this step's `n` known tokens: none unless they reach the end of the
@@ -299,6 +309,7 @@ class Scheduler:
         restore: int,
         state_saves: list[tuple[int, int]],
         drafts: list[int] | tuple[int, ...] = (),
+        predicted: bool = False,
     ) -> ScheduledRequest:
         start = req.num_computed_tokens
         end = start + n
@@ -317,6 +328,7 @@ class Scheduler:
             else None,
             state_restore=restore,
             draft_token_ids=tuple(drafts),
+            predicted=predicted,
             next_token_id=req.token_slice(end, end + 1)[0] if end < req.num_tokens else -1,
             mm=req.mm,
             grammar=req.grammar,
@@ -425,6 +437,9 @@ class Scheduler:
             self.num_accepted_tokens += min(accepted, proposed)
             req.num_draft_tokens += proposed
             req.num_accepted_tokens += min(accepted, proposed)
+            if s.predicted:
+                req.num_prediction_tokens += proposed
+                req.num_accepted_prediction_tokens += min(accepted, proposed)
             # the cache holds the known tokens and the accepted drafts, unless a hybrid state went back
             if not (s.state_slot >= 0 and accepted < drafted):
                 req.num_computed_tokens += s.num_known_tokens + accepted
@@ -496,6 +511,7 @@ class Scheduler:
             self.waiting.remove(req)
         self._release(req)
         if self.proposer is not None:
+            self.predictions.forget(request_id)
             self.proposer.forget(request_id)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         self._finished_ids.append(request_id)

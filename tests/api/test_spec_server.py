@@ -55,3 +55,52 @@ def test_bench_over_http_reads_the_acceptance_from_metrics(servers):
     plain, spec = (OverHttp(s.url, model="smollm2").run([prompt], 24)[0] for s in servers)
     assert plain.spec_acceptance is None and plain.generated == 24
     assert spec.spec_acceptance is not None and 0 < spec.spec_acceptance <= 1
+
+
+def test_predicted_outputs_draft_and_are_counted_in_usage(servers):
+    """OpenAI's `prediction`: the reply equals the plain server's; usage counts the prediction's drafts
+    accepted and rejected (the spec server), zero where nothing drafts (the plain one); a malformed one is
+    a 400 naming the field."""
+    prediction = {"type": "content", "content": [{"type": "text", "text": CODE}]}
+    replies = []
+    for s in servers:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model="smollm2", messages=COPY, max_tokens=32, temperature=0, prediction=prediction
+        )
+        replies.append(reply)
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    plain, spec = (r.usage.completion_tokens_details for r in replies)
+    assert plain.accepted_prediction_tokens == plain.rejected_prediction_tokens == 0
+    assert spec.accepted_prediction_tokens > 0 and spec.rejected_prediction_tokens >= 0
+    client = openai.OpenAI(base_url=f"{servers[1].url}/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=COPY,
+        max_tokens=32,
+        temperature=0,
+        prediction={"type": "content", "content": CODE},
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == replies[1].choices[0].message.content
+    assert (
+        chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens
+        == spec.accepted_prediction_tokens
+    )
+    for bad, says in [
+        ({"type": "text", "content": CODE}, "'prediction.type' must be 'content'"),
+        (
+            {"type": "content", "content": 5},
+            "'prediction.content' must be a string or an array of text parts",
+        ),
+        ({"type": "content", "content": [{"type": "image_url"}]}, "'prediction.content' parts must be"),
+        ("some text", "'prediction' must be an object"),
+    ]:
+        r = httpx.post(
+            f"{servers[1].url}/v1/chat/completions",
+            json={"model": "smollm2", "messages": COPY, "max_tokens": 4, "prediction": bad},
+        )
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text

@@ -5,6 +5,7 @@ what cannot draft is refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -68,6 +69,17 @@ def test_a_draft_that_is_the_target_sees_its_drafts_accepted(target, plain, kv_d
     assert all(out.num_cached_tokens > 0 for out, p in zip(again, PROMPTS) if len(p) > 8)  # a page or more
     drafted, accepted = sched.num_draft_tokens - before[0], sched.num_accepted_tokens - before[1]
     assert accepted >= 0.9 * drafted
+
+
+def test_a_prediction_drafts_before_the_draft_model(target, plain, other_draft):
+    """Predicted Outputs under spec draft: the prediction's drafts (right, then edited) run where the draft
+    model's would, and its KV still covers every token that stands: the output is the target's."""
+    _, path = target
+    llm = _spec(path, other_draft)
+    prediction = plain[0][:10] + [1, 2, 3] + plain[0][16:]
+    got = llm.generate(None, dataclasses.replace(GREEDY, prediction=prediction), PROMPTS[:1])[0]
+    assert got.token_ids == plain[0]
+    assert 0 < got.num_accepted_prediction_tokens < got.num_prediction_tokens
 
 
 def test_preemptions_recompute_the_drafts_kv(target, plain):

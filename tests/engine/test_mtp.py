@@ -10,6 +10,8 @@ just predicted and the head's own output at the previous row.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
@@ -100,6 +102,21 @@ def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
         LLM(path, spec="mtp").generate(prompt_token_ids=prompts, sampling_params=sampled) for _ in range(2)
     ]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+def test_a_prediction_drafts_before_the_head_and_leaves_the_output(mtp_model):
+    """Predicted Outputs under spec mtp: the prediction's drafts (right, then edited) run where the head's
+    would; the head's KV still follows the tokens that stand, so its drafts after the edit are its own."""
+    _, path, _ = mtp_model
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    reference = LLM(path).generate(prompt_token_ids=[PROMPT], sampling_params=greedy)[0].token_ids
+    llm = LLM(path, spec="mtp", draft_tokens=3)
+    prediction = reference[:10] + [1, 2, 3]  # right for 10 tokens, then wrong, then nothing
+    got = llm.generate(
+        prompt_token_ids=[PROMPT], sampling_params=dataclasses.replace(greedy, prediction=prediction)
+    )[0]
+    assert got.token_ids == reference
+    assert 0 < got.num_accepted_prediction_tokens < got.num_prediction_tokens < got.num_draft_tokens
 
 
 @pytest.mark.parametrize("weight_quant", ["none", "int8"])

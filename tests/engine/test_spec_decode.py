@@ -218,15 +218,18 @@ def test_no_drafts_beyond_the_tokens_a_request_may_still_emit(model_dir):
     req = Request("x", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=3))
     req.output_token_ids = [3, 1]
     req.num_computed_tokens = req.num_tokens - 1
-    assert llm.scheduler._drafts(req, 1, room=100) == []  # one token left: it is the bonus token
+    assert llm.scheduler._drafts(req, 1, room=100) == ([], False)  # one token left: it is the bonus token
     req.sampling_params = SamplingParams(max_tokens=5)
-    assert llm.scheduler._drafts(req, 1, room=100) == [2, 3]  # three left: two drafts + the bonus
-    assert llm.scheduler._drafts(req, 1, room=1) == [2]  # the step budget
+    assert llm.scheduler._drafts(req, 1, room=100) == ([2, 3], False)  # three left: two drafts + the bonus
+    assert llm.scheduler._drafts(req, 1, room=1) == ([2], False)  # the step budget
     req.num_computed_tokens = 0
-    assert llm.scheduler._drafts(req, 1, room=100) == []  # the step does not reach the end
+    assert llm.scheduler._drafts(req, 1, room=100) == ([], False)  # the step does not reach the end
     req.num_computed_tokens = req.num_tokens - 1
     llm.scheduler.config = dataclasses.replace(llm.scheduler.config, max_context=req.num_tokens + 2)
-    assert llm.scheduler._drafts(req, 1, room=100) == [2]  # the context limit
+    assert llm.scheduler._drafts(req, 1, room=100) == ([2], False)  # the context limit
+    # a prediction the output follows drafts first, within the same limits
+    req.sampling_params = SamplingParams(max_tokens=5, prediction=[3, 1, 7, 7, 7])
+    assert llm.scheduler._drafts(req, 1, room=100) == ([7], True)
 
 
 @pytest.mark.parametrize(

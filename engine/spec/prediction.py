@@ -1,0 +1,83 @@
+"""Drafts from a prediction the client sent (OpenAI's Predicted Outputs): the output it expects, usually
+the file being edited. Each step drafts the prediction's tokens after where the output stands in it.
+
+The output is followed token by token through the prediction while it matches. Where it departs (an
+edit), the place is found again from the output's last tokens: the longest suffix (up to `max_ngram`,
+at least `min_ngram`) that occurs in the prediction, at its first occurrence at or after the last place
+the output matched (an edit moves forward through a file), else its last occurrence before. Until then,
+and after the prediction's end, the request drafts from the server's own method (n-gram, MTP head, draft
+model). The verifier decides what is kept, as for any draft, so the output is what it would be without
+the prediction; a wrong prediction costs only the compute of its positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.request import Request
+
+
+@dataclass
+class _Place:
+    prediction: np.ndarray  # [P] int64
+    num_seen: int = 0  # output tokens followed so far
+    cursor: int = 0  # index of the prediction's token expected next; -1 when the place is lost
+    last_match: int = 0  # the cursor before the output departed from the prediction
+
+
+class PredictionDrafts:
+    """Per request with a prediction, its place in it; proposals are the prediction's next tokens."""
+
+    def __init__(self, max_ngram: int = 8, min_ngram: int = 2):
+        assert 0 < min_ngram <= max_ngram
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._places: dict[str, _Place] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._places.pop(request_id, None)
+
+    def propose(self, req: Request, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens of the request's prediction that follow its output; [] without a
+        prediction, when the output's place in it is lost, or past its end."""
+        if not req.sampling_params.prediction or max_tokens <= 0:
+            return []
+        place = self._follow(req)
+        if place.cursor < 0:
+            return []
+        return place.prediction[place.cursor : place.cursor + max_tokens].tolist()
+
+    def _follow(self, req: Request) -> _Place:
+        place = self._places.get(req.request_id)
+        output = req.output_token_ids
+        if place is None or len(output) < place.num_seen:  # new, or the output was cut (a stop string)
+            place = _Place(np.asarray(req.sampling_params.prediction, dtype=np.int64))
+            self._places[req.request_id] = place
+        prediction, size = place.prediction, len(place.prediction)
+        for token in output[place.num_seen :]:
+            if 0 <= place.cursor < size and prediction[place.cursor] == token:
+                place.cursor += 1
+            elif place.cursor >= 0:
+                place.last_match, place.cursor = place.cursor, -1
+        place.num_seen = len(output)
+        if place.cursor < 0:
+            place.cursor = self._find(prediction, output, place.last_match)
+            if place.cursor >= 0:
+                place.last_match = place.cursor
+        return place
+
+    def _find(self, prediction: np.ndarray, output: list[int], after: int) -> int:
+        """The prediction index after the longest suffix of `output` found in it (see the module's
+        docstring for which occurrence); -1 when none of at least `min_ngram` tokens occurs."""
+        m, size = len(output), len(prediction)
+        for length in range(min(self.max_ngram, m, size), self.min_ngram - 1, -1):
+            suffix = np.asarray(output[m - length :], dtype=np.int64)
+            starts = np.flatnonzero(prediction[: size - length + 1] == suffix[0])
+            for offset in range(1, length):
+                starts = starts[prediction[starts + offset] == suffix[offset]]
+            if len(starts):
+                ends = starts + length
+                ahead = ends[ends >= after]
+                return int(ahead[0]) if len(ahead) else int(ends[-1])
+        return -1

@@ -1,0 +1,107 @@
+"""Predicted Outputs: a request's prediction drafts where its output follows it (engine/spec/prediction.py),
+found again after an edit; output unchanged by it; its drafts counted apart from the method's."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+from engine.request import Request
+from engine.spec.prediction import PredictionDrafts
+
+# a file of distinct tokens: A, then B, then C (a run of 10 each)
+A, B, C = list(range(100, 110)), list(range(200, 210)), list(range(300, 310))
+
+
+def _request(prediction: list[int], output: list[int]) -> Request:
+    req = Request("r", [1, 2, 3], SamplingParams(prediction=prediction))
+    req.output_token_ids = list(output)
+    return req
+
+
+def _propose(drafts: PredictionDrafts, req: Request, output: list[int], k: int = 4) -> list[int]:
+    req.output_token_ids = list(output)
+    return drafts.propose(req, k)
+
+
+def test_drafts_follow_the_output_through_the_prediction():
+    drafts, req = PredictionDrafts(), _request(A + B, [])
+    assert drafts.propose(req, 4) == A[:4]  # nothing generated yet: the prediction's start
+    assert _propose(drafts, req, A[:3]) == A[3:7]
+    assert _propose(drafts, req, A + B[:8]) == B[8:]  # near the end: what is left
+    assert _propose(drafts, req, A + B) == []  # past the end
+
+
+def test_an_insertion_or_a_deletion_is_found_again_from_the_outputs_last_tokens():
+    drafts, req = PredictionDrafts(), _request(A + B + C, [])
+    inserted = [900, 901, 902]
+    assert _propose(drafts, req, A[:5] + inserted) == []  # departed: no drafts until it is found
+    assert (
+        _propose(drafts, req, A[:5] + inserted + A[5:7]) == A[7:] + B[:1]
+    )  # back in step after the insertion
+    other = PredictionDrafts()  # a deletion: B left out, C follows A
+    assert _propose(other, _request(A + B + C, []), A + C[:2]) == C[2:6]
+    assert _propose(PredictionDrafts(), _request(A, []), [900, 901]) == []  # never in the prediction
+
+
+def test_a_repeated_run_is_found_at_its_next_occurrence_not_its_first():
+    drafts, req = PredictionDrafts(), _request(A + B + A + C, [])
+    assert _propose(drafts, req, A + B + [900, 901] + A[:3]) == A[3:7]
+    assert _propose(drafts, req, A + B + [900, 901] + A) == C[:4]  # the second A: C follows it
+    assert _propose(PredictionDrafts(), _request(A + B + A + C, []), A + [900] + A[:4]) == A[4:8]
+
+
+def test_a_cut_output_is_followed_again_from_its_start():
+    drafts, req = PredictionDrafts(), _request(A + B, [])
+    assert _propose(drafts, req, A + B[:5]) == B[5:9]
+    assert _propose(drafts, req, A[:4]) == A[4:8]  # tokens taken back (a stop string)
+
+
+def test_bad_predictions_are_refused():
+    with pytest.raises(NinferError, match="prediction must be a list of token ids"):
+        SamplingParams(prediction=[5, -1])
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    return save_tiny(tiny_hf_model(request.param, tied=False), tmp_path_factory.mktemp(request.param))
+
+
+PROMPT = [5, 9, 200, 31, 77, 40, 41, 42]
+
+
+def _run(llm: LLM, prediction: list[int]):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, prediction=prediction)
+    return llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+
+
+def test_output_unchanged_and_drafts_counted(model_dir):
+    """The reference output as the prediction: every predicted draft accepted. An edited one (tokens
+    replaced and inserted in the middle): the same output, some drafts rejected, and more accepted than
+    with the prediction cut at the edit (its place was found again)."""
+    reference = _run(LLM(model_dir), []).token_ids
+    llm = LLM(model_dir, spec="ngram", draft_tokens=4)
+    exact = _run(llm, reference)
+    assert exact.token_ids == reference
+    assert (
+        exact.num_prediction_tokens > 0
+        and exact.num_accepted_prediction_tokens == exact.num_prediction_tokens
+    )
+    edited = reference[:8] + [7, 8, 9] + reference[11:]
+    edited = edited[:14] + [450, 451] + edited[14:]
+    got = _run(llm, edited)
+    assert got.token_ids == reference
+    assert got.num_accepted_prediction_tokens < got.num_prediction_tokens
+    cut = _run(llm, reference[:8])
+    assert cut.token_ids == reference
+    assert got.num_accepted_prediction_tokens > cut.num_accepted_prediction_tokens
+    assert llm.scheduler.num_draft_tokens >= sum(o.num_prediction_tokens for o in (exact, got, cut))
+
+
+def test_without_speculative_decoding_a_prediction_changes_nothing(model_dir):
+    llm = LLM(model_dir)
+    out = _run(llm, [5, 6, 7])
+    assert out.token_ids == _run(llm, []).token_ids and out.num_prediction_tokens == 0
+    with pytest.raises(NinferError, match="prediction holds token id 99999, outside the vocabulary"):
+        _run(llm, [5, 99999])
