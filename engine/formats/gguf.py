@@ -17,6 +17,7 @@ from tokenizers.models import BPE
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats import gguf_blocks, gguf_moe, gguf_qwen35
+from engine.formats.gguf_file import GGUFFile
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor
 from engine.sampling_defaults import GGUF_KEYS, from_generation_config
@@ -299,10 +300,10 @@ def _hf_name(name: str, num_layers: int, mtp_layers: int = 0) -> str | None:
     return f"{prefix}.{_LAYER_NAMES[module]}.{suffix}"
 
 
-def _open(path: Path):
-    """The file's reader (read-only maps of its fields and tensors). Parsing the fields walks every
-    vocabulary entry (seconds for a 150K vocabulary), so a process that opens the same file again (the
-    planner then the loader, a draft model, a reload) reuses the parse while the file is unchanged."""
+def _open(path: Path) -> GGUFFile:
+    """The file's header (its fields, and read-only maps of its tensors). A process that opens the same
+    file again (the planner then the loader, a draft model, a reload) reuses the parse while the file is
+    unchanged."""
     try:
         stat = Path(path).stat()
     except OSError as e:
@@ -311,11 +312,9 @@ def _open(path: Path):
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed(path: str, inode: int, size: int, mtime_ns: int):
-    import gguf
-
+def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
+        return GGUFFile(path)
     except (ValueError, OSError) as e:
         raise NinferError(f"{path} is not a readable GGUF file ({e}); download it again") from e
 
