@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import anthropic, completions, embeddings, llama_cpp, openai, rerank, responses, tokens
+from engine.api import anthropic, completions, embeddings, llama_cpp, openai, props, rerank, responses, tokens
 from engine.api.errors import ApiError, anthropic_error, openai_error
 from engine.api.state import ServerState
 
@@ -41,6 +41,7 @@ def create_app(state: ServerState) -> FastAPI:
         guarded = request.url.path.startswith("/v1/") or request.url.path in (
             *tokens.PATHS,
             *llama_cpp.PATHS,
+            *props.PATHS,
             *rerank.PATHS,
         )
         if state.api_key and guarded and not _authorized(request, state.api_key):
@@ -86,4 +87,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(responses.router)
     app.include_router(tokens.router)
     app.include_router(llama_cpp.router)
+    app.include_router(props.router)
     return app

@@ -292,6 +292,24 @@ class _Run:
         self.stream.abort()
 
 
+def generation_settings(params: SamplingParams, n_predict: int) -> dict[str, Any]:
+    """llama.cpp's generation_settings: the sampling a reply ran with (GET /props: the served defaults)."""
+    return {
+        "n_predict": n_predict,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "repeat_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "seed": -1 if params.seed is None else params.seed,
+        "stop": list(params.stop or ()),
+        "ignore_eos": params.ignore_eos,
+        "n_probs": params.logprobs or 0,
+    }
+
+
 def _stop_type(out: RequestOutput, run: _Run) -> str:
     if run.cut or out.finish_reason == "length":
         return "limit"
@@ -309,20 +327,7 @@ def _final(
     prompt_n = len(ids) - out.num_cached_tokens
     predicted_n = len(out.token_ids)
     prompt_ms, predicted_ms = (first - run.began) * 1000, (last - first) * 1000
-    settings = {
-        "n_predict": run.n_predict,
-        "temperature": params.temperature,
-        "top_k": params.top_k,
-        "top_p": params.top_p,
-        "min_p": params.min_p,
-        "repeat_penalty": params.repetition_penalty,
-        "presence_penalty": params.presence_penalty,
-        "frequency_penalty": params.frequency_penalty,
-        "seed": -1 if params.seed is None else params.seed,
-        "stop": list(params.stop or ()),
-        "ignore_eos": params.ignore_eos,
-        "n_probs": params.logprobs or 0,
-    }
+    settings = generation_settings(params, run.n_predict)
     reply = {
         "index": 0,
         "content": out.text,

@@ -245,6 +245,7 @@ def test_the_llama_cpp_routes_are_behind_the_api_key(serve):
     body = {"input_prefix": "a", "input_suffix": "b"}
     assert httpx.post(f"{server.url}/infill", json=body).status_code == 401
     assert httpx.post(f"{server.url}/completion", json={"prompt": "a"}).status_code == 401
+    assert httpx.get(f"{server.url}/props").status_code == 401
     assert (
         httpx.post(f"{server.url}/infill", json=body, headers={"Authorization": "Bearer k"}).status_code
         == 200

@@ -59,3 +59,20 @@ def test_prompts_use_the_template_given(server):
     r = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}, timeout=30).json()
     text = server.engine.tokenizer.decode(r["tokens"], skip_special_tokens=False)
     assert text.endswith("<|im_start|>assistant\nAnswer: ") and "What is the capital of France?" in text
+
+
+def test_props_reports_the_served_defaults_context_and_template(server):
+    """llama-server's GET /props: the defaults a request gets (the file's temperature and top_k, ninfer's
+    own for the rest), the context, the slots, the template in use, no vision on a text model."""
+    r = httpx.get(f"{server.url}/props", timeout=30)
+    assert r.status_code == 200, r.text
+    props = r.json()
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == server.engine.llm.max_context
+    assert settings["params"]["temperature"] == 0.0 and settings["params"]["top_k"] == 5
+    assert settings["params"]["top_p"] == 1.0 and settings["params"]["n_predict"] == -1
+    assert props["total_slots"] == server.engine.llm.engine_config.max_concurrency
+    assert props["chat_template"] == TEMPLATE and props["eos_token"] == server.engine.tokenizer.eos_token
+    assert props["modalities"] == {"vision": False, "audio": False}
+    assert props["build_info"].startswith("ninfer")
+    assert httpx.post(f"{server.url}/props", json={}, timeout=30).status_code == 405
