@@ -69,15 +69,22 @@ class PredictionDrafts:
 
     def _find(self, prediction: np.ndarray, output: list[int], after: int) -> int:
         """The prediction index after the longest suffix of `output` found in it (see the module's
-        docstring for which occurrence); -1 when none of at least `min_ngram` tokens occurs."""
-        m, size = len(output), len(prediction)
-        for length in range(min(self.max_ngram, m, size), self.min_ngram - 1, -1):
-            suffix = np.asarray(output[m - length :], dtype=np.int64)
-            starts = np.flatnonzero(prediction[: size - length + 1] == suffix[0])
-            for offset in range(1, length):
-                starts = starts[prediction[starts + offset] == suffix[offset]]
-            if len(starts):
-                ends = starts + length
-                ahead = ends[ends >= after]
-                return int(ahead[0]) if len(ahead) else int(ends[-1])
-        return -1
+        docstring for which occurrence); -1 when none of at least `min_ngram` tokens occurs. One scan of the
+        prediction for the last token, then its matches extended backwards a token at a time."""
+        m = len(output)
+        longest = min(self.max_ngram, m)
+        if longest < self.min_ngram:
+            return -1
+        ends = np.flatnonzero(prediction == output[-1]) + 1  # where a 1-token match ends (exclusive)
+        found = ends if self.min_ngram == 1 and len(ends) else None
+        for length in range(2, longest + 1):
+            ends = ends[ends >= length]
+            ends = ends[prediction[ends - length] == output[m - length]]
+            if not len(ends):
+                break
+            if length >= self.min_ngram:
+                found = ends
+        if found is None:
+            return -1
+        ahead = found[found >= after]
+        return int(ahead[0]) if len(ahead) else int(found[-1])
