@@ -34,3 +34,21 @@ ask = dict(model="ninfer", max_output_tokens=32, temperature=0)
 first = client.responses.create(input="What is the capital of France?", **ask)
 second = client.responses.create(input="And of Italy?", previous_response_id=first.id, **ask)
 print(first.output_text, "/", second.output_text)
+
+# Predicted Outputs: the reply expected (a file sent back with an edit) drafts where the reply follows it;
+# with `ninfer serve --spec ngram` (or mtp / draft) it speeds the reply up, which stays what it would be
+code = "def area(width, height):\n    return width * height\n"
+edit = [{"role": "user", "content": f"Rename width to w in this code; reply with the code only:\n\n{code}"}]
+reply = client.chat.completions.create(
+    model="ninfer",
+    messages=edit,
+    max_tokens=64,
+    temperature=0,
+    prediction={"type": "content", "content": code.replace("width", "w")},
+)
+details = reply.usage.completion_tokens_details
+print(
+    "prediction tokens accepted / rejected:",
+    details.accepted_prediction_tokens,
+    details.rejected_prediction_tokens,
+)
