@@ -61,7 +61,7 @@ def regex(pattern: str) -> str:
 
 
 def choice(options: list[str]) -> str:
-    if not options or not all(isinstance(o, str) for o in options):
+    if not isinstance(options, (list, tuple)) or not options or not all(isinstance(o, str) for o in options):
         raise NinferError("a choice must be a non-empty list of strings")
     return "start: " + " | ".join(_literal(o) for o in options)
 

@@ -87,6 +87,9 @@ CASES = [
     (CHAT, chat(min_tokens=4, response_format={"type": "json_object"})),
     (CHAT, chat(include_stop_str_in_output="yes")),
     (CHAT, chat(stop_token_ids=["x"])),
+    (CHAT, chat(guided_choice=1.5)),
+    (CHAT, chat(guided_choice="yes")),  # a string, not a list of them
+    (CHAT, chat(prediction={"type": "content", "content": None})),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "allowed_token_ids": []}),
