@@ -76,6 +76,8 @@ def grammar(text: str) -> str:
         return any_to_lark(text)
     except GbnfToLarkError as e:
         raise NinferError(f"the grammar is neither Lark nor GBNF: {e}") from e
+    except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions ("No 'root' rule found")
+        raise NinferError(f"the grammar is neither Lark nor GBNF: {e}") from e
 
 
 @dataclass(frozen=True)

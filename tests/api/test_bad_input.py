@@ -89,6 +89,7 @@ CASES = [
     (CHAT, chat(stop_token_ids=["x"])),
     (CHAT, chat(guided_choice=1.5)),
     (CHAT, chat(guided_choice="yes")),  # a string, not a list of them
+    (CHAT, chat(guided_grammar="")),
     (CHAT, chat(prediction={"type": "content", "content": None})),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),
