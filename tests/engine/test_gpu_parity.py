@@ -3,6 +3,8 @@ models; fp32 greedy tokens with the tie rule, and bf16 logprobs close to fp32.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
@@ -153,3 +155,23 @@ def test_cuda_draft_model_keeps_the_greedy_tokens(pair):
     _assert_cuda_greedy_matches(
         ref, path, _prompt(33), spec="draft", draft_model=str(path), max_concurrency=2
     )
+
+
+def test_cuda_predictions_beside_plain_requests_keep_the_greedy_tokens(pair):
+    """Predicted Outputs on CUDA with graphs, spec ngram, two requests in one step: one with a prediction
+    right for its first 8 tokens then wrong, one without (the step's draft counts differ, so the shorter is
+    padded to replay a graph): each gets transformers' greedy tokens."""
+    ref, path = pair
+    prompts = [_prompt(21), _prompt(9)]
+    references = [hf_greedy_reference(ref, ids, GEN) for ids in prompts]
+    llm = LLM(path, device="cuda", dtype="float32", spec="ngram", draft_tokens=3, max_concurrency=2)
+    plain = SamplingParams(max_tokens=GEN, temperature=0.0, ignore_eos=True, logprobs=1)
+    predicted = dataclasses.replace(plain, prediction=[*references[0][0][:8], 1, 2, 3])
+    ids = [llm.add_request(prompts[0], predicted), llm.add_request(prompts[1], plain)]
+    outs = {}
+    while llm.has_unfinished_requests():
+        for out, _ in llm.step():
+            outs[out.request_id] = out
+    for rid, (ref_tokens, ref_lp) in zip(ids, references):
+        _assert_greedy_matches(outs[rid], ref_tokens, ref_lp)
+    assert outs[ids[0]].num_prediction_tokens > 0
