@@ -165,6 +165,8 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise ApiError(400, f"tools[{i}] needs a string 'name'")
+        if not isinstance(t.get("input_schema", {}), dict):
+            raise ApiError(400, f"tools[{i}].input_schema must be a JSON schema object")
         out.append(
             {
                 "type": "function",

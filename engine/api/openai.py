@@ -157,6 +157,29 @@ def usage_json(
     return usage
 
 
+def _chat_tools(body: dict) -> list[dict[str, Any]] | None:
+    """The request's `tools`, each {"type": "function", "function": {"name", "parameters"?, ...}}."""
+    tools = field(body, "tools", list)
+    for i, tool in enumerate(tools or ()):
+        if not isinstance(tool, dict):
+            raise ApiError(
+                400, f'tools[{i}] must be an object ({{"type": "function", "function": {{...}}}})', "tools"
+            )
+        kind = tool.get("type", "function")
+        if kind != "function":
+            raise ApiError(
+                400,
+                f"tools[{i}] is a '{kind}' tool; this server takes function tools (the client runs them)",
+                "tools",
+            )
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ApiError(400, f"tools[{i}].function needs a string 'name'", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+    return tools
+
+
 def _prediction(state: ServerState, body: dict) -> tuple[int, ...]:
     """OpenAI's Predicted Outputs: {"type": "content", "content": text or [{"type": "text", ...}]} as token
     ids; () without one."""
@@ -296,7 +319,7 @@ async def chat_completions(request: Request):
             '([{"type": "function", "function": {...}}]) and \'tool_choice\'',
             "functions",
         )
-    tools = field(body, "tools", list)
+    tools = _chat_tools(body)
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
     kwargs = with_effort(

@@ -141,6 +141,8 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
             )
         if not isinstance(tool.get("name"), str):
             raise ApiError(400, f"tools[{i}] needs a string 'name'", "tools")
+        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+            raise ApiError(400, f"tools[{i}].parameters must be a JSON schema object", "tools")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out

@@ -90,6 +90,10 @@ CASES = [
     (CHAT, chat(guided_choice=1.5)),
     (CHAT, chat(guided_choice="yes")),  # a string, not a list of them
     (CHAT, chat(guided_grammar="")),
+    (CHAT, chat(tools=[1])),  # each of these was a 500 after the reply was generated
+    (CHAT, chat(tools=[{"type": "function", "function": {"description": "no name"}}])),
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}])),
+    (CHAT, chat(tools=[{"type": "custom", "custom": {"name": "f"}}])),
     (CHAT, chat(prediction={"type": "content", "content": None})),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),
@@ -122,6 +126,7 @@ CASES = [
     (MESSAGES, msg(max_tokens=-1)),
     (MESSAGES, msg(messages=[{"role": "user", "content": LONG_TEXT}])),
     (MESSAGES, msg(top_k="many")),
+    (MESSAGES, msg(tools=[{"name": "f", "input_schema": 5}])),
     (COUNT, {"model": "m"}),
 ]
 
