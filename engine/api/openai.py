@@ -75,7 +75,7 @@ def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImage
         if not isinstance(m, dict):
             raise ApiError(400, f"{where} must be an object", "messages")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ApiError(
                 400, f"{where}.role is '{role}'; use one of {', '.join(sorted(ROLES))}", "messages"
             )

@@ -2,10 +2,11 @@
 seeded random bodies (fields of the wrong type, random message and tool structures). Each answer is a
 success or a 4xx with a one-line message, never a 5xx; the server keeps serving. (The sweep fails on the
 500s fuzzing found: vLLM's guided_choice as a number, an empty GBNF grammar, a chat tool that is not an
-object.)"""
+object, a message role that is a list.)"""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import httpx2 as httpx
@@ -142,10 +143,101 @@ def test_every_field_with_a_value_of_another_kind(server, path):
                 _answered(client, server.url, path, {**body, name: value})
 
 
+USER = {"role": "user", "content": "hi"}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+# (route, a valid body, places inside it set in turn to each of NESTED_WRONG)
+NESTED = [
+    (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "max_tokens": 3,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ],
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        [
+            ["messages", 0, "role"],
+            ["messages", 0, "content", 0],
+            ["messages", 0, "content", 0, "text"],
+            ["messages", 1, "tool_calls", 0],
+            ["messages", 1, "tool_calls", 0, "function"],
+            ["messages", 1, "tool_calls", 0, "function", "name"],
+            ["messages", 1, "tool_calls", 0, "function", "arguments"],
+            ["messages", 2, "tool_call_id"],
+            ["tools", 0, "function", "parameters", "properties"],
+            ["tool_choice", "function"],
+            ["tool_choice", "function", "name"],
+        ],
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "m",
+            "max_tokens": 3,
+            "system": [{"type": "text", "text": "s"}],
+            "messages": [
+                USER,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]},
+            ],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "thinking": {"type": "enabled", "budget_tokens": 10},
+        },
+        [
+            ["system", 0],
+            ["messages", 1, "content", 0, "name"],
+            ["messages", 1, "content", 0, "input"],
+            ["messages", 2, "content", 0, "tool_use_id"],
+            ["messages", 2, "content", 0, "content"],
+            ["tools", 0, "input_schema"],
+            ["thinking", "budget_tokens"],
+        ],
+    ),
+    (
+        "/v1/responses",
+        {
+            "model": "m",
+            "max_output_tokens": 3,
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "ok"},
+            ],
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        },
+        [["input", 0, "role"], ["input", 0, "content", 0], ["input", 1, "arguments"], ["input", 2, "output"]]
+        + [["text", "format"], ["text", "format", "schema"]],
+    ),
+]
+NESTED_WRONG = [1.5, [1], {"a": 1}]
+
+
+@pytest.mark.parametrize("route, body, places", NESTED, ids=[n[0] for n in NESTED])
+def test_nested_places_with_a_value_of_another_kind(server, route, body, places):
+    with httpx.Client(timeout=60) as client:
+        for place in places:
+            for value in NESTED_WRONG:
+                changed = copy.deepcopy(body)
+                parent = changed
+                for key in place[:-1]:
+                    parent = parent[key]
+                parent[place[-1]] = value
+                _answered(client, server.url, route, changed)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_random_bodies_get_an_answer_or_a_one_line_4xx(server, seed):
     rng = random.Random(seed)
     with httpx.Client(timeout=60) as client:
-        for _ in range(250):
+        for _ in range(150):
             _answered(client, server.url, *_body(rng))
     assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
