@@ -9,6 +9,7 @@ vocabulary, on every start. This one unpacks the header with `struct` and numeri
 
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,6 +30,12 @@ _PLAIN = {
     GGMLQuantizationType.I32: np.int32,
     GGMLQuantizationType.I64: np.int64,
 }
+
+
+@functools.cache
+def _layout(fmt: str) -> struct.Struct:
+    """A little-endian struct format, compiled once (the header is unpacked field by field)."""
+    return struct.Struct("<" + fmt)
 
 
 class GGUFField(NamedTuple):
@@ -72,7 +79,8 @@ class GGUFFile:
             raise ValueError(f"a name or string in its header is not UTF-8 (damaged?): {e.reason}") from e
 
     def _unpack(self, fmt: str, offset: int) -> tuple[tuple, int]:
-        return struct.unpack_from("<" + fmt, self._buf, offset), offset + struct.calcsize("<" + fmt)
+        layout = _layout(fmt)
+        return layout.unpack_from(self._buf, offset), offset + layout.size
 
     def _string(self, offset: int) -> tuple[str, int]:
         (n,), offset = self._unpack("Q", offset)
