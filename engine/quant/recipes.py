@@ -50,10 +50,16 @@ CALIBRATION_TEXT = (
 )
 
 
+def uniform_bits(recipe: str) -> int | None:
+    """The bits of a uniform recipe's matrices (w4g128 -> 4); None for bf16 and the mixed q4.6."""
+    return int(recipe[1]) if recipe.startswith("w") else None
+
+
 def calibrates(recipe: str, method: str) -> bool:
     """Whether converting under `recipe` runs the model on calibration text: q4.6 measures each matrix's
     sensitivity, GPTQ compensates the weights below 8 bits (8-bit ones are rounded: Plan.quantize)."""
-    return recipe == "q4.6" or (method == "gptq" and recipe not in ("bf16", "w8g128"))
+    bits = uniform_bits(recipe)
+    return recipe == "q4.6" or (method == "gptq" and bits is not None and bits < 8)
 
 
 def is_quantizable(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
@@ -91,7 +97,7 @@ class Plan:
         if self.recipe == "q4.6":
             option = self.options.get(name)
         else:
-            option = (int(self.recipe[1]), GROUP_SIZE) if is_quantizable(name, tensor.shape) else None
+            option = (uniform_bits(self.recipe), GROUP_SIZE) if is_quantizable(name, tensor.shape) else None
         if option is None:  # kept unquantized: fp32, the tower in the 16 bits it ships in
             return tensor.to(torch.bfloat16) if is_tower(name) else tensor.float()
         bits, group = option
