@@ -91,6 +91,15 @@ def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def not_a_function_tool(index: int, kind: Any) -> ApiError:
+    """The refusal of tools[index] when it is not a function tool (a built-in one the server would run)."""
+    return ApiError(
+        400,
+        f"tools[{index}] is a '{kind}' tool; this server takes function tools (the client runs them)",
+        "tools",
+    )
+
+
 def top_alternatives(logprobs: dict[int, float], top: int) -> list[tuple[int, float]]:
     """A position's `top` most likely (token id, logprob) pairs, most likely first."""
     return sorted(logprobs.items(), key=lambda tv: -tv[1])[:top]

@@ -15,6 +15,7 @@ from engine.api.choices import merged, num_choices, start_choices
 from engine.api.common import (
     collect_choices,
     field,
+    not_a_function_tool,
     now,
     read_json,
     reasoning_tokens,
@@ -167,11 +168,7 @@ def _chat_tools(body: dict) -> list[dict[str, Any]] | None:
             )
         kind = tool.get("type", "function")
         if kind != "function":
-            raise ApiError(
-                400,
-                f"tools[{i}] is a '{kind}' tool; this server takes function tools (the client runs them)",
-                "tools",
-            )
+            raise not_a_function_tool(i, kind)
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ApiError(400, f"tools[{i}].function needs a string 'name'", "tools")
@@ -356,7 +353,7 @@ async def chat_completions(request: Request):
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    predicted = "prediction" in body and body["prediction"] is not None
+    predicted = body.get("prediction") is not None
 
     def thought(outs) -> int:
         return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.api.common import (
     complete,
     field,
+    not_a_function_tool,
     now,
     read_json,
     reasoning_tokens,
@@ -134,11 +135,7 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise ApiError(
-                400,
-                f"tools[{i}] is a '{kind}' tool; this server takes function tools (the client runs them)",
-                "tools",
-            )
+            raise not_a_function_tool(i, kind)
         if not isinstance(tool.get("name"), str):
             raise ApiError(400, f"tools[{i}] needs a string 'name'", "tools")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
