@@ -29,6 +29,7 @@ from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
 from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
+from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_text_grammar
 from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.request import RequestOutput
@@ -130,7 +131,6 @@ async def completions(request: Request):
     # max_tokens 0: score the prompt only (one token is generated and dropped)
     score_only = field(body, "max_tokens", int, 16) == 0
     stream = field(body, "stream", bool, False)
-    include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
     grammar = openai_text_grammar(body)
     params = sampling_params(
         state,
@@ -145,6 +145,7 @@ async def completions(request: Request):
     if fim_stops:
         params = replace(params, stop_token_ids=(*params.stop_token_ids, *fim_stops))
     prompts = [truncated_prompt(body, ids, state.max_context, params.max_tokens) for ids in prompts]
+    usage_options = stream_usage(body, stream, prompts)
     streams = await start_choices(state, prompts, params, n)
     echoes = [state.engine.tokenizer.decode(ids) if echo else "" for ids in prompts]
     prompt_texts = [text for text in echoes for _ in range(n)]  # choice i answers prompt i // n
@@ -163,8 +164,11 @@ async def completions(request: Request):
     def choice(index: int, text: str, finish: str | None, logprobs: dict | None) -> dict:
         return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
+    latest: list[RequestOutput | None] = [None] * len(streams)  # each choice's latest output (streamed)
+
     def event(index: int, text: str, finish: str | None, logprobs: dict | None) -> str:
-        return f"data: {json.dumps(payload([choice(index, text, finish, logprobs)]))}\n\n"
+        chunk = usage_options.add_to(payload([choice(index, text, finish, logprobs)]), latest)
+        return f"data: {json.dumps(chunk)}\n\n"
 
     def echoed_logprobs(out: RequestOutput) -> dict | None:
         """The prompt's legacy logprobs, when echoed with them."""
@@ -205,6 +209,7 @@ async def completions(request: Request):
                 state.metrics.token(out)
                 if score_only:
                     out, delta = _nothing_generated(out), ""
+                latest[index] = out
                 if not echoed[index]:
                     yield event(index, prompt_texts[index], None, echoed_logprobs(out))
                     echoed[index] = True
@@ -218,7 +223,7 @@ async def completions(request: Request):
                 if out.finished:
                     state.metrics.finished(out)
                     last[index] = out
-            if include_usage:
+            if usage_options.include:
                 yield f"data: {json.dumps(payload([], usage_json(*last, n=n)))}\n\n"
             yield "data: [DONE]\n\n"
         finally:

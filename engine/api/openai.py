@@ -29,6 +29,7 @@ from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
+from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.parsers.tool_calls import ToolCall
@@ -325,7 +326,6 @@ async def chat_completions(request: Request):
         "reasoning_effort",
     )
     stream = field(body, "stream", bool, False)
-    include_usage = bool((field(body, "stream_options", dict, {}) or {}).get("include_usage"))
     top_logprobs = _logprobs_settings(body)
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -351,6 +351,7 @@ async def chat_completions(request: Request):
             "truncate_prompt_tokens",
         )
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
+    usage_options = stream_usage(body, stream, [ids])
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     predicted = body.get("prediction") is not None
@@ -394,6 +395,8 @@ async def chat_completions(request: Request):
             response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
         return JSONResponse(response)
 
+    last: list[RequestOutput | None] = [None] * len(streams)  # each choice's latest output
+
     def chunk(
         delta: dict[str, Any],
         finish: str | None = None,
@@ -412,12 +415,13 @@ async def chat_completions(request: Request):
         }
         if usage is not None:
             payload["usage"] = usage
+        else:
+            usage_options.add_to(payload, last)
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
         parsers = [ReplyParser(in_reasoning, tools, max_calls) for _ in streams]
         num_calls, sent_logprobs = [0] * len(streams), [0] * len(streams)
-        last: list[RequestOutput | None] = [None] * len(streams)
         outputs = merged(streams)
         try:
             for index in range(len(streams)):
@@ -446,7 +450,7 @@ async def chat_completions(request: Request):
                 if out.finished:
                     state.metrics.finished(out)
                     yield chunk({}, "tool_calls" if num_calls[index] else finish_reason(out), index=index)
-            if include_usage:
+            if usage_options.include:
                 totals = usage_json(*last, n=n, reasoning=thought(last), prediction=predicted)
                 yield chunk({}, usage=totals, index=None)
             yield "data: [DONE]\n\n"

@@ -353,3 +353,67 @@ def test_include_stop_str_in_output_keeps_the_stop_string(oai):
         extra_body={"include_stop_str_in_output": True},
     )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == kept.choices[0].text
+
+
+def _stream_chunks(server, route: str, body: dict) -> list[dict]:
+    import json
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{server.url}{route}", json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/chat/completions", {"messages": QUESTION, "n": 2}),
+        ("/v1/completions", {"prompt": ["The capital of France is", "One, two,"], "n": 2}),
+    ],
+)
+def test_stream_options_usage_at_the_end_or_on_every_chunk(server, route, body):
+    """include_usage: a last chunk with the totals and no choices, "usage": null on every other (OpenAI);
+    with vLLM's continuous_usage_stats, every chunk carries the usage so far, rising to the totals."""
+    body = {**body, "max_tokens": 8, "stream": True, **GREEDY}
+    plain = _stream_chunks(server, route, body)
+    assert all("usage" not in c for c in plain)
+    at_end = _stream_chunks(server, route, {**body, "stream_options": {"include_usage": True}})
+    totals = at_end[-1]["usage"]
+    assert (
+        at_end[-1]["choices"] == [] and totals["completion_tokens"] > 8
+    )  # several choices of up to 8 tokens
+    assert all(c["usage"] is None for c in at_end[:-1])
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    running = _stream_chunks(server, route, {**body, "stream_options": options})
+    assert running[-1]["usage"] == totals
+    counts = [c["usage"]["completion_tokens"] for c in running[:-1]]
+    assert counts == sorted(counts) and counts[-1] == totals["completion_tokens"]
+    assert all(c["usage"]["prompt_tokens"] == totals["prompt_tokens"] for c in running)
+    assert all(c["usage"]["total_tokens"] == totals["prompt_tokens"] + n for c, n in zip(running, counts))
+    # without include_usage, continuous stats add nothing (as vLLM has it)
+    alone = _stream_chunks(server, route, {**body, "stream_options": {"continuous_usage_stats": True}})
+    assert all("usage" not in c for c in alone)
+
+
+def test_stream_options_are_checked(oai):
+    for options, words in (
+        ({"include_usage": "yes"}, "'include_usage' must be a boolean"),
+        ({"continuous_usage_stats": 1}, "'continuous_usage_stats' must be a boolean"),
+        ("usage", "'stream_options' must be an object"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=words):
+            oai.chat.completions.create(
+                model="m",
+                messages=QUESTION,
+                max_tokens=2,
+                stream=True,
+                extra_body={"stream_options": options},
+            )
+    for create, kwargs in (
+        (oai.chat.completions.create, {"messages": QUESTION}),
+        (oai.completions.create, {"prompt": "hi"}),
+    ):
+        with pytest.raises(openai.BadRequestError, match="'stream_options' goes with \"stream\": true"):
+            create(model="m", max_tokens=2, stream_options={"include_usage": True}, **kwargs)
