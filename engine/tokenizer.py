@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,16 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's raw bytes (part of a character, for some; engine/token_bytes.py)."""
+        return self._byte_reader(token_id)
+
+    @cached_property
+    def _byte_reader(self):
+        from engine.token_bytes import token_byte_reader
+
+        return token_byte_reader(self.backend)
 
     def apply_chat_template(
         self,

@@ -31,6 +31,7 @@ from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_f
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_text_grammar
+from engine.api.token_names import TokenNames, token_names
 from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.request import RequestOutput
 
@@ -83,16 +84,16 @@ def _infill(
     return built, fim.stop_token_ids
 
 
-def _logprobs(state: ServerState, out: RequestOutput, top: int, start: int, offset: int) -> dict[str, Any]:
+def _logprobs(names: TokenNames, out: RequestOutput, top: int, start: int, offset: int) -> dict[str, Any]:
     """The legacy completions logprobs of the output tokens from `start` on; `offset`: the text length before
     them (text_offset counts from the start of the returned text)."""
     tokens, logprobs, top_logprobs, text_offset = [], [], [], []
-    for piece, logprob, alts in token_logprobs(state, out, top, start):
-        tokens.append(piece)
+    for token, logprob, alts in token_logprobs(out, top, start):
+        tokens.append(names.name(token))
         logprobs.append(logprob)
-        top_logprobs.append(dict(alts))
+        top_logprobs.append({names.name(t): v for t, v in alts})
         text_offset.append(offset)
-        offset += len(piece)
+        offset += len(names.piece(token))
     return {
         "tokens": tokens,
         "token_logprobs": logprobs,
@@ -125,6 +126,7 @@ async def completions(request: Request):
     n = num_choices(body, len(prompts))
     echo = field(body, "echo", bool, False)
     top = field(body, "logprobs", int)
+    names = token_names(state, body)
     vllm_top = prompt_logprobs_field(body)
     # the prompt's own log-probabilities: asked for directly (vLLM), or echoed with the legacy logprobs
     prompt_top = max(top if echo and top is not None else -1, -1 if vllm_top is None else vllm_top)
@@ -172,7 +174,7 @@ async def completions(request: Request):
 
     def echoed_logprobs(out: RequestOutput) -> dict | None:
         """The prompt's legacy logprobs, when echoed with them."""
-        return legacy_prompt_logprobs(state, out, top) if echo and top is not None else None
+        return legacy_prompt_logprobs(names, out, top) if echo and top is not None else None
 
     if not stream:
         outs = await collect_choices(state, streams, request)
@@ -181,7 +183,7 @@ async def completions(request: Request):
             if score_only:
                 outs[index] = out = _nothing_generated(out)
             text = prompt_texts[index]
-            logprobs = _logprobs(state, out, top, 0, len(text)) if top is not None else None
+            logprobs = _logprobs(names, out, top, 0, len(text)) if top is not None else None
             if echo and top is not None:
                 logprobs = {k: echoed_logprobs(out)[k] + logprobs[k] for k in logprobs}
             choices.append(choice(index, text + out.text, finish_reason(out), logprobs))
@@ -216,7 +218,7 @@ async def completions(request: Request):
                 if (delta or out.finished) and not (score_only and not out.finished):
                     logprobs = None
                     if top is not None:
-                        logprobs = _logprobs(state, out, top, sent_tokens[index], sent_text[index])
+                        logprobs = _logprobs(names, out, top, sent_tokens[index], sent_text[index])
                         sent_tokens[index] = len(out.token_ids)
                     sent_text[index] += len(delta)
                     yield event(index, delta, finish_reason(out) if out.finished else None, logprobs)

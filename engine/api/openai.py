@@ -31,6 +31,7 @@ from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logpro
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
+from engine.api.token_names import TokenNames, token_names
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -230,21 +231,13 @@ def stream_error(message: str) -> str:
 
 
 def token_logprobs(
-    state: ServerState, out: RequestOutput, top: int, start: int = 0
-) -> list[tuple[str, float, list[tuple[str, float]]]]:
-    """(text, logprob, the top-N (text, logprob) alternatives) of each output token from `start` on."""
-    decode = state.engine.tokenizer.decode
-    items = []
-    for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]:
-        alts = top_alternatives(lp, top)
-        items.append(
-            (
-                decode([token], skip_special_tokens=False),
-                lp.get(token, float("-inf")),
-                [(decode([t], skip_special_tokens=False), v) for t, v in alts],
-            )
-        )
-    return items
+    out: RequestOutput, top: int, start: int = 0
+) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(token id, logprob, the top-N (token id, logprob) alternatives) of each output token from `start` on."""
+    return [
+        (token, lp.get(token, float("-inf")), top_alternatives(lp, top))
+        for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]
+    ]
 
 
 def template_options(body: dict) -> tuple[bool, bool]:
@@ -255,16 +248,16 @@ def template_options(body: dict) -> tuple[bool, bool]:
     )
 
 
-def _logprobs_content(state: ServerState, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
+def _logprobs_content(names: TokenNames, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
     """OpenAI's logprobs.content for the output tokens from `start` on."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        return {"token": names.name(token), "logprob": logprob, "bytes": names.bytes(token)}
+
     return {
         "content": [
-            {
-                "token": text,
-                "logprob": logprob,
-                "top_logprobs": [{"token": t, "logprob": v} for t, v in alts],
-            }
-            for text, logprob, alts in token_logprobs(state, out, top, start)
+            {**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in alts]}
+            for token, logprob, alts in token_logprobs(out, top, start)
         ]
     }
 
@@ -327,6 +320,7 @@ async def chat_completions(request: Request):
     )
     stream = field(body, "stream", bool, False)
     top_logprobs = _logprobs_settings(body)
+    names = token_names(state, body)
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
@@ -381,7 +375,7 @@ async def chat_completions(request: Request):
                 "logprobs": None,
             }
             if top_logprobs is not None:
-                choice["logprobs"] = _logprobs_content(state, out, top_logprobs)
+                choice["logprobs"] = _logprobs_content(names, out, top_logprobs)
             choices.append(choice)
         response = {
             "id": rid,
@@ -435,7 +429,7 @@ async def chat_completions(request: Request):
                 state.metrics.token(out)
                 if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs[index]:
                     # the new tokens' logprobs, in a chunk of their own (text may be held back a while)
-                    logprobs = _logprobs_content(state, out, top_logprobs, sent_logprobs[index])
+                    logprobs = _logprobs_content(names, out, top_logprobs, sent_logprobs[index])
                     yield chunk({}, index=index, logprobs=logprobs)
                     sent_logprobs[index] = len(out.logprobs)
                 for kind, piece in parsers[index].feed(delta, final=out.finished):

@@ -9,6 +9,7 @@ from typing import Any
 from engine.api.common import field, top_alternatives
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
+from engine.api.token_names import TokenNames
 from engine.request import RequestOutput
 
 
@@ -42,24 +43,22 @@ def vllm_prompt_logprobs(state: ServerState, out: RequestOutput, top: int) -> li
     return items
 
 
-def legacy_prompt_logprobs(state: ServerState, out: RequestOutput, top: int) -> dict[str, list]:
+def legacy_prompt_logprobs(names: TokenNames, out: RequestOutput, top: int) -> dict[str, list]:
     """The legacy completions' logprobs of the echoed prompt: tokens, token_logprobs, top_logprobs and
     text_offset, null for the first token."""
-    decode = state.engine.tokenizer.decode
     tokens, logprobs, top_logprobs, text_offset = [], [], [], []
     offset = 0
     for token, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
-        piece = decode([token], skip_special_tokens=False)
-        tokens.append(piece)
+        tokens.append(names.name(token))
         text_offset.append(offset)
-        offset += len(piece)
+        offset += len(names.piece(token))
         if entry is None:
             logprobs.append(None)
             top_logprobs.append(None)
             continue
         logprobs.append(entry.logprobs[token])
         ranked = top_alternatives(entry.logprobs, top)
-        top_logprobs.append({decode([t], skip_special_tokens=False): v for t, v in ranked})
+        top_logprobs.append({names.name(t): v for t, v in ranked})
     return {
         "tokens": tokens,
         "token_logprobs": logprobs,

@@ -45,6 +45,17 @@ class RunningServer:
             time.sleep(0.02)
         return self
 
+    def wait_idle(self, seconds: float = 10.0) -> dict:
+        """The engine's stats once nothing runs or waits (a stream a client left is aborted by the engine's
+        loop a moment later); fails if requests are still there after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            stats = self.engine.stats()
+            if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+                return stats
+            assert time.monotonic() < deadline, f"requests left running: {stats}"
+            time.sleep(0.05)
+
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)

@@ -4,7 +4,6 @@ prompt and n, each as a request of its own would give it, streamed or not; a pro
 from __future__ import annotations
 
 import json
-import time
 
 import httpx2 as httpx
 import openai
@@ -25,15 +24,6 @@ def server():
 @pytest.fixture
 def oai(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-
-
-def _idle(server) -> dict:
-    for _ in range(200):
-        stats = server.engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return stats
-        time.sleep(0.05)
-    raise AssertionError(f"requests left running: {stats}")
 
 
 def test_chat_n_choices_each_sample_as_alone(oai, server):
@@ -68,7 +58,7 @@ def test_chat_n_streamed(oai, server):
     assert texts == {c.index: c.message.content for c in whole.choices}
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-    _idle(server)
+    server.wait_idle()
 
 
 def test_completions_several_prompts_and_n(oai, server):
@@ -104,7 +94,7 @@ def test_completions_several_prompts_and_n(oai, server):
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
     assert chunks[-1].usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
-    _idle(server)
+    server.wait_idle()
 
 
 def test_lm_eval_harness_style_batch(oai, server):
@@ -157,7 +147,7 @@ def test_more_choices_than_the_queue_holds_are_refused_whole(server):
     body = {"model": "m", "max_tokens": 300, "ignore_eos": True, "messages": QUESTION, "n": 13}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 429
-    stats = _idle(server)
+    stats = server.wait_idle()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
@@ -167,5 +157,5 @@ def test_a_client_leaving_a_streamed_n_frees_every_choice(server):
         for line in r.iter_lines():
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break  # one token of content in: hang up
-    stats = _idle(server)
+    stats = server.wait_idle()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

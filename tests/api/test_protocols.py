@@ -417,3 +417,56 @@ def test_stream_options_are_checked(oai):
     ):
         with pytest.raises(openai.BadRequestError, match="'stream_options' goes with \"stream\": true"):
             create(model="m", max_tokens=2, stream_options={"include_usage": True}, **kwargs)
+
+
+def test_logprobs_carry_each_tokens_bytes_and_names_by_id_on_request(oai, server):
+    """Chat logprobs give each token's raw bytes (OpenAI's `bytes`): a token holding part of a character
+    reads as U+FFFD, and the bytes joined are the reply. vLLM's return_tokens_as_token_ids names tokens
+    `token_id:N` in chat and text completions (and in the echoed prompt's logprobs)."""
+    reply = "Sí: 😀 日本語"
+    kwargs = dict(model="m", messages=QUESTION, max_tokens=32, logprobs=True, top_logprobs=2, **GREEDY)
+    for stream in (False, True):
+        body = dict(**kwargs, extra_body={"guided_choice": [reply]})
+        if stream:
+            chunks = oai.chat.completions.create(stream=True, **body)
+            content = [
+                i
+                for c in chunks
+                if c.choices and c.choices[0].logprobs
+                for i in c.choices[0].logprobs.content
+            ]
+        else:
+            content = oai.chat.completions.create(**body).choices[0].logprobs.content
+        assert b"".join(bytes(item.bytes) for item in content).decode() == reply
+        assert any("\ufffd" in item.token for item in content)  # a part of a character, told by its bytes
+        for item in content:
+            assert all(bytes(alt.bytes).decode("utf-8", "replace") == alt.token for alt in item.top_logprobs)
+    tok = server.engine.llm.tokenizer
+    by_id = oai.chat.completions.create(**kwargs, extra_body={"return_tokens_as_token_ids": True})
+    named = by_id.choices[0].logprobs.content
+    assert all(item.token.startswith("token_id:") for item in named)
+    ids = [int(item.token.removeprefix("token_id:")) for item in named]
+    assert tok.decode(ids) == by_id.choices[0].message.content
+    assert all(alt.token.startswith("token_id:") for item in named for alt in item.top_logprobs)
+    prompt = "The capital of France is"
+    text = oai.completions.create(
+        model="m",
+        prompt=prompt,
+        max_tokens=4,
+        logprobs=2,
+        echo=True,
+        temperature=0,
+        extra_body={"return_tokens_as_token_ids": True},
+    ).choices[0]
+    ids = [int(t.removeprefix("token_id:")) for t in text.logprobs.tokens]
+    assert tok.decode(ids) == text.text
+    assert text.logprobs.text_offset[-1] == len(text.text) - len(tok.decode(ids[-1:]))
+    assert all(k.startswith("token_id:") for alts in text.logprobs.top_logprobs[1:] for k in alts)
+    with pytest.raises(openai.BadRequestError, match="'return_tokens_as_token_ids' must be a boolean"):
+        oai.completions.create(
+            model="m",
+            prompt=prompt,
+            max_tokens=1,
+            logprobs=1,
+            extra_body={"return_tokens_as_token_ids": "yes"},
+        )

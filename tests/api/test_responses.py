@@ -232,4 +232,5 @@ def test_refusals_are_one_line(server, body, status, words):
 
 
 def test_nothing_left_running(server):
+    server.wait_idle()
     assert not server.engine.llm.has_unfinished_requests()

@@ -269,6 +269,7 @@ def test_refusals_are_one_line(server, path, body, words):
 
 
 def test_nothing_left_running_and_counted(server):
+    server.wait_idle()
     assert not server.engine.llm.has_unfinished_requests()
     metrics = httpx.get(f"{server.url}/metrics").text
     counted = next(ln for ln in metrics.splitlines() if ln.startswith("ninfer_structured_requests_total"))
