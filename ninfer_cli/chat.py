@@ -14,6 +14,7 @@ from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
+from ninfer_cli.chat_input import piped_line_reader, read_message
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
@@ -22,7 +23,8 @@ from ninfer_cli.vision_option import Vision
 
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
-    "Type a message and press Enter. Commands: /reset clears the conversation, /exit quits (or Ctrl-D)."
+    "Type a message and press Enter (end a line with \\ to go on, or put several lines between lines of "
+    '"""). Commands: /reset clears the conversation, /exit quits (or Ctrl-D).'
 )
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
@@ -58,7 +60,10 @@ def chat(
         str | None, typer.Option(help="With --url: the model to ask for (default: the server's first).")
     ] = None,
     prompt: Annotated[
-        str | None, typer.Option("--prompt", "-p", help="Answer this one message and exit.")
+        str | None,
+        typer.Option(
+            "--prompt", "-p", help="Answer this one message and exit ('-': read it from standard input)."
+        ),
     ] = None,
     system: Annotated[str | None, typer.Option(help="System message.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
@@ -109,6 +114,13 @@ def chat(
     from engine import LLM, SamplingParams
 
     check_source(model, url)
+    if prompt == "-":  # the whole of stdin is the message: cat review.txt code.py | ninfer chat -p -
+        prompt = sys.stdin.read().rstrip().lstrip("\r\n")  # a file's last newline is not part of the message
+        if not prompt:
+            raise NinferError(
+                "--prompt - reads the message from standard input, which was empty; pipe it in "
+                "(cat question.txt | ninfer chat -p -)"
+            )
     grammar, request_fields = structured_output(json_schema, grammar_file)
     given = {
         k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)) if v is not None
@@ -159,23 +171,27 @@ def chat(
     console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
     messages = list(base)
     pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)
-    interactive = sys.stdin.isatty()
+    read_line = input if sys.stdin.isatty() else piped_line_reader(out)
     while True:
         try:
-            line = input("> ") if interactive else _read_piped_line(out)
-        except (EOFError, KeyboardInterrupt):
+            message = read_message(read_line)
+        except KeyboardInterrupt:
+            message = None
+        if message is None:
             out.write("\n")
             return
-        text = line.strip()
+        text = message.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
+        if "\n" in text:  # several lines: kept as typed (indented code), blank lines around them dropped
+            text = message.strip("\r\n")
+        elif text in ("/exit", "/quit"):
             return
-        if text == "/reset":
+        elif text == "/reset":
             messages, pending = list(base), []
             console.print("conversation cleared")
             continue
-        if text.startswith("/image"):
+        elif text.startswith("/image"):
             path = Path(text.removeprefix("/image").strip()).expanduser()
             try:
                 data, said = _read_image(backend, path)
@@ -239,12 +255,3 @@ def _read_image(backend, path: Path) -> tuple[bytes, str]:
         raise NinferError(f"{path} is not a file; give the path of a PNG, JPEG, WebP, GIF or BMP image")
     data = path.read_bytes()
     return data, backend.attach(data)
-
-
-def _read_piped_line(out) -> str:
-    out.write("> ")
-    out.flush()
-    line = sys.stdin.readline()
-    if not line:
-        raise EOFError
-    return line

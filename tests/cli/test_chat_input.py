@@ -1,0 +1,93 @@
+"""`ninfer chat`'s input: a message on one line, continued with a trailing backslash, or between lines of
+three double quotes (pasted code kept as typed); `--prompt -` reads the message from stdin."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import ninfer_cli.chat as chat_cli
+from ninfer_cli.chat_input import read_message
+from ninfer_cli.main import app
+
+
+def _reader(text: str):
+    lines = iter(text.splitlines(keepends=True))
+    prompts = []
+
+    def read_line(prompt: str) -> str:
+        prompts.append(prompt)
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    return read_line, prompts
+
+
+def _messages(text: str) -> list[str]:
+    read_line, _ = _reader(text)
+    out = []
+    while (message := read_message(read_line)) is not None:
+        out.append(message)
+    return out
+
+
+@pytest.mark.parametrize(
+    "typed, messages",
+    [
+        ("hello\nworld\n", ["hello", "world"]),
+        ("one \\\ntwo\\\nthree\nnext\n", ["one \ntwo\nthree", "next"]),
+        ('"""\ndef f(x):\n    return x\n"""\nafter\n', ["def f(x):\n    return x", "after"]),
+        ('"""Review this:\n    indented\nend."""\n', ["Review this:\n    indented\nend."]),
+        ('"""all on one line"""\n', ["all on one line"]),
+        ('  """\n\n  a\n\n"""\n', ["\n  a\n"]),  # kept as typed; the REPL drops the blank lines around
+        ('"""\nno closing line\n', ["no closing line"]),  # the end of input sends what came
+        ("cut \\\n", ["cut \n"]),
+        ("windows line\r\n", ["windows line"]),
+        ("", []),
+    ],
+)
+def test_messages_as_typed(typed, messages):
+    assert _messages(typed) == messages
+
+
+def test_continued_lines_get_their_own_prompt():
+    read_line, prompts = _reader('"""\na\n"""\nb \\\nc\n')
+    assert read_message(read_line) == "a" and read_message(read_line) == "b \nc"
+    assert prompts == ["> ", "... ", "... ", "> ", "... "]
+
+
+class _Recorder:
+    """RemoteChat's stand-in: records what the REPL sends."""
+
+    sent: list[list[dict]] = []
+
+    def __init__(self, *args, **kwargs):
+        self.description = "recorder"
+
+    def reply(self, messages, params):
+        _Recorder.sent.append([dict(m) for m in messages])
+        yield "ok"
+
+
+def test_the_repl_sends_a_pasted_block_as_one_message(monkeypatch):
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
+    _Recorder.sent = []
+    typed = 'first\n"""\n\n/reset\n    code()\n\n"""\nsecond \\\nline\n/exit\n'
+    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    assert result.exit_code == 0, result.output
+    assert [m[-1]["content"] for m in _Recorder.sent] == ["first", "/reset\n    code()", "second \nline"]
+    assert len(_Recorder.sent[-1]) == 5  # the conversation kept: a command inside a block is text
+
+
+def test_prompt_dash_reads_stdin(monkeypatch):
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
+    _Recorder.sent = []
+    result = CliRunner().invoke(
+        app, ["chat", "--url", "http://x:1", "-p", "-"], input="\n  Explain:\n  x = 1\n\n"
+    )
+    assert result.exit_code == 0 and result.output.strip() == "ok"
+    assert _Recorder.sent == [[{"role": "user", "content": "  Explain:\n  x = 1"}]]
+    result = CliRunner().invoke(app, ["chat", "--url", "http://x:1", "-p", "-"], input="  \n")
+    assert result.exit_code == 2 and "--prompt - reads the message from standard input" in result.output
