@@ -21,7 +21,7 @@ from engine.request import Request, RequestOutput, SamplingParams
 from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
-from engine.spec.draft_model import load_draft_model
+from engine.spec.draft_model import load_draft_model, open_draft_model
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
@@ -66,12 +66,14 @@ class LLM:
         self.description = source.description
         # a reranker's head (engine/rerank.py) is copied out of the weights as they load
         tap = HeadTap(source.config, self.tokenizer, config)
+        # spec draft: the draft model checked before any weights load, loaded after the target's and before
+        # the pool is sized (its KV shares the pool's pages)
+        draft_source = (
+            open_draft_model(config, self.model_config, self.tokenizer) if config.spec == "draft" else None
+        )
         self.model = load_model(tap.wrap(source), config)
         self.rerank_head: RerankHead | None = tap.head()
-        # spec draft: the draft model, loaded before the pool is sized (its KV shares the pool's pages)
-        self.draft_model = (
-            load_draft_model(config, self.model_config, self.tokenizer) if config.spec == "draft" else None
-        )
+        self.draft_model = load_draft_model(draft_source, config) if draft_source is not None else None
         draft_config = self.draft_model.config if self.draft_model is not None else None
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
         packed = holds_packed_weights(self.model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import replace
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -90,6 +91,8 @@ def plan(
     planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
     planned = replace(planned, config=planned.config.with_rope_scaling_flag(rope_scaling))
     draft = _draft(draft_model, spec)
+    if draft is not None:
+        _check_draft_vocabulary(planned, draft)
     weights = (
         planned.weights if draft is None else {**planned.weights, "draft model": sum(draft.weights.values())}
     )
@@ -144,6 +147,17 @@ def _draft(draft_model: str | None, spec: str):
             "decoder (qwen3-0.6b, qwen3-1.7b); for Qwen3.5 use --spec mtp"
         )
     return draft
+
+
+def _check_draft_vocabulary(planned, draft) -> None:
+    """Where the model and its draft are files (not presets), the vocabulary check serve makes."""
+    from engine.models.loader import open_source
+    from engine.spec.draft_model import check_vocabulary
+
+    paths = [Path(p.serve_arg).expanduser() for p in (planned, draft)]
+    if all(p.exists() for p in paths):
+        target, source = open_source(paths[0]), open_source(paths[1])
+        check_vocabulary(paths[1], source.tokenizer, target.tokenizer, source.config, target.config)
 
 
 def serve_line(model_arg: str, dep, rope_scaling: str | None = None, draft_arg: str | None = None) -> str:

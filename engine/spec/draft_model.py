@@ -25,6 +25,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import NinferError
+from engine.formats.source import ModelSource
 from engine.models.base import CausalLM
 from engine.models.loader import load_model, open_source
 from engine.scheduler.output import SampledToken, SchedulerOutput
@@ -119,12 +120,12 @@ class DraftModelDrafter:
         return per_request([r.request_id for r, _ in chains], steps)  # the one read back
 
 
-def load_draft_model(
+def open_draft_model(
     engine_config: EngineConfig, target: ModelConfig, tokenizer: Tokenizer | None
-) -> CausalLM:
-    """spec draft's draft model, loaded as the target is (device, dtype, weight precision), after the checks
-    that it can draft for the target: a plain decoder (no recurrent state, a head of its own) whose
-    vocabulary is the target's."""
+) -> ModelSource:
+    """spec draft's draft model opened (its config and tokenizer, no weights yet) and checked that it can
+    draft for the target: a plain decoder (no recurrent state, a head of its own) whose vocabulary is the
+    target's. Called before the target's weights load, so a draft that cannot serve is said at once."""
     path = engine_config.draft_model
     source = open_source(path)
     draft = source.config
@@ -135,12 +136,17 @@ def load_draft_model(
         )
     if draft.embedding_model or draft.rerank == "classifier":
         raise NinferError(f"the draft model {path} has no LM head (an embedding model or a reranker)")
-    _check_vocabulary(path, source.tokenizer, tokenizer, draft, target)
+    check_vocabulary(path, source.tokenizer, tokenizer, draft, target)
+    return source
+
+
+def load_draft_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
+    """The opened draft model's weights, loaded as the target's are (device, dtype, weight precision)."""
     options = dict(spec="none", draft_model=None, vision=False, int8_prefill=False, lm_head_draft=0)
-    return load_model(source, replace(engine_config, model=str(path), **options))
+    return load_model(source, replace(engine_config, model=str(engine_config.draft_model), **options))
 
 
-def _check_vocabulary(path, draft_tok: Tokenizer | None, target_tok: Tokenizer | None, draft, target) -> None:
+def check_vocabulary(path, draft_tok: Tokenizer | None, target_tok: Tokenizer | None, draft, target) -> None:
     """The draft's token ids mean what the target's do: the same tokenizer, or (without tokenizers) the same
     vocabulary size."""
     if draft_tok is not None and target_tok is not None:

@@ -231,3 +231,15 @@ def test_a_draft_model_takes_its_weights_and_kv_in_the_ledger():
 def test_draft_model_flags_are_checked(args, message):
     code, out = _run("plan", "--model", "qwen3-32b", "--vram", "24G", *args)
     assert code == 2 and message in out and "Traceback" not in out
+
+
+def test_a_draft_of_another_vocabulary_is_refused_by_plan_as_by_serve(tmp_path):
+    """Model and draft given as files: plan makes serve's vocabulary check (presets have no tokenizer)."""
+    target = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path / "target")
+    wider = save_tiny(tiny_hf_model("qwen3", tied=True, vocab_size=600), tmp_path / "wider")
+    same = save_tiny(tiny_hf_model("qwen3", tied=True, hidden_size=32), tmp_path / "same")
+    base = ("plan", str(target), "--vram", "24G", "--sm", "86", "--spec", "draft", "--draft-model")
+    code, out = _run(*base, str(wider))
+    assert code == 2 and "has 600 token ids, the model 512" in out and "Traceback" not in out
+    code, out = _run(*base, str(same))
+    assert code == 0, out

@@ -91,8 +91,15 @@ def test_preemptions_recompute_the_drafts_kv(target, plain):
     assert llm.scheduler.num_accepted_tokens >= 0.9 * llm.scheduler.num_draft_tokens
 
 
-def test_what_cannot_draft_is_refused(target, tmp_path):
+def test_what_cannot_draft_is_refused(target, tmp_path, monkeypatch):
+    """Refused in a sentence; a draft that cannot draft for the target before any weights load (a 32B
+    target takes minutes), its context limit once the pool is sized."""
+    import engine.llm
+
     _, path = target
+    loads = []
+    load_model = engine.llm.load_model
+    monkeypatch.setattr(engine.llm, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
     with pytest.raises(NinferError, match="spec draft needs a draft model"):
         LLM(path, spec="draft")
     with pytest.raises(NinferError, match="drafts with spec draft .* add --spec draft"):
@@ -103,14 +110,17 @@ def test_what_cannot_draft_is_refused(target, tmp_path):
     hybrid = save_tiny(tiny_hf_model("qwen3_5", tied=True), tmp_path / "hybrid")
     with pytest.raises(NinferError, match="is a hybrid .* a draft model is a plain decoder"):
         _spec(path, hybrid)
+    assert loads == []
     short = save_tiny(tiny_hf_model("qwen3", tied=True, max_position_embeddings=64), tmp_path / "short")
     with pytest.raises(NinferError, match="draft model takes 64 positions, fewer than the context"):
         _spec(path, short)
     bare = tmp_path / "bare"
     save_tiny(tiny_hf_model("qwen3", tied=False).model, bare)
     assert json.loads((bare / "config.json").read_text())["architectures"] == ["Qwen3Model"]
+    loads.clear()
     with pytest.raises(NinferError, match="has no LM head"):
         _spec(path, bare)
+    assert loads == []
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
