@@ -27,7 +27,7 @@ from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
-from engine.worker.host_kv import host_slots_for, page_bytes
+from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
 from engine.worker.model_runner import ModelRunner
 
 EMBEDDING_ONLY = (
@@ -55,6 +55,8 @@ class LLM:
                 f"unknown LLM option {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
+        if config.host_cache:  # memory that is not there is said before the weights load
+            check_host_memory(config.host_cache)
         # --rope-scaling: the rotary tables and the context limit follow it
         source = open_source(model)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))

@@ -23,9 +23,9 @@ def page_bytes(caches: list[KVCache]) -> int:
     return sum(t[0].numel() * t.element_size() for t in page_tensors(caches))
 
 
-def host_slots_for(host_cache: int, page: int) -> int:
-    """How many KV pages `host_cache` bytes of host memory hold; refused in a sentence when the memory is
-    not free or holds no page."""
+def check_host_memory(host_cache: int) -> None:
+    """Refused in a sentence when `host_cache` bytes of host memory are not free (checked before the model
+    loads, and again when the tier is allocated)."""
     free = psutil.virtual_memory().available
     if host_cache > free - HOST_MARGIN:
         fits = max(0, free - HOST_MARGIN)
@@ -33,6 +33,12 @@ def host_slots_for(host_cache: int, page: int) -> int:
             f"--host-cache {host_cache / 2**30:.1f} GiB is more than the {free / 2**30:.1f} GiB of host memory "
             f"free (2 GiB kept for the system); use --host-cache {fits / 2**30:.1f}G or less"
         )
+
+
+def host_slots_for(host_cache: int, page: int) -> int:
+    """How many KV pages `host_cache` bytes of host memory hold; refused in a sentence when the memory is
+    not free or holds no page."""
+    check_host_memory(host_cache)
     slots = host_cache // page
     if slots == 0:
         raise NinferError(f"--host-cache {host_cache} B holds no KV page ({page} B each); give at least that")

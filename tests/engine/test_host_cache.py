@@ -88,9 +88,13 @@ def test_a_hybrid_prefix_comes_back_with_its_state_snapshot(tmp_path):
     assert llm.scheduler.block_pool.stats.host_hits == 48
 
 
-def test_host_cache_sizes_are_checked_in_a_sentence(qwen3_dir):
+def test_host_cache_sizes_are_checked_in_a_sentence(qwen3_dir, monkeypatch):
+    import engine.llm
+
+    monkeypatch.setattr(engine.llm, "open_source", lambda *a: pytest.fail("the model was opened first"))
     with pytest.raises(NinferError, match="more than the .* GiB of host memory free"):
-        LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=1 << 50)
+        LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=1 << 50)  # before the model is opened
+    monkeypatch.undo()
     with pytest.raises(NinferError, match="holds no KV page"):
         LLM(qwen3_dir, kv_capacity=64, max_context=64, host_cache=16)
     with pytest.raises(NinferError, match="needs prefix caching on"):
