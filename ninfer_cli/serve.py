@@ -13,6 +13,7 @@ import typer
 from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
+from ninfer_cli.listen import bind
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
@@ -116,8 +117,14 @@ def serve(
         host_cache=parse_size(host_cache, "--host-cache"),
         rerank=rerank,
     )
+    sock = bind(host, port)  # a port in use is said before the weights load
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = AsyncLLM(model, **options)
+    try:
+        engine = AsyncLLM(model, **options)
+    except BaseException:
+        sock.close()
+        raise
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
     state = ServerState(engine, name, api_key)
     app = create_app(state)
@@ -153,8 +160,9 @@ def serve(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S + 2
     )
     try:
-        _Server(config, state).run()
+        _Server(config, state).run(sockets=[sock])
     finally:
+        sock.close()
         engine.shutdown()
 
 

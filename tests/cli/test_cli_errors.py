@@ -136,3 +136,26 @@ def test_checkpoint_overrides_are_checked_in_one_line(command, tmp_path):
     assert "cannot read it" in out and "Traceback" not in out
     code, out = _run(command, "--generation-config", "nowhere.json", *args)
     assert code == 2 and "error: --generation-config nowhere.json: no such file" in out
+
+
+def test_serve_refuses_a_port_in_use_or_a_foreign_host_before_loading(monkeypatch):
+    """The socket is bound before the weights load: a port in use is said at once, in one line."""
+    import socket
+
+    import engine.async_llm
+
+    monkeypatch.setattr(engine.async_llm, "AsyncLLM", lambda *a, **k: pytest.fail("the model loaded first"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out = _run("serve", "--host", "127.0.0.1", "--port", str(port))
+    assert (
+        code == 2
+        and out.strip()
+        == f"error: port {port} on 127.0.0.1 is in use (another server?); stop it, or pick another --port"
+    )
+    code, out = _run("serve", "--host", "192.0.2.1", "--port", "0")  # TEST-NET-1: no machine's own
+    assert code == 2 and "--host 192.0.2.1 is not an address of this machine; use 127.0.0.1" in out
+    code, out = _run("serve", "--port", "70000")
+    assert code == 2 and "--port 70000 is not a port; use 1-65535" in out
