@@ -172,6 +172,24 @@ class AsyncLLM:
             "spec_accepted_tokens": sched.num_accepted_tokens,
         }
 
+    def info(self) -> dict[str, str]:
+        """How the engine runs, as allocated (for /metrics' ninfer_engine_info): device and dtype, the KV
+        dtype of the caches, the pool's tokens beside the context limit, CUDA graphs as captured, speculative
+        decoding."""
+        llm = self.llm
+        config, caches = llm.engine_config, llm.runner.kv_caches
+        return {
+            "device": config.device,
+            "dtype": config.dtype,
+            "kv_dtype": caches[0].kv_dtype if caches else "none",
+            "kv_pool_tokens": str(llm.scheduler.block_pool.num_blocks * config.block_size),
+            "max_context": str(llm.max_context),
+            "cuda_graphs": "on" if llm.runner.graphs is not None else "off",
+            "spec": config.spec,
+            "draft_tokens": str(config.num_draft_tokens),
+            "weight_quant": config.weight_quant,
+        }
+
     def _send(self, command: Any) -> None:
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped after an internal error ({self._error!r}); restart it")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from engine.request import RequestOutput
 
@@ -44,6 +44,15 @@ class Metrics:
             "ninfer_prefix_cache_host_hit_tokens",
             "Prompt tokens copied back from the host tier instead of computed (since start)",
             registry=r,
+        )
+        self.preemptions = Gauge(
+            "ninfer_preemptions",
+            "Requests preempted since start (their KV freed for others, their tokens computed again later)",
+            registry=r,
+        )
+        # what the slow-decode triage asks first: the KV precision and pool really in use, graphs on or off
+        Info("ninfer_engine", "How the engine runs (as allocated, not as asked)", registry=r).info(
+            engine.info()
         )
         self.images = Counter("ninfer_images", "Images in requests (--vision)", registry=r)
         self.image_tokens = Counter("ninfer_image_tokens", "Prompt tokens the images take", registry=r)
@@ -138,6 +147,7 @@ class Metrics:
         self.host_used.set(stats.get("host_cache_pages_used", 0))
         self.host_total.set(stats.get("host_cache_pages_total", 0))
         self.host_hits.set(stats.get("prefix_cache_host_hits", 0))
+        self.preemptions.set(stats["num_preemptions"])
         drafted = stats["spec_draft_tokens"]
         self.spec_acceptance.set(stats["spec_accepted_tokens"] / drafted if drafted else 0.0)
         return generate_latest(self.registry)

@@ -112,7 +112,11 @@ class ScriptedEngine:
             "kv_blocks_free": 1,
             "spec_draft_tokens": 0,
             "spec_accepted_tokens": 0,
+            "num_preemptions": 0,
         }
+
+    def info(self):
+        return {"device": "cpu", "kv_dtype": "fp32"}
 
     def shutdown(self):
         pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import anthropic
 import httpx2 as httpx
 import openai
@@ -248,6 +250,37 @@ def test_health_and_metrics(server):
         "ninfer_prefix_cache_hit_tokens_total",
     ):
         assert name in text
+    llm = server.engine.llm
+    info = dict(
+        re.findall(r'(\w+)="([^"]*)"', re.search(r"^ninfer_engine_info\{(.*)\} 1\.0$", text, re.M)[1])
+    )
+    assert info["kv_dtype"] == llm.runner.kv_caches[0].kv_dtype == "fp32" and info["cuda_graphs"] == "off"
+    assert info["max_context"] == str(llm.max_context) and info["spec"] == "none" and info["device"] == "cpu"
+    assert int(info["kv_pool_tokens"]) == llm.scheduler.block_pool.num_blocks * llm.engine_config.block_size
+
+
+def test_preemptions_are_counted_in_metrics():
+    """Two requests that outgrow a four-page pool together: one is preempted, and /metrics says so."""
+    import threading
+
+    with RunningServer(AsyncLLM(max_concurrency=2, kv_capacity=64, max_context=64)) as s:
+        body = {"prompt": "The capital of France is", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+
+        replies = []
+        threads = [
+            threading.Thread(
+                target=lambda: replies.append(httpx.post(f"{s.url}/v1/completions", json=body, timeout=120))
+            )
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [r.json()["usage"]["completion_tokens"] for r in replies] == [40, 40]
+        text = httpx.get(f"{s.url}/metrics").text
+        preempted = float(re.search(r"^ninfer_preemptions (\S+)$", text, re.M)[1])
+        assert preempted == s.engine.stats()["num_preemptions"] > 0
 
 
 def test_openai_logprobs_plain_and_streamed(oai):
