@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from rich.console import Console
 from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
-from ninfer_cli.chat_backends import LocalChat, RemoteChat, check_source
+from ninfer_cli.chat_backends import LocalChat, RemoteChat, ReplyStats, check_source
 from ninfer_cli.chat_input import piped_line_reader, read_message
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
@@ -29,10 +30,11 @@ HELP_LINE = (
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
-def _stream_reply(backend, messages, params, out) -> str:
+def _stream_reply(backend, messages, params, out, verbose: bool = False) -> str:
     reply = []
+    stats = ReplyStats(time.perf_counter()) if verbose else None
     try:
-        for delta in backend.reply(messages, params):
+        for delta in backend.reply(messages, params, stats):
             out.write(delta)
             out.flush()
             reply.append(delta)
@@ -40,6 +42,8 @@ def _stream_reply(backend, messages, params, out) -> str:
         out.write(" [interrupted]")
     out.write("\n")
     out.flush()
+    if stats is not None:
+        Console(stderr=True).print(f"[dim]{stats.line()}[/dim]", highlight=False)
     return "".join(reply)
 
 
@@ -109,6 +113,14 @@ def chat(
         Path | None,
         typer.Option(help="Replies follow this grammar: llama.cpp's GBNF (root ::= ...) or llguidance Lark."),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="After each reply: prompt tokens (cached), first-token time, decode tok/s.",
+        ),
+    ] = False,
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
@@ -163,7 +175,9 @@ def chat(
     out = sys.stdout
     if prompt is not None:
         pictures = [_read_image(backend, path)[0] for path in image or ()]
-        _stream_reply(backend, [*base, {"role": "user", "content": _content(prompt, pictures)}], params, out)
+        _stream_reply(
+            backend, [*base, {"role": "user", "content": _content(prompt, pictures)}], params, out, verbose
+        )
         return
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
@@ -203,7 +217,7 @@ def chat(
             continue
         messages.append({"role": "user", "content": _content(text, pending)})
         try:
-            reply = _stream_reply(backend, messages, params, out)
+            reply = _stream_reply(backend, messages, params, out, verbose)
         except NinferError as e:  # e.g. the conversation outgrew the context: say so, keep the session
             messages.pop()
             console.print(f"[red]error:[/red] {e} (try /reset)")

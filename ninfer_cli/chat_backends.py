@@ -8,7 +8,9 @@ backend turns them into what it takes (the chat template's image parts and prepr
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import NinferError
@@ -49,6 +51,37 @@ def media_type(data: bytes) -> str:
     return next((t for sig, t in _SIGNATURES.items() if data.startswith(sig)), "image/png")
 
 
+@dataclass
+class ReplyStats:
+    """What `ninfer chat --verbose` prints after a reply. Token counts are the engine's (a server's usage;
+    None where it sent none); times are measured here, from the request to the first and the last token."""
+
+    start: float
+    first: float | None = None
+    last: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    chunks: int = 0  # streamed pieces with text (a server's token count when it sends no usage)
+
+    def arrived(self) -> None:
+        self.last = time.perf_counter()
+        self.first = self.first or self.last
+        self.chunks += 1
+
+    def line(self) -> str:
+        n = self.completion_tokens if self.completion_tokens is not None else self.chunks
+        parts = []
+        if self.prompt_tokens is not None:
+            cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
+            parts.append(f"prompt {self.prompt_tokens} tokens{cached}")
+        if self.first is not None:
+            parts.append(f"first token {1000 * (self.first - self.start):.0f} ms")
+        rate = (n - 1) / (self.last - self.first) if n > 1 and self.last > self.first else None
+        parts.append(f"{n} tokens" + (f" at {rate:.1f} tok/s" if rate else ""))
+        return " · ".join(parts)
+
+
 class LocalChat:
     """The conversation on an engine (LLM) in this process."""
 
@@ -59,10 +92,17 @@ class LocalChat:
     def attach(self, data: bytes) -> str:
         return f"attached ({self.llm.image(data).num_tokens} tokens)"
 
-    def reply(self, messages: list[dict[str, Any]], params) -> Iterator[str]:
+    def reply(self, messages: list[dict[str, Any]], params, stats: ReplyStats | None = None) -> Iterator[str]:
         images = [self.llm.image(data) for data in _images(messages)]
         local = _with_parts(messages, lambda _: {"type": "image"})
-        for delta, _ in self.llm.stream_chat(local, params, images):
+        seen = 0
+        for delta, out in self.llm.stream_chat(local, params, images):
+            if stats is not None:
+                if len(out.token_ids) > seen:  # a token came (its text may be held back a while)
+                    seen = len(out.token_ids)
+                    stats.arrived()
+                stats.prompt_tokens, stats.cached_tokens = len(out.prompt_token_ids), out.num_cached_tokens
+                stats.completion_tokens = len(out.token_ids)
             if delta:
                 yield delta
 
@@ -84,7 +124,7 @@ class RemoteChat:
         decode_image(data)  # a file that is not an image is said here, not by the server
         return "attached"
 
-    def reply(self, messages: list[dict[str, Any]], params) -> Iterator[str]:
+    def reply(self, messages: list[dict[str, Any]], params, stats: ReplyStats | None = None) -> Iterator[str]:
         def data_url(data: bytes) -> dict[str, Any]:
             url = f"data:{media_type(data)};base64,{base64.b64encode(data).decode()}"
             return {"type": "image_url", "image_url": {"url": url}}
@@ -99,7 +139,15 @@ class RemoteChat:
             sampling["top_k"] = params.top_k
         if params.seed is not None:
             sampling["seed"] = params.seed
-        yield from self.server.chat(_with_parts(messages, data_url), sampling)
+        usage: dict[str, Any] | None = {} if stats is not None else None
+        for text in self.server.chat(_with_parts(messages, data_url), sampling, usage):
+            if stats is not None:
+                stats.arrived()
+            yield text
+        if usage:
+            stats.prompt_tokens = usage.get("prompt_tokens")
+            stats.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            stats.completion_tokens = usage.get("completion_tokens")
 
 
 def check_source(model: str | None, url: str | None) -> None:

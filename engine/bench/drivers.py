@@ -202,11 +202,14 @@ class OverHttp:
             return None
         return values["ninfer_spec_draft_tokens_total"], values["ninfer_spec_accepted_tokens_total"]
 
-    def chat(self, messages: list[dict], sampling: dict) -> Iterator[str]:
+    def chat(self, messages: list[dict], sampling: dict, usage: dict | None = None) -> Iterator[str]:
         """Stream one chat reply's text (`ninfer chat --url`): `sampling` holds the request's max_tokens,
         temperature, ... fields. A refusal raises NinferError with the server's own message; leaving the
-        loop early closes the connection, which a server takes as a disconnect (ninfer frees the request)."""
+        loop early closes the connection, which a server takes as a disconnect (ninfer frees the request).
+        `usage`: asked for (stream_options) and filled with the server's usage when it sends one."""
         body = {"model": self.model, "messages": messages, "stream": True, **sampling}
+        if usage is not None:
+            body["stream_options"] = {"include_usage": True}
         conn = self._conn()
         try:
             try:
@@ -231,6 +234,8 @@ class OverHttp:
                     raise NinferError(
                         f"the server stopped the reply: {event['error'].get('message', event['error'])}"
                     )
+                if usage is not None and isinstance(event.get("usage"), dict):
+                    usage.update(event["usage"])
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")

@@ -85,3 +85,20 @@ def test_engine_flags_do_not_apply_to_a_server(server):
     """--device cuda on a machine without CUDA is no concern of a chat with a server."""
     code, out = _chat("--url", server.url, "--prompt", QUESTION, "--device", "cuda")
     assert code == 0 and "Paris" in out, out
+
+
+def test_verbose_prints_each_replys_tokens_and_rates_locally_and_over_http(server):
+    """--verbose: after the reply, its prompt tokens (from the engine, or the server's usage), the time to
+    the first token and the decode rate; the same token counts either way."""
+    import re
+
+    lines = {}
+    for where, args in (("local", ()), ("remote", ("--url", server.url))):
+        code, out = _chat(*args, "--prompt", QUESTION, "--verbose")
+        assert code == 0, out
+        (line,) = [ln for ln in out.splitlines() if "first token" in ln]
+        pattern = r"prompt \d+ tokens( \(\d+ cached\))? · first token \d+ ms · \d+ tokens at [\d.]+ tok/s"
+        assert re.fullmatch(pattern, line), line
+        # the server may hold the question in its prefix cache from an earlier test
+        lines[where] = re.sub(r" \(\d+ cached\)|first token \d+ ms|at [\d.]+ tok/s", "", line)
+    assert lines["local"] == lines["remote"]

@@ -66,7 +66,7 @@ class _Recorder:
     def __init__(self, *args, **kwargs):
         self.description = "recorder"
 
-    def reply(self, messages, params):
+    def reply(self, messages, params, stats=None):
         _Recorder.sent.append([dict(m) for m in messages])
         yield "ok"
 
