@@ -15,7 +15,7 @@ from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, ReplyStats, check_source
-from ninfer_cli.chat_input import piped_line_reader, read_message
+from ninfer_cli.chat_input import piped_line_reader, read_message, terminal_line_reader
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
@@ -185,7 +185,12 @@ def chat(
     console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
     messages = list(base)
     pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)
-    read_line = input if sys.stdin.isatty() else piped_line_reader(out)
+    if sys.stdin.isatty():
+        from engine.paths import ninfer_home
+
+        read_line = terminal_line_reader(ninfer_home() / "chat_history")
+    else:
+        read_line = piped_line_reader(out)
     while True:
         try:
             message = read_message(read_line)

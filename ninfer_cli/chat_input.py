@@ -4,10 +4,14 @@ with them (as ollama has it), kept as typed — code pasted whole is one message
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 FENCE = '"""'
+HISTORY_LINES = 1000
 MORE = "... "  # the prompt of a continued message's lines
 
 
@@ -48,6 +52,27 @@ def _fenced(first: str, read_line: Callable[[str], str]) -> str:
             break
         lines.append(line)
     return "\n".join(lines)
+
+
+def terminal_line_reader(history: Path) -> Callable[[str], str]:
+    """read_line at a terminal: `input` with line editing (arrows, Ctrl-R) and the lines of earlier sessions
+    (the last HISTORY_LINES, kept in `history`) where Python has its readline module; plain `input`
+    elsewhere."""
+    try:
+        import readline
+    except ImportError:  # Windows' Python has none
+        return input
+    readline.set_history_length(HISTORY_LINES)
+    with contextlib.suppress(OSError):  # none yet, or unreadable: start afresh
+        readline.read_history_file(history)
+
+    def save() -> None:
+        with contextlib.suppress(OSError):  # a read-only home loses the history, not the session
+            history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history)
+
+    atexit.register(save)
+    return input
 
 
 def piped_line_reader(out) -> Callable[[str], str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import NinferError
+from engine.paths import ninfer_home
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -26,8 +27,7 @@ Progress = Callable[[str, int, int | None], None]  # (file name, bytes so far, t
 
 
 def default_dir(repo_id: str, commit: str) -> Path:
-    root = Path(os.environ.get("NINFER_HOME", Path.home() / ".cache" / "ninfer"))
-    return root / "models" / repo_id.replace("/", "--") / commit
+    return ninfer_home() / "models" / repo_id.replace("/", "--") / commit
 
 
 def _endpoint() -> str:

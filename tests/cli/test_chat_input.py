@@ -91,3 +91,44 @@ def test_prompt_dash_reads_stdin(monkeypatch):
     assert _Recorder.sent == [[{"role": "user", "content": "  Explain:\n  x = 1"}]]
     result = CliRunner().invoke(app, ["chat", "--url", "http://x:1", "-p", "-"], input="  \n")
     assert result.exit_code == 2 and "--prompt - reads the message from standard input" in result.output
+
+
+def test_a_terminal_session_edits_lines_and_keeps_its_history(tmp_path):
+    """At a terminal (a pty here) the REPL reads through readline: earlier sessions' lines come back from
+    $NINFER_HOME/chat_history (the up arrow), and this session's are added to it on exit."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "chat_history").write_text("Say yes.\n")
+    main, child = pty.openpty()
+    env = {**os.environ, "NINFER_HOME": str(home), "TERM": "dumb"}
+    cmd = [sys.executable, "-m", "ninfer_cli.main", "chat", "--max-tokens", "2", "--verbose"]
+    proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
+    os.close(child)
+    seen = b""
+
+    def until(text: bytes, count: int) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 120
+        while seen.count(text) < count:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            seen += os.read(main, 4096)
+
+    until(b"> ", 1)
+    os.write(main, b"\x1b[A\r")  # the up arrow brings back the earlier session's line: sent again
+    until(b"tok/s", 1)
+    until(b"> ", 2)
+    os.write(main, b"hello\r")
+    until(b"tok/s", 2)
+    until(b"> ", 3)
+    os.write(main, b"/exit\r")
+    assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+    os.close(main)
+    assert b"\x1b[A" not in seen and b"Say yes." in seen  # the arrow read by readline, the line shown
+    # (readline keeps a line again only where it differs from the one before)
+    assert (home / "chat_history").read_text().splitlines() == ["Say yes.", "hello", "/exit"]
