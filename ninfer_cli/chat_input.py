@@ -1,6 +1,6 @@
 """The chat REPL's input: a message is one line; or lines joined while each ends with a backslash (as
 llama.cpp's CLI has it); or the lines between one that opens with three double quotes and one that closes
-with them (as ollama has it), kept as typed — code pasted whole is one message."""
+with them (as ollama has it), kept as typed — code pasted whole is one message, docstrings and all."""
 
 from __future__ import annotations
 
@@ -37,18 +37,22 @@ def read_message(read_line: Callable[[str], str]) -> str | None:
 
 
 def _fenced(first: str, read_line: Callable[[str], str]) -> str:
+    """The block after an opening fence. Opened bare (the quotes alone), it ends at a line of the three
+    quotes alone, not indented, so pasted code with docstrings stays whole; opened with text, at the first
+    line that ends with them (as ollama has it)."""
     if len(first.rstrip()) >= len(FENCE) and first.rstrip().endswith(FENCE):  # """all on one line"""
         return first.rstrip()[: -len(FENCE)]
-    lines = [first] if first.strip() else []
+    inline = bool(first.strip())
+    lines = [first] if inline else []
     while True:
         try:
             line = read_line(MORE).rstrip("\r\n")
         except EOFError:
             break
-        if line.rstrip().endswith(FENCE):
-            last = line.rstrip()[: -len(FENCE)]
-            if last.strip():
-                lines.append(last)
+        if line.rstrip() == FENCE:
+            break
+        if inline and line.rstrip().endswith(FENCE):
+            lines.append(line.rstrip()[: -len(FENCE)])
             break
         lines.append(line)
     return "\n".join(lines)

@@ -41,6 +41,12 @@ def _messages(text: str) -> list[str]:
         ('"""\ndef f(x):\n    return x\n"""\nafter\n', ["def f(x):\n    return x", "after"]),
         ('"""Review this:\n    indented\nend."""\n', ["Review this:\n    indented\nend."]),
         ('"""all on one line"""\n', ["all on one line"]),
+        # opened bare: only an unindented line of three quotes ends it (a pasted docstring does not)
+        (
+            '"""\ndef f():\n    """Doc."""\n    """\n    More.\n    """\n"""\n',
+            ['def f():\n    """Doc."""\n    """\n    More.\n    """'],
+        ),
+        ('"""Fix:\nx = 1 """\n', ["Fix:\nx = 1 "]),
         ('  """\n\n  a\n\n"""\n', ["\n  a\n"]),  # kept as typed; the REPL drops the blank lines around
         ('"""\nno closing line\n', ["no closing line"]),  # the end of input sends what came
         ("cut \\\n", ["cut \n"]),
