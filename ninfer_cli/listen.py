@@ -18,10 +18,7 @@ def bind(host: str, port: int) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as e:
-        raise NinferError(
-            f"--host {host} is not an address of this machine ({e.strerror}); use 127.0.0.1 (this machine "
-            "only) or 0.0.0.0 (every interface)"
-        ) from None
+        raise _foreign_host(host, f" ({e.strerror})") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port
     try:
@@ -35,10 +32,14 @@ def bind(host: str, port: int) -> socket.socket:
         if e.errno == errno.EACCES:
             raise NinferError(f"port {port} needs privileges to listen on; use a port above 1023") from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise NinferError(
-                f"--host {host} is not an address of this machine; use 127.0.0.1 (this machine only) or "
-                "0.0.0.0 (every interface)"
-            ) from None
+            raise _foreign_host(host) from None
         raise NinferError(f"cannot listen on {host}:{port} ({e.strerror})") from None
     sock.set_inheritable(True)
     return sock
+
+
+def _foreign_host(host: str, why: str = "") -> NinferError:
+    return NinferError(
+        f"--host {host} is not an address of this machine{why}; use 127.0.0.1 (this machine only) or 0.0.0.0 "
+        "(every interface)"
+    )

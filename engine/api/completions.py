@@ -89,11 +89,12 @@ def _logprobs(names: TokenNames, out: RequestOutput, top: int, start: int, offse
     them (text_offset counts from the start of the returned text)."""
     tokens, logprobs, top_logprobs, text_offset = [], [], [], []
     for token, logprob, alts in token_logprobs(out, top, start):
-        tokens.append(names.name(token))
+        piece = names.piece(token)
+        tokens.append(names.name(token, piece))
         logprobs.append(logprob)
         top_logprobs.append({names.name(t): v for t, v in alts})
         text_offset.append(offset)
-        offset += len(names.piece(token))
+        offset += len(piece)
     return {
         "tokens": tokens,
         "token_logprobs": logprobs,
@@ -196,7 +197,6 @@ async def completions(request: Request):
         sent_text = [len(text) for text in prompt_texts]
         # with logprobs, an echo waits for the prompt's, which come with the choice's first token
         echoed = [not echo] * len(streams)
-        last: list[RequestOutput | None] = [None] * len(streams)
         outputs = merged(streams)
         try:
             if echo and top is None:
@@ -224,9 +224,8 @@ async def completions(request: Request):
                     yield event(index, delta, finish_reason(out) if out.finished else None, logprobs)
                 if out.finished:
                     state.metrics.finished(out)
-                    last[index] = out
             if usage_options.include:
-                yield f"data: {json.dumps(payload([], usage_json(*last, n=n)))}\n\n"
+                yield f"data: {json.dumps(payload([], usage_json(*latest, n=n)))}\n\n"  # all finished
             yield "data: [DONE]\n\n"
         finally:
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now

@@ -49,9 +49,10 @@ def legacy_prompt_logprobs(names: TokenNames, out: RequestOutput, top: int) -> d
     tokens, logprobs, top_logprobs, text_offset = [], [], [], []
     offset = 0
     for token, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
-        tokens.append(names.name(token))
+        piece = names.piece(token)
+        tokens.append(names.name(token, piece))
         text_offset.append(offset)
-        offset += len(names.piece(token))
+        offset += len(piece)
         if entry is None:
             logprobs.append(None)
             top_logprobs.append(None)

@@ -11,8 +11,6 @@ from engine.api.common import field
 from engine.api.errors import ApiError
 from engine.request import RequestOutput
 
-_NOT_SET = object()
-
 
 @dataclass(frozen=True)
 class StreamUsage:
@@ -20,24 +18,19 @@ class StreamUsage:
     continuous: bool = False
     prompt_tokens: int = 0  # every prompt counted once, whatever its number of choices
 
-    def chunk_usage(self, latest: list[RequestOutput | None]) -> Any:
-        """The value of a chunk's "usage" (_NOT_SET: the field is left out): the completion tokens so far
-        are those of every choice's latest output."""
-        if not self.include:
-            return _NOT_SET
-        if not self.continuous:
-            return None
-        completion = sum(len(o.token_ids) for o in latest if o is not None)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-        }
-
     def add_to(self, payload: dict[str, Any], latest: list[RequestOutput | None]) -> dict[str, Any]:
-        usage = self.chunk_usage(latest)
-        if usage is not _NOT_SET:
-            payload["usage"] = usage
+        """A chunk's "usage": left out without include_usage; null before the totals; with continuous
+        stats, the usage so far (the completion tokens of every choice's latest output)."""
+        if not self.include:
+            return payload
+        payload["usage"] = None
+        if self.continuous:
+            completion = sum(len(o.token_ids) for o in latest if o is not None)
+            payload["usage"] = {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion,
+            }
         return payload
 
 

@@ -19,8 +19,11 @@ class TokenNames:
         """The token's text (what it adds to the reply)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def name(self, token_id: int) -> str:
-        return f"token_id:{token_id}" if self.as_ids else self.piece(token_id)
+    def name(self, token_id: int, piece: str | None = None) -> str:
+        """How the token is named; `piece`: its text, where the caller has it already."""
+        if self.as_ids:
+            return f"token_id:{token_id}"
+        return self.piece(token_id) if piece is None else piece
 
     def bytes(self, token_id: int) -> list[int]:
         return list(self.tokenizer.token_bytes(token_id))
