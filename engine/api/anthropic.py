@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.api.anthropic_tools import anthropic_tools
 from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
@@ -161,24 +162,7 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
         raise ApiError(400, "'tool_choice.type' must be auto, any, tool or none")
     if not tools or (choice or {}).get("type") == "none":
         return None
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise ApiError(400, f"tools[{i}] needs a string 'name'")
-        if not isinstance(t.get("input_schema", {}), dict):
-            raise ApiError(400, f"tools[{i}].input_schema must be a JSON schema object")
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": t["name"],
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema", {}),
-                    **({"strict": True} if t.get("strict") is True else {}),  # calls held to the schema
-                },
-            }
-        )
-    return out
+    return anthropic_tools(tools)
 
 
 ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")

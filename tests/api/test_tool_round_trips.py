@@ -4,6 +4,7 @@ the model (the protocol layer is under test): Qwen3 JSON and Qwen3.5 XML tool ca
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import openai
@@ -306,3 +307,52 @@ def test_anthropic_output_config_effort_reaches_the_template():
             claude.messages.create(
                 model="m", max_tokens=5, messages=ask, extra_body={"output_config": {"effort": "extreme"}}
             )
+
+
+def test_anthropic_defined_client_tools_get_their_schema_and_server_tools_are_refused():
+    """Anthropic's bash and text-editor tools arrive as a bare type and name: the template hears them with
+    the schema their input follows (max_characters told), a call comes back as a tool_use of that name;
+    a server tool (web search) or a renamed or unknown tool type is a 400 naming it."""
+    view = '<tool_call>\n{"name": "str_replace_based_edit_tool", "arguments": {"command": "view", "path": "/r/a.py"}}\n</tool_call>'
+    engine = ScriptedEngine([view])
+    editor = {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool", "max_characters": 900}
+    bash = {"type": "bash_20250124", "name": "bash"}
+    ask = [{"role": "user", "content": "Show me a.py"}]
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        message = claude.messages.create(model="m", max_tokens=50, messages=ask, tools=[editor, bash])
+        (use,) = message.content
+        assert message.stop_reason == "tool_use" and use.name == "str_replace_based_edit_tool"
+        assert use.input == {"command": "view", "path": "/r/a.py"}
+        (prompt,) = engine.prompts
+        specs = [json.loads(line) for line in prompt.split("<tools>\n")[1].split("</tools>")[0].splitlines()]
+        editor_spec, bash_spec = (s["function"] for s in specs)
+        assert editor_spec["parameters"]["properties"]["command"]["enum"] == [
+            "view",
+            "create",
+            "str_replace",
+            "insert",
+        ]
+        assert editor_spec["parameters"]["required"] == ["command", "path"]
+        assert "at most 900 characters" in editor_spec["description"]
+        assert bash_spec["name"] == "bash" and "command" in bash_spec["parameters"]["properties"]
+        refusals = [
+            (
+                {"type": "web_search_20250305", "name": "web_search"},
+                "'web_search_20250305', a tool Anthropic's servers run",
+            ),
+            (
+                {"type": "bash_20250124", "name": "shell"},
+                "tools[1] of type 'bash_20250124' must be named 'bash'",
+            ),
+            (
+                {"type": "computer_20250124", "name": "computer"},
+                "tools[1] has type 'computer_20250124'; this server takes custom tools",
+            ),
+        ]
+        for tool, message in refusals:
+            with pytest.raises(anthropic.BadRequestError, match=re.escape(message)):
+                claude.messages.create(model="m", max_tokens=5, messages=ask, tools=[editor, tool])
+            with pytest.raises(anthropic.BadRequestError, match=re.escape(message)):
+                claude.messages.count_tokens(model="m", messages=ask, tools=[editor, tool])
+    assert len(engine.prompts) == 1
