@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.anthropic_tools import anthropic_tools
+from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
@@ -64,7 +64,9 @@ def _document_text(block: dict, where: str) -> str:
     return "\n".join([*head, body]) + "\n\n"
 
 
-def _tool_result_content(block: dict, where: str, images: MessageImages) -> str | list[dict[str, str]]:
+def _tool_result_content(
+    block: dict, where: str, images: MessageImages, declared: AnthropicTools
+) -> str | list[dict[str, str]]:
     content = block.get("content", "")
     if isinstance(content, str):
         parts: list[str | dict[str, str]] = [content]
@@ -78,8 +80,12 @@ def _tool_result_content(block: dict, where: str, images: MessageImages) -> str 
                 parts.append(b["text"])
             elif isinstance(b, dict) and b.get("type") == "document":
                 parts.append(_document_text(b, bw))
+            elif isinstance(b, dict) and b.get("type") == "tool_reference":
+                parts.append(declared.loaded(b.get("tool_name"), bw))
             else:
-                raise ApiError(400, f"{bw} of a tool_result must be a text, image or document block")
+                raise ApiError(
+                    400, f"{bw} of a tool_result must be a text, image, document or tool_reference block"
+                )
     else:
         raise ApiError(400, f"{where}.content must be a string or an array of text and image blocks")
     if block.get("is_error"):
@@ -87,8 +93,9 @@ def _tool_result_content(block: dict, where: str, images: MessageImages) -> str 
     return template_content(parts)
 
 
-def template_messages(body: dict) -> tuple[list[dict[str, Any]], MessageImages]:
-    """The messages as the chat template takes them, and their images in prompt order."""
+def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[str, Any]], MessageImages]:
+    """The messages as the chat template takes them (a tool_reference read as the definition of the tool
+    it loads), and their images in prompt order."""
     out: list[dict[str, Any]] = []
     images = MessageImages()
     system = body.get("system")
@@ -140,7 +147,7 @@ def template_messages(body: dict) -> tuple[list[dict[str, Any]], MessageImages]:
                     {
                         "role": "tool",
                         "tool_call_id": block.get("tool_use_id"),
-                        "content": _tool_result_content(block, bw, images),
+                        "content": _tool_result_content(block, bw, images, declared),
                     }
                 )
             elif kind in ("thinking", "redacted_thinking"):
@@ -155,14 +162,13 @@ def template_messages(body: dict) -> tuple[list[dict[str, Any]], MessageImages]:
     return out, images
 
 
-def _tools(body: dict) -> list[dict[str, Any]] | None:
-    tools = field(body, "tools", list)
+def _tools(body: dict) -> tuple[AnthropicTools, bool]:
+    """The declared tools, and whether the reply may call them (not with tool_choice none)."""
+    declared = anthropic_tools(field(body, "tools", list) or [])
     choice = field(body, "tool_choice", dict)
     if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):
         raise ApiError(400, "'tool_choice.type' must be auto, any, tool or none")
-    if not tools or (choice or {}).get("type") == "none":
-        return None
-    return anthropic_tools(tools)
+    return declared, bool(declared.specs) and (choice or {}).get("type") != "none"
 
 
 ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
@@ -224,13 +230,14 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 
 async def _prepare(state: ServerState, body: dict):
-    """(the rendered prompt, its token ids, the tools, the images preprocessed)."""
-    tools = _tools(body)
-    messages, images = template_messages(body)
+    """(the rendered prompt, its token ids, the tools the reply may call, the images preprocessed)."""
+    declared, callable_ = _tools(body)
+    messages, images = template_messages(body, declared)
     # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
     prefill = body["messages"][-1].get("role") == "assistant"
-    text, ids = state.render(messages, tools, _template_kwargs(body), continue_final=prefill)
-    return text, ids, tools, await preprocess_images(state, images)
+    listed = declared.listed() if callable_ else None
+    text, ids = state.render(messages, listed, _template_kwargs(body), continue_final=prefill)
+    return text, ids, declared.specs if callable_ else None, await preprocess_images(state, images)
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

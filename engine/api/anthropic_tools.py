@@ -6,10 +6,17 @@ knows their schema by heart, so the schema their `tool_use` input follows is wri
 model that does not; and server tools (web search, web fetch, code execution, ...), which Anthropic's own
 servers execute: nothing here runs them, so they are refused in one line rather than offered to the model
 as a tool the client then cannot answer.
+
+Deferred loading (`defer_loading: true`, Claude Code's tool search): such a tool stays out of the prompt's
+tool list until a `tool_reference` block in a tool result names it; the reference is read as the tool's
+definition at that point of the conversation, so the prompt before it (and its prefix-cache hit) does
+not change. With Anthropic's tool-search server tool instead, which nothing here runs, the deferred tools
+are listed up front. Calls to any declared tool are parsed, loaded or not.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,28 +122,53 @@ CLIENT_TOOLS: dict[str, ClientTool] = {
     "text_editor_20250728": _EDITOR,
     "memory_20250818": _MEMORY,
 }
-# the type prefixes of the tools Anthropic's servers execute
-_SERVER_TOOLS = (
-    "web_search_",
-    "web_fetch_",
-    "code_execution_",
-    "tool_search_tool_",
-    "mcp_toolset",
-    "advisor_",
-)
+# the type prefixes of the tools Anthropic's servers execute (tool search apart: see the module's note)
+_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "mcp_toolset", "advisor_")
+_TOOL_SEARCH = "tool_search_tool_"
 
 
-def anthropic_tools(tools: list[Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class AnthropicTools:
+    specs: list[dict[str, Any]]  # every declared tool as a function spec: what calls are parsed and held to
+    deferred: frozenset[str]  # names kept out of the prompt's tool list until a tool_reference loads them
+
+    def listed(self) -> list[dict[str, Any]] | None:
+        """The tools the prompt lists up front (None: none)."""
+        return [s for s in self.specs if s["function"]["name"] not in self.deferred] or None
+
+    def loaded(self, name: Any, where: str) -> str:
+        """A tool_reference block's text: the named tool's definition, as the prompt's tool list has it."""
+        spec = next((s for s in self.specs if s["function"]["name"] == name), None)
+        if spec is None:
+            raise ApiError(
+                400,
+                f"{where} is a tool_reference to {name!r}, which is not in tools; declare it there "
+                "(defer_loading: true keeps it out of the prompt until referenced)",
+            )
+        return f"<tools>\n{json.dumps(spec, ensure_ascii=False)}\n</tools>"
+
+
+def anthropic_tools(tools: list[Any]) -> AnthropicTools:
     """The request's tools as function specs for the chat template, each checked; a 400 names the first
     that cannot be served."""
-    return [_function(i, tool) for i, tool in enumerate(tools)]
+    specs, deferred, searched = [], set(), False
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise ApiError(400, f"{where} must be an object", "tools")
+        kind = tool.get("type")
+        if isinstance(kind, str) and kind.startswith(_TOOL_SEARCH):
+            searched = True  # Anthropic's tool search, not run here: every tool is listed up front
+            continue
+        specs.append(_function(where, tool, kind))
+        if tool.get("defer_loading") is True:
+            deferred.add(tool["name"])
+    return AnthropicTools(specs, frozenset() if searched else frozenset(deferred))
 
 
-def _function(i: int, tool: Any) -> dict[str, Any]:
-    where = f"tools[{i}]"
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+def _function(where: str, tool: dict, kind: Any) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str):
         raise ApiError(400, f"{where} needs a string 'name'", "tools")
-    kind = tool.get("type")
     if kind in (None, "custom"):
         schema = tool.get("input_schema", {})
         if not isinstance(schema, dict):

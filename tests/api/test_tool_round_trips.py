@@ -356,3 +356,76 @@ def test_anthropic_defined_client_tools_get_their_schema_and_server_tools_are_re
             with pytest.raises(anthropic.BadRequestError, match=re.escape(message)):
                 claude.messages.count_tokens(model="m", messages=ask, tools=[editor, tool])
     assert len(engine.prompts) == 1
+
+
+def test_deferred_tools_load_where_a_tool_reference_names_them():
+    """Claude Code's tool search: a `defer_loading` tool stays out of the prompt's tool list; a tool_result
+    holding a tool_reference to it reads as its definition at that point (the prompt before it unchanged,
+    so the prefix cache still hits), and a call of it comes back typed by its schema. A reference to an
+    undeclared tool is a 400; with Anthropic's tool-search server tool every tool is listed up front."""
+    issue = {
+        "name": "mcp__gh__create_issue",
+        "description": "Open a GitHub issue",
+        "input_schema": {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "n": {"type": "integer"}},
+        },
+        "defer_loading": True,
+    }
+    search = {
+        "name": "ToolSearch",
+        "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+    }
+    find = '<tool_call>\n{"name": "ToolSearch", "arguments": {"query": "github issue"}}\n</tool_call>'
+    call = (
+        '<tool_call>\n{"name": "mcp__gh__create_issue", "arguments": {"title": "Bug", "n": 3}}\n</tool_call>'
+    )
+    engine = ScriptedEngine([find, call, FINAL])
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "File a bug"}]
+        first = claude.messages.create(model="m", max_tokens=50, messages=messages, tools=[search, issue])
+        (use,) = first.content
+        messages += [
+            {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use.id,
+                        "content": [{"type": "tool_reference", "tool_name": "mcp__gh__create_issue"}],
+                    }
+                ],
+            },
+        ]
+        second = claude.messages.create(model="m", max_tokens=50, messages=messages, tools=[search, issue])
+        (created,) = second.content
+        assert created.name == "mcp__gh__create_issue" and created.input == {"title": "Bug", "n": 3}
+        unknown = [
+            {**messages[-1]["content"][0], "content": [{"type": "tool_reference", "tool_name": "nope"}]}
+        ]
+        with pytest.raises(
+            anthropic.BadRequestError, match="is a tool_reference to 'nope', which is not in tools"
+        ):
+            claude.messages.create(
+                model="m",
+                max_tokens=50,
+                messages=[*messages[:-1], {"role": "user", "content": unknown}],
+                tools=[search, issue],
+            )
+        regex_search = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}
+        claude.messages.create(
+            model="m", max_tokens=50, messages=messages[:1], tools=[regex_search, search, issue]
+        )
+    first_prompt, second_prompt, searched_prompt = engine.prompts
+    listed = first_prompt.split("</tools>")[0]
+    assert '"ToolSearch"' in listed and "mcp__gh__create_issue" not in first_prompt
+    assert second_prompt.startswith(first_prompt.split("<|im_start|>assistant")[0])
+    response = second_prompt.split("<tool_response>\n")[1].split("</tool_response>")[0]
+    loaded = json.loads(response.split("<tools>\n")[1].split("\n</tools>")[0])
+    assert (
+        loaded["function"]["name"] == "mcp__gh__create_issue"
+        and loaded["function"]["parameters"] == issue["input_schema"]
+    )
+    assert "mcp__gh__create_issue" in searched_prompt.split("</tools>")[0]
