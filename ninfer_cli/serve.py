@@ -14,6 +14,7 @@ from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
+from ninfer_cli.loading import answering_while_loading
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
@@ -120,15 +121,17 @@ def serve(
     sock = bind(host, port)  # a port in use is said before the weights load
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log = logging.getLogger("ninfer")
+    log.info("loading the model; http://%s:%d answers 503 until it is ready", host, port)
     try:
-        engine = AsyncLLM(model, **options)
+        with answering_while_loading(sock):
+            engine = AsyncLLM(model, **options)
     except BaseException:
         sock.close()
         raise
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
     state = ServerState(engine, name, api_key)
     app = create_app(state)
-    log = logging.getLogger("ninfer")
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
     host_kv = engine.llm.runner.host_kv
     if host_kv is not None:

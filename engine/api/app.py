@@ -10,18 +10,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.api import anthropic, completions, embeddings, llama_cpp, openai, props, rerank, responses, tokens
-from engine.api.errors import ApiError, anthropic_error, openai_error
+from engine.api.errors import ApiError, error_for_path
 from engine.api.state import ServerState
 
 log = logging.getLogger("ninfer.api")
 
 
-def _is_anthropic(request: Request) -> bool:
-    return request.url.path.startswith("/v1/messages")
-
-
 def error_response(request: Request, e: ApiError) -> JSONResponse:
-    return anthropic_error(e) if _is_anthropic(request) else openai_error(e)
+    return error_for_path(request.url.path, e)
 
 
 def _authorized(request: Request, key: str) -> bool:

@@ -77,5 +77,10 @@ def anthropic_error(e: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=_headers(e))
 
 
+def error_for_path(path: str, e: ApiError) -> JSONResponse:
+    """The error in the shape of the protocol the route speaks (Anthropic's under /v1/messages)."""
+    return anthropic_error(e) if path.startswith("/v1/messages") else openai_error(e)
+
+
 def _headers(e: ApiError) -> dict[str, str]:
     return {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}

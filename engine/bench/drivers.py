@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import threading
 import time
 import urllib.parse
@@ -17,6 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from engine.bench.workloads import Prompt
 from engine.errors import NinferError
+
+log = logging.getLogger("ninfer")
+READY_WAIT_S = 600  # how long a server answering 503 (its model loading) is waited for
 
 
 @dataclass
@@ -102,7 +106,10 @@ class OverHttp:
         self.base = parsed.path.rstrip("/").removesuffix("/v1")
         self.api_key, self.timeout = api_key, timeout
         self._chat_tokenize = True  # /tokenize takes chat messages (vLLM, ninfer); else llama-server's way
-        self.model = model or self._first_model()
+        status, data = self._wait_ready()
+        if model is None and (status != 200 or not data.get("data")):
+            raise NinferError(f"GET /v1/models answered {status}; pass --model NAME")
+        self.model = model or data["data"][0]["id"]
 
     def _conn(self):
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -131,12 +138,26 @@ class OverHttp:
         except json.JSONDecodeError:
             return resp.status, {"raw": raw[:200].decode(errors="replace")}
 
-    def _first_model(self) -> str:
-        status, data = self._request("GET", "/v1/models")
-        models = data.get("data") or []
-        if status != 200 or not models:
-            raise NinferError(f"GET /v1/models answered {status}; pass --model NAME")
-        return models[0]["id"]
+    def _wait_ready(self) -> tuple[int, dict]:
+        """GET /v1/models, waited out while the server answers 503 (a model still loading: ninfer and
+        llama-server answer so) for up to READY_WAIT_S."""
+        deadline = time.monotonic() + READY_WAIT_S
+        told = False
+        while True:
+            status, data = self._request("GET", "/v1/models")
+            if status != 503:
+                return status, data
+            error = data.get("error")
+            why = error.get("message") if isinstance(error, dict) else data.get("raw", "no reason given")
+            if time.monotonic() >= deadline:
+                raise NinferError(
+                    f"{self.host}:{self.port} still answers 503 after {READY_WAIT_S} s ({why}); check the "
+                    "server's log"
+                )
+            if not told:
+                log.warning("%s:%s answers 503 (%s); waiting until it is ready", self.host, self.port, why)
+                told = True
+            time.sleep(1)
 
     def count(self, messages, tools) -> int:
         body = {

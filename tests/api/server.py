@@ -24,18 +24,29 @@ def qwen_style(engine: AsyncLLM) -> AsyncLLM:
 
 
 class RunningServer:
-    def __init__(self, engine: AsyncLLM, model_id: str = "smollm2", api_key: str | None = None):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_id: str = "smollm2",
+        api_key: str | None = None,
+        sock: socket.socket | None = None,
+    ):
+        """`sock`: a bound socket to serve on (as `ninfer serve` does); else a free port of its own."""
         self.engine = engine
         self.state = ServerState(engine, model_id, api_key)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        sock.close()
+        if sock is None:
+            probe = socket.socket()
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+            probe.close()
+        else:
+            self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
             uvicorn.Config(create_app(self.state), host="127.0.0.1", port=self.port, log_level="warning")
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = {"sockets": [sock]} if sock is not None else {}
+        self.thread = threading.Thread(target=self.server.run, kwargs=sockets, daemon=True)
 
     def __enter__(self) -> RunningServer:
         self.thread.start()

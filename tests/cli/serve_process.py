@@ -19,8 +19,11 @@ def free_port() -> int:
     return port
 
 
-def start_serve(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, int]:
-    """Start `ninfer serve ARGS --port P` and wait until /health answers; (process, port)."""
+def start_serve(
+    *args: str, timeout: float = 120, answers: list[httpx.Response] | None = None
+) -> tuple[subprocess.Popen, int]:
+    """Start `ninfer serve ARGS --port P` and wait until /health answers 200; (process, port). `answers`
+    collects the /health replies before that (503s while the model loads)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ninfer_cli.main", "serve", "--port", str(port), *args],
@@ -33,9 +36,12 @@ def start_serve(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, int
     while True:
         assert proc.poll() is None, proc.stderr.read()
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            if r.status_code == 200:
                 return proc, port
+            if answers is not None:
+                answers.append(r)
         except httpx.TransportError:
             pass
         assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.2)
+        time.sleep(0.05 if answers is not None else 0.2)

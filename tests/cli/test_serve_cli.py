@@ -14,7 +14,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_serve_default_model_then_sigterm():
-    proc, port = start_serve("--api-key", "k", "--max-context", "4k", "--host-cache", "64M")
+    """While the model loads, /health answers 503 "loading" (with Retry-After) on the port; then the
+    model answers on the same port."""
+    loading: list[httpx.Response] = []
+    proc, port = start_serve("--api-key", "k", "--max-context", "4k", "--host-cache", "64M", answers=loading)
+    assert loading and all(
+        r.status_code == 503 and r.json()["status"] == "loading" and r.headers["retry-after"] == "5"
+        for r in loading
+    )
     try:
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",

@@ -1,0 +1,62 @@
+"""`ninfer serve`'s port while the model loads: it listens at once and answers every request with 503 and
+Retry-After (GET /health: `{"status": "loading"}`; other routes: an error in their protocol's shape), so
+a health probe or a client's retry loop sees "loading", not a refused connection, as llama-server does.
+
+A small uvicorn server in a thread answers on a duplicate of the listening socket; when the model is up it
+stops, and the real server takes the same socket: a connection waiting in the queue at the switch is
+answered by the real server, not dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from engine.api.errors import ApiError, error_for_path
+
+RETRY_AFTER_S = 5  # what a loading 503 asks clients to wait
+BACKLOG = 2048  # uvicorn's default
+
+
+def loading_app(started: float):
+    """The ASGI app that answers while the model loads (`started`: time.monotonic() at the start)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):  # the body is read, so the reply is not cut off by a reset
+            pass
+        so_far = f"the model is loading ({time.monotonic() - started:.0f} s so far)"
+        if scope["path"] == "/health":
+            body = json.dumps({"status": "loading", "message": so_far}).encode()
+            headers = [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode())]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        e = ApiError(503, f"{so_far}; retry in a few seconds", retry_after=RETRY_AFTER_S)
+        await error_for_path(scope["path"], e)(scope, receive, send)
+
+    return app
+
+
+@contextlib.contextmanager
+def answering_while_loading(sock: socket.socket) -> Iterator[None]:
+    """Listen on `sock` (bound, not yet listening) and answer 503 on it until the block ends."""
+    import uvicorn
+
+    sock.listen(BACKLOG)
+    config = uvicorn.Config(loading_app(time.monotonic()), log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock.dup()]}, name="ninfer-loading", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join()
