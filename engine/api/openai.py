@@ -25,6 +25,7 @@ from engine.api.common import (
     truncated_prompt,
     with_effort,
 )
+from engine.api.custom_tools import custom_arguments, custom_function, custom_input, custom_names
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
@@ -100,6 +101,16 @@ def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImage
 
 
 def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
+    if isinstance(call, dict) and call.get("type") == "custom":
+        custom = call.get("custom")
+        if not isinstance(custom, dict) or not isinstance(custom.get("name"), str):
+            raise ApiError(400, f"{where}.custom.name must be a string", "messages")
+        arguments = custom_arguments(custom.get("input"), f"{where}.custom.input")
+        return {
+            "type": "function",
+            "id": call.get("id"),
+            "function": {"name": custom["name"], "arguments": arguments},
+        }
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ApiError(400, f"{where}.function.name must be a string", "messages")
@@ -160,15 +171,22 @@ def usage_json(
     return usage
 
 
-def _chat_tools(body: dict) -> list[dict[str, Any]] | None:
-    """The request's `tools`, each {"type": "function", "function": {"name", "parameters"?, ...}}."""
+def chat_tools(body: dict) -> list[dict[str, Any]] | None:
+    """The request's `tools`, each {"type": "function", "function": {"name", "parameters"?, ...}} (a custom
+    tool as the function it is shown as)."""
     tools = field(body, "tools", list)
-    for i, tool in enumerate(tools or ()):
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise ApiError(
                 400, f'tools[{i}] must be an object ({{"type": "function", "function": {{...}}}})', "tools"
             )
         kind = tool.get("type", "function")
+        if kind == "custom":
+            out.append(custom_function(tool.get("custom"), f"tools[{i}].custom"))
+            continue
         if kind != "function":
             raise not_a_function_tool(i, kind)
         fn = tool.get("function")
@@ -176,7 +194,8 @@ def _chat_tools(body: dict) -> list[dict[str, Any]] | None:
             raise ApiError(400, f"tools[{i}].function needs a string 'name'", "tools")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", "tools")
-    return tools
+        out.append(tool)
+    return out
 
 
 def _prediction(state: ServerState, body: dict) -> tuple[int, ...]:
@@ -210,9 +229,17 @@ def _prediction(state: ServerState, body: dict) -> tuple[int, ...]:
     return tuple(state.text_tokenizer().encode(content, add_special_tokens=False)) if content else ()
 
 
-def _tool_call_json(call: ToolCall) -> dict[str, Any]:
+def _tool_call_json(call: ToolCall, custom: frozenset[str]) -> dict[str, Any]:
+    """A call as chat completions' tool_calls entry (a custom tool's: its input string)."""
+    cid = f"call_{uuid.uuid4().hex[:24]}"
+    if call.name in custom:
+        return {
+            "id": cid,
+            "type": "custom",
+            "custom": {"name": call.name, "input": custom_input(call.arguments)},
+        }
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": cid,
         "type": "function",
         "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
     }
@@ -310,7 +337,7 @@ async def chat_completions(request: Request):
             '([{"type": "function", "function": {...}}]) and \'tool_choice\'',
             "functions",
         )
-    tools = _chat_tools(body)
+    tools, custom = chat_tools(body), custom_names(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
     kwargs = with_effort(
@@ -367,7 +394,7 @@ async def chat_completions(request: Request):
             if reasoning:
                 message["reasoning_content"] = reasoning
             if calls:
-                message["tool_calls"] = [_tool_call_json(c) for c in calls]
+                message["tool_calls"] = [_tool_call_json(c, custom) for c in calls]
             choice: dict[str, Any] = {
                 "index": index,
                 "message": message,
@@ -434,7 +461,7 @@ async def chat_completions(request: Request):
                     sent_logprobs[index] = len(out.logprobs)
                 for kind, piece in parsers[index].feed(delta, final=out.finished):
                     if kind == "tool_call":
-                        call = {"index": num_calls[index], **_tool_call_json(piece)}
+                        call = {"index": num_calls[index], **_tool_call_json(piece, custom)}
                         yield chunk({"tool_calls": [call]}, index=index)
                         num_calls[index] += 1
                     else:

@@ -1,4 +1,5 @@
-"""The Responses API's output items (reasoning, message, function_call) and their streamed events."""
+"""The Responses API's output items (reasoning, message, function_call, custom_tool_call) and their
+streamed events."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import uuid
 from typing import Any
 
+from engine.api.custom_tools import custom_input
 from engine.parsers.tool_calls import ToolCall
 
 
@@ -34,7 +36,17 @@ def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def call_item(call: ToolCall) -> dict[str, Any]:
+def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A call's item: a custom_tool_call (its input the string) where `custom` names the tool."""
+    if call.name in custom:
+        return {
+            "type": "custom_tool_call",
+            "id": _id("ctc"),
+            "call_id": _id("call"),
+            "name": call.name,
+            "input": custom_input(call.arguments),
+            "status": "completed",
+        }
     return {
         "type": "function_call",
         "id": _id("fc"),
@@ -45,15 +57,25 @@ def call_item(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def output_items(reasoning: str, content: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+def output_items(
+    reasoning: str, content: str, calls: list[ToolCall], custom: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     """A whole reply's items: its reasoning (if any), its message (unless it is only calls), its calls."""
     items = [reasoning_item(reasoning)] if reasoning else []
     if content or not calls:
         items.append(message_item(content))
-    return items + [call_item(c) for c in calls]
+    return items + [call_item(c, custom) for c in calls]
 
 
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
+CALLS = ("function_call", "custom_tool_call")
 
 
 def input_items(given: Any) -> list[dict[str, Any]]:
@@ -77,7 +99,8 @@ class OutputEvents:
     """The server-sent events of one streamed response, as its reply's pieces arrive: each item added,
     its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done."""
 
-    def __init__(self):
+    def __init__(self, custom: frozenset[str] = frozenset()):
+        self.custom = custom  # the custom tools' names: their calls are custom_tool_call items
         self.output: list[dict[str, Any]] = []
         self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
         self._current: dict[str, Any] | None = None  # the reasoning or message item being streamed
@@ -102,7 +125,7 @@ class OutputEvents:
 
     def finish(self) -> list[str]:
         """The last item done (a reply with no words still gets its message)."""
-        said = any(i["type"] in ("message", "function_call") for i in self.output)
+        said = any(i["type"] in ("message", *CALLS) for i in self.output)
         if not said and not (self._current and self._current["type"] == "message"):
             return self._close() + self._open("message") + self._close()
         return self._close()
@@ -146,21 +169,22 @@ class OutputEvents:
         return [*done, self.event("response.output_item.done", output_index=index, item=item)]
 
     def _call(self, call: ToolCall) -> list[str]:
-        item, index = call_item(call), len(self.output)
+        item, index = call_item(call, self.custom), len(self.output)
         self.output.append(item)
         where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "custom_tool_call":
+            field, stream = "input", "response.custom_tool_call_input"
+            done = {"input": item["input"]}
+        else:
+            field, stream = "arguments", "response.function_call_arguments"
+            done = {"name": item["name"], "arguments": item["arguments"]}
         return [
             self.event(
                 "response.output_item.added",
                 output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
+                item={**item, field: "", "status": "in_progress"},
             ),
-            self.event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
-            self.event(
-                "response.function_call_arguments.done",
-                **where,
-                name=item["name"],
-                arguments=item["arguments"],
-            ),
+            self.event(f"{stream}.delta", **where, delta=item[field]),
+            self.event(f"{stream}.done", **where, **done),
             self.event("response.output_item.done", output_index=index, item=item),
         ]

@@ -1,10 +1,11 @@
 """The OpenAI Responses API: `POST /v1/responses` (streamed or not), `GET` / `DELETE /v1/responses/{id}`.
 
 The input items become chat messages (the chat completions route's validation, images included): messages,
-`function_call`s (an assistant turn's tool calls) and `function_call_output`s (tool results); reasoning
-items are not fed back, as the Qwen templates drop earlier reasoning. `instructions` is the system turn.
-Function tools only (the client runs them). The output: a `reasoning` item when the model thought, a
-`message`, and a `function_call` per call. With `store` (the default) a response is kept in memory, the
+`function_call`s and `custom_tool_call`s (an assistant turn's tool calls) and their outputs (tool results);
+reasoning items are not fed back, as the Qwen templates drop earlier reasoning. `instructions` is the system
+turn. Function and custom tools (engine/api/custom_tools.py), which the client runs; built-in ones are
+refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
+`custom_tool_call`) per call. With `store` (the default) a response is kept in memory, the
 latest 256 (engine/api/response_store.py), so `previous_response_id` continues its conversation and GET returns it.
 """
 
@@ -29,10 +30,11 @@ from engine.api.common import (
     stream_failure,
     with_effort,
 )
+from engine.api.custom_tools import custom_arguments, custom_function, custom_names
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
-from engine.api.response_items import OutputEvents, input_items, output_items
+from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
 from engine.parsers.reply import ReplyParser
@@ -90,18 +92,23 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 )
             out.append({"role": item.get("role"), "content": _parts(item.get("content"), where)})
             origins.append(where)
-        elif kind == "function_call":
+        elif kind in CALLS:
+            arguments = (
+                item.get("arguments", "{}")
+                if kind == "function_call"
+                else custom_arguments(item.get("input"), f"{where}.input")
+            )
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+                "function": {"name": item.get("name"), "arguments": arguments},
             }
             if out and out[-1].get("role") == "assistant":  # the turn's text, then its calls
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 origins.append(where)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             if isinstance(output, list):
                 output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
@@ -112,8 +119,8 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
         elif kind != "reasoning":
             raise ApiError(
                 400,
-                f"{where} has type '{kind}'; this server takes message, function_call, function_call_output "
-                "and reasoning items",
+                f"{where} has type '{kind}'; this server takes message, function_call, function_call_output, "
+                "custom_tool_call, custom_tool_call_output and reasoning items",
                 "input",
             )
     return out, origins
@@ -134,6 +141,9 @@ def _tools(body: dict) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "custom":
+            out.append(custom_function(tool, f"tools[{i}]"))
+            continue
         if kind != "function":
             raise not_a_function_tool(i, kind)
         if not isinstance(tool.get("name"), str):
@@ -166,9 +176,16 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
     """The output as the assistant's chat message (for a later previous_response_id)."""
     text = "".join(c["text"] for item in output if item["type"] == "message" for c in item["content"])
     calls = [
-        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        {
+            "id": i["call_id"],
+            "type": "function",
+            "function": {
+                "name": i["name"],
+                "arguments": i["arguments"] if "arguments" in i else custom_arguments(i["input"], "input"),
+            },
+        }
         for i in output
-        if i["type"] == "function_call"
+        if i["type"] in CALLS
     ]
     turn: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:
@@ -200,7 +217,7 @@ async def create(request: Request):
         messages, images = template_messages(system + turns)
     except ApiError as e:
         raise _named_as_input(e, origins) from e
-    tools = _tools(body)
+    tools, custom = _tools(body), custom_names(body.get("tools"))
     prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
@@ -249,10 +266,10 @@ async def create(request: Request):
         out, reasoning, content, calls = await complete(
             state, engine_stream, request, in_reasoning, tools, max_calls
         )
-        return JSONResponse(finish(out, output_items(reasoning, content, calls)))
+        return JSONResponse(finish(out, output_items(reasoning, content, calls, custom)))
 
     async def events():
-        parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents()
+        parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents(custom)
         out = None
         try:
             yield stream.event("response.created", response=response("in_progress", [], None))

@@ -78,8 +78,8 @@ def _openai_forced_calls(
     body: dict, tools: list[dict] | None, tokenizer: Tokenizer, nested: bool
 ) -> str | None:
     """OpenAI's `tool_choice` "required" or a named function (chat completions: {"type": "function",
-    "function": {"name": ...}}; Responses: {"type": "function", "name": ...}) as a grammar; None for auto /
-    none. A named function is called once (as OpenAI and vLLM do); "required": as many calls as the model
+    "function": {"name": ...}}; Responses: {"type": "function", "name": ...}; "custom" in place of "function"
+    for a custom tool) as a grammar; None for auto / none. A named function is called once (as OpenAI and vLLM do); "required": as many calls as the model
     writes, one with `parallel_tool_calls: false`."""
     choice = body.get("tool_choice")
     if choice in (None, "auto", "none"):
@@ -87,11 +87,11 @@ def _openai_forced_calls(
     shape = (
         '{"type": "function", "function": {"name": ...}}' if nested else '{"type": "function", "name": ...}'
     )
-    name = None
-    if isinstance(choice, dict):
-        holder = choice.get("function") if nested else choice
+    name, kind = None, choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom"):  # a custom tool is forced as the function it is shown as
+        holder = choice.get(kind) if nested else choice
         name = holder.get("name") if isinstance(holder, dict) else None
-    valid = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)
+    valid = isinstance(name, str)
     if choice != "required" and not valid:
         raise ApiError(400, f"'tool_choice' must be none, auto, required or {shape}", "tool_choice")
     if not tools:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from engine.api.common import field, is_token_id, read_json
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
-from engine.api.openai import template_messages, template_options
+from engine.api.openai import chat_tools, template_messages, template_options
 from engine.api.state import ServerState
 
 router = APIRouter()
@@ -26,7 +26,7 @@ async def tokenize(request: Request):
     if body.get("messages") is not None:
         kwargs = field(body, "chat_template_kwargs", dict, {})
         messages, images = template_messages(body.get("messages"))
-        _, ids = state.render(messages, field(body, "tools", list), kwargs, *template_options(body))
+        _, ids = state.render(messages, chat_tools(body), kwargs, *template_options(body))
         ids = state.with_images(ids, await preprocess_images(state, images))
     elif isinstance(body.get("prompt"), str):
         special = field(body, "add_special_tokens", bool, True)

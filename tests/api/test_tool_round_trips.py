@@ -429,3 +429,101 @@ def test_deferred_tools_load_where_a_tool_reference_names_them():
         and loaded["function"]["parameters"] == issue["input_schema"]
     )
     assert "mcp__gh__create_issue" in searched_prompt.split("</tools>")[0]
+
+
+PATCH = "*** Begin Patch\n*** Add File: a.py\n+print(1)\n*** End Patch"
+PATCH_CALL = f"<tool_call>\n<function=apply_patch>\n<parameter=input>\n{PATCH}\n</parameter>\n</function>\n</tool_call>"
+LARK = 'start: "*** Begin Patch" /(.|\\n)*/ "*** End Patch"'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_custom_tools_round_trip_in_the_responses_api(stream):
+    """Codex's freeform apply_patch: the model sees a function of one string `input` (the grammar told in
+    its description), its call comes back as a custom_tool_call whose input is the patch (streamed: the
+    custom_tool_call_input events), and the call and its output go back into the next prompt."""
+    engine = ScriptedEngine([PATCH_CALL, FINAL, PATCH_CALL])
+    patch_tool = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Edit files with a patch",
+        "format": {"type": "grammar", "syntax": "lark", "definition": LARK},
+    }
+    with RunningServer(engine) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "Add a.py"}]
+        if stream:
+            with client.responses.stream(model="m", input=ask, tools=[patch_tool]) as s:
+                kinds = [e.type for e in s]
+                response = s.get_final_response()
+            assert "response.custom_tool_call_input.delta" in kinds
+            assert "response.custom_tool_call_input.done" in kinds
+        else:
+            response = client.responses.create(model="m", input=ask, tools=[patch_tool])
+        (call,) = [item for item in response.output if item.type != "message"]
+        assert call.type == "custom_tool_call" and call.name == "apply_patch" and call.input == PATCH
+        follow_up = [
+            *ask,
+            {"type": "custom_tool_call", "call_id": call.call_id, "name": call.name, "input": call.input},
+            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done: A a.py"},
+        ]
+        final = client.responses.create(model="m", input=follow_up, tools=[patch_tool])
+        assert final.output_text == FINAL
+        forced = {"type": "custom", "name": "apply_patch"}  # held to a call of it, as a function would be
+        again = client.responses.create(model="m", input=ask, tools=[patch_tool], tool_choice=forced)
+        assert [item.type for item in again.output] == ["custom_tool_call"]
+    listed = json.loads(engine.prompts[0].split("<tools>\n")[1].split("\n</tools>")[0])["function"]
+    assert listed["parameters"]["required"] == ["input"] and LARK in listed["description"]
+    assert (
+        json.dumps(PATCH) in engine.prompts[1]
+        and "<tool_response>\nDone: A a.py\n</tool_response>" in engine.prompts[1]
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_custom_tools_round_trip_in_chat_completions(stream):
+    engine = ScriptedEngine([PATCH_CALL, FINAL, PATCH_CALL])
+    patch_tool = {
+        "type": "custom",
+        "custom": {"name": "apply_patch", "description": "Edit files with a patch"},
+    }
+    with RunningServer(engine) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Add a.py"}]
+        if stream:
+            chunks = list(
+                client.chat.completions.create(model="m", messages=messages, tools=[patch_tool], stream=True)
+            )
+            (call,) = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            # the SDK's delta type has no custom field: it stays the JSON object sent
+            call_id, kind, custom = (
+                call.id,
+                call.type,
+                openai.types.chat.chat_completion_message_custom_tool_call.Custom(**call.custom),
+            )
+        else:
+            r = client.chat.completions.create(model="m", messages=messages, tools=[patch_tool])
+            (call,) = r.choices[0].message.tool_calls
+            call_id, kind, custom = call.id, call.type, call.custom
+        assert kind == "custom" and custom.name == "apply_patch" and custom.input == PATCH
+        messages += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call_id, "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": "Done"},
+        ]
+        r = client.chat.completions.create(model="m", messages=messages, tools=[patch_tool])
+        assert r.choices[0].message.content == FINAL
+        bad = {
+            "type": "custom",
+            "custom": {
+                "name": "apply_patch",
+                "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"},
+            },
+        }
+        with pytest.raises(openai.BadRequestError, match=r"tools\[0\].custom.format must be"):
+            client.chat.completions.create(model="m", messages=messages[:1], tools=[bad])
+    assert json.dumps(PATCH) in engine.prompts[1]

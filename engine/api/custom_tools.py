@@ -1,0 +1,73 @@
+"""OpenAI's custom tools (`{"type": "custom", "name", "description", "format"}`): a tool that takes one
+free string rather than JSON arguments — Codex's apply_patch takes a patch.
+
+The model, trained on function calls, is shown a function of one string parameter, `input`, whose
+description tells the `format` grammar when one is given (the input is not held to it); its call of that
+function comes back as a custom tool call whose `input` is the string, and a custom tool call in the
+conversation goes to the chat template as that function's call. Chat completions and the Responses API
+share this.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.api.errors import ApiError
+
+INPUT = "input"
+_FORMATS = '{"type": "text"} or {"type": "grammar", "syntax": "lark" | "regex", "definition": ...}'
+
+
+def custom_function(tool: Any, where: str) -> dict[str, Any]:
+    """A custom tool's definition (name, description, format) as the function spec the template lists."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise ApiError(400, f"{where} needs a string 'name'", "tools")
+    description = tool.get("description") or ""
+    if not isinstance(description, str):
+        raise ApiError(400, f"{where}.description must be a string", "tools")
+    fmt = tool.get("format", {"type": "text"})
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "grammar":
+        syntax, definition = fmt.get("syntax"), fmt.get("definition")
+        if syntax not in ("lark", "regex") or not isinstance(definition, str):
+            raise ApiError(400, f"{where}.format must be {_FORMATS}", "tools")
+        description += f"\n\nThe input follows this {syntax} grammar:\n{definition}"
+    elif kind != "text":
+        raise ApiError(400, f"{where}.format must be {_FORMATS}", "tools")
+    parameters = {
+        "type": "object",
+        "properties": {INPUT: {"type": "string", "description": "the tool's whole input, as free text"}},
+        "required": [INPUT],
+    }
+    return {
+        "type": "function",
+        "function": {"name": tool["name"], "description": description.strip(), "parameters": parameters},
+    }
+
+
+def custom_input(arguments: dict[str, Any]) -> str:
+    """A call's parsed arguments as the custom tool's input: its `input` string (else a lone string
+    argument, else the arguments as JSON)."""
+    if isinstance(arguments.get(INPUT), str):
+        return arguments[INPUT]
+    values = list(arguments.values())
+    if len(values) == 1 and isinstance(values[0], str):
+        return values[0]
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def custom_arguments(text: Any, where: str) -> dict[str, str]:
+    """A custom tool call's `input`, from the conversation, as the arguments of its function call."""
+    if not isinstance(text, str):
+        raise ApiError(400, f"{where} must be a string (the custom tool's input)", "input")
+    return {INPUT: text}
+
+
+def custom_names(tools: Any) -> frozenset[str]:
+    """The names of a request's custom tools (its `tools` as sent; checked elsewhere)."""
+    return frozenset(
+        t.get("custom", t).get("name")
+        for t in tools or ()
+        if isinstance(t, dict) and t.get("type") == "custom" and isinstance(t.get("custom", t), dict)
+    )
