@@ -9,7 +9,7 @@ The library is built with -march=native, so the cache key holds the sources, the
 this CPU's feature flags: a home directory shared between machines never loads another CPU's build. Where
 no compiler is found, the build fails, or NINFER_CPU_KERNELS=torch, `library()` is None and
 `unavailable_reason()` says why: every op then runs its naive torch twin. The int4 matmul needs AVX-512
-VNNI besides (`has_q4()`); the other ops are plain C.
+VNNI or AVX2 besides (`has_q4()`); the other ops are plain C.
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def has_q4() -> bool:
-    """Whether the int4 matmul is built: it needs AVX-512 VNNI (and F16C, AVX-512 BW)."""
+    """Whether the int4 matmul is built: it needs AVX-512 VNNI (and F16C, AVX-512 BW), or AVX2 (and FMA,
+    F16C)."""
     return library() is not None and bool(_state.get("q4"))
 
 

@@ -39,6 +39,42 @@ def _fbgemm_linear() -> bool:
 FBGEMM = _fbgemm_linear()
 
 
+def _bf16_gemm_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (oneDNN's bf16 path: AVX-512 or AMX). Without it
+    torch's bf16 GEMM is emulated, ~70x slower than fp32 (758 ms against 10.7 ms for 512 x 576 x 1536,
+    measured on an AVX2 CPU), so long prefill chunks multiply in fp32 there."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+BF16_GEMM = _bf16_gemm_native()
+_REDUCE_RANGE: bool | None = None
+
+
+def fbgemm_reduce_range() -> bool:
+    """Whether fbgemm's int8 matmul needs 7-bit activations on this CPU (probed once). Without VNNI its
+    u8 x s8 products are summed in pairs into int16 (VPMADDUBSW), which saturates for activations near
+    255 against weights near 127 (a 12% error measured on an AVX2 CPU); 7-bit activations cannot."""
+    global _REDUCE_RANGE
+    if _REDUCE_RANGE is None:
+        g = torch.Generator().manual_seed(0)
+        n, k = 64, 256
+        q = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+        q[:, ::2] = 127  # the pairs that saturate int16 where the activations are near their maximum
+        scales = torch.full((n,), 0.01, dtype=torch.double)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(q, scales, torch.zeros(n, dtype=torch.long), 0)
+            x = torch.rand(4, k, generator=g)
+            x[:, ::2] = 1.0
+            y = torch.ops.quantized.linear_dynamic(x, torch.ops.quantized.linear_prepack(qw, None), False)
+        want = x @ (q.float() * 0.01).t()
+        _REDUCE_RANGE = bool((y - want).norm() > 1e-2 * want.norm())
+    return _REDUCE_RANGE
+
+
 class CpuInt8Weight:
     """int8 weights (per output channel, symmetric) times int8 activations: the dot products run on the
     CPU's integer units (VNNI), faster than any float path here.
@@ -47,7 +83,8 @@ class CpuInt8Weight:
     over, scaled up by a): ~15-bit activations for the price of one weight read, where a single int8 row
     moved a head's logprobs by ~0.2. With fbgemm (x86 builds of torch) the weight is prepacked once and the
     activations are quantized per tensor by the op itself (0.4 ms instead of 1.9 ms for a 49152 x 576 head
-    at M = 1 on a 2-core AVX-512 VM); elsewhere `_int_mm` with rows quantized per token.
+    at M = 1 on a 2-core AVX-512 VM), on 7 bits where the CPU's fbgemm kernel would saturate 8
+    (`fbgemm_reduce_range`); elsewhere `_int_mm` with rows quantized per token.
     """
 
     def __init__(self, w: torch.Tensor):
@@ -100,13 +137,14 @@ class CpuInt8Weight:
         m = x.shape[0]
         row_max = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # [M, 1]
         x = x / row_max
-        qx = torch.quantize_per_tensor_dynamic(x, torch.quint8, False)
+        reduce = fbgemm_reduce_range()
+        qx = torch.quantize_per_tensor_dynamic(x, torch.quint8, reduce)
         lo, hi = torch.aminmax(x)
         a = 0.999 * min(-lo.item(), hi.item()) / (qx.q_scale() / 2)
         if a <= 1.0:  # x all of one sign: the grid still holds 0, but leaves the residual no room
-            return torch.ops.quantized.linear_dynamic(x, self.packed, False).mul_(row_max)
+            return torch.ops.quantized.linear_dynamic(x, self.packed, reduce).mul_(row_max)
         y = torch.ops.quantized.linear_dynamic(
-            torch.cat([x, (x - qx.dequantize()).mul_(a)]), self.packed, False
+            torch.cat([x, (x - qx.dequantize()).mul_(a)]), self.packed, reduce
         )
         return y[m:].div_(a).add_(y[:m]).mul_(row_max)  # [M, N]
 
@@ -141,9 +179,10 @@ class CpuInt4Weight:
     """int4 weights, asymmetric groups of INT4_GROUP: w = scale * q + lo, q in [0, 15].
 
     Up to `dense_min_rows` rows run the native kernel (kernels/q4_cpu: int8 activations on the CPU's
-    VNNI dot products) where it is built and the scales fit fp16, else torch's int4 kernel on bf16
-    activations; more rows (long prefill chunks) unpack the weight to bf16 for the dense GEMM. The codes
-    are held once either way.
+    VNNI or AVX2 integer dot products) where it is built and the scales fit fp16, else torch's int4
+    kernel on bf16 activations; more rows (long prefill chunks) unpack the weight to bf16 for the dense
+    GEMM (its values to fp32, where the CPU has no native bf16 GEMM: BF16_GEMM). The codes are held once
+    either way.
     """
 
     def __init__(self, w: torch.Tensor):
@@ -201,10 +240,12 @@ class CpuInt4Weight:
                 y = q4_cpu.matmul(x, self.native, self.shape[0])
                 return y if x.dtype == torch.float32 else y.to(x.dtype)
             wt = q4_cpu.dequantize_t_bf16(self.native, *self.shape)  # [K, N], unpacked in C
+            if not BF16_GEMM:
+                return (x.float() @ wt.float()).to(x.dtype)
             return (x.to(torch.bfloat16) @ wt).to(x.dtype)
         if long_chunk:
-            w = self.dequantize().to(torch.bfloat16)
-            return torch.nn.functional.linear(x.to(torch.bfloat16), w).to(x.dtype)
+            dense = torch.bfloat16 if BF16_GEMM else torch.float32
+            return torch.nn.functional.linear(x.to(dense), self.dequantize().to(dense)).to(x.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.qweight, INT4_GROUP, self.scales_and_zeros
         )

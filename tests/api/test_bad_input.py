@@ -93,7 +93,9 @@ CASES = [
     (CHAT, chat(tools=[1])),  # each of these was a 500 after the reply was generated
     (CHAT, chat(tools=[{"type": "function", "function": {"description": "no name"}}])),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}])),
-    (CHAT, chat(tools=[{"type": "custom", "custom": {"name": "f"}}])),
+    (CHAT, chat(tools=[{"type": "web_search"}])),
+    (CHAT, chat(tools=[{"type": "custom", "custom": {"name": "f", "format": {"type": "grammar"}}}])),
+    (CHAT, chat(tools=[{"type": "custom", "custom": "f"}])),
     (CHAT, chat(prediction={"type": "content", "content": None})),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "suffix": "bye"}),
     (COMPLETIONS, {"model": "m", "prompt": "hi", "best_of": 3}),

@@ -29,16 +29,20 @@ def q4_1_blocks(n: int, k: int) -> torch.Tensor:
 
 @pytest.fixture(params=["native", "torch"])
 def int4_kernel(request, monkeypatch):
-    """CpuInt4Weight on the native VNNI kernel (where built) and on torch's int4 kernel."""
+    """CpuInt4Weight on the native kernel (where built) and on torch's int4 kernel."""
     if request.param == "native" and not cpu_quant.q4_cpu.available():
-        pytest.skip("the native int4 kernel is not built here (no compiler, or no AVX-512 VNNI)")
+        pytest.skip(
+            "the native int4 kernel is not built here (no compiler, or neither AVX-512 VNNI nor AVX2)"
+        )
     if request.param == "torch":
         monkeypatch.setattr(cpu_quant.q4_cpu, "available", lambda: False)
     return request.param
 
 
 @pytest.mark.parametrize("m", [1, 5, 64, 512])  # decode rows, a few, prefill chunks
-def test_int4_keeps_q4_1_blocks(int4_kernel, m):
+@pytest.mark.parametrize("bf16_gemm", [True, False])  # prefill chunks: a bf16 GEMM, or fp32 without one
+def test_int4_keeps_q4_1_blocks(int4_kernel, m, bf16_gemm, monkeypatch):
+    monkeypatch.setattr(cpu_quant, "BF16_GEMM", bf16_gemm)
     w = q4_1_blocks(96, 128)
     packed = CpuInt4Weight(w)
     assert (packed.native is not None) == (int4_kernel == "native")

@@ -216,7 +216,7 @@ def test_q4_pack_round_trip():
     assert torch.equal(back[1], scale.half().float()) and torch.equal(back[2], lo.half().float())
 
 
-@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+@pytest.mark.skipif(not q4.available(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 @pytest.mark.parametrize("m", [1, 3, 5, 8, 9, 17])  # row tiles of 8 and their remainders
 @pytest.mark.parametrize("n,k", [(16, 32), (960, 576), (48, 1536)])
 def test_q4_matmul(m, n, k):
@@ -231,13 +231,24 @@ def test_q4_matmul(m, n, k):
     assert rel_err(got, x @ dense.t()) < 2e-4  # ~15-bit activations: two int8 terms per group
 
 
+@pytest.mark.skipif(not q4.available(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
+def test_q4_matmul_gives_a_row_the_same_bits_alone_or_in_a_batch():
+    """A sequence decodes to the same values whatever else is in the step (what seeded sampling of `n`
+    choices, each as a request of its own would sample, rests on)."""
+    packed = q4.pack(*_q4_weight(960, 576))
+    x = torch.randn(11, 576)
+    batch = q4.matmul(x, packed, 960)
+    for i in range(11):
+        assert torch.equal(batch[i], q4.matmul(x[i : i + 1], packed, 960)[0])
+
+
 @pytest.mark.parametrize("n,k", [(16, 32), (960, 576), (48, 1536)])
 @pytest.mark.parametrize("native", [True, False])
 def test_q4_dequantize_t_bf16_gives_torchs_bits(n, k, native, monkeypatch):
     if not native:
         monkeypatch.setattr(q4, "has_q4", lambda: False)
     elif not q4.available():
-        pytest.skip("this CPU lacks AVX-512 VNNI")
+        pytest.skip("this CPU has neither AVX-512 VNNI nor AVX2")
     codes, scale, lo = _q4_weight(n, k)
     lo[0, 0] = 3e-6  # an fp16 subnormal minimum
     packed = q4.pack(codes, scale, lo)
@@ -248,7 +259,7 @@ def test_q4_dequantize_t_bf16_gives_torchs_bits(n, k, native, monkeypatch):
     assert torch.equal(got.t(), want)
 
 
-@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+@pytest.mark.skipif(not q4.available(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 def test_q4_matmul_from_two_threads_at_once():
     """The pool takes one job at a time; a second engine thread computes its own alone."""
     from concurrent.futures import ThreadPoolExecutor
@@ -271,7 +282,7 @@ def test_pool_is_torchs_openmp_team_where_torch_runs_libgomp():
         native_build.set_pool(lib, "threads")
 
 
-@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+@pytest.mark.skipif(not q4.available(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 def test_both_pools_give_the_same_bits(tmp_path, monkeypatch):
     """The pool only splits output blocks and sequences between threads: the arithmetic of each is the same."""
     import ctypes
@@ -292,7 +303,7 @@ def test_both_pools_give_the_same_bits(tmp_path, monkeypatch):
             assert torch.equal(attention_native.paged_attention(*case, 0.125), want[1])
 
 
-@pytest.mark.skipif(not q4.available(), reason="this CPU lacks AVX-512 VNNI")
+@pytest.mark.skipif(not q4.available(), reason="this CPU has neither AVX-512 VNNI nor AVX2")
 def test_q4_matmul_refuses_a_weight_of_another_shape():
     packed = q4.pack(*_q4_weight(32, 64))
     with pytest.raises(ValueError, match=r"packed as \(2, 2, 320\) is not \[32, 96\]"):
