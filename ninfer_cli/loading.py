@@ -10,11 +10,12 @@ answered by the real server, not dropped.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+
+from fastapi.responses import JSONResponse
 
 from engine.api.errors import ApiError, error_for_path
 
@@ -32,13 +33,15 @@ def loading_app(started: float):
             pass
         so_far = f"the model is loading ({time.monotonic() - started:.0f} s so far)"
         if scope["path"] == "/health":
-            body = json.dumps({"status": "loading", "message": so_far}).encode()
-            headers = [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode())]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        e = ApiError(503, f"{so_far}; retry in a few seconds", retry_after=RETRY_AFTER_S)
-        await error_for_path(scope["path"], e)(scope, receive, send)
+            reply = JSONResponse(
+                {"status": "loading", "message": so_far},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        else:
+            e = ApiError(503, f"{so_far}; retry in a few seconds", retry_after=RETRY_AFTER_S)
+            reply = error_for_path(scope["path"], e)
+        await reply(scope, receive, send)
 
     return app
 

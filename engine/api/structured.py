@@ -78,9 +78,10 @@ def _openai_forced_calls(
     body: dict, tools: list[dict] | None, tokenizer: Tokenizer, nested: bool
 ) -> str | None:
     """OpenAI's `tool_choice` "required" or a named function (chat completions: {"type": "function",
-    "function": {"name": ...}}; Responses: {"type": "function", "name": ...}; "custom" in place of "function"
-    for a custom tool) as a grammar; None for auto / none. A named function is called once (as OpenAI and vLLM do); "required": as many calls as the model
-    writes, one with `parallel_tool_calls: false`."""
+    "function": {"name": ...}}; Responses: {"type": "function", "name": ...}; "custom" in place of
+    "function" for a custom tool) as a grammar; None for auto / none. A named function is called once (as
+    OpenAI and vLLM do); "required": as many calls as the model writes, one with `parallel_tool_calls:
+    false`."""
     choice = body.get("tool_choice")
     if choice in (None, "auto", "none"):
         return None
