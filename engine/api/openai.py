@@ -277,13 +277,9 @@ def template_options(body: dict) -> tuple[bool, bool]:
 
 def _logprobs_content(names: TokenNames, out: RequestOutput, top: int, start: int = 0) -> dict[str, Any]:
     """OpenAI's logprobs.content for the output tokens from `start` on."""
-
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        return {"token": names.name(token), "logprob": logprob, "bytes": names.bytes(token)}
-
     return {
         "content": [
-            {**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in alts]}
+            {**names.entry(token, logprob), "top_logprobs": [names.entry(t, v) for t, v in alts]}
             for token, logprob, alts in token_logprobs(out, top, start)
         ]
     }

@@ -16,13 +16,15 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def message_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+def message_item(text: str, item_id: str | None = None, logprobs: list | None = None) -> dict[str, Any]:
+    """logprobs: its tokens' entries (engine/api/response_logprobs.py), where the request included them."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "type": "message",
         "id": item_id or _id("msg"),
         "status": "completed",
         "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        "content": [part],
     }
 
 
@@ -58,12 +60,16 @@ def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str,
 
 
 def output_items(
-    reasoning: str, content: str, calls: list[ToolCall], custom: frozenset[str] = frozenset()
+    reasoning: str,
+    content: str,
+    calls: list[ToolCall],
+    custom: frozenset[str] = frozenset(),
+    logprobs: list | None = None,
 ) -> list[dict[str, Any]]:
     """A whole reply's items: its reasoning (if any), its message (unless it is only calls), its calls."""
     items = [reasoning_item(reasoning)] if reasoning else []
     if content or not calls:
-        items.append(message_item(content))
+        items.append(message_item(content, logprobs=logprobs))
     return items + [call_item(c, custom) for c in calls]
 
 
@@ -97,11 +103,13 @@ def input_items(given: Any) -> list[dict[str, Any]]:
 
 class OutputEvents:
     """The server-sent events of one streamed response, as its reply's pieces arrive: each item added,
-    its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done."""
+    its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done.
+    Message tokens' logprobs given to add_logprobs go with the next text delta (and the message's part)."""
 
     def __init__(self, custom: frozenset[str] = frozenset()):
         self.custom = custom  # the custom tools' names: their calls are custom_tool_call items
         self.output: list[dict[str, Any]] = []
+        self._logprobs: list[dict[str, Any]] = []  # entries not yet sent with a delta
         self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
         self._current: dict[str, Any] | None = None  # the reasoning or message item being streamed
         self._sequence = itertools.count()
@@ -109,6 +117,9 @@ class OutputEvents:
     def event(self, kind: str, **data: Any) -> str:
         payload = {"type": kind, "sequence_number": next(self._sequence), **data}
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
+
+    def add_logprobs(self, entries: list[dict[str, Any]]) -> None:
+        self._logprobs += entries
 
     def piece(self, kind: str, value: Any) -> list[str]:
         """Events for one piece of the reply parser: ("reasoning" | "text", str) or ("tool_call", ToolCall)."""
@@ -121,7 +132,9 @@ class OutputEvents:
         if want == "reasoning":
             self.reasoning += value
             return events + [self.event("response.reasoning_text.delta", **where, delta=value)]
-        return events + [self.event("response.output_text.delta", **where, delta=value, logprobs=[])]
+        logprobs, self._logprobs = self._logprobs, []
+        self._current["logprobs"] += logprobs
+        return events + [self.event("response.output_text.delta", **where, delta=value, logprobs=logprobs)]
 
     def finish(self) -> list[str]:
         """The last item done (a reply with no words still gets its message)."""
@@ -136,7 +149,7 @@ class OutputEvents:
             self._current = {"type": "reasoning", "id": _id("rs"), "text": ""}
             added = {**reasoning_item("", self._current["id"]), "content": [], "status": "in_progress"}
             return [self.event("response.output_item.added", output_index=index, item=added)]
-        self._current = {"type": "message", "id": _id("msg"), "text": ""}
+        self._current = {"type": "message", "id": _id("msg"), "text": "", "logprobs": []}
         added = {**message_item("", self._current["id"]), "status": "in_progress", "content": []}
         part = message_item("")["content"][0]
         return [
@@ -159,9 +172,10 @@ class OutputEvents:
             item = reasoning_item(text, item_id)
             done = [self.event("response.reasoning_text.done", **where, text=text)]
         else:
-            item = message_item(text, item_id)
+            logprobs, self._logprobs = self._current["logprobs"] + self._logprobs, []
+            item = message_item(text, item_id, logprobs)
             done = [
-                self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                self.event("response.output_text.done", **where, text=text, logprobs=logprobs),
                 self.event("response.content_part.done", **where, part=item["content"][0]),
             ]
         self.output.append(item)

@@ -35,8 +35,10 @@ from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
+from engine.api.response_logprobs import MessageLogprobs, logprobs_setting
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
+from engine.api.token_names import token_names
 from engine.parsers.reply import ReplyParser
 from engine.request import RequestOutput
 
@@ -221,12 +223,26 @@ async def create(request: Request):
     prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
+    top_logprobs = logprobs_setting(body)
     params = sampling_params(
-        state, body, "max_output_tokens", state.default_max_tokens(), None, grammar=grammar
+        state,
+        body,
+        "max_output_tokens",
+        state.default_max_tokens(),
+        None,
+        grammar=grammar,
+        logprobs=top_logprobs,
     )
     engine_stream = await start(state, ids, params, await preprocess_images(state, images))
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
+    message_logprobs = (
+        MessageLogprobs(
+            token_names(state, body), params, state.engine.llm.eos_token_ids, in_reasoning, tools, max_calls
+        )
+        if top_logprobs is not None
+        else None
+    )
 
     def response(status: str, output: list[dict[str, Any]], usage: dict | None, out=None) -> dict[str, Any]:
         incomplete = out is not None and out.finish_reason == "length"
@@ -249,6 +265,7 @@ async def create(request: Request):
             "text": body.get("text") or {"format": {"type": "text"}},
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [],
+            "top_logprobs": body.get("top_logprobs"),
             "top_p": body.get("top_p", 1.0),
             "truncation": "disabled",
             "usage": usage,
@@ -266,7 +283,8 @@ async def create(request: Request):
         out, reasoning, content, calls = await complete(
             state, engine_stream, request, in_reasoning, tools, max_calls
         )
-        return JSONResponse(finish(out, output_items(reasoning, content, calls, custom)))
+        logprobs = message_logprobs.feed(out) if message_logprobs else None
+        return JSONResponse(finish(out, output_items(reasoning, content, calls, custom, logprobs)))
 
     async def events():
         parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents(custom)
@@ -282,6 +300,8 @@ async def create(request: Request):
                     yield stream.event("response.failed", response=failed)
                     return
                 state.metrics.token(out)
+                if message_logprobs:
+                    stream.add_logprobs(message_logprobs.feed(out))
                 for kind, piece in parser.feed(delta, final=out.finished):
                     for e in stream.piece(kind, piece):
                         yield e

@@ -28,6 +28,10 @@ class TokenNames:
     def bytes(self, token_id: int) -> list[int]:
         return list(self.tokenizer.token_bytes(token_id))
 
+    def entry(self, token_id: int, logprob: float) -> dict:
+        """OpenAI's logprob entry of a token: its name, logprob and bytes."""
+        return {"token": self.name(token_id), "logprob": logprob, "bytes": self.bytes(token_id)}
+
 
 def token_names(state, body: dict) -> TokenNames:
     return TokenNames(state.engine.tokenizer, field(body, "return_tokens_as_token_ids", bool, False))

@@ -73,6 +73,36 @@ def test_text_plain_and_streamed_with_the_events_in_order(client):
     assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
 
 
+def test_message_logprobs_when_included_plain_and_streamed(client):
+    """include message.output_text.logprobs: each message token's logprob and its top_logprobs
+    alternatives, on the output_text part, the text deltas and the done event; without it, none."""
+    ask = dict(model="m", input=ASK, max_output_tokens=12, temperature=0, top_logprobs=2)
+    include = ["message.output_text.logprobs"]
+    r = client.responses.create(**ask, include=include)
+    (part,) = r.output[0].content
+    tokens = [lp.token for lp in part.logprobs]
+    assert "".join(tokens) == part.text and 0 < len(tokens) <= r.usage.output_tokens
+    assert r.top_logprobs == 2
+    for lp in part.logprobs:
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 2 and bytes(lp.bytes).decode() == lp.token
+        assert lp.top_logprobs[0].token == lp.token  # greedy: the chosen token is the likeliest
+        assert lp.top_logprobs[0].logprob >= lp.top_logprobs[1].logprob
+    with client.responses.stream(**ask, include=include) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert deltas == [lp.token for lp in done.logprobs] == tokens
+    assert [lp.token for lp in final.output[0].content[0].logprobs] == tokens
+    assert [lp.logprob for lp in done.logprobs] == pytest.approx(
+        [lp.logprob for lp in part.logprobs], abs=1e-4
+    )
+    plain = client.responses.create(**ask)
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == r.output_text
+    with client.responses.stream(**ask) as stream:
+        assert not any(e.logprobs for e in stream if e.type == "response.output_text.delta")
+
+
 def test_previous_response_id_continues_the_conversation(client):
     first = client.responses.create(
         model="m", input=ASK, instructions="Answer briefly.", max_output_tokens=16, temperature=0
@@ -199,6 +229,8 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
         ),
         ({"input": ASK, "previous_response_id": "resp_nope"}, 404, "no stored response 'resp_nope'"),
         ({"input": ASK, "background": True}, 400, "background responses are not supported"),
+        ({"input": ASK, "top_logprobs": 21}, 400, "'top_logprobs' must be between 0 and 20 (got 21)"),
+        ({"input": ASK, "include": "message.output_text.logprobs"}, 400, "'include' must be"),
         ({"input": ASK, "reasoning": {"effort": "extreme"}}, 400, "'reasoning.effort' must be"),
         ({"input": ASK, "text": {"format": {"type": "yaml"}}}, 400, "'text.format.type' must be"),
         ({"input": ASK, "tool_choice": "required"}, 400, "has no 'tools'"),
