@@ -44,7 +44,7 @@ ROUTES = {
     "/v1/responses": (
         {"model": "m", "input": "hi", "max_output_tokens": 3},
         "input instructions max_output_tokens temperature top_p stream tools tool_choice text reasoning "
-        "previous_response_id store include parallel_tool_calls",
+        "previous_response_id store include top_logprobs parallel_tool_calls",
     ),
     "/v1/embeddings": ({"model": "m", "input": "hi"}, "input dimensions encoding_format"),
     "/tokenize": (
