@@ -24,7 +24,7 @@ import torch
 import triton.testing
 
 from engine.cache.kv_layout import KVCache
-from engine.quant.groupwise import quantize
+from engine.quant.groupwise import QuantizedTensor, quantize
 from engine.vision.config import VisionConfig
 from engine.vision.tower import VisionTower
 from kernels.conv1d import triton as conv1d_triton
@@ -120,18 +120,23 @@ def bench(fn, triton_kernels: bool = True) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e-3  # seconds
 
 
+def randn(*shape, **options) -> torch.Tensor:
+    """Random normal data; --compile-only: uninitialised (a launch that only compiles reads no values)."""
+    return torch.empty(*shape, **options) if COMPILE_ONLY else torch.randn(*shape, **options)
+
+
 def decode_case(kv_dtype: str, context: int, batch: int = 1):
     num_q, num_kv, head_dim, block_size = 24, 4, 256, 16
     blocks_per_seq = context // block_size
     cache = KVCache.allocate(kv_dtype, batch * blocks_per_seq, block_size, num_kv, head_dim, DEVICE)
-    for t in (cache.k_data, cache.v_data):
+    for t in (cache.k_data, cache.v_data) if not COMPILE_ONLY else ():
         t.view(torch.uint8).random_(0, 120)  # finite values of any dtype
     for t in (cache.k_scale, cache.v_scale):
         if t is not None:
             t.fill_(0.01)
     table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=DEVICE).view(batch, -1)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(batch, num_q, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    q = randn(batch, num_q, head_dim, device=DEVICE, dtype=torch.bfloat16)
     return q, cache, table, seq_lens
 
 
@@ -142,7 +147,7 @@ PREFILL_FLOPS = 2 * 2 * 24 * 256 * PREFILL_TOKENS * PREFILL_TOKENS / 2  # QK^T a
 def prefill_case(kv_dtype: str = "bf16"):
     """8K new tokens of one sequence, causal: (q, cache, block_table, seq_lens, cu_seqlens)."""
     _, cache, table, seq_lens = decode_case(kv_dtype, PREFILL_TOKENS)
-    q = torch.randn(PREFILL_TOKENS, 24, 256, device=DEVICE, dtype=torch.bfloat16)
+    q = randn(PREFILL_TOKENS, 24, 256, device=DEVICE, dtype=torch.bfloat16)
     return q, cache, table, seq_lens, torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device=DEVICE)
 
 
@@ -150,10 +155,16 @@ def prefill_case(kv_dtype: str = "bf16"):
 def up_proj(bits: int, group: int = 128):
     """The 27B MLP up projection (N = 17408 outputs, K = 5120) quantized at `bits` in groups of `group`, on
     the GPU: (QuantizedTensor, packed, scales, minimums). Built once per width and group (the CPU
-    quantization takes seconds)."""
-    qt = quantize(
-        torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02, bits, group, False
-    )
+    quantization takes seconds; --compile-only: zero codes in the same layout, the values unread)."""
+    if COMPILE_ONLY:
+        n, k = 17408, 5120
+        width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
+        packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
+        scales = torch.zeros(n, k // group, dtype=torch.float16)
+        qt = QuantizedTensor(bits, group, (n, k), packed, scales, None if bits == 8 else scales.clone())
+    else:
+        w = torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02
+        qt = quantize(w, bits, group, False)
     mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
     return qt, qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins
 
@@ -168,7 +179,7 @@ def gdn_case(batch: int, length: int):
     tokens = batch * length
     cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device=DEVICE)
     slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
-    x = torch.randn(tokens, (2 * hk + hv) * d, device=DEVICE, dtype=torch.bfloat16)
+    x = randn(tokens, (2 * hk + hv) * d, device=DEVICE, dtype=torch.bfloat16)
     q, k = x[:, : hk * d].view(tokens, hk, d), x[:, hk * d : 2 * hk * d].view(tokens, hk, d)
     v = x[:, 2 * hk * d :].view(tokens, hv, d)
     g = -torch.rand(tokens, hv, device=DEVICE)
@@ -221,18 +232,18 @@ def main() -> None:
 
     def dense_ops():
         for tokens in (1, 8192):
-            x = torch.randn(tokens, 5120, device=DEVICE, dtype=bf)
-            w = torch.randn(5120, device=DEVICE, dtype=bf)
-            r = torch.randn(tokens, 5120, device=DEVICE, dtype=bf)
+            x = randn(tokens, 5120, device=DEVICE, dtype=bf)
+            w = randn(5120, device=DEVICE, dtype=bf)
+            r = randn(tokens, 5120, device=DEVICE, dtype=bf)
             t = bench(lambda x=x, w=w, r=r: rmsnorm_triton.rmsnorm(x, w, 1e-6, r))
             record("rmsnorm+residual", f"[{tokens}, 5120] bf16", t, bytes_moved=x.numel() * 2 * 5)
-            g = torch.randn(tokens, 2 * 17408, device=DEVICE, dtype=bf)
+            g = randn(tokens, 2 * 17408, device=DEVICE, dtype=bf)
             t = bench(lambda g=g: silu_mul_triton.silu_mul(g))
             record("silu_mul", f"[{tokens}, 2x17408] bf16", t, bytes_moved=g.numel() * 2 * 3 // 2)
-            q = torch.randn(tokens, 24, 256, device=DEVICE, dtype=bf)
-            k = torch.randn(tokens, 4, 256, device=DEVICE, dtype=bf)
+            q = randn(tokens, 24, 256, device=DEVICE, dtype=bf)
+            k = randn(tokens, 4, 256, device=DEVICE, dtype=bf)
             pos = torch.arange(tokens, device=DEVICE)
-            cache = torch.randn(262144, 64, device=DEVICE)
+            cache = randn(262144, 64, device=DEVICE)
             t = bench(lambda q=q, k=k, pos=pos, cache=cache: rope_triton.rope(q, k, pos, cache))
             record(
                 "rope",
@@ -267,8 +278,8 @@ def main() -> None:
         # the split combination alone (its own kernel after the split-K one): what folding it into the
         # split kernel's last arrival could save at most, launch gap aside
         splits = num_decode_splits(32768)
-        partial = torch.randn(1, 24, splits, 256, device=DEVICE)
-        lse = torch.randn(1, 24, splits, device=DEVICE)
+        partial = randn(1, 24, splits, 256, device=DEVICE)
+        lse = randn(1, 24, splits, device=DEVICE)
         out = torch.empty(1, 24, 256, device=DEVICE, dtype=bf)
         t = bench(lambda: attention.combine_splits(partial, lse, out))
         moved = (partial.numel() + lse.numel()) * 4 + out.numel() * 2
@@ -281,7 +292,7 @@ def main() -> None:
         channels = (2 * hk + hv) * d
         state = torch.zeros(8, hv, d, d, device=DEVICE)
         conv_state = torch.zeros(8, channels, 3, device=DEVICE, dtype=bf)
-        conv_w = torch.randn(channels, 4, device=DEVICE, dtype=bf)
+        conv_w = randn(channels, 4, device=DEVICE, dtype=bf)
         for batch, length in ((1, 1), (4, 1), (1, 4096)):
             x, q, k, v, g, beta, cu, slots, moved = gdn_case(batch, length)
             t = bench(
@@ -307,7 +318,7 @@ def main() -> None:
         for bits in (4, 6, 8):
             qt, packed, scales, mins = up_proj(bits)
             for m in (1, 8, 16):  # 16: C4 with three draft tokens, the GEMV's largest M (GEMV_MAX_M)
-                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
                 t = bench(
                     lambda x=x, p=packed, s=scales, z=mins, b=bits: quant_matmul_triton.quant_matmul(
                         x, p, s, z, b, 128
@@ -317,7 +328,7 @@ def main() -> None:
             if bits != 6:  # groups of 32: a GGUF's Q4_0 / Q4_1 / Q4_K and Q8_0 blocks as the GPU holds them
                 qt32, packed32, scales32, mins32 = up_proj(bits, 32)
                 for m in (1, 16):
-                    x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                    x = randn(m, 5120, device=DEVICE, dtype=bf)
                     t = bench(
                         lambda x=x, p=packed32, s=scales32, z=mins32, b=bits: (
                             quant_matmul_triton.quant_matmul(x, p, s, z, b, 32)
@@ -328,7 +339,7 @@ def main() -> None:
             # prefill chunks: the fused GEMM beside the weight dequantized by slices and multiplied by cuBLAS
             # (kernels/quant_matmul/dequant.py, the default from DEQUANT_MIN_M rows on)
             for m in (512, 2048):
-                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
                 for dq in (False, True):
                     t = bench(
                         lambda x=x, p=packed, s=scales, z=mins, b=bits, dq=dq: (
@@ -341,7 +352,7 @@ def main() -> None:
             # --int8-prefill: x quantized per (token, group) and the int8 tensor-core GEMM (what the engine
             # runs for such a chunk), and the GEMM alone; % peak is of the bf16 peak (int8's is twice it)
             for m in (512, 2048):
-                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
                 xq = int8_act_triton.quantize_act(x, 128)
                 out = torch.empty(m, 17408, device=DEVICE, dtype=bf)
                 t = bench(
@@ -358,7 +369,7 @@ def main() -> None:
                     )
                 )
                 record(f"W{bits}A8 GEMM, int8 alone", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
-            x = torch.randn(2048, 17408, device=DEVICE, dtype=bf)  # the down projection's input: K = 17408
+            x = randn(2048, 17408, device=DEVICE, dtype=bf)  # the down projection's input: K = 17408
             t = bench(lambda x=x: int8_act_triton.quantize_act(x, 128))
             record(
                 "int8 activations (quantize_act)", "2048x17408", t, bytes_moved=x.numel() * 3 + 2048 * 136 * 8
@@ -375,9 +386,9 @@ def main() -> None:
             bytes_moved=qt.nbytes * rows // 17408 + w.numel() * 2,
         )
         # the same product on a dense bf16 weight (cuBLAS): the ceiling both GEMM paths are held against
-        w = torch.randn(17408, 5120, device=DEVICE, dtype=bf)
+        w = randn(17408, 5120, device=DEVICE, dtype=bf)
         for m in (512, 2048):
-            x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+            x = randn(m, 5120, device=DEVICE, dtype=bf)
             t = bench(lambda x=x: x @ w.t(), triton_kernels=False)
             record("bf16 GEMM, dense weight (cuBLAS)", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
 
@@ -395,7 +406,7 @@ def main() -> None:
         gate_up, down = packed(2 * inter, hidden), packed(hidden, inter)
         per_expert = sum(t[0].numel() * t.element_size() for e in (gate_up, down) for t in e[:3])
         for tokens in (1, 4, 2048):
-            x = torch.randn(tokens, hidden, device=DEVICE, dtype=bf)
+            x = randn(tokens, hidden, device=DEVICE, dtype=bf)
             ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(DEVICE)
             weights = torch.rand(tokens, k, device=DEVICE)
             t = bench(lambda x=x, i=ids, w=weights: fused_moe_triton.fused_moe(x, gate_up, down, w, i))
@@ -443,7 +454,7 @@ def main() -> None:
                 )
                 record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
         qt, packed, scales, mins = up_proj(4)
-        x = torch.randn(1, 5120, device=DEVICE, dtype=bf)
+        x = randn(1, 5120, device=DEVICE, dtype=bf)
         for block_n in (64, 128, 256):
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
             for splits in sorted({1, 4, 16, auto}):
@@ -456,7 +467,7 @@ def main() -> None:
                     mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
                     name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps}"
                     record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
-        x = torch.randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
+        x = randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(
                 lambda bm=block_m, bn=block_n, w=warps: quant_matmul_triton.quant_matmul(
@@ -467,7 +478,7 @@ def main() -> None:
             record(name, "M=2048, 17408x5120", t, flops=2 * 2048 * 17408 * 5120)
         # where dequantizing by slices for cuBLAS overtakes the fused GEMM: the crossover DEQUANT_MIN_M sets
         for m in (64, 128, 256, 512, 1024):
-            x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+            x = randn(m, 5120, device=DEVICE, dtype=bf)
             for dq in (False, True):
                 t = bench(
                     lambda x=x, dq=dq: quant_matmul_triton.quant_matmul(
@@ -482,7 +493,7 @@ def main() -> None:
         default_scratch = quant_dequant.DEQUANT_SCRATCH_BYTES
         try:
             for m in (512, 2048):
-                x = torch.randn(m, 5120, device=DEVICE, dtype=bf)
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
                 for mib in (16, 32, 64, 128):
                     quant_dequant.DEQUANT_SCRATCH_BYTES = mib << 20
                     t = bench(
@@ -499,7 +510,7 @@ def main() -> None:
         # without spills in scripts/cuda_compile_check.py) for 4- and 6-bit weights
         for bits in (4, 6):
             weight = up_proj(bits)[1:]  # packed, scales, minimums
-            x = torch.randn(2048, 5120, device=DEVICE, dtype=bf)
+            x = randn(2048, 5120, device=DEVICE, dtype=bf)
             xq = int8_act_triton.quantize_act(x, 128)
             out = torch.empty(2048, 17408, device=DEVICE, dtype=bf)
             for block_m, block_n, warps, stages in (
@@ -584,7 +595,7 @@ def main() -> None:
         for side in (1024, 2048) if not COMPILE_ONLY else (64,):
             grid = (1, side // 16, side // 16)
             n = grid[1] * grid[2]
-            pixels = torch.randn(n, config.patch_dim, device=DEVICE)
+            pixels = randn(n, config.patch_dim, device=DEVICE)
             if COMPILE_ONLY:
                 tower(pixels, grid)
                 continue
