@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from engine.cache.kv_layout import bytes_per_token_per_layer
-from engine.config import ModelConfig
+from engine.config import MAX_DRAFT_TOKENS, ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
 from engine.vision.config import MAX_IMAGE_PATCHES
@@ -271,8 +271,11 @@ def validate(dep: Deployment) -> None:
         raise NinferError(f"unknown --spec '{dep.spec}'; use one of {', '.join(SPECS)}")
     if dep.spec == "mtp" and not dep.config.mtp_num_hidden_layers:
         raise NinferError("this model has no MTP head; use --spec ngram or --spec none")
-    if dep.spec != "none" and dep.draft_tokens < 1:
-        raise NinferError(f"--spec {dep.spec} needs --draft-tokens 1 or more (e.g. 3)")
+    if dep.spec != "none" and not 1 <= dep.draft_tokens <= MAX_DRAFT_TOKENS:
+        raise NinferError(
+            f"--spec {dep.spec} takes --draft-tokens 1 to {MAX_DRAFT_TOKENS} (got {dep.draft_tokens}); "
+            "3 to 5 suit most replies"
+        )
     if dep.int8_prefill and not dep.packed_weights:
         raise NinferError(
             "--int8-prefill multiplies packed 4/6/8-bit weights and these are 16-bit; use a quantized "

@@ -76,10 +76,15 @@ def plan(
 
     if vram is None and sm is not None:
         raise NinferError("--sm goes with --vram; without --vram the local GPU is read")
+    vram_bytes = parse_size(vram, "--vram") if vram is not None else None
+    if vram_bytes is not None and vram_bytes < 2**30:  # a bare number is bytes: `--vram 24` is a typo
+        raise NinferError(
+            f"--vram {vram} is {vram_bytes:,} bytes, under 1 GiB; write the unit, e.g. --vram 24G"
+        )
     device = (
         local_gpu()
-        if vram is None
-        else Device(f"a {vram} GPU", parse_size(vram, "--vram"), parse_sm(sm) if sm else None)
+        if vram_bytes is None
+        else Device(f"a {vram} GPU", vram_bytes, parse_sm(sm) if sm else None)
     )
     if concurrency is not None and concurrency < 1:
         raise NinferError(f"--concurrency must be 1 or more (got {concurrency})")

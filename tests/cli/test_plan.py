@@ -171,6 +171,12 @@ def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
         (["--model", "qwen3-8b", "--vram", "24G", "--spec", "mtp"], "no MTP head"),
         (["--model", "gpt-5", "--vram", "24G"], "unknown preset 'gpt-5'"),
         (["--model", "qwen3-8b", "--vram", "lots"], "--vram 'lots' is not a size"),
+        (["--model", "qwen3-8b", "--vram", "24"], "--vram 24 is 24 bytes, under 1 GiB; write the unit"),
+        (["--model", "qwen3-8b", "--vram", "0"], "--vram 0 is 0 bytes"),
+        (
+            ["--model", "qwen3-8b", "--vram", "24G", "--spec", "ngram", "--draft-tokens", "100"],
+            "--spec ngram takes --draft-tokens 1 to 16 (got 100)",
+        ),
         (["--model", "qwen3-8b", "--vram", "24G", "--sm", "x"], "--sm 'x' is not a compute capability"),
         (["--model", "qwen3-8b", "--vram", "24G", "--kv-dtype", "int3"], "unknown KV dtype 'int3'"),
         (["--model", "qwen3-8b", "--vram", "24G", "--sm", "86", "--kv-dtype", "fp8"], "fp8 KV needs compute"),
