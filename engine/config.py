@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -361,6 +362,13 @@ class EngineConfig:
     rerank: bool = False
 
     def __post_init__(self):
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise NinferError(f"unknown device '{self.device}'; use cpu, or cuda (cuda:N for the N-th GPU)")
+        if self.device.startswith("cuda:") and int(self.device[5:]) >= torch.cuda.device_count():
+            raise NinferError(
+                f"device {self.device} is not here: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s), numbered from 0"
+            )
         if self.dtype not in DTYPES:
             raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
         # auto: the model dtype, which kv_layout accepts as an alias (float32 -> fp32, ...)

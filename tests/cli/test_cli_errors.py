@@ -159,3 +159,24 @@ def test_serve_refuses_a_port_in_use_or_a_foreign_host_before_loading(monkeypatc
     assert code == 2 and "--host 192.0.2.1 is not an address of this machine; use 127.0.0.1" in out
     code, out = _run("serve", "--port", "70000")
     assert code == 2 and "--port 70000 is not a port; use 1-65535" in out
+
+
+@pytest.mark.parametrize("command", ["chat", "serve", "bench"])
+def test_an_unknown_device_is_one_line(command):
+    """A device torch would name in a traceback (tpu, mps, ...) is refused in a sentence, in every command
+    that loads a model."""
+    args = {"chat": ["--prompt", "hi"], "serve": ["--port", "0"], "bench": ["--ctx", "64", "--gen", "2"]}
+    code, out = _run(command, "--device", "tpu", *args[command])
+    assert code == 2 and "Traceback" not in out
+    assert (
+        out.strip().splitlines()[-1]
+        == "error: unknown device 'tpu'; use cpu, or cuda (cuda:N for the N-th GPU)"
+    )
+
+
+def test_a_gpu_index_past_the_machines_is_refused():
+    from engine.config import EngineConfig
+    from engine.errors import NinferError
+
+    with pytest.raises(NinferError, match=r"device cuda:9 is not here: this machine has \d+ CUDA device"):
+        EngineConfig(device="cuda:9")
