@@ -4,6 +4,7 @@ OpenAI-compatible server; `ninfer bench compare A.json B.json` puts two runs sid
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -93,6 +94,15 @@ def bench(
         raise NinferError(f"unknown --scenario '{scenario}'; use one of {', '.join(SCENARIOS)}")
     if gen < 2 or repeat < 1:
         raise NinferError("--gen must be at least 2 (tg needs two tokens) and --repeat at least 1")
+    if json_file is not None:  # said now, not after the whole run
+        if json_file.is_dir():
+            raise NinferError(
+                f"--json {json_file} is a directory; name a file in it, e.g. {json_file / 'bench.json'}"
+            )
+        folder = json_file.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            why = "does not exist" if not folder.is_dir() else "is not writable"
+            raise NinferError(f"--json {json_file}: the folder {folder} {why}; create it or write elsewhere")
     contexts = _list(ctx, "--ctx", lambda v: parse_size(v, "--ctx"))
     concurrencies = _list(concurrency, "--concurrency", int)
     _run(

@@ -66,8 +66,9 @@ def run_suite(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Every request's record (with its context, concurrency, repeat, stream and telemetry windows)."""
-    warm = build(cfg.scenario, max(WARMUP_TOKENS, min(cfg.contexts) // 8), driver.count)
-    driver.run([warm], WARMUP_GEN)
+    shortest = min(cfg.contexts)
+    warm = build(cfg.scenario, min(shortest, max(WARMUP_TOKENS, shortest // 8)), driver.count)
+    driver.run([warm], min(WARMUP_GEN, cfg.gen))
     records = []
     seed = 0
     for ctx in cfg.contexts:

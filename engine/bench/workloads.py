@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.errors import NinferError
+
 SCENARIOS = ("random", "coding", "agent")
 CODING_FILES = (
     "argparse.py",
@@ -199,7 +201,7 @@ class Scenario:
 
     def __init__(self, name: str, nonce: str, seed: int, max_chars: int):
         if name not in SCENARIOS:
-            raise ValueError(f"unknown scenario '{name}'; use one of {', '.join(SCENARIOS)}")
+            raise NinferError(f"unknown scenario '{name}'; use one of {', '.join(SCENARIOS)}")
         self.name, self.nonce = name, nonce
         if name == "random":
             self.source = _random_text(seed, max_chars // 5 + 16)
@@ -263,7 +265,10 @@ def build(scenario: str, target: int, count: Counter, seed: int = 0, nonce: str 
 
     base = tokens(0)
     if base > target:
-        raise ValueError(f"a {scenario} prompt needs at least {base} tokens; ask for more than {target}")
+        raise NinferError(
+            f"a {scenario} prompt takes at least {base} tokens here (its messages and template); ask for "
+            f"--ctx {base} or more (got {target})"
+        )
     lo, lo_count = 0, base  # lo_count <= target
     hi = None
     n = min(sc.max_chars, max(1, (target - base) * 4))

@@ -286,6 +286,13 @@ def test_no_gpu_means_no_telemetry_and_no_error(monkeypatch):
     assert tel.window(0, time.perf_counter()) is None
 
 
+def test_a_context_below_the_warm_up_prompt_runs():
+    """--ctx 64: the warm-up prompt (128 tokens, or an eighth of the shortest context where that is more)
+    is held within the shortest context asked for, and its reply within --gen."""
+    code, out = _run("bench", "--ctx", "64", "--gen", "2", "--concurrency", "1", "--repeat", "1")
+    assert code == 0 and "│ random   │  64 │ 1 │ C1" in out, out
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -297,6 +304,9 @@ def test_no_gpu_means_no_telemetry_and_no_error(monkeypatch):
         (["--url", "ftp://x"], "is not an http(s) URL"),
         (["--url", "http://127.0.0.1:9"], "cannot reach 127.0.0.1:9"),
         (["--gen", "1"], "--gen must be at least 2"),
+        (["--json", "/no/such/folder/run.json"], "the folder /no/such/folder does not exist"),
+        (["--json", "/tmp"], "--json /tmp is a directory; name a file in it"),
+        (["--ctx", "16", "--gen", "2", "--concurrency", "1"], "takes at least"),
         (
             ["--ctx", "8k", "--gen", "256"],
             "beyond the model's 8192 positions (max_position_embeddings); use --ctx up to 7936, or stretch",
