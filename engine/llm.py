@@ -238,11 +238,11 @@ class LLM:
     def generate(
         self,
         prompts: str | list[str] | None = None,
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
         prompt_token_ids: list[int] | list[list[int]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for each prompt (text, or token ids); outputs come back in the prompts' order."""
-        params = sampling_params or SamplingParams()
+        """Generate for each prompt (text, or token ids); outputs come back in the prompts' order.
+        sampling_params: one for every prompt, or a list of one per prompt (as vLLM takes them)."""
         requests: list[tuple[list[int], str | None]] = []
         if prompts is not None:
             for text in [prompts] if isinstance(prompts, str) else prompts:
@@ -260,21 +260,23 @@ class LLM:
             requests = [(list(ids), None) for ids in batch]
         else:
             raise NinferError("generate() needs prompts or prompt_token_ids")
-        return self._run_all(requests, params)
+        return self._run_all(requests, _params_per_prompt(sampling_params, len(requests)))
 
     def _run_all(
         self,
         requests: list[tuple[list[int], str | None]],
-        params: SamplingParams,
+        params: SamplingParams | list[SamplingParams],
         shared_prefix: bool = False,
     ) -> list[RequestOutput]:
-        """Run (token ids, text) requests to the end; outputs in their order. `shared_prefix`: the prompts
-        begin alike, so the later ones wait until the first has run its prompt, then start from its pages."""
+        """Run (token ids, text) requests to the end; outputs in their order. `params`: for all, or one per
+        request. `shared_prefix`: the prompts begin alike, so the later ones wait until the first has run its
+        prompt, then start from its pages."""
+        per_request = params if isinstance(params, list) else [params] * len(requests)
         ids: list[str] = []
         try:
-            for toks, text in requests:
+            for (toks, text), request_params in zip(requests, per_request, strict=True):
                 after = ids[0] if shared_prefix and ids else None
-                ids.append(self.add_request(toks, params, prompt=text, after=after))
+                ids.append(self.add_request(toks, request_params, prompt=text, after=after))
         except NinferError:
             for request_id in ids:  # one bad prompt rejects the whole batch; nothing stays queued
                 self.abort(request_id)
@@ -383,3 +385,17 @@ class LLM:
         if self.tokenizer is None:
             raise NinferError(f"{self.description} has no tokenizer; pass prompt_token_ids instead of text")
         return self.tokenizer
+
+
+def _params_per_prompt(given: SamplingParams | list | tuple | None, count: int) -> SamplingParams | list:
+    """generate()'s sampling_params: one for all (the defaults when None), or one per prompt."""
+    if given is None or isinstance(given, SamplingParams):
+        return given or SamplingParams()
+    if not isinstance(given, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in given):
+        raise NinferError("sampling_params is a SamplingParams, or a list of them (one per prompt)")
+    if len(given) != count:
+        raise NinferError(
+            f"sampling_params lists {len(given)} SamplingParams for {count} prompt(s); give one per prompt, "
+            "or a single one for all"
+        )
+    return list(given)

@@ -121,11 +121,16 @@ class SamplingParams:
         object.__setattr__(self, "prediction", prediction)
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        object.__setattr__(self, "stop", tuple(s for s in (stop or ()) if s))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise NinferError(f"stop is a string or a list of strings (got {self.stop!r})")
+        object.__setattr__(self, "stop", tuple(s for s in stop if s))
+        stop_ids = tuple(self.stop_token_ids or ())
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stop_ids):
+            raise NinferError(
+                f"stop_token_ids is a list of token ids, integers >= 0 (got {self.stop_token_ids!r})"
+            )
+        object.__setattr__(self, "stop_token_ids", stop_ids)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or ()
         bias = tuple((int(t), float(b)) for t, b in bias)
         bad = next(((t, b) for t, b in bias if t < 0 or not -100 <= b <= 100 or not math.isfinite(b)), None)

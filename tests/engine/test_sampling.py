@@ -74,6 +74,31 @@ def test_bad_params_are_sentences():
         SamplingParams(temperature=float("nan"))
 
 
+def test_stop_and_stop_token_ids_of_another_kind_are_sentences():
+    with pytest.raises(NinferError, match="stop is a string or a list of strings"):
+        SamplingParams(stop=5)
+    with pytest.raises(NinferError, match="stop_token_ids is a list of token ids"):
+        SamplingParams(stop_token_ids=["</s>"])
+    assert SamplingParams(stop="END").stop == ("END",)
+
+
+def test_one_sampling_params_per_prompt_as_vllm_takes_them(llm):
+    """generate() takes a list of SamplingParams, one per prompt: each prompt runs as with its own alone."""
+    short, long = SamplingParams(max_tokens=3, temperature=0.0), SamplingParams(max_tokens=7, temperature=0.0)
+    outs = llm.generate(prompt_token_ids=[PROMPT, PROMPT[:3]], sampling_params=[short, long])
+    alone = [
+        llm.generate(prompt_token_ids=p, sampling_params=sp)[0]
+        for p, sp in ((PROMPT, short), (PROMPT[:3], long))
+    ]
+    assert [len(o.token_ids) for o in outs] == [3, 7]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    with pytest.raises(NinferError, match=r"lists 1 SamplingParams for 2 prompt\(s\); give one per prompt"):
+        llm.generate(prompt_token_ids=[PROMPT, PROMPT], sampling_params=[short])
+    with pytest.raises(NinferError, match="a SamplingParams, or a list of them"):
+        llm.generate(prompt_token_ids=[PROMPT], sampling_params=[{"max_tokens": 3}])
+    assert not llm.has_unfinished_requests()
+
+
 def test_out_of_vocab_prompt(llm):
     with pytest.raises(NinferError, match="outside the vocabulary"):
         llm.generate(prompt_token_ids=[1, 99999], sampling_params=SamplingParams())
