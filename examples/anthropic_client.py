@@ -4,9 +4,12 @@ Start a server first (`ninfer serve MODEL`); the tool round trip needs a model t
 Qwen3.5), the embedded default just answers in text.
 """
 
+import os
+
 from anthropic import Anthropic
 
-client = Anthropic(base_url="http://127.0.0.1:8000", api_key="unused-unless---api-key")
+URL = os.environ.get("NINFER_URL", "http://127.0.0.1:8000")  # where `ninfer serve` listens
+client = Anthropic(base_url=URL, api_key="unused-unless---api-key")
 tools = [
     {
         "name": "get_weather",

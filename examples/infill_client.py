@@ -3,12 +3,13 @@ Qwen2.5-Coder or Qwen3-Coder): llama.cpp's /infill, as editor plugins send it, a
 `suffix`. The embedded default model has no FIM tokens: the server says so in one line."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 
 from openai import OpenAI
 
-URL = "http://127.0.0.1:8000"
+URL = os.environ.get("NINFER_URL", "http://127.0.0.1:8000")  # where `ninfer serve` listens
 before = "def mean(values):\n    "
 after = "\n    return total / len(values)\n"
 

@@ -1,8 +1,11 @@
 """Talk to `ninfer serve` with the official OpenAI SDK (start the server first: `ninfer serve`)."""
 
+import os
+
 from openai import OpenAI
 
-client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused-unless---api-key")
+URL = os.environ.get("NINFER_URL", "http://127.0.0.1:8000")  # where `ninfer serve` listens
+client = OpenAI(base_url=f"{URL}/v1", api_key="unused-unless---api-key")
 messages = [{"role": "user", "content": "What is the capital of France?"}]
 
 reply = client.chat.completions.create(model="ninfer", messages=messages, max_tokens=64, temperature=0)

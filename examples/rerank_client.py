@@ -3,10 +3,11 @@ rank GGUF): the Cohere / Jina shape, TEI's, and vLLM's /v1/score. Another model 
 saying how to serve a reranker."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 
-URL = "http://127.0.0.1:8000"
+URL = os.environ.get("NINFER_URL", "http://127.0.0.1:8000")  # where `ninfer serve` listens
 QUERY = "How do I read a file line by line in Python?"
 DOCUMENTS = [
     "with open(path) as f:\n    for line in f:\n        print(line.rstrip())",

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import anthropic
 import httpx2 as httpx
@@ -257,3 +262,20 @@ def test_responses_api_takes_input_images(servers):
     )
     assert r.output_text == chat.choices[0].message.content
     assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_the_image_example_against_a_vision_server(servers, tmp_path):
+    """examples/image_client.py, as a user runs it on a picture file, over both protocols."""
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(png(5))
+    script = Path(__file__).resolve().parents[2] / "examples" / "image_client.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(picture)],
+        env={**os.environ, "NINFER_URL": servers[0].url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # (this tiny model's replies are random words, newlines among them)
+    assert re.match(r"OpenAI: .*\(\d+ prompt tokens\)\nAnthropic: ", done.stdout, re.DOTALL), done.stdout
