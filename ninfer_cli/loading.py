@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from fastapi.responses import JSONResponse
 
+from engine.api.aliases import canonical
 from engine.api.errors import ApiError, error_for_path
 
 RETRY_AFTER_S = 5  # what a loading 503 asks clients to wait
@@ -32,7 +33,8 @@ def loading_app(started: float):
         while (await receive()).get("more_body"):  # the body is read, so the reply is not cut off by a reset
             pass
         so_far = f"the model is loading ({time.monotonic() - started:.0f} s so far)"
-        if scope["path"] == "/health":
+        path = canonical(scope["path"])  # /v1/health is /health (engine/api/aliases.py)
+        if path == "/health":
             reply = JSONResponse(
                 {"status": "loading", "message": so_far},
                 status_code=503,
@@ -40,7 +42,7 @@ def loading_app(started: float):
             )
         else:
             e = ApiError(503, f"{so_far}; retry in a few seconds", retry_after=RETRY_AFTER_S)
-            reply = error_for_path(scope["path"], e)
+            reply = error_for_path(path, e)
         await reply(scope, receive, send)
 
     return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from ninfer_cli import bench, chat, convert, fetch, plan, serve
@@ -15,8 +17,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        import torch
+        import triton
+
+        from engine.version import ninfer_version
+
+        typer.echo(f"ninfer {ninfer_version()} (torch {torch.__version__}, triton {triton.__version__})")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """Single-GPU LLM inference engine for Qwen3-family models."""
 
 

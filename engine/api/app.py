@@ -10,8 +10,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.api import anthropic, completions, embeddings, llama_cpp, openai, props, rerank, responses, tokens
+from engine.api.aliases import canonical
 from engine.api.errors import ApiError, error_for_path
 from engine.api.state import ServerState
+from engine.version import ninfer_version
 
 log = logging.getLogger("ninfer.api")
 
@@ -34,6 +36,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
+        request.scope["path"] = canonical(request.scope["path"])  # another server's spelling (aliases.py)
         guarded = request.url.path.startswith("/v1/") or request.url.path in (
             *tokens.PATHS,
             *llama_cpp.PATHS,
@@ -70,6 +73,14 @@ def create_app(state: ServerState) -> FastAPI:
         if not state.engine.is_running:
             return JSONResponse({"status": "error", "message": "the engine stopped"}, status_code=503)
         return {"status": "ok", "model": state.model_id}
+
+    @app.get("/version")
+    async def version():
+        return {"version": ninfer_version()}
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # vLLM's (a load balancer's probe): 200 while the engine runs
+        return Response(status_code=200 if state.engine.is_running else 503)
 
     @app.get("/metrics")
     async def metrics():

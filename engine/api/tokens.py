@@ -1,5 +1,6 @@
 """vLLM's tokenizer routes: /tokenize, /detokenize and /tokenizer_info (which lm-evaluation-harness's
-remote tokenizer reads, so it counts and cuts prompts with the served model's own tokenizer)."""
+remote tokenizer reads, so it counts and cuts prompts with the served model's own tokenizer), and
+llama-server's /apply-template (the rendered chat prompt)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from engine.api.openai import chat_tools, template_messages, template_options
 from engine.api.state import ServerState
 
 router = APIRouter()
-PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # behind --api-key like /v1/*
+PATHS = ("/tokenize", "/detokenize", "/tokenizer_info", "/apply-template")  # behind --api-key like /v1/*
 
 
 @router.post("/tokenize")
@@ -41,6 +42,20 @@ async def tokenize(request: Request):
     else:
         raise ApiError(400, "send 'messages' (chat), 'prompt' or 'content' (a string) to count", "messages")
     return {"count": len(ids), "tokens": ids, "max_model_len": state.engine.llm.max_context}
+
+
+@router.post("/apply-template")
+async def apply_template(request: Request):
+    """llama-server's: the prompt the chat template makes of `messages` (and `tools`,
+    `chat_template_kwargs`), as chat completions would run it, without running it."""
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    if body.get("messages") is None:
+        raise ApiError(400, "send 'messages' (chat) to render with the chat template", "messages")
+    kwargs = field(body, "chat_template_kwargs", dict, {})
+    messages, _ = template_messages(body.get("messages"))
+    prompt, _ = state.render(messages, chat_tools(body), kwargs, *template_options(body))
+    return {"prompt": prompt}
 
 
 @router.post("/detokenize")

@@ -259,6 +259,40 @@ def test_health_and_metrics(server):
     assert int(info["kv_pool_tokens"]) == llm.scheduler.block_pool.num_blocks * llm.engine_config.block_size
 
 
+def test_llama_server_spellings_version_ping_and_apply_template(server):
+    """llama-server's paths without /v1 are the same routes (behind the key as theirs are), /version and
+    /ping as vLLM answers them, /apply-template the prompt chat completions would run."""
+    key = {"Authorization": f"Bearer {KEY}"}
+    body = {"messages": QUESTION, "max_tokens": 8, **GREEDY}
+    v1 = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=key, timeout=60).json()
+    bare = httpx.post(f"{server.url}/chat/completions", json=body, headers=key, timeout=60).json()
+    assert bare["choices"][0]["message"] == v1["choices"][0]["message"]
+    assert httpx.post(f"{server.url}/chat/completions", json=body, timeout=60).status_code == 401
+    text = httpx.post(
+        f"{server.url}/completions", json={"prompt": "The capital of France is", "max_tokens": 4}, headers=key
+    )
+    assert text.status_code == 200 and text.json()["object"] == "text_completion"
+    assert httpx.get(f"{server.url}/models", headers=key).json()["data"][0]["id"] == server.state.model_id
+    assert httpx.get(f"{server.url}/models/{server.state.model_id}", headers=key).status_code == 200
+    assert httpx.get(f"{server.url}/v1/health").json()["status"] == "ok"
+    from engine.version import ninfer_version
+
+    assert httpx.get(f"{server.url}/version").json() == {"version": ninfer_version()}
+    assert (
+        httpx.get(f"{server.url}/ping").status_code == 200
+        and httpx.post(f"{server.url}/ping").status_code == 200
+    )
+    rendered = httpx.post(f"{server.url}/apply-template", json={"messages": QUESTION}, headers=key).json()
+    counted = httpx.post(f"{server.url}/tokenize", json={"messages": QUESTION}, headers=key).json()
+    assert (
+        rendered["prompt"].endswith("<|im_start|>assistant\n") and "capital of France" in rendered["prompt"]
+    )
+    assert server.engine.tokenizer.encode(rendered["prompt"], add_special_tokens=False) == counted["tokens"]
+    refused = httpx.post(f"{server.url}/apply-template", json={"prompt": "hi"}, headers=key)
+    assert refused.status_code == 400 and "send 'messages'" in refused.json()["error"]["message"]
+    assert httpx.post(f"{server.url}/apply-template", json={"messages": QUESTION}).status_code == 401
+
+
 def test_preemptions_are_counted_in_metrics():
     """Two requests that outgrow a four-page pool together: one is preempted, and /metrics says so."""
     import threading

@@ -179,4 +179,12 @@ def test_a_gpu_index_past_the_machines_is_refused():
     from engine.errors import NinferError
 
     with pytest.raises(NinferError, match=r"device cuda:9 is not here: this machine has \d+ CUDA device"):
-        EngineConfig(device="cuda:9")
+        EngineConfig(model=None, device="cuda:9")
+
+
+def test_version_flag():
+    from engine.version import ninfer_version
+
+    code, out = _run("--version")
+    assert ninfer_version() != "unknown"
+    assert code == 0 and out.startswith(f"ninfer {ninfer_version()} (torch ") and "triton " in out

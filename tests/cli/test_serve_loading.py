@@ -31,6 +31,7 @@ def test_loading_answers_503_then_the_server_takes_the_socket():
         health = httpx.get(f"{url}/health", timeout=10)
         assert health.status_code == 503 and health.headers["retry-after"] == "5"
         assert health.json()["status"] == "loading" and "the model is loading" in health.json()["message"]
+        assert httpx.get(f"{url}/v1/health", timeout=10).json()["status"] == "loading"  # llama-server's path
         gpt = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError, match="the model is loading") as e:
             gpt.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
