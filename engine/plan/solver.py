@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import NinferError
-from engine.memory import CUDA_CONTEXT, WEIGHTS, Deployment, ledger, pool_bytes_per_token
+from engine.memory import CUDA_CONTEXT, CUDA_CONTEXT_BYTES, WEIGHTS, Deployment, ledger, pool_bytes_per_token
+from engine.plan.weights import recipe_weight_bytes
 from engine.rope_scaling import positions_phrase, stretch_hint
 
 PLAN_KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "k8v4")  # most precise first
@@ -172,7 +173,10 @@ def usable_kv_dtypes(dep: Deployment, device: Device) -> list[str]:
 def _refusal(dep: Deployment, device: Device, context: int | None, kv_dtype: str | None) -> PlanRefusal:
     budget = Budget.whole(device)
     usable = usable_kv_dtypes(dep, device)
-    kv = kv_dtype or max(usable, key=lambda k: max_context(dep.with_(kv_dtype=k), budget))
+    # the KV dtype that reaches furthest; where none reaches anywhere, the smallest (what comes closest)
+    kv = kv_dtype or max(
+        usable, key=lambda k: (max_context(dep.with_(kv_dtype=k), budget), -_kv_size(dep, k))
+    )
     want = dep.with_(kv_dtype=kv, context=context or dep.block_size, kv_capacity=None)
     gib = 1 << 30
     message = (
@@ -182,11 +186,20 @@ def _refusal(dep: Deployment, device: Device, context: int | None, kv_dtype: str
     ways = suggestions(want, budget, usable, Flags())
     if not ways:
         weights = sum(want.weights.values())
-        message += (
-            f"; the weights alone take {weights / gib:.2f} GiB: fewer bits per weight (--recipe w4g128, or "
-            "--bits 4) or a bigger GPU"
-        )
+        message += f"; the weights alone take {weights / gib:.2f} GiB: " + _fewer_bits(want, device, weights)
     return PlanRefusal(message, ways)
+
+
+def _fewer_bits(want: Deployment, device: Device, weights: int) -> str:
+    """The way out when the weights do not fit: 4-bit weights where they would leave room, else a bigger
+    GPU (a 4-bit recipe that is no smaller, or still too big, is not offered)."""
+    gib = 1 << 30
+    four = sum(
+        recipe_weight_bytes(want.config, "w4g128", mtp=want.spec == "mtp", vision=want.vision).values()
+    ) + want.weights.get("draft model", 0)
+    if four < weights and four + CUDA_CONTEXT_BYTES < device.total_bytes:
+        return f"fewer bits per weight (--recipe w4g128: {four / gib:.2f} GiB, or --bits 4) or a bigger GPU"
+    return f"even at 4 bits per weight (w4g128) they take {four / gib:.2f} GiB; a bigger GPU"
 
 
 def suggestions(want: Deployment, budget: Budget, usable: list[str], flags: Flags) -> list[Suggestion]:

@@ -126,6 +126,19 @@ def test_a_target_context_without_concurrency_takes_the_most_requests_that_fit()
     assert code == 0 and json.loads(out)["plan"]["concurrency"] == 1  # only one request reaches 245K
 
 
+def test_weights_past_the_gpu_offer_4_bits_only_where_they_would_fit():
+    """Weights bigger than the GPU: 4-bit weights are offered (with their size) where they would leave
+    room, else only a bigger GPU; the refusal names the smallest KV dtype when none holds any context."""
+    code, out = _run("plan", "--model", "qwen3.5-27b", "--recipe", "bf16", "--vram", "24G")
+    flat = " ".join(out.split())
+    assert code == 2 and "fewer bits per weight (--recipe w4g128: 13.31 GiB, or --bits 4)" in flat, out
+    code, out = _run("plan", "--model", "qwen3.5-27b", "--vram", "8G")
+    flat = " ".join(out.split())
+    assert code == 2 and "with k8v4 KV needs" in flat, out
+    assert "even at 4 bits per weight (w4g128) they take 13.31 GiB; a bigger GPU" in flat
+    assert "--recipe w4g128" not in flat
+
+
 def test_a_context_past_the_models_limit_is_refused_as_such():
     code, out = _plan_27b_3090("--context", "300k")
     assert code == 2 and "past this model's 262144 positions (max_position_embeddings)" in out
