@@ -2,10 +2,14 @@
 free string rather than JSON arguments — Codex's apply_patch takes a patch.
 
 The model, trained on function calls, is shown a function of one string parameter, `input`, whose
-description tells the `format` grammar when one is given (the input is not held to it); its call of that
-function comes back as a custom tool call whose `input` is the string, and a custom tool call in the
-conversation goes to the chat template as that function's call. Chat completions and the Responses API
-share this.
+description tells the `format` grammar when one is given; its call of that function comes back as a custom
+tool call whose `input` is the string, and a custom tool call in the conversation goes to the chat template
+as that function's call. Chat completions and the Responses API share this.
+
+A grammar format holds the input to it (engine/api/structured.py): a tool with one counts as strict, so
+every call the model writes is held to its tool's definition — the input of a Lark format where the model
+writes its calls' parameters as text (Qwen3.5, Qwen3-Coder: `<parameter=input>`); a regex format in
+either call form; in the JSON form a Lark format is told, not enforced (the input is a JSON string there).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def custom_function(tool: Any, where: str) -> dict[str, Any]:
         syntax, definition = fmt.get("syntax"), fmt.get("definition")
         if syntax not in ("lark", "regex") or not isinstance(definition, str):
             raise ApiError(400, f"{where}.format must be {_FORMATS}", "tools")
+        _check_definition(syntax, definition, where)
         description += f"\n\nThe input follows this {syntax} grammar:\n{definition}"
     elif kind != "text":
         raise ApiError(400, f"{where}.format must be {_FORMATS}", "tools")
@@ -44,6 +49,35 @@ def custom_function(tool: Any, where: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": tool["name"], "description": description.strip(), "parameters": parameters},
     }
+
+
+def _check_definition(syntax: str, definition: str, where: str) -> None:
+    """A format's grammar compiles (llguidance, OpenAI's dialect), else a 400 naming the tool."""
+    from engine.structured.grammars import llguidance
+
+    llg = llguidance()
+    try:
+        lark = f"start: /{llg.regex_to_lark(definition)}/" if syntax == "regex" else definition
+        error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_lark(lark))
+    except (ValueError, TypeError, RuntimeError) as e:
+        error = str(e)
+    if error:
+        reason = error.strip().splitlines()[0]
+        raise ApiError(
+            400, f"{where}.format.definition is not a {syntax} grammar llguidance reads: {reason}", "tools"
+        )
+
+
+def custom_formats(tools: Any) -> dict[str, tuple[str, str]]:
+    """The custom tools' grammar formats by name, (syntax, definition) (the tools as sent; checked by
+    custom_function)."""
+    out = {}
+    for t in tools or ():
+        tool = t.get("custom", t) if isinstance(t, dict) and t.get("type") == "custom" else None
+        fmt = tool.get("format") if isinstance(tool, dict) else None
+        if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(tool.get("name"), str):
+            out[tool["name"]] = (fmt.get("syntax"), fmt.get("definition"))
+    return out
 
 
 def custom_input(arguments: dict[str, Any]) -> str:

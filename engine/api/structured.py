@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.api.custom_tools import custom_formats
 from engine.api.errors import ApiError
 from engine.errors import NinferError
 from engine.structured import grammars
@@ -52,7 +53,7 @@ def openai_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -
     return _one(
         asked + ([forced] if forced else []),
         "response_format, structured_outputs (or guided_*), grammar / json_schema and a forced tool_choice",
-    ) or _strict_calls(tools, tokenizer)
+    ) or _strict_calls(tools, tokenizer, _custom_formats(body, tools))
 
 
 def responses_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
@@ -71,7 +72,9 @@ def responses_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer
             raise ApiError(400, "'text.format.type' must be text, json_object or json_schema", "text")
     forced = _openai_forced_calls(body, tools, tokenizer, nested=False)
     asked += [forced] if forced else []
-    return _one(asked, "text.format and a forced tool_choice") or _strict_calls(tools, tokenizer)
+    return _one(asked, "text.format and a forced tool_choice") or _strict_calls(
+        tools, tokenizer, _custom_formats(body, tools)
+    )
 
 
 def _openai_forced_calls(
@@ -98,7 +101,8 @@ def _openai_forced_calls(
     if not tools:
         raise ApiError(400, "'tool_choice' forces a tool call, but the request has no 'tools'", "tool_choice")
     parallel = name is None and body.get("parallel_tool_calls", True) is not False
-    return _built(grammars.tool_calls, tools, name, parallel, grammars.call_syntax(tokenizer))
+    formats = _custom_formats(body, tools)
+    return _built(grammars.tool_calls, tools, name, parallel, grammars.call_syntax(tokenizer), formats)
 
 
 def anthropic_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
@@ -121,12 +125,22 @@ def anthropic_grammar(body: dict, tools: list[dict] | None, tokenizer: Tokenizer
     return asked_one or _strict_calls(tools, tokenizer)
 
 
-def _strict_calls(tools: list[dict] | None, tokenizer: Tokenizer) -> str | None:
-    """With a tool marked `strict` (and no other format), the reply is free but each call in it is held to
-    its tool's schema: every tool's, once one is strict. None without a strict tool."""
-    if not tools or not any(_is_strict(t) for t in tools):
+def _strict_calls(
+    tools: list[dict] | None, tokenizer: Tokenizer, formats: grammars.InputFormats | None = None
+) -> str | None:
+    """With a tool marked `strict`, or a custom tool with a grammar format (and no other format), the reply
+    is free but each call in it is held to its tool's definition: every tool's, once one is strict. None
+    without such a tool."""
+    if not tools or not (formats or any(_is_strict(t) for t in tools)):
         return None
-    return _built(grammars.tool_calls_in_text, tools, grammars.call_syntax(tokenizer))
+    return _built(grammars.tool_calls_in_text, tools, grammars.call_syntax(tokenizer), formats)
+
+
+def _custom_formats(body: dict, tools: list[dict] | None) -> grammars.InputFormats:
+    """The grammar formats of the request's custom tools that are among `tools` (none once tool_choice is
+    none: the tools are not shown)."""
+    shown = {t.get("function", t).get("name") for t in tools or () if isinstance(t, dict)}
+    return {n: f for n, f in custom_formats(body.get("tools")).items() if n in shown}
 
 
 def _is_strict(tool: dict) -> bool:

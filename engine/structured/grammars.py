@@ -1,6 +1,8 @@
 """Grammars for structured outputs, as llguidance Lark text: JSON schemas, regexes, choices, tool calls.
 
-Every builder returns a string `GrammarCompiler.matcher` compiles. JSON comes out compact with the
+Every builder returns a string `GrammarCompiler.matcher` compiles: Lark text, or, where a tool call holds
+a custom tool's own Lark grammar, llguidance's top-level JSON (`{"grammars": [main, named ones]}`, the
+main one referring to the others as `@name`). JSON comes out compact with the
 separators the Qwen templates write (`{"a": 1, "b": [2, 3]}`): no free whitespace, so a model cannot wander
 into endless newlines inside a value the grammar still allows.
 """
@@ -125,9 +127,20 @@ def _function(tool: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, syntax: CallSyntax) -> str:
+# a custom tool's input format (engine/api/custom_tools.py): ("lark" | "regex", definition), by tool name
+InputFormats = dict[str, tuple[str, str]]
+INPUT = "input"  # the one parameter a custom tool is shown with
+
+
+def tool_calls(
+    tools: list[dict[str, Any]],
+    name: str | None,
+    parallel: bool,
+    syntax: CallSyntax,
+    formats: InputFormats | None = None,
+) -> str:
     """Output that is nothing but tool calls: one (parallel=False) or more, of the tool `name` or of any
-    of `tools`, each call's arguments following its tool's schema."""
+    of `tools`, each call's arguments following its tool's schema (a custom tool's `input` its format)."""
     functions = [_function(t) for t in tools]
     if name is not None:
         functions = [f for f in functions if f[0] == name]
@@ -136,10 +149,13 @@ def tool_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, sy
     if not functions:
         raise NinferError("a forced tool call needs at least one tool")
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    return "\n".join([start, f"call: {syntax.open} call_body", *_call_body(functions, syntax)])
+    rules, subs = _call_body(functions, syntax, formats or {})
+    return _with_subgrammars([start, f"call: {syntax.open} call_body", *rules], subs)
 
 
-def tool_calls_in_text(tools: list[dict[str, Any]], syntax: CallSyntax) -> str:
+def tool_calls_in_text(
+    tools: list[dict[str, Any]], syntax: CallSyntax, formats: InputFormats | None = None
+) -> str:
     """Free text with tool calls anywhere in it (strict tools in auto mode): whatever the model writes, but
     from each `<tool_call>` on, a call of one of `tools` with arguments its schema allows."""
     functions = [_function(t) for t in tools]
@@ -154,15 +170,33 @@ def tool_calls_in_text(tools: list[dict[str, Any]], syntax: CallSyntax) -> str:
             f"call_head[lazy]: FREE {syntax.open}",
             "FREE: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
         ]
-    return "\n".join(rules + _call_body(functions, syntax))
+    body, subs = _call_body(functions, syntax, formats or {})
+    return _with_subgrammars(rules + body, subs)
 
 
-def _call_body(functions: list[tuple[str, dict[str, Any]]], syntax: CallSyntax) -> list[str]:
-    """Rules for what follows `<tool_call>`: one call of one of `functions`, through `</tool_call>`."""
+def _with_subgrammars(rules: list[str], subs: dict[str, str]) -> str:
+    """Lark text, or llguidance's top-level JSON where the rules refer to named grammars (`@name`)."""
+    main = "\n".join(rules)
+    if not subs:
+        return main
+    named = [{"name": name, "lark_grammar": text} for name, text in subs.items()]
+    return json.dumps({"grammars": [{"lark_grammar": main}, *named]})
+
+
+def _call_body(
+    functions: list[tuple[str, dict[str, Any]]], syntax: CallSyntax, formats: InputFormats
+) -> tuple[list[str], dict[str, str]]:
+    """Rules for what follows `<tool_call>`: one call of one of `functions`, through `</tool_call>`; and
+    the named grammars they refer to (custom tools' Lark formats, XML form only: in the JSON form the
+    input is a JSON string, held to a regex format but not to a Lark one)."""
     alternatives = " | ".join(f"fn_{i}" for i in range(len(functions)))
+    subs: dict[str, str] = {}
     if syntax.form == "json":
         rules = [f'call_body: "\\n" ({alternatives}) "\\n" {syntax.close}']
         for i, (fn_name, params) in enumerate(functions):
+            kind, definition = formats.get(fn_name, ("text", ""))
+            if kind == "regex":  # the string's whole text matches it
+                params = _with_input(params, {"type": "string", "pattern": f"^(?:{definition})$"})
             call = {
                 "type": "object",
                 "properties": {"name": {"const": fn_name}, "arguments": params},
@@ -170,28 +204,40 @@ def _call_body(functions: list[tuple[str, dict[str, Any]]], syntax: CallSyntax) 
                 "additionalProperties": False,
             }
             rules.append(f"fn_{i}: {_json_value(call)}")
-        return rules
+        return rules, subs
     rules = [
         f'call_body: "\\n" ({alternatives}) {syntax.close}',
         'text_value[stop="\\n</parameter>\\n"]: /(?s:.*)/',
     ]
     for i, (fn_name, params) in enumerate(functions):
-        rules.extend(_xml_function(i, fn_name, params))
-    return rules
+        kind, definition = formats.get(fn_name, ("text", ""))
+        value = None
+        if kind == "regex":
+            value = f"/{llguidance().regex_to_lark(definition)}/ {_END}"
+        elif kind == "lark":
+            subs[f"input_{i}"] = definition
+            value = f"@input_{i} {_END}"
+        rules.extend(_xml_function(i, fn_name, params, {INPUT: value} if value else {}))
+    return rules, subs
+
+
+def _with_input(params: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    properties = {**(params.get("properties") or {}), INPUT: schema}
+    return {**params, "properties": properties}
 
 
 _END = '"\\n</parameter>\\n"'
 
 
-def _xml_function(i: int, fn_name: str, params: dict[str, Any]) -> list[str]:
+def _xml_function(i: int, fn_name: str, params: dict[str, Any], values: dict[str, str]) -> list[str]:
     """`<function=name>` with its parameters in the schema's order, the required ones present, each value
-    typed by its schema."""
+    typed by its schema (or given in `values`: the rule of a custom tool's input format)."""
     props = params.get("properties") or {}
     required = set(params.get("required") or ())
     parts, rules = [], []
     for j, (pname, pschema) in enumerate(props.items()):
         rule = f"p_{i}_{j}"
-        value = _xml_value(pschema if isinstance(pschema, dict) else {})
+        value = values.get(pname) or _xml_value(pschema if isinstance(pschema, dict) else {})
         open_tag = _literal(f"<parameter={pname}>\n")
         rules.append(f"{rule}: {open_tag} {value}")
         parts.append(rule if pname in required else f"{rule}?")

@@ -150,7 +150,9 @@ class GrammarCompiler:
                     n_vocab=self.vocab_size,
                     eos_token=list(self.eos_token_ids),
                 )
-        matcher = llg.LLMatcher(self._ll_tokenizer, llg.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        # Lark text, or llguidance's top-level JSON (a tool call holding a custom tool's own grammar)
+        top = grammar if grammar.startswith("{") else llg.LLMatcher.grammar_from_lark(grammar)
+        matcher = llg.LLMatcher(self._ll_tokenizer, top, log_level=0)
         if matcher.is_error():
             reason = matcher.get_error().strip().splitlines()[0]
             raise NinferError(f"the output format does not compile into a grammar: {reason}")

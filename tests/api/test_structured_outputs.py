@@ -293,6 +293,69 @@ def test_strict_tools_leave_text_free(oai, claude, server):
     assert m.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
+# (one or two items: this small model would add items for as long as it may)
+LARK_FORMAT = 'start: "BEGIN\\n" item item? "END"\nitem: ("+" | "-") /[a-z]{1,8}/ "\\n"'
+
+
+@pytest.mark.parametrize("form", ["json", "xml"])
+def test_custom_tool_formats_hold_the_input_on_both_openai_routes(oai, request, form):
+    """Codex-style freeform tools: forced, the call's input follows the tool's regex format in either call
+    form, and its Lark format where calls are XML (Qwen3.5, Qwen3-Coder); in the JSON form a Lark format
+    is told, not enforced."""
+    if form == "xml":
+        request.getfixturevalue("xml_form")
+    regex = {"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[a-z]{2}"}
+    code = {"type": "custom", "name": "code", "description": "A code", "format": regex}
+    r = oai.responses.create(
+        model="m",
+        input="Give me a code.",
+        tools=[code],
+        tool_choice={"type": "custom", "name": "code"},
+        max_output_tokens=40,
+        temperature=0,
+    )
+    (call,) = r.output
+    assert call.type == "custom_tool_call" and re.fullmatch("[0-9]{3}-[a-z]{2}", call.input), call
+    chat_code = {"type": "custom", "custom": {"name": "code", "format": regex}}
+    r = oai.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        tools=[chat_code],
+        max_tokens=40,
+        temperature=0,
+        tool_choice={"type": "custom", "custom": {"name": "code"}},
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", call.custom.input), call
+    if form == "xml":
+        lark = {"type": "grammar", "syntax": "lark", "definition": LARK_FORMAT}
+        ship = {"type": "custom", "name": "ship", "format": lark}
+        r = oai.responses.create(
+            model="m",
+            input="Ship it.",
+            tools=[ship],
+            tool_choice={"type": "custom", "name": "ship"},
+            max_output_tokens=60,
+            temperature=0,
+        )
+        (call,) = r.output
+        assert re.fullmatch(r"BEGIN\n([+-][a-z]+\n){1,2}END", call.input), call
+
+
+@pytest.mark.parametrize(
+    "definition, syntax, words",
+    [
+        ("start: missing_rule", "lark", "tools[0].format.definition is not a lark grammar llguidance reads"),
+        ("[0-9", "regex", "tools[0].format.definition is not a regex grammar llguidance reads"),
+    ],
+)
+def test_a_custom_format_that_does_not_compile_is_one_line(server, definition, syntax, words):
+    fmt = {"type": "grammar", "syntax": syntax, "definition": definition}
+    body = {"model": "m", "input": "hi", "tools": [{"type": "custom", "name": "t", "format": fmt}]}
+    r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=30)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory, thinking_tokenizer):
     path = save_thinking_mtp_model(tmp_path_factory.mktemp("think"), thinking_tokenizer, think=True)

@@ -419,3 +419,60 @@ def test_requests_with_different_grammars_in_one_batch(llm):
     assert [done[i].token_ids for i in ids] == alone
     assert done[ids[0]].text in ("yes", "no") and re.fullmatch(r"[0-9]{2,4}", done[ids[1]].text)
     assert valid(done[ids[2]].text)
+
+
+# a custom tool (OpenAI's freeform tools), shown as a function of one string `input`
+SHIP = {
+    "type": "function",
+    "function": {
+        "name": "ship",
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "string"}},
+            "required": ["input"],
+        },
+    },
+}
+SHIP_LARK = 'start: "BEGIN\\n" item+ "END"\nitem: ("+" | "-") /[a-z]+/ "\\n"'
+
+
+def _xml_call(name: str, value: str) -> str:
+    return (
+        f"<tool_call>\n<function={name}>\n<parameter=input>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    )
+
+
+@pytest.mark.parametrize("in_text", [False, True])
+def test_custom_tool_formats_hold_the_input(default_tokenizer, in_text):
+    """A custom tool's Lark format holds its input where calls are XML (the input is text there: a named
+    grammar of its own); a regex format in either form (in JSON, the string's pattern); a Lark format in
+    the JSON form is told, not enforced (the input is a JSON string)."""
+    tok = default_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    tools = [SHIP, TOOLS[0]]
+
+    def accepts(grammar: str, text: str) -> bool:
+        matcher = compiler.matcher(grammar, [1])
+        matcher.consume(tok.encode(text, add_special_tokens=False))
+        return not matcher.error
+
+    def build(form: str, fmt: tuple[str, str]) -> str:
+        syntax, formats = grammars.CallSyntax(form), {"ship": fmt}
+        if in_text:
+            return grammars.tool_calls_in_text(tools, syntax, formats)
+        return grammars.tool_calls(tools, "ship", False, syntax, formats)
+
+    lead = "Shipping now.\n" if in_text else ""
+    lark = build("xml", ("lark", SHIP_LARK))
+    assert lark.startswith("{") and "@input_0" in lark  # top-level JSON: the main grammar and the input's
+    assert accepts(lark, lead + _xml_call("ship", "BEGIN\n+apple\n-pear\nEND"))
+    assert not accepts(lark, lead + _xml_call("ship", "BEGIN\n*apple"))
+    assert not accepts(lark, lead + _xml_call("ship", "just text"))
+    regex = build("xml", ("regex", "[0-9]{3}-[a-z]{2}"))
+    assert accepts(regex, lead + _xml_call("ship", "123-ab"))
+    assert not accepts(regex, lead + _xml_call("ship", "12-ab"))
+    as_json = build("json", ("regex", "[0-9]{3}-[a-z]{2}"))
+    call = '<tool_call>\n{"name": "ship", "arguments": {"input": "%s"}}\n</tool_call>'
+    assert accepts(as_json, lead + call % "123-ab") and not accepts(as_json, lead + call % "123-abc")
+    told = build("json", ("lark", SHIP_LARK))
+    assert not told.startswith("{") and accepts(told, lead + call % "anything at all")
