@@ -131,9 +131,12 @@ def _strict_calls(
     """With a tool marked `strict`, or a custom tool with a grammar format (and no other format), the reply
     is free but each call in it is held to its tool's definition: every tool's, once one is strict. None
     without such a tool."""
+    syntax = grammars.call_syntax(tokenizer)
+    # a Lark format binds only where calls are XML (in JSON the input is a JSON string): none to hold here
+    formats = {n: f for n, f in (formats or {}).items() if f[0] == "regex" or syntax.form == "xml"}
     if not tools or not (formats or any(_is_strict(t) for t in tools)):
         return None
-    return _built(grammars.tool_calls_in_text, tools, grammars.call_syntax(tokenizer), formats)
+    return _built(grammars.tool_calls_in_text, tools, syntax, formats)
 
 
 def _custom_formats(body: dict, tools: list[dict] | None) -> grammars.InputFormats:

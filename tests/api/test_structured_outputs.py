@@ -18,6 +18,7 @@ from conftest import save_thinking_mtp_model
 from scripted_engine import QWEN_STYLE_TEMPLATE
 from server import RunningServer, qwen_style
 
+from engine.api.openai import chat_tools
 from engine.api.structured import openai_grammar
 from engine.async_llm import AsyncLLM
 
@@ -340,6 +341,21 @@ def test_custom_tool_formats_hold_the_input_on_both_openai_routes(oai, request, 
         )
         (call,) = r.output
         assert re.fullmatch(r"BEGIN\n([+-][a-z]+\n){1,2}END", call.input), call
+
+
+def test_a_lark_format_in_the_json_call_form_leaves_auto_mode_free(server, request):
+    """Codex sends apply_patch (a Lark format) with every request: where calls are JSON that format cannot
+    bind, so it does not turn the reply into a grammar's; a regex format, or the XML form, does."""
+    lark = {"type": "grammar", "syntax": "lark", "definition": LARK_FORMAT}
+    regex = {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"}
+
+    def grammar(fmt):
+        body = {"tools": [{"type": "custom", "custom": {"name": "ship", "format": fmt}}]}
+        return openai_grammar(body, chat_tools(body), server.engine.tokenizer)
+
+    assert grammar(lark) is None and grammar(regex) is not None
+    request.getfixturevalue("xml_form")
+    assert grammar(lark).startswith("{")
 
 
 @pytest.mark.parametrize(
