@@ -7,8 +7,8 @@ tool call whose `input` is the string, and a custom tool call in the conversatio
 as that function's call. Chat completions and the Responses API share this.
 
 A grammar format holds the input to it (engine/api/structured.py): a tool with one that binds counts as
-strict, so every call the model writes is held to its tool's definition — the input of a Lark format where the model
-writes its calls' parameters as text (Qwen3.5, Qwen3-Coder: `<parameter=input>`); a regex format in
+strict, so every call the model writes is held to its tool's definition. A Lark format binds where the
+model writes its calls' parameters as text (Qwen3.5, Qwen3-Coder: `<parameter=input>`), a regex format in
 either call form; in the JSON form a Lark format is told, not enforced (the input is a JSON string there).
 """
 

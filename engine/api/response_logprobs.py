@@ -1,7 +1,7 @@
 """The Responses API's `message.output_text.logprobs` (asked for with `include`; `top_logprobs` 0..20
 alternatives a token): the logprobs of the tokens that make the message's text, not those of its
-reasoning or of its tool calls. Each output token's text goes through a reply parser of its own; a token
-whose text the parser holds back (a tag still open) is decided with the text that follows."""
+reasoning or of its tool calls. The output tokens' text goes through a reply parser of its own, token by
+token, and each token is placed against the text pieces the parser gives (MessageLogprobs)."""
 
 from __future__ import annotations
 
@@ -61,13 +61,11 @@ class MessageLogprobs:
         count = len(out.logprobs or ())
         for i in range(self.seen, count):
             token, last = out.token_ids[i], out.finished and i == count - 1
+            text = "" if token in self.end_ids else self.detok.push(token)
             if token not in self.end_ids:
-                text = self.detok.push(token)
                 self.spans.append((i, len(self.raw), len(self.raw) + len(text)))
                 self.raw += text
-            for start, end in self._text_ranges(
-                self.parser.feed(text if token not in self.end_ids else "", last)
-            ):
+            for start, end in self._text_ranges(self.parser.feed(text, last)):
                 positions += self._tokens_over(start, end)
         self.seen = count
         return [self._entry(out, i) for i in positions]

@@ -2,9 +2,9 @@
 
 Every builder returns a string `GrammarCompiler.matcher` compiles: Lark text, or, where a tool call holds
 a custom tool's own Lark grammar, llguidance's top-level JSON (`{"grammars": [main, named ones]}`, the
-main one referring to the others as `@name`). JSON comes out compact with the
-separators the Qwen templates write (`{"a": 1, "b": [2, 3]}`): no free whitespace, so a model cannot wander
-into endless newlines inside a value the grammar still allows.
+main one referring to the others as `@name`). JSON comes out compact with the separators the Qwen
+templates write (`{"a": 1, "b": [2, 3]}`): no free whitespace, so a model cannot wander into endless
+newlines inside a value the grammar still allows.
 """
 
 from __future__ import annotations
