@@ -73,7 +73,10 @@ def chat(
     max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
     temperature: Annotated[
         float | None,
-        typer.Option(help="0 = greedy (default: the model's recommended, see --generation-config; else 0)."),
+        typer.Option(
+            help="0 = greedy (default: the model's recommended, see --generation-config; else 0; with --url, "
+            "the server's default)."
+        ),
     ] = None,
     top_p: Annotated[float | None, typer.Option(help="Default: the model's recommended, else 1.")] = None,
     top_k: Annotated[
@@ -141,8 +144,8 @@ def chat(
     # bad flags are said before the model loads
     SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)
     console = Console(stderr=True)
-    if url is not None:  # the engine options do not apply: the server has its own
-        backend = RemoteChat(url, api_key, model_id, request_fields)
+    if url is not None:  # the engine options do not apply: the server has its own, its sampling defaults too
+        backend = RemoteChat(url, api_key, model_id, request_fields, sampling=given)
     else:
         if device.startswith("cuda"):
             import torch

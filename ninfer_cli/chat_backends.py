@@ -109,13 +109,22 @@ class LocalChat:
 
 class RemoteChat:
     """The conversation on an OpenAI-compatible server (ninfer serve, vLLM, llama-server): streamed
-    chat completions, pictures as data URLs."""
+    chat completions, pictures as data URLs. Sampling: the fields the flags gave (`sampling`); the rest
+    are the server's defaults (ninfer serve's and vLLM's --generation-config, llama-server's --temp)."""
 
-    def __init__(self, url: str, api_key: str | None, model: str | None, fields: dict | None = None):
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        model: str | None,
+        fields: dict | None = None,
+        sampling: dict | None = None,
+    ):
         from engine.bench.drivers import OverHttp
 
         self.server = OverHttp(url, api_key, model)
         self.fields = fields or {}  # more request fields (a response_format, ...)
+        self.sampling = {k: v for k, v in (sampling or {}).items() if k in ("temperature", "top_p", "top_k")}
         self.description = f"{url} (model {self.server.model})"
 
     def attach(self, data: bytes) -> str:
@@ -129,14 +138,7 @@ class RemoteChat:
             url = f"data:{media_type(data)};base64,{base64.b64encode(data).decode()}"
             return {"type": "image_url", "image_url": {"url": url}}
 
-        sampling: dict[str, Any] = {
-            **self.fields,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-        }
-        if params.top_k:
-            sampling["top_k"] = params.top_k
+        sampling: dict[str, Any] = {**self.fields, "max_tokens": params.max_tokens, **self.sampling}
         if params.seed is not None:
             sampling["seed"] = params.seed
         usage: dict[str, Any] | None = {} if stats is not None else None

@@ -3,7 +3,6 @@ read it before they send anything (the context size, the chat template, whether 
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,16 +10,10 @@ from fastapi import APIRouter, Request
 from engine.api.common import sampling_params
 from engine.api.llama_cpp import generation_settings
 from engine.api.state import ServerState
+from engine.version import ninfer_version
 
 router = APIRouter()
 PATHS = ("/props",)  # behind --api-key, as llama-server keeps it
-
-
-def _build_info() -> str:
-    try:
-        return f"ninfer {version('ninfer')}"
-    except PackageNotFoundError:  # run from a source tree without installing
-        return "ninfer (source tree)"
 
 
 @router.get("/props")
@@ -43,7 +36,7 @@ async def props(request: Request) -> dict[str, Any]:
         "chat_template": (tok.chat_template or "") if tok is not None else "",
         "bos_token": (tok.bos_token or "") if tok is not None else "",
         "eos_token": (tok.eos_token or "") if tok is not None else "",
-        "build_info": _build_info(),
+        "build_info": f"ninfer {ninfer_version()}",
         "endpoint_slots": False,
         "endpoint_props": True,
         "endpoint_metrics": True,

@@ -15,7 +15,8 @@ QUESTION = "What is the capital of France?"
 
 
 def _chat(*args, stdin: str | None = None):
-    result = runner.invoke(app, ["chat", "--max-tokens", "16", *args], input=stdin)
+    """(greedy both ways: over --url the server's defaults apply otherwise, which for this model sample)"""
+    result = runner.invoke(app, ["chat", "--max-tokens", "16", "--temperature", "0", *args], input=stdin)
     return result.exit_code, result.output
 
 
@@ -102,3 +103,30 @@ def test_verbose_prints_each_replys_tokens_and_rates_locally_and_over_http(serve
         # the server may hold the question in its prefix cache from an earlier test
         lines[where] = re.sub(r" \(\d+ cached\)|first token \d+ ms|at [\d.]+ tok/s", "", line)
     assert lines["local"] == lines["remote"]
+
+
+def test_over_http_only_the_sampling_flags_given_are_sent(monkeypatch):
+    """The server's sampling defaults (its --generation-config: Qwen3's recommended temperature, top-p and
+    top-k) apply to what the flags leave out, as for any OpenAI client; the flags given are sent."""
+    sent = []
+
+    class _Server:
+        model = "m"
+
+        def __init__(self, *args):
+            pass
+
+        def chat(self, messages, sampling, usage):
+            sent.append(sampling)
+            yield "ok"
+
+    monkeypatch.setattr("engine.bench.drivers.OverHttp", _Server)
+    for flags, want in (
+        ((), {"max_tokens": 16}),
+        (("--temperature", "0.7", "--top-k", "20"), {"max_tokens": 16, "temperature": 0.7, "top_k": 20}),
+        (("--top-p", "0.9", "--seed", "3"), {"max_tokens": 16, "top_p": 0.9, "seed": 3}),
+    ):
+        sent.clear()
+        result = runner.invoke(app, ["chat", "--url", "http://x:1", "--max-tokens", "16", "-p", "hi", *flags])
+        assert result.exit_code == 0 and result.output.strip() == "ok", result.output
+        assert sent == [want]
