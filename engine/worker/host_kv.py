@@ -65,16 +65,32 @@ class HostKV:
         return sum(h.numel() * h.element_size() for _, h in self.pairs)
 
     def copy(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """A step's page copies: (KV page, host slot) out to the host first, then (host slot, KV page) in."""
+        """A step's page copies: (KV page, host slot) out to the host first, then (host slot, KV page) in;
+        pages and slots that both run on by one are copied as one slice (a long prefix: a few copies a
+        tensor, not one a page)."""
         if swap_out:
+            runs = page_runs(swap_out)
             torch._foreach_copy_(
-                [h[s] for _, h in self.pairs for _, s in swap_out],
-                [d[b] for d, _ in self.pairs for b, _ in swap_out],
+                [h[s : s + n] for _, h in self.pairs for _, s, n in runs],
+                [d[b : b + n] for d, _ in self.pairs for b, _, n in runs],
                 non_blocking=True,
             )
         if swap_in:
+            runs = page_runs(swap_in)
             torch._foreach_copy_(
-                [d[b] for d, _ in self.pairs for _, b in swap_in],
-                [h[s] for _, h in self.pairs for s, _ in swap_in],
+                [d[b : b + n] for d, _ in self.pairs for _, b, n in runs],
+                [h[s : s + n] for _, h in self.pairs for s, _, n in runs],
                 non_blocking=True,
             )
+
+
+def page_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(source, destination) page pairs as maximal runs (source, destination, length) along which both
+    step by one. NOTE: a step's pairs name each page and each slot once, so their order is free."""
+    runs: list[tuple[int, int, int]] = []
+    for a, b in sorted(pairs):
+        if runs and a == runs[-1][0] + runs[-1][2] and b == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((a, b, 1))
+    return runs
