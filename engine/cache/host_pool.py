@@ -18,7 +18,9 @@ class HostPool:
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self.slots: OrderedDict[bytes, int] = OrderedDict()  # prefix hash -> slot, least recent first
-        self._free = list(range(num_slots - 1, -1, -1))
+        # NOTE: handed out from the top down: a request's pages are evicted last page first, so their slots
+        # run on with them (and back again in prefix order), and the copies go as slices (engine/worker/host_kv.py)
+        self._free = list(range(num_slots))
         self._reserved: list[int] = []  # taken this step: free again at the next
 
     @property

@@ -152,3 +152,25 @@ def test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would():
             d[b] = h[s]
     host.copy([], back)
     assert all(torch.equal(d, w) for (d, _), (w, _) in zip(host.pairs, want))
+
+
+def test_an_evicted_prefix_goes_out_and_comes_back_in_one_slice(qwen3_dir, monkeypatch):
+    """The tier's slots are handed out so that a request's pages, evicted last page first, and its slots
+    run on together, out and back in: one slice copy a tensor each way, not one a page."""
+    from engine.worker import host_kv
+
+    copies = []
+    real = host_kv.HostKV.copy
+    monkeypatch.setattr(
+        host_kv.HostKV,
+        "copy",
+        lambda self, out, back: (
+            (copies.append((out, back)) if out or back else None) or real(self, out, back)
+        ),
+    )
+    llm = LLM(qwen3_dir, kv_capacity=64, max_context=64, max_concurrency=1, host_cache=1 << 20)
+    first, again = _evict_and_return(llm)
+    assert again.num_cached_tokens == 48 and _same(again, first)
+    (out, _), (_, back) = copies[0], copies[-1]
+    assert len(out) == len(back) == 3  # A's three full pages
+    assert len(host_kv.page_runs(out)) == len(host_kv.page_runs(back)) == 1
