@@ -6,6 +6,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from typing import Annotated
 
 import typer
@@ -123,6 +124,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("ninfer")
     log.info("loading the model; http://%s:%d answers 503 until it is ready", host, port)
+    started = time.monotonic()
     try:
         with answering_while_loading(sock):
             engine = AsyncLLM(model, **options)
@@ -133,6 +135,7 @@ def serve(
     state = ServerState(engine, name, api_key)
     app = create_app(state)
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
+    log.info("%s", startup_summary(engine, time.monotonic() - started))
     host_kv = engine.llm.runner.host_kv
     if host_kv is not None:
         log.info(
@@ -167,6 +170,19 @@ def serve(
     finally:
         sock.close()
         engine.shutdown()
+
+
+def startup_summary(engine, load_s: float) -> str:
+    """One line of what the engine is, as allocated: what a slow decode is checked for first (the KV dtype
+    really applied, the pool beside the context, CUDA graphs, the device), and the load time."""
+    info, llm = engine.info(), engine.llm
+    pool_gib = llm.runner.kv_cache_bytes / 2**30
+    spec = f", spec {info['spec']} ({info['draft_tokens']} drafts)" if info["spec"] != "none" else ""
+    return (
+        f"ready in {load_s:.1f} s: {info['device']} {info['dtype']}, context {int(info['max_context']):,} "
+        f"tokens, KV pool {int(info['kv_pool_tokens']):,} tokens ({info['kv_dtype']}, {pool_gib:.2f} GiB), "
+        f"{llm.engine_config.max_concurrency} running at most, CUDA graphs {info['cuda_graphs']}{spec}"
+    )
 
 
 def _server_class():

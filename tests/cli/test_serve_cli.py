@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,12 @@ def test_serve_default_model_then_sigterm():
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "host cache: " in err and "KV pages" in err
+    # what the engine is, as allocated, in one line (the KV dtype applied, the pool beside the context)
+    assert re.search(
+        r"ready in [\d.]+ s: cpu float32, context 4,096 tokens, KV pool [\d,]+ tokens \(fp32, [\d.]+ GiB\), "
+        r"4 running at most, CUDA graphs off\n",
+        err,
+    ), err
 
 
 def test_serve_refuses_bad_flags():
