@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,8 +26,9 @@ from ninfer_cli.vision_option import Vision
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
     "Type a message and press Enter (end a line with \\ to go on, or put several lines between lines of "
-    '"""). Commands: /reset clears the conversation, /exit quits (or Ctrl-D).'
+    '"""). Commands: /reset (or /clear) clears the conversation, /exit quits (or Ctrl-D), /help shows this.'
 )
+COMMAND = re.compile(r"/[A-Za-z?]+")  # a line of one such word is a command, never a message
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
@@ -209,9 +211,12 @@ def chat(
             text = message.strip("\r\n")
         elif text in ("/exit", "/quit"):
             return
-        elif text == "/reset":
+        elif text in ("/reset", "/clear"):
             messages, pending = list(base), []
             console.print("conversation cleared")
+            continue
+        elif text in ("/help", "/?"):
+            console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
             continue
         elif text.startswith("/image"):
             path = Path(text.removeprefix("/image").strip()).expanduser()
@@ -222,6 +227,11 @@ def chat(
                 continue
             pending.append(data)
             console.print(f"{said}; now type your message")
+            continue
+        elif COMMAND.fullmatch(text) and message.startswith("/"):  # a mistyped command is no message
+            console.print(
+                f"unknown command {text}; /help lists them (start the line with a space to send it)"
+            )
             continue
         messages.append({"role": "user", "content": _content(text, pending)})
         try:

@@ -87,6 +87,21 @@ def test_the_repl_sends_a_pasted_block_as_one_message(monkeypatch):
     assert len(_Recorder.sent[-1]) == 5  # the conversation kept: a command inside a block is text
 
 
+def test_repl_commands_help_clear_and_a_mistyped_one_never_reach_the_model(monkeypatch):
+    """/help lists the commands, /clear is /reset, a line of one unknown /word is said to be no command
+    (not sent), and the same word after a space, or a path with more to it, goes as a message."""
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
+    _Recorder.sent = []
+    typed = "first\n/help\n/rset\n/clear\n /rset\n/usr/bin holds it\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Commands: /reset (or /clear)") == 2  # the banner's, then /help's
+    assert "unknown command /rset; /help lists them" in result.output
+    assert "conversation cleared" in result.output
+    assert [m[-1]["content"] for m in _Recorder.sent] == ["first", "/rset", "/usr/bin holds it"]
+    assert len(_Recorder.sent[1]) == 1  # /clear emptied the conversation before it
+
+
 def test_prompt_dash_reads_stdin(monkeypatch):
     monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
     _Recorder.sent = []
