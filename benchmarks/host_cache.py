@@ -36,6 +36,23 @@ def run(llm: LLM, a: list[int], b: list[int], turn: list[int]) -> tuple[float, i
             return time.perf_counter() - t0, len(a) + len(turn) - done[0].num_cached_tokens
 
 
+def count_copies(llm: LLM) -> dict[str, int]:
+    """Pages swapped in and the slice copies (a tensor) that moved them, over the runs (engine/worker/host_kv.py
+    coalesces pages and slots that run on together)."""
+    from engine.worker.host_kv import page_runs
+
+    counts = {"pages": 0, "slices": 0}
+    host, copy = llm.runner.host_kv, llm.runner.host_kv.copy
+
+    def counted(swap_out, swap_in):
+        counts["pages"] += len(swap_in)
+        counts["slices"] += len(page_runs(swap_in))
+        copy(swap_out, swap_in)
+
+    host.copy = counted
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt-tokens", type=int, default=2000)
@@ -46,6 +63,7 @@ def main() -> None:
     # the pool holds one conversation, not two: B evicts A
     options = dict(device=args.device, max_concurrency=1, max_context=context, kv_capacity=context)
     llms = {"recomputed": LLM(**options), "host tier": LLM(**options, host_cache=1 << 30)}
+    copies = count_copies(llms["host tier"])
     vocab = llms["recomputed"].model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
@@ -65,6 +83,7 @@ def main() -> None:
             f"{label:<11} {seconds:7.3f} s to the next turn's first token  {runs[0][1]:>6,} prompt tokens "
             f"computed  {base / seconds:6.2f}x"
         )
+    print(f"host tier: {copies['pages']:,} pages copied back as {copies['slices']:,} slice copies a tensor")
 
 
 if __name__ == "__main__":
