@@ -65,32 +65,50 @@ class HostKV:
         return sum(h.numel() * h.element_size() for _, h in self.pairs)
 
     def copy(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """A step's page copies: (KV page, host slot) out to the host first, then (host slot, KV page) in;
-        pages and slots that both run on by one are copied as one slice (a long prefix: a few copies a
-        tensor, not one a page)."""
+        """A step's page copies: (KV page, host slot) out to the host first, then (host slot, KV page) in.
+        Pages and slots that run on together (up or down: a prefix evicted last page first) move as one
+        slice a tensor, not one copy a page; a run whose slots go down is flipped on the device."""
         if swap_out:
             runs = page_runs(swap_out)
             torch._foreach_copy_(
-                [h[s : s + n] for _, h in self.pairs for _, s, n in runs],
-                [d[b : b + n] for d, _ in self.pairs for b, _, n in runs],
+                [h[_span(s, n, step)] for _, h in self.pairs for _, s, n, step in runs],
+                [_ordered(d[b : b + n], step) for d, _ in self.pairs for b, _, n, step in runs],
                 non_blocking=True,
             )
         if swap_in:
             runs = page_runs(swap_in)
             torch._foreach_copy_(
-                [d[b : b + n] for d, _ in self.pairs for _, b, n in runs],
-                [h[s : s + n] for _, h in self.pairs for s, _, n in runs],
+                [d[_span(b, n, step)] for d, _ in self.pairs for _, b, n, step in runs],
+                [_ordered(h[s : s + n], step, d.device) for d, h in self.pairs for s, _, n, step in runs],
                 non_blocking=True,
             )
 
 
-def page_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """(source, destination) page pairs as maximal runs (source, destination, length) along which both
-    step by one. NOTE: a step's pairs name each page and each slot once, so their order is free."""
-    runs: list[tuple[int, int, int]] = []
+def _span(first: int, n: int, step: int) -> slice:
+    """The rows a run of n covers from `first`, going up (step 1) or down (-1)."""
+    return slice(first, first + n) if step == 1 else slice(first - n + 1, first + 1)
+
+
+def _ordered(rows: torch.Tensor, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """A run's source rows in its destination's order: as they are, or flipped (on the device: a host
+    slice goes over first, asynchronously, from pinned memory)."""
+    if step == 1:
+        return rows
+    if device is not None and rows.device != device:
+        rows = rows.to(device, non_blocking=True)
+    return rows.flip(0)
+
+
+def page_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """(source, destination) page pairs as maximal runs (first source, first destination, length, step):
+    the sources go up by one, the destinations by `step`, 1 or -1. NOTE: a step's pairs name each page
+    and each slot once, so their order is free."""
+    runs: list[list[int]] = []
     for a, b in sorted(pairs):
-        if runs and a == runs[-1][0] + runs[-1][2] and b == runs[-1][1] + runs[-1][2]:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((a, b, 1))
-    return runs
+        if runs:
+            a0, b0, n, step = runs[-1]
+            if a == a0 + n and (b == b0 + n * step if n > 1 else abs(b - b0) == 1):
+                runs[-1] = [a0, b0, n + 1, step if n > 1 else b - b0]
+                continue
+        runs.append([a, b, 1, 1])
+    return [(a0, b0, n, step) for a0, b0, n, step in runs]

@@ -123,34 +123,41 @@ def test_the_tier_never_changes_what_is_generated(tmp_path, arch):
             assert _same(on, off)
 
 
-def test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would():
-    """HostKV.copy coalesces pages and slots that run on together into one slice copy a tensor; the
-    pages it moves are those a copy page by page moves, in both directions."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would(device):
+    """HostKV.copy coalesces pages and slots that run on together (up or down) into one slice copy a
+    tensor; the pages it moves are those a copy page by page moves, in both directions."""
     from engine.cache.kv_layout import KVCache
     from engine.worker.host_kv import HostKV, page_runs
 
     assert page_runs([(7, 2), (5, 0), (6, 1), (9, 3), (10, 4), (3, 9)]) == [
-        (3, 9, 1),
-        (5, 0, 3),
-        (9, 3, 2),
+        (3, 9, 1, 1),
+        (5, 0, 3, 1),
+        (9, 3, 2, 1),
     ]
+    assert page_runs([(5, 9), (4, 10), (6, 8), (8, 1)]) == [(4, 10, 3, -1), (8, 1, 1, 1)]  # slots going down
     assert page_runs([]) == []
-    caches = [KVCache.allocate("int8", 12, 4, 2, 8, "cpu") for _ in range(2)]  # data and scales
+    caches = [KVCache.allocate("int8", 12, 4, 2, 8, device) for _ in range(2)]  # data and scales
     for c in caches:
         for t in (c.k_data, c.v_data, c.k_scale, c.v_scale):
             t.copy_(torch.randint(-100, 100, t.shape).to(t.dtype))
-    host = HostKV(caches, 6, torch.device("cpu"))
-    out = [(2, 0), (3, 1), (4, 2), (9, 5), (0, 4)]
+    host = HostKV(caches, 6, torch.device(device))  # pinned on CUDA: the copies run asynchronously
+    out = [(2, 3), (3, 2), (4, 1), (9, 5), (0, 4), (10, 0)]  # a run down, and single pages
     host.copy(out, [])
+    if device == "cuda":
+        torch.cuda.synchronize()
     for d, h in host.pairs:
         for b, s in out:
-            assert torch.equal(h[s], d[b])
-    back = [(0, 7), (1, 8), (2, 9), (5, 1), (4, 0)]
+            assert torch.equal(h[s], d[b].cpu())
+    back = [(0, 7), (1, 8), (2, 9), (5, 0), (4, 1), (3, 11)]  # a run up, one down (4 -> 1, 5 -> 0)
+    assert [step for *_, step in page_runs(back)] == [1, 1, -1]
     want = [(d.clone(), h) for d, h in host.pairs]
     for d, h in want:
         for s, b in back:
             d[b] = h[s]
     host.copy([], back)
+    if device == "cuda":
+        torch.cuda.synchronize()
     assert all(torch.equal(d, w) for (d, _), (w, _) in zip(host.pairs, want))
 
 
