@@ -306,17 +306,18 @@ def test_custom_tool_formats_hold_the_input_on_both_openai_routes(oai, request, 
     if form == "xml":
         request.getfixturevalue("xml_form")
     regex = {"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[a-z]{2}"}
+
+    def forced_response_input(tool: dict, ask: str, tokens: int) -> str:
+        forced = {"type": "custom", "name": tool["name"]}
+        r = oai.responses.create(
+            model="m", input=ask, tools=[tool], tool_choice=forced, max_output_tokens=tokens, temperature=0
+        )
+        (call,) = r.output
+        assert call.type == "custom_tool_call", call
+        return call.input
+
     code = {"type": "custom", "name": "code", "description": "A code", "format": regex}
-    r = oai.responses.create(
-        model="m",
-        input="Give me a code.",
-        tools=[code],
-        tool_choice={"type": "custom", "name": "code"},
-        max_output_tokens=40,
-        temperature=0,
-    )
-    (call,) = r.output
-    assert call.type == "custom_tool_call" and re.fullmatch("[0-9]{3}-[a-z]{2}", call.input), call
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", forced_response_input(code, "Give me a code.", 40))
     chat_code = {"type": "custom", "custom": {"name": "code", "format": regex}}
     r = oai.chat.completions.create(
         model="m",
@@ -329,18 +330,13 @@ def test_custom_tool_formats_hold_the_input_on_both_openai_routes(oai, request, 
     (call,) = r.choices[0].message.tool_calls
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", call.custom.input), call
     if form == "xml":
-        lark = {"type": "grammar", "syntax": "lark", "definition": LARK_FORMAT}
-        ship = {"type": "custom", "name": "ship", "format": lark}
-        r = oai.responses.create(
-            model="m",
-            input="Ship it.",
-            tools=[ship],
-            tool_choice={"type": "custom", "name": "ship"},
-            max_output_tokens=60,
-            temperature=0,
-        )
-        (call,) = r.output
-        assert re.fullmatch(r"BEGIN\n([+-][a-z]+\n){1,2}END", call.input), call
+        ship = {
+            "type": "custom",
+            "name": "ship",
+            "format": {"type": "grammar", "syntax": "lark", "definition": LARK_FORMAT},
+        }
+        patch = forced_response_input(ship, "Ship it.", 60)
+        assert re.fullmatch(r"BEGIN\n([+-][a-z]+\n){1,2}END", patch), patch
 
 
 def test_a_lark_format_in_the_json_call_form_leaves_auto_mode_free(server, request):
