@@ -52,6 +52,10 @@ ROUTES = {
         "prompt messages add_special_tokens content add_special with_pieces tools",
     ),
     "/detokenize": ({"tokens": [1, 2]}, "tokens prompt"),
+    "/apply-template": (
+        {"messages": [{"role": "user", "content": "hi"}]},
+        "messages tools chat_template_kwargs add_generation_prompt continue_final_message",
+    ),
     "/completion": (
         {"prompt": "hi", "n_predict": 3},
         "prompt n_predict temperature top_k stream stop logit_bias n_probs grammar json_schema response_fields "
