@@ -31,16 +31,38 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model_id: Annotated[
-        str | None, typer.Option(help="The model name clients see (default: from the path).")
+        str | None,
+        typer.Option(
+            "--model-id",
+            "--served-model-name",
+            "--alias",
+            help="The model name clients see (default: from the path); also --served-model-name, --alias.",
+        ),
     ] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="NINFER_API_KEY", help="Require this key (Bearer or x-api-key).")
     ] = None,
-    max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 180k.")] = None,
+    max_context: Annotated[
+        str | None,
+        typer.Option(
+            "--max-context",
+            "--max-model-len",
+            "--ctx-size",
+            help="Context limit in tokens, e.g. 180k; also --max-model-len, --ctx-size.",
+        ),
+    ] = None,
     kv_capacity: Annotated[
         str, typer.Option(help="KV pool in tokens, or auto: sized from the memory free after loading.")
     ] = "auto",
-    max_concurrency: Annotated[int, typer.Option(help="Requests running at once.")] = 4,
+    max_concurrency: Annotated[
+        int,
+        typer.Option(
+            "--max-concurrency",
+            "--max-num-seqs",
+            "--parallel",
+            help="Requests running at once; also --max-num-seqs, --parallel.",
+        ),
+    ] = 4,
     max_pending_requests: Annotated[
         int, typer.Option(help="Requests queued beyond those; more get 429 / 529.")
     ] = 16,
@@ -50,7 +72,14 @@ def serve(
     prefill_chunk: Annotated[
         int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")
     ] = 2048,
-    kv_dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp8, int8, k8v4 (rk8v4).")] = "auto",
+    kv_dtype: Annotated[
+        str,
+        typer.Option(
+            "--kv-dtype",
+            "--kv-cache-dtype",
+            help="auto, bf16, fp16, fp8 (fp8_e4m3), int8, k8v4 (rk8v4); also --kv-cache-dtype.",
+        ),
+    ] = "auto",
     host_cache: Annotated[
         str,
         typer.Option(

@@ -188,3 +188,36 @@ def test_version_flag():
     code, out = _run("--version")
     assert ninfer_version() != "unknown"
     assert code == 0 and out.startswith(f"ninfer {ninfer_version()} (torch ") and "triton " in out
+
+
+def test_serve_takes_vllm_and_llama_server_flag_names(monkeypatch):
+    """A user coming from vLLM or llama-server types their flags: the same options reach the engine."""
+    seen = {}
+
+    class Loaded(Exception):
+        """Stands for the engine: what serve would load it with is all this test reads."""
+
+    def engine(model, **options):
+        seen.update(options)
+        raise Loaded
+
+    monkeypatch.setattr("engine.async_llm.AsyncLLM", engine)
+    for flags in (
+        [
+            "--served-model-name",
+            "m",
+            "--max-model-len",
+            "4k",
+            "--max-num-seqs",
+            "2",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+        ],
+        ["--alias", "m", "--ctx-size", "4096", "--parallel", "2", "--kv-dtype", "fp8"],
+    ):
+        seen.clear()
+        _, out = _run("serve", "--port", "0", *flags)
+        assert seen["max_context"] == 4096 and seen["max_concurrency"] == 2, (flags, out)
+        assert seen["kv_dtype"] in ("fp8", "fp8_e4m3")
+    code, out = _run("serve", "--served-model-name")
+    assert code == 2 and "--served-model-name" in out  # a missing value is named by the flag typed
