@@ -235,7 +235,8 @@ def test_chat_url_sends_pictures_as_the_local_chat_takes_them(servers, vl_dir, t
 
     picture = tmp_path / "picture.png"
     picture.write_bytes(png(7))
-    ask = ["--prompt", "What is this?", "--image", str(picture), "--max-tokens", "6"]
+    # greedy both ways (over --url what the flags leave out is the server's default, which samples)
+    ask = ["--prompt", "What is this?", "--image", str(picture), "--max-tokens", "6", "--temperature", "0"]
     remote = CliRunner().invoke(app, ["chat", "--url", servers[0].url, *ask])
     local = CliRunner().invoke(app, ["chat", str(vl_dir), "--vision", *ask])
     assert remote.exit_code == 0 and local.exit_code == 0, remote.output + local.output
