@@ -221,3 +221,12 @@ def test_serve_takes_vllm_and_llama_server_flag_names(monkeypatch):
         assert seen["kv_dtype"] in ("fp8", "fp8_e4m3")
     code, out = _run("serve", "--served-model-name")
     assert code == 2 and "--served-model-name" in out  # a missing value is named by the flag typed
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA says so")
+def test_llm_on_cuda_without_a_gpu_is_a_sentence():
+    from engine import LLM
+    from engine.errors import NinferError
+
+    with pytest.raises(NinferError, match="device cuda was asked for but no CUDA device is visible; use cpu"):
+        LLM(device="cuda")
