@@ -19,6 +19,7 @@ from engine.rope_scaling import (
     stretch_hint,
     with_defaults,
 )
+from engine.sizes import parse_size
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -383,11 +384,25 @@ class EngineConfig:
                 f"weight_quant {self.weight_quant} runs on the CPU only; use weight_quant none (or auto) on "
                 f"{self.device}"
             )
-        if isinstance(self.kv_capacity, str) and self.kv_capacity != "auto":
-            raise NinferError(f"kv_capacity must be a number of tokens or auto (got {self.kv_capacity!r})")
-        for name in ("block_size", "max_concurrency", "prefill_chunk", "max_context"):
+        # sizes as the CLI writes them ("180k", "32G") are taken from the Python API too
+        for name in ("max_context", "kv_capacity", "host_cache"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if isinstance(value, str) and not (name == "kv_capacity" and value == "auto"):
+                object.__setattr__(self, name, parse_size(value, name))
+        for name in (
+            "block_size",
+            "max_concurrency",
+            "prefill_chunk",
+            "max_context",
+            "kv_capacity",
+            "host_cache",
+        ):
+            value = getattr(self, name)
+            if value is None or (name == "kv_capacity" and value == "auto"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise NinferError(f"{name} must be a whole number (got {value!r})")
+            if value <= 0 and name != "host_cache":
                 raise NinferError(f"{name} must be positive (got {value})")
         if self.device != "cpu" and self.block_size & (self.block_size - 1):
             raise NinferError(

@@ -18,6 +18,28 @@ if TYPE_CHECKING:
 POOLING = (None, "last")
 
 
+# SamplingParams' numeric fields: checked for their kind before their range
+_WHOLE_NUMBERS = (
+    "max_tokens",
+    "min_tokens",
+    "top_k",
+    "seed",
+    "logprobs",
+    "prompt_logprobs",
+    "thinking_budget",
+)
+_NUMBERS = (
+    *_WHOLE_NUMBERS,
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+_OPTIONAL = ("seed", "logprobs", "prompt_logprobs", "thinking_budget")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. temperature == 0 is greedy; logprobs=N also returns the top-N per token."""
@@ -65,6 +87,16 @@ class SamplingParams:
     prediction: tuple[int, ...] | list[int] = ()
 
     def __post_init__(self):
+        for name in _NUMBERS:  # the API's callers get a sentence, not a comparison's TypeError
+            value = getattr(self, name)
+            whole = name in _WHOLE_NUMBERS
+            optional = name in _OPTIONAL
+            if (value is None and optional) or (
+                isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+            ):
+                continue
+            kind = "a whole number" if whole else "a number"
+            raise NinferError(f"{name} must be {kind}{' or None' if optional else ''} (got {value!r})")
         floats = (
             self.temperature,
             self.top_p,

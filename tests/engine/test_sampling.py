@@ -82,6 +82,32 @@ def test_stop_and_stop_token_ids_of_another_kind_are_sentences():
     assert SamplingParams(stop="END").stop == ("END",)
 
 
+def test_values_of_another_kind_are_sentences():
+    """The Python API's callers get the field and what it takes, not a comparison's TypeError."""
+    for bad, words in (
+        (dict(max_tokens=None), "max_tokens must be a whole number (got None)"),
+        (dict(temperature="0.5"), "temperature must be a number (got '0.5')"),
+        (dict(seed=1.5), "seed must be a whole number or None (got 1.5)"),
+        (dict(top_k=True), "top_k must be a whole number (got True)"),
+    ):
+        with pytest.raises(NinferError) as e:
+            SamplingParams(**bad)
+        assert str(e.value) == words
+    assert SamplingParams(temperature=0, seed=None).greedy  # an int is a number
+
+
+def test_sizes_as_the_cli_writes_them(tmp_path):
+    from engine.config import EngineConfig
+
+    config = EngineConfig(model="", max_context="2k", kv_capacity="4k", host_cache="64M")
+    assert (config.max_context, config.kv_capacity, config.host_cache) == (2048, 4096, 64 << 20)
+    assert EngineConfig(model="", kv_capacity="auto").kv_capacity == "auto"
+    with pytest.raises(NinferError, match="max_context 'lots' is not a size"):
+        EngineConfig(model="", max_context="lots")
+    with pytest.raises(NinferError, match=r"max_context must be a whole number \(got 2.5\)"):
+        EngineConfig(model="", max_context=2.5)
+
+
 def test_one_sampling_params_per_prompt_as_vllm_takes_them(llm):
     """generate() takes a list of SamplingParams, one per prompt: each prompt runs as with its own alone."""
     short, long = SamplingParams(max_tokens=3, temperature=0.0), SamplingParams(max_tokens=7, temperature=0.0)
