@@ -306,6 +306,13 @@ class SchedulerConfig:
     pad_drafts: bool = False
 
 
+def check_device_visible(device: str) -> None:
+    """A CUDA device asked for is there (said before anything loads: serve checks it before binding its
+    port, LLM before reading the weights)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise NinferError(f"device {device} was asked for but no CUDA device is visible; use cpu")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model. Field names are the `ninfer serve` flags (--max-context, ...)."""

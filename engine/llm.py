@@ -8,11 +8,9 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from engine.cache.block_pool import BlockPool
 from engine.cache.state_pool import StatePool
-from engine.config import EngineConfig
+from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
@@ -57,8 +55,7 @@ class LLM:
                 f"unknown LLM option {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
-        if config.device.startswith("cuda") and not torch.cuda.is_available():
-            raise NinferError(f"device {config.device} was asked for but no CUDA device is visible; use cpu")
+        check_device_visible(config.device)
         if config.host_cache:  # memory that is not there is said before the weights load
             check_host_memory(config.host_cache)
         # --rope-scaling: the rotary tables and the context limit follow it

@@ -119,14 +119,10 @@ def serve(
     from engine.api.app import create_app
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
-    from engine.errors import NinferError
+    from engine.config import check_device_visible
     from engine.sampling_defaults import describe
 
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise NinferError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    check_device_visible(device)  # before the port is bound
     options = dict(
         device=device,
         dtype=dtype,
