@@ -149,13 +149,6 @@ def chat(
     if url is not None:  # the engine options do not apply: the server has its own, its sampling defaults too
         backend = RemoteChat(url, api_key, model_id, request_fields, sampling=given)
     else:
-        if device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise NinferError(
-                    "--device cuda was asked for but no CUDA device is visible; use --device cpu"
-                )
         with console.status("loading model…"):
             llm = LLM(
                 model,
@@ -187,7 +180,8 @@ def chat(
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
     console.print(f"[bold]ninfer chat[/bold] — {backend.description}")
-    console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
+    help_line = HELP_LINE + (" " + IMAGE_HELP if vision or url else "")
+    console.print(help_line)
     messages = list(base)
     pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)
     if sys.stdin.isatty():
@@ -216,7 +210,7 @@ def chat(
             console.print("conversation cleared")
             continue
         elif text in ("/help", "/?"):
-            console.print(HELP_LINE + (" " + IMAGE_HELP if vision or url else ""))
+            console.print(help_line)
             continue
         elif text.startswith("/image"):
             path = Path(text.removeprefix("/image").strip()).expanduser()
