@@ -14,6 +14,7 @@ either call form; in the JSON form a Lark format is told, not enforced (the inpu
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -53,6 +54,17 @@ def custom_function(tool: Any, where: str) -> dict[str, Any]:
 
 def _check_definition(syntax: str, definition: str, where: str) -> None:
     """A format's grammar compiles (llguidance, OpenAI's dialect), else a 400 naming the tool."""
+    error = _grammar_error(syntax, definition)
+    if error:
+        raise ApiError(
+            400, f"{where}.format.definition is not a {syntax} grammar llguidance reads: {error}", "tools"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar_error(syntax: str, definition: str) -> str:
+    """llguidance's first line about the grammar, "" when it compiles (kept: an agent such as Codex sends the
+    same apply_patch grammar with every request)."""
     from engine.structured.grammars import llguidance
 
     llg = llguidance()
@@ -61,20 +73,25 @@ def _check_definition(syntax: str, definition: str, where: str) -> None:
         error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_lark(lark))
     except (ValueError, TypeError, RuntimeError) as e:
         error = str(e)
-    if error:
-        reason = error.strip().splitlines()[0]
-        raise ApiError(
-            400, f"{where}.format.definition is not a {syntax} grammar llguidance reads: {reason}", "tools"
-        )
+    return error.strip().splitlines()[0] if error.strip() else ""
+
+
+def _custom_tools(tools: Any) -> list[dict[str, Any]]:
+    """The definitions of a request's custom tools (Responses: the tool itself; chat completions: its
+    `custom` object), as sent."""
+    out = []
+    for t in tools or ():
+        if isinstance(t, dict) and t.get("type") == "custom" and isinstance(t.get("custom", t), dict):
+            out.append(t.get("custom", t))
+    return out
 
 
 def custom_formats(tools: Any) -> dict[str, tuple[str, str]]:
     """The custom tools' grammar formats by name, (syntax, definition) (the tools as sent; checked by
     custom_function)."""
     out = {}
-    for t in tools or ():
-        tool = t.get("custom", t) if isinstance(t, dict) and t.get("type") == "custom" else None
-        fmt = tool.get("format") if isinstance(tool, dict) else None
+    for tool in _custom_tools(tools):
+        fmt = tool.get("format")
         if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(tool.get("name"), str):
             out[tool["name"]] = (fmt.get("syntax"), fmt.get("definition"))
     return out
@@ -100,8 +117,4 @@ def custom_arguments(text: Any, where: str) -> dict[str, str]:
 
 def custom_names(tools: Any) -> frozenset[str]:
     """The names of a request's custom tools (its `tools` as sent; checked elsewhere)."""
-    return frozenset(
-        t.get("custom", t).get("name")
-        for t in tools or ()
-        if isinstance(t, dict) and t.get("type") == "custom" and isinstance(t.get("custom", t), dict)
-    )
+    return frozenset(tool.get("name") for tool in _custom_tools(tools))
