@@ -156,12 +156,12 @@ def up_proj(bits: int, group: int = 128):
     """The 27B MLP up projection (N = 17408 outputs, K = 5120) quantized at `bits` in groups of `group`, on
     the GPU: (QuantizedTensor, packed, scales, minimums). Built once per width and group (the CPU
     quantization takes seconds; --compile-only: zero codes in the same layout, the values unread)."""
-    if COMPILE_ONLY:
-        n, k = 17408, 5120
-        width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
-        packed = torch.zeros(n, width, dtype=torch.int8 if bits == 8 else torch.uint8)
-        scales = torch.zeros(n, k // group, dtype=torch.float16)
-        qt = QuantizedTensor(bits, group, (n, k), packed, scales, None if bits == 8 else scales.clone())
+    if COMPILE_ONLY:  # (compile_only put scripts/ on the path)
+        import cuda_compile_check as check
+
+        qt = QuantizedTensor(
+            bits, group, (17408, 5120), *check.zero_packed(17408, k=5120, bits=bits, group=group)
+        )
     else:
         w = torch.randn(17408, 5120, generator=torch.Generator().manual_seed(0)) * 0.02
         qt = quantize(w, bits, group, False)

@@ -253,14 +253,7 @@ def case_gated_delta_rule(step: str, model: str, dtype: str):
 def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
     group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric."""
-    groups = k // group
-    scales = torch.rand(n, groups).half()
-    if bits == 4:
-        packed, minimums = torch.zeros(n, k // 2, dtype=torch.uint8), -8 * scales
-    elif bits == 6:
-        packed, minimums = torch.zeros(n, k // 4 * 3, dtype=torch.uint8), -32 * scales
-    else:
-        packed, minimums = torch.zeros(n, k, dtype=torch.int8), None
+    packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
     op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, group)
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: codes, scale and minimum of each row
@@ -269,7 +262,7 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
         }
 
 
-def _packed(*rows: int, k: int, bits: int, group: int = 128):
+def zero_packed(*rows: int, k: int, bits: int, group: int = 128):
     """Zero codes of a [*rows, K] matrix (or stack) in engine/quant/groupwise.py's layout, with random fp16
     scales and, below 8 bits, minimums: (packed, scales, minimums)."""
     width = {4: k // 2, 6: k // 4 * 3, 8: k}[bits]
@@ -281,7 +274,7 @@ def _packed(*rows: int, k: int, bits: int, group: int = 128):
 def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: int = 128):
     """Long prefill chunks: a slice of weight rows dequantized into the cuBLAS scratch (kernels/quant_matmul/
     dequant.py), the same layouts as case_quant_matmul."""
-    packed, scales, minimums = _packed(n, k=k, bits=bits, group=group)
+    packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     out = torch.empty(n, k, dtype=DTYPES[dtype])
     dequant = importlib.import_module("kernels.quant_matmul.dequant")
     dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
@@ -295,7 +288,7 @@ def case_quantize_act(dtype: str, m: int = 2048, k: int = 17408, group: int = 12
 def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
     """The int8 prefill matmul: case_quant_matmul's weight layouts times int8 codes of x per (row, group)."""
     groups = k // group
-    packed, scales, minimums = _packed(n, k=k, bits=bits, group=group)
+    packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     codes = torch.zeros(m, k, dtype=torch.int8)
     x_scales, x_sums = torch.rand(m, groups), torch.zeros(m, groups, dtype=torch.int32)
     out = torch.empty(m, n, dtype=DTYPES[dtype])
@@ -312,7 +305,7 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
     def experts_of(n, kk):
         if bits == 16:
             return _randn(experts, n, kk, dtype=DTYPES[dtype])
-        return packed_experts(*_packed(experts, n, k=kk, bits=bits), bits, 128, kk)
+        return packed_experts(*zero_packed(experts, n, k=kk, bits=bits), bits, 128, kk)
 
     ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k)
@@ -322,7 +315,7 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
 
 def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 5120):
     """A packed table (any width), rows dequantized on lookup."""
-    packed, scales, minimums = _packed(vocab, k=dim, bits=bits)
+    packed, scales, minimums = zero_packed(vocab, k=dim, bits=bits)
     ids = torch.tensor([0, 5, 999])
     _op("quant_embedding").quant_embedding(ids, packed, scales, minimums, bits, 128, dim, DTYPES[dtype])
 
