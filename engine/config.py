@@ -11,6 +11,7 @@ import torch
 
 from engine.cache.kv_layout import resolve_kv_dtype
 from engine.errors import NinferError
+from engine.lora.spec import lora_modules
 from engine.rope_scaling import (
     check_rope_scaling,
     parse_rope_scaling,
@@ -368,6 +369,9 @@ class EngineConfig:
     # score query-document pairs with a causal LM's `yes` / `no` next-token logits (engine/rerank.py), for a
     # Qwen3-Reranker checkpoint ninfer does not recognise as one by itself
     rerank: bool = False
+    # LoRA adapters served beside the base model (engine/lora): (name, PEFT folder) pairs; "NAME=PATH"
+    # strings or a {name: path} mapping are taken too. A request runs one by naming it as its model
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -454,6 +458,7 @@ class EngineConfig:
             raise NinferError(
                 "lm_head_draft narrows the MTP head's drafts; use it with spec mtp (or drop it)"
             )
+        object.__setattr__(self, "lora_modules", lora_modules(self.lora_modules))
         for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
             value = getattr(self, name)
             if value is not None and value < 0:

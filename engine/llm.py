@@ -12,6 +12,7 @@ from engine.cache.block_pool import BlockPool
 from engine.cache.state_pool import StatePool
 from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
+from engine.lora.adapters import Adapters
 from engine.models.loader import load_model, open_source
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
@@ -78,6 +79,12 @@ class LLM:
         self.rerank_head: RerankHead | None = tap.head()
         self.draft_model = load_draft_model(draft_source, config) if draft_source is not None else None
         draft_config = self.draft_model.config if self.draft_model is not None else None
+        # LoRA adapters on the target's layers, before the pool is sized from the memory left
+        self.adapters = (
+            Adapters(self.model, config.lora_modules, config.torch_dtype, config.device)
+            if config.lora_modules
+            else None
+        )
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
         packed = holds_packed_weights(self.model)
         self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed, draft_config)
@@ -105,6 +112,7 @@ class LLM:
             backup_slot_base=state_pool.backup_slot_base if state_pool else None,
             draft_model=self.draft_model,
         )
+        self.runner.adapters = self.adapters
         host_slots = 0
         if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)
             host_slots = host_slots_for(config.host_cache, page_bytes(self.runner.kv_caches))
@@ -141,6 +149,8 @@ class LLM:
         request_id = request_id or f"req-{next(self._ids)}"
         if self.text_refusal and sampling_params.pooling is None:
             raise NinferError(self.text_refusal)
+        if sampling_params.adapter is not None:
+            self._check_adapter(sampling_params.adapter)
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -175,6 +185,11 @@ class LLM:
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    def _check_adapter(self, name: str) -> None:
+        if self.adapters is None or name not in self.adapters.slots:
+            served = ", ".join(self.adapters.names) if self.adapters else "none (serve --lora NAME=PATH)"
+            raise NinferError(f"no LoRA adapter '{name}' is loaded; the adapters are: {served}")
 
     def _bad_word_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         """vLLM's bad_words as token ids: each word as the text would start with it and after a space."""

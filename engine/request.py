@@ -85,6 +85,8 @@ class SamplingParams:
     # OpenAI's Predicted Outputs: the tokens the output is expected to be (a file being edited), drafted
     # where the output follows them when speculative decoding is on (engine/spec/prediction.py)
     prediction: tuple[int, ...] | list[int] = ()
+    # the LoRA adapter the request runs with, by its served name (engine/lora); None: the base model
+    adapter: str | None = None
 
     def __post_init__(self):
         for name in _NUMBERS:  # the API's callers get a sentence, not a comparison's TypeError
@@ -151,6 +153,8 @@ class SamplingParams:
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prediction):
             raise NinferError("prediction must be a list of token ids (integers >= 0)")
         object.__setattr__(self, "prediction", prediction)
+        if self.adapter is not None and not (isinstance(self.adapter, str) and self.adapter):
+            raise NinferError(f"adapter is a LoRA adapter's name or None (got {self.adapter!r})")
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()

@@ -65,12 +65,16 @@ class Linear(Module):
         self.bias = make_param(out_features) if bias else None
         # a weight-only quantized copy (engine/quant/cpu.py) that replaces `weight` once set
         self.qweight = None
+        # LoRA adapters' low-rank pairs (engine/lora/layer.py), added for the rows that run them
+        self.lora = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is None:
-            return nn.functional.linear(x, self.weight, self.bias)
-        y = self.qweight(x)
-        return y if self.bias is None else y + self.bias
+            y = nn.functional.linear(x, self.weight, self.bias)
+        else:
+            y = self.qweight(x)
+            y = y if self.bias is None else y + self.bias
+        return y if self.lora is None else self.lora(x, y)
 
     def first_rows(self, n: int) -> Linear:
         """A Linear over this one's first `n` outputs, sharing its storage (a dense weight's rows, or a
@@ -81,6 +85,7 @@ class Linear(Module):
         head.weight = None if self.weight is None else nn.Parameter(self.weight.data[:n], requires_grad=False)
         head.bias = None if self.bias is None else nn.Parameter(self.bias.data[:n], requires_grad=False)
         head.qweight = None if self.qweight is None else self.qweight.first_rows(n)
+        head.lora = None
         return head
 
 

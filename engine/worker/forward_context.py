@@ -33,6 +33,9 @@ class ForwardContext:
     # [M, 1 + deepstack levels, H] instead of the <|image_pad|> token's (engine/vision; DecoderModel)
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
+    # LoRA: (adapter slot, its rows [n] int64, or None for every row) of each adapter the step runs
+    # (engine/lora/adapters.py: Adapters.step_rows)
+    lora: tuple[tuple[int, torch.Tensor | None], ...] = ()
 
 
 def padded_block_table(rows: list[list[int]]) -> list[list[int]]:

@@ -10,6 +10,7 @@ from engine.cache.kv_layout import KVCache
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
+from engine.lora.adapters import Adapters
 from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
@@ -88,6 +89,7 @@ class ModelRunner:
             vocab = model_config.vocab_size
             self.drafter = DraftModelDrafter(draft_model, k, self.block_size, self.device, vocab)
         self.images = ImageEmbeddings(model.visual, self.device)
+        self.adapters: Adapters | None = None  # the served LoRA adapters, once loaded (engine/lora)
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
@@ -191,7 +193,9 @@ class ModelRunner:
         )
         # a step with prompt tokens of a request with images runs eagerly: 3D positions, image embeddings
         multimodal = any(r.mm and r.start_pos < r.mm.positions.shape[1] for r in sched.scheduled)
-        q = 0 if multimodal else self._graph_query_count(sched)
+        # so does a step with a LoRA adapter's rows: the graphs hold the base model's layers
+        adapted = any(r.sampling_params.adapter is not None for r in sched.scheduled)
+        q = 0 if multimodal or adapted else self._graph_query_count(sched)
         # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
         # model's recomputed tokens before them are not)
         rows = [
@@ -270,6 +274,7 @@ class ModelRunner:
             and any(r.runs_prompt_chunk(self.num_draft_tokens) for r in sched.scheduled),
             image_rows=image_rows,
             image_embeds=image_embeds,
+            lora=self.adapters.step_rows(sched.scheduled, cu_seqlens) if self.adapters else (),
         )
         with set_forward_context(ctx):
             hidden = self.model(tensor(input_ids, torch.int64), positions)  # [T, hidden]

@@ -1,0 +1,54 @@
+"""`--lora NAME=PATH`: the adapters a server offers, as users write them (vLLM's `--lora-modules`)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from engine.errors import NinferError
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")
+
+
+def lora_modules(value: Any) -> tuple[tuple[str, str], ...]:
+    """(name, path) pairs from `NAME=PATH` strings (a bare PATH is named after its folder), a
+    {name: path} mapping, or pairs; refused in a sentence when a name repeats or a path is no folder."""
+    if isinstance(value, dict):
+        pairs = [(str(k), str(v)) for k, v in value.items()]
+    elif isinstance(value, (str, Path)):
+        pairs = [_pair(str(value))]
+    else:
+        pairs = [_pair(v) if isinstance(v, (str, Path)) else tuple(v) for v in value]
+    seen: set[str] = set()
+    for name, path in pairs:
+        if not NAME.fullmatch(name):
+            raise NinferError(
+                f"LoRA adapter name '{name}' is not a model name a request can send; use letters, digits "
+                "and . _ - : / @ + (NAME=PATH)"
+            )
+        if name in seen:
+            raise NinferError(f"LoRA adapter name '{name}' is given twice; give each adapter its own name")
+        seen.add(name)
+        if not Path(path).is_dir():
+            raise NinferError(
+                f"LoRA adapter '{name}': {path} is not a folder; give the folder peft's save_pretrained "
+                "wrote (adapter_config.json and adapter_model.safetensors)"
+            )
+    return tuple((name, str(path)) for name, path in pairs)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, path = str(text).partition("=")
+    if not sep:
+        return Path(text).name or str(text), str(text)
+    if not name or not path:
+        raise NinferError(f"--lora takes NAME=PATH (or a PATH, named after its folder); got '{text}'")
+    return name, path
+
+
+def adapter_cache_root(name: str | None) -> bytes:
+    """The root of a request's prefix-cache hash chain: the base model's (empty), or its adapter's, so
+    pages computed with one adapter are never another's (or the base model's)."""
+    return b"" if name is None else hashlib.blake2b(b"lora:" + name.encode(), digest_size=16).digest()

@@ -1,0 +1,160 @@
+"""LoRA adapters (engine/lora): a request with an adapter runs as the model with the adapter merged into its
+weights (peft's merge_and_unload, the reference), beside requests without one or with another."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.errors import NinferError
+from engine.llm import LLM
+from engine.request import SamplingParams
+from tests.conftest import save_tiny, tiny_hf_model
+
+peft = pytest.importorskip("peft")
+
+TARGETS = {
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    # the hybrid's linear attention projections (fused in_proj shards) and the full-attention layer's
+    "qwen3_5": ["in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "v_proj", "o_proj", "down_proj"],
+}
+PROMPTS = [[3, 17, 42, 5, 99, 7, 23], [11, 4, 8, 15, 16, 23, 42, 61, 2, 9, 30, 31, 77, 5, 6, 70, 71, 12]]
+
+
+def make_adapter(base, targets, path, seed, r=4, alpha=8, **extra):
+    """A peft LoRA adapter on a copy of `base` with random B (peft starts B at zero), saved as peft saves
+    it; returns the merged model (the reference)."""
+    import copy
+
+    model = peft.get_peft_model(
+        copy.deepcopy(base), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, **extra)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(path)
+    return model.merge_and_unload().eval()
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def fixture(request, tmp_path_factory):
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"lora_{arch}")
+    base = tiny_hf_model(arch, tied=False, seed=3)
+    save_tiny(base, root / "base")
+    merged = {
+        "a": make_adapter(base, TARGETS[arch], root / "a", seed=1),
+        # rsLoRA scaling, a smaller rank, other modules
+        "b": make_adapter(base, TARGETS[arch][-3:], root / "b", seed=2, r=2, alpha=6, use_rslora=True),
+    }
+    for name, model in merged.items():
+        save_tiny(model, root / f"merged_{name}")
+    llm = LLM(root / "base", lora_modules={"a": str(root / "a"), "b": str(root / "b")}, max_context=256)
+    return root, llm
+
+
+def greedy(llm, adapter=None, prompts=PROMPTS, n=8):
+    params = SamplingParams(max_tokens=n, temperature=0, logprobs=0, ignore_eos=True, adapter=adapter)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    return [(o.token_ids, [lp[t] for t, lp in zip(o.token_ids, o.logprobs)]) for o in outs]
+
+
+def assert_same(got, want):
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, want):
+        assert tokens == ref_tokens
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("adapter", ["a", "b"])
+def test_adapter_matches_the_merged_model(fixture, adapter):
+    root, llm = fixture
+    reference = LLM(root / f"merged_{adapter}", max_context=256)
+    want = greedy(reference)
+    assert_same(greedy(llm, adapter), want)
+    assert [t for t, _ in greedy(llm)] != [t for t, _ in want]  # the adapter changes the output
+
+
+def test_mixed_batch_runs_each_request_with_its_own_adapter(fixture):
+    root, llm = fixture
+    alone = {name: greedy(llm, name) for name in (None, "a", "b")}
+    prompts, params = [], []
+    for name in (None, "a", "b", "a"):
+        for p in PROMPTS:
+            prompts.append(p)
+            params.append(
+                SamplingParams(max_tokens=8, temperature=0, logprobs=0, ignore_eos=True, adapter=name)
+            )
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    got = [(o.token_ids, [lp[t] for t, lp in zip(o.token_ids, o.logprobs)]) for o in outs]
+    want = [x for name in (None, "a", "b", "a") for x in alone[name]]
+    assert_same(got, want)
+
+
+def test_prefix_cache_keeps_each_adapters_pages_apart(fixture):
+    root, llm = fixture
+    # three full pages and a bit (a hybrid model's hit needs the state snapshot at the third page's end),
+    # which no other test runs
+    long_prompt = [[200 + i % 97 for i in range(50)]]
+    first = greedy(llm, "a", long_prompt)
+    base = greedy(llm, None, long_prompt)
+    out = llm.generate(
+        prompt_token_ids=long_prompt, sampling_params=SamplingParams(max_tokens=1, adapter="b")
+    )
+    assert out[0].num_cached_tokens == 0  # neither the base model's pages nor adapter a's
+    again = llm.generate(
+        prompt_token_ids=long_prompt, sampling_params=SamplingParams(max_tokens=1, adapter="a")
+    )
+    assert again[0].num_cached_tokens > 0
+    assert_same(greedy(llm, "a", long_prompt), first)  # from the cached pages: the same output
+    assert_same(greedy(llm, None, long_prompt), base)
+
+
+def test_unknown_adapter_is_refused(fixture):
+    _, llm = fixture
+    with pytest.raises(NinferError, match="no LoRA adapter 'c' is loaded; the adapters are: a, b"):
+        llm.generate(prompt_token_ids=PROMPTS[:1], sampling_params=SamplingParams(adapter="c"))
+
+
+def test_adapter_refusals(tmp_path):
+    base = tiny_hf_model("qwen3", tied=False, seed=3)
+    save_tiny(base, tmp_path / "base")
+
+    def refused(path, match, **options):
+        with pytest.raises(NinferError, match=match):
+            LLM(tmp_path / "base", lora_modules={"x": str(path)}, max_context=64, **options)
+
+    refused(tmp_path / "nowhere", "is not a folder")
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", "has no adapter_config.json")
+    make_adapter(base, ["embed_tokens", "q_proj"], tmp_path / "embed", seed=1)
+    refused(tmp_path / "embed", "changes model.embed_tokens; ninfer applies LoRA to the decoder layers'")
+    make_adapter(base, ["q_proj"], tmp_path / "saved", seed=1, modules_to_save=["lm_head"])
+    refused(tmp_path / "saved", "which is not a LoRA matrix")
+    make_adapter(base, ["q_proj"], tmp_path / "dora", seed=1, use_dora=True)
+    refused(tmp_path / "dora", "uses DoRA")
+    other = tiny_hf_model("qwen3", tied=False, seed=3, intermediate_size=48)
+    make_adapter(other, ["down_proj"], tmp_path / "other", seed=1)
+    refused(tmp_path / "other", "maps 48 -> 64 features, but this model.s takes 128 -> 64")
+    make_adapter(base, ["q_proj"], tmp_path / "ok", seed=1)
+    config = json.loads((tmp_path / "ok" / "adapter_config.json").read_text())
+    (tmp_path / "ok" / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
+    refused(tmp_path / "ok", "is a IA3 adapter; ninfer runs LoRA adapters")
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("a=", "--lora takes NAME=PATH"),
+        (["a=/tmp", "a=/tmp"], "'a' is given twice"),
+        ({"bad name": "/tmp"}, "is not a model name"),
+    ],
+)
+def test_lora_modules_flag_values_are_checked(value, match):
+    from engine.config import EngineConfig
+
+    with pytest.raises(NinferError, match=match):
+        EngineConfig(model="", lora_modules=value)
