@@ -112,6 +112,18 @@ def serve(
             "recognised by itself (its model card, a classifier conversion and a rank GGUF are)."
         ),
     ] = False,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lora",
+            "--lora-modules",
+            help="A LoRA adapter (peft's save_pretrained folder) as NAME=PATH, or PATH (named after its "
+            "folder); repeat for more. A request whose model is NAME runs with it; also --lora-modules.",
+        ),
+    ] = None,
+    enable_lora: Annotated[
+        bool, typer.Option("--enable-lora", hidden=True, help="Accepted as vLLM takes it; --lora is enough.")
+    ] = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols (and llama.cpp's /completion and /infill)."""
     import uvicorn
@@ -120,6 +132,7 @@ def serve(
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.config import check_device_visible
+    from engine.lora.spec import lora_modules
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
@@ -143,6 +156,7 @@ def serve(
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
         rerank=rerank,
+        lora_modules=lora_modules(lora or ()),
     )
     sock = bind(host, port)  # a port in use is said before the weights load
     port = sock.getsockname()[1]  # --port 0: the one the system chose
@@ -173,6 +187,13 @@ def serve(
             "speculative decoding: %s drafts %d tokens a step, its KV in the same pool",
             draft_model,
             engine.llm.engine_config.draft_tokens,
+        )
+    adapters = engine.llm.adapters
+    if adapters is not None:
+        log.info(
+            "LoRA adapters (%.2f GiB): %s; a request whose model is one of these names runs with it",
+            adapters.num_bytes / 2**30,
+            ", ".join(f"{name} (rank {rank})" for name, rank in adapters.ranks.items()),
         )
     refused = "; text routes are refused" if engine.llm.text_refusal else ""
     if engine.llm.rerank_head is not None:

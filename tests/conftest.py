@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -340,6 +341,28 @@ def hf_greedy_reference(model, ids: list[int], num_tokens: int):
     )
     tokens = out.sequences[0, len(ids) :].tolist()
     return tokens, [torch.log_softmax(step[0].float(), dim=-1) for step in out.logits]
+
+
+def write_lora_adapter(
+    path: Path, shapes: dict[str, tuple[int, int]], num_layers: int, scale: float, seed: int = 0, r: int = 8
+) -> Path:
+    """A LoRA adapter in peft's layout (adapter_config.json, adapter_model.safetensors) without peft: for each
+    layer, each module's ("self_attn.q_proj": (in, out)) random A and B, B times `scale` (0: a no-op)."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(num_layers):
+        for module, (n_in, n_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(r, n_in, generator=gen) / n_in**0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, r, generator=gen) * scale
+    path.mkdir()
+    save_file(tensors, path / "adapter_model.safetensors")
+    targets = sorted({m.rsplit(".", 1)[-1] for m in shapes})
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": targets, "bias": "none"}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
 
 
 def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:

@@ -141,6 +141,7 @@ def sampling_params(
             include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+            adapter=state.adapter_for(body),
             **extra,
         )
     except NinferError as e:

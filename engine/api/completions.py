@@ -159,7 +159,7 @@ async def completions(request: Request):
             "id": rid,
             "object": "text_completion",
             "created": created,
-            "model": state.model_id,
+            "model": state.reply_model(params),
             "choices": choices,
         }
         return body if usage is None else {**body, "usage": usage}

@@ -179,6 +179,7 @@ def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int
         "seed": None if seed is None or seed < 0 else seed,
         "logit_bias": _logit_bias(state, body),
         "stop_token_ids": list(stop_ids) or None,
+        "model": body.get("model"),  # a LoRA adapter's name picks it
     }
     grammar = llama_cpp_grammar(body)
     return sampling_params(
@@ -333,7 +334,7 @@ def _final(
         "content": out.text,
         "tokens": list(out.token_ids) if return_tokens else [],
         "stop": True,
-        "model": state.model_id,
+        "model": state.reply_model(params),
         "tokens_predicted": predicted_n,
         "tokens_evaluated": len(ids),
         "generation_settings": settings,

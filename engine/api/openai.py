@@ -285,38 +285,51 @@ def _logprobs_content(names: TokenNames, out: RequestOutput, top: int, start: in
     }
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    """The served model in OpenAI's shape (id, object, created, owned_by), vLLM's (max_model_len) and
-    Anthropic's (type, display_name, created_at), so either SDK's models API reads it."""
-    return {
-        "id": state.model_id,
+def _model_card(state: ServerState, model_id: str | None = None) -> dict[str, Any]:
+    """A served model in OpenAI's shape (id, object, created, owned_by), vLLM's (max_model_len; a LoRA
+    adapter's root and parent) and Anthropic's (type, display_name, created_at), so either SDK's models API
+    reads it. `model_id`: one of the LoRA adapters; None: the base model."""
+    card = {
+        "id": model_id or state.model_id,
         "object": "model",
         "created": state.started,
         "owned_by": "ninfer",
         "max_model_len": state.max_context,  # vLLM's field: the context limit (--max-context)
         "type": "model",
-        "display_name": state.model_id,
+        "display_name": model_id or state.model_id,
         "created_at": datetime.fromtimestamp(state.started, timezone.utc).isoformat().replace("+00:00", "Z"),
     }
+    if model_id is not None:
+        card.update(root=state.engine.llm.adapters.paths[model_id], parent=state.model_id)
+    return card
+
+
+def _adapter_names(state: ServerState) -> list[str]:
+    adapters = state.engine.llm.adapters
+    return adapters.names if adapters is not None else []
 
 
 @router.get("/v1/models")
 async def models(request: Request):
     state: ServerState = request.app.state.ninfer
+    cards = [_model_card(state)] + [_model_card(state, name) for name in _adapter_names(state)]
     return {
         "object": "list",
-        "data": [_model_card(state)],
+        "data": cards,
         "has_more": False,  # Anthropic's page fields
-        "first_id": state.model_id,
-        "last_id": state.model_id,
+        "first_id": cards[0]["id"],
+        "last_id": cards[-1]["id"],
     }
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request):
     state: ServerState = request.app.state.ninfer
+    if model_id in _adapter_names(state):
+        return _model_card(state, model_id)
     if model_id != state.model_id:
-        raise ApiError(404, f"no model '{model_id}' here; this server serves '{state.model_id}'", "model")
+        served = ", ".join(f"'{m}'" for m in [state.model_id, *_adapter_names(state)])
+        raise ApiError(404, f"no model '{model_id}' here; this server serves {served}", "model")
     return _model_card(state)
 
 
@@ -404,7 +417,7 @@ async def chat_completions(request: Request):
             "id": rid,
             "object": "chat.completion",
             "created": created,
-            "model": state.model_id,
+            "model": state.reply_model(params),
             "choices": choices,
             "usage": usage_json(*outs, n=n, reasoning=thought(outs), prediction=predicted),
         }
@@ -425,7 +438,7 @@ async def chat_completions(request: Request):
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": state.model_id,
+            "model": state.reply_model(params),
             "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
             if index is not None
             else [],

@@ -255,7 +255,7 @@ async def create(request: Request):
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": instructions,
             "max_output_tokens": body.get("max_output_tokens"),
-            "model": state.model_id,
+            "model": state.reply_model(params),
             "output": output,
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
             "previous_response_id": previous,

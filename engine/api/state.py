@@ -11,6 +11,7 @@ from engine.api.metrics import Metrics
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
+from engine.request import SamplingParams
 from engine.tokenizer import Tokenizer
 from engine.vision.image import ImageInput
 from engine.vision.mrope import widen_placeholders
@@ -39,6 +40,16 @@ class ServerState:
     def sampling_defaults(self) -> dict[str, float | int]:
         """The served model's sampling defaults for fields a request leaves out (--generation-config)."""
         return self.engine.llm.sampling_defaults
+
+    def adapter_for(self, body: dict) -> str | None:
+        """The LoRA adapter a request runs with: the one its `model` names (vLLM's way); any other name runs
+        the base model, as clients that send their own model names (Claude Code's) expect."""
+        adapters, model = self.engine.llm.adapters, body.get("model")
+        return model if adapters is not None and isinstance(model, str) and model in adapters.slots else None
+
+    def reply_model(self, params: SamplingParams) -> str:
+        """The `model` a reply names: the adapter the request ran with, else the served model."""
+        return params.adapter or self.model_id
 
     def text_tokenizer(self) -> Tokenizer:
         """The tokenizer, for a request that sends text; a model without one takes token ids only."""

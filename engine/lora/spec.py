@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")
 
 
 def lora_modules(value: Any) -> tuple[tuple[str, str], ...]:
-    """(name, path) pairs from `NAME=PATH` strings (a bare PATH is named after its folder), a
-    {name: path} mapping, or pairs; refused in a sentence when a name repeats or a path is no folder."""
+    """(name, path) pairs from `NAME=PATH` strings (a bare PATH is named after its folder; vLLM's JSON
+    objects too), a {name: path} mapping, or pairs; refused in a sentence when a name repeats or a path is no folder."""
     if isinstance(value, dict):
         pairs = [(str(k), str(v)) for k, v in value.items()]
     elif isinstance(value, (str, Path)):
@@ -40,7 +41,16 @@ def lora_modules(value: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _pair(text: str) -> tuple[str, str]:
-    name, sep, path = str(text).partition("=")
+    text = str(text)
+    if text.lstrip().startswith("{"):  # vLLM's JSON form: {"name": ..., "path": ..., "base_model_name": ...}
+        try:
+            entry = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise NinferError(f"--lora's JSON form is not valid JSON ({e}); or write NAME=PATH") from e
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry.get("path"):
+            raise NinferError(f'--lora\'s JSON form takes {{"name": ..., "path": ...}}; got {text}')
+        return entry["name"], str(entry["path"])
+    name, sep, path = text.partition("=")
     if not sep:
         return Path(text).name or str(text), str(text)
     if not name or not path:

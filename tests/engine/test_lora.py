@@ -7,13 +7,11 @@ import json
 
 import pytest
 import torch
+from conftest import save_tiny, tiny_hf_model, write_lora_adapter
 
 from engine.errors import NinferError
 from engine.llm import LLM
 from engine.request import SamplingParams
-from tests.conftest import save_tiny, tiny_hf_model
-
-peft = pytest.importorskip("peft")
 
 TARGETS = {
     "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -28,6 +26,7 @@ def make_adapter(base, targets, path, seed, r=4, alpha=8, **extra):
     it; returns the merged model (the reference)."""
     import copy
 
+    peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
         copy.deepcopy(base), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, **extra)
     )
@@ -158,3 +157,31 @@ def test_lora_modules_flag_values_are_checked(value, match):
 
     with pytest.raises(NinferError, match=match):
         EngineConfig(model="", lora_modules=value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_adapters_on_cuda_with_graphs_match_the_cpu(arch, tmp_path):
+    """On the GPU a step with an adapter's rows runs eagerly beside the base model's graphs: a batch of base
+    and adapter requests gives the CPU's tokens (fp32 both)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    base = tiny_hf_model(arch, tied=False, seed=3)
+    save_tiny(base, tmp_path / "base")
+    shapes = {"mlp.down_proj": (128, 64), "mlp.up_proj": (64, 128)}
+    adapter = write_lora_adapter(tmp_path / "a", shapes, base.config.num_hidden_layers, scale=0.5)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(tmp_path / "base", device=device, lora_modules={"a": str(adapter)}, max_context=256)
+        outs[device] = [[t for t, _ in greedy(llm, name, n=12)] for name in (None, "a")] + [
+            o.token_ids
+            for o in llm.generate(
+                prompt_token_ids=PROMPTS * 2,
+                sampling_params=[
+                    SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, adapter=name)
+                    for name in (None, None, "a", "a")
+                ],
+            )
+        ]
+    assert outs["cuda"] == outs["cpu"]
+    assert outs["cpu"][0] != outs["cpu"][1]  # the adapter changes the output

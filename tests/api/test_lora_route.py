@@ -1,0 +1,111 @@
+"""`serve --lora NAME=PATH`: a request whose model names an adapter runs with it (OpenAI, Anthropic, llama.cpp
+routes), replies name it, /v1/models lists it with its parent; other names run the base model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+from conftest import write_lora_adapter
+from server import RunningServer
+
+from engine.async_llm import AsyncLLM
+from engine.models.loader import open_source
+
+pytestmark = pytest.mark.slow
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def write_adapter(path, config, scale: float):
+    """An adapter for the embedded model's q, v and down projections (B times `scale`: 0 is a no-op)."""
+    hidden, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.v_proj": (hidden, kv),
+        "mlp.down_proj": (config.intermediate_size, hidden),
+    }
+    return write_lora_adapter(path, shapes, config.num_hidden_layers, scale)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora")
+    config = open_source(None).config
+    adapters = {
+        "loud": str(write_adapter(d / "loud", config, 0.5)),
+        "zero": str(write_adapter(d / "zero", config, 0)),
+    }
+    engine = AsyncLLM(lora_modules=adapters, max_context=2048)
+    with RunningServer(engine, model_id="smollm2") as s:
+        yield s
+
+
+def chat(oai, model):
+    r = oai.chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=0)
+    return r.model, r.choices[0].message.content
+
+
+def test_the_model_field_picks_the_adapter(server):
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    base_model, base = chat(oai, "smollm2")
+    assert base_model == "smollm2" and "Paris" in base
+    loud_model, loud = chat(oai, "loud")
+    assert loud_model == "loud" and loud != base
+    assert chat(oai, "loud") == (loud_model, loud)  # (greedy: the same again)
+    assert chat(oai, "zero") == ("zero", base)  # an adapter of zeros leaves the model as it is
+    assert chat(oai, "claude-sonnet-4") == ("smollm2", base)  # any other name: the base model
+    # streamed chunks name the adapter too
+    chunks = list(
+        oai.chat.completions.create(model="loud", messages=ASK, max_tokens=12, temperature=0, stream=True)
+    )
+    assert {c.model for c in chunks} == {"loud"}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == loud
+    # the completions route and llama.cpp's /completion
+    text = oai.completions.create(
+        model="loud", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    plain = oai.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert text.model == "loud" and text.choices[0].text != plain.choices[0].text
+    body = {"model": "loud", "prompt": "The capital of France is", "n_predict": 8, "temperature": 0}
+    llama = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+    assert llama["model"] == "loud" and llama["content"] == text.choices[0].text
+
+
+def test_anthropic_messages_pick_the_adapter(server):
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    replies = {
+        model: client.messages.create(model=model, max_tokens=12, messages=ASK, extra_body={"temperature": 0})
+        for model in ("smollm2", "loud")
+    }
+    assert replies["loud"].model == "loud"
+    assert replies["loud"].content[0].text != replies["smollm2"].content[0].text
+
+
+def test_models_lists_the_adapters(server):
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    cards = {m.id: m for m in oai.models.list().data}
+    assert list(cards) == ["smollm2", "loud", "zero"]
+    loud = oai.models.retrieve("loud")
+    assert loud.parent == "smollm2" and loud.root.endswith("loud")
+    with pytest.raises(openai.NotFoundError, match="this server serves 'smollm2', 'loud', 'zero'"):
+        oai.models.retrieve("quiet")
+
+
+def test_serve_refuses_an_adapter_folder_that_is_not_there(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ninfer_cli.main", "serve", "--lora", f"sql={tmp_path / 'none'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"error: LoRA adapter 'sql': {tmp_path / 'none'} is not a folder; give the folder peft's "
+        "save_pretrained wrote (adapter_config.json and adapter_model.safetensors)"
+    )
