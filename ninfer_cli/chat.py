@@ -103,6 +103,10 @@ def chat(
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
+    lora: Annotated[
+        str | None,
+        typer.Option(help="A LoRA adapter (peft's save_pretrained folder) the replies run with."),
+    ] = None,
     image: Annotated[
         list[Path] | None,
         typer.Option(
@@ -129,6 +133,7 @@ def chat(
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
+    from engine.lora.spec import lora_modules
 
     check_source(model, url)
     if prompt == "-":  # the whole of stdin is the message: cat review.txt code.py | ninfer chat -p -
@@ -138,6 +143,12 @@ def chat(
                 "--prompt - reads the message from standard input, which was empty; pipe it in "
                 "(cat question.txt | ninfer chat -p -)"
             )
+    if lora is not None and url is not None:
+        raise NinferError(
+            "--lora loads an adapter into the engine here; with --url, ask for the server's adapter by its name "
+            "(--model-id NAME)"
+        )
+    adapters = lora_modules(lora) if lora is not None else ()  # a folder that is not there: said at once
     grammar, request_fields = structured_output(json_schema, grammar_file)
     given = {
         k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)) if v is not None
@@ -164,10 +175,15 @@ def chat(
                 rope_scaling=rope_scaling,
                 chat_template=chat_template,
                 generation_config=generation_config,
+                lora_modules=adapters,
             )
         backend = LocalChat(llm)
+        if adapters:
+            backend.description += f", LoRA adapter {adapters[0][0]}"
         # flags given, then the model's recommended sampling (--generation-config), then greedy
         sampling = {**CHAT_SAMPLING, **llm.sampling_defaults, **given}
+        if adapters:
+            sampling["adapter"] = adapters[0][0]
     params = SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)
     base = [{"role": "system", "content": system}] if system else []
     out = sys.stdout
