@@ -61,7 +61,7 @@ def read_adapter(name: str, path: str, model: torch.nn.Module) -> list[LoraPair]
             raise NinferError(
                 f"LoRA adapter '{name}': {target} has lora_{''.join(half)} without its other half"
             )
-        module_name, rows, module = _module_of(name, target, model)
+        module_name, rows, module = _module_of(name, target, model, base)
         a, b = half["A"].float(), half["B"].float()
         r = a.shape[0]
         if a.dim() != 2 or b.dim() != 2 or b.shape[1] != r:
@@ -126,7 +126,7 @@ def _tensors(name: str, folder: Path) -> dict[str, torch.Tensor]:
         raise NinferError(f"LoRA adapter '{name}': {file} is not a readable safetensors file ({e})") from e
 
 
-def _module_of(name: str, target: str, model) -> tuple[str, tuple[int, int], Linear]:
+def _module_of(name: str, target: str, model, base: str) -> tuple[str, tuple[int, int], Linear]:
     """(module name, output rows, module) of a PEFT target such as model.layers.0.self_attn.q_proj."""
     found = model.param_for(target + ".weight")
     module = None
@@ -136,6 +136,11 @@ def _module_of(name: str, target: str, model) -> tuple[str, tuple[int, int], Lin
             module = model.get_submodule(module_name)
         except AttributeError:
             module = None
+    if module is None and found is not None and not target.startswith(("mtp.", "model.visual.")):
+        raise NinferError(
+            f"LoRA adapter '{name}' changes {target}, which this model does not have; the adapter was "
+            f"trained for {base}, not this model"
+        )
     if (
         module is None
         or not isinstance(module, Linear)

@@ -135,6 +135,13 @@ def test_adapter_refusals(tmp_path):
     refused(tmp_path / "saved", "which is not a LoRA matrix")
     make_adapter(base, ["q_proj"], tmp_path / "dora", seed=1, use_dora=True)
     refused(tmp_path / "dora", "uses DoRA")
+    # a Qwen3 adapter on a Qwen3.5, whose layer 0 is linear attention (no self_attn.q_proj)
+    save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=3), tmp_path / "hybrid")
+    make_adapter(base, ["q_proj"], tmp_path / "q", seed=1)
+    with pytest.raises(
+        NinferError, match="changes model.layers.0.self_attn.q_proj, which this model does not"
+    ):
+        LLM(tmp_path / "hybrid", lora_modules={"x": str(tmp_path / "q")}, max_context=64)
     other = tiny_hf_model("qwen3", tied=False, seed=3, intermediate_size=48)
     make_adapter(other, ["down_proj"], tmp_path / "other", seed=1)
     refused(tmp_path / "other", "maps 48 -> 64 features, but this model.s takes 128 -> 64")
@@ -185,3 +192,28 @@ def test_adapters_on_cuda_with_graphs_match_the_cpu(arch, tmp_path):
         ]
     assert outs["cuda"] == outs["cpu"]
     assert outs["cpu"][0] != outs["cpu"][1]  # the adapter changes the output
+
+
+@pytest.mark.parametrize("spec", ["ngram", "mtp"])
+def test_adapters_with_speculative_decoding_keep_their_tokens(spec, tmp_path):
+    """Drafts (n-gram, or the MTP head, which has no adapter) are verified by the model with the adapter:
+    the adapter's greedy tokens are those without speculative decoding."""
+    from conftest import mtp_head_tensors, save_mtp_head
+
+    base = tiny_hf_model("qwen3_5", tied=False, seed=3)
+    save_tiny(base, tmp_path / "base")
+    save_mtp_head(tmp_path / "base", mtp_head_tensors(base))
+    shapes = {"mlp.down_proj": (128, 64), "mlp.up_proj": (64, 128)}
+    adapter = write_lora_adapter(tmp_path / "a", shapes, base.config.num_hidden_layers, scale=0.5)
+    prompts = [PROMPTS[1] * 2, PROMPTS[0] * 3]  # repeats, so that n-grams draft
+    runs = {}
+    for name, options in (("plain", {}), ("spec", {"spec": spec, "draft_tokens": 3})):
+        llm = LLM(tmp_path / "base", lora_modules={"a": str(adapter)}, max_context=256, **options)
+        params = [
+            SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, adapter=a) for a in ("a", None)
+        ]
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+        runs[name] = [o.token_ids for o in outs]
+        drafted = sum(o.num_draft_tokens for o in outs)
+    assert runs["spec"] == runs["plain"]
+    assert drafted > 0
