@@ -1,6 +1,6 @@
 """AsyncLLM: the engine loop in a background thread, one async stream per request (the server's engine).
 
-Only the engine thread touches the LLM. Callers send it commands (add, abort) through a queue; it
+Only the engine thread touches the LLM. Callers send it commands (add, abort, call) through a queue; it
 answers each add through a future (so a bad request fails in the caller before any streaming) and
 delivers (RequestOutput, new text) items to the request's asyncio queue on the caller's event loop.
 A stream that is closed before its request finishes (a client that went away) aborts the request,
@@ -145,6 +145,21 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter while serving: read and checked on a worker thread, put on the layers by the
+        engine thread between steps."""
+        pairs = await asyncio.to_thread(self.llm.adapters.read, name, path)
+        await self._call(lambda: self.llm.adapters.add(name, path, pairs))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._call(lambda: self.llm.unload_adapter(name))
+
+    async def _call(self, fn) -> Any:
+        """fn() run by the engine thread between steps; its NinferError is raised here."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(("call", fn, done))
+        return await asyncio.wrap_future(done)
+
     def shutdown(self) -> None:
         self._send(_STOP)
         self._thread.join(timeout=30)
@@ -237,6 +252,13 @@ class AsyncLLM:
             if command[0] == "abort":
                 if self._sinks.pop(command[1], None) is not None:
                     self.llm.abort(command[1])
+                continue
+            if command[0] == "call":
+                _, fn, done = command
+                try:
+                    done.set_result(fn())
+                except NinferError as e:
+                    done.set_exception(e)
                 continue
             _, prompt_token_ids, params, request_id, prompt, images, grammar, after, sink, done = command
             try:

@@ -80,11 +80,9 @@ class LLM:
         self.draft_model = load_draft_model(draft_source, config) if draft_source is not None else None
         draft_config = self.draft_model.config if self.draft_model is not None else None
         # LoRA adapters on the target's layers, before the pool is sized from the memory left
-        self.adapters = (
-            Adapters(self.model, config.lora_modules, config.torch_dtype, config.device)
-            if config.lora_modules
-            else None
-        )
+        self.adapters = Adapters(self.model, config.torch_dtype, config.device)
+        for name, path in config.lora_modules:
+            self.adapters.add(name, path)
         # the KV pool from the memory ledger: refused here, before any allocation, when it does not fit
         packed = holds_packed_weights(self.model)
         self.max_context, kv_tokens = size_kv_pool(config, self.model_config, packed, draft_config)
@@ -149,8 +147,11 @@ class LLM:
         request_id = request_id or f"req-{next(self._ids)}"
         if self.text_refusal and sampling_params.pooling is None:
             raise NinferError(self.text_refusal)
-        if sampling_params.adapter is not None:
-            self._check_adapter(sampling_params.adapter)
+        if sampling_params.adapter is not None and sampling_params.adapter not in self.adapters.slots:
+            served = ", ".join(self.adapters.names) or "none (serve --lora NAME=PATH)"
+            raise NinferError(
+                f"no LoRA adapter '{sampling_params.adapter}' is loaded; the adapters are: {served}"
+            )
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -181,15 +182,30 @@ class LLM:
             grammar=grammar,
             after=after,
             bad_word_ids=self._bad_word_ids(sampling_params.bad_words),
+            cache_root=self.adapters.cache_root(sampling_params.adapter),
         )
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
 
-    def _check_adapter(self, name: str) -> None:
-        if self.adapters is None or name not in self.adapters.slots:
-            served = ", ".join(self.adapters.names) if self.adapters else "none (serve --lora NAME=PATH)"
-            raise NinferError(f"no LoRA adapter '{name}' is loaded; the adapters are: {served}")
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter (peft's save_pretrained folder); requests then name it in
+        SamplingParams.adapter."""
+        self.adapters.add(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Take a LoRA adapter off the model; refused while a request runs with it or waits to."""
+        if name not in self.adapters.slots:
+            raise NinferError(
+                f"no LoRA adapter '{name}' is loaded; the adapters are: {', '.join(self.adapters.names) or 'none'}"
+            )
+        sched = self.scheduler
+        users = sum(r.sampling_params.adapter == name for r in [*sched.running, *sched.waiting])
+        if users:
+            raise NinferError(
+                f"LoRA adapter '{name}' is in use by {users} request(s); unload it once they finish"
+            )
+        self.adapters.remove(name)
 
     def _bad_word_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         """vLLM's bad_words as token ids: each word as the text would start with it and after a space."""

@@ -217,6 +217,7 @@ class Request:
     admitted: bool = False  # once admitted, a request never expires (preempted ones wait again)
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of the full pages of all_token_ids
+    cache_root: bytes = b""  # the chain's root: the base model's, or its LoRA adapter's (engine/lora)
     num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
     error: str | None = None  # why the request ended without finishing (expired)

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from engine.errors import NinferError
 from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
@@ -122,7 +123,12 @@ def serve(
         ),
     ] = None,
     enable_lora: Annotated[
-        bool, typer.Option("--enable-lora", hidden=True, help="Accepted as vLLM takes it; --lora is enough.")
+        bool,
+        typer.Option(
+            "--enable-lora",
+            help="Also load and unload LoRA adapters while serving (vLLM's POST /v1/load_lora_adapter, "
+            "/v1/unload_lora_adapter).",
+        ),
     ] = False,
 ):
     """Serve a model over the OpenAI and Anthropic protocols (and llama.cpp's /completion and /infill)."""
@@ -158,6 +164,11 @@ def serve(
         rerank=rerank,
         lora_modules=lora_modules(lora or ()),
     )
+    name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
+    if name in dict(options["lora_modules"]):
+        raise NinferError(
+            f"LoRA adapter name '{name}' is the served model's name (--model-id); give the adapter another"
+        )
     sock = bind(host, port)  # a port in use is said before the weights load
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -170,8 +181,7 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
-    state = ServerState(engine, name, api_key)
+    state = ServerState(engine, name, api_key, lora_updates=enable_lora)
     app = create_app(state)
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
     log.info("%s", startup_summary(engine, time.monotonic() - started))
@@ -189,11 +199,15 @@ def serve(
             engine.llm.engine_config.draft_tokens,
         )
     adapters = engine.llm.adapters
-    if adapters is not None:
+    if adapters.names:
         log.info(
             "LoRA adapters (%.2f GiB): %s; a request whose model is one of these names runs with it",
             adapters.num_bytes / 2**30,
-            ", ".join(f"{name} (rank {rank})" for name, rank in adapters.ranks.items()),
+            ", ".join(f"{adapter} (rank {rank})" for adapter, rank in adapters.ranks.items()),
+        )
+    if enable_lora:
+        log.info(
+            "LoRA adapters load and unload while serving: POST /v1/load_lora_adapter, /v1/unload_lora_adapter"
         )
     refused = "; text routes are refused" if engine.llm.text_refusal else ""
     if engine.llm.rerank_head is not None:

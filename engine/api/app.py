@@ -9,7 +9,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import anthropic, completions, embeddings, llama_cpp, openai, props, rerank, responses, tokens
+from engine.api import (
+    anthropic,
+    completions,
+    embeddings,
+    llama_cpp,
+    lora_routes,
+    openai,
+    props,
+    rerank,
+    responses,
+    tokens,
+)
 from engine.api.aliases import canonical
 from engine.api.errors import ApiError, error_for_path
 from engine.api.state import ServerState
@@ -95,4 +106,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(tokens.router)
     app.include_router(llama_cpp.router)
     app.include_router(props.router)
+    app.include_router(lora_routes.router)
     return app

@@ -305,8 +305,7 @@ def _model_card(state: ServerState, model_id: str | None = None) -> dict[str, An
 
 
 def _adapter_names(state: ServerState) -> list[str]:
-    adapters = state.engine.llm.adapters
-    return adapters.names if adapters is not None else []
+    return state.engine.llm.adapters.names
 
 
 @router.get("/v1/models")

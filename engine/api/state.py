@@ -27,6 +27,8 @@ class ServerState:
     ending: bool = False
     # a request sent a prediction while speculative decoding is off: said once in the log
     prediction_warned: bool = False
+    # serve --enable-lora: LoRA adapters may be loaded and unloaded while serving (engine/api/lora_routes.py)
+    lora_updates: bool = False
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine)
@@ -44,8 +46,8 @@ class ServerState:
     def adapter_for(self, body: dict) -> str | None:
         """The LoRA adapter a request runs with: the one its `model` names (vLLM's way); any other name runs
         the base model, as clients that send their own model names (Claude Code's) expect."""
-        adapters, model = self.engine.llm.adapters, body.get("model")
-        return model if adapters is not None and isinstance(model, str) and model in adapters.slots else None
+        model = body.get("model")
+        return model if isinstance(model, str) and model in self.engine.llm.adapters.slots else None
 
     def reply_model(self, params: SamplingParams) -> str:
         """The `model` a reply names: the adapter the request ran with, else the served model."""

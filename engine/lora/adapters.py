@@ -1,43 +1,36 @@
-"""The served LoRA adapters: loaded onto the model's layers once, chosen per request by name.
+"""The served LoRA adapters: loaded onto the model's layers, chosen per request by name.
 
 A request names its adapter in `SamplingParams.adapter` (the API: the request's `model`). A step's rows
 are grouped by adapter (`step_rows`), and each layer an adapter targets adds its low-rank delta to those
 rows (engine/lora/layer.py); the base weights stay as they are, so requests with different adapters, or
-none, share a batch. An adapter's prompt pages are its own in the prefix cache
-(engine/lora/spec.adapter_cache_root).
+none, share a batch. Each load of an adapter roots its own prefix-cache hash chain (`cache_root`), so its
+pages are never the base model's, another adapter's, or those of an earlier load under the same name.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from collections import defaultdict
 
 import torch
 
+from engine.errors import NinferError
 from engine.layers.linear import Linear
 from engine.lora.layer import LoraWeights
-from engine.lora.peft import read_adapter
+from engine.lora.peft import LoraPair, read_adapter
+from engine.lora.spec import lora_modules
 from engine.transfer import to_device
 
 
 class Adapters:
-    def __init__(self, model: torch.nn.Module, modules: tuple[tuple[str, str], ...], dtype, device):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device):
+        self.model, self.dtype, self.device = model, dtype, torch.device(device)
         self.slots: dict[str, int] = {}
         self.paths: dict[str, str] = {}
         self.ranks: dict[str, int] = {}
-        self.device = torch.device(device)
-        for slot, (name, path) in enumerate(modules):
-            by_module = defaultdict(list)
-            pairs = read_adapter(name, path, model)
-            for pair in pairs:
-                by_module[pair.module].append(pair)
-            for module_name, module_pairs in by_module.items():
-                layer: Linear = model.get_submodule(module_name)
-                if layer.lora is None:
-                    layer.lora = LoraWeights(layer.out_features)
-                layer.lora.add_adapter(slot, module_pairs, dtype, self.device)
-            self.slots[name], self.paths[name] = slot, path
-            self.ranks[name] = max(p.a.shape[0] for p in pairs)
-        self._layers = [m.lora for m in model.modules() if isinstance(m, Linear) and m.lora is not None]
+        self._roots: dict[str, bytes] = {}
+        self._next_slot = itertools.count()
 
     @property
     def names(self) -> list[str]:
@@ -45,10 +38,48 @@ class Adapters:
 
     @property
     def num_bytes(self) -> int:
-        return sum(layer.num_bytes for layer in self._layers)
+        return sum(layer.num_bytes for layer in self._layers())
+
+    def read(self, name: str, path: str) -> list[LoraPair]:
+        """The adapter's pairs, checked against the model (on the host; any thread may read)."""
+        ((name, path),) = lora_modules({name: path})
+        return read_adapter(name, path, self.model)
+
+    def add(self, name: str, path: str, pairs: list[LoraPair] | None = None) -> None:
+        """Put the adapter's pairs on its layers (read here unless given); requests may then name it."""
+        if name in self.slots:
+            raise NinferError(
+                f"a LoRA adapter named '{name}' is loaded already; unload it first, or pick a new name"
+            )
+        pairs = self.read(name, path) if pairs is None else pairs
+        slot = next(self._next_slot)
+        by_module = defaultdict(list)
+        for pair in pairs:
+            by_module[pair.module].append(pair)
+        for module_name, module_pairs in by_module.items():
+            layer: Linear = self.model.get_submodule(module_name)
+            if layer.lora is None:
+                layer.lora = LoraWeights(layer.out_features)
+            layer.lora.add_adapter(slot, module_pairs, self.dtype, self.device)
+        self.paths[name], self.ranks[name] = path, max(p.a.shape[0] for p in pairs)
+        self._roots[name] = hashlib.blake2b(f"lora:{slot}:{name}".encode(), digest_size=16).digest()
+        self.slots[name] = slot  # last: only now can a request name it
+
+    def remove(self, name: str) -> None:
+        """Take the adapter off its layers (no running or waiting request may use it)."""
+        slot = self.slots.pop(name)
+        del self.paths[name], self.ranks[name], self._roots[name]
+        for layer in self._layers():
+            layer.pairs.pop(slot, None)
+
+    def cache_root(self, name: str | None) -> bytes:
+        """The root of a request's prefix-cache hash chain: the base model's (empty), or its adapter's."""
+        return b"" if name is None else self._roots[name]
 
     def step_rows(self, scheduled, cu_seqlens: list[int]) -> tuple[tuple[int, torch.Tensor | None], ...]:
         """(slot, rows [n] int64 on the device, or None for every row) of each adapter in the step."""
+        if not self.slots:
+            return ()
         rows: dict[int, list[int]] = defaultdict(list)
         for i, r in enumerate(scheduled):
             name = r.sampling_params.adapter
@@ -59,3 +90,6 @@ class Adapters:
             (slot, None if len(ids) == total else to_device(ids, torch.int64, self.device))
             for slot, ids in rows.items()
         )
+
+    def _layers(self):
+        return (m.lora for m in self.model.modules() if isinstance(m, Linear) and m.lora is not None)

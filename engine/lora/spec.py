@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -56,9 +55,3 @@ def _pair(text: str) -> tuple[str, str]:
     if not name or not path:
         raise NinferError(f"--lora takes NAME=PATH (or a PATH, named after its folder); got '{text}'")
     return name, path
-
-
-def adapter_cache_root(name: str | None) -> bytes:
-    """The root of a request's prefix-cache hash chain: the base model's (empty), or its adapter's, so
-    pages computed with one adapter are never another's (or the base model's)."""
-    return b"" if name is None else hashlib.blake2b(b"lora:" + name.encode(), digest_size=16).digest()

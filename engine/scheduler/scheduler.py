@@ -43,7 +43,6 @@ from engine.cache.block_pool import BlockPool, hash_blocks
 from engine.cache.state_pool import StatePool
 from engine.config import SchedulerConfig
 from engine.errors import EngineOverloaded, NinferError, PromptTooLong
-from engine.lora.spec import adapter_cache_root
 from engine.request import Request, RequestStatus
 from engine.scheduler.bans import banned_rows
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
@@ -297,7 +296,7 @@ class Scheduler:
         have = len(req.block_hashes)
         if num_blocks > have:
             bs = self.block_size
-            parent = req.block_hashes[-1] if have else adapter_cache_root(req.sampling_params.adapter)
+            parent = req.block_hashes[-1] if have else req.cache_root
             tokens = req.token_slice(have * bs, num_blocks * bs)
             salts = req.mm.block_salts(have, num_blocks - have, bs) if req.mm else None
             req.block_hashes.extend(hash_blocks(tokens, bs, parent, salts))

@@ -274,7 +274,7 @@ class ModelRunner:
             and any(r.runs_prompt_chunk(self.num_draft_tokens) for r in sched.scheduled),
             image_rows=image_rows,
             image_embeds=image_embeds,
-            lora=self.adapters.step_rows(sched.scheduled, cu_seqlens) if self.adapters else (),
+            lora=self.adapters.step_rows(sched.scheduled, cu_seqlens) if self.adapters is not None else (),
         )
         with set_forward_context(ctx):
             hidden = self.model(tensor(input_ids, torch.int64), positions)  # [T, hidden]

@@ -109,3 +109,44 @@ def test_serve_refuses_an_adapter_folder_that_is_not_there(tmp_path):
         f"error: LoRA adapter 'sql': {tmp_path / 'none'} is not a folder; give the folder peft's "
         "save_pretrained wrote (adapter_config.json and adapter_model.safetensors)"
     )
+
+
+def test_adapters_load_and_unload_while_serving(server, tmp_path):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (serve --enable-lora); a name loaded again
+    holds the new weights, not the old load's cached pages."""
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    def post(route, body):
+        return httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60)
+
+    config = server.engine.llm.model_config
+    late = write_adapter(tmp_path / "late", config, 0.5)
+    r = post("load_lora_adapter", {"lora_name": "late", "lora_path": str(late)})
+    assert r.status_code == 404 and "start serve with --enable-lora" in r.json()["error"]["message"]
+    server.state.lora_updates = True
+    try:
+        base = chat(oai, "smollm2")[1]
+        r = post("load_lora_adapter", {"lora_name": "late", "lora_path": str(late)})
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' added successfully."
+        assert [m.id for m in oai.models.list().data] == ["smollm2", "loud", "zero", "late"]
+        model, late_reply = chat(oai, "late")
+        assert model == "late" and late_reply != base
+        r = post("load_lora_adapter", {"lora_name": "late", "lora_path": str(late)})
+        assert r.status_code == 400 and "is loaded already" in r.json()["error"]["message"]
+        r = post("load_lora_adapter", {"lora_name": "other", "lora_path": str(tmp_path / "none")})
+        assert r.status_code == 400 and "is not a folder" in r.json()["error"]["message"]
+        r = post("unload_lora_adapter", {"lora_name": "late"})
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' removed successfully."
+        assert chat(oai, "late") == ("smollm2", base)  # no longer an adapter's name: the base model
+        r = post("unload_lora_adapter", {"lora_name": "late"})
+        assert r.status_code == 404 and "no LoRA adapter 'late' is loaded" in r.json()["error"]["message"]
+        # the same name again, now an adapter of zeros: the base model's reply, not the cached first load's
+        r = post(
+            "load_lora_adapter",
+            {"lora_name": "late", "lora_path": str(write_adapter(tmp_path / "z", config, 0))},
+        )
+        assert r.status_code == 200
+        assert chat(oai, "late") == ("late", base)
+        assert post("unload_lora_adapter", {"lora_name": "late"}).status_code == 200
+    finally:
+        server.state.lora_updates = False

@@ -1,0 +1,56 @@
+"""vLLM's LoRA routes: load and unload an adapter while serving (`POST /v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`), on only with `serve --enable-lora` (vLLM asks for VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from engine.api.common import field, read_json
+from engine.api.errors import ApiError
+from engine.api.state import ServerState
+from engine.errors import NinferError
+
+router = APIRouter()
+
+
+def _allowed(state: ServerState) -> None:
+    if not state.lora_updates:
+        raise ApiError(
+            404,
+            "loading LoRA adapters while serving is off; start serve with --enable-lora (adapters given with "
+            "--lora load at start-up)",
+        )
+
+
+@router.post("/v1/load_lora_adapter")
+async def load(request: Request):
+    state: ServerState = request.app.state.ninfer
+    _allowed(state)
+    body = await read_json(request)
+    name = field(body, "lora_name", str, required=True)
+    path = field(body, "lora_path", str, required=True)
+    if name == state.model_id:
+        raise ApiError(
+            400, f"'{name}' is the served model's name; give the adapter a name of its own", "lora_name"
+        )
+    try:
+        await state.engine.load_adapter(name, path)
+    except NinferError as e:
+        raise ApiError(400, str(e)) from e
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload(request: Request):
+    state: ServerState = request.app.state.ninfer
+    _allowed(state)
+    body = await read_json(request)
+    name = field(body, "lora_name", str, required=True)
+    if name not in state.engine.llm.adapters.slots:
+        raise ApiError(404, f"no LoRA adapter '{name}' is loaded", "lora_name")
+    try:
+        await state.engine.unload_adapter(name)
+    except NinferError as e:
+        raise ApiError(409, str(e)) from e
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
