@@ -201,8 +201,8 @@ def serve(
     adapters = engine.llm.adapters
     if adapters.names:
         log.info(
-            "LoRA adapters (%.2f GiB): %s; a request whose model is one of these names runs with it",
-            adapters.num_bytes / 2**30,
+            "LoRA adapters (%.1f MiB): %s; a request whose model is one of these names runs with it",
+            adapters.num_bytes / 2**20,
             ", ".join(f"{adapter} (rank {rank})" for adapter, rank in adapters.ranks.items()),
         )
     if enable_lora:
