@@ -44,6 +44,26 @@ SPEC_METHODS = ("none", "ngram", "mtp", "draft")
 MAX_DRAFT_TOKENS = 16
 LM_HEAD_DRAFT_TOKENS = 32768  # --lm-head-draft: the token ids the MTP head's drafts are chosen from
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# other spellings of the same dtypes (vLLM's half / float, the KV dtypes' short names)
+DTYPE_ALIASES = {
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "float": "float32",
+    "fp32": "float32",
+}
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """auto: bfloat16 on a GPU (float16 on one without bf16: before SM 8.0), float32 on the CPU (whose
+    16-bit matmuls are emulated on most CPUs); an alias: its DTYPES name."""
+    if dtype == "auto":
+        if device == "cpu":
+            return "float32"
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return "float16"
+        return "bfloat16"
+    return DTYPE_ALIASES.get(dtype, dtype)
 
 
 @dataclass(frozen=True)
@@ -320,7 +340,7 @@ class EngineConfig:
 
     model: str
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU (resolve_dtype)
     kv_dtype: str = "auto"  # auto = the model dtype; see engine/cache/kv_layout.py
     # CPU weight-only quantization of linear layers (engine/quant/cpu.py): none, int8, int4, or auto =
     # keep the checkpoint's own precision (a 4-bit GGUF tensor runs as int4, an 8-bit one as int8)
@@ -381,8 +401,9 @@ class EngineConfig:
                 f"device {self.device} is not here: this machine has {torch.cuda.device_count()} CUDA "
                 "device(s), numbered from 0"
             )
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         if self.dtype not in DTYPES:
-            raise NinferError(f"unknown dtype '{self.dtype}'; use one of {', '.join(DTYPES)}")
+            raise NinferError(f"unknown dtype '{self.dtype}'; use auto or one of {', '.join(DTYPES)}")
         # auto: the model dtype, which kv_layout accepts as an alias (float32 -> fp32, ...)
         kv = self.dtype if self.kv_dtype == "auto" else self.kv_dtype
         object.__setattr__(self, "kv_dtype", resolve_kv_dtype(kv, self.device))

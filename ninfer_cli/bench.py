@@ -54,7 +54,12 @@ def bench(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write every measurement here.")] = None,
     label: Annotated[str | None, typer.Option(help="Name of this run in tables and compare.")] = None,
     device: Annotated[str, typer.Option(help="In process: cpu or cuda.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="In process: float32, bfloat16, float16.")] = "float32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="In process: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16."
+        ),
+    ] = "auto",
     kv_dtype: Annotated[str, typer.Option(help="In process: auto, bf16, fp16, fp8, int8, k8v4.")] = "auto",
     weight_quant: Annotated[str, typer.Option(help="In process, CPU: auto, none, int8, int4.")] = "auto",
     spec: Spec = "none",
@@ -176,12 +181,13 @@ def _run(o: _Options) -> None:
     from engine.bench.roofline import ModelCost, cost_of_llm, matmul_weights, peaks_for
     from engine.bench.suite import BenchConfig, run_suite, summarise
     from engine.bench.telemetry import Telemetry
+    from engine.config import resolve_dtype
     from engine.errors import NinferError
 
     cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat)
     flags = {
         "device": o.device,
-        "dtype": o.dtype,
+        "dtype": resolve_dtype(o.dtype, o.device),  # as the engine runs it (auto: by the device)
         "kv_dtype": o.kv_dtype,
         "weight_quant": o.weight_quant,
         "spec": o.spec,

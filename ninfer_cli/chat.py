@@ -86,7 +86,9 @@ def chat(
     ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help=f"One of {', '.join(DTYPES)}.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help=f"auto (bfloat16 on a GPU, float32 on the CPU) or one of {', '.join(DTYPES)}.")
+    ] = "auto",
     max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 32k.")] = None,
     kv_dtype: Annotated[
         str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")

@@ -89,7 +89,9 @@ def serve(
         ),
     ] = "0",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16.")
+    ] = "auto",
     weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
     cuda_graphs: Annotated[
         bool,

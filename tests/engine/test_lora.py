@@ -179,7 +179,13 @@ def test_adapters_on_cuda_with_graphs_match_the_cpu(arch, tmp_path):
     adapter = write_lora_adapter(tmp_path / "a", shapes, base.config.num_hidden_layers, scale=0.5)
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(tmp_path / "base", device=device, lora_modules={"a": str(adapter)}, max_context=256)
+        llm = LLM(
+            tmp_path / "base",
+            device=device,
+            dtype="float32",
+            lora_modules={"a": str(adapter)},
+            max_context=256,
+        )
         outs[device] = [[t for t, _ in greedy(llm, name, n=12)] for name in (None, "a")] + [
             o.token_ids
             for o in llm.generate(
