@@ -20,6 +20,7 @@ from engine.rope_scaling import (
     stretch_hint,
     with_defaults,
 )
+from engine.sampling_defaults import parse_overrides
 from engine.sizes import parse_size
 
 SUPPORTED_ARCHITECTURES = (
@@ -355,6 +356,9 @@ class EngineConfig:
     # the sampling defaults of the fields a request leaves out (engine/sampling_defaults.py): auto = the
     # checkpoint's generation_config.json (or GGUF general.sampling.*), none = ninfer's own, or a file
     generation_config: str = "auto"
+    # sampling fields laid over the generation config's (vLLM's --override-generation-config): a JSON object
+    # or a dict, e.g. {"temperature": 0.6}; kept as (field, value) pairs
+    override_generation_config: Any = ()
     chat_template: str | None = None  # a Jinja file replacing the checkpoint's chat template
     max_concurrency: int = 8  # requests running at once
     max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
@@ -389,6 +393,11 @@ class EngineConfig:
     # score query-document pairs with a causal LM's `yes` / `no` next-token logits (engine/rerank.py), for a
     # Qwen3-Reranker checkpoint ninfer does not recognise as one by itself
     rerank: bool = False
+    # GPU: the most of the device's memory this engine takes, weights and KV pool and all (vLLM's
+    # --gpu-memory-utilization, 0 < f <= 1); None: all that is free after loading
+    gpu_memory_utilization: float | None = None
+    # CPU threads for the engine's matmuls (torch.set_num_threads; llama.cpp's --threads); None: torch's
+    threads: int | None = None
     # LoRA adapters served beside the base model (engine/lora): (name, PEFT folder) pairs; "NAME=PATH"
     # strings or a {name: path} mapping are taken too. A request runs one by naming it as its model
     lora_modules: tuple[tuple[str, str], ...] = ()
@@ -480,6 +489,22 @@ class EngineConfig:
                 "lm_head_draft narrows the MTP head's drafts; use it with spec mtp (or drop it)"
             )
         object.__setattr__(self, "lora_modules", lora_modules(self.lora_modules))
+        object.__setattr__(
+            self, "override_generation_config", parse_overrides(self.override_generation_config)
+        )
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and (
+            isinstance(utilization, bool)
+            or not isinstance(utilization, (int, float))
+            or not 0 < utilization <= 1
+        ):
+            raise NinferError(
+                f"gpu_memory_utilization is a fraction of the GPU's memory, above 0 and at most 1 (got {utilization!r})"
+            )
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise NinferError(f"threads must be a whole number of 1 or more (got {self.threads!r})")
         for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
             value = getattr(self, name)
             if value is not None and value < 0:

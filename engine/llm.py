@@ -8,6 +8,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from engine.cache.block_pool import BlockPool
 from engine.cache.state_pool import StatePool
 from engine.config import EngineConfig, check_device_visible
@@ -57,6 +59,8 @@ class LLM:
             )
         self.engine_config = config = EngineConfig(model=str(model) if model is not None else "", **options)
         check_device_visible(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         if config.host_cache:  # memory that is not there is said before the weights load
             check_host_memory(config.host_cache)
         # --rope-scaling: the rotary tables and the context limit follow it
@@ -66,7 +70,10 @@ class LLM:
         self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)
         # what a server request's left-out sampling fields default to
         checkpoint = self.tokenizer.sampling_defaults if self.tokenizer is not None else {}
-        self.sampling_defaults = resolve_sampling_defaults(config.generation_config, checkpoint)
+        self.sampling_defaults = {
+            **resolve_sampling_defaults(config.generation_config, checkpoint),
+            **dict(config.override_generation_config),
+        }
         self.description = source.description
         # a reranker's head (engine/rerank.py) is copied out of the weights as they load
         tap = HeadTap(source.config, self.tokenizer, config)

@@ -56,5 +56,34 @@ def resolve(mode: str, checkpoint: dict[str, float | int]) -> dict[str, float | 
     return from_generation_config(cfg)
 
 
+def parse_overrides(value: Any) -> tuple[tuple[str, float | int], ...]:
+    """vLLM's `--override-generation-config`: a JSON object (or a dict) of sampling fields laid over the
+    generation config's, e.g. {"temperature": 0.6, "top_k": 20}."""
+    if value is None or value == ():
+        return ()
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise NinferError(
+                f"--override-generation-config is not JSON ({e}); write e.g. '{{\"temperature\": 0.6}}'"
+            ) from None
+    if not isinstance(value, dict):
+        raise NinferError("--override-generation-config takes a JSON object, e.g. '{\"temperature\": 0.6}'")
+    unknown = sorted(set(value) - set(FIELDS))
+    if unknown:
+        raise NinferError(
+            f"--override-generation-config sets {', '.join(unknown)}, which ninfer does not default; it takes "
+            f"{', '.join(FIELDS)}"
+        )
+    fields = from_generation_config(value)
+    bad = sorted(set(value) - set(fields))
+    if bad:
+        raise NinferError(f"--override-generation-config: {', '.join(bad)} must be numbers")
+    return tuple(fields.items())
+
+
 def describe(defaults: dict[str, float | int]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "none"

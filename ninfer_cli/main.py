@@ -45,5 +45,30 @@ app.command("fetch")(fetch.fetch)
 app.command("plan")(plan.plan)
 app.command("serve")(serve.serve)
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `ninfer` console script: `serve` also takes a command line copied from vllm serve or
+    llama-server (ninfer_cli/foreign_flags.py), each foreign flag said on stderr."""
+    import sys
+
+    from engine.errors import NinferError
+
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        try:
+            sys.argv[2:] = _translated(sys.argv[2:])
+        except NinferError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     app()
+
+
+def _translated(args: list[str]) -> list[str]:
+    from ninfer_cli.foreign_flags import translate
+
+    args, notes = translate(args)
+    for note in notes:
+        typer.echo(f"ninfer serve: {note}", err=True)
+    return args
+
+
+if __name__ == "__main__":
+    run()

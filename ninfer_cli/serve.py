@@ -115,6 +115,25 @@ def serve(
             "recognised by itself (its model card, a classifier conversion and a rank GGUF are)."
         ),
     ] = False,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(
+            help="GPU: the most of the device's memory this server takes (weights, KV pool and all), e.g. 0.9 "
+            "to leave room for another process; default: all that is free after loading."
+        ),
+    ] = None,
+    enable_prefix_caching: Annotated[
+        bool, typer.Option(help="Reuse the KV pages of prompts' shared prefixes (on by default).")
+    ] = True,
+    override_generation_config: Annotated[
+        str | None,
+        typer.Option(
+            help='Sampling defaults laid over --generation-config\'s, as JSON: \'{"temperature": 0.6, "top_k": 20}\'.'
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads for the engine's matmuls (default: torch's choice).")
+    ] = None,
     lora: Annotated[
         list[str] | None,
         typer.Option(
@@ -139,7 +158,7 @@ def serve(
     from engine.api.app import create_app
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
-    from engine.config import check_device_visible
+    from engine.config import EngineConfig, check_device_visible
     from engine.lora.spec import lora_modules
     from engine.sampling_defaults import describe
 
@@ -165,7 +184,12 @@ def serve(
         host_cache=parse_size(host_cache, "--host-cache"),
         rerank=rerank,
         lora_modules=lora_modules(lora or ()),
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=enable_prefix_caching,
+        override_generation_config=override_generation_config,
+        threads=threads,
     )
+    EngineConfig(model=model or "", **options)  # every flag checked before the port is bound
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
     if name in dict(options["lora_modules"]):
         raise NinferError(
@@ -207,6 +231,8 @@ def serve(
             adapters.num_bytes / 2**20,
             ", ".join(f"{adapter} (rank {rank})" for adapter, rank in adapters.ranks.items()),
         )
+    if gpu_memory_utilization is not None and device == "cpu":
+        log.info("--gpu-memory-utilization applies to a GPU; on the CPU the KV pool is --kv-capacity's")
     if enable_lora:
         log.info(
             "LoRA adapters load and unload while serving: POST /v1/load_lora_adapter, /v1/unload_lora_adapter"

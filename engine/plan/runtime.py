@@ -17,7 +17,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import NinferError
-from engine.memory import Deployment
+from engine.memory import CUDA_CONTEXT_BYTES, LIBRARY_WORKSPACE_BYTES, Deployment
 from engine.plan.solver import (
     SERVE_FLAGS,
     Budget,
@@ -93,6 +93,14 @@ def size_kv_pool(
     context = config.resolved_max_context(model_config)
     dep = deployment(config, model_config, context, packed_weights, draft)
     total, free = device_memory(config.device)
+    utilization = config.gpu_memory_utilization if config.device.startswith("cuda") else None
+    if utilization is not None:
+        held = (
+            torch.cuda.memory_reserved(torch.device(config.device))
+            + CUDA_CONTEXT_BYTES
+            + LIBRARY_WORKSPACE_BYTES
+        )
+        free = within_utilization(total, free, held, utilization)
     budget = Budget.after_load(total, free)
     auto_cuda = config.kv_capacity == "auto" and config.device.startswith("cuda")
     if auto_cuda:
@@ -117,6 +125,21 @@ def size_kv_pool(
     raise _refusal(dep, budget, config)
 
 
+def _within(config: EngineConfig) -> str:
+    f = config.gpu_memory_utilization
+    return (
+        f" within --gpu-memory-utilization {f:g}"
+        if f is not None and config.device.startswith("cuda")
+        else ""
+    )
+
+
+def within_utilization(total: int, free: int, held: int, utilization: float) -> int:
+    """The memory this engine may still take under --gpu-memory-utilization: its share of the device less
+    what it holds already (weights, CUDA context), and never more than is free."""
+    return max(0, min(free, int(utilization * total) - held))
+
+
 def _refusal(dep: Deployment, budget: Budget, config: EngineConfig) -> NinferError:
     want = dep.with_(kv_capacity=max(dep.pool_tokens, dep.context))
     reserve = needed(want.with_(kv_capacity=0), budget)
@@ -127,6 +150,6 @@ def _refusal(dep: Deployment, budget: Budget, config: EngineConfig) -> NinferErr
     return NinferError(
         f"a KV pool of {want.pool_tokens:,} tokens ({want.kv_dtype}) does not fit: it needs "
         f"{(needed(want, budget) - reserve) / GIB:.2f} GiB, and {budget.available / GIB:.2f} GiB is free after "
-        f"the weights, of which {reserve / GIB:.2f} GiB is the runtime reserve (state, activations, margin). "
+        f"the weights{_within(config)}, of which {reserve / GIB:.2f} GiB is the runtime reserve (state, activations, margin). "
         f"Ways out: {ways_text}"
     )

@@ -1,0 +1,250 @@
+"""`ninfer serve` with a command line copied from `vllm serve` or `llama-server`: their flags rewritten into
+ninfer's before parsing, each said in one line on stderr. Flags with a meaning here map onto ninfer's
+(`-c` -> `--ctx-size`, `-ngl 99` -> `--device cuda`, `-ctk q8_0 -ctv q4_0` -> `--kv-dtype k8v4`, `--temp`
+-> a sampling default, `--speculative-config` -> `--spec`, ...); flags for what ninfer always does are
+dropped (`--jinja`, `-fa`, `--enable-auto-tool-choice`, ...); those it cannot honour are refused."""
+
+from __future__ import annotations
+
+import json
+
+from engine.errors import NinferError
+
+# same meaning, ninfer's spelling (each takes a value unless it is a switch: see SWITCHES)
+RENAMED = {
+    "-m": "--model",
+    "-c": "--ctx-size",
+    "-np": "--parallel",
+    "--n-parallel": "--parallel",
+    "-a": "--alias",
+    "-b": "--prefill-chunk",
+    "--batch-size": "--prefill-chunk",
+    "--max-num-batched-tokens": "--prefill-chunk",
+    "-t": "--threads",
+    "--draft-max": "--draft-tokens",
+    "--draft": "--draft-tokens",
+    "--draft-n": "--draft-tokens",
+    "--enforce-eager": "--no-cuda-graphs",
+}
+SWITCHES = {"--enforce-eager"}
+# what ninfer always does (or has no knob for): dropped, said once
+ALWAYS = {
+    "--jinja": "chat templates are always rendered with Jinja",
+    "--cont-batching": "batching is always continuous",
+    "-cb": "batching is always continuous",
+    "--metrics": "GET /metrics is always served",
+    "--slots": "there are no slots to list",
+    "--mlock": "weights are read once into device memory",
+    "--no-mmap": "weights are read once into device memory",
+    "--trust-remote-code": "no checkpoint code is run",
+    "--enable-auto-tool-choice": "tool calls are always parsed as the chat template writes them",
+    "--enable-chunked-prefill": "prefill is always chunked",
+    "--disable-log-requests": "requests are logged one line each",
+    "--disable-log-stats": "stats are at GET /metrics",
+    "--no-webui": "there is no web UI",
+}
+ALWAYS_WITH_VALUE = {
+    "--tool-call-parser": "tool calls are parsed as the chat template writes them (Qwen's JSON or XML)",
+    "--reasoning-parser": "<think> is parsed into reasoning wherever the template writes it",
+    "-ub": "the prompt chunk is --prefill-chunk",
+    "--ubatch-size": "the prompt chunk is --prefill-chunk",
+    "--swap-space": "the host tier is --host-cache",
+    "--max-seq-len-to-capture": "CUDA graphs cover every context",
+    "--uvicorn-log-level": "the server logs at info",
+    "--load-format": "the format is read from the file",
+    "--download-dir": "ninfer fetch downloads",
+    "--seed": "each request carries its own seed",
+}
+FLASH_ATTN_VALUES = {"on", "off", "auto", "1", "0", "true", "false"}
+# llama.cpp's -ctk / -ctv pairs -> ninfer's KV dtype
+KV_PAIRS = {
+    ("f16", "f16"): "fp16",
+    ("bf16", "bf16"): "bf16",
+    ("f32", "f32"): "fp32",
+    ("q8_0", "q8_0"): "int8",
+    ("q8_0", "q4_0"): "k8v4",
+    ("q8_0", "q4_1"): "k8v4",
+    ("q8_0", "iq4_nl"): "k8v4",
+}
+SAMPLING = {
+    "--temp": "temperature",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--min-p": "min_p",
+    "--repeat-penalty": "repetition_penalty",
+}
+MTP_METHODS = {"mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp"}
+
+
+def translate(args: list[str]) -> tuple[list[str], list[str]]:
+    """(ninfer's arguments, one note per foreign flag) for `ninfer serve`'s arguments `args`."""
+    args = _split_inline_values(args)
+    out: list[str] = []
+    notes: list[str] = []
+    cache_types: dict[str, str] = {}
+    sampling: dict[str, float] = {}
+    rope: dict[str, str] = {}
+    gpu = None
+    i = 0
+
+    def value(flag: str) -> str:
+        nonlocal i
+        if i + 1 >= len(args):
+            raise NinferError(f"{flag} needs a value")
+        i += 1
+        return args[i]
+
+    while i < len(args):
+        flag = args[i]
+        if flag in SWITCHES:
+            out.append(RENAMED[flag])
+            notes.append(f"{flag} as {RENAMED[flag]}")
+        elif flag in RENAMED:
+            out += [RENAMED[flag], value(flag)]
+            notes.append(f"{flag} as {RENAMED[flag] if flag != '-m' else 'the MODEL argument'}")
+        elif flag in ALWAYS:
+            notes.append(f"{flag} dropped: {ALWAYS[flag]}")
+        elif flag in ALWAYS_WITH_VALUE:
+            notes.append(f"{flag} {value(flag)} dropped: {ALWAYS_WITH_VALUE[flag]}")
+        elif flag in ("-fa", "--flash-attn"):
+            if i + 1 < len(args) and args[i + 1].lower() in FLASH_ATTN_VALUES:
+                i += 1
+            notes.append(f"{flag} dropped: attention is always flash-style (paged, online softmax)")
+        elif flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
+            layers = value(flag)
+            gpu = layers != "0"
+            where = "cuda (every layer: ninfer keeps the whole model on the GPU)" if gpu else "cpu"
+            notes.append(f"{flag} {layers} as --device {where}")
+        elif flag in ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
+            cache_types["k" if flag in ("-ctk", "--cache-type-k") else "v"] = value(flag).lower()
+        elif flag in SAMPLING:
+            number = _number(flag, value(flag))
+            sampling[SAMPLING[flag]] = int(number) if flag == "--top-k" else number
+        elif flag in ("-tp", "--tensor-parallel-size", "-pp", "--pipeline-parallel-size"):
+            n = value(flag)
+            if n != "1":
+                raise NinferError(f"{flag} {n}: ninfer runs a model on one GPU; drop {flag}")
+            notes.append(f"{flag} 1 dropped: one GPU")
+        elif flag in ("-md", "--model-draft"):
+            out += ["--spec", "draft", "--draft-model", value(flag)]
+            notes.append(f"{flag} as --spec draft --draft-model")
+        elif flag == "--speculative-config":
+            spec = _speculative(value(flag))
+            out += spec
+            notes.append(f"--speculative-config as {' '.join(spec)}")
+        elif flag in ("-hf", "--hf-repo", "-hfr"):
+            raise NinferError(
+                f"{flag}: serve reads a local file; download it first, pinned: ninfer fetch REPO --revision "
+                "COMMIT --file NAME, then ninfer serve PATH"
+            )
+        elif flag == "--rope-scaling" and i + 1 < len(args) and args[i + 1] in ("yarn", "linear"):
+            rope["kind"] = value(flag)
+        elif flag in ("--rope-scale", "--yarn-orig-ctx"):
+            rope[flag] = value(flag)
+        else:
+            out.append(flag)
+        i += 1
+    if cache_types:
+        out += ["--kv-dtype", _kv_dtype(cache_types)]
+        notes.append(f"--cache-type-k / -v as --kv-dtype {out[-1]}")
+    if sampling:
+        out += ["--override-generation-config", json.dumps(sampling)]
+        notes.append(f"sampling flags as --override-generation-config {out[-1]}")
+    if rope:
+        out += ["--rope-scaling", _rope_scaling(rope)]
+        notes.append(f"llama.cpp's rope flags as --rope-scaling {out[-1]}")
+    if gpu is not None and "--device" not in out:
+        out += ["--device", "cuda" if gpu else "cpu"]
+    return _model_argument(out), notes
+
+
+FOREIGN = {
+    *RENAMED,
+    "--model",
+    *ALWAYS_WITH_VALUE,
+    *SAMPLING,
+    "--flash-attn",
+    "--n-gpu-layers",
+    "--gpu-layers",
+    "--cache-type-k",
+    "--cache-type-v",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--model-draft",
+    "--speculative-config",
+    "--hf-repo",
+    "--rope-scale",
+    "--yarn-orig-ctx",
+}
+
+
+def _split_inline_values(args: list[str]) -> list[str]:
+    """A foreign --flag=value as --flag value (ninfer's own are left to the parser)."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        out += [flag, value] if eq and flag in FOREIGN else [arg]
+    return out
+
+
+def _number(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise NinferError(f"{flag} takes a number (got '{text}')") from None
+
+
+def _rope_scaling(rope: dict[str, str]) -> str:
+    """llama.cpp's --rope-scaling yarn|linear --rope-scale F [--yarn-orig-ctx N] as ninfer's --rope-scaling."""
+    kind = rope.get("kind", "yarn")
+    if "--rope-scale" not in rope:
+        raise NinferError(
+            f"--rope-scaling {kind} needs its factor: add --rope-scale F (e.g. 4 for 32K -> 128K)"
+        )
+    factor = _number("--rope-scale", rope["--rope-scale"])
+    if kind == "linear":
+        return json.dumps({"rope_type": "linear", "factor": factor})
+    original = rope.get("--yarn-orig-ctx")
+    return f"yarn:{factor:g}" + (f":{original}" if original and original != "0" else "")
+
+
+def _kv_dtype(types: dict[str, str]) -> str:
+    pair = (types.get("k", "f16"), types.get("v", "f16"))
+    if pair not in KV_PAIRS:
+        known = ", ".join(f"-ctk {k} -ctv {v}" for k, v in KV_PAIRS)
+        raise NinferError(
+            f"-ctk {pair[0]} -ctv {pair[1]} is not a KV cache ninfer keeps; it keeps {known} (or --kv-dtype)"
+        )
+    return KV_PAIRS[pair]
+
+
+def _speculative(text: str) -> list[str]:
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise NinferError(f"--speculative-config is not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise NinferError("--speculative-config takes a JSON object")
+    method = cfg.get("method")
+    tokens = cfg.get("num_speculative_tokens")
+    tail = ["--draft-tokens", str(tokens)] if isinstance(tokens, int) and not isinstance(tokens, bool) else []
+    if method == "ngram":
+        return ["--spec", "ngram", *tail]
+    if method in MTP_METHODS:
+        return ["--spec", "mtp", *tail]
+    if cfg.get("model") and method in (None, "draft_model"):
+        return ["--spec", "draft", "--draft-model", str(cfg["model"]), *tail]
+    raise NinferError(
+        f"--speculative-config method {method!r} is not one ninfer runs; it runs ngram, mtp and a draft model "
+        '({"model": PATH})'
+    )
+
+
+def _model_argument(args: list[str]) -> list[str]:
+    """llama-server's -m / --model PATH as serve's MODEL argument."""
+    if "--model" not in args:
+        return args
+    i = args.index("--model")
+    path = args[i + 1]
+    rest = args[:i] + args[i + 2 :]
+    return [path, *rest]

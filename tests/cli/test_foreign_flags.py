@@ -1,0 +1,165 @@
+"""`ninfer serve` with a command line copied from vllm serve or llama-server (ninfer_cli/foreign_flags.py)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+
+import httpx2 as httpx
+import pytest
+from serve_process import start_serve
+
+from engine.errors import NinferError
+from ninfer_cli.foreign_flags import translate
+
+
+def test_a_vllm_command_line():
+    args, notes = translate(
+        [
+            "/models/Qwen3-8B",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--reasoning-parser=qwen3",
+            "--max-model-len",
+            "32768",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--enable-prefix-caching",
+            "--trust-remote-code",
+            "--dtype",
+            "auto",
+            "--tensor-parallel-size",
+            "1",
+            "--enforce-eager",
+            "--max-num-batched-tokens",
+            "4096",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
+        ]
+    )
+    assert args == [
+        "/models/Qwen3-8B",
+        "--max-model-len",
+        "32768",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--enable-prefix-caching",
+        "--dtype",
+        "auto",
+        "--no-cuda-graphs",
+        "--prefill-chunk",
+        "4096",
+        "--spec",
+        "ngram",
+        "--draft-tokens",
+        "4",
+    ]
+    assert (
+        "--reasoning-parser qwen3 dropped: <think> is parsed into reasoning wherever the template writes it"
+        in notes
+    )
+    assert "--enforce-eager as --no-cuda-graphs" in notes and len(notes) == 8
+
+
+def test_a_llama_server_command_line():
+    args, notes = translate(
+        shlex.split(
+            "-m /models/qwen3-8b.gguf -c 32768 -ngl 99 --jinja -fa on -np 2 --host 0.0.0.0 --port 8080 "
+            "-ctk q8_0 -ctv q4_0 --temp 0.6 --top-k 20 --top-p 0.95 --min-p 0 -t 8 -md /models/qwen3-0.6b.gguf "
+            "--draft-max 4 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768"
+        )
+    )
+    assert args[0] == "/models/qwen3-8b.gguf"
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert flags == {
+        "--ctx-size": "32768",
+        "--parallel": "2",
+        "--host": "0.0.0.0",
+        "--port": "8080",
+        "--threads": "8",
+        "--spec": "draft",
+        "--draft-model": "/models/qwen3-0.6b.gguf",
+        "--draft-tokens": "4",
+        "--kv-dtype": "k8v4",
+        "--override-generation-config": json.dumps(
+            {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0}
+        ),
+        "--rope-scaling": "yarn:4:32768",
+        "--device": "cuda",
+    }
+    assert "-ngl 99 as --device cuda (every layer: ninfer keeps the whole model on the GPU)" in notes
+    # the old flag form of -fa, and -ngl 0: the CPU
+    args, _ = translate(["-fa", "-ngl", "0", "--port", "1"])
+    assert args == ["--port", "1", "--device", "cpu"]
+    # ninfer's own flags pass as they are, --flag=value too
+    assert translate(["--kv-dtype=int8", "--spec", "mtp"]) == (["--kv-dtype=int8", "--spec", "mtp"], [])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-tp", "2"], "-tp 2: ninfer runs a model on one GPU; drop -tp"),
+        (["-ctk", "q8_0"], "-ctk q8_0 -ctv f16 is not a KV cache ninfer keeps"),
+        (
+            ["--speculative-config", '{"method": "eagle3", "model": "x"}'],
+            "method 'eagle3' is not one ninfer runs",
+        ),
+        (["-hf", "Qwen/Qwen3-8B-GGUF"], "-hf: serve reads a local file; download it first"),
+        (["--temp", "warm"], "--temp takes a number (got 'warm')"),
+        (["--rope-scaling", "yarn"], "--rope-scaling yarn needs its factor: add --rope-scale F"),
+        (["-c"], "-c needs a value"),
+    ],
+)
+def test_what_cannot_be_taken_is_refused(args, message):
+    with pytest.raises(NinferError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        translate(args)
+
+
+def test_the_console_script_translates_and_refuses_in_one_line():
+    def serve(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "ninfer_cli.main", "serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    proc = serve("-tp", "4")
+    assert proc.returncode == 2 and proc.stderr == "error: -tp 4: ninfer runs a model on one GPU; drop -tp\n"
+    # translated, then refused by serve's own check, before any model loads
+    proc = serve("-c", "4096", "--jinja", "--gpu-memory-utilization", "1.5")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "ninfer serve: -c as --ctx-size",
+        "ninfer serve: --jinja dropped: chat templates are always rendered with Jinja",
+        "error: gpu_memory_utilization is a fraction of the GPU's memory, above 0 and at most 1 (got 1.5)",
+    ]
+
+
+@pytest.mark.slow
+def test_a_llama_server_line_serves_the_embedded_model():
+    """The translated flags are serve's own: the server starts, runs on them and answers."""
+    line = "-c 4096 -ngl 0 --jinja -fa on -np 2 -ctk q8_0 -ctv q8_0 --temp 0 -t 2 --metrics --cont-batching"
+    proc, port = start_serve(*shlex.split(line))
+    try:
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 12,
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        props = httpx.get(f"http://127.0.0.1:{port}/props", timeout=10).json()
+        assert props["default_generation_settings"]["params"]["temperature"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "context 4,096 tokens" in err and "(int8," in err and "2 running at most" in err
+    assert "ninfer serve: -ctk / -ctv" not in err and "--cache-type-k / -v as --kv-dtype int8" in err
