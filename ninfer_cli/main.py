@@ -45,6 +45,7 @@ app.command("fetch")(fetch.fetch)
 app.command("plan")(plan.plan)
 app.command("serve")(serve.serve)
 
+
 def run() -> None:
     """The `ninfer` console script: `serve` also takes a command line copied from vllm serve or
     llama-server (ninfer_cli/foreign_flags.py), each foreign flag said on stderr."""
