@@ -16,6 +16,7 @@ from conftest import byte_tokenizer, save_tiny, tiny_hf_model
 from engine import LLM
 from engine.api.common import sampling_params
 from engine.api.errors import ApiError
+from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.formats import gguf as gguf_format
 from engine.formats.container import tokenizer_from_json, tokenizer_to_json
@@ -56,6 +57,20 @@ def test_a_saved_checkpoint_and_the_flag(tmp_path):
     other.write_text("[1, 2]")
     with pytest.raises(NinferError, match="must hold a JSON object"):
         resolve(str(other), {})
+    # vLLM's --override-generation-config: laid over the generation config's fields
+    over = LLM(path, override_generation_config='{"temperature": 0.3, "min_p": 0.05}')
+    assert over.sampling_defaults == {"temperature": 0.3, "top_p": 0.95, "top_k": 20, "min_p": 0.05}
+    assert LLM(path, override_generation_config={"top_k": 5}).sampling_defaults["top_k"] == 5
+    for bad, message in (
+        ('{"temp": 1}', "sets temp, which ninfer does not default; it takes temperature, top_p"),
+        ('{"top_k": "x"}', "top_k must be numbers"),
+        ("temperature=1", "is not JSON"),
+        ("[1]", "takes a JSON object"),
+    ):
+        with pytest.raises(NinferError, match=message):
+            EngineConfig(model="", override_generation_config=bad)
+    with pytest.raises(NinferError, match="threads must be a whole number of 1 or more"):
+        EngineConfig(model="", threads=0)
 
 
 def test_gguf_sampling_keys(tmp_path):
@@ -77,12 +92,16 @@ def test_gguf_sampling_keys(tmp_path):
 
 
 def test_requests_take_the_defaults_for_the_fields_they_leave_out():
-    state = SimpleNamespace(sampling_defaults={"temperature": 0.6, "top_k": 20, "top_p": 0.95})
+    state = SimpleNamespace(
+        sampling_defaults={"temperature": 0.6, "top_k": 20, "top_p": 0.95}, adapter_for=lambda body: None
+    )
     left_out = sampling_params(state, {}, "max_tokens", 16, None)
     assert (left_out.temperature, left_out.top_k, left_out.top_p, left_out.min_p) == (0.6, 20, 0.95, 0.0)
     given = sampling_params(state, {"temperature": 0, "top_k": 0}, "max_tokens", 16, None)
     assert (given.temperature, given.top_k, given.top_p) == (0.0, 0, 0.95)
-    plain = sampling_params(SimpleNamespace(sampling_defaults={}), {}, "max_tokens", 16, None)
+    plain = sampling_params(
+        SimpleNamespace(sampling_defaults={}, adapter_for=lambda body: None), {}, "max_tokens", 16, None
+    )
     assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
     with pytest.raises(ApiError, match="temperature"):
         sampling_params(state, {"temperature": "warm"}, "max_tokens", 16, None)

@@ -205,3 +205,32 @@ def test_serve_auto_on_cuda_sizes_the_pool_from_free_memory(tiny_dir, monkeypatc
             ),
             llm.model_config,
         )
+
+
+def test_gpu_memory_utilization_caps_the_pool(tiny_dir, monkeypatch):
+    """--gpu-memory-utilization: the pool fits within that share of the device, less what the engine holds
+    (weights, CUDA context), and never beyond what is free."""
+    from engine.config import EngineConfig
+    from engine.memory import CUDA_CONTEXT_BYTES, LIBRARY_WORKSPACE_BYTES
+
+    assert runtime.within_utilization(100, 80, 20, 0.5) == 30
+    assert runtime.within_utilization(100, 10, 20, 0.5) == 10  # another process holds the rest
+    assert runtime.within_utilization(100, 80, 60, 0.5) == 0
+    llm = LLM(tiny_dir)
+    held = 1 * GIB  # the weights, as torch holds them
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: held)
+    config = dict(
+        model="", device="cuda", kv_capacity="auto", max_concurrency=1, kv_dtype="bf16", max_context=1024
+    )
+    dep = runtime.deployment(EngineConfig(**config), llm.model_config, 1024)
+    room = needed(dep.with_(kv_capacity=512), Budget.after_load(8 * GIB, 0))  # what a 512-token pool takes
+    # the device has plenty free, but the share is the weights, the context and those 512 tokens' worth
+    share = (held + CUDA_CONTEXT_BYTES + LIBRARY_WORKSPACE_BYTES + room) / (8 * GIB)
+    monkeypatch.setattr(runtime, "device_memory", lambda device: (8 * GIB, 6 * GIB))
+    capped = EngineConfig(**{**config, "max_context": None}, gpu_memory_utilization=share + 1e-9)
+    assert runtime.size_kv_pool(capped, llm.model_config) == (512, 512)
+    with pytest.raises(NinferError, match=r"is free after the weights within --gpu-memory-utilization 0\.1,"):
+        runtime.size_kv_pool(EngineConfig(**config, gpu_memory_utilization=0.1), llm.model_config)
+    for bad in (0, 1.5, "0.9", True):
+        with pytest.raises(NinferError, match="gpu_memory_utilization is a fraction"):
+            EngineConfig(model="", gpu_memory_utilization=bad)
