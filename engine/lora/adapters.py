@@ -17,6 +17,7 @@ import torch
 
 from engine.errors import NinferError
 from engine.layers.linear import Linear
+from engine.lora.gguf_lora import read_gguf_adapter
 from engine.lora.layer import LoraWeights
 from engine.lora.peft import LoraPair, read_adapter
 from engine.lora.spec import lora_modules
@@ -43,6 +44,8 @@ class Adapters:
     def read(self, name: str, path: str) -> list[LoraPair]:
         """The adapter's pairs, checked against the model (on the host; any thread may read)."""
         ((name, path),) = lora_modules({name: path})
+        if path.endswith(".gguf"):
+            return read_gguf_adapter(name, path, self.model)
         return read_adapter(name, path, self.model)
 
     def add(self, name: str, path: str, pairs: list[LoraPair] | None = None) -> None:

@@ -55,6 +55,14 @@ def read_adapter(name: str, path: str, model: torch.nn.Module) -> list[LoraPair]
     if not halves:
         raise NinferError(f"LoRA adapter '{name}' ({path}) holds no lora_A / lora_B matrices")
     base = config.get("base_model_name_or_path") or "its base model"
+    return low_rank_pairs(name, halves, model, base, lambda target, r: _scale(config, target, r))
+
+
+def low_rank_pairs(
+    name: str, halves: dict[str, dict[str, torch.Tensor]], model, base: str, scale
+) -> list[LoraPair]:
+    """`halves`: per target (the checkpoint's module name, model.layers.0.self_attn.q_proj), its "A"
+    [r, in] and "B" [out, r]; `scale(target, r)`: the factor B takes. Each checked against the model."""
     pairs = []
     for target, half in sorted(halves.items()):
         if set(half) != {"A", "B"}:
@@ -74,7 +82,7 @@ def read_adapter(name: str, path: str, model: torch.nn.Module) -> list[LoraPair]
                 f"LoRA adapter '{name}': {target} maps {a.shape[1]} -> {b.shape[0]} features, but this model's "
                 f"takes {module.in_features} -> {rows[1]}; the adapter was trained for {base}, not this model"
             )
-        pairs.append(LoraPair(module_name, rows, a, b * _scale(config, target, r)))
+        pairs.append(LoraPair(module_name, rows, a, b * scale(target, r)))
     return pairs
 
 

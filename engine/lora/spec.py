@@ -31,10 +31,10 @@ def lora_modules(value: Any) -> tuple[tuple[str, str], ...]:
         if name in seen:
             raise NinferError(f"LoRA adapter name '{name}' is given twice; give each adapter its own name")
         seen.add(name)
-        if not Path(path).is_dir():
+        if not (Path(path).is_dir() or (path.endswith(".gguf") and Path(path).is_file())):
             raise NinferError(
                 f"LoRA adapter '{name}': {path} is not a folder; give the folder peft's save_pretrained "
-                "wrote (adapter_config.json and adapter_model.safetensors)"
+                "wrote (adapter_config.json and adapter_model.safetensors), or a LoRA adapter .gguf"
             )
     return tuple((name, str(path)) for name, path in pairs)
 
@@ -50,8 +50,8 @@ def _pair(text: str) -> tuple[str, str]:
             raise NinferError(f'--lora\'s JSON form takes {{"name": ..., "path": ...}}; got {text}')
         return entry["name"], str(entry["path"])
     name, sep, path = text.partition("=")
-    if not sep:
-        return Path(text).name or str(text), str(text)
+    if not sep:  # named after its folder, or its file without .gguf
+        return Path(text).name.removesuffix(".gguf") or str(text), str(text)
     if not name or not path:
         raise NinferError(f"--lora takes NAME=PATH (or a PATH, named after its folder); got '{text}'")
     return name, path

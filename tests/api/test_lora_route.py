@@ -107,7 +107,7 @@ def test_serve_refuses_an_adapter_folder_that_is_not_there(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         f"error: LoRA adapter 'sql': {tmp_path / 'none'} is not a folder; give the folder peft's "
-        "save_pretrained wrote (adapter_config.json and adapter_model.safetensors)"
+        "save_pretrained wrote (adapter_config.json and adapter_model.safetensors), or a LoRA adapter .gguf"
     )
 
 

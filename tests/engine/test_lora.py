@@ -223,3 +223,52 @@ def test_adapters_with_speculative_decoding_keep_their_tokens(spec, tmp_path):
         drafted = sum(o.num_draft_tokens for o in outs)
     assert runs["spec"] == runs["plain"]
     assert drafted > 0
+
+
+def gguf_adapter(peft_dir, path, arch: str, config, alpha: float):
+    """The peft adapter as llama.cpp's convert_lora_to_gguf.py writes it: the base GGUF's tensor names (the
+    gguf package's map) + .lora_a / .lora_b, and for llama q's and k's B rows interleaved as its converter
+    interleaves the base weights'."""
+    import gguf
+    from safetensors.torch import load_file
+
+    names = gguf.get_tensor_name_map(
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), config.num_hidden_layers
+    )
+
+    def permute(w, heads):  # llama.cpp's LlamaModel.permute
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    for key, tensor in sorted(load_file(peft_dir / "adapter_model.safetensors").items()):
+        module, half = key.removeprefix("base_model.model.").rsplit(".lora_", 1)
+        if arch == "llama" and half.startswith("B") and module.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
+            tensor = permute(tensor, heads)
+        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        writer.add_tensor(f"{name}.lora_{half[0].lower()}", tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_gguf_adapter_runs_as_its_peft_folder(arch, tmp_path):
+    base = tiny_hf_model(arch, tied=False, seed=3)
+    save_tiny(base, tmp_path / "base")
+    make_adapter(base, TARGETS["qwen3"], tmp_path / "peft", seed=1, r=4, alpha=8)
+    path = gguf_adapter(tmp_path / "peft", tmp_path / "lora.gguf", arch, base.config, alpha=8)
+    llm = LLM(tmp_path / "base", lora_modules=[f"peft={tmp_path / 'peft'}", str(path)], max_context=256)
+    assert llm.adapters.names == ["peft", "lora"]  # a bare .gguf is named after its file
+    assert_same(greedy(llm, "lora"), greedy(llm, "peft"))
+    assert [t for t, _ in greedy(llm, "lora")] != [t for t, _ in greedy(llm)]
+    # a model GGUF is not an adapter
+    from engine.models.loader import default_model_path
+
+    with pytest.raises(NinferError, match="is a model, not an adapter; give a LoRA adapter GGUF"):
+        llm.load_adapter("m", str(default_model_path()))

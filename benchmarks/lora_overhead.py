@@ -1,0 +1,71 @@
+"""Decode tok/s with a LoRA adapter against the base model, same engine, same run (engine/lora).
+
+A random rank-R adapter on every projection of every decoder layer of the embedded default model (q, k,
+v, o, gate, up, down); decode rate as benchmarks/cpu_decode.py measures it (greedy, fixed length, the
+1-token run subtracted), for a request without the adapter, one with it, and the two side by side (C2).
+
+    python benchmarks/lora_overhead.py [--rank 16] [--tokens 128] [--repeat 3] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from cpu_decode import MESSAGES, decode_rate
+
+from engine import LLM, SamplingParams
+from engine.layers.linear import Linear, MergedLinear
+from engine.lora.peft import LoraPair
+
+
+def adapter_pairs(model, rank: int) -> list[LoraPair]:
+    """Random pairs on every linear layer of the decoder (each shard of a fused one)."""
+    gen = torch.Generator().manual_seed(0)
+    pairs = []
+    for name, module in model.named_modules():
+        if not (isinstance(module, Linear) and name.startswith("model.layers.")):
+            continue
+        shards = module.offsets.values() if isinstance(module, MergedLinear) else [(0, module.out_features)]
+        for start, size in shards:
+            a = torch.randn(rank, module.in_features, generator=gen) / module.in_features**0.5
+            b = torch.randn(size, rank, generator=gen) * 0.01
+            pairs.append(LoraPair(name, (start, size), a, b))
+    return pairs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    llm = LLM(device=args.device, max_concurrency=2)
+    llm.adapters.add("r", "(in memory)", adapter_pairs(llm.model, args.rank))
+    ids = llm.tokenizer.encode_chat(MESSAGES)
+
+    def run(adapters):
+        def go(n: int) -> None:
+            params = [
+                SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, adapter=a) for a in adapters
+            ]
+            outs = llm.generate(prompt_token_ids=[ids] * len(adapters), sampling_params=params)
+            assert all(len(o.token_ids) == n for o in outs)
+
+        return go
+
+    base = decode_rate(run([None]), args.tokens, args.repeat)
+    print(
+        f"embedded model, {args.device}, adapter rank {args.rank} on every projection, {llm.adapters.num_bytes / 2**20:.1f} MiB"
+    )
+    print("| requests | decode tok/s (each) | vs base |")
+    print("| --- | --- | --- |")
+    print(f"| base | {base:.1f} | 1.00 |")
+    for label, adapters in (("adapter", ["r"]), ("base + adapter (C2)", [None, "r"])):
+        rate = decode_rate(run(adapters), args.tokens, args.repeat)
+        print(f"| {label} | {rate:.1f} | {rate / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
