@@ -154,11 +154,8 @@ class LLM:
         request_id = request_id or f"req-{next(self._ids)}"
         if self.text_refusal and sampling_params.pooling is None:
             raise NinferError(self.text_refusal)
-        if sampling_params.adapter is not None and sampling_params.adapter not in self.adapters.slots:
-            served = ", ".join(self.adapters.names) or "none (serve --lora NAME=PATH)"
-            raise NinferError(
-                f"no LoRA adapter '{sampling_params.adapter}' is loaded; the adapters are: {served}"
-            )
+        if sampling_params.adapter is not None:
+            self.adapters.require(sampling_params.adapter)
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -196,16 +193,13 @@ class LLM:
         return request_id
 
     def load_adapter(self, name: str, path: str) -> None:
-        """Load a LoRA adapter (peft's save_pretrained folder); requests then name it in
-        SamplingParams.adapter."""
+        """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then
+        name it in SamplingParams.adapter."""
         self.adapters.add(name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Take a LoRA adapter off the model; refused while a request runs with it or waits to."""
-        if name not in self.adapters.slots:
-            raise NinferError(
-                f"no LoRA adapter '{name}' is loaded; the adapters are: {', '.join(self.adapters.names) or 'none'}"
-            )
+        self.adapters.require(name)
         sched = self.scheduler
         users = sum(r.sampling_params.adapter == name for r in [*sched.running, *sched.waiting])
         if users:

@@ -41,6 +41,11 @@ class Adapters:
     def num_bytes(self) -> int:
         return sum(layer.num_bytes for layer in self._layers())
 
+    def require(self, name: str) -> None:
+        if name not in self.slots:
+            served = ", ".join(self.slots) or "none (serve --lora NAME=PATH)"
+            raise NinferError(f"no LoRA adapter '{name}' is loaded; the adapters are: {served}")
+
     def read(self, name: str, path: str) -> list[LoraPair]:
         """The adapter's pairs, checked against the model (on the host; any thread may read)."""
         ((name, path),) = lora_modules({name: path})
