@@ -10,6 +10,7 @@ import asyncio
 import functools
 import itertools
 from dataclasses import replace
+from types import SimpleNamespace
 
 from engine.models.loader import default_model_path, open_source
 from engine.request import RequestOutput
@@ -79,6 +80,7 @@ class _Stats:
     model = _Model()
     text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
     rerank_head = None  # not a reranker
+    adapters = SimpleNamespace(slots={}, names=[])  # no LoRA adapters (engine/lora/adapters.Adapters)
 
 
 class ScriptedEngine:
