@@ -15,6 +15,7 @@ from engine.errors import NinferError
 from engine.formats.container import SUFFIX, load_container
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
+from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.formats.source import ModelSource
 from engine.layers.linear import (
     Embedding,
@@ -51,6 +52,8 @@ def default_model_path() -> Path:
 
 def open_source(model: str | Path | None) -> ModelSource:
     path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists() and looks_like_repo_id(str(model)):  # a hub repo id: its download on this machine
+        path = resolve_repo_id(str(model))
     if not path.exists():
         raise NinferError(
             f"{path} does not exist; pass an HF checkpoint directory, a .gguf or a .ninfer file"
