@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import artifact_weight_bytes, held_weight_bytes, recipe_weight_bytes
 
@@ -53,6 +54,8 @@ def resolve(
             f"pass a MODEL (.ninfer, HF directory, config.json, .gguf) or --model PRESET ({', '.join(PRESETS)})"
         )
     path = Path(model).expanduser()
+    if not path.exists() and looks_like_repo_id(model):  # a hub repo id: its download on this machine
+        path = resolve_repo_id(model)
     if not path.exists():
         raise NinferError(
             f"{path} does not exist; pass a .ninfer file, an HF directory, a config.json, or --model PRESET"

@@ -13,6 +13,7 @@ from engine.errors import NinferError
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.llm import LLM
 from engine.models.loader import default_model_path
+from engine.plan.model import resolve as resolve_plan_model
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -34,6 +35,8 @@ def test_the_hf_cache_snapshot_of_refs_main_is_served(homes, tmp_path):
     assert resolve_repo_id("acme/tiny-qwen3") == repo / "snapshots" / COMMIT_A
     llm = LLM("acme/tiny-qwen3", max_context=64)
     assert str(repo / "snapshots" / COMMIT_A) in llm.description
+    planned = resolve_plan_model("acme/tiny-qwen3", None, None, None, False, False)  # ninfer plan too
+    assert planned.serve_arg == str(repo / "snapshots" / COMMIT_A)
     with pytest.raises(NinferError, match="no download of acme/tiny-qwen3 at ccccccc is on this machine"):
         resolve_repo_id("acme/tiny-qwen3@ccccccc")
 
