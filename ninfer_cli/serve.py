@@ -159,7 +159,6 @@ def serve(
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.config import EngineConfig, check_device_visible
-    from engine.lora.spec import lora_modules
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
@@ -183,15 +182,15 @@ def serve(
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
         rerank=rerank,
-        lora_modules=lora_modules(lora or ()),
+        lora_modules=tuple(lora or ()),
         gpu_memory_utilization=gpu_memory_utilization,
         enable_prefix_caching=enable_prefix_caching,
         override_generation_config=override_generation_config,
         threads=threads,
     )
-    EngineConfig(model=model or "", **options)  # every flag checked before the port is bound
+    config = EngineConfig(model=model or "", **options)  # every flag checked before the port is bound
     name = model_id or (str(model).rstrip("/").split("/")[-1] if model else "smollm2-135m-instruct")
-    if name in dict(options["lora_modules"]):
+    if name in dict(config.lora_modules):
         raise NinferError(
             f"LoRA adapter name '{name}' is the served model's name (--model-id); give the adapter another"
         )

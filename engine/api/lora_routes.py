@@ -14,21 +14,22 @@ from engine.errors import NinferError
 router = APIRouter()
 
 
-def _allowed(state: ServerState) -> None:
+async def _lora_request(request: Request) -> tuple[ServerState, dict, str]:
+    """(state, body, its lora_name) of a load / unload request, once the server allows them."""
+    state: ServerState = request.app.state.ninfer
     if not state.lora_updates:
         raise ApiError(
             404,
             "loading LoRA adapters while serving is off; start serve with --enable-lora (adapters given with "
             "--lora load at start-up)",
         )
+    body = await read_json(request)
+    return state, body, field(body, "lora_name", str, required=True)
 
 
 @router.post("/v1/load_lora_adapter")
 async def load(request: Request):
-    state: ServerState = request.app.state.ninfer
-    _allowed(state)
-    body = await read_json(request)
-    name = field(body, "lora_name", str, required=True)
+    state, body, name = await _lora_request(request)
     path = field(body, "lora_path", str, required=True)
     if name == state.model_id:
         raise ApiError(
@@ -43,10 +44,7 @@ async def load(request: Request):
 
 @router.post("/v1/unload_lora_adapter")
 async def unload(request: Request):
-    state: ServerState = request.app.state.ninfer
-    _allowed(state)
-    body = await read_json(request)
-    name = field(body, "lora_name", str, required=True)
+    state, _, name = await _lora_request(request)
     if name not in state.engine.llm.adapters.slots:
         raise ApiError(404, f"no LoRA adapter '{name}' is loaded", "lora_name")
     try:
