@@ -154,8 +154,7 @@ class LLM:
         request_id = request_id or f"req-{next(self._ids)}"
         if self.text_refusal and sampling_params.pooling is None:
             raise NinferError(self.text_refusal)
-        if sampling_params.adapter is not None:
-            self.adapters.require(sampling_params.adapter)
+        self.adapters.require_mix(sampling_params.adapter_mix)
         vocab = self.model_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -186,7 +185,7 @@ class LLM:
             grammar=grammar,
             after=after,
             bad_word_ids=self._bad_word_ids(sampling_params.bad_words),
-            cache_root=self.adapters.cache_root(sampling_params.adapter),
+            cache_root=self.adapters.cache_root(sampling_params.adapter_mix),
         )
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
@@ -194,14 +193,14 @@ class LLM:
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then
-        name it in SamplingParams.adapter."""
+        name it in SamplingParams.adapter (or adapter_scales)."""
         self.adapters.add(name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Take a LoRA adapter off the model; refused while a request runs with it or waits to."""
         self.adapters.require(name)
         sched = self.scheduler
-        users = sum(r.sampling_params.adapter == name for r in [*sched.running, *sched.waiting])
+        users = self.adapters.users(name, [*sched.running, *sched.waiting])
         if users:
             raise NinferError(
                 f"LoRA adapter '{name}' is in use by {users} request(s); unload it once they finish"

@@ -87,6 +87,9 @@ class SamplingParams:
     prediction: tuple[int, ...] | list[int] = ()
     # the LoRA adapter the request runs with, by its served name (engine/lora); None: the base model
     adapter: str | None = None
+    # llama.cpp's weighted mix instead: {name: scale} (or pairs), each adapter's delta times its scale, summed;
+    # a scale of 0 leaves the adapter out
+    adapter_scales: tuple[tuple[str, float], ...] | dict[str, float] = ()
 
     def __post_init__(self):
         for name in _NUMBERS:  # the API's callers get a sentence, not a comparison's TypeError
@@ -155,6 +158,9 @@ class SamplingParams:
         object.__setattr__(self, "prediction", prediction)
         if self.adapter is not None and not (isinstance(self.adapter, str) and self.adapter):
             raise NinferError(f"adapter is a LoRA adapter's name or None (got {self.adapter!r})")
+        object.__setattr__(self, "adapter_scales", _adapter_scales(self.adapter_scales))
+        if self.adapter is not None and self.adapter_scales:
+            raise NinferError("name one LoRA adapter (adapter) or a mix of them (adapter_scales), not both")
         if self.pooling not in POOLING:
             raise NinferError(f"pooling must be one of {', '.join(map(str, POOLING))} (got {self.pooling!r})")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()
@@ -181,8 +187,30 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def adapter_mix(self) -> tuple[tuple[str, float], ...]:
+        """(name, scale) of each LoRA adapter the request runs with (none: the base model)."""
+        if self.adapter is not None:
+            return ((self.adapter, 1.0),)
+        return tuple((name, scale) for name, scale in self.adapter_scales if scale != 0.0)
+
+    @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _adapter_scales(value) -> tuple[tuple[str, float], ...]:
+    pairs = tuple(value.items() if isinstance(value, dict) else value or ())
+    out = []
+    for pair in pairs:
+        name, scale = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        number = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+        if not (isinstance(name, str) and name) or not number:
+            raise NinferError(f"adapter_scales maps LoRA adapter names to finite scales (got {pair!r})")
+        out.append((name, float(scale)))
+    names = [name for name, _ in out]
+    if len(set(names)) != len(names):
+        raise NinferError(f"adapter_scales names an adapter twice ({', '.join(names)})")
+    return tuple(sorted(out))
 
 
 class PromptLogprob(NamedTuple):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from engine.errors import NinferError
+from engine.lora.spec import adapter_name
 
 # same meaning, ninfer's spelling (each takes a value unless it is a switch: see SWITCHES)
 RENAMED = {
@@ -74,6 +75,34 @@ SAMPLING = {
     "--repeat-penalty": "repetition_penalty",
 }
 MTP_METHODS = {"mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp"}
+# flags only llama-server takes: a command line with one of them is llama-server's, whose --lora FILE applies
+# the adapter to every request (vLLM's, and ninfer's own, only to requests that name it)
+LLAMA_SERVER = {
+    "-m",
+    "-c",
+    "-np",
+    "-ngl",
+    "--n-gpu-layers",
+    "--gpu-layers",
+    "-ctk",
+    "-ctv",
+    "--cache-type-k",
+    "--cache-type-v",
+    "-fa",
+    "--flash-attn",
+    "--jinja",
+    "-cb",
+    "--cont-batching",
+    "-md",
+    "--model-draft",
+    "--lora-scaled",
+    "--lora-init-without-apply",
+    "-ub",
+    "--temp",
+    "--repeat-penalty",
+    "--mlock",
+    "--no-mmap",
+}
 
 
 def translate(args: list[str]) -> tuple[list[str], list[str]]:
@@ -85,6 +114,8 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
     sampling: dict[str, float] = {}
     rope: dict[str, str] = {}
     gpu = None
+    llama_server = any(arg.partition("=")[0] in LLAMA_SERVER for arg in args)
+    applied: list[str] = []  # llama-server's adapters, each NAME=SCALE: applied to every request
     i = 0
 
     def value(flag: str) -> str:
@@ -137,6 +168,21 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
                 f"{flag}: serve reads a local file; download it first, pinned: ninfer fetch REPO --revision "
                 "COMMIT --file NAME, then ninfer serve PATH"
             )
+        elif flag == "--lora-scaled":
+            first = value(flag)
+            if i + 1 < len(args) and _is_number(args[i + 1]):  # the older FNAME SCALE
+                pairs = [(first, value(flag))]
+            else:  # FNAME:SCALE[,FNAME:SCALE...]
+                pairs = [_scaled_lora(entry) for entry in first.split(",")]
+            for path, scale in pairs:
+                out += ["--lora", path]
+                applied.append(f"{adapter_name(path)}={_number(flag, scale):g}")
+        elif flag == "--lora" and llama_server:
+            for path in value(flag).split(","):  # llama-server takes several, comma-separated
+                out += ["--lora", path]
+                applied.append(adapter_name(path))
+        elif flag == "--lora-init-without-apply":
+            applied.append("")  # marks the flag: the adapters load at scale 0
         elif flag == "--rope-scaling" and i + 1 < len(args) and args[i + 1] in ("yarn", "linear"):
             rope["kind"] = value(flag)
         elif flag in ("--rope-scale", "--yarn-orig-ctx"):
@@ -153,6 +199,19 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
     if rope:
         out += ["--rope-scaling", _rope_scaling(rope)]
         notes.append(f"llama.cpp's rope flags as --rope-scaling {out[-1]}")
+    if applied and "" in applied:
+        notes.append(
+            "--lora-init-without-apply: the adapters load at scale 0; a request's lora list, or POST "
+            "/lora-adapters, applies them"
+        )
+    elif applied:
+        for entry in applied:
+            out += ["--lora-default", entry]
+        notes.append(
+            "llama-server's --lora / --lora-scaled: every request that picks no adapter runs with "
+            + ", ".join(applied)
+            + " (--lora-default)"
+        )
     if gpu is not None and "--device" not in out:
         out += ["--device", "cuda" if gpu else "cpu"]
     return _model_argument(out), notes
@@ -175,6 +234,7 @@ FOREIGN = {
     "--hf-repo",
     "--rope-scale",
     "--yarn-orig-ctx",
+    "--lora-scaled",
 }
 
 
@@ -185,6 +245,21 @@ def _split_inline_values(args: list[str]) -> list[str]:
         flag, eq, value = arg.partition("=")
         out += [flag, value] if eq and flag in FOREIGN else [arg]
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _scaled_lora(entry: str) -> tuple[str, str]:
+    path, sep, scale = entry.rpartition(":")
+    if not sep or not path or not _is_number(scale):
+        raise NinferError(f"--lora-scaled takes FNAME:SCALE (comma-separated for more); got '{entry}'")
+    return path, scale
 
 
 def _number(flag: str, text: str) -> float:

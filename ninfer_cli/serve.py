@@ -139,8 +139,16 @@ def serve(
         typer.Option(
             "--lora",
             "--lora-modules",
-            help="A LoRA adapter (peft's save_pretrained folder) as NAME=PATH, or PATH (named after its "
-            "folder); repeat for more. A request whose model is NAME runs with it; also --lora-modules.",
+            help="A LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf) as NAME=PATH, or "
+            "PATH (named after its folder or file); repeat for more. A request whose model is NAME runs with it.",
+        ),
+    ] = None,
+    lora_default: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lora-default",
+            help="NAME[=SCALE]: a request that picks no adapter runs this one, its delta times SCALE (1), summed "
+            "with the other defaults (llama-server's --lora); repeat for more. POST /lora-adapters changes them.",
         ),
     ] = None,
     enable_lora: Annotated[
@@ -159,6 +167,7 @@ def serve(
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.config import EngineConfig, check_device_visible
+    from engine.lora.spec import lora_defaults
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
@@ -194,6 +203,7 @@ def serve(
         raise NinferError(
             f"LoRA adapter name '{name}' is the served model's name (--model-id); give the adapter another"
         )
+    defaults = lora_defaults(lora_default or (), [n for n, _ in config.lora_modules])
     sock = bind(host, port)  # a port in use is said before the weights load
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -206,7 +216,7 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    state = ServerState(engine, name, api_key, lora_updates=enable_lora)
+    state = ServerState(engine, name, api_key, lora_updates=enable_lora, lora_defaults=defaults)
     app = create_app(state)
     log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
     log.info("%s", startup_summary(engine, time.monotonic() - started))
@@ -226,10 +236,19 @@ def serve(
     adapters = engine.llm.adapters
     if adapters.names:
         log.info(
-            "LoRA adapters (%.1f MiB): %s; a request whose model is one of these names runs with it",
+            "LoRA adapters (%.1f MiB): %s; a request whose model is one of these names runs with it, or its "
+            "lora list picks them by id (GET /lora-adapters)",
             adapters.num_bytes / 2**20,
-            ", ".join(f"{adapter} (rank {rank})" for adapter, rank in adapters.ranks.items()),
+            ", ".join(
+                f"{adapter} (id {adapters.slots[adapter]}, rank {rank})"
+                for adapter, rank in adapters.ranks.items()
+            ),
         )
+        if defaults:
+            log.info(
+                "a request that picks no adapter runs with %s",
+                " + ".join(f"{scale:g} x {adapter}" for adapter, scale in defaults.items()),
+            )
     if gpu_memory_utilization is not None and device == "cpu":
         log.info("--gpu-memory-utilization applies to a GPU; on the CPU the KV pool is --kv-capacity's")
     if enable_lora:

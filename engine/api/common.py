@@ -23,7 +23,8 @@ SHUTDOWN = "the server is shutting down; retry on another instance or after it r
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+async def read_json(request: Request, allow_list: bool = False) -> dict[str, Any] | list:
+    """The request's JSON body: an object (or, with `allow_list`, an array too)."""
     ctype = request.headers.get("content-type", "")
     if "json" not in ctype:
         raise ApiError(
@@ -43,8 +44,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise ApiError(
             400, f"the body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
         ) from e
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+    if not isinstance(body, dict) and not (allow_list and isinstance(body, list)):
+        raise ApiError(400, "the body must be a JSON " + ("object or array" if allow_list else "object"))
     return body
 
 
@@ -141,7 +142,7 @@ def sampling_params(
             include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),
-            adapter=state.adapter_for(body),
+            **state.adapter_for(body),
             **extra,
         )
     except NinferError as e:

@@ -180,6 +180,7 @@ def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int
         "logit_bias": _logit_bias(state, body),
         "stop_token_ids": list(stop_ids) or None,
         "model": body.get("model"),  # a LoRA adapter's name picks it
+        "lora": body.get("lora"),  # or a list of adapter ids and scales
     }
     grammar = llama_cpp_grammar(body)
     return sampling_params(

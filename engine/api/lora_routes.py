@@ -1,10 +1,13 @@
-"""vLLM's LoRA routes: load and unload an adapter while serving (`POST /v1/load_lora_adapter`,
-`/v1/unload_lora_adapter`), on only with `serve --enable-lora` (vLLM asks for VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+"""The LoRA routes. vLLM's: load and unload an adapter while serving (`POST /v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`), on only with `serve --enable-lora` (vLLM asks for VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+llama-server's: `GET /lora-adapters` lists the loaded adapters with their ids and the scales a request runs
+them at when it picks none itself, `POST /lora-adapters` sets those scales ([{"id": ..., "scale": ...}]: each
+adapter named at its scale, the others at 0)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from engine.api.common import field, read_json
 from engine.api.errors import ApiError
@@ -51,4 +54,26 @@ async def unload(request: Request):
         await state.engine.unload_adapter(name)
     except NinferError as e:
         raise ApiError(409, str(e)) from e
+    state.lora_defaults.pop(name, None)
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+def _listing(state: ServerState) -> list[dict]:
+    adapters = state.engine.llm.adapters
+    return [
+        {"id": slot, "path": adapters.paths[name], "scale": state.lora_defaults.get(name, 0.0)}
+        for name, slot in sorted(adapters.slots.items(), key=lambda item: item[1])
+    ]
+
+
+@router.get("/lora-adapters")
+async def lora_adapters(request: Request):
+    return JSONResponse(_listing(request.app.state.ninfer))
+
+
+@router.post("/lora-adapters")
+async def set_lora_scales(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request, allow_list=True)
+    state.lora_defaults = state.lora_scales(body, "body")
+    return JSONResponse({"success": True})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,9 @@ class ServerState:
     prediction_warned: bool = False
     # serve --enable-lora: LoRA adapters may be loaded and unloaded while serving (engine/api/lora_routes.py)
     lora_updates: bool = False
+    # the LoRA adapters (name -> scale) a request runs with when it picks none itself, llama-server's way
+    # (serve --lora-default; GET / POST /lora-adapters); empty: the base model
+    lora_defaults: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine)
@@ -43,11 +47,52 @@ class ServerState:
         """The served model's sampling defaults for fields a request leaves out (--generation-config)."""
         return self.engine.llm.sampling_defaults
 
-    def adapter_for(self, body: dict) -> str | None:
-        """The LoRA adapter a request runs with: the one its `model` names (vLLM's way); any other name runs
-        the base model, as clients that send their own model names (Claude Code's) expect."""
+    def adapter_for(self, body: dict) -> dict[str, Any]:
+        """The LoRA adapters a request runs with, as SamplingParams fields: the one its `model` names (vLLM's
+        way; any other name runs the base model, as clients that send their own model names, Claude Code's,
+        expect), or the mix its `lora` list gives (llama-server's [{"id": ..., "scale": ...}]: each adapter
+        named at its scale, the others left out), else the server's defaults (`lora_defaults`)."""
+        slots = self.engine.llm.adapters.slots
         model = body.get("model")
-        return model if isinstance(model, str) and model in self.engine.llm.adapters.slots else None
+        named = model if isinstance(model, str) and model in slots else None
+        if body.get("lora") is not None:
+            if named is not None:
+                raise ApiError(
+                    400,
+                    f"'{named}' names a LoRA adapter as the model and 'lora' gives adapters too; use one",
+                    "lora",
+                )
+            return {"adapter_scales": self.lora_scales(body["lora"], "lora")}
+        if named is not None:
+            return {"adapter": named}
+        return {"adapter_scales": {n: s for n, s in self.lora_defaults.items() if n in slots}}
+
+    def lora_scales(self, entries: Any, param: str) -> dict[str, float]:
+        """{name: scale} from llama-server's [{"id": adapter id, "scale": number}] (GET /lora-adapters lists
+        the ids)."""
+        by_id = {slot: name for name, slot in self.engine.llm.adapters.slots.items()}
+        if not isinstance(entries, list):
+            raise ApiError(400, f'\'{param}\' is a list of {{"id": ..., "scale": ...}} objects', param)
+        scales: dict[str, float] = {}
+        for entry in entries:
+            ident = entry.get("id") if isinstance(entry, dict) else None
+            scale = entry.get("scale") if isinstance(entry, dict) else None
+            number = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+            if isinstance(ident, bool) or not isinstance(ident, int) or not number:
+                raise ApiError(
+                    400,
+                    f'\'{param}\' takes {{"id": adapter id, "scale": number}} objects; got {entry!r}',
+                    param,
+                )
+            if ident not in by_id:
+                listed = ", ".join(f"{slot} ({name})" for slot, name in sorted(by_id.items())) or "none"
+                raise ApiError(
+                    400,
+                    f"'{param}' names LoRA adapter id {ident}, which is not loaded; the ids are: {listed}",
+                    param,
+                )
+            scales[by_id[ident]] = float(scale)
+        return scales
 
     def reply_model(self, params: SamplingParams) -> str:
         """The `model` a reply names: the adapter the request ran with, else the served model."""

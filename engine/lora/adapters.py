@@ -1,10 +1,12 @@
 """The served LoRA adapters: loaded onto the model's layers, chosen per request by name.
 
-A request names its adapter in `SamplingParams.adapter` (the API: the request's `model`). A step's rows
-are grouped by adapter (`step_rows`), and each layer an adapter targets adds its low-rank delta to those
-rows (engine/lora/layer.py); the base weights stay as they are, so requests with different adapters, or
-none, share a batch. Each load of an adapter roots its own prefix-cache hash chain (`cache_root`), so its
-pages are never the base model's, another adapter's, or those of an earlier load under the same name.
+A request names its adapter in `SamplingParams.adapter` (the API: the request's `model`), or a weighted mix
+of them in `SamplingParams.adapter_scales` (llama.cpp's way). A step's rows are grouped by adapter and scale
+(`step_rows`), and each layer an adapter targets adds its low-rank delta, times the scale, to those rows
+(engine/lora/layer.py); the base weights stay as they are, so requests with different adapters, or none,
+share a batch. Each load of an adapter roots its own prefix-cache hash chain (`cache_root`; a mix, one of
+its adapters' roots and scales), so its pages are never the base model's, another adapter's or mix's, or
+those of an earlier load under the same name.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ class Adapters:
             served = ", ".join(self.slots) or "none (serve --lora NAME=PATH)"
             raise NinferError(f"no LoRA adapter '{name}' is loaded; the adapters are: {served}")
 
+    def require_mix(self, mix: tuple[tuple[str, float], ...]) -> None:
+        for name, _ in mix:
+            self.require(name)
+
+    def users(self, name: str, requests) -> int:
+        """How many of `requests` run with the adapter."""
+        return sum(any(n == name for n, _ in r.sampling_params.adapter_mix) for r in requests)
+
     def read(self, name: str, path: str) -> list[LoraPair]:
         """The adapter's pairs, checked against the model (on the host; any thread may read)."""
         ((name, path),) = lora_modules({name: path})
@@ -80,23 +90,31 @@ class Adapters:
         for layer in self._layers():
             layer.pairs.pop(slot, None)
 
-    def cache_root(self, name: str | None) -> bytes:
-        """The root of a request's prefix-cache hash chain: the base model's (empty), or its adapter's."""
-        return b"" if name is None else self._roots[name]
+    def cache_root(self, mix: tuple[tuple[str, float], ...]) -> bytes:
+        """The root of a request's prefix-cache hash chain: the base model's (empty), its adapter's, or one
+        of its mix (`SamplingParams.adapter_mix`: each adapter's load and scale)."""
+        if not mix:
+            return b""
+        if len(mix) == 1 and mix[0][1] == 1.0:
+            return self._roots[mix[0][0]]
+        parts = b"".join(self._roots[name] + float(scale).hex().encode() for name, scale in sorted(mix))
+        return hashlib.blake2b(b"lora-mix:" + parts, digest_size=16).digest()
 
-    def step_rows(self, scheduled, cu_seqlens: list[int]) -> tuple[tuple[int, torch.Tensor | None], ...]:
-        """(slot, rows [n] int64 on the device, or None for every row) of each adapter in the step."""
+    def step_rows(
+        self, scheduled, cu_seqlens: list[int]
+    ) -> tuple[tuple[int, torch.Tensor | None, float], ...]:
+        """(slot, rows [n] int64 on the device or None for every row, scale) of each adapter and scale in
+        the step."""
         if not self.slots:
             return ()
-        rows: dict[int, list[int]] = defaultdict(list)
+        rows: dict[tuple[int, float], list[int]] = defaultdict(list)
         for i, r in enumerate(scheduled):
-            name = r.sampling_params.adapter
-            if name is not None:
-                rows[self.slots[name]].extend(range(cu_seqlens[i], cu_seqlens[i + 1]))
+            for name, scale in r.sampling_params.adapter_mix:
+                rows[self.slots[name], scale].extend(range(cu_seqlens[i], cu_seqlens[i + 1]))
         total = cu_seqlens[-1]
         return tuple(
-            (slot, None if len(ids) == total else to_device(ids, torch.int64, self.device))
-            for slot, ids in rows.items()
+            (slot, None if len(ids) == total else to_device(ids, torch.int64, self.device), scale)
+            for (slot, scale), ids in rows.items()
         )
 
     def _layers(self):

@@ -36,14 +36,18 @@ class LoraWeights:
         ctx = current_forward_context()
         if ctx is None or not ctx.lora:
             return y
-        for slot, rows in ctx.lora:
+        for slot, rows, scale in ctx.lora:
             pair = self.pairs.get(slot)
             if pair is None:  # the adapter leaves this layer alone
                 continue
             a, b = pair
             if rows is None:  # every row of the step runs this adapter
-                y = y + ((x.to(a.dtype) @ a.t()) @ b.t()).to(y.dtype)
+                y = y + _scaled((x.to(a.dtype) @ a.t()) @ b.t(), scale).to(y.dtype)
             else:  # rows: [n] int64
                 delta = (x.index_select(0, rows).to(a.dtype) @ a.t()) @ b.t()  # [n, out]
-                y = y.index_add(0, rows, delta.to(y.dtype))
+                y = y.index_add(0, rows, _scaled(delta, scale).to(y.dtype))
         return y
+
+
+def _scaled(delta: torch.Tensor, scale: float) -> torch.Tensor:
+    return delta if scale == 1.0 else delta * scale

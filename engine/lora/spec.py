@@ -1,8 +1,10 @@
-"""`--lora NAME=PATH`: the adapters a server offers, as users write them (vLLM's `--lora-modules`)."""
+"""`--lora NAME=PATH`: the adapters a server offers, as users write them (vLLM's `--lora-modules`); and
+`--lora-default NAME[=SCALE]`: those a request runs with when it picks none (llama-server's `--lora`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,31 @@ def lora_modules(value: Any) -> tuple[tuple[str, str], ...]:
                 "wrote (adapter_config.json and adapter_model.safetensors), or a LoRA adapter .gguf"
             )
     return tuple((name, str(path)) for name, path in pairs)
+
+
+def lora_defaults(values: list[str] | tuple[str, ...], names: list[str]) -> dict[str, float]:
+    """{name: scale} from `NAME[=SCALE]` strings (scale 1 when left out), each naming one of `names`."""
+    out: dict[str, float] = {}
+    for text in values:
+        name, sep, scale_text = str(text).partition("=")
+        try:
+            scale = float(scale_text) if sep else 1.0
+        except ValueError:
+            scale = math.nan
+        if not math.isfinite(scale):
+            raise NinferError(f"--lora-default takes NAME or NAME=SCALE, the scale a number; got '{text}'")
+        if name not in names:
+            served = ", ".join(names) or "none: add --lora NAME=PATH"
+            raise NinferError(f"--lora-default {name}: no such adapter; the adapters are: {served}")
+        if name in out:
+            raise NinferError(f"--lora-default names '{name}' twice; give each adapter one scale")
+        out[name] = scale
+    return out
+
+
+def adapter_name(text: str) -> str:
+    """The name `--lora` gives an adapter written as NAME=PATH, PATH, or vLLM's JSON form."""
+    return _pair(text)[0]
 
 
 def _pair(text: str) -> tuple[str, str]:

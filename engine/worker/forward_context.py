@@ -35,7 +35,7 @@ class ForwardContext:
     image_embeds: torch.Tensor | None = None
     # LoRA: (adapter slot, its rows [n] int64, or None for every row) of each adapter the step runs
     # (engine/lora/adapters.py: Adapters.step_rows)
-    lora: tuple[tuple[int, torch.Tensor | None], ...] = ()
+    lora: tuple[tuple[int, torch.Tensor | None, float], ...] = ()
 
 
 def padded_block_table(rows: list[list[int]]) -> list[list[int]]:

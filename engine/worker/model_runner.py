@@ -194,7 +194,7 @@ class ModelRunner:
         # a step with prompt tokens of a request with images runs eagerly: 3D positions, image embeddings
         multimodal = any(r.mm and r.start_pos < r.mm.positions.shape[1] for r in sched.scheduled)
         # so does a step with a LoRA adapter's rows: the graphs hold the base model's layers
-        adapted = any(r.sampling_params.adapter is not None for r in sched.scheduled)
+        adapted = any(r.sampling_params.adapter_mix for r in sched.scheduled)
         q = 0 if multimodal or adapted else self._graph_query_count(sched)
         # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
         # model's recomputed tokens before them are not)

@@ -97,6 +97,79 @@ def test_models_lists_the_adapters(server):
         oai.models.retrieve("quiet")
 
 
+def test_llama_server_lora_adapters_and_per_request_scales(server):
+    """llama-server's way: GET /lora-adapters lists ids, paths and default scales; a request's `lora` list
+    runs those adapters at those scales (the others at 0); POST /lora-adapters sets what a request that
+    picks none runs with."""
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    base, loud = chat(oai, "smollm2")[1], chat(oai, "loud")[1]
+    listing = httpx.get(f"{server.url}/lora-adapters", timeout=30).json()
+    assert [(a["id"], a["path"].rsplit("/", 1)[-1], a["scale"]) for a in listing] == [
+        (0, "loud", 0.0),
+        (1, "zero", 0.0),
+    ]
+
+    def ask(body):
+        body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, **body}
+        r = httpx.post(f"{server.url}/completion", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+    def chat_with(lora):
+        r = oai.chat.completions.create(
+            model="smollm2", messages=ASK, max_tokens=12, temperature=0, extra_body={"lora": lora}
+        )
+        return r.model, r.choices[0].message.content
+
+    plain, with_loud = ask({}), ask({"model": "loud"})
+    assert plain != with_loud
+    assert ask({"lora": [{"id": 0, "scale": 1.0}]}) == with_loud
+    assert ask({"lora": [{"id": 0, "scale": 0}, {"id": 1, "scale": 1}]}) == plain
+    half = ask({"lora": [{"id": 0, "scale": 0.5}]})
+    assert half not in (plain, with_loud)  # a scale between: another model
+    assert chat_with([{"id": 0, "scale": 1}]) == ("smollm2", loud)
+    assert chat_with([]) == ("smollm2", base)
+
+    r = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.5}], timeout=30)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    try:
+        assert [a["scale"] for a in httpx.get(f"{server.url}/lora-adapters", timeout=30).json()] == [0.5, 0.0]
+        assert ask({}) == half  # the default now
+        assert ask({"lora": []}) == plain  # an empty list: no adapter
+        assert ask({"model": "loud"}) == with_loud  # the model's name still picks its adapter alone
+    finally:
+        httpx.post(f"{server.url}/lora-adapters", json=[], timeout=30)
+    assert ask({}) == plain
+
+    def refused(route, body):
+        r = httpx.post(f"{server.url}{route}", json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        return r.json()["error"]["message"]
+
+    assert refused("/completion", {"prompt": "x", "lora": [{"id": 7, "scale": 1}]}) == (
+        "'lora' names LoRA adapter id 7, which is not loaded; the ids are: 0 (loud), 1 (zero)"
+    )
+    assert "takes {" in refused("/completion", {"prompt": "x", "lora": [{"id": "0", "scale": 1}]})
+    assert "takes {" in refused("/completion", {"prompt": "x", "lora": [{"id": 0}]})
+    assert "is a list of" in refused("/v1/completions", {"prompt": "x", "lora": {"id": 0}})
+    assert "use one" in refused("/v1/completions", {"model": "loud", "prompt": "x", "lora": []})
+    assert "id 3" in refused("/lora-adapters", [{"id": 3, "scale": 1}])
+    assert [a["scale"] for a in httpx.get(f"{server.url}/lora-adapters", timeout=30).json()] == [0.0, 0.0]
+
+
+def test_serve_refuses_a_default_adapter_it_does_not_load():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ninfer_cli.main", "serve", "--lora-default", "sql=0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: --lora-default sql: no such adapter; the adapters are: none: add --lora NAME=PATH"
+    )
+
+
 def test_serve_refuses_an_adapter_folder_that_is_not_there(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ninfer_cli.main", "serve", "--lora", f"sql={tmp_path / 'none'}"],

@@ -99,9 +99,46 @@ def test_a_llama_server_command_line():
     assert translate(["--kv-dtype=int8", "--spec", "mtp"]) == (["--kv-dtype=int8", "--spec", "mtp"], [])
 
 
+def test_llama_server_lora_flags_apply_the_adapters_to_every_request():
+    """llama-server's --lora applies the adapter to every request (ninfer's and vLLM's only to requests that
+    name it): in a llama-server command line it also becomes --lora-default; --lora-scaled in either form."""
+    args, notes = translate(
+        shlex.split(
+            "-m /m/base.gguf --lora /a/tone.gguf,/a/json.gguf --lora-scaled /a/sql.gguf:0.5 "
+            "--lora-scaled /a/old.gguf 0.25"
+        )
+    )
+    assert args == [
+        "/m/base.gguf",
+        *(
+            "--lora",
+            "/a/tone.gguf",
+            "--lora",
+            "/a/json.gguf",
+            "--lora",
+            "/a/sql.gguf",
+            "--lora",
+            "/a/old.gguf",
+        ),
+        *("--lora-default", "tone", "--lora-default", "json", "--lora-default", "sql=0.5"),
+        *("--lora-default", "old=0.25"),
+    ]
+    assert notes[-1] == (
+        "llama-server's --lora / --lora-scaled: every request that picks no adapter runs with tone, json, "
+        "sql=0.5, old=0.25 (--lora-default)"
+    )
+    # loaded, not applied
+    args, notes = translate(shlex.split("-m /m/base.gguf --lora /a/tone.gguf --lora-init-without-apply"))
+    assert args == ["/m/base.gguf", "--lora", "/a/tone.gguf"]
+    assert "the adapters load at scale 0" in notes[-1]
+    # ninfer's (and vLLM's) --lora is left as it is: requests name the adapter
+    assert translate(["/m", "--lora", "tone=/a/tone"]) == (["/m", "--lora", "tone=/a/tone"], [])
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--lora-scaled", "/a/x.gguf:half"], "--lora-scaled takes FNAME:SCALE"),
         (["-tp", "2"], "-tp 2: ninfer runs a model on one GPU; drop -tp"),
         (["-ctk", "q8_0"], "-ctk q8_0 -ctv f16 is not a KV cache ninfer keeps"),
         (

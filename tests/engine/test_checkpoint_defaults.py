@@ -93,14 +93,14 @@ def test_gguf_sampling_keys(tmp_path):
 
 def test_requests_take_the_defaults_for_the_fields_they_leave_out():
     state = SimpleNamespace(
-        sampling_defaults={"temperature": 0.6, "top_k": 20, "top_p": 0.95}, adapter_for=lambda body: None
+        sampling_defaults={"temperature": 0.6, "top_k": 20, "top_p": 0.95}, adapter_for=lambda body: {}
     )
     left_out = sampling_params(state, {}, "max_tokens", 16, None)
     assert (left_out.temperature, left_out.top_k, left_out.top_p, left_out.min_p) == (0.6, 20, 0.95, 0.0)
     given = sampling_params(state, {"temperature": 0, "top_k": 0}, "max_tokens", 16, None)
     assert (given.temperature, given.top_k, given.top_p) == (0.0, 0, 0.95)
     plain = sampling_params(
-        SimpleNamespace(sampling_defaults={}, adapter_for=lambda body: None), {}, "max_tokens", 16, None
+        SimpleNamespace(sampling_defaults={}, adapter_for=lambda body: {}), {}, "max_tokens", 16, None
     )
     assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
     with pytest.raises(ApiError, match="temperature"):

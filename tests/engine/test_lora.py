@@ -112,6 +112,59 @@ def test_prefix_cache_keeps_each_adapters_pages_apart(fixture):
     assert_same(greedy(llm, None, long_prompt), base)
 
 
+def test_weighted_mix_matches_the_scaled_merge(fixture):
+    """llama.cpp's mix: 0.5 x adapter a + 1.5 x adapter b (deltas scaled and summed) is the base weights plus
+    the merged models' differences so scaled; beside requests without it, with its own prefix-cache pages."""
+    from safetensors.torch import load_file, save_file
+
+    root, llm = fixture
+    mix = {"a": 0.5, "b": 1.5}
+    base = load_file(root / "base" / "model.safetensors")
+    deltas = {n: load_file(root / f"merged_{n}" / "model.safetensors") for n in mix}
+    weights = {k: v + sum(s * (deltas[n][k] - v) for n, s in mix.items()) for k, v in base.items()}
+    ref_dir = root / "merged_mix"
+    if not ref_dir.exists():
+        ref_dir.mkdir()
+        (ref_dir / "config.json").write_text((root / "base" / "config.json").read_text())
+        save_file(weights, ref_dir / "model.safetensors", metadata={"format": "pt"})
+    want = greedy(LLM(ref_dir, max_context=256))
+
+    def run(scales, prompts=PROMPTS):
+        params = SamplingParams(
+            max_tokens=8, temperature=0, logprobs=0, ignore_eos=True, adapter_scales=scales
+        )
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+        return [(o.token_ids, [lp[t] for t, lp in zip(o.token_ids, o.logprobs)]) for o in outs]
+
+    assert_same(run(mix), want)
+    # a scale of 0 leaves the adapter out; {"a": 1} is adapter a
+    assert_same(run({"a": 1.0, "b": 0}), greedy(llm, "a"))
+    # the same prompt under another mix, or the plain adapter, finds no pages of this mix
+    long_prompt = [[300 + i % 89 for i in range(50)]]
+    run(mix, long_prompt)
+    other = llm.generate(
+        prompt_token_ids=long_prompt,
+        sampling_params=SamplingParams(max_tokens=1, adapter_scales={"a": 0.5, "b": 1.0}),
+    )
+    assert other[0].num_cached_tokens == 0
+    again = llm.generate(
+        prompt_token_ids=long_prompt, sampling_params=SamplingParams(max_tokens=1, adapter_scales=mix)
+    )
+    assert again[0].num_cached_tokens > 0
+
+
+def test_adapter_scales_refusals(fixture):
+    _, llm = fixture
+    with pytest.raises(NinferError, match="not both"):
+        SamplingParams(adapter="a", adapter_scales={"b": 1.0})
+    with pytest.raises(NinferError, match="finite scales"):
+        SamplingParams(adapter_scales={"a": float("nan")})
+    with pytest.raises(NinferError, match="finite scales"):
+        SamplingParams(adapter_scales={"a": "1"})
+    with pytest.raises(NinferError, match="no LoRA adapter 'c' is loaded"):
+        llm.generate(prompt_token_ids=PROMPTS[:1], sampling_params=SamplingParams(adapter_scales={"c": 1}))
+
+
 def test_unknown_adapter_is_refused(fixture):
     _, llm = fixture
     with pytest.raises(NinferError, match="no LoRA adapter 'c' is loaded; the adapters are: a, b"):
