@@ -2,7 +2,8 @@
 
 A random rank-R adapter on every projection of every decoder layer of the embedded default model (q, k,
 v, o, gate, up, down); decode rate as benchmarks/cpu_decode.py measures it (greedy, fixed length, the
-1-token run subtracted), for a request without the adapter, one with it, and the two side by side (C2).
+1-token run subtracted), for a request without the adapter, one with it, the two side by side (C2), and one
+with a weighted mix of two such adapters (llama.cpp's `lora` scales: each delta computed and summed).
 
     python benchmarks/lora_overhead.py [--rank 16] [--tokens 128] [--repeat 3] [--device cpu]
 """
@@ -19,9 +20,9 @@ from engine.layers.linear import Linear, MergedLinear
 from engine.lora.peft import LoraPair
 
 
-def adapter_pairs(model, rank: int) -> list[LoraPair]:
+def adapter_pairs(model, rank: int, seed: int = 0) -> list[LoraPair]:
     """Random pairs on every linear layer of the decoder (each shard of a fused one)."""
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     pairs = []
     for name, module in model.named_modules():
         if not (isinstance(module, Linear) and name.startswith("model.layers.")):
@@ -43,12 +44,19 @@ def main() -> None:
     args = ap.parse_args()
     llm = LLM(device=args.device, max_concurrency=2)
     llm.adapters.add("r", "(in memory)", adapter_pairs(llm.model, args.rank))
+    llm.adapters.add("s", "(in memory)", adapter_pairs(llm.model, args.rank, seed=1))
     ids = llm.tokenizer.encode_chat(MESSAGES)
 
     def run(adapters):
         def go(n: int) -> None:
             params = [
-                SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, adapter=a) for a in adapters
+                SamplingParams(
+                    max_tokens=n,
+                    temperature=0.0,
+                    ignore_eos=True,
+                    **({"adapter_scales": a} if isinstance(a, dict) else {"adapter": a}),
+                )
+                for a in adapters
             ]
             outs = llm.generate(prompt_token_ids=[ids] * len(adapters), sampling_params=params)
             assert all(len(o.token_ids) == n for o in outs)
@@ -57,12 +65,13 @@ def main() -> None:
 
     base = decode_rate(run([None]), args.tokens, args.repeat)
     print(
-        f"embedded model, {args.device}, adapter rank {args.rank} on every projection, {llm.adapters.num_bytes / 2**20:.1f} MiB"
+        f"embedded model, {args.device}, adapter rank {args.rank} on every projection, {llm.adapters.num_bytes / 2**21:.1f} MiB each"
     )
     print("| requests | decode tok/s (each) | vs base |")
     print("| --- | --- | --- |")
     print(f"| base | {base:.1f} | 1.00 |")
-    for label, adapters in (("adapter", ["r"]), ("base + adapter (C2)", [None, "r"])):
+    mix = {"r": 0.5, "s": 0.5}
+    for label, adapters in (("adapter", ["r"]), ("base + adapter (C2)", [None, "r"]), ("mix of two", [mix])):
         rate = decode_rate(run(adapters), args.tokens, args.repeat)
         print(f"| {label} | {rate:.1f} | {rate / base:.2f} |")
 

@@ -53,7 +53,7 @@ python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
-  tests/engine/test_vision.py \
+  tests/engine/test_vision.py tests/engine/test_draft_model.py \
   "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   "tests/engine/test_host_cache.py::test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would" \
   "tests/engine/test_lora.py::test_adapters_on_cuda_with_graphs_match_the_cpu" \
@@ -83,6 +83,25 @@ for arch in ("llama", "qwen3_5"):
             run(4)
             rates[graphs] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
         print(f"{arch} C{c}: eager {rates[False]:.0f} tok/s, CUDA graphs {rates[True]:.0f} tok/s, ratio {rates[True] / rates[False]:.2f}x")
+# spec draft: the draft model's chained steps replaying their graphs against running eagerly (decode graphs
+# on both), 3 drafts a step
+target = save_tiny(tiny_hf_model("qwen3", tied=False, hidden_size=256, intermediate_size=512), Path(tempfile.mkdtemp()))
+draft = save_tiny(tiny_hf_model("qwen3", tied=True, seed=9, hidden_size=128, num_key_value_heads=1), Path(tempfile.mkdtemp()))
+for c in (1, 4):
+    prompts = [[5 + i] + list(range(10, 40)) for i in range(c)]
+    rates = {}
+    for chain in (False, True):
+        llm = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4, spec="draft", draft_model=str(draft), draft_tokens=3)
+        if not chain:
+            llm.runner.drafter.graphs = None
+        def run(n):
+            t0 = time.perf_counter()
+            llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        run(4)
+        rates[chain] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
+    print(f"spec draft C{c}: chain eager {rates[False]:.0f} tok/s, chain graphs {rates[True]:.0f} tok/s, ratio {rates[True] / rates[False]:.2f}x")
 PY
 
 # the memory ledger against the device: serve's `--kv-capacity auto` sizing on a tiny Qwen3.5 checkpoint,

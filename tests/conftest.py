@@ -371,6 +371,19 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
+def eager_chain(chain):
+    """A drafter's ChainGraphs (engine/spec/chain_graphs.py) whose replays run the staged buffers eagerly
+    (the path a graph records: static buffers, padding rows, outputs reused across replays), counted."""
+
+    def replay(n, step):
+        chain.replays += 1
+        return chain.run_eager(n, step)
+
+    chain.replays = 0
+    chain.replay = replay
+    return chain
+
+
 @pytest.fixture
 def kernel_backend(monkeypatch):
     """kernels.force_backend for one test; the start-up backend comes back after it."""

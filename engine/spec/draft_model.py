@@ -14,7 +14,8 @@ target's. After a step, two things run:
    again (a request's chain stops where its pages end).
 
 The drafts are the draft model's greedy tokens; the target verifies them as it verifies any drafts, so the
-output is the target's own. All on the device; the drafts are read back once, at the end.
+output is the target's own. All on the device; the drafts are read back once, at the end. On CUDA the
+chained steps replay captured graphs (engine/spec/chain_graphs.py), as the MTP head's do.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class DraftModelDrafter:
         """vocab_size: the target's; a draft whose head is wider (padded) never drafts past it."""
         self.model, self.num_draft_tokens = model, num_draft_tokens
         self.block_size, self.device, self.vocab_size = block_size, device, vocab_size
+        self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, H] -> the draft model's greedy tokens [n]
@@ -99,9 +101,9 @@ class DraftModelDrafter:
         active = list(range(len(chains)))  # chains still drafting
         steps = [(active, self._greedy(out[to_device([row for _, row in chains], torch.int64, self.device)]))]
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        blocks_of = [r.block_ids for r, _ in chains]  # the same list while the same requests chain
         for step in range(1, self.num_draft_tokens):
             pos = [first_pos[c] + step - 1 for c in active]  # the previous draft's position
-            blocks_of = [chains[c][0].block_ids for c in active]
             fits = [i for i, p in enumerate(pos) if p < len(blocks_of[i]) * self.block_size]
             if not fits:
                 break
@@ -113,11 +115,18 @@ class DraftModelDrafter:
                     [pos[i] for i in fits],
                     [blocks_of[i] for i in fits],
                 )
-            slots = [slot_of(b, p, self.block_size) for b, p in zip(blocks_of, pos)]
-            cu = list(range(len(pos) + 1))  # one token a request
-            h = self._run(drafts, pos, cu, [p + 1 for p in pos], slots, blocks_of)  # [n, H]
-            steps.append((active, self._greedy(h)))
+            steps.append((active, self._chain_step(drafts, pos, blocks_of)))
         return per_request([r.request_id for r, _ in chains], steps)  # the one read back
+
+    def _chain_step(self, drafts: torch.Tensor, pos: list[int], blocks_of: list[list[int]]) -> torch.Tensor:
+        """One chained draft a request (`drafts` [n] on the device, each at its `pos`): the next drafts [n]."""
+        slots = [slot_of(b, p, self.block_size) for b, p in zip(blocks_of, pos)]
+        if self.graphs is not None and len(pos) <= self.graphs.max_batch:
+            self.graphs.stage(drafts, None, pos, slots, blocks_of)
+            return self.graphs.replay(len(pos), 0)[1].clone()  # the next replay rewrites the graph's outputs
+        cu = list(range(len(pos) + 1))  # one token a request
+        h = self._run(drafts, pos, cu, [p + 1 for p in pos], slots, blocks_of)  # [n, H]
+        return self._greedy(h)
 
 
 def open_draft_model(

@@ -10,7 +10,7 @@ token at p + 1, the token at p + 2. After a step, two things run:
 2. Chained steps of one token a request: the head's own output hidden state stands in for the model's at
    the next position, paired with the draft just made, for up to `num_draft_tokens` drafts. Their KV
    goes to positions the model has not run yet; the next step's pass writes those again with the model's
-   own hidden states. On CUDA these steps replay captured graphs (engine/spec/mtp_graphs.py).
+   own hidden states. On CUDA these steps replay captured graphs (engine/spec/chain_graphs.py).
 
 All on the device; the drafts are read back once, at the end.
 """
@@ -29,7 +29,7 @@ class MTPDrafter:
     def __init__(self, model, num_draft_tokens: int, block_size: int, device: torch.device):
         self.model, self.num_draft_tokens = model, num_draft_tokens
         self.block_size, self.device = block_size, device
-        self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/mtp_graphs.ChainGraphs)
+        self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
 
     def _tensor(self, x, dtype):
         return to_device(x, dtype, self.device)

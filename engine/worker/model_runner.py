@@ -14,9 +14,9 @@ from engine.lora.adapters import Adapters
 from engine.models.base import CausalLM
 from engine.sample.sampler import Sampler
 from engine.scheduler.output import RunnerOutput, SchedulerOutput
+from engine.spec.chain_graphs import draft_chain_graphs, mtp_chain_graphs
 from engine.spec.draft_model import DraftModelDrafter
 from engine.spec.mtp import MTPDrafter
-from engine.spec.mtp_graphs import ChainGraphs
 from engine.transfer import to_device
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import (
@@ -102,8 +102,13 @@ class ModelRunner:
                 max_query=self.max_query,
             )
             self.graphs = captured_or_none(graphs)
+            batch = engine_config.max_concurrency
             if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
-                chain = ChainGraphs(model, engine_config.max_concurrency, max_blocks, self.device, dtype)
+                chain = mtp_chain_graphs(model, batch, max_blocks, self.device, dtype)
+                self.drafter.graphs = captured_or_none(chain)
+            if isinstance(self.drafter, DraftModelDrafter) and self.graphs is not None:
+                vocab = model_config.vocab_size
+                chain = draft_chain_graphs(draft_model, vocab, batch, max_blocks, self.device, dtype)
                 self.drafter.graphs = captured_or_none(chain)
 
     def _modules(self):

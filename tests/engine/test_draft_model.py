@@ -71,6 +71,55 @@ def test_a_draft_that_is_the_target_sees_its_drafts_accepted(target, plain, kv_d
     assert accepted >= 0.9 * drafted
 
 
+def test_chained_drafts_through_the_graph_buffers(target, plain, other_draft):
+    """The chained steps' CUDA-graph path (static buffers, a padding row, outputs reused across replays) run
+    eagerly here: step by step the same drafts as the eager drafter's, and the target's output."""
+    import torch
+    from conftest import eager_chain
+
+    from engine.spec.chain_graphs import draft_chain_graphs
+
+    _, path = target
+    eager, graphed = (_spec(path, other_draft, max_concurrency=4) for _ in range(2))
+    max_blocks = -(-graphed.max_context // 8)
+    chain = eager_chain(
+        draft_chain_graphs(
+            graphed.runner.draft_model,
+            graphed.model_config.vocab_size,
+            4,
+            max_blocks,
+            torch.device("cpu"),
+            torch.float32,
+        )
+    )
+    graphed.runner.drafter.graphs = chain
+    ids = [[llm.add_request(p, GREEDY) for p in PROMPTS] for llm in (eager, graphed)]
+    requests = [graphed.scheduler.requests[rid] for rid in ids[1]]
+    while eager.has_unfinished_requests():
+        eager.step()
+        graphed.step()
+        want = [eager.scheduler.proposer._drafts.get(rid) for rid in ids[0]]
+        assert [graphed.scheduler.proposer._drafts.get(rid) for rid in ids[1]] == want
+    assert [r.output_token_ids for r in requests] == plain
+    assert chain.replays >= 2 * (
+        GREEDY.max_tokens // 4
+    )  # k - 1 = 2 chained steps a step, 3 in the bucket of 4
+
+
+@pytest.mark.gpu
+def test_draft_model_chain_on_cuda_with_graphs(target, other_draft):
+    """On a GPU the draft model's chained steps replay their own graphs beside the decode graphs: the
+    drafts made and the output equal the CPU's (fp32 both)."""
+    _, path = target
+    outs = {}
+    for device in ("cpu", "cuda"):
+        llm = _spec(path, other_draft, max_concurrency=4, device=device, dtype="float32")
+        if device == "cuda":
+            assert llm.runner.graphs is not None and llm.runner.drafter.graphs is not None
+        outs[device] = [(o.token_ids, o.num_draft_tokens) for o in llm.generate(None, GREEDY, PROMPTS)]
+    assert outs["cuda"] == outs["cpu"]
+
+
 def test_a_prediction_drafts_before_the_draft_model(target, plain, other_draft):
     """Predicted Outputs under spec draft: the prediction's drafts (right, then edited) run where the draft
     model's would, and its KV still covers every token that stands: the output is the target's."""

@@ -234,22 +234,15 @@ def test_prefix_cache_hits_after_drafting_runs_keep_output(mtp_model):
 def test_chained_drafts_through_the_graph_buffers(mtp_model):
     """The chained steps' CUDA-graph path (static buffers, padding rows, outputs reused across replays) run
     eagerly here: the drafts still equal the reference's."""
-    from engine.spec.mtp_graphs import ChainGraphs
+    from conftest import eager_chain
 
-    class EagerChain(ChainGraphs):
-        replays = 0
-
-        def capture(self):
-            pass
-
-        def replay(self, n, step):
-            EagerChain.replays += 1
-            return self.run_eager(n, step)
+    from engine.spec.chain_graphs import mtp_chain_graphs
 
     model, path, tensors = mtp_model
     llm = LLM(path, spec="mtp", draft_tokens=4, enable_prefix_caching=False)
-    llm.runner.drafter.graphs = EagerChain(llm.model, 4, 32, torch.device("cpu"), torch.float32)
-    assert llm.runner.drafter.graphs.buckets == [1, 2, 4]
+    chain = eager_chain(mtp_chain_graphs(llm.model, 4, 32, torch.device("cpu"), torch.float32))
+    llm.runner.drafter.graphs = chain
+    assert chain.buckets == [1, 2, 4]
     rids = [
         llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
         for p in (PROMPT, PROMPT[3:])
@@ -259,4 +252,4 @@ def test_chained_drafts_through_the_graph_buffers(mtp_model):
         for rid in rids:
             tokens = (PROMPT if rid == rids[0] else PROMPT[3:]) + llm.scheduler.requests[rid].output_token_ids
             assert llm.scheduler.proposer._drafts[rid][1] == reference_drafts(model, tensors, tokens, 4)
-    assert EagerChain.replays >= 9  # 3 chained steps a step, both requests in the bucket of 2
+    assert chain.replays >= 9  # 3 chained steps a step, both requests in the bucket of 2

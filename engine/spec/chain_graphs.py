@@ -1,17 +1,19 @@
-"""CUDA graphs for the MTP head's chained draft steps (spec mtp).
+"""CUDA graphs for the drafters' chained steps (spec mtp: the MTP head; spec draft: the draft model).
 
-After a step, the head drafts its 2nd .. k-th tokens one position at a time for every drafting request:
-each such step is the head's layer, its norm and the draft head over one token a request, about twenty
-launches, k - 1 times a step. Each batch bucket (and, for a head of several layers, each layer) is
+After a step, a drafter drafts its 2nd .. k-th tokens one position at a time for every drafting request:
+each such step is the MTP head's layer, its norm and the draft head (about twenty launches), or the whole
+draft model and its head (a few hundred), over one token a request, k - 1 times a step; at that size the
+launches, not the GPU, set the pace. Each batch bucket (and, for a head of several layers, each layer) is
 captured once over static buffers, as the decode graphs are (engine/worker/cuda_graphs.py): the step's
-inputs (the drafts just made, the head's last hidden states, positions, slots) are copied in, the graph
-replays, and its outputs (hidden states, drafts) feed the next step without leaving the device. Padding
-rows write no KV (slot -1) and read page 0.
+inputs (the drafts just made, the MTP head's last hidden states, positions, slots) are copied in, the
+graph replays, and its outputs (hidden states, drafts) feed the next step without leaving the device.
+Padding rows write no KV (slot -1) and read page 0.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -21,22 +23,62 @@ from engine.worker.forward_context import ForwardContext, set_forward_context
 
 log = logging.getLogger("ninfer.graphs")
 
+# one chained step: (drafts [b] int64, hidden states [b, H] or None, positions [b], variant) ->
+# (hidden states [b, H], the next drafts [b])
+ChainStep = Callable[
+    [torch.Tensor, torch.Tensor | None, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+def mtp_chain_graphs(model, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
+    """The MTP head's chain: a variant per head layer (step k runs layer k mod layers)."""
+
+    def step(ids, hidden, positions, layer):
+        h = model.mtp(positions, model.model.embed_tokens(ids), hidden, layer)
+        return h, model.draft_logits(h).argmax(-1)
+
+    size = model.config.hidden_size
+    return ChainGraphs(step, len(model.mtp.layers), size, max_batch, max_blocks, device, dtype, "MTP")
+
+
+def draft_chain_graphs(draft, vocab_size: int, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
+    """The draft model's chain (spec draft): the whole model over each request's last draft, its greedy
+    token within the target's vocabulary. It takes no hidden states in."""
+
+    def step(ids, hidden, positions, variant):
+        h = draft(ids, positions)
+        return h, draft.compute_logits(h)[:, :vocab_size].argmax(-1)
+
+    return ChainGraphs(step, 1, None, max_batch, max_blocks, device, dtype, "draft-model")
+
 
 class ChainGraphs:
-    def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device, dtype: torch.dtype):
-        self.model = model
+    def __init__(
+        self,
+        step: ChainStep,
+        num_variants: int,
+        hidden_size: int | None,
+        max_batch: int,
+        max_blocks: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        label: str,
+    ):
+        """`hidden_size`: the width of the hidden states a step takes in (None: it takes none)."""
+        self.step, self.num_variants, self.label = step, num_variants, label
         self.buckets = graph_buckets(max_batch)
-        self.num_layers = len(model.mtp.layers)
         size = self.buckets[-1]
         self.ids = torch.zeros(size, dtype=torch.int64, device=device)
-        self.hidden = torch.zeros(size, model.config.hidden_size, dtype=dtype, device=device)
+        self.hidden = (
+            None if hidden_size is None else torch.zeros(size, hidden_size, dtype=dtype, device=device)
+        )
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, layer) -> graph
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, variant) -> graph
         self._staged_rows: list | None = None  # the block rows the table holds (kept alive, so `is` is safe)
         self.outputs: dict[
             tuple[int, int], tuple[torch.Tensor, torch.Tensor]
@@ -46,7 +88,7 @@ class ChainGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def _forward(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: int, variant: int) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = ForwardContext(
             cu_seqlens_q=self.cu_seqlens_q[: b + 1],
             seq_lens=self.seq_lens[:b],
@@ -55,23 +97,26 @@ class ChainGraphs:
             state_indices=self.state_indices[:b],
             query_tokens_per_seq=1,
         )
-        model = self.model
+        hidden = None if self.hidden is None else self.hidden[:b]
         with set_forward_context(ctx):
-            h = model.mtp(self.positions[:b], model.model.embed_tokens(self.ids[:b]), self.hidden[:b], layer)
-            return h, model.draft_logits(h).argmax(-1)
+            return self.step(self.ids[:b], hidden, self.positions[:b], variant)
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
-        for layer in range(self.num_layers):
+        for variant in range(self.num_variants):
             for b in reversed(self.buckets):
-                graph, self.outputs[b, layer] = capture_graph(
-                    lambda b=b, layer=layer: self._forward(b, layer), pool
+                graph, self.outputs[b, variant] = capture_graph(
+                    lambda b=b, variant=variant: self._forward(b, variant), pool
                 )
                 pool = graph.pool()
-                self.graphs[b, layer] = graph
+                self.graphs[b, variant] = graph
         torch.cuda.synchronize()
-        log.info("captured MTP draft-chain CUDA graphs for batch sizes %s", ", ".join(map(str, self.buckets)))
+        log.info(
+            "captured %s draft-chain CUDA graphs for batch sizes %s",
+            self.label,
+            ", ".join(map(str, self.buckets)),
+        )
 
     def clear(self) -> None:
         self.graphs.clear()
@@ -83,7 +128,7 @@ class ChainGraphs:
     def stage(
         self,
         tokens: torch.Tensor,  # [n] int64 on the device: the drafts just made
-        hidden: torch.Tensor,  # [n, H]: the head's hidden states at the previous position
+        hidden: torch.Tensor | None,  # [n, H]: the MTP head's hidden states at the previous position
         positions: list[int],
         slots: list[int],
         block_rows: list[list[int]],
@@ -96,7 +141,8 @@ class ChainGraphs:
         b = self.bucket_for(n)
         pad = b - n
         self.ids[:n].copy_(tokens)
-        self.hidden[:n].copy_(hidden)
+        if self.hidden is not None:
+            self.hidden[:n].copy_(hidden)
         # the rotary positions: behind the index after an image (engine/vision/mrope.py)
         rope = positions if rope_positions is None else rope_positions
         host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
@@ -110,12 +156,12 @@ class ChainGraphs:
 
     def replay(self, n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged chain step through its graph: (hidden [n, H], drafts [n])."""
-        key = (self.bucket_for(n), step % self.num_layers)
+        key = (self.bucket_for(n), step % self.num_variants)
         self.graphs[key].replay()
         h, drafts = self.outputs[key]
         return h[:n], drafts[:n]
 
     def run_eager(self, n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        h, drafts = self._forward(self.bucket_for(n), step % self.num_layers)
+        h, drafts = self._forward(self.bucket_for(n), step % self.num_variants)
         return h[:n], drafts[:n]
