@@ -41,13 +41,12 @@ class LoraWeights:
             if pair is None:  # the adapter leaves this layer alone
                 continue
             a, b = pair
-            if rows is None:  # every row of the step runs this adapter
-                y = y + _scaled((x.to(a.dtype) @ a.t()) @ b.t(), scale).to(y.dtype)
+            if rows is None:  # every row of the step runs this adapter: y + scale * (x A^T) B^T, fused
+                if y.dtype == a.dtype:
+                    y = torch.addmm(y, x.to(a.dtype) @ a.t(), b.t(), alpha=scale)
+                else:
+                    y = y + (scale * ((x.to(a.dtype) @ a.t()) @ b.t())).to(y.dtype)
             else:  # rows: [n] int64
                 delta = (x.index_select(0, rows).to(a.dtype) @ a.t()) @ b.t()  # [n, out]
-                y = y.index_add(0, rows, _scaled(delta, scale).to(y.dtype))
+                y = y.index_add(0, rows, delta.to(y.dtype), alpha=scale)
         return y
-
-
-def _scaled(delta: torch.Tensor, scale: float) -> torch.Tensor:
-    return delta if scale == 1.0 else delta * scale
