@@ -116,8 +116,8 @@ class LLM:
             self.max_context,
             backup_slot_base=state_pool.backup_slot_base if state_pool else None,
             draft_model=self.draft_model,
+            adapters=self.adapters,
         )
-        self.runner.adapters = self.adapters
         host_slots = 0
         if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)
             host_slots = host_slots_for(config.host_cache, page_bytes(self.runner.kv_caches))

@@ -102,6 +102,24 @@ for c in (1, 4):
         run(4)
         rates[chain] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
     print(f"spec draft C{c}: chain eager {rates[False]:.0f} tok/s, chain graphs {rates[True]:.0f} tok/s, ratio {rates[True] / rates[False]:.2f}x")
+# a LoRA adapter loaded at start-up (a lane of the decode graphs) against the base model, both in graphs,
+# and the same adapter loaded later (its steps eager)
+from conftest import write_lora_adapter
+adapter = write_lora_adapter(Path(tempfile.mkdtemp()) / "a", {"mlp.down_proj": (512, 256), "mlp.up_proj": (256, 512)}, 2, 0.5)
+llm = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4, lora_modules={"a": str(adapter)})
+llm.load_adapter("late", str(adapter))
+for c in (1, 4):
+    prompts = [[5 + i] + list(range(10, 40)) for i in range(c)]
+    rates = {}
+    for name in (None, "a", "late"):
+        def run(n):
+            t0 = time.perf_counter()
+            llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, adapter=name))
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        run(4)
+        rates[name] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
+    print(f"LoRA C{c}: base {rates[None]:.0f} tok/s, adapter in graphs {rates['a']:.0f} ({rates['a'] / rates[None]:.2f}x), adapter eager {rates['late']:.0f} ({rates['late'] / rates[None]:.2f}x)")
 PY
 
 # the memory ledger against the device: serve's `--kv-capacity auto` sizing on a tiny Qwen3.5 checkpoint,

@@ -371,17 +371,17 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
-def eager_chain(chain):
-    """A drafter's ChainGraphs (engine/spec/chain_graphs.py) whose replays run the staged buffers eagerly
-    (the path a graph records: static buffers, padding rows, outputs reused across replays), counted."""
+def eager_replays(graphs):
+    """CUDA graphs (DecodeGraphs, a drafter's ChainGraphs) whose replays run the staged buffers eagerly (the
+    path a graph records: static buffers, padding rows, outputs reused across replays), counted."""
 
-    def replay(n, step):
-        chain.replays += 1
-        return chain.run_eager(n, step)
+    def replay(n, key=1):
+        graphs.replays += 1
+        return graphs.run_eager(n, key)
 
-    chain.replays = 0
-    chain.replay = replay
-    return chain
+    graphs.replays = 0
+    graphs.replay = replay
+    return graphs
 
 
 @pytest.fixture

@@ -34,6 +34,9 @@ class Adapters:
         self.ranks: dict[str, int] = {}
         self._roots: dict[str, bytes] = {}
         self._next_slot = itertools.count()
+        # slots 0 .. graph_lanes - 1 (the adapters loaded before the CUDA graphs were captured) are lanes of
+        # the graphs: their steps replay graphs; an adapter loaded later runs its steps eagerly
+        self.graph_lanes = 0
 
     @property
     def names(self) -> list[str]:
@@ -88,7 +91,11 @@ class Adapters:
         slot = self.slots.pop(name)
         del self.paths[name], self.ranks[name], self._roots[name]
         for layer in self._layers():
-            layer.pairs.pop(slot, None)
+            if slot < self.graph_lanes and slot in layer.pairs:  # the graphs read it: zeros, kept alive
+                for t in layer.pairs[slot]:
+                    t.zero_()
+            else:
+                layer.pairs.pop(slot, None)
 
     def cache_root(self, mix: tuple[tuple[str, float], ...]) -> bytes:
         """The root of a request's prefix-cache hash chain: the base model's (empty), its adapter's, or one
@@ -116,6 +123,12 @@ class Adapters:
             (slot, None if len(ids) == total else to_device(ids, torch.int64, self.device), scale)
             for (slot, scale), ids in rows.items()
         )
+
+    def lane_scales(self, scheduled) -> list[list[tuple[int, float]]] | None:
+        """(slot, scale) of each adapter each request runs with, for a CUDA graph's step; None when one of
+        them is not a lane of the graphs (the step runs eagerly)."""
+        lanes = [[(self.slots[n], scale) for n, scale in r.sampling_params.adapter_mix] for r in scheduled]
+        return None if any(slot >= self.graph_lanes for row in lanes for slot, _ in row) else lanes
 
     def _layers(self):
         return (m.lora for m in self.model.modules() if isinstance(m, Linear) and m.lora is not None)

@@ -34,7 +34,15 @@ class LoraWeights:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # x: [T, in], y: [T, out] -> y plus each step row's adapter delta
         ctx = current_forward_context()
-        if ctx is None or not ctx.lora:
+        if ctx is None:
+            return y
+        if ctx.lora_lanes is not None:  # a CUDA graph's step: every lane, each row weighted by its scale
+            for slot in range(ctx.lora_lanes.shape[0]):
+                pair = self.pairs.get(slot)
+                if pair is not None:
+                    a, b = pair
+                    weights = ctx.lora_lanes[slot].unsqueeze(1)  # [T, 1]
+                    y = y + (((x.to(a.dtype) @ a.t()) * weights) @ b.t()).to(y.dtype)
             return y
         for slot, rows, scale in ctx.lora:
             pair = self.pairs.get(slot)

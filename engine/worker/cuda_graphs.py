@@ -10,6 +10,8 @@ dropped.
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
 every length; the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
 recurrent-state resets, restores, backups and snapshots are copies outside the graph, before and after it.
+LoRA adapters loaded at start-up are lanes of every graph: each layer they target adds every lane's delta,
+each row weighted by its scale for that lane (0 for a row without it), so steps with adapters replay too.
 
 With speculative decoding a step verifies drafts: q query tokens per sequence (its last known token and
 q - 1 drafts, or on a hybrid model the tokens it recomputes after a rejected draft). Each (batch bucket, q)
@@ -54,7 +56,18 @@ def stage_block_table(buffer: torch.Tensor, rows: list[list[int]], b: int) -> No
 
 
 class DecodeGraphs:
-    def __init__(self, model, max_batch: int, max_blocks: int, device: torch.device, max_query: int = 1):
+    def __init__(
+        self,
+        model,
+        max_batch: int,
+        max_blocks: int,
+        device: torch.device,
+        max_query: int = 1,
+        lora_lanes: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
+        """lora_lanes: LoRA adapters (slots 0 .. lora_lanes - 1) every graph runs, each row weighted by its
+        scale for that adapter (0: the row runs without it)."""
         self.model = model
         self.buckets = graph_buckets(max_batch)
         self.max_query = max_query
@@ -71,6 +84,8 @@ class DecodeGraphs:
         self.seq_lens = torch.full((size,), max_query, dtype=torch.int32, device=device)
         self.block_table = zeros(size, max_blocks)
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
+        # [lanes, rows]: each row's scale for each LoRA lane (padding rows: 0)
+        self.lora_scales = torch.zeros(lora_lanes, size * max_query, dtype=dtype, device=device)
         self.cu_seqlens_q = {  # q -> [size + 1]: q tokens a sequence
             q: torch.arange(0, size * q + 1, q, dtype=torch.int32, device=device) for q in self.query_counts
         }
@@ -95,7 +110,12 @@ class DecodeGraphs:
             block_table=self.block_table[:b],
             state_indices=self.state_indices[:b],
             query_tokens_per_seq=q,
+            lora_lanes=self.lora_scales[:, : b * q] if self.lora_lanes else None,
         )
+
+    @property
+    def lora_lanes(self) -> int:
+        return self.lora_scales.shape[0]
 
     def _forward(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
         with set_forward_context(self._context(b, q)):
@@ -134,10 +154,11 @@ class DecodeGraphs:
         block_rows: list[list[int]],
         state_indices=None,
         q: int = 1,
+        lora: list[list[tuple[int, float]]] | None = None,
     ) -> int:
         """Copy one step (n sequences x q tokens, rows grouped by sequence) into the static buffers, padding
         up to its bucket; returns the bucket. state_indices: each sequence's recurrent-state slot (hybrid
-        models; -1 where none)."""
+        models; -1 where none). lora: each sequence's (LoRA lane, scale) pairs (with lanes)."""
         n = len(block_rows)
         assert len(input_ids) == n * q and q <= self.max_query
         b = self.bucket_for(n)
@@ -156,6 +177,12 @@ class DecodeGraphs:
         self.seq_lens[:b].copy_(small[0])
         self.state_indices[:b].copy_(small[1])
         stage_block_table(self.block_table, block_rows, b)
+        if self.lora_lanes:
+            scales = torch.zeros(self.lora_lanes, b * q, dtype=self.lora_scales.dtype)
+            for i, pairs in enumerate(lora or ()):
+                for lane, scale in pairs:
+                    scales[lane, i * q : (i + 1) * q] = scale
+            self.lora_scales[:, : b * q].copy_(scales)
         return b
 
     def replay(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,9 +33,12 @@ class ForwardContext:
     # [M, 1 + deepstack levels, H] instead of the <|image_pad|> token's (engine/vision; DecoderModel)
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
-    # LoRA: (adapter slot, its rows [n] int64, or None for every row) of each adapter the step runs
+    # LoRA: (adapter slot, its rows [n] int64 or None for every row, scale) of each adapter the step runs
     # (engine/lora/adapters.py: Adapters.step_rows)
     lora: tuple[tuple[int, torch.Tensor | None, float], ...] = ()
+    # LoRA in a CUDA graph: [S, T] the scale each of the S graph lanes (the adapters loaded at start-up, by
+    # slot) has on each row, 0 where the row does not run it; every layer runs every lane
+    lora_lanes: torch.Tensor | None = None
 
 
 def padded_block_table(rows: list[list[int]]) -> list[list[int]]:

@@ -41,6 +41,7 @@ class ModelRunner:
         max_context: int | None = None,
         backup_slot_base: int | None = None,
         draft_model: CausalLM | None = None,
+        adapters: Adapters | None = None,
     ):
         """backup_slot_base: speculative decoding on a hybrid model: state slot s is backed up at
         backup_slot_base + s while a step verifies drafts (engine/cache/state_pool.py). draft_model: spec
@@ -89,19 +90,24 @@ class ModelRunner:
             vocab = model_config.vocab_size
             self.drafter = DraftModelDrafter(draft_model, k, self.block_size, self.device, vocab)
         self.images = ImageEmbeddings(model.visual, self.device)
-        self.adapters: Adapters | None = None  # the served LoRA adapters, once loaded (engine/lora)
+        self.adapters = adapters  # the served LoRA adapters (engine/lora)
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
             max_blocks = -(-max_context // self.block_size)
+            lanes = len(adapters.slots) if adapters is not None else 0
             graphs = DecodeGraphs(
                 model,
                 engine_config.max_concurrency,
                 max_blocks,
                 self.device,
                 max_query=self.max_query,
+                lora_lanes=lanes,
+                dtype=dtype,
             )
             self.graphs = captured_or_none(graphs)
+            if adapters is not None and self.graphs is not None:
+                adapters.graph_lanes = lanes
             batch = engine_config.max_concurrency
             if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
                 chain = mtp_chain_graphs(model, batch, max_blocks, self.device, dtype)
@@ -198,8 +204,14 @@ class ModelRunner:
         )
         # a step with prompt tokens of a request with images runs eagerly: 3D positions, image embeddings
         multimodal = any(r.mm and r.start_pos < r.mm.positions.shape[1] for r in sched.scheduled)
-        # so does a step with a LoRA adapter's rows: the graphs hold the base model's layers
-        adapted = any(r.sampling_params.adapter_mix for r in sched.scheduled)
+        # so does a step with the rows of a LoRA adapter loaded after the graphs were captured (those loaded
+        # before are lanes of every graph)
+        lanes = None
+        if self.adapters is not None and any(r.sampling_params.adapter_mix for r in sched.scheduled):
+            lanes = self.adapters.lane_scales(sched.scheduled)
+            adapted = lanes is None
+        else:
+            adapted = False
         q = 0 if multimodal or adapted else self._graph_query_count(sched)
         # the rows sampled: each sampled request's last known token, then each of its drafts (a hybrid
         # model's recomputed tokens before them are not)
@@ -211,7 +223,9 @@ class ModelRunner:
         ]
         if q:
             block_rows = [r.block_ids for r in sched.scheduled]
-            self.graphs.stage(input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices, q)
+            self.graphs.stage(
+                input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices, q, lora=lanes
+            )
             hidden, logits = self.graphs.replay(len(sched.scheduled), q)  # [B * q, H], [B * q, V]
             if len(rows) < len(input_ids):
                 logits = logits[to_device(rows, torch.int64, self.device)]

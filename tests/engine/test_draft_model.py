@@ -75,14 +75,14 @@ def test_chained_drafts_through_the_graph_buffers(target, plain, other_draft):
     """The chained steps' CUDA-graph path (static buffers, a padding row, outputs reused across replays) run
     eagerly here: step by step the same drafts as the eager drafter's, and the target's output."""
     import torch
-    from conftest import eager_chain
+    from conftest import eager_replays
 
     from engine.spec.chain_graphs import draft_chain_graphs
 
     _, path = target
     eager, graphed = (_spec(path, other_draft, max_concurrency=4) for _ in range(2))
     max_blocks = -(-graphed.max_context // 8)
-    chain = eager_chain(
+    chain = eager_replays(
         draft_chain_graphs(
             graphed.runner.draft_model,
             graphed.model_config.vocab_size,

@@ -165,6 +165,48 @@ def test_adapter_scales_refusals(fixture):
         llm.generate(prompt_token_ids=PROMPTS[:1], sampling_params=SamplingParams(adapter_scales={"c": 1}))
 
 
+def test_adapters_in_graph_steps_through_the_buffers(fixture):
+    """With CUDA graphs the adapters loaded at start-up are lanes of every graph (each row weighted by its
+    scale for each lane): decode steps of a batch mixing the base model, each adapter and a weighted mix go
+    through the graph path (run eagerly here, through its static buffers) and give the eager path's tokens.
+    An adapter loaded later runs its steps eagerly; one unloaded leaves zeros in its lane."""
+    from conftest import eager_replays
+
+    from engine.worker.cuda_graphs import DecodeGraphs
+
+    root, _ = fixture
+    options = dict(lora_modules={"a": str(root / "a"), "b": str(root / "b")}, max_context=256)
+    runs = [None, "a", "b", {"a": 0.5, "b": 1.5}]
+
+    def params(run):
+        pick = {"adapter_scales": run} if isinstance(run, dict) else {"adapter": run}
+        return SamplingParams(max_tokens=8, temperature=0, logprobs=0, ignore_eos=True, **pick)
+
+    def generate(llm, runs):
+        outs = llm.generate(
+            prompt_token_ids=[PROMPTS[0]] * len(runs), sampling_params=[params(r) for r in runs]
+        )
+        return [(o.token_ids, [lp[t] for t, lp in zip(o.token_ids, o.logprobs)]) for o in outs]
+
+    want = generate(LLM(root / "base", **options), runs)
+    llm = LLM(root / "base", **options)
+    graphs = DecodeGraphs(
+        llm.model, 4, 256 // llm.engine_config.block_size, torch.device("cpu"), lora_lanes=2
+    )
+    llm.runner.graphs = eager_replays(graphs)
+    llm.adapters.graph_lanes = 2
+    assert_same(generate(llm, runs), want)
+    assert graphs.replays >= 7  # every decode step of the batch
+    # a third adapter, loaded now: not a lane, so the steps that run it are eager
+    llm.load_adapter("c", str(root / "b"))  # the same weights as b, under a new name and slot
+    before = graphs.replays
+    assert_same(generate(llm, ["c"]), generate(llm, ["b"])[:1])
+    assert graphs.replays - before == 7  # only b's run replayed (7 decode steps after the prompt's)
+    # unloading a lane's adapter zeroes it in place (the graphs read it): the others keep their output
+    llm.unload_adapter("a")
+    assert_same(generate(llm, [None, "b"]), [want[0], want[2]])
+
+
 def test_unknown_adapter_is_refused(fixture):
     _, llm = fixture
     with pytest.raises(NinferError, match="no LoRA adapter 'c' is loaded; the adapters are: a, b"):
@@ -222,8 +264,9 @@ def test_lora_modules_flag_values_are_checked(value, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_adapters_on_cuda_with_graphs_match_the_cpu(arch, tmp_path):
-    """On the GPU a step with an adapter's rows runs eagerly beside the base model's graphs: a batch of base
-    and adapter requests gives the CPU's tokens (fp32 both)."""
+    """On the GPU the adapter loaded at start-up is a lane of the decode graphs, an adapter loaded later runs
+    its steps eagerly beside them: batches of base and adapter requests, and a weighted mix, give the CPU's
+    tokens (fp32 both)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     base = tiny_hf_model(arch, tied=False, seed=3)
@@ -239,16 +282,26 @@ def test_adapters_on_cuda_with_graphs_match_the_cpu(arch, tmp_path):
             lora_modules={"a": str(adapter)},
             max_context=256,
         )
-        outs[device] = [[t for t, _ in greedy(llm, name, n=12)] for name in (None, "a")] + [
-            o.token_ids
-            for o in llm.generate(
-                prompt_token_ids=PROMPTS * 2,
-                sampling_params=[
-                    SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, adapter=name)
-                    for name in (None, None, "a", "a")
-                ],
-            )
-        ]
+        llm.load_adapter("late", str(adapter))
+        if device == "cuda":
+            assert llm.runner.graphs is not None and llm.adapters.graph_lanes == 1
+        mix = SamplingParams(
+            max_tokens=12, temperature=0, ignore_eos=True, adapter_scales={"a": 0.5, "late": 1}
+        )
+        outs[device] = (
+            [[t for t, _ in greedy(llm, name, n=12)] for name in (None, "a", "late")]
+            + [llm.generate(prompt_token_ids=PROMPTS[:1], sampling_params=mix)[0].token_ids]
+            + [
+                o.token_ids
+                for o in llm.generate(
+                    prompt_token_ids=PROMPTS * 2,
+                    sampling_params=[
+                        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, adapter=name)
+                        for name in (None, None, "a", "a")
+                    ],
+                )
+            ]
+        )
     assert outs["cuda"] == outs["cpu"]
     assert outs["cpu"][0] != outs["cpu"][1]  # the adapter changes the output
 

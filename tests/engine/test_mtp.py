@@ -234,13 +234,13 @@ def test_prefix_cache_hits_after_drafting_runs_keep_output(mtp_model):
 def test_chained_drafts_through_the_graph_buffers(mtp_model):
     """The chained steps' CUDA-graph path (static buffers, padding rows, outputs reused across replays) run
     eagerly here: the drafts still equal the reference's."""
-    from conftest import eager_chain
+    from conftest import eager_replays
 
     from engine.spec.chain_graphs import mtp_chain_graphs
 
     model, path, tensors = mtp_model
     llm = LLM(path, spec="mtp", draft_tokens=4, enable_prefix_caching=False)
-    chain = eager_chain(mtp_chain_graphs(llm.model, 4, 32, torch.device("cpu"), torch.float32))
+    chain = eager_replays(mtp_chain_graphs(llm.model, 4, 32, torch.device("cpu"), torch.float32))
     llm.runner.drafter.graphs = chain
     assert chain.buckets == [1, 2, 4]
     rids = [
