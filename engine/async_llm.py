@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from engine.llm import LLM
 from engine.request import RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
+log = logging.getLogger("ninfer")
 _STOP = object()
 _ABORTED = object()  # put into an aborted stream's own queue: wakes a reader waiting on it
 
@@ -161,8 +163,18 @@ class AsyncLLM:
         return await asyncio.wrap_future(done)
 
     def shutdown(self) -> None:
+        """Stop the engine thread; then, once it has stopped, write the prefix cache (--prefix-cache-file)."""
         self._send(_STOP)
         self._thread.join(timeout=30)
+        if self.llm.engine_config.prefix_cache_file is None:
+            return
+        if self._thread.is_alive() or self._error is not None:
+            log.warning("the engine did not stop cleanly: the prefix cache file is left as it was")
+            return
+        try:
+            self.llm.save_prefix_cache()
+        except (OSError, RuntimeError) as e:  # a full disk, a device error: said, the shutdown goes on
+            log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
 
     @property
     def is_running(self) -> bool:

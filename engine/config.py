@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -368,6 +370,10 @@ class EngineConfig:
     # bytes of host memory for the prefix cache's second tier (engine/cache/host_pool.py): KV pages evicted
     # from the GPU pool are kept there and copied back for a later request with the same prefix; 0 = off
     host_cache: int = 0
+    # a file the prefix cache is kept in across restarts: written at shutdown (LLM.save_prefix_cache), read
+    # into the host tier at start-up when it was written for the same model and KV layout
+    # (engine/worker/prefix_file.py); needs host_cache
+    prefix_cache_file: str | None = None
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
@@ -456,6 +462,19 @@ class EngineConfig:
             raise NinferError(f"host_cache must be 0 (off) or a number of bytes (got {self.host_cache})")
         if self.host_cache and not self.enable_prefix_caching:
             raise NinferError("host_cache is the prefix cache's second tier; it needs prefix caching on")
+        if self.prefix_cache_file is not None:
+            object.__setattr__(self, "prefix_cache_file", str(self.prefix_cache_file))
+            if not self.host_cache:
+                raise NinferError(
+                    "--prefix-cache-file is read into the prefix cache's host tier at start-up; give --host-cache "
+                    "SIZE too (e.g. --host-cache 16G)"
+                )
+            folder = Path(self.prefix_cache_file).expanduser().resolve().parent
+            if not folder.is_dir() or not os.access(folder, os.W_OK):
+                raise NinferError(
+                    f"--prefix-cache-file {self.prefix_cache_file}: the folder {folder} is not there or not "
+                    "writable; give a path in a writable folder"
+                )
         if self.prefill_chunk < self.max_concurrency:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -30,8 +32,11 @@ from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
+from engine.worker import prefix_file
 from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
 from engine.worker.model_runner import ModelRunner
+
+log = logging.getLogger("ninfer")
 
 EMBEDDING_ONLY = (
     "this checkpoint is an embedding model (a decoder without an output head): it makes embeddings "
@@ -63,6 +68,8 @@ class LLM:
             torch.set_num_threads(config.threads)
         if config.host_cache:  # memory that is not there is said before the weights load
             check_host_memory(config.host_cache)
+        if config.prefix_cache_file:  # so is a path that is not a prefix-cache file (never overwritten)
+            prefix_file.check_file(config.prefix_cache_file)
         # --rope-scaling: the rotary tables and the context limit follow it
         source = open_source(model)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
@@ -136,6 +143,8 @@ class LLM:
         self._ids = itertools.count()
         visual = self.model.visual
         self._images = ImageCache(visual.config) if visual is not None else None
+        if config.prefix_cache_file:  # the prefix cache an earlier run left (engine/worker/prefix_file.py)
+            log.info("%s", prefix_file.load(self, config.prefix_cache_file))
 
     # -- step-wise API --------------------------------------------------------------------------
     def add_request(
@@ -190,6 +199,24 @@ class LLM:
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    def save_prefix_cache(self) -> None:
+        """Write the prefix cache to `prefix_cache_file` (between steps, or once the engine has stopped), so
+        the next start reads it back; said in the log."""
+        path = self.engine_config.prefix_cache_file
+        if path is None:
+            return
+        started = time.monotonic()
+        pages, snapshots = prefix_file.save(self, path)
+        snaps = f" and {snapshots} state snapshots" if self.scheduler.state_pool is not None else ""
+        log.info(
+            "prefix cache: %d pages (%d tokens)%s written to %s in %.1f s",
+            pages,
+            pages * self.engine_config.block_size,
+            snaps,
+            path,
+            time.monotonic() - started,
+        )
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then

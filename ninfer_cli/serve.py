@@ -88,6 +88,13 @@ def serve(
             "request with that prefix copies them back instead of computing them again."
         ),
     ] = "0",
+    prefix_cache_file: Annotated[
+        str | None,
+        typer.Option(
+            help="Keep the prefix cache across restarts: written to this file at shutdown, read back into the "
+            "host tier (--host-cache) at start-up when the same model and KV layout wrote it."
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[
         str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16.")
@@ -190,6 +197,7 @@ def serve(
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
+        prefix_cache_file=prefix_cache_file,
         rerank=rerank,
         lora_modules=tuple(lora or ()),
         gpu_memory_utilization=gpu_memory_utilization,

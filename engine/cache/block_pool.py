@@ -129,6 +129,13 @@ class BlockPool:
                 del self._free[block_id]
             self.ref_cnt[block_id] += 1
 
+    def cached_pages(self) -> list[tuple[bytes, int]]:
+        """(hash, block) of every cached page, least recently used first: the unreferenced ones in the free
+        queue's order, then those running requests hold."""
+        free = [(self.block_hash[b], b) for b in self._free if self.block_hash[b] is not None]
+        held = [(h, b) for h, b in self.cached.items() if self.ref_cnt[b] > 0]
+        return [(h, b) for h, b in free if self.cached.get(h) == b] + held
+
     def lookup_host(self, hashes: list[bytes]) -> list[bytes]:
         """The leading run of `hashes` the host tier holds (none without one)."""
         return self.host.lookup(hashes) if self.host is not None else []

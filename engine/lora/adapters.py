@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 from collections import defaultdict
 
 import torch
@@ -37,6 +38,7 @@ class Adapters:
         # slots 0 .. graph_lanes - 1 (the adapters loaded before the CUDA graphs were captured) are lanes of
         # the graphs: their steps replay graphs; an adapter loaded later runs its steps eagerly
         self.graph_lanes = 0
+        self._nonce = os.urandom(16)
 
     @property
     def names(self) -> list[str]:
@@ -83,7 +85,10 @@ class Adapters:
                 layer.lora = LoraWeights(layer.out_features)
             layer.lora.add_adapter(slot, module_pairs, self.dtype, self.device)
         self.paths[name], self.ranks[name] = path, max(p.a.shape[0] for p in pairs)
-        self._roots[name] = hashlib.blake2b(f"lora:{slot}:{name}".encode(), digest_size=16).digest()
+        # this process's own (a prefix-cache file outlives it: another run's adapter of the same name and
+        # slot may hold other weights)
+        seed = f"lora:{slot}:{name}".encode() + self._nonce
+        self._roots[name] = hashlib.blake2b(seed, digest_size=16).digest()
         self.slots[name] = slot  # last: only now can a request name it
 
     def remove(self, name: str) -> None:

@@ -50,10 +50,16 @@ def default_model_path() -> Path:
     )
 
 
-def open_source(model: str | Path | None) -> ModelSource:
+def model_path(model: str | Path | None) -> Path:
+    """The file or folder `model` names: the embedded default for None, a hub repo id's download."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists() and looks_like_repo_id(str(model)):  # a hub repo id: its download on this machine
         path = resolve_repo_id(str(model))
+    return path
+
+
+def open_source(model: str | Path | None) -> ModelSource:
+    path = model_path(model)
     if not path.exists():
         raise NinferError(
             f"{path} does not exist; pass an HF checkpoint directory, a .gguf or a .ninfer file"

@@ -52,6 +52,35 @@ def test_serve_default_model_then_sigterm():
     ), err
 
 
+def test_the_prefix_cache_file_carries_a_prompt_across_a_restart(tmp_path):
+    """serve --prefix-cache-file: SIGTERM writes the prefix cache; the next serve reads it into the host
+    tier, and the same conversation's prompt is served from it (usage's cached_tokens)."""
+    file = tmp_path / "prefix.cache"
+    args = ("--max-context", "4k", "--host-cache", "64M", "--prefix-cache-file", str(file))
+    body = {
+        "messages": [
+            {"role": "user", "content": "Name three rivers of Europe and the seas they flow into. " * 8}
+        ],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    cached, logs = [], []
+    for _ in range(2):
+        proc, port = start_serve(*args)
+        try:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        logs.append(err)
+    assert cached[0] == 0 and cached[1] >= 96
+    assert "not there yet (written at shutdown)" in logs[0] and f"written to {file}" in logs[0]
+    assert "read into the host tier" in logs[1]
+
+
 def test_serve_refuses_bad_flags():
     proc = subprocess.run(
         [sys.executable, "-m", "ninfer_cli.main", "serve", "--max-context", "lots"],
