@@ -93,8 +93,11 @@ def save(llm, path: str) -> tuple[int, int]:
     # a page whose copy is still pending (scheduled, the step not run) does not hold its KV yet
     pending_slots = {slot for _, slot in pool.swap_out}
     pending_blocks = {block for _, block in pool.swap_in}
-    host = [(h, s) for h, s in pool.host.slots.items() if s not in pending_slots]
     gpu = [(h, b) for h, b in pool.cached_pages() if b not in pending_blocks]
+    # a prefix computed again on the GPU while the tier still held it (a hybrid's, without its snapshot):
+    # the GPU's copy, the newer
+    on_gpu = {h for h, _ in gpu}
+    host = [(h, s) for h, s in pool.host.slots.items() if s not in pending_slots and h not in on_gpu]
     keep = pool.host.num_slots
     gpu = gpu[-keep:]
     host = host[max(0, len(host) - (keep - len(gpu))) :]
@@ -165,21 +168,37 @@ def load(llm, path: str) -> str:
             f"prefix cache file {path} was written for another {', '.join(differs)}; not read (replaced at "
             "shutdown)"
         )
-    pool, runner = llm.scheduler.block_pool, llm.runner
+    pool, runner, state_pool = llm.scheduler.block_pool, llm.runner, llm.scheduler.state_pool
     hashes = [bytes.fromhex(h) for h in meta["pages"].split(",") if h]
-    first = max(0, len(hashes) - pool.host.num_slots)  # the newest that fit
-    slots = [pool.host.put(h) for h in hashes[first:]]
     snap_hashes = [bytes.fromhex(h) for h in meta["snapshots"].split(",") if h]
-    state_pool = llm.scheduler.state_pool
-    snap_first = max(0, len(snap_hashes) - (state_pool.num_snapshots if state_pool else 0))
-    snap_slots = [state_pool.new_snapshot(h) for h in snap_hashes[snap_first:]] if state_pool else []
     with safe_open(str(file), "pt") as f:
+        names = set(f.keys())
+        pages = [f"page.{i}" for i in range(len(runner.host_kv.pairs))]
+        states = [f"state.{j}" for j in range(len(state_tensors(runner)))]
+
+        def rows_of(name: str) -> int:
+            return f.get_slice(name).get_shape()[0] if name in names else -1
+
+        whole = all(rows_of(n) == len(hashes) for n in pages) and all(
+            rows_of(n) == len(snap_hashes) for n in states
+        )
+        unique = len(set(hashes)) == len(hashes) and len(set(snap_hashes)) == len(snap_hashes)
+        if not (whole and unique):
+            return (
+                f"prefix cache file {path} does not hold what its index names; not read (replaced at "
+                "shutdown)"
+            )
+        first = max(0, len(hashes) - pool.host.num_slots)  # the newest that fit
+        slots = [pool.host.put(h) for h in hashes[first:]]
         rows = torch.tensor(slots, dtype=torch.int64)
-        for i, (_, host_t) in enumerate(runner.host_kv.pairs):
-            host_t[rows] = f.get_tensor(f"page.{i}")[first:]
+        for name, (_, host_t) in zip(pages, runner.host_kv.pairs):
+            host_t[rows] = f.get_tensor(name)[first:]
+        room = state_pool.num_snapshots if state_pool is not None else 0
+        snap_first = max(0, len(snap_hashes) - room)
+        snap_slots = [state_pool.new_snapshot(h) for h in snap_hashes[snap_first:]] if room else []
         rows = torch.tensor(snap_slots, dtype=torch.int64, device=runner.device)
-        for j, t in enumerate(state_tensors(runner)):
-            t[rows] = f.get_tensor(f"state.{j}")[snap_first:].to(runner.device)
+        for name, t in zip(states, state_tensors(runner)):
+            t[rows] = f.get_tensor(name)[snap_first:].to(runner.device)
     if state_pool is not None:
         state_pool.end_step()
     snaps = f" and {len(snap_slots)} state snapshots" if state_pool is not None else ""

@@ -115,3 +115,22 @@ def test_what_cannot_be_a_prefix_cache_file_is_refused(models, tmp_path):
         LLM(models["qwen3"], prefix_cache_file=str(tmp_path / "p.cache"))
     with pytest.raises(NinferError, match="is not there or not writable"):
         _llm(models["qwen3"], tmp_path / "no" / "such" / "p.cache")
+
+
+def test_a_file_whose_index_does_not_match_its_pages_is_not_read(models, tmp_path, caplog):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    file = tmp_path / "prefix.cache"
+    a = _prompt(50, 1)
+    first = _llm(models["qwen3"], file)
+    first.generate(prompt_token_ids=a, sampling_params=GEN)
+    first.save_prefix_cache()
+    with safe_open(str(file), "pt") as f:
+        meta = f.metadata()
+    meta["pages"] += "," + "ab" * 16  # a page the tensors do not hold
+    save_file(load_file(file), file, metadata=meta)
+    with caplog.at_level(logging.INFO, logger="ninfer"):
+        llm = _llm(models["qwen3"], file)
+    assert any("does not hold what its index names" in r.message for r in caplog.records)
+    assert llm.generate(prompt_token_ids=a, sampling_params=GEN)[0].num_cached_tokens == 0
