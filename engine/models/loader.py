@@ -28,7 +28,7 @@ from engine.layers.linear import (
 from engine.layers.moe import pack_experts
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
-from engine.quant.cpu import mode_for_bits, quantizable, quantize_weight
+from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, mode_for_bits, quantizable, quantize_weight
 from engine.quant.groupwise import QuantizedTensor, dequantize
 from engine.quant.layer import fused_kernel_takes, packed_weight, use_int8_activations
 
@@ -105,6 +105,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         torch.set_default_dtype(prev_dtype)
     if packed:
         load_keeping_quantized(model, source, engine_config.device)
+    elif cpu_takes_blocks(source, engine_config):
+        load_cpu_from_blocks(model, source)
     else:
         model.load_weights(source.weights(), source.tensor_bits)
     if engine_config.int8_prefill and not use_int8_activations(model):
@@ -114,8 +116,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     if engine_config.lm_head_draft:
         model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
-        store_weights_column_major(model)
         quantize_linear_weights(model, engine_config.weight_quant)
+        store_weights_column_major(model)  # the matrices left dense
     return model.eval()
 
 
@@ -138,6 +140,67 @@ def quantize_linear_weights(model: CausalLM, mode: str) -> None:
         if m != "none" and quantizable(module.weight, m):
             module.qweight = quantize_weight(module.weight.data, m)
             module.weight = None
+
+
+def cpu_takes_blocks(source: ModelSource, engine_config: EngineConfig) -> bool:
+    """The CPU with int4 kept as the checkpoint stores it (weight_quant auto or int4) and a source of
+    quantized matrices (a block-quantized GGUF, a .ninfer): load_cpu_from_blocks."""
+    return (
+        engine_config.device == "cpu"
+        and engine_config.weight_quant in ("auto", "int4")
+        and source.quantized_weights is not None
+        and source.unquantized_weights is not None
+    )
+
+
+def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
+    """CPU load of a quantized source: a linear layer whose matrices are all 4-bit in groups of 32 (a GGUF's
+    Q4_0 / Q4_1 blocks, a w4g32 tensor) gets its CpuInt4Weight from the codes as they are (no dequantize
+    and quantize again: faster, and no second rounding); every other quantized matrix is dequantized into
+    its parameter (then quantized as `weight_quant` says, by its source bits), the rest loads as stored."""
+    by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
+    for name, qt in source.quantized_weights():
+        mapped = model.param_for(name)
+        if mapped is not None:
+            by_param[mapped[0]][mapped[1]] = qt
+    params = dict(model.named_parameters())
+    provided: set[tuple[str, str | None]] = set()
+    bits: dict[str, int] = {}
+    for pname, shards in by_param.items():
+        param = params.get(pname)
+        if param is None:
+            continue
+        users = [m for m in model.modules() if getattr(m, "weight", None) is param]
+        order = list(users[0].offsets) if users and isinstance(users[0], MergedLinear) else [None]
+        whole = (
+            len(users) == 1
+            and isinstance(users[0], Linear)
+            and set(shards) == set(order)
+            and all(qt.bits == 4 and qt.group_size == INT4_GROUP for qt in shards.values())
+            and all(qt.padded_k == qt.shape[1] for qt in shards.values())
+            and not pname.startswith("visual.")
+        )
+        if whole:
+            parts = [shards[s] for s in order]
+            users[0].qweight = CpuInt4Weight.from_codes(
+                torch.cat([_codes4(qt.packed) for qt in parts]),
+                torch.cat([qt.scales for qt in parts]),
+                torch.cat([qt.minimums for qt in parts]),
+            )
+            users[0].weight = None
+        else:
+            for shard, qt in shards.items():
+                dense = dequantize(qt)
+                param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
+            bits[pname] = max(qt.bits for qt in shards.values())
+        provided.update((pname, shard) for shard in shards)
+    model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)
+    model.weight_bits.update(bits)
+
+
+def _codes4(packed: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [N, K] uint8 from groupwise packing [N, K / 2] (even column in the low nibble)."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).view(packed.shape[0], -1)
 
 
 def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:

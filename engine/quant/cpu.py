@@ -185,19 +185,25 @@ class CpuInt4Weight:
     either way.
     """
 
-    def __init__(self, w: torch.Tensor):
-        # w: [N, K], K a multiple of INT4_GROUP
-        n, k = w.shape
-        g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
-        lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
-        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
-        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+    def __init__(self, w: torch.Tensor | None, codes=None):
+        """w: [N, K], K a multiple of INT4_GROUP, quantized here; or (w None) `codes`: (q [N, K] in 0..15,
+        scale [N, K / G], lo [N, K / G]) already so (a GGUF's Q4_0 / Q4_1 blocks: `from_codes`)."""
+        if w is not None:
+            n, k = w.shape
+            g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+            lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
+            scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+            q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        else:
+            q, scale, lo = codes
+            n, k = q.shape
         self.shape = (n, k)
         self.native = self.qweight = self.codes = self.scales_and_zeros = None
         if q4_cpu.available() and q4_cpu.supports(n, k, scale, lo):
             self.native = q4_cpu.pack(q, scale, lo)  # [N / 16, K / 32, 320] uint8
             return
         zero = lo + 8.0 * scale
+        q = q.to(torch.int32)
         self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         # the prefill path reads the codes back out of the kernel's packing where its layout is known;
         # elsewhere a second copy, two per byte (even column in the low nibble)
@@ -207,6 +213,12 @@ class CpuInt4Weight:
         self.scales_and_zeros = (
             torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         )
+
+    @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> CpuInt4Weight:
+        """The weight w = scale * q + lo as it is (q [N, K] in 0..15; scale, lo [N, K / INT4_GROUP]): no
+        second rounding. (A Q4_0 block's scale may be negative.)"""
+        return cls(None, (q, scale.float(), lo.float()))
 
     @property
     def nbytes(self) -> int:

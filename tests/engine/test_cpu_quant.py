@@ -166,3 +166,39 @@ def test_weight_quant_refusals():
         LLM(weight_quant="int3")
     with pytest.raises(NinferError, match="runs on the CPU only"):
         LLM(weight_quant="int4", device="cuda")
+
+
+def test_a_gguf_s_4_bit_blocks_load_code_for_code():
+    """On the CPU the embedded GGUF's Q4_1 matrices become the int4 kernel's weights as stored (no
+    dequantize and quantize again): every layer's weight is the GGUF's own values, Llama's q / k rows
+    moved back in place, fused shards in their rows; the Q8_0 table is quantized from its values."""
+    from engine.models.loader import default_model_path, open_source
+
+    dense = dict(open_source(default_model_path()).weights())
+    llm = LLM(max_context=256)
+    model, compared = llm.model, set()
+    for ckpt, want in dense.items():
+        mapped = model.param_for(ckpt)
+        if mapped is None or not mapped[0].endswith(".weight"):
+            continue
+        module = model.get_submodule(mapped[0].removesuffix(".weight"))
+        if not isinstance(getattr(module, "qweight", None), CpuInt4Weight):
+            continue
+        start, size = module.offsets[mapped[1]] if mapped[1] else (0, module.out_features)
+        got = module.qweight.dequantize()[start : start + size]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        compared.add(ckpt)
+    assert len(compared) == 7 * llm.model_config.num_hidden_layers  # q, k, v, o, gate, up, down
+
+
+def test_a_q4_0_block_s_negative_scale_is_kept(int4_kernel):
+    """Q4_0 stores w = d (q - 8) with d of either sign: the codes go in as they are, on either kernel."""
+    q = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(1))
+    d = torch.tensor([-0.01, 0.02]).half().float().repeat(32, 1)  # [N, K / 32], as fp16 holds it
+    w = CpuInt4Weight.from_codes(q.to(torch.uint8), d, -8 * d)
+    want = (q.float() - 8).view(32, 2, 32) * d[..., None]
+    # torch's kernel holds its scales in bf16 (the native one: fp16, as the file)
+    exact = dict(rtol=0, atol=1e-6) if int4_kernel == "native" else dict(rtol=8e-3, atol=1e-6)
+    torch.testing.assert_close(w.dequantize(), want.view(32, 64), **exact)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(w(x), x @ want.view(32, 64).t(), rtol=1e-2, atol=1e-2)
