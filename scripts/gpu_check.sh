@@ -20,7 +20,8 @@
 #     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
 #     gguf==0.19.0 pillow==13.0.0 llguidance==1.9.1
 # then one run with carry [".whl"] and a timeout that leaves room for a second (the steps' limits add up
-# to ~12 minutes; most runs end far sooner):
+# to ~20 minutes, past one call's 10: the steps run in order of importance and what they wrote comes
+# back even when the call is stopped; most runs end far sooner):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
 #     && PYTHONPATH=/tmp/site bash scripts/gpu_check.sh
 set -uo pipefail
@@ -60,8 +61,9 @@ step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5
-# (hybrid: Gated DeltaNet layers), C1 and C4, bf16
-step graphs 120 python3 - <<'PY'
+# (hybrid: Gated DeltaNet layers), C1 and C4, bf16; then spec draft's chained steps with and without their
+# graphs, and a LoRA adapter in the graphs (a start-up lane) and eager (loaded later) against the base model
+step graphs 180 python3 - <<'PY'
 import statistics, sys, tempfile, time
 from pathlib import Path
 import torch
