@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import NinferError
+from engine.formats.safetensors_writer import Entry, write
 from engine.models.loader import model_path
 from engine.worker.host_kv import page_tensors
 
@@ -37,6 +38,7 @@ log = logging.getLogger("ninfer")
 FORMAT = "ninfer-prefix-cache"
 VERSION = 1
 SAMPLE = 1 << 20  # bytes hashed at each end of a model file
+CHUNK_ROWS = 64  # pages (or snapshots) gathered and written at a time
 WEIGHT_SUFFIXES = (".json", ".safetensors", ".gguf", ".ninfer", ".bin")
 
 
@@ -86,8 +88,6 @@ def identity(llm) -> dict:
 @torch.inference_mode()
 def save(llm, path: str) -> tuple[int, int]:
     """Write the prefix cache to `path` (between steps, or once the engine stopped): (pages, snapshots)."""
-    from safetensors.torch import save_file
-
     pool, runner = llm.scheduler.block_pool, llm.runner
     pairs = runner.host_kv.pairs  # (device page tensor, host page tensor)
     # a page whose copy is still pending (scheduled, the step not run) does not hold its KV yet
@@ -103,14 +103,30 @@ def save(llm, path: str) -> tuple[int, int]:
     host = host[max(0, len(host) - (keep - len(gpu))) :]
     host_rows = torch.tensor([s for _, s in host], dtype=torch.int64)
     gpu_rows = torch.tensor([b for _, b in gpu], dtype=torch.int64, device=runner.device)
-    tensors = {
-        f"page.{i}": torch.cat([host_t[host_rows], dev_t[gpu_rows].cpu()]).contiguous()
-        for i, (dev_t, host_t) in enumerate(pairs)
-    }
     snapshots = list(llm.scheduler.state_pool.snapshots.items()) if llm.scheduler.state_pool else []
     state_rows = torch.tensor([s for _, s in snapshots], dtype=torch.int64, device=runner.device)
-    for j, t in enumerate(state_tensors(runner)):
-        tensors[f"state.{j}"] = t[state_rows].cpu().contiguous()
+
+    def rows(tensor: torch.Tensor, index: torch.Tensor):
+        # a slice of rows at a time, so the file never needs the whole cache twice in memory
+        return lambda: (tensor[index[i : i + CHUNK_ROWS]].cpu() for i in range(0, len(index), CHUNK_ROWS))
+
+    def chained(*parts):
+        return lambda: (piece for part in parts for piece in part())
+
+    n = len(host) + len(gpu)
+    entries = [
+        Entry(
+            f"page.{i}",
+            host_t.dtype,
+            (n, *host_t.shape[1:]),
+            chained(rows(host_t, host_rows), rows(dev_t, gpu_rows)),
+        )
+        for i, (dev_t, host_t) in enumerate(pairs)
+    ]
+    entries += [
+        Entry(f"state.{j}", t.dtype, (len(snapshots), *t.shape[1:]), rows(t, state_rows))
+        for j, t in enumerate(state_tensors(runner))
+    ]
     metadata = {
         "format": FORMAT,
         "version": str(VERSION),
@@ -120,7 +136,7 @@ def save(llm, path: str) -> tuple[int, int]:
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata=metadata)
+    write(tmp, entries, metadata)
     os.replace(tmp, path)
     return len(host) + len(gpu), len(snapshots)
 
@@ -192,13 +208,13 @@ def load(llm, path: str) -> str:
         slots = [pool.host.put(h) for h in hashes[first:]]
         rows = torch.tensor(slots, dtype=torch.int64)
         for name, (_, host_t) in zip(pages, runner.host_kv.pairs):
-            host_t[rows] = f.get_tensor(name)[first:]
+            host_t[rows] = f.get_slice(name)[first:]
         room = state_pool.num_snapshots if state_pool is not None else 0
         snap_first = max(0, len(snap_hashes) - room)
         snap_slots = [state_pool.new_snapshot(h) for h in snap_hashes[snap_first:]] if room else []
         rows = torch.tensor(snap_slots, dtype=torch.int64, device=runner.device)
         for name, t in zip(states, state_tensors(runner)):
-            t[rows] = f.get_tensor(name)[snap_first:].to(runner.device)
+            t[rows] = f.get_slice(name)[snap_first:].to(runner.device)
     if state_pool is not None:
         state_pool.end_step()
     snaps = f" and {len(snap_slots)} state snapshots" if state_pool is not None else ""

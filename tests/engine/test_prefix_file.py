@@ -134,3 +134,12 @@ def test_a_file_whose_index_does_not_match_its_pages_is_not_read(models, tmp_pat
         llm = _llm(models["qwen3"], file)
     assert any("does not hold what its index names" in r.message for r in caplog.records)
     assert llm.generate(prompt_token_ids=a, sampling_params=GEN)[0].num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_an_empty_cache_writes_and_reads_an_empty_file(models, tmp_path, arch, caplog):
+    file = tmp_path / "prefix.cache"
+    _llm(models[arch], file).save_prefix_cache()
+    with caplog.at_level(logging.INFO, logger="ninfer"):
+        _llm(models[arch], file)
+    assert any("0 pages (0 tokens)" in r.message for r in caplog.records)
