@@ -24,6 +24,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.safetensors_writer import DTYPES, header_bytes
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor, dequantize
 from engine.tokenizer import Tokenizer
@@ -32,16 +33,6 @@ FORMAT = "ninfer"
 CONTAINER_VERSION = 1
 MIN_READ_VERSION, MAX_READ_VERSION = 1, 1
 SUFFIX = ".ninfer"
-
-_DTYPES = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.int32: "I32",
-    torch.int64: "I64",
-}
 
 
 def model_config_to_json(config: ModelConfig) -> str:
@@ -109,7 +100,7 @@ def write_container(
             t = t.detach().contiguous().cpu()
             raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
             header[name] = {
-                "dtype": _DTYPES[t.dtype],
+                "dtype": DTYPES[t.dtype],
                 "shape": list(t.shape),
                 "data_offsets": [offset, offset + len(raw)],
             }
@@ -134,12 +125,9 @@ def write_container(
         "quant": json.dumps(quant),
         "source": json.dumps(source),
     }
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
     tmp = path.with_name(path.name + ".partial")
     with open(tmp, "wb") as out, open(data_path, "rb") as data:
-        out.write(struct.pack("<Q", len(blob)))
-        out.write(blob)
+        out.write(header_bytes(header))
         while chunk := data.read(1 << 24):
             out.write(chunk)
     os.replace(tmp, path)

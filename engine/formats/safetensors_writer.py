@@ -1,6 +1,7 @@
 """A safetensors file written tensor by tensor, each from pieces (rows gathered a slice at a time), so a file
 larger than the memory left free can be written: the header (names, dtypes, shapes, offsets) is known up
-front from the shapes, then each tensor's bytes follow in order. Read back with safetensors itself."""
+front from the shapes, then each tensor's bytes follow in order. Read back with safetensors itself. Also the
+dtype names and the header's opening the .ninfer container's writer (engine/formats/container.py) uses."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ class Entry:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
 
+def header_bytes(header: dict) -> bytes:
+    """A safetensors file's opening: the header's length (8 bytes, little-endian), then the header JSON,
+    padded with spaces so the data starts 8-byte aligned."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
 def write(path: str, entries: list[Entry], metadata: dict[str, str]) -> None:
     header: dict = {"__metadata__": metadata}
     offset = 0
@@ -52,11 +61,8 @@ def write(path: str, entries: list[Entry], metadata: dict[str, str]) -> None:
             "data_offsets": [offset, offset + e.nbytes],
         }
         offset += e.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
+        f.write(header_bytes(header))
         for e in entries:
             written = 0
             for piece in e.pieces():
