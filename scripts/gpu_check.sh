@@ -68,59 +68,43 @@ import statistics, sys, tempfile, time
 from pathlib import Path
 import torch
 sys.path.insert(0, "tests")
-from conftest import save_tiny, tiny_hf_model
+from conftest import save_tiny, tiny_hf_model, write_lora_adapter
 from engine import LLM, SamplingParams
+def rate(llm, prompts, **extra):
+    """decode tok/s: 128 tokens a request less the 1-token run, median of 3"""
+    def run(n):
+        t0 = time.perf_counter()
+        llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, **extra))
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    run(4)
+    return statistics.median(len(prompts) * 127 / (run(128) - run(1)) for _ in range(3))
+def prompts_for(c):
+    return [[5 + i] + list(range(10, 40)) for i in range(c)]
 for arch in ("llama", "qwen3_5"):
     path = save_tiny(tiny_hf_model(arch, tied=False, hidden_size=256, intermediate_size=512), Path(tempfile.mkdtemp()))
     for c in (1, 4):
-        prompts = [[5 + i] + list(range(10, 40)) for i in range(c)]
-        rates = {}
-        for graphs in (False, True):
-            llm = LLM(path, device="cuda", dtype="bfloat16", max_concurrency=4, cuda_graphs=graphs)
-            def run(n):
-                t0 = time.perf_counter()
-                llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
-                torch.cuda.synchronize()
-                return time.perf_counter() - t0
-            run(4)
-            rates[graphs] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
+        rates = {g: rate(LLM(path, device="cuda", dtype="bfloat16", max_concurrency=4, cuda_graphs=g), prompts_for(c)) for g in (False, True)}
         print(f"{arch} C{c}: eager {rates[False]:.0f} tok/s, CUDA graphs {rates[True]:.0f} tok/s, ratio {rates[True] / rates[False]:.2f}x")
 # spec draft: the draft model's chained steps replaying their graphs against running eagerly (decode graphs
 # on both), 3 drafts a step
 target = save_tiny(tiny_hf_model("qwen3", tied=False, hidden_size=256, intermediate_size=512), Path(tempfile.mkdtemp()))
 draft = save_tiny(tiny_hf_model("qwen3", tied=True, seed=9, hidden_size=128, num_key_value_heads=1), Path(tempfile.mkdtemp()))
 for c in (1, 4):
-    prompts = [[5 + i] + list(range(10, 40)) for i in range(c)]
     rates = {}
     for chain in (False, True):
         llm = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4, spec="draft", draft_model=str(draft), draft_tokens=3)
         if not chain:
             llm.runner.drafter.graphs = None
-        def run(n):
-            t0 = time.perf_counter()
-            llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        run(4)
-        rates[chain] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
+        rates[chain] = rate(llm, prompts_for(c))
     print(f"spec draft C{c}: chain eager {rates[False]:.0f} tok/s, chain graphs {rates[True]:.0f} tok/s, ratio {rates[True] / rates[False]:.2f}x")
 # a LoRA adapter loaded at start-up (a lane of the decode graphs) against the base model, both in graphs,
 # and the same adapter loaded later (its steps eager)
-from conftest import write_lora_adapter
 adapter = write_lora_adapter(Path(tempfile.mkdtemp()) / "a", {"mlp.down_proj": (512, 256), "mlp.up_proj": (256, 512)}, 2, 0.5)
 llm = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4, lora_modules={"a": str(adapter)})
 llm.load_adapter("late", str(adapter))
 for c in (1, 4):
-    prompts = [[5 + i] + list(range(10, 40)) for i in range(c)]
-    rates = {}
-    for name in (None, "a", "late"):
-        def run(n):
-            t0 = time.perf_counter()
-            llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, adapter=name))
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        run(4)
-        rates[name] = statistics.median(c * 127 / (run(128) - run(1)) for _ in range(3))
+    rates = {name: rate(llm, prompts_for(c), adapter=name) for name in (None, "a", "late")}
     print(f"LoRA C{c}: base {rates[None]:.0f} tok/s, adapter in graphs {rates['a']:.0f} ({rates['a'] / rates[None]:.2f}x), adapter eager {rates['late']:.0f} ({rates['late'] / rates[None]:.2f}x)")
 PY
 

@@ -158,11 +158,7 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
     Q4_0 / Q4_1 blocks, a w4g32 tensor) gets its CpuInt4Weight from the codes as they are (no dequantize
     and quantize again: faster, and no second rounding); every other quantized matrix is dequantized into
     its parameter (then quantized as `weight_quant` says, by its source bits), the rest loads as stored."""
-    by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
-    for name, qt in source.quantized_weights():
-        mapped = model.param_for(name)
-        if mapped is not None:
-            by_param[mapped[0]][mapped[1]] = qt
+    by_param = _quantized_by_param(model, source)
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     bits: dict[str, int] = {}
@@ -189,13 +185,27 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
             )
             users[0].weight = None
         else:
-            for shard, qt in shards.items():
-                dense = dequantize(qt)
-                param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
+            _load_dequantized(param, shards)
             bits[pname] = max(qt.bits for qt in shards.values())
         provided.update((pname, shard) for shard in shards)
     model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)
     model.weight_bits.update(bits)
+
+
+def _quantized_by_param(model: CausalLM, source: ModelSource) -> dict[str, dict[str | None, QuantizedTensor]]:
+    """The source's quantized matrices by the parameter (and shard) each loads into."""
+    by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
+    for name, qt in source.quantized_weights():
+        mapped = model.param_for(name)
+        if mapped is not None:
+            by_param[mapped[0]][mapped[1]] = qt
+    return by_param
+
+
+def _load_dequantized(param, shards: dict[str | None, QuantizedTensor]) -> None:
+    for shard, qt in shards.items():
+        dense = dequantize(qt)
+        param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
 
 
 def _codes4(packed: torch.Tensor) -> torch.Tensor:
@@ -220,11 +230,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     quantized alike (engine/layers/moe.pack_experts). Groups narrower than the kernel takes
     (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64) are dequantized.
     """
-    by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
-    for name, qt in source.quantized_weights():
-        mapped = model.param_for(name)
-        if mapped is not None:
-            by_param[mapped[0]][mapped[1]] = qt
+    by_param = _quantized_by_param(model, source)
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     for pname, shards in by_param.items():
@@ -250,9 +256,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
                 module.weight = None
         if not packable or len(users) > len(takers):  # the dense copy is still needed
             materialize(param, device)
-            for shard, qt in shards.items():
-                dense = dequantize(qt)
-                param.weight_loader(param, dense, shard) if shard else param.weight_loader(param, dense)
+            _load_dequantized(param, shards)
         provided.update((pname, shard) for shard in shards)
     for param in model.parameters():  # the matrices stored unquantized (and any the file lacks: refused)
         materialize(param, device)
