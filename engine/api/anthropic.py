@@ -9,8 +9,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.api import context_editing
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start
+from engine.api.context_editing import PARAM
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
@@ -230,14 +232,29 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 
 async def _prepare(state: ServerState, body: dict):
-    """(the rendered prompt, its token ids, the tools the reply may call, the images preprocessed)."""
+    """(the rendered prompt, its token ids, the tools the reply may call, the images preprocessed, the
+    context edits applied and the input tokens before them: engine/api/context_editing.py)."""
     declared, callable_ = _tools(body)
-    messages, images = template_messages(body, declared)
-    # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
-    prefill = body["messages"][-1].get("role") == "assistant"
+    edits = context_editing.parse(body)
     listed = declared.listed() if callable_ else None
-    text, ids = state.render(messages, listed, _template_kwargs(body), continue_final=prefill)
-    return text, ids, declared.specs if callable_ else None, await preprocess_images(state, images)
+    kwargs = _template_kwargs(body)
+
+    def render(b: dict):
+        messages, images = template_messages(b, declared)
+        # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
+        prefill = b["messages"][-1].get("role") == "assistant"
+        return (*state.render(messages, listed, kwargs, continue_final=prefill), images)
+
+    rendered = {}
+
+    def count(b: dict) -> int:  # (an image counts as its placeholder token here)
+        rendered[id(b)] = render(b)
+        return len(rendered[id(b)][1])
+
+    body, applied, original = context_editing.apply(body, edits, count) if edits else (body, [], 0)
+    text, ids, images = rendered[id(body)] if edits else render(body)
+    tools = declared.specs if callable_ else None
+    return text, ids, tools, await preprocess_images(state, images), applied, original
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -253,8 +270,12 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 async def count_tokens(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    _, ids, _, images = await _prepare(state, body)
-    return {"input_tokens": len(state.with_images(ids, images))}
+    _, ids, _, images, applied, original = await _prepare(state, body)
+    tokens = len(state.with_images(ids, images))
+    if PARAM not in body:
+        return {"input_tokens": tokens}
+    # the tokens before the edits, images widened as in the edited prompt
+    return {"input_tokens": tokens, PARAM: {"original_input_tokens": original + tokens - len(ids)}}
 
 
 @router.post("/v1/messages")
@@ -265,7 +286,8 @@ async def messages(request: Request):
     max_tokens = field(body, "max_tokens", int, required=True)
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
-    prompt_text, ids, tools, images = await _prepare(state, body)
+    prompt_text, ids, tools, images, applied, _ = await _prepare(state, body)
+    edited = {PARAM: {"applied_edits": applied}} if PARAM in body else {}
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(
@@ -302,6 +324,7 @@ async def messages(request: Request):
                 "stop_reason": _stop_reason(out, bool(calls)),
                 "stop_sequence": out.stop_string,
                 "usage": _usage(out),
+                **edited,
             }
         )
 
@@ -395,6 +418,7 @@ async def messages(request: Request):
                 {
                     "delta": {"stop_reason": _stop_reason(out, called), "stop_sequence": out.stop_string},
                     "usage": _usage(out),
+                    **edited,
                 },
             )
             yield event("message_stop", {})
