@@ -7,6 +7,7 @@ dropped (`--jinja`, `-fa`, `--enable-auto-tool-choice`, ...); those it cannot ho
 from __future__ import annotations
 
 import json
+import re
 
 from engine.errors import NinferError
 from engine.lora.spec import adapter_name
@@ -26,8 +27,11 @@ RENAMED = {
     "--draft": "--draft-tokens",
     "--draft-n": "--draft-tokens",
     "--enforce-eager": "--no-cuda-graphs",
+    "--reranking": "--rerank",
+    "--threads-batch": "--threads",
+    "-tb": "--threads",
 }
-SWITCHES = {"--enforce-eager"}
+SWITCHES = {"--enforce-eager", "--reranking"}
 # what ninfer always does (or has no knob for): dropped, said once
 ALWAYS = {
     "--jinja": "chat templates are always rendered with Jinja",
@@ -43,6 +47,22 @@ ALWAYS = {
     "--disable-log-requests": "requests are logged one line each",
     "--disable-log-stats": "stats are at GET /metrics",
     "--no-webui": "there is no web UI",
+    "--async-scheduling": "the scheduler has one mode",
+    "--disable-frontend-multiprocessing": "the server is one process",
+    "--enable-sleep-mode": "the weights stay loaded",
+    "--enable-log-requests": "requests are logged one line each",
+    "--enable-expert-parallel": "one GPU",
+    "--calculate-kv-scales": "quantized KV keeps a scale per page row",
+    "--no-warmup": "kernels compile at start-up either way",
+    "--swa-full": "no sliding-window layers here",
+    "--no-context-shift": "a prompt past the context is refused, never shifted",
+    "--context-shift": "a prompt past the context is refused, never shifted",
+    "--embedding": "an embedding model answers /v1/embeddings by itself",
+    "--embeddings": "an embedding model answers /v1/embeddings by itself",
+    "--verbose": "the server logs at info",
+    "-v": "the server logs at info",
+    "--log-disable": "the server logs at info",
+    "--no-slots": "there are no slots to list",
 }
 ALWAYS_WITH_VALUE = {
     "--tool-call-parser": "tool calls are parsed as the chat template writes them (Qwen's JSON or XML)",
@@ -55,6 +75,56 @@ ALWAYS_WITH_VALUE = {
     "--load-format": "the format is read from the file",
     "--download-dir": "ninfer fetch downloads",
     "--seed": "each request carries its own seed",
+    "--max-loras": "LoRA adapters are held whole, as many as memory takes",
+    "--max-lora-rank": "LoRA adapters of any rank are taken",
+    "--max-cpu-loras": "LoRA adapters are held whole, as many as memory takes",
+    "--lora-dtype": "LoRA adapters run in --dtype",
+    "--quantization": "the weights' format is read from the file",
+    "-q": "the weights' format is read from the file",
+    "--limit-mm-per-prompt": "a request's images are limited by the context",
+    "--mm-processor-kwargs": "images are resized by the checkpoint's preprocessor config",
+    "--distributed-executor-backend": "one GPU",
+    "--compilation-config": "decode steps replay CUDA graphs (--no-cuda-graphs turns them off)",
+    "-O": "decode steps replay CUDA graphs (--no-cuda-graphs turns them off)",
+    "--guided-decoding-backend": "structured outputs run on llguidance",
+    "--structured-outputs-config": "structured outputs run on llguidance",
+    "--response-role": "replies are the assistant's",
+    "--max-log-len": "requests are logged one line each",
+    "--tool-parser-plugin": "tool calls are parsed as the chat template writes them",
+    "--chat-template-content-format": "message content is given to the template as it needs it",
+    "--long-prefill-token-threshold": "prompts run in --prefill-chunk chunks beside decoding",
+    "--scheduling-policy": "requests are admitted first come, first served",
+    "--allowed-local-media-path": "images come inline (base64), never from paths",
+    "-sm": "one GPU",
+    "--split-mode": "one GPU",
+    "--cache-reuse": "the prefix cache reuses whole 16-token pages (no KV shifting)",
+    "--slot-save-path": "there are no slots; --prefix-cache-file keeps the prefix cache across restarts",
+    "-n": "a request's max_tokens (n_predict) sets it",
+    "--n-predict": "a request's max_tokens (n_predict) sets it",
+    "--ctx-checkpoints": "a hybrid model's state is snapshotted at page boundaries",
+    "--keep": "a prompt past the context is refused, never shifted",
+    "--log-file": "the server logs to stderr",
+    "-to": "requests are not timed out while they run",
+    "--timeout": "requests are not timed out while they run",
+    "--threads-http": "the HTTP server is asynchronous",
+    "--draft-min": "drafts are verified whatever their count",
+    "--draft-p-min": "a draft model's greedy tokens are drafted",
+    "-ngld": "the draft model runs where the model does",
+    "--n-gpu-layers-draft": "the draft model runs where the model does",
+    "-cd": "the draft model's KV takes the model's pages",
+    "--ctx-size-draft": "the draft model's KV takes the model's pages",
+    "--lora-base": "the adapters go on the served model",
+}
+OWN_DEVICE = re.compile(r"cpu|cuda(:\d+)?")  # ninfer's --device values (llama.cpp's are none, CUDA0, ...)
+# refused in one line: what to do instead
+REFUSED = {
+    "--tokenizer": "ninfer reads the tokenizer beside the weights (tokenizer.json in the folder, or the GGUF's own)",
+    "--revision": "give MODEL as OWNER/NAME@COMMIT (its download on this machine), or ninfer fetch REPO --revision COMMIT",
+    "--hf-overrides": "ninfer reads config.json as it is; edit a copy of the checkpoint's config instead",
+    "--kv-cache-memory": "size the KV pool in tokens with --kv-capacity N (ninfer plan shows the bytes a token takes)",
+    "--mmproj": "a GGUF's vision tower in an mmproj file is not read; serve the HF checkpoint with --vision",
+    "--override-kv": "ninfer reads the GGUF's metadata as it is",
+    "--api-key-file": "give the key with --api-key",
 }
 FLASH_ATTN_VALUES = {"on", "off", "auto", "1", "0", "true", "false"}
 # llama.cpp's -ctk / -ctv pairs -> ninfer's KV dtype
@@ -151,6 +221,23 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
         elif flag in SAMPLING:
             number = _number(flag, value(flag))
             sampling[SAMPLING[flag]] = int(number) if flag == "--top-k" else number
+        elif flag in REFUSED:
+            raise NinferError(f"{flag}: {REFUSED[flag]}")
+        elif flag in ("-dev", "--device") and i + 1 < len(args) and not OWN_DEVICE.fullmatch(args[i + 1]):
+            device = value(flag)  # llama.cpp's: none, or a backend device such as CUDA0
+            gpu = device.lower() != "none"
+            notes.append(f"{flag} {device} as --device {'cuda' if gpu else 'cpu'}")
+        elif flag == "--cpu-offload-gb":
+            size = value(flag)
+            if _number(flag, size) > 0:
+                raise NinferError(f"{flag} {size}: ninfer keeps the whole model on the GPU; drop {flag}")
+            notes.append(f"{flag} {size} dropped: the whole model is on the GPU")
+        elif flag in ("--block-size", "--pooling"):
+            given, kept = value(flag), "16" if flag == "--block-size" else "last"
+            if given != kept:
+                what = "KV pages of 16 tokens" if kept == "16" else "last-token pooling (Qwen3-Embedding's)"
+                raise NinferError(f"{flag} {given}: ninfer runs {what}; drop {flag}")
+            notes.append(f"{flag} {given} dropped: what ninfer runs")
         elif flag in ("-tp", "--tensor-parallel-size", "-pp", "--pipeline-parallel-size"):
             n = value(flag)
             if n != "1":
@@ -219,6 +306,10 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
 
 FOREIGN = {
     *RENAMED,
+    *REFUSED,
+    "--cpu-offload-gb",
+    "--block-size",
+    "--pooling",
     "--model",
     *ALWAYS_WITH_VALUE,
     *SAMPLING,

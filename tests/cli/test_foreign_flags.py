@@ -135,10 +135,34 @@ def test_llama_server_lora_flags_apply_the_adapters_to_every_request():
     assert translate(["/m", "--lora", "tone=/a/tone"]) == (["/m", "--lora", "tone=/a/tone"], [])
 
 
+def test_more_of_what_vllm_and_llama_server_take():
+    """Flags for what ninfer does its own way are dropped with a note; values that say what ninfer always
+    does pass; llama.cpp's device names map onto ninfer's --device."""
+    args, notes = translate(
+        shlex.split(
+            "/m --max-loras 4 --max-lora-rank 64 --quantization awq --block-size 16 --cpu-offload-gb 0 "
+            "--async-scheduling -sm none --cache-reuse 256 -n 512 --pooling last --reranking -tb 4"
+        )
+    )
+    assert args == ["/m", "--rerank", "--threads", "4"]
+    assert "--max-lora-rank 64 dropped: LoRA adapters of any rank are taken" in notes
+    assert "--cache-reuse 256 dropped: the prefix cache reuses whole 16-token pages (no KV shifting)" in notes
+    assert translate(["-dev", "CUDA0"]) == (["--device", "cuda"], ["-dev CUDA0 as --device cuda"])
+    assert translate(["--device", "none"])[0] == ["--device", "cpu"]
+    assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--lora-scaled", "/a/x.gguf:half"], "--lora-scaled takes FNAME:SCALE"),
+        (["--tokenizer", "/t"], "--tokenizer: ninfer reads the tokenizer beside the weights"),
+        (["--revision", "main"], "--revision: give MODEL as OWNER/NAME@COMMIT"),
+        (["--mmproj", "v.gguf"], "--mmproj: a GGUF's vision tower in an mmproj file is not read"),
+        (["--cpu-offload-gb", "8"], "--cpu-offload-gb 8: ninfer keeps the whole model on the GPU"),
+        (["--block-size", "32"], "--block-size 32: ninfer runs KV pages of 16 tokens"),
+        (["--pooling", "mean"], "--pooling mean: ninfer runs last-token pooling"),
+        (["--kv-cache-memory", "8G"], "size the KV pool in tokens with --kv-capacity N"),
         (["-tp", "2"], "-tp 2: ninfer runs a model on one GPU; drop -tp"),
         (["-ctk", "q8_0"], "-ctk q8_0 -ctv f16 is not a KV cache ninfer keeps"),
         (
