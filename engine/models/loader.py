@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
@@ -158,10 +159,11 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
     Q4_0 / Q4_1 blocks, a w4g32 tensor) gets its CpuInt4Weight from the codes as they are (no dequantize
     and quantize again: faster, and no second rounding); every other quantized matrix is dequantized into
     its parameter (then quantized as `weight_quant` says, by its source bits), the rest loads as stored."""
-    by_param = _quantized_by_param(model, source)
+    names: dict[tuple[str, str | None], str] = {}
+    by_param = _quantized_by_param(model, source, names)
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
-    bits: dict[str, int] = {}
+    dequantized: list[tuple[str, QuantizedTensor]] = []  # loaded as the file's other tensors are
     for pname, shards in by_param.items():
         param = params.get(pname)
         if param is None:
@@ -176,29 +178,34 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
             and all(qt.padded_k == qt.shape[1] for qt in shards.values())
             and not pname.startswith("visual.")
         )
-        if whole:
-            parts = [shards[s] for s in order]
-            users[0].qweight = CpuInt4Weight.from_codes(
-                torch.cat([_codes4(qt.packed) for qt in parts]),
-                torch.cat([qt.scales for qt in parts]),
-                torch.cat([qt.minimums for qt in parts]),
-            )
-            users[0].weight = None
-        else:
-            _load_dequantized(param, shards)
-            bits[pname] = max(qt.bits for qt in shards.values())
+        if not whole:
+            dequantized += [(names[pname, shard], qt) for shard, qt in shards.items()]
+            continue
+        parts = [shards[s] for s in order]
+        users[0].qweight = CpuInt4Weight.from_codes(
+            torch.cat([_codes4(qt.packed) for qt in parts]),
+            torch.cat([qt.scales for qt in parts]),
+            torch.cat([qt.minimums for qt in parts]),
+        )
+        users[0].weight = None
         provided.update((pname, shard) for shard in shards)
-    model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)
-    model.weight_bits.update(bits)
+    # the rest as the dense path loads them (weight_bits from the source's bits, as there)
+    rest = itertools.chain(((name, dequantize(qt)) for name, qt in dequantized), source.unquantized_weights())
+    model.load_weights(rest, source.tensor_bits, provided)
 
 
-def _quantized_by_param(model: CausalLM, source: ModelSource) -> dict[str, dict[str | None, QuantizedTensor]]:
-    """The source's quantized matrices by the parameter (and shard) each loads into."""
+def _quantized_by_param(
+    model: CausalLM, source: ModelSource, names: dict | None = None
+) -> dict[str, dict[str | None, QuantizedTensor]]:
+    """The source's quantized matrices by the parameter (and shard) each loads into; `names` gets the
+    checkpoint name of each (parameter, shard)."""
     by_param: dict[str, dict[str | None, QuantizedTensor]] = defaultdict(dict)
     for name, qt in source.quantized_weights():
         mapped = model.param_for(name)
         if mapped is not None:
             by_param[mapped[0]][mapped[1]] = qt
+            if names is not None:
+                names[mapped] = name
     return by_param
 
 
