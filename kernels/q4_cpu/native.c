@@ -18,9 +18,12 @@
    Each output row is computed the same way whatever the number of activation rows (M tiles share only the
    unpacking of the codes), so a sequence decodes to the same values alone or in a batch.
 
-   One row (decode of one sequence) runs on the calling thread alone: one core already streams the weights
-   as fast as this machine's memory delivers them (measured; a second thread added nothing). From two rows
-   on, the dot products are the bound and the pool of kernels/native_pool.c shares the row blocks.
+   With AVX-512 VNNI one row (decode of one sequence) runs on the calling thread alone: one core already
+   streams the weights as fast as this machine's memory delivers them (measured; a second thread added
+   nothing), and from two rows on, the dot products are the bound and the pool of kernels/native_pool.c
+   shares the row blocks. With AVX2 (three instructions where VNNI has one) one core's dot products fall
+   behind memory already at one row: the pool shares the row blocks from one row on (measured on a 2-core
+   AVX2 VM: the embedded model's decode 53 -> 65 tok/s).
 
    ninfer_q4_dequantize_t_bf16 unpacks the weight for prefill's bf16 GEMM, transposed: Wt [K, N] bf16, so
    the lanes of one code vector (output rows, one column) land as consecutive bf16 values. */
@@ -36,7 +39,6 @@
 #define M_TILE 8 /* activation rows sharing one unpacking of a group's codes (8 of the 32 registers) */
 #define ABI_VERSION 1
 #define CHUNK_BLOCKS 4    /* row blocks a thread takes at a time */
-#define HELPER_MIN_ROWS 2 /* activation rows from which the helper thread joins */
 
 /* The arguments of one matmul call, shared with the pool's threads. */
 typedef struct {
@@ -300,6 +302,13 @@ static void unpack_blocks(void *ctx, int64_t b0, int64_t b1) {
 #endif
 
 #ifdef Q4_SIMD
+/* activation rows from which the helper thread joins (see the top) */
+#if Q4_SIMD == 512
+#define HELPER_MIN_ROWS 2
+#else
+#define HELPER_MIN_ROWS 1
+#endif
+
 int ninfer_q4_abi(void) { return ABI_VERSION; }
 
 static void run_block(const job_t *j, int64_t b) {
@@ -345,7 +354,7 @@ int ninfer_q4_matmul(const uint8_t *w, const float *x, float *y, int64_t M, int6
         quantize_row(x + m * K, K, q1 + m * K, q2 + m * K, scale + m * G, xsum + m * G);
 
     job_t job = {.w = w, .q1 = q1, .q2 = q2, .scale = scale, .xsum = xsum, .y = y, .M = M, .N = N, .K = K, .G = G};
-    /* one row streams the weights as fast as memory delivers them: the helper joins from two rows on */
+    /* with VNNI one row streams the weights as fast as memory delivers them: the helper joins from two rows on */
     if (M < HELPER_MIN_ROWS)
         run_blocks(&job, 0, NB);
     else
