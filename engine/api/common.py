@@ -206,7 +206,9 @@ async def start(
         raise ContextExceeded(e.tokens, e.limit, images=bool(images)) from e
     except NinferError as e:
         raise ApiError(400, str(e)) from e
-    state.metrics.started(stream.request_id, images, structured=params.grammar is not None)
+    state.metrics.started(
+        stream.request_id, images, structured=params.grammar is not None, adapters=params.adapter_mix
+    )
     return stream
 
 

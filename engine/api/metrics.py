@@ -57,6 +57,12 @@ class Metrics:
         self.images = Counter("ninfer_images", "Images in requests (--vision)", registry=r)
         self.image_tokens = Counter("ninfer_image_tokens", "Prompt tokens the images take", registry=r)
         self.requests = Counter("ninfer_requests_finished", "Finished requests", ["reason"], registry=r)
+        self.lora_requests = Counter(
+            "ninfer_lora_requests",
+            "Requests run with a LoRA adapter (each adapter of a mix)",
+            ["adapter"],
+            registry=r,
+        )
         self.structured = Counter(
             "ninfer_structured_requests",
             "Requests held to a grammar (response_format, structured_outputs, forced or strict tool calls)",
@@ -78,11 +84,22 @@ class Metrics:
         self._start: dict[str, float] = {}
         self._first: dict[str, float] = {}
         self._images: dict[str, tuple[int, int]] = {}  # request -> (images, their tokens)
+        self._adapters: dict[str, str] = {}  # request -> its LoRA adapters, as the log line names them
 
-    def started(self, request_id: str, images: list | None = None, structured: bool = False) -> None:
+    def started(
+        self,
+        request_id: str,
+        images: list | None = None,
+        structured: bool = False,
+        adapters: tuple[tuple[str, float], ...] = (),
+    ) -> None:
         self._start[request_id] = time.monotonic()
         if structured:
             self.structured.inc()
+        if adapters:
+            for name, _ in adapters:
+                self.lora_requests.labels(name).inc()
+            self._adapters[request_id] = "+".join(n if s == 1.0 else f"{s:g}x{n}" for n, s in adapters)
         if images:
             tokens = sum(image.num_tokens for image in images)
             self._images[request_id] = (len(images), tokens)
@@ -118,6 +135,8 @@ class Metrics:
         spec = f" accepted={out.num_accepted_tokens}/{out.num_draft_tokens}" if out.num_draft_tokens else ""
         images = self._images.pop(out.request_id, None)
         spec += f" images={images[0]} ({images[1]} tokens)" if images else ""
+        adapters = self._adapters.pop(out.request_id, None)
+        spec += f" lora={adapters}" if adapters else ""
         _log.info(
             "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s%s",
             out.request_id,

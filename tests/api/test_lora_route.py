@@ -129,6 +129,13 @@ def test_llama_server_lora_adapters_and_per_request_scales(server):
     assert half not in (plain, with_loud)  # a scale between: another model
     assert chat_with([{"id": 0, "scale": 1}]) == ("smollm2", loud)
     assert chat_with([]) == ("smollm2", base)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    counted = {
+        ln.split('"')[1]: float(ln.split()[-1])
+        for ln in metrics.splitlines()
+        if ln.startswith("ninfer_lora_requests_total{")
+    }
+    assert counted["loud"] >= 4 and counted["zero"] >= 1  # each adapter of a mix counts
 
     r = httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.5}], timeout=30)
     assert r.status_code == 200 and r.json() == {"success": True}
