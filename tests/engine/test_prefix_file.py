@@ -63,6 +63,22 @@ def test_a_restart_starts_from_the_pages_the_last_run_left(models, tmp_path, arc
     ]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_a_restart_on_cuda(models, tmp_path, arch):
+    """On a GPU the pages come from the device pool (and a hybrid's snapshots from its state slots) and go
+    back through the pinned host tier: the same cached tokens and output as on the CPU path."""
+    file = tmp_path / "prefix.cache"
+    a, b = _prompt(50, 1), _prompt(70, 2)
+    cuda = dict(device="cuda", dtype="float32")
+    first = _llm(models[arch], file, **cuda)
+    want = first.generate(prompt_token_ids=[a, b], sampling_params=GEN)
+    first.save_prefix_cache()
+    got = _llm(models[arch], file, **cuda).generate(prompt_token_ids=[a, b], sampling_params=GEN)
+    assert [g.num_cached_tokens for g in got] == [48, 64]
+    assert all(_same(g, w) for g, w in zip(got, want))
+
+
 def test_a_file_of_another_layout_is_not_read_and_is_replaced(models, tmp_path, caplog):
     file = tmp_path / "prefix.cache"
     a = _prompt(50, 1)
