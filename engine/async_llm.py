@@ -156,6 +156,9 @@ class AsyncLLM:
     async def unload_adapter(self, name: str) -> None:
         await self._call(lambda: self.llm.unload_adapter(name))
 
+    async def reset_prefix_cache(self) -> None:
+        await self._call(self.llm.reset_prefix_cache)
+
     async def _call(self, fn) -> Any:
         """fn() run by the engine thread between steps; its NinferError is raised here."""
         done: concurrent.futures.Future = concurrent.futures.Future()

@@ -200,6 +200,13 @@ class LLM:
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (GPU pool, host tier, state snapshots), e.g. between benchmark runs
+        that must start cold; running requests go on with their pages. Between steps only."""
+        self.scheduler.block_pool.reset_prefix_cache()
+        if self.scheduler.state_pool is not None:
+            self.scheduler.state_pool.clear_snapshots()
+
     def save_prefix_cache(self) -> None:
         """Write the prefix cache to `prefix_cache_file` (between steps, or once the engine has stopped), so
         the next start reads it back; said in the log."""

@@ -53,6 +53,8 @@ def create_app(state: ServerState) -> FastAPI:
             *llama_cpp.PATHS,
             *props.PATHS,
             *rerank.PATHS,
+            *lora_routes.PATHS,
+            "/reset_prefix_cache",
         )
         if state.api_key and guarded and not _authorized(request, state.api_key):
             return error_response(
@@ -88,6 +90,11 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/version")
     async def version():
         return {"version": ninfer_version()}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():  # vLLM's: the next requests start cold (benchmarks between runs)
+        await state.engine.reset_prefix_cache()
+        return Response(status_code=200)
 
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping():  # vLLM's (a load balancer's probe): 200 while the engine runs

@@ -15,6 +15,7 @@ from engine.api.state import ServerState
 from engine.errors import NinferError
 
 router = APIRouter()
+PATHS = ("/lora-adapters",)  # behind --api-key, as llama-server keeps it (vLLM's are under /v1/)
 
 
 async def _lora_request(request: Request) -> tuple[ServerState, dict, str]:

@@ -129,6 +129,18 @@ class BlockPool:
                 del self._free[block_id]
             self.ref_cnt[block_id] += 1
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix, on the GPU and in the host tier: pages keep their KV but no longer
+        name a prefix (the unreferenced ones are handed out first again)."""
+        for block_id, block_hash in enumerate(self.block_hash):
+            if block_hash is not None:
+                self.block_hash[block_id] = None
+                if block_id in self._free:
+                    self._free.move_to_end(block_id, last=False)
+        self.cached.clear()
+        if self.host is not None:
+            self.host.clear()
+
     def cached_pages(self) -> list[tuple[bytes, int]]:
         """(hash, block) of every cached page, least recently used first: the unreferenced ones in the free
         queue's order, then those running requests hold."""

@@ -61,3 +61,8 @@ class HostPool:
         """The previous step's copies are done (they run in order): its taken slots are free."""
         self._free.extend(self._reserved)
         self._reserved.clear()
+
+    def clear(self) -> None:
+        """Forget every prefix the tier holds (its slots free again; those taken this step stay reserved)."""
+        self._free.extend(self.slots.values())
+        self.slots.clear()

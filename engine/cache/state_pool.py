@@ -79,6 +79,11 @@ class StatePool:
         elif slot is not None:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
 
+    def clear_snapshots(self) -> None:
+        """Forget every snapshot (those the step being scheduled reads or writes stay until it ends)."""
+        for prefix_hash in list(self.snapshots):
+            self.drop_snapshot(prefix_hash)
+
     def end_step(self) -> None:
         """The step's copies are issued; its snapshot slots may be evicted again."""
         self._pinned.clear()

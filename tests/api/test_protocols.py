@@ -537,3 +537,22 @@ def test_logprobs_carry_each_tokens_bytes_and_names_by_id_on_request(oai, server
             logprobs=1,
             extra_body={"return_tokens_as_token_ids": "yes"},
         )
+
+
+def test_reset_prefix_cache_makes_the_next_prompt_cold(server, oai):
+    """vLLM's POST /reset_prefix_cache (behind the key): a prompt served from the cache before is computed
+    again after it; /lora-adapters is behind the key too."""
+    long_question = [{"role": "user", "content": "Describe the river Seine in Paris. " * 12}]
+
+    def cached() -> int:
+        r = oai.chat.completions.create(model="smollm2", messages=long_question, max_tokens=2, **GREEDY)
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    cached()
+    assert cached() > 0
+    assert httpx.post(f"{server.url}/reset_prefix_cache").status_code == 401
+    assert httpx.get(f"{server.url}/lora-adapters").status_code == 401
+    r = httpx.post(f"{server.url}/reset_prefix_cache", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    assert cached() == 0
+    assert cached() > 0  # and it caches again

@@ -181,3 +181,23 @@ def test_an_evicted_prefix_goes_out_and_comes_back_in_one_slice(qwen3_dir, monke
     (out, _), (_, back) = copies[0], copies[-1]
     assert len(out) == len(back) == 3  # A's three full pages
     assert len(host_kv.page_runs(out)) == len(host_kv.page_runs(back)) == 1
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_reset_prefix_cache_forgets_both_tiers_and_the_snapshots(tmp_path, arch):
+    """LLM.reset_prefix_cache (vLLM's /reset_prefix_cache): neither a page on the GPU nor one in the host
+    tier (nor a hybrid's snapshot) names a prefix afterwards; the output is the one computed cold."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, head_dim=32), tmp_path)
+    small = dict(kv_capacity=64, max_context=64, max_concurrency=1, state_snapshots=8)
+    llm = LLM(path, **small, host_cache=1 << 20)
+    first, again = _evict_and_return(llm)  # A's pages now on the GPU again, B's in the tier
+    assert again.num_cached_tokens == 48
+    llm.reset_prefix_cache()
+    pool = llm.scheduler.block_pool
+    assert not pool.cached and pool.host.num_used == 0
+    if llm.scheduler.state_pool is not None:
+        assert not llm.scheduler.state_pool.snapshots
+    for seed in (1, 2):
+        out = llm.generate(prompt_token_ids=_prompt(50, seed), sampling_params=GEN)[0]
+        assert out.num_cached_tokens == 0
+    assert _same(out, LLM(path, **small).generate(prompt_token_ids=_prompt(50, 2), sampling_params=GEN)[0])
