@@ -164,11 +164,15 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     dequantized: list[tuple[str, QuantizedTensor]] = []  # loaded as the file's other tensors are
+    users_of: dict[int, list] = defaultdict(list)  # parameter -> the modules whose weight it is
+    for m in model.modules():
+        if getattr(m, "weight", None) is not None:
+            users_of[id(m.weight)].append(m)
     for pname, shards in by_param.items():
         param = params.get(pname)
         if param is None:
             continue
-        users = [m for m in model.modules() if getattr(m, "weight", None) is param]
+        users = users_of[id(param)]
         order = list(users[0].offsets) if users and isinstance(users[0], MergedLinear) else [None]
         whole = (
             len(users) == 1
