@@ -30,26 +30,20 @@ ChainStep = Callable[
 ]
 
 
-def mtp_chain_graphs(model, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
-    """The MTP head's chain: a variant per head layer (step k runs layer k mod layers)."""
-
-    def step(ids, hidden, positions, layer):
-        h = model.mtp(positions, model.model.embed_tokens(ids), hidden, layer)
-        return h, model.draft_logits(h).argmax(-1)
-
+def mtp_chain_graphs(drafter, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
+    """The MTP head's chain (engine/spec/mtp.MTPDrafter.head_step): a variant per head layer (step k runs
+    layer k mod layers)."""
+    model = drafter.model
     size = model.config.hidden_size
-    return ChainGraphs(step, len(model.mtp.layers), size, max_batch, max_blocks, device, dtype, "MTP")
+    return ChainGraphs(
+        drafter.head_step, len(model.mtp.layers), size, max_batch, max_blocks, device, dtype, "MTP"
+    )
 
 
-def draft_chain_graphs(draft, vocab_size: int, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
-    """The draft model's chain (spec draft): the whole model over each request's last draft, its greedy
-    token within the target's vocabulary. It takes no hidden states in."""
-
-    def step(ids, hidden, positions, variant):
-        h = draft(ids, positions)
-        return h, draft.compute_logits(h)[:, :vocab_size].argmax(-1)
-
-    return ChainGraphs(step, 1, None, max_batch, max_blocks, device, dtype, "draft-model")
+def draft_chain_graphs(drafter, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
+    """The draft model's chain (spec draft, engine/spec/draft_model.DraftModelDrafter.chain_step): it takes
+    no hidden states in."""
+    return ChainGraphs(drafter.chain_step, 1, None, max_batch, max_blocks, device, dtype, "draft-model")
 
 
 class ChainGraphs:

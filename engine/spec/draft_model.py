@@ -45,9 +45,15 @@ class DraftModelDrafter:
         self.block_size, self.device, self.vocab_size = block_size, device, vocab_size
         self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
 
-    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, H] -> the draft model's greedy tokens [n]
         return self.model.compute_logits(hidden)[:, : self.vocab_size].argmax(-1)
+
+    def chain_step(self, tokens, hidden, positions, variant: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained step under the step's forward context, as engine/spec/chain_graphs.py captures it:
+        tokens [n], positions [n] -> (hidden [n, H], the next drafts [n]); `hidden` and `variant` unused."""
+        h = self.model(tokens, positions)
+        return h, self.greedy(h)
 
     def _run(self, tokens, positions, cu_seqlens, seq_lens, slots, tables) -> torch.Tensor:
         """The draft model over `tokens` (host ids, or [T] on the device; KV written at `slots`): its
@@ -99,7 +105,7 @@ class DraftModelDrafter:
         if not chains:
             return {}
         active = list(range(len(chains)))  # chains still drafting
-        steps = [(active, self._greedy(out[to_device([row for _, row in chains], torch.int64, self.device)]))]
+        steps = [(active, self.greedy(out[to_device([row for _, row in chains], torch.int64, self.device)]))]
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
         blocks_of = [r.block_ids for r, _ in chains]  # the same list while the same requests chain
         for step in range(1, self.num_draft_tokens):
@@ -126,7 +132,7 @@ class DraftModelDrafter:
             return self.graphs.replay(len(pos), 0)[1].clone()  # the next replay rewrites the graph's outputs
         cu = list(range(len(pos) + 1))  # one token a request
         h = self._run(drafts, pos, cu, [p + 1 for p in pos], slots, blocks_of)  # [n, H]
-        return self._greedy(h)
+        return self.greedy(h)
 
 
 def open_draft_model(

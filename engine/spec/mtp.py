@@ -49,10 +49,16 @@ class MTPDrafter:
             self.graphs.stage(tokens, h, pos, slots, blocks, rope)
             h, drafts = self.graphs.replay(len(pos), step)
             return h, drafts.clone()  # the next replay rewrites the graph's outputs
-        model = self.model
         ctx = self._context(list(range(len(pos) + 1)), [p + 1 for p in pos], slots, blocks)
         with set_forward_context(ctx):
-            h = model.mtp(self._tensor(rope, torch.int64), model.model.embed_tokens(tokens), h, step)
+            return self.head_step(tokens, h, self._tensor(rope, torch.int64), step)
+
+    def head_step(self, tokens, hidden, positions, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained step of the head under the step's forward context (run eagerly, or captured by
+        engine/spec/chain_graphs.py): tokens [n], hidden [n, H], positions [n] -> (hidden [n, H], drafts
+        [n])."""
+        model = self.model
+        h = model.mtp(positions, model.model.embed_tokens(tokens), hidden, layer)
         return h, model.draft_logits(h).argmax(-1)
 
     @torch.inference_mode()

@@ -110,11 +110,10 @@ class ModelRunner:
                 adapters.graph_lanes = lanes
             batch = engine_config.max_concurrency
             if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
-                chain = mtp_chain_graphs(model, batch, max_blocks, self.device, dtype)
+                chain = mtp_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
                 self.drafter.graphs = captured_or_none(chain)
             if isinstance(self.drafter, DraftModelDrafter) and self.graphs is not None:
-                vocab = model_config.vocab_size
-                chain = draft_chain_graphs(draft_model, vocab, batch, max_blocks, self.device, dtype)
+                chain = draft_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
                 self.drafter.graphs = captured_or_none(chain)
 
     def _modules(self):

@@ -84,8 +84,7 @@ def test_chained_drafts_through_the_graph_buffers(target, plain, other_draft):
     max_blocks = -(-graphed.max_context // 8)
     chain = eager_replays(
         draft_chain_graphs(
-            graphed.runner.draft_model,
-            graphed.model_config.vocab_size,
+            graphed.runner.drafter,
             4,
             max_blocks,
             torch.device("cpu"),

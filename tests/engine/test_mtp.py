@@ -240,7 +240,7 @@ def test_chained_drafts_through_the_graph_buffers(mtp_model):
 
     model, path, tensors = mtp_model
     llm = LLM(path, spec="mtp", draft_tokens=4, enable_prefix_caching=False)
-    chain = eager_replays(mtp_chain_graphs(llm.model, 4, 32, torch.device("cpu"), torch.float32))
+    chain = eager_replays(mtp_chain_graphs(llm.runner.drafter, 4, 32, torch.device("cpu"), torch.float32))
     llm.runner.drafter.graphs = chain
     assert chain.buckets == [1, 2, 4]
     rids = [
