@@ -239,20 +239,13 @@ async def _prepare(state: ServerState, body: dict):
     listed = declared.listed() if callable_ else None
     kwargs = _template_kwargs(body)
 
-    def render(b: dict):
+    def render(b: dict):  # (text, ids, images); an image counts as its placeholder token in len(ids)
         messages, images = template_messages(b, declared)
         # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
         prefill = b["messages"][-1].get("role") == "assistant"
         return (*state.render(messages, listed, kwargs, continue_final=prefill), images)
 
-    rendered = {}
-
-    def count(b: dict) -> int:  # (an image counts as its placeholder token here)
-        rendered[id(b)] = render(b)
-        return len(rendered[id(b)][1])
-
-    body, applied, original = context_editing.apply(body, edits, count) if edits else (body, [], 0)
-    text, ids, images = rendered[id(body)] if edits else render(body)
+    (text, ids, images), applied, original = context_editing.apply(body, edits, render)
     tools = declared.specs if callable_ else None
     return text, ids, tools, await preprocess_images(state, images), applied, original
 

@@ -163,10 +163,11 @@ def _amount(value: Any, kind: str, where: str, minimum: int = 0) -> int:
     return n
 
 
-def apply(body: dict, edits: list[ClearToolUses], count) -> tuple[dict, list[dict], int]:
-    """(the body as the model sees it, the applied edits, the input tokens before them). `count(body)` is
-    the rendered prompt's token count."""
-    original = current = count(body)
+def apply(body: dict, edits: list[ClearToolUses], render) -> tuple[tuple, list[dict], int]:
+    """(the rendering of the body as the model sees it, the applied edits, the input tokens before them).
+    `render(body)` is the rendered prompt: a tuple whose second item is its token ids."""
+    rendered = render(body)
+    original = current = len(rendered[1])
     applied = []
     for edit in edits:
         if not edit.triggered(current, len(tool_uses(body))):
@@ -175,7 +176,8 @@ def apply(body: dict, edits: list[ClearToolUses], count) -> tuple[dict, list[dic
         if result is None:
             continue
         edited, cleared_uses = result
-        tokens = count(edited)
+        candidate = render(edited)
+        tokens = len(candidate[1])
         if current - tokens < edit.clear_at_least:
             continue  # not worth breaking the prefix cache for
         applied.append(
@@ -185,5 +187,5 @@ def apply(body: dict, edits: list[ClearToolUses], count) -> tuple[dict, list[dic
                 "cleared_input_tokens": current - tokens,
             }
         )
-        body, current = edited, tokens
-    return body, applied, original
+        body, rendered, current = edited, candidate, tokens
+    return rendered, applied, original
