@@ -79,6 +79,8 @@ def test_old_tool_results_are_cleared_past_the_trigger(server):
     status, counted = post(s, "/v1/messages/count_tokens", body([CLEAR]))
     assert counted["context_management"]["original_input_tokens"] == plain["input_tokens"]
     assert counted["input_tokens"] < plain["input_tokens"]
+    status, untouched = post(s, "/v1/messages/count_tokens", body([]))
+    assert untouched == {**plain, "context_management": {"original_input_tokens": plain["input_tokens"]}}
     status, reply = post(s, "/v1/messages", body([CLEAR]))
     assert status == 200
     (edit,) = reply["context_management"]["applied_edits"]
