@@ -186,6 +186,7 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
     gpu = None
     llama_server = any(arg.partition("=")[0] in LLAMA_SERVER for arg in args)
     applied: list[str] = []  # llama-server's adapters, each NAME=SCALE: applied to every request
+    without_apply = False  # --lora-init-without-apply: they load at scale 0 instead
     i = 0
 
     def value(flag: str) -> str:
@@ -269,7 +270,7 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
                 out += ["--lora", path]
                 applied.append(adapter_name(path))
         elif flag == "--lora-init-without-apply":
-            applied.append("")  # marks the flag: the adapters load at scale 0
+            without_apply = True
         elif flag == "--rope-scaling" and i + 1 < len(args) and args[i + 1] in ("yarn", "linear"):
             rope["kind"] = value(flag)
         elif flag in ("--rope-scale", "--yarn-orig-ctx"):
@@ -286,7 +287,7 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
     if rope:
         out += ["--rope-scaling", _rope_scaling(rope)]
         notes.append(f"llama.cpp's rope flags as --rope-scaling {out[-1]}")
-    if applied and "" in applied:
+    if without_apply:
         notes.append(
             "--lora-init-without-apply: the adapters load at scale 0; a request's lora list, or POST "
             "/lora-adapters, applies them"

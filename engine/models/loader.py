@@ -164,10 +164,7 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     dequantized: list[tuple[str, QuantizedTensor]] = []  # loaded as the file's other tensors are
-    users_of: dict[int, list] = defaultdict(list)  # parameter -> the modules whose weight it is
-    for m in model.modules():
-        if getattr(m, "weight", None) is not None:
-            users_of[id(m.weight)].append(m)
+    users_of = _weight_users(model)
     for pname, shards in by_param.items():
         param = params.get(pname)
         if param is None:
@@ -213,6 +210,15 @@ def _quantized_by_param(
     return by_param
 
 
+def _weight_users(model: CausalLM) -> dict[int, list]:
+    """id(parameter) -> the modules whose weight it is (a tied head's table has two), in one pass."""
+    users: dict[int, list] = defaultdict(list)
+    for m in model.modules():
+        if getattr(m, "weight", None) is not None:
+            users[id(m.weight)].append(m)
+    return users
+
+
 def _load_dequantized(param, shards: dict[str | None, QuantizedTensor]) -> None:
     for shard, qt in shards.items():
         dense = dequantize(qt)
@@ -244,6 +250,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     by_param = _quantized_by_param(model, source)
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
+    users_of = _weight_users(model)
     for pname, shards in by_param.items():
         param = params.get(pname)
         if param is None:
@@ -251,7 +258,7 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         if pack_experts(model, pname, param, shards, device):
             provided.update((pname, shard) for shard in shards)
             continue
-        users = [m for m in model.modules() if getattr(m, "weight", None) is param]
+        users = users_of[id(param)]
         takers = [m for m in users if isinstance(m, (Linear, Embedding))]
         merged = [m for m in takers if isinstance(m, MergedLinear)]
         order = list(merged[0].offsets) if merged else [None]
