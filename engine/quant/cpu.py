@@ -185,18 +185,26 @@ class CpuInt4Weight:
     either way.
     """
 
-    def __init__(self, w: torch.Tensor | None, codes=None):
-        """w: [N, K], K a multiple of INT4_GROUP, quantized here; or (w None) `codes`: (q [N, K] in 0..15,
-        scale [N, K / G], lo [N, K / G]) already so (a GGUF's Q4_0 / Q4_1 blocks: `from_codes`)."""
-        if w is not None:
-            n, k = w.shape
-            g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
-            lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
-            scale = ((hi - lo) / 15.0).clamp(min=1e-12)
-            q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
-        else:
-            q, scale, lo = codes
-            n, k = q.shape
+    def __init__(self, w: torch.Tensor):
+        # w: [N, K], K a multiple of INT4_GROUP
+        n, k = w.shape
+        g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [N, K / G]
+        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        self._hold(q, scale, lo)
+
+    @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> CpuInt4Weight:
+        """The weight w = scale * q + lo as it is (q [N, K] in 0..15; scale, lo [N, K / INT4_GROUP]), as a
+        GGUF's Q4_0 / Q4_1 blocks hold it: no second rounding. (A Q4_0 block's scale may be negative.)"""
+        weight = cls.__new__(cls)
+        weight._hold(q, scale.float(), lo.float())
+        return weight
+
+    def _hold(self, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> None:
+        """Pack the codes for the kernel that will run them (q [N, K]; scale, lo [N, K / G])."""
+        n, k = q.shape
         self.shape = (n, k)
         self.native = self.qweight = self.codes = self.scales_and_zeros = None
         if q4_cpu.available() and q4_cpu.supports(n, k, scale, lo):
@@ -213,12 +221,6 @@ class CpuInt4Weight:
         self.scales_and_zeros = (
             torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         )
-
-    @classmethod
-    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> CpuInt4Weight:
-        """The weight w = scale * q + lo as it is (q [N, K] in 0..15; scale, lo [N, K / INT4_GROUP]): no
-        second rounding. (A Q4_0 block's scale may be negative.)"""
-        return cls(None, (q, scale.float(), lo.float()))
 
     @property
     def nbytes(self) -> int:
