@@ -371,6 +371,16 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
+def run_serve(*args: str):
+    """`ninfer serve ARGS` as a subprocess that is expected to refuse its flags before loading anything."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "ninfer_cli.main", "serve", *args], capture_output=True, text=True, timeout=60
+    )
+
+
 def eager_replays(graphs):
     """CUDA graphs (DecodeGraphs, a drafter's ChainGraphs) whose replays run the staged buffers eagerly (the
     path a graph records: static buffers, padding rows, outputs reused across replays), counted."""

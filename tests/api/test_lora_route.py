@@ -3,14 +3,11 @@ routes), replies name it, /v1/models lists it with its parent; other names run t
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import anthropic
 import httpx2 as httpx
 import openai
 import pytest
-from conftest import write_lora_adapter
+from conftest import run_serve, write_lora_adapter
 from server import RunningServer
 
 from engine.async_llm import AsyncLLM
@@ -165,12 +162,7 @@ def test_llama_server_lora_adapters_and_per_request_scales(server):
 
 
 def test_serve_refuses_a_default_adapter_it_does_not_load():
-    proc = subprocess.run(
-        [sys.executable, "-m", "ninfer_cli.main", "serve", "--lora-default", "sql=0.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--lora-default", "sql=0.5")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "error: --lora-default sql: no such adapter; the adapters are: none: add --lora NAME=PATH"
@@ -178,12 +170,7 @@ def test_serve_refuses_a_default_adapter_it_does_not_load():
 
 
 def test_serve_refuses_an_adapter_folder_that_is_not_there(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "ninfer_cli.main", "serve", "--lora", f"sql={tmp_path / 'none'}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--lora", f"sql={tmp_path / 'none'}")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         f"error: LoRA adapter 'sql': {tmp_path / 'none'} is not a folder; give the folder peft's "

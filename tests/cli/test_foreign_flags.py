@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import subprocess
-import sys
 
 import httpx2 as httpx
 import pytest
+from conftest import run_serve
 from serve_process import start_serve
 
 from engine.errors import NinferError
@@ -181,18 +180,10 @@ def test_what_cannot_be_taken_is_refused(args, message):
 
 
 def test_the_console_script_translates_and_refuses_in_one_line():
-    def serve(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "ninfer_cli.main", "serve", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    proc = serve("-tp", "4")
+    proc = run_serve("-tp", "4")
     assert proc.returncode == 2 and proc.stderr == "error: -tp 4: ninfer runs a model on one GPU; drop -tp\n"
     # translated, then refused by serve's own check, before any model loads
-    proc = serve("-c", "4096", "--jinja", "--gpu-memory-utilization", "1.5")
+    proc = run_serve("-c", "4096", "--jinja", "--gpu-memory-utilization", "1.5")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "ninfer serve: -c as --ctx-size",

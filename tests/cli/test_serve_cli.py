@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 
 import httpx2 as httpx
 import pytest
+from conftest import run_serve
 from serve_process import start_serve
 
 pytestmark = pytest.mark.slow
@@ -82,12 +81,7 @@ def test_the_prefix_cache_file_carries_a_prompt_across_a_restart(tmp_path):
 
 
 def test_serve_refuses_bad_flags():
-    proc = subprocess.run(
-        [sys.executable, "-m", "ninfer_cli.main", "serve", "--max-context", "lots"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_serve("--max-context", "lots")
     assert proc.returncode == 2
     assert (
         proc.stderr.strip()

@@ -39,13 +39,20 @@ def _llm(path, file, **extra) -> LLM:
     return LLM(path, prefix_cache_file=str(file), **{**options, **extra})
 
 
+def _written(path, file, *batches, **extra):
+    """An engine that ran each batch of prompts in turn, then wrote its prefix cache to `file`: (it, the
+    batches' outputs)."""
+    llm = _llm(path, file, **extra)
+    outs = [llm.generate(prompt_token_ids=batch, sampling_params=GEN) for batch in batches]
+    llm.save_prefix_cache()
+    return llm, outs
+
+
 @pytest.mark.parametrize("arch,kv_dtype", [("qwen3", "auto"), ("qwen3", "k8v4"), ("qwen3_5", "auto")])
 def test_a_restart_starts_from_the_pages_the_last_run_left(models, tmp_path, arch, kv_dtype, caplog):
     file = tmp_path / "prefix.cache"
     a, b = _prompt(50, 1), _prompt(70, 2)
-    first = _llm(models[arch], file, kv_dtype=kv_dtype)
-    want = first.generate(prompt_token_ids=[a, b], sampling_params=GEN)
-    first.save_prefix_cache()
+    _, (want,) = _written(models[arch], file, [a, b], kv_dtype=kv_dtype)
     assert file.exists() and not (tmp_path / "prefix.cache.tmp").exists()
     with caplog.at_level(logging.INFO, logger="ninfer"):
         again = _llm(models[arch], file, kv_dtype=kv_dtype)
@@ -71,9 +78,7 @@ def test_a_restart_on_cuda(models, tmp_path, arch):
     file = tmp_path / "prefix.cache"
     a, b = _prompt(50, 1), _prompt(70, 2)
     cuda = dict(device="cuda", dtype="float32")
-    first = _llm(models[arch], file, **cuda)
-    want = first.generate(prompt_token_ids=[a, b], sampling_params=GEN)
-    first.save_prefix_cache()
+    _, (want,) = _written(models[arch], file, [a, b], **cuda)
     got = _llm(models[arch], file, **cuda).generate(prompt_token_ids=[a, b], sampling_params=GEN)
     assert [g.num_cached_tokens for g in got] == [48, 64]
     assert all(_same(g, w) for g, w in zip(got, want))
@@ -82,9 +87,7 @@ def test_a_restart_on_cuda(models, tmp_path, arch):
 def test_a_file_of_another_layout_is_not_read_and_is_replaced(models, tmp_path, caplog):
     file = tmp_path / "prefix.cache"
     a = _prompt(50, 1)
-    first = _llm(models["qwen3"], file)
-    first.generate(prompt_token_ids=a, sampling_params=GEN)
-    first.save_prefix_cache()
+    _written(models["qwen3"], file, [a])
     with caplog.at_level(logging.INFO, logger="ninfer"):
         other = _llm(models["qwen3"], file, kv_dtype="int8")
     assert any("written for another pages" in r.message for r in caplog.records)
@@ -107,10 +110,7 @@ def test_the_newest_pages_are_kept_when_the_tier_is_smaller(models, tmp_path):
     """A host tier smaller than the file: the most recently used pages come back (the later prompt's)."""
     file = tmp_path / "prefix.cache"
     a, b = _prompt(50, 1), _prompt(50, 2)
-    first = _llm(models["qwen3"], file)
-    first.generate(prompt_token_ids=a, sampling_params=GEN)
-    first.generate(prompt_token_ids=b, sampling_params=GEN)
-    first.save_prefix_cache()
+    first, _ = _written(models["qwen3"], file, [a], [b])
     page = first.runner.host_kv.num_bytes // first.runner.host_kv.num_slots
     small = _llm(models["qwen3"], file, host_cache=3 * page)
     assert small.generate(prompt_token_ids=b, sampling_params=GEN)[0].num_cached_tokens == 48
@@ -139,9 +139,7 @@ def test_a_file_whose_index_does_not_match_its_pages_is_not_read(models, tmp_pat
 
     file = tmp_path / "prefix.cache"
     a = _prompt(50, 1)
-    first = _llm(models["qwen3"], file)
-    first.generate(prompt_token_ids=a, sampling_params=GEN)
-    first.save_prefix_cache()
+    _written(models["qwen3"], file, [a])
     with safe_open(str(file), "pt") as f:
         meta = f.metadata()
     meta["pages"] += "," + "ab" * 16  # a page the tensors do not hold
@@ -155,7 +153,7 @@ def test_a_file_whose_index_does_not_match_its_pages_is_not_read(models, tmp_pat
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_an_empty_cache_writes_and_reads_an_empty_file(models, tmp_path, arch, caplog):
     file = tmp_path / "prefix.cache"
-    _llm(models[arch], file).save_prefix_cache()
+    _written(models[arch], file)
     with caplog.at_level(logging.INFO, logger="ninfer"):
         _llm(models[arch], file)
     assert any("0 pages (0 tokens)" in r.message for r in caplog.records)
