@@ -6,6 +6,7 @@ dtype names and the header's opening the .ninfer container's writer (engine/form
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,10 +38,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty(0, dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def header_bytes(header: dict) -> bytes:
