@@ -110,6 +110,8 @@ class AsyncLLM:
         grammar = None
         if sampling_params.grammar is not None:  # compiled here, not in the engine loop other streams share
             grammar = await asyncio.to_thread(self.llm.grammar_matcher, sampling_params, prompt_token_ids)
+        if sampling_params.uses_dry:  # DRY's breakers found here the first time (a scan of the vocabulary)
+            await asyncio.to_thread(self.llm.dry_breakers, sampling_params)
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._send(

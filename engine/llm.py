@@ -24,6 +24,7 @@ from engine.pooling import POOLED, normalized
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
+from engine.sample.dry import BreakerMasks
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.draft_model import load_draft_model, open_draft_model
@@ -141,6 +142,7 @@ class LLM:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
+        self.dry_breakers = BreakerMasks(self.tokenizer, self.model_config.vocab_size, self.description)
         visual = self.model.visual
         self._images = ImageCache(visual.config) if visual is not None else None
         if config.prefix_cache_file:  # the prefix cache an earlier run left (engine/worker/prefix_file.py)
@@ -194,6 +196,7 @@ class LLM:
             grammar=grammar,
             after=after,
             bad_word_ids=self._bad_word_ids(sampling_params.bad_words),
+            dry_breakers=self.dry_breakers(sampling_params),
             cache_root=self.adapters.cache_root(sampling_params.adapter_mix),
         )
         self.scheduler.add_request(req)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from engine.errors import NinferError
 
@@ -27,17 +30,31 @@ _WHOLE_NUMBERS = (
     "logprobs",
     "prompt_logprobs",
     "thinking_budget",
+    "repeat_last_n",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
 )
-_NUMBERS = (
-    *_WHOLE_NUMBERS,
+_FLOATS = (
     "temperature",
     "top_p",
     "min_p",
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dynatemp_range",
+    "dynatemp_exponent",
 )
-_OPTIONAL = ("seed", "logprobs", "prompt_logprobs", "thinking_budget")
+_NUMBERS = (*_WHOLE_NUMBERS, *_FLOATS)
+_OPTIONAL = ("seed", "logprobs", "prompt_logprobs", "thinking_budget", "repeat_last_n")
+# llama.cpp's default DRY sequence breakers: a repeat is not followed across a new line, a colon, a quote or
+# an asterisk (a chat's "Name:" headers, dialogue and emphasis)
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,32 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output (logit / p or * p)
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    # llama.cpp's repeat_last_n: the three penalties above count the last N tokens of prompt and output
+    # together (-1: the whole context; 0: the penalties are off); None: as vLLM counts (the repetition
+    # penalty over prompt and output, presence and frequency over the output)
+    repeat_last_n: int | None = None
+    # llama.cpp's samplers beside vLLM's (engine/sample/filters.py, engine/sample/dry.py); each off at its
+    # default. Dynamic temperature: a sampled row's temperature is temperature -/+ dynatemp_range, higher
+    # as its distribution is flatter: (entropy / the most it could be) ** dynatemp_exponent of the way up
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    # Locally typical sampling: the tokens whose surprise is nearest the distribution's entropy,
+    # up to this much probability
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0  # keep the logits within N standard deviations of the top one; <= 0: off
+    # XTC (exclude top choices): with this chance at each token, every token at least xtc_threshold likely
+    # is dropped but the least likely of them (when two or more are)
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    # DRY (don't repeat yourself): a token that would extend a repeat of n >= dry_allowed_length tokens
+    # already in the last dry_penalty_last_n tokens (-1: the whole context, 0: off) loses
+    # dry_multiplier * dry_base ** (n - dry_allowed_length) from its logit; a repeat does not reach back
+    # across a token whose text holds one of dry_sequence_breakers
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] | list[str] = DRY_SEQUENCE_BREAKERS
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str | None = None
     # vLLM's include_stop_str_in_output: the text ends with the stop string that ended it (else before it)
@@ -102,15 +145,7 @@ class SamplingParams:
                 continue
             kind = "a whole number" if whole else "a number"
             raise NinferError(f"{name} must be {kind}{' or None' if optional else ''} (got {value!r})")
-        floats = (
-            self.temperature,
-            self.top_p,
-            self.min_p,
-            self.repetition_penalty,
-            self.presence_penalty,
-            self.frequency_penalty,
-        )
-        if not all(math.isfinite(v) for v in floats):
+        if not all(math.isfinite(getattr(self, name)) for name in _FLOATS):
             raise NinferError("sampling parameters must be finite numbers (got NaN or infinity)")
         if self.max_tokens < 1:
             raise NinferError(f"max_tokens must be at least 1 (got {self.max_tokens})")
@@ -137,6 +172,7 @@ class SamplingParams:
             )
         if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
             raise NinferError("presence_penalty and frequency_penalty must be between -2 and 2")
+        self._check_llama_cpp_samplers()
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise NinferError(f"thinking_budget must be >= 0 tokens (got {self.thinking_budget})")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
@@ -182,9 +218,50 @@ class SamplingParams:
             )
         object.__setattr__(self, "logit_bias", bias)
 
+    def _check_llama_cpp_samplers(self) -> None:
+        """The ranges of llama.cpp's samplers; a sampler left off is not checked further (clients send
+        every field with its default)."""
+        if self.repeat_last_n is not None and self.repeat_last_n < -1:
+            raise NinferError(
+                f"repeat_last_n must be -1 (the whole context), 0 (penalties off) or more (got {self.repeat_last_n})"
+            )
+        if not 0 < self.typical_p <= 1:
+            raise NinferError(f"typical_p must be in (0, 1], 1 meaning off (got {self.typical_p})")
+        if not 0 <= self.xtc_probability <= 1:
+            raise NinferError(
+                f"xtc_probability must be in [0, 1], 0 meaning off (got {self.xtc_probability})"
+            )
+        if self.xtc_probability > 0 and not 0 <= self.xtc_threshold <= 1:
+            raise NinferError(f"xtc_threshold must be in [0, 1] (got {self.xtc_threshold})")
+        if self.dry_multiplier < 0:
+            raise NinferError(f"dry_multiplier must be >= 0, 0 meaning off (got {self.dry_multiplier})")
+        if self.dry_penalty_last_n < -1:
+            raise NinferError(
+                "dry_penalty_last_n must be -1 (the whole context), 0 (DRY off) or more "
+                f"(got {self.dry_penalty_last_n})"
+            )
+        breakers = self.dry_sequence_breakers
+        breakers = (breakers,) if isinstance(breakers, str) else breakers
+        if not isinstance(breakers, (list, tuple)) or any(not isinstance(b, str) or not b for b in breakers):
+            raise NinferError(f"dry_sequence_breakers is a list of non-empty strings (got {breakers!r})")
+        object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
+        if self.uses_dry and self.dry_base < 1:
+            raise NinferError(f"dry_base must be >= 1 (got {self.dry_base}); llama.cpp's default is 1.75")
+        if self.uses_dry and self.dry_allowed_length < 1:
+            raise NinferError(f"dry_allowed_length must be >= 1 token (got {self.dry_allowed_length})")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_dry(self) -> bool:
+        return self.dry_multiplier > 0 and self.dry_penalty_last_n != 0
+
+    @property
+    def needs_history(self) -> bool:
+        """The sampler reads the request's tokens (penalties, DRY)."""
+        return self.has_penalties or self.uses_dry
 
     @property
     def adapter_mix(self) -> tuple[tuple[str, float], ...]:
@@ -195,6 +272,8 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
+        if self.repeat_last_n == 0:
+            return False
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
@@ -219,6 +298,24 @@ class PromptLogprob(NamedTuple):
 
     logprobs: dict[int, float]
     rank: int
+
+
+class TokenHistory(NamedTuple):
+    """What the sampler's penalties and DRY read of a request: its tokens, and DRY's sequence breakers."""
+
+    prompt: np.ndarray  # [P] int64, the prompt's tokens
+    prompt_unique: np.ndarray  # [U] int64, the prompt's distinct tokens (the repetition penalty's)
+    output_ids: list[int]  # the tokens generated so far (with a draft row's drafts before it)
+    dry_breakers: np.ndarray | None = None  # [V] bool: the tokens whose text holds a DRY sequence breaker
+
+    def tail(self, n: int) -> np.ndarray:
+        """The last n tokens of prompt and output together (-1: all), [n] int64."""
+        output = self.output_ids
+        if n < 0:
+            return np.concatenate((self.prompt, np.asarray(output, dtype=np.int64)))
+        out = np.asarray(output[len(output) - min(n, len(output)) :], dtype=np.int64)
+        need = min(n - len(out), len(self.prompt))
+        return np.concatenate((self.prompt[len(self.prompt) - need :], out)) if need > 0 else out
 
 
 class RequestStatus(enum.Enum):
@@ -264,6 +361,18 @@ class Request:
     after: str | None = None
     # vLLM's bad_words as token ids (each word as the text starts with it and after a space)
     bad_word_ids: tuple[tuple[int, ...], ...] = ()
+    # [V] bool: DRY's sequence breakers, the tokens whose text holds one of SamplingParams.dry_sequence_breakers
+    # (engine/sample/dry.py); None: no breakers
+    dry_breakers: np.ndarray | None = None
+
+    @functools.cached_property
+    def _prompt_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
+        return prompt, np.unique(prompt)
+
+    def token_history(self) -> TokenHistory:
+        """The request's tokens for the sampler's penalties and DRY (the prompt's arrays built once)."""
+        return TokenHistory(*self._prompt_arrays, self.output_token_ids, self.dry_breakers)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -9,9 +9,31 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import NinferError
+from engine.request import SamplingParams
 
-# the SamplingParams fields a generation_config.json may set (under the same names)
-FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# the SamplingParams fields a generation_config.json may set (under the same names): vLLM's, then llama.cpp's
+FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_last_n",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",  # a list of strings, the one field that is not a number
+)
+WHOLE_NUMBERS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
 # SamplingParams field <- GGUF key
 GGUF_KEYS = {
     "temperature": "general.sampling.temp",
@@ -19,20 +41,27 @@ GGUF_KEYS = {
     "top_k": "general.sampling.top_k",
     "min_p": "general.sampling.min_p",
     "repetition_penalty": "general.sampling.penalty_repeat",
+    "repeat_last_n": "general.sampling.penalty_last_n",
+    "xtc_probability": "general.sampling.xtc_probability",
+    "xtc_threshold": "general.sampling.xtc_threshold",
 }
 
 
-def from_generation_config(cfg: dict[str, Any]) -> dict[str, float | int]:
-    """The sampling fields generation_config.json sets (numbers only; top_k a whole number)."""
-    out: dict[str, float | int] = {}
+def from_generation_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields generation_config.json sets (numbers, whole where they count tokens; the DRY
+    breakers a list of strings)."""
+    out: dict[str, Any] = {}
     for name in FIELDS:
         value = cfg.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[name] = int(value) if name == "top_k" else float(value)
+        if name == "dry_sequence_breakers":
+            if isinstance(value, list) and all(isinstance(b, str) and b for b in value):
+                out[name] = tuple(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = int(value) if name in WHOLE_NUMBERS else float(value)
     return out
 
 
-def resolve(mode: str, checkpoint: dict[str, float | int]) -> dict[str, float | int]:
+def resolve(mode: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """`--generation-config`: auto (the checkpoint's), none (ninfer's own defaults), or a
     generation_config.json file."""
     if mode == "auto":
@@ -56,7 +85,7 @@ def resolve(mode: str, checkpoint: dict[str, float | int]) -> dict[str, float | 
     return from_generation_config(cfg)
 
 
-def parse_overrides(value: Any) -> tuple[tuple[str, float | int], ...]:
+def parse_overrides(value: Any) -> tuple[tuple[str, Any], ...]:
     """vLLM's `--override-generation-config`: a JSON object (or a dict) of sampling fields laid over the
     generation config's, e.g. {"temperature": 0.6, "top_k": 20}."""
     if value is None or value == ():
@@ -81,9 +110,20 @@ def parse_overrides(value: Any) -> tuple[tuple[str, float | int], ...]:
     fields = from_generation_config(value)
     bad = sorted(set(value) - set(fields))
     if bad:
-        raise NinferError(f"--override-generation-config: {', '.join(bad)} must be numbers")
+        raise NinferError(
+            f"--override-generation-config: {', '.join(bad)} must be numbers (dry_sequence_breakers: a list "
+            "of strings)"
+        )
+    try:
+        SamplingParams(**fields)
+    except NinferError as e:
+        raise NinferError(f"--override-generation-config: {e}") from None
     return tuple(fields.items())
 
 
-def describe(defaults: dict[str, float | int]) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "none"
+def describe(defaults: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {_shown(v)}" for k, v in defaults.items()) or "none"
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(list(value)) if isinstance(value, tuple) else f"{value:g}"

@@ -69,6 +69,11 @@ class Tokenizer:
         return self._byte_reader(token_id)
 
     @cached_property
+    def vocab_bytes(self) -> tuple[bytes, ...]:
+        """Every token's bytes, by id (read once; DRY's sequence breakers are found in them)."""
+        return tuple(map(self.token_bytes, range(self.vocab_size)))
+
+    @cached_property
     def _byte_reader(self):
         from engine.token_bytes import token_byte_reader
 

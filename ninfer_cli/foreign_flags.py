@@ -11,6 +11,7 @@ import re
 
 from engine.errors import NinferError
 from engine.lora.spec import adapter_name
+from engine.sampling_defaults import WHOLE_NUMBERS
 
 # same meaning, ninfer's spelling (each takes a value unless it is a switch: see SWITCHES)
 RENAMED = {
@@ -143,6 +144,19 @@ SAMPLING = {
     "--top-p": "top_p",
     "--min-p": "min_p",
     "--repeat-penalty": "repetition_penalty",
+    "--presence-penalty": "presence_penalty",
+    "--frequency-penalty": "frequency_penalty",
+    "--repeat-last-n": "repeat_last_n",
+    "--dynatemp-range": "dynatemp_range",
+    "--dynatemp-exp": "dynatemp_exponent",
+    "--typical": "typical_p",
+    "--top-nsigma": "top_n_sigma",
+    "--xtc-probability": "xtc_probability",
+    "--xtc-threshold": "xtc_threshold",
+    "--dry-multiplier": "dry_multiplier",
+    "--dry-base": "dry_base",
+    "--dry-allowed-length": "dry_allowed_length",
+    "--dry-penalty-last-n": "dry_penalty_last_n",
 }
 MTP_METHODS = {"mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp"}
 # flags only llama-server takes: a command line with one of them is llama-server's, whose --lora FILE applies
@@ -175,13 +189,21 @@ LLAMA_SERVER = {
 }
 
 
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _escapes(text: str) -> str:
+    """llama.cpp's escapes in a flag's string (`--dry-sequence-breaker "\\n"`: a new line)."""
+    return re.sub(r"\\(.)", lambda m: ESCAPES.get(m.group(1), m.group(0)), text)
+
+
 def translate(args: list[str]) -> tuple[list[str], list[str]]:
     """(ninfer's arguments, one note per foreign flag) for `ninfer serve`'s arguments `args`."""
     args = _split_inline_values(args)
     out: list[str] = []
     notes: list[str] = []
     cache_types: dict[str, str] = {}
-    sampling: dict[str, float] = {}
+    sampling: dict[str, float | list[str]] = {}
     rope: dict[str, str] = {}
     gpu = None
     llama_server = any(arg.partition("=")[0] in LLAMA_SERVER for arg in args)
@@ -221,7 +243,27 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             cache_types["k" if flag in ("-ctk", "--cache-type-k") else "v"] = value(flag).lower()
         elif flag in SAMPLING:
             number = _number(flag, value(flag))
-            sampling[SAMPLING[flag]] = int(number) if flag == "--top-k" else number
+            sampling[SAMPLING[flag]] = int(number) if SAMPLING[flag] in WHOLE_NUMBERS else number
+        elif flag == "--dry-sequence-breaker":  # repeated, one breaker each; "none": no breakers
+            breaker = value(flag)
+            breakers = sampling.setdefault("dry_sequence_breakers", [])
+            if breaker == "none":
+                breakers.clear()
+            else:
+                breakers.append(breaker.encode().decode("unicode_escape"))  # "\n" as llama.cpp reads it
+        elif flag == "--mirostat":
+            mode = value(flag)
+            if mode != "0":
+                raise NinferError(
+                    f"--mirostat {mode}: mirostat is not available; sample with --temp, --top-k, --top-p, "
+                    "--min-p, --typical, --top-nsigma, --xtc-probability or --dry-multiplier instead"
+                )
+            notes.append("--mirostat 0 dropped: mirostat is off")
+        elif flag in ("--samplers", "--sampling-seq"):
+            notes.append(
+                f"{flag} {value(flag)} dropped: ninfer's order is fixed (penalties and DRY, temperature, "
+                "top-n-sigma, top-k, top-p, min-p, typical, XTC)"
+            )
         elif flag in REFUSED:
             raise NinferError(f"{flag}: {REFUSED[flag]}")
         elif flag in ("-dev", "--device") and i + 1 < len(args) and not OWN_DEVICE.fullmatch(args[i + 1]):

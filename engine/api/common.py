@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -106,6 +107,24 @@ def top_alternatives(logprobs: dict[int, float], top: int) -> list[tuple[int, fl
     return sorted(logprobs.items(), key=lambda tv: -tv[1])[:top]
 
 
+# llama.cpp's sampling fields (as its server names them) beside vLLM's, each a SamplingParams field
+LLAMA_CPP = {
+    "repeat_last_n": int,
+    "dynatemp_range": float,
+    "dynatemp_exponent": float,
+    "typical_p": float,
+    "top_n_sigma": float,
+    "xtc_probability": float,
+    "xtc_threshold": float,
+    "dry_multiplier": float,
+    "dry_base": float,
+    "dry_allowed_length": int,
+    "dry_penalty_last_n": int,
+    "dry_sequence_breakers": list,
+}
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+
 def sampling_params(
     state, body: dict, max_tokens_field: str, default_max_tokens: int, stop: list[str] | None, **extra: Any
 ) -> SamplingParams:
@@ -115,6 +134,13 @@ def sampling_params(
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
     # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
     extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
+    if field(body, "mirostat", int, 0) != 0:
+        raise ApiError(
+            400,
+            "mirostat is not available; sample with temperature, top_k, top_p, min_p, typical_p, top_n_sigma, "
+            "xtc_probability or dry_multiplier instead, and send mirostat 0",
+            "mirostat",
+        )
     stop_ids = field(body, "stop_token_ids", list)
     if stop_ids is not None and not all(is_token_id(t) for t in stop_ids):
         raise ApiError(
@@ -142,6 +168,10 @@ def sampling_params(
             include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
             stop_token_ids=stop_ids,
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+            **{
+                name: field(body, name, kind, defaults.get(name, _DEFAULT[name]))
+                for name, kind in LLAMA_CPP.items()
+            },
             **state.adapter_for(body),
             **extra,
         )

@@ -4,9 +4,11 @@
 each with `content` and `stop`; the last carries the totals) or not.
 
 Their fields, with llama.cpp's names: n_predict (-1: until the context ends; 0: the prompt is read into the
-prefix cache and nothing is generated, as editors warm it), temperature, top_k, top_p, min_p,
-repeat_penalty, presence_penalty, frequency_penalty, seed (-1: random), stop, ignore_eos, logit_bias
-([[id or text, bias or false], ...] or {id: bias}), n_probs, grammar (GBNF or Lark), json_schema,
+prefix cache and nothing is generated, as editors warm it), temperature, dynatemp_range,
+dynatemp_exponent, top_k, top_p, min_p, typical_p, top_n_sigma, xtc_probability, xtc_threshold,
+dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers, repeat_penalty,
+repeat_last_n, presence_penalty, frequency_penalty, mirostat (0 only), seed (-1: random), stop, ignore_eos,
+logit_bias ([[id or text, bias or false], ...] or {id: bias}), n_probs, grammar (GBNF or Lark), json_schema,
 n_indent, t_max_predict_ms, return_tokens, response_fields. Left out, sampling fields take the served
 model's defaults (--generation-config) as the OpenAI routes do, not llama.cpp's own. Hints for
 llama.cpp's own cache and slots (cache_prompt, id_slot, n_keep, samplers, t_max_prompt_ms, ...) are
@@ -25,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
+    LLAMA_CPP,
     collect_choices,
     field,
     is_token_id,
@@ -166,6 +169,7 @@ def _logit_bias(state: ServerState, body: dict) -> dict[str, float] | None:
 
 def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int, ...]):
     asked = {new: body[old] for old, new in _RENAMED.items() if old in body}
+    asked.update({name: body[name] for name in (*LLAMA_CPP, "mirostat") if name in body})
     seed = field(body, "seed", int)
     stop = field(body, "stop", list)
     if stop is not None and not all(isinstance(s, str) for s in stop):
@@ -309,6 +313,11 @@ def generation_settings(params: SamplingParams, n_predict: int) -> dict[str, Any
         "stop": list(params.stop or ()),
         "ignore_eos": params.ignore_eos,
         "n_probs": params.logprobs or 0,
+        **{name: getattr(params, name) for name in LLAMA_CPP},
+        # None (vLLM's counting: the repetition penalty over the whole context) reads as llama.cpp's -1
+        "repeat_last_n": -1 if params.repeat_last_n is None else params.repeat_last_n,
+        "dry_sequence_breakers": list(params.dry_sequence_breakers),
+        "mirostat": 0,
     }
 
 

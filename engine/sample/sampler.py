@@ -1,55 +1,17 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds; logprobs of the raw distribution."""
+"""Token sampling: greedy or drawn (engine/sample/filters.py: temperature, top-k, top-p, ...), per-request
+seeds, speculative drafts verified; penalties and DRY first (engine/sample/penalties.py); logprobs of the raw
+distribution."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenHistory
+from engine.sample.filters import sampling_probs
+from engine.sample.penalties import penalize
 from engine.scheduler.output import SampledToken
 from engine.structured.matcher import apply_token_bitmask
 from engine.transfer import to_device
-
-
-def apply_penalties(
-    logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]
-):
-    """Repetition penalty over prompt + output tokens; presence / frequency penalties over output tokens."""
-    # logits: [V] fp32 (a copy: modified in place)
-    if params.repetition_penalty != 1.0:
-        seen = to_device(sorted(set(prompt_ids) | set(output_ids)), torch.long, logits.device)
-        vals = logits[seen]
-        logits[seen] = torch.where(
-            vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
-        )
-    if output_ids and (params.presence_penalty or params.frequency_penalty):
-        ids = to_device(output_ids, torch.long, logits.device)
-        counts = torch.zeros_like(logits).index_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
-    return logits
-
-
-def _filter(
-    logits: torch.Tensor,  # [B, V] fp32, already divided by temperature
-    top_k: torch.Tensor,  # [B] int64, V = off
-    top_p: torch.Tensor,  # [B] fp32, 1 = off
-    min_p: torch.Tensor,  # [B] fp32, 0 = off
-    use_sort: bool,
-    use_min_p: bool,
-) -> torch.Tensor:
-    """Mask tokens outside top-k, then outside the top-p nucleus, then below min_p x the top probability."""
-    if use_sort:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))  # [B, 1]
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))  # ties at k stay
-        probs = sorted_logits.softmax(-1)
-        # drop tokens once the mass before them already reaches top_p (the top token always stays)
-        drop = (probs.cumsum(-1) - probs) >= top_p.unsqueeze(1)
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    if use_min_p:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(-1, keepdim=True), float("-inf"))
-    return logits
 
 
 def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -109,7 +71,7 @@ class Sampler:
         logits: torch.Tensor,  # [R, V] fp32
         request_ids: list[str],
         params: list[SamplingParams],
-        histories: list[tuple[list[int], list[int]] | None] | None = None,
+        histories: list[TokenHistory | None] | None = None,
         draft_ids: list[int] | None = None,
         token_masks: torch.Tensor | None = None,  # [R, ceil(V / 32)] int32: allowed tokens (structured)
         banned: list[tuple[int, ...]] | None = None,  # per row: token ids it may not be (min_tokens)
@@ -134,14 +96,9 @@ class Sampler:
             logits = _ban(logits, banned)
         if any(p.allowed_token_ids for p in params):
             logits = _allow_only(logits, params)
-        if any(p.has_penalties for p in params):
-            logits = logits.clone()
-            for i, p in enumerate(params):
-                if p.has_penalties:
-                    assert histories is not None and histories[i] is not None, (
-                        "penalties need the token history"
-                    )
-                    apply_penalties(logits[i], p, *histories[i])
+        if any(p.needs_history for p in params):
+            assert histories is not None, "penalties and DRY need the token history"
+            logits = penalize(logits, params, histories)
         token_ids = logits.argmax(dim=-1)  # [R]
         drafted = draft_ids is not None and any(d >= 0 for d in draft_ids)
         drafts = to_device(draft_ids, torch.long, device) if drafted else None  # [R], -1 = none
@@ -149,16 +106,22 @@ class Sampler:
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
-            probs = self._probs(logits[rows], [params[i] for i in sampled_rows], vocab)  # [S, V]
+            row_params = [params[i] for i in sampled_rows]
             # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws from its own
             # generator over the whole vocabulary, so a seeded request's draws do not depend on the batch
-            noise = torch.empty_like(probs)
+            noise = torch.empty((len(sampled_rows), vocab), device=device)
             uniform = torch.ones(len(sampled_rows), device=device)  # [S]; 1 never accepts
+            xtc_rows = None  # [S] bool: the rows whose XTC coin came up
             for j, i in enumerate(sampled_rows):
                 gen = self._generator(request_ids[i], params[i], device)
+                if params[i].xtc_probability > 0:
+                    if xtc_rows is None:
+                        xtc_rows = torch.zeros(len(sampled_rows), dtype=torch.bool, device=device)
+                    xtc_rows[j] = torch.rand((), generator=gen, device=device) < params[i].xtc_probability
                 noise[j].exponential_(generator=gen)
                 if drafts is not None and draft_ids[i] >= 0:
                     uniform[j] = torch.rand((), generator=gen, device=device)
+            probs = sampling_probs(logits[rows], row_params, xtc_rows)  # [S, V]
             if drafts is not None:
                 row_drafts = drafts[rows].clamp(min=0).unsqueeze(1)  # [S, 1]
                 p_draft = probs.gather(1, row_drafts).squeeze(1)  # [S]
@@ -189,17 +152,3 @@ class Sampler:
                 lp.update(zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs]))
             out.append(SampledToken(ids[i], lp, bool(flags[i])))
         return out
-
-    @staticmethod
-    def _probs(logits: torch.Tensor, params: list[SamplingParams], vocab: int) -> torch.Tensor:
-        """The sampling distribution of each row: temperature, then top-k / top-p / min-p."""
-        # logits: [S, V] fp32 -> probs [S, V]
-        device = logits.device
-        temperature = to_device([p.temperature for p in params], torch.float32, device)
-        top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.long, device)
-        top_p = to_device([p.top_p for p in params], torch.float32, device)
-        min_p = to_device([p.min_p for p in params], torch.float32, device)
-        use_sort = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
-        use_min_p = any(p.min_p > 0.0 for p in params)
-        x = _filter(logits / temperature.unsqueeze(1), top_k, top_p, min_p, use_sort, use_min_p)
-        return x.softmax(-1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine.request import PromptLogprob, SamplingParams
+from engine.request import PromptLogprob, SamplingParams, TokenHistory
 
 if TYPE_CHECKING:
     from engine.structured.matcher import GrammarMatcher
@@ -20,8 +20,8 @@ class ScheduledRequest(NamedTuple):
     state_slot: int  # recurrent-state slot, -1 when the model has none
     sample: bool  # True when this step reaches the end of the known tokens, so a new token is sampled
     sampling_params: SamplingParams
-    # (prompt ids, output ids) when the request's penalties need its history; None otherwise
-    history: tuple[list[int], list[int]] | None = None
+    # the request's tokens when its penalties or DRY read them; None otherwise
+    history: TokenHistory | None = None
     state_restore: int = -1  # snapshot slot to copy into state_slot before running (a prefix-cache hit)
     # speculative decoding: guesses of the tokens after the known ones, run at the end of token_ids and
     # verified (only with sample=True). A hybrid model's state returns to start_pos unless all are accepted

@@ -323,9 +323,7 @@ class Scheduler:
             state_slot=req.state_slot,
             sample=end == req.num_tokens,
             sampling_params=req.sampling_params,
-            history=(req.prompt_token_ids, req.output_token_ids)
-            if req.sampling_params.has_penalties
-            else None,
+            history=req.token_history() if req.sampling_params.needs_history else None,
             state_restore=restore,
             draft_token_ids=tuple(drafts),
             predicted=predicted,

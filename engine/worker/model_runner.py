@@ -345,7 +345,9 @@ class ModelRunner:
                 params.append(r.sampling_params)
                 # penalties at a draft row count the drafts before it as generated
                 drafted = list(r.draft_token_ids[:k])
-                histories.append((r.history[0], r.history[1] + drafted) if r.history else None)
+                histories.append(
+                    r.history._replace(output_ids=r.history.output_ids + drafted) if r.history else None
+                )
                 draft_ids.append(r.draft_token_ids[k] if k < len(r.draft_token_ids) else -1)
                 banned.append(r.banned_rows[k] if k < len(r.banned_rows) else ())
         sampled = self.sampler(

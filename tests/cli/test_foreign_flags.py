@@ -98,6 +98,43 @@ def test_a_llama_server_command_line():
     assert translate(["--kv-dtype=int8", "--spec", "mtp"]) == (["--kv-dtype=int8", "--spec", "mtp"], [])
 
 
+def test_llama_server_sampler_flags_become_sampling_defaults():
+    line = (
+        "-m m.gguf --dry-multiplier 0.8 --dry-base 1.75 --dry-allowed-length 2 --dry-penalty-last-n -1 "
+        "--dry-sequence-breaker '\\n' --dry-sequence-breaker '###' --xtc-probability 0.5 --xtc-threshold 0.1 "
+        "--typical 0.9 --top-nsigma 1.5 --repeat-last-n 64 --presence-penalty 1.5 --dynatemp-range 0.2 "
+        "--dynatemp-exp 1 --mirostat 0 --samplers penalties;dry;top_k"
+    )
+    args, notes = translate(shlex.split(line))
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert json.loads(flags["--override-generation-config"]) == {
+        "dry_multiplier": 0.8,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1,
+        "dry_sequence_breakers": ["\n", "###"],
+        "xtc_probability": 0.5,
+        "xtc_threshold": 0.1,
+        "typical_p": 0.9,
+        "top_n_sigma": 1.5,
+        "repeat_last_n": 64,
+        "presence_penalty": 1.5,
+        "dynatemp_range": 0.2,
+        "dynatemp_exponent": 1.0,
+    }
+    assert "--mirostat 0 dropped: mirostat is off" in notes
+    assert any(n.startswith("--samplers penalties;dry;top_k dropped: ninfer's order is fixed") for n in notes)
+    # they parse as serve's defaults, and a value out of range is refused there in one line
+    from engine.sampling_defaults import parse_overrides
+
+    defaults = dict(parse_overrides(flags["--override-generation-config"]))
+    assert defaults["dry_sequence_breakers"] == ("\n", "###") and defaults["dry_allowed_length"] == 2
+    with pytest.raises(NinferError, match="--override-generation-config: typical_p must be in"):
+        parse_overrides('{"typical_p": 2}')
+    args, _ = translate(["--dry-sequence-breaker", "none"])
+    assert json.loads(args[1]) == {"dry_sequence_breakers": []}
+
+
 def test_llama_server_lora_flags_apply_the_adapters_to_every_request():
     """llama-server's --lora applies the adapter to every request (ninfer's and vLLM's only to requests that
     name it): in a llama-server command line it also becomes --lora-default; --lora-scaled in either form."""
@@ -170,6 +207,7 @@ def test_more_of_what_vllm_and_llama_server_take():
         ),
         (["-hf", "Qwen/Qwen3-8B-GGUF"], "-hf: serve reads a local file; download it first"),
         (["--temp", "warm"], "--temp takes a number (got 'warm')"),
+        (["--mirostat", "2"], "--mirostat 2: mirostat is not available; sample with --temp"),
         (["--rope-scaling", "yarn"], "--rope-scaling yarn needs its factor: add --rope-scale F"),
         (["-c"], "-c needs a value"),
     ],

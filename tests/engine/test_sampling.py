@@ -9,7 +9,9 @@ import torch
 from conftest import save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
-from engine.sample.sampler import Sampler, apply_penalties
+from engine.request import Request
+from engine.sample.penalties import apply_penalties
+from engine.sample.sampler import Sampler
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +154,35 @@ def test_strong_repetition_penalty_never_repeats(llm):
     assert not set(out.token_ids) & set(PROMPT)
 
 
+def history(prompt_ids: list[int], output_ids: list[int]):
+    req = Request("r", prompt_ids, SamplingParams())
+    req.output_token_ids = output_ids
+    return req.token_history()
+
+
 def test_penalty_arithmetic():
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
     params = SamplingParams(repetition_penalty=2.0)
-    out = apply_penalties(logits.clone(), params, prompt_ids=[0], output_ids=[1])
+    out = apply_penalties(logits.clone(), params, history([0], [1]))
     assert out.tolist() == [1.0, -2.0, 0.5, 3.0]
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
-    out = apply_penalties(logits.clone(), params, prompt_ids=[3], output_ids=[2, 2, 0])
+    out = apply_penalties(logits.clone(), params, history([3], [2, 2, 0]))
     assert out.tolist() == [2.0 - 0.75, -1.0, 0.5 - 1.0, 3.0]
+
+
+def test_repeat_last_n_counts_the_window_of_prompt_and_output():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    # llama.cpp's: the last 3 tokens of prompt + output ([3, 2, 2]) for all three penalties
+    params = SamplingParams(
+        repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25, repeat_last_n=3
+    )
+    out = apply_penalties(logits.clone(), params, history([0, 1, 3], [2, 2]))
+    assert out.tolist() == [2.0, -1.0, 0.25 - 1.0, 1.5 - 0.75]
+    # -1: the whole context
+    params = SamplingParams(presence_penalty=1.0, repeat_last_n=-1)
+    out = apply_penalties(logits.clone(), params, history([0, 1], [3]))
+    assert out.tolist() == [1.0, -2.0, 0.5, 2.0]
+    assert not SamplingParams(repetition_penalty=2.0, repeat_last_n=0).needs_history
 
 
 def finished_token_ids(llm) -> dict[str, list[int]]:

@@ -1,0 +1,104 @@
+"""DRY ("don't repeat yourself"), llama.cpp's sampler against verbatim loops: a penalty on each token that
+would extend a run of tokens the context already holds.
+
+The context ends with its last token L. At every earlier occurrence of L, followed there by token t, the
+run is how many tokens before L match the tokens before that occurrence (L itself counts one). Sampling t
+next would repeat that run plus t; with n its longest such run over all occurrences, t's logit loses
+`dry_multiplier * dry_base ** (n - dry_allowed_length)` once n >= dry_allowed_length. A run does not
+reach back across a sequence breaker (a token whose text holds one of dry_sequence_breakers: a new line, a
+colon, ...), a breaker after an occurrence is never penalized, and a breaker as the last token stops DRY
+for the step.
+
+Host-side numpy over the request's window (SamplingParams.dry_penalty_last_n tokens; -1: the whole
+context): the occurrences are found in one comparison, and the runs grow backwards together, one token a
+round, until none matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.errors import NinferError
+from engine.request import SamplingParams
+
+MAX_RUN = 64  # a longer run counts as this long (dry_base ** 62 is a ban already)
+MAX_PENALTY = 1e9  # penalties beyond this are this: a banned token stays finite for the softmax
+
+
+def dry_penalties(
+    tokens: np.ndarray,  # [N] int64, DRY's window: the context's last tokens
+    breakers: np.ndarray | None,  # [V] bool: token id -> is a sequence breaker; None: no breakers
+    params: SamplingParams,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids [K] int64, penalties [K] float64) for the token after `tokens`; both empty when none."""
+    none = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
+    n = len(tokens)
+    if n < 2 or _is_breaker(breakers, tokens[-1]):
+        return none
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # earlier occurrences of the last token
+    if breakers is not None:
+        ends = ends[~breakers[tokens[ends + 1]]]
+    if not len(ends):
+        return none
+    runs = np.ones(len(ends), dtype=np.int64)
+    alive = np.arange(len(ends))  # occurrences whose run still grows
+    for k in range(1, MAX_RUN):
+        before = tokens[n - 1 - k]  # the context's token k before its last (n - 1 > live ends >= k - 1)
+        if _is_breaker(breakers, before):
+            break
+        starts = ends[alive] - k
+        alive = alive[starts >= 0]
+        alive = alive[tokens[ends[alive] - k] == before]
+        if not len(alive):
+            break
+        runs[alive] += 1
+    followers, which = np.unique(tokens[ends + 1], return_inverse=True)
+    longest = np.zeros(len(followers), dtype=np.int64)
+    np.maximum.at(longest, which, runs)
+    hit = longest >= params.dry_allowed_length
+    with np.errstate(over="ignore"):
+        penalties = params.dry_multiplier * params.dry_base ** (longest[hit] - params.dry_allowed_length)
+    return followers[hit], np.minimum(penalties, MAX_PENALTY)
+
+
+def _is_breaker(breakers: np.ndarray | None, token: np.integer) -> bool:
+    return breakers is not None and bool(breakers[token])
+
+
+def breaker_mask(vocab_bytes: Sequence[bytes], vocab_size: int, breakers: tuple[str, ...]) -> np.ndarray:
+    """[vocab_size] bool: the tokens whose bytes (`vocab_bytes`, by id) hold one of `breakers`."""
+    mask = np.zeros(vocab_size, dtype=bool)
+    for needle in {b.encode() for b in breakers}:
+        mask[[i for i, token in enumerate(vocab_bytes[:vocab_size]) if needle in token]] = True
+    return mask
+
+
+class BreakerMasks:
+    """Each request's breaker mask, by its dry_sequence_breakers (a few sets kept: clients send the same)."""
+
+    KEPT = 8
+
+    def __init__(self, tokenizer, vocab_size: int, model: str):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.model = model
+        self._masks: dict[tuple[str, ...], np.ndarray] = {}
+
+    def __call__(self, params: SamplingParams) -> np.ndarray | None:
+        """None without DRY or without breakers."""
+        breakers = params.dry_sequence_breakers
+        if not params.uses_dry or not breakers:
+            return None
+        mask = self._masks.get(breakers)
+        if mask is None:
+            if self.tokenizer is None:
+                raise NinferError(
+                    f"{self.model} has no tokenizer to find DRY's sequence breakers in; pass "
+                    "dry_sequence_breakers=[]"
+                )
+            if len(self._masks) >= self.KEPT:
+                self._masks.pop(next(iter(self._masks)))
+            mask = self._masks[breakers] = breaker_mask(self.tokenizer.vocab_bytes, self.vocab_size, breakers)
+        return mask
