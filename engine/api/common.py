@@ -237,13 +237,18 @@ async def start(
     except NinferError as e:
         raise ApiError(400, str(e)) from e
     state.metrics.started(
-        stream.request_id, images, structured=params.grammar is not None, adapters=params.adapter_mix
+        stream.request_id,
+        images,
+        structured=params.grammar is not None,
+        adapters=params.adapter_mix,
+        max_tokens=params.max_tokens,
     )
     return stream
 
 
-async def collect(stream: AsyncStream, request: Request) -> RequestOutput:
-    """Wait for the whole output; a client that goes away aborts the request at once."""
+async def collect(stream: AsyncStream, request: Request, seen=None) -> RequestOutput:
+    """Wait for the whole output; a client that goes away aborts the request at once. `seen(output)` is
+    called as each part arrives (the metrics' time to first token and between tokens)."""
 
     async def watch() -> None:
         while not await request.is_disconnected():
@@ -255,6 +260,8 @@ async def collect(stream: AsyncStream, request: Request) -> RequestOutput:
         last = None
         async for item in stream:
             last = item[0]
+            if seen is not None:
+                seen(last)
         if last is None or not last.finished:  # aborted: the client went away (nobody reads this)
             raise ApiError(499, "the client closed the connection before the reply was complete")
         return last
@@ -284,7 +291,7 @@ async def collect_choices(state, streams: list[AsyncStream], request: Request) -
     """Every stream's whole output (a choice each), expiry said as a 503 and each counted as finished; a
     client that goes away aborts them all."""
     try:
-        outs = list(await asyncio.gather(*(collect(s, request) for s in streams)))
+        outs = list(await asyncio.gather(*(collect(s, request, state.metrics.token) for s in streams)))
     finally:
         for stream in streams:
             stream.abort()

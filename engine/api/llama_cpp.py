@@ -211,7 +211,7 @@ async def _reply(
     return_tokens = field(body, "return_tokens", bool, False)
     began = time.perf_counter()
     stream = await start(state, ids, params)
-    run = _Run(state, stream, params, limits, n_predict, began)
+    run = _Run(stream, params, limits, n_predict, began)
 
     def result(out: RequestOutput) -> dict[str, Any]:
         return _picked(_final(state, out, ids, run, truncated, return_tokens), fields)
@@ -228,6 +228,7 @@ async def _reply(
                 if failure is not None:
                     yield stream_error(failure)
                     return
+                state.metrics.token(out)
                 if out.finished:  # the totals, with the text not sent yet (clients join every content)
                     state.metrics.finished(out)
                     yield f"data: {json.dumps({**result(out), 'content': delta})}\n\n"
@@ -258,14 +259,13 @@ class _Run:
 
     def __init__(
         self,
-        state: ServerState,
         stream: AsyncStream,
         params: SamplingParams,
         limits: InfillLimits,
         n_predict: int,
         began: float,
     ):
-        self.state, self.stream, self.params, self.limits = state, stream, params, limits
+        self.stream, self.params, self.limits = stream, params, limits
         self.n_predict, self.began = n_predict, began
         self.first: float | None = None
         self.last: float | None = None
@@ -275,7 +275,6 @@ class _Run:
         sent = 0
         async for out, _ in self.stream:
             now = time.perf_counter()
-            self.state.metrics.token(out)
             self.first = self.first or now
             self.last = now
             if self.n_predict == 0:  # the prompt read, its one token dropped

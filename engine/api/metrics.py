@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server (its own registry)."""
+"""Prometheus metrics of one server (its own registry): ninfer's, and vLLM's and llama-server's names beside
+them (engine/api/metrics_compat.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
+from engine.api.metrics_compat import LlamaCppMetrics, RequestTimes, VllmMetrics
 from engine.request import RequestOutput
 
 _log = logging.getLogger("ninfer.requests")
 
 
 class Metrics:
-    def __init__(self, engine):
+    def __init__(self, engine, model_name: str = "ninfer"):
         self.engine = engine
         self.registry = r = CollectorRegistry()
         self.running = Gauge("ninfer_requests_running", "Requests running in the engine", registry=r)
@@ -80,6 +82,8 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
+        self.vllm = VllmMetrics(r, engine, model_name)
+        self.llama_cpp = LlamaCppMetrics(r, engine, engine.llm.engine_config.block_size)
         self._last: dict[str, float] = {}
         self._start: dict[str, float] = {}
         self._first: dict[str, float] = {}
@@ -92,8 +96,11 @@ class Metrics:
         images: list | None = None,
         structured: bool = False,
         adapters: tuple[tuple[str, float], ...] = (),
+        max_tokens: int | None = None,
     ) -> None:
         self._start[request_id] = time.monotonic()
+        if max_tokens is not None:
+            self.vllm.started(max_tokens)
         if structured:
             self.structured.inc()
         if adapters:
@@ -114,8 +121,10 @@ class Metrics:
             self._first[out.request_id] = now
             if start is not None:
                 self.ttft.observe(now - start)
+                self.vllm.token(True, now - start)
         else:
             self.itl.observe(now - last)
+            self.vllm.token(False, now - last)
         self._last[out.request_id] = now
 
     def finished(self, out: RequestOutput | None) -> None:
@@ -151,7 +160,11 @@ class Metrics:
 
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         # an embedding's one sampled token is beside the point: no generation
-        self.generation_tokens.inc(0 if out.embedding is not None else len(out.token_ids))
+        generated = 0 if out.embedding is not None else n
+        self.generation_tokens.inc(generated)
+        times = RequestTimes(start, first, last, time.monotonic())
+        self.vllm.finished(out, generated, times)
+        self.llama_cpp.finished(out, generated, times)
         self.cached_tokens.inc(out.num_cached_tokens)
         self.spec_drafted.inc(out.num_draft_tokens)
         self.spec_accepted.inc(out.num_accepted_tokens)

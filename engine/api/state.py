@@ -35,7 +35,7 @@ class ServerState:
     lora_defaults: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.metrics = Metrics(self.engine)
+        self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
 
     @property

@@ -81,6 +81,7 @@ class _Stats:
     text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
     rerank_head = None  # not a reranker
     adapters = SimpleNamespace(slots={}, names=[])  # no LoRA adapters (engine/lora/adapters.Adapters)
+    engine_config = SimpleNamespace(block_size=16)
 
 
 class ScriptedEngine:
@@ -115,6 +116,8 @@ class ScriptedEngine:
             "spec_draft_tokens": 0,
             "spec_accepted_tokens": 0,
             "num_preemptions": 0,
+            "prefix_cache_queries": 0,
+            "prefix_cache_hits": 0,
         }
 
     def info(self):
