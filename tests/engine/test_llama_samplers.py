@@ -40,7 +40,9 @@ def reference_dry(tokens: list[int], breakers: set[int], multiplier: float, base
         ):
             run += 1
         longest[tokens[i + 1]] = max(longest.get(tokens[i + 1], 0), run)
-    return {t: min(multiplier * base ** (n - allowed), MAX_PENALTY) for t, n in longest.items() if n >= allowed}
+    return {
+        t: min(multiplier * base ** (n - allowed), MAX_PENALTY) for t, n in longest.items() if n >= allowed
+    }
 
 
 def _dry(tokens: list[int], breakers: set[int] = frozenset(), **params) -> dict[int, float]:
@@ -263,5 +265,7 @@ def test_dry_breakers_need_a_tokenizer(tmp_path):
     bare = LLM(save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path))
     with pytest.raises(NinferError, match="no tokenizer to find DRY's sequence breakers"):
         bare.generate(None, SamplingParams(**GREEDY, dry_multiplier=0.8), [[1, 2, 3]])
-    out = bare.generate(None, SamplingParams(**GREEDY, dry_multiplier=0.8, dry_sequence_breakers=[]), [[1, 2, 3]])
+    out = bare.generate(
+        None, SamplingParams(**GREEDY, dry_multiplier=0.8, dry_sequence_breakers=[]), [[1, 2, 3]]
+    )
     assert len(out[0].token_ids) == GREEDY["max_tokens"]
