@@ -3,6 +3,11 @@
 
 A request's record: prompt tokens, cached tokens, generated tokens, t_start / t_first / t_last and the
 arrival time of each streamed chunk (perf_counter seconds).
+
+Cold-cache proof over HTTP: the reply's `usage.prompt_tokens_details.cached_tokens` (or llama-server's
+`timings.cache_n`); where a server reports neither (vLLM without --enable-prompt-tokens-details), the
+difference of its prefix-cache hit counter on /metrics across the run (ninfer's or vLLM's name), given to
+the run's first request; with neither, the request's `cache_proof` is None and its row says so.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ from engine.errors import NinferError
 
 log = logging.getLogger("ninfer")
 READY_WAIT_S = 600  # how long a server answering 503 (its model loading) is waited for
+# the /metrics counters a run's difference is read from, by what they count: ninfer's name, then vLLM's
+COUNTERS = {
+    "draft_tokens": ("ninfer_spec_draft_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
+    "accepted_tokens": ("ninfer_spec_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"),
+    "cache_hits": ("ninfer_prefix_cache_hit_tokens_total", "vllm:prefix_cache_hits_total"),
+}
 
 
 @dataclass
 class Timing:
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int | None  # None: the server did not say
     generated: int
     t_start: float
     t_first: float
@@ -34,11 +45,14 @@ class Timing:
     chunk_times: list[float] = field(default_factory=list)
     spec_acceptance: float | None = None  # accepted / drafted tokens, when the server reports it
     error: str | None = None
+    # where cached_tokens comes from: "engine" (in process), "response" (the reply's usage or timings),
+    # "metrics" (the server's prefix-cache counter across the run); None: nowhere, a warm cache not ruled out
+    cache_proof: str | None = None
 
     @staticmethod
     def failed(t_start: float, error: str) -> Timing:
         """A request that ended without a token."""
-        return Timing(0, 0, 0, t_start, t_start, t_start, error=error)
+        return Timing(0, 0, 0, t_start, t_start, t_start, error=error, cache_proof="engine")
 
 
 class InProcess:
@@ -89,6 +103,7 @@ class InProcess:
                     if done.num_draft_tokens
                     else None,
                     error=done.error,
+                    cache_proof="engine",
                 )
             )
         return out
@@ -190,38 +205,49 @@ class OverHttp:
             barrier.wait()
             results[i] = self._stream(prompts[i], gen)
 
-        before = self._spec_counters()
+        before = self._counters()
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        after = self._spec_counters()
-        if before and after and after[0] > before[0]:  # drafts verified during the run: their acceptance
-            rate = (after[1] - before[1]) / (after[0] - before[0])
+        after = self._counters()
+        delta = {what: after[what] - before[what] for what in after.keys() & before.keys()}
+        if delta.get("draft_tokens", 0) > 0 and "accepted_tokens" in delta:  # their acceptance
+            rate = delta["accepted_tokens"] / delta["draft_tokens"]
             results = [replace(t, spec_acceptance=rate) if t is not None else t for t in results]
+        if "cache_hits" in delta:  # the run's prefix-cache hits, on its first request the reply left unsaid
+            hits = int(delta["cache_hits"])
+            for i, t in enumerate(results):
+                if t is not None and t.cache_proof is None:
+                    results[i] = replace(t, cached_tokens=hits, cache_proof="metrics")
+                    hits = 0
         return results  # type: ignore[return-value]
 
-    def _spec_counters(self) -> tuple[float, float] | None:
-        """(draft tokens, accepted tokens) from the server's /metrics where it exports them (ninfer with
-        --spec); None elsewhere. Counted as requests finish, so a run's difference is its acceptance."""
+    def _counters(self) -> dict[str, float]:
+        """COUNTERS the server's /metrics holds (each summed over its labels), by what they count; none
+        where it has no /metrics. Read before and after a run: the difference is the run's."""
         conn = self._conn()
         try:
             conn.request("GET", self.base + "/metrics", headers=self._headers())
             resp = conn.getresponse()
             text = resp.read().decode(errors="replace") if resp.status == 200 else ""
         except OSError:
-            return None
+            return {}
         finally:
             conn.close()
-        values = {}
+        sums: dict[str, float] = {}
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("ninfer_spec_draft_tokens_total", "ninfer_spec_accepted_tokens_total"):
-                values[name] = float(value)
-        if len(values) < 2:
-            return None
-        return values["ninfer_spec_draft_tokens_total"], values["ninfer_spec_accepted_tokens_total"]
+            series, _, value = line.rpartition(" ")
+            name = series.partition("{")[0]
+            if line.startswith("#") or not name:
+                continue
+            try:
+                sums[name] = sums.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        found = {what: next((n for n in names if n in sums), None) for what, names in COUNTERS.items()}
+        return {what: sums[name] for what, name in found.items() if name is not None}
 
     def chat(self, messages: list[dict], sampling: dict, usage: dict | None = None) -> Iterator[str]:
         """Stream one chat reply's text (`ninfer chat --url`): `sampling` holds the request's max_tokens,
@@ -282,6 +308,7 @@ class OverHttp:
         t_start = time.perf_counter()
         chunks: list[float] = []
         usage: dict = {}
+        cache_n = None  # llama-server's timings.cache_n
         try:
             conn.request("POST", self.base + "/v1/chat/completions", json.dumps(body), self._headers())
             resp = conn.getresponse()
@@ -291,6 +318,8 @@ class OverHttp:
             for event in _events(resp):
                 if event.get("usage"):
                     usage = event["usage"]
+                if isinstance(event.get("timings"), dict) and event["timings"].get("cache_n") is not None:
+                    cache_n = int(event["timings"]["cache_n"])
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
@@ -299,15 +328,18 @@ class OverHttp:
             conn.close()
         if not chunks:
             return Timing.failed(t_start, "the stream carried no tokens")
-        details = usage.get("prompt_tokens_details") or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = cache_n if cached is None else int(cached)
         return Timing(
             int(usage.get("prompt_tokens", 0)),
-            int(details.get("cached_tokens") or 0),
+            cached,
             int(usage.get("completion_tokens", len(chunks))),
             t_start,
             chunks[0],
             chunks[-1],
             chunks,
+            cache_proof=None if cached is None else "response",
         )
 
 

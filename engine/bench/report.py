@@ -70,6 +70,8 @@ def run_table(result: dict):
             )
         if tel and tel["pcie_spill"] and status == "ok":
             status = "[yellow]PCIe busy in decode: KV or weights spilling to host?[/]"
+        elif status.startswith("UNPROVEN"):
+            status = "[yellow]UNPROVEN: cold cache not shown (no cached_tokens, no /metrics counter)[/]"
         t.add_row(
             row["scenario"],
             f"{row['context']:,}",

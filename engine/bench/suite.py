@@ -2,7 +2,8 @@
 one record per request; then rows with min / median / max over repeats (docs/benchmarks.md, methodology).
 
 Per request: TTFT = first token - start; pp = prompt tokens / TTFT; tg = (generated - 1) / (last - first);
-inter-token latency p50 / p99 from the streamed chunks; cached tokens (any in a cold run: INVALID).
+inter-token latency p50 / p99 from the streamed chunks; cached tokens (any in a cold run: INVALID; none
+reported by the server or its /metrics: UNPROVEN).
 Concurrency above 1: per-stream rows, and aggregate rows per repeat (sum of the streams' decoded tokens over
 the window from the first first-token to the last token; sum of prompt tokens over the slowest TTFT).
 """
@@ -19,6 +20,10 @@ from engine.bench.telemetry import Telemetry
 from engine.bench.workloads import build
 
 WARMUP_TOKENS, WARMUP_GEN = 128, 8
+UNPROVEN = (
+    "the server reported no cached tokens and has no prefix-cache counter, so a warm cache is not ruled out "
+    "(vLLM: serve it with --enable-prompt-tokens-details)"
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ def request_record(t: Timing, target: int) -> dict:
         "target_tokens": target,
         "prompt_tokens": t.prompt_tokens,
         "cached_tokens": t.cached_tokens,
+        "cache_proof": t.cache_proof,
         "generated": t.generated,
         "ttft_s": ttft,
         "pp": t.prompt_tokens / ttft if ttft > 0 else None,
@@ -102,7 +108,8 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
     keys = sorted({(r["scenario"], r["context"], r["concurrency"]) for r in records})
     for scenario, ctx, c in keys:
         group = [r for r in records if (r["scenario"], r["context"], r["concurrency"]) == (scenario, ctx, c)]
-        cached = sum(r["cached_tokens"] for r in group)
+        cached = sum(r["cached_tokens"] or 0 for r in group)
+        unproven = any(r.get("cache_proof", "response") is None for r in group)
         errors = [r["error"] for r in group if r["error"]]
         off = sorted({r["prompt_tokens"] - r["target_tokens"] for r in group} - {0})
         status = "ok"
@@ -110,6 +117,8 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             status = f"INVALID: {cached} cached tokens in a cold run"
         elif errors:
             status = f"INVALID: {errors[0]}"
+        elif unproven:
+            status = f"UNPROVEN: {UNPROVEN}"
         base = {
             "scenario": scenario,
             "context": ctx,

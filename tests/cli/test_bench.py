@@ -117,6 +117,10 @@ def test_against_a_real_ninfer_serve(tmp_path):
 class _CachingServer(BaseHTTPRequestHandler):
     """An OpenAI-compatible stub that reports a prefix-cache hit on every request."""
 
+    details = {"cached_tokens": 64}  # the usage's prompt_tokens_details; None: left out, as vLLM's default
+    metrics = None  # /metrics text, given the requests served so far; None: no /metrics
+    served = 0
+
     def log_message(self, *args):
         pass
 
@@ -129,6 +133,17 @@ class _CachingServer(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
+        if self.path == "/metrics":
+            if self.metrics is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = self.metrics(type(self).served).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self._json({"data": [{"id": "stub"}]})
 
     def do_POST(self):
@@ -144,16 +159,15 @@ class _CachingServer(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
             time.sleep(0.002)
-        usage = {
-            "prompt_tokens": size,
-            "completion_tokens": body["max_tokens"],
-            "prompt_tokens_details": {"cached_tokens": 64},
-        }
+        usage = {"prompt_tokens": size, "completion_tokens": body["max_tokens"]}
+        if self.details is not None:
+            usage["prompt_tokens_details"] = self.details
+        type(self).served += 1
         self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
 
 
-def test_cached_tokens_mark_the_row_invalid(tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _CachingServer)
+def _bench_stub(tmp_path, handler) -> tuple[str, dict]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         out = tmp_path / "stub.json"
@@ -164,7 +178,7 @@ def test_cached_tokens_mark_the_row_invalid(tmp_path):
             "--ctx",
             "2000",
             "--concurrency",
-            "1",
+            "1,2",
             "--gen",
             "4",
             "--repeat",
@@ -173,11 +187,58 @@ def test_cached_tokens_mark_the_row_invalid(tmp_path):
             str(out),
         )
         assert code == 0, text
-        assert "INVALID" in text
-        row = json.loads(out.read_text())["rows"][0]
-        assert row["status"].startswith("INVALID: 64 cached tokens")
+        return text, json.loads(out.read_text())
     finally:
         server.shutdown()
+
+
+def test_cached_tokens_mark_the_row_invalid(tmp_path):
+    text, data = _bench_stub(tmp_path, _CachingServer)
+    assert "INVALID" in text
+    assert data["rows"][0]["status"].startswith("INVALID: 64 cached tokens")
+    assert {r["cache_proof"] for r in data["records"]} == {"response"}
+
+
+def _vllm_metrics(hits_per_request: int):
+    """vLLM's counters (two label sets, summed) after `served` requests, each hitting that many tokens."""
+
+    def text(served: int) -> str:
+        hits = served * hits_per_request
+        return (
+            "# HELP vllm:prefix_cache_hits Prefix cache hits\n# TYPE vllm:prefix_cache_hits counter\n"
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="stub"}} {hits / 2}\n'
+            f'vllm:prefix_cache_hits_total{{engine="1",model_name="stub"}} {hits / 2}\n'
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="stub"}} {served * 2000.0}\n'
+        )
+
+    return text
+
+
+@pytest.mark.parametrize("hits", [0, 48])
+def test_without_cached_tokens_the_proof_is_the_servers_counter(tmp_path, hits):
+    """vLLM without --enable-prompt-tokens-details: the run's difference of vllm:prefix_cache_hits_total."""
+    handler = type(
+        "VllmStub", (_CachingServer,), {"details": None, "metrics": staticmethod(_vllm_metrics(hits))}
+    )
+    _, data = _bench_stub(tmp_path, handler)
+    assert {r["cache_proof"] for r in data["records"]} == {"metrics"}
+    for row in data["rows"]:
+        if hits:
+            # the run's hits on its first request: C1 one request's, C2 both requests'
+            want = hits * row["concurrency"]
+            assert row["status"].startswith(f"INVALID: {want} cached tokens"), row["status"]
+        else:
+            assert row["status"] == "ok"
+
+
+def test_without_any_proof_the_row_says_unproven(tmp_path):
+    handler = type("BareStub", (_CachingServer,), {"details": None, "metrics": None})
+    text, data = _bench_stub(tmp_path, handler)
+    assert all(r["cache_proof"] is None and r["cached_tokens"] is None for r in data["records"])
+    assert all(
+        row["status"].startswith("UNPROVEN: the server reported no cached tokens") for row in data["rows"]
+    )
+    assert "UNPROVEN" in text
 
 
 def _synthetic(label, tg_by_ctx):
