@@ -19,7 +19,7 @@ from ninfer_cli.chat_backends import LocalChat, RemoteChat, ReplyStats, check_so
 from ninfer_cli.chat_input import piped_line_reader, read_message, terminal_line_reader
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
+from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
@@ -105,6 +105,7 @@ def chat(
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
+    override_generation_config: OverrideGenerationConfig = None,
     lora: Annotated[
         str | None,
         typer.Option(help="A LoRA adapter (peft's save_pretrained folder) the replies run with."),
@@ -136,6 +137,7 @@ def chat(
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
     from engine.lora.spec import lora_modules
+    from engine.sampling_defaults import parse_overrides
 
     check_source(model, url)
     if prompt == "-":  # the whole of stdin is the message: cat review.txt code.py | ninfer chat -p -
@@ -152,9 +154,9 @@ def chat(
         )
     adapters = lora_modules(lora) if lora is not None else ()  # a folder that is not there: said at once
     grammar, request_fields = structured_output(json_schema, grammar_file)
-    given = {
-        k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)) if v is not None
-    }
+    flags = (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
+    # the sampling flags given, over --override-generation-config's fields (checked here, before loading)
+    given = {**dict(parse_overrides(override_generation_config)), **{k: v for k, v in flags if v is not None}}
     sampling = {**CHAT_SAMPLING, **given}
     # bad flags are said before the model loads
     SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)

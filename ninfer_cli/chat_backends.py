@@ -124,7 +124,7 @@ class RemoteChat:
 
         self.server = OverHttp(url, api_key, model)
         self.fields = fields or {}  # more request fields (a response_format, ...)
-        self.sampling = dict(sampling or {})  # the sampling flags given (temperature, top_p, top_k)
+        self.sampling = dict(sampling or {})  # the sampling flags given (and --override-generation-config)
         self.description = f"{url} (model {self.server.model})"
 
     def attach(self, data: bytes) -> str:

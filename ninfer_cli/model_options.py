@@ -25,3 +25,10 @@ GenerationConfig = Annotated[
         "generation_config.json file.",
     ),
 ]
+OverrideGenerationConfig = Annotated[
+    str | None,
+    typer.Option(
+        help='Sampling defaults laid over --generation-config\'s, as JSON: \'{"temperature": 0.6, "top_k": 20}\' '
+        "(any sampling field: min_p, repetition_penalty, dry_multiplier, xtc_probability, ...).",
+    ),
+]

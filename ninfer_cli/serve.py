@@ -17,7 +17,7 @@ from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
 from ninfer_cli.loading import answering_while_loading
-from ninfer_cli.model_options import ChatTemplate, GenerationConfig, RopeScaling
+from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Vision
 
@@ -132,12 +132,7 @@ def serve(
     enable_prefix_caching: Annotated[
         bool, typer.Option(help="Reuse the KV pages of prompts' shared prefixes (on by default).")
     ] = True,
-    override_generation_config: Annotated[
-        str | None,
-        typer.Option(
-            help='Sampling defaults laid over --generation-config\'s, as JSON: \'{"temperature": 0.6, "top_k": 20}\'.'
-        ),
-    ] = None,
+    override_generation_config: OverrideGenerationConfig = None,
     threads: Annotated[
         int | None, typer.Option(help="CPU threads for the engine's matmuls (default: torch's choice).")
     ] = None,

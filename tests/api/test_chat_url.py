@@ -130,3 +130,19 @@ def test_over_http_only_the_sampling_flags_given_are_sent(monkeypatch):
         result = runner.invoke(app, ["chat", "--url", "http://x:1", "--max-tokens", "16", "-p", "hi", *flags])
         assert result.exit_code == 0 and result.output.strip() == "ok", result.output
         assert sent == [want]
+
+
+def test_sampling_overrides_reach_the_replies_both_ways(server):
+    """--override-generation-config: any sampling field, sent over --url as a request field, applied by
+    the local engine the same way."""
+    ask = "Write the line 'the cat sat on the mat' five times."
+    overrides = ("--override-generation-config", '{"repetition_penalty": 1.3, "dry_multiplier": 0.8}')
+    code, plain = _chat("--prompt", ask)
+    assert code == 0, plain
+    code, local = _chat("--prompt", ask, *overrides)
+    assert code == 0, local
+    code, remote = _chat("--url", server.url, "--prompt", ask, *overrides)
+    assert code == 0, remote
+    assert remote.strip() == local.strip() != plain.strip()
+    code, out = _chat("--prompt", "hi", "--override-generation-config", '{"typical_p": 3}')
+    assert code == 2 and out.count("\n") == 1 and "typical_p must be in (0, 1]" in out, out
