@@ -8,7 +8,10 @@ Workloads: `copy` (repeat a file; predicted: the file), `edit` (the file back wi
 coding-agent case; predicted: the file with the change made), `prose` (an open question: little to copy,
 nothing to predict). The timing window starts at the first token, so prefill is out of it.
 
-    python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--gen 160] [--repeat 3] [--device cpu|cuda]
+    python benchmarks/spec_ngram.py [MODEL] [--draft-tokens 4] [--prediction-tokens N] [--gen 160] [--repeat 3]
+        [--device cpu|cuda]
+
+`--prediction-tokens`: how far a prediction drafts a step (the engine's default: 16).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import time
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sample import sampler
+from engine.sample import penalties
 
-SOURCE = inspect.getsource(sampler.apply_penalties)
+SOURCE = inspect.getsource(penalties.apply_penalties)  # (engine/sample/sampler.py's until 2026-12-03)
 WORKLOADS = {  # name: (prompt, the reply expected, or None)
     "copy": (f"Repeat this code exactly, with nothing else:\n\n{SOURCE}", SOURCE),
     "edit": (
@@ -62,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--prediction-tokens", type=int, default=None)
     ap.add_argument("--gen", type=int, default=160)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu")
@@ -69,10 +73,17 @@ def main() -> None:
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     common = dict(max_concurrency=1, device=args.device, dtype=dtype, enable_prefix_caching=False)
     plain = LLM(args.model, **common)
-    spec = LLM(args.model, spec="ngram", draft_tokens=args.draft_tokens, **common)
+    spec = LLM(
+        args.model,
+        spec="ngram",
+        draft_tokens=args.draft_tokens,
+        prediction_tokens=args.prediction_tokens,
+        **common,
+    )
     print(
         f"# {plain.description}; {args.device} {dtype} ({platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads); draft tokens {args.draft_tokens}; median of {args.repeat}"
+        f"{torch.get_num_threads()} threads); draft tokens {args.draft_tokens}, prediction tokens "
+        f"{spec.engine_config.num_prediction_tokens}; median of {args.repeat}"
     )
     print(
         "| workload | tokens | plain tok/s | ngram tok/s | ratio | accepted | tokens/step "

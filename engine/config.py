@@ -45,6 +45,9 @@ CLASSIFIER_ARCHITECTURES = ("Qwen3ForSequenceClassification",)
 WEIGHT_QUANT_MODES = ("auto", "none", "int8", "int4")
 SPEC_METHODS = ("none", "ngram", "mtp", "draft")
 MAX_DRAFT_TOKENS = 16
+# Predicted Outputs: drafts of the client's prediction per step, by default and at most (a step of 1 + N
+# tokens costs little more than one while decoding is bandwidth-bound)
+DEFAULT_PREDICTION_TOKENS, MAX_PREDICTION_TOKENS = 16, 64
 LM_HEAD_DRAFT_TOKENS = 32768  # --lm-head-draft: the token ids the MTP head's drafts are chosen from
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # other spellings of the same dtypes (vLLM's half / float, the KV dtypes' short names)
@@ -324,6 +327,8 @@ class SchedulerConfig:
     pending_timeout_ms: float | None = None
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
     num_draft_tokens: int = 0  # draft tokens verified per decode step; 0 = no speculative decoding
+    # of a request's prediction (Predicted Outputs), at most this many drafted a step (>= num_draft_tokens)
+    num_prediction_tokens: int = 0
     spec: str = "none"  # where drafts come from: ngram (engine/spec/ngram.py) or mtp (the runner's MTP head)
     # decode steps replay CUDA graphs: a step whose requests would verify different draft counts pads the
     # shorter ones to the longest, so it has a graph (Scheduler._pad_drafts)
@@ -383,6 +388,10 @@ class EngineConfig:
     # verified `draft_tokens` at a time
     spec: str = "none"
     draft_tokens: int = 3
+    # with spec on, a request's prediction (OpenAI's Predicted Outputs) drafts up to this many tokens a step
+    # where the output follows it (None: the larger of draft_tokens and DEFAULT_PREDICTION_TOKENS); steps
+    # with more drafts than the CUDA graphs' draft_tokens run eagerly
+    prediction_tokens: int | None = None
     # spec draft: the small model whose greedy tokens are the drafts (an HF directory, .gguf or .ninfer of the
     # same vocabulary: Qwen3-0.6B for a Qwen3-32B); its KV pages are the target's pages (engine/spec/draft_model.py)
     draft_model: str | None = None
@@ -489,6 +498,11 @@ class EngineConfig:
                 f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS} (got {self.draft_tokens}); 3 to 5 "
                 "suits n-gram drafts"
             )
+        if self.prediction_tokens is not None and not 1 <= self.prediction_tokens <= MAX_PREDICTION_TOKENS:
+            raise NinferError(
+                f"prediction_tokens must be between 1 and {MAX_PREDICTION_TOKENS} (got {self.prediction_tokens}); "
+                f"the default, {DEFAULT_PREDICTION_TOKENS}, drafts a prediction that far ahead each step"
+            )
         if self.spec == "draft" and not self.draft_model:
             raise NinferError(
                 "spec draft needs a draft model (--draft-model PATH: a small model of the same family)"
@@ -568,6 +582,7 @@ class EngineConfig:
             pending_timeout_ms=self.pending_timeout_ms,
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,
             num_draft_tokens=self.num_draft_tokens,
+            num_prediction_tokens=self.num_prediction_tokens,
             spec=self.spec,
             pad_drafts=self.cuda_graphs and self.device != "cpu" and self.num_draft_tokens > 0,
         )
@@ -576,3 +591,11 @@ class EngineConfig:
     def num_draft_tokens(self) -> int:
         """Draft tokens verified per decode step; 0 without speculative decoding."""
         return self.draft_tokens if self.spec != "none" else 0
+
+    @property
+    def num_prediction_tokens(self) -> int:
+        """Draft tokens a request's prediction may give a step (at least num_draft_tokens); 0 without spec."""
+        if self.spec == "none":
+            return 0
+        asked = self.prediction_tokens or DEFAULT_PREDICTION_TOKENS
+        return max(asked, self.draft_tokens)

@@ -110,6 +110,14 @@ def serve(
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,
     draft_model: DraftModel = None,
+    prediction_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="With --spec: a request's prediction (OpenAI's Predicted Outputs) drafts up to this many tokens "
+            "a step where the reply follows it (default: 16, at least --draft-tokens); steps past --draft-tokens "
+            "run without CUDA graphs."
+        ),
+    ] = None,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
     rope_scaling: RopeScaling = None,
@@ -184,6 +192,7 @@ def serve(
         prefill_chunk=prefill_chunk,
         cuda_graphs=cuda_graphs,
         **spec_options(spec, draft_tokens, lm_head_draft, draft_model),
+        prediction_tokens=prediction_tokens,
         int8_prefill=int8_prefill,
         vision=vision,
         rope_scaling=rope_scaling,

@@ -22,14 +22,18 @@ tokens also runs up to that many draft tokens (its prediction's where its output
 engine/spec/prediction.py; else n-gram, engine/spec/ngram.py, or the MTP head's / draft model's from the
 previous step, engine/spec/stored.py) when budget and spare pages allow (a page a running request stays
 free for its own next token); the runner verifies them and the request advances by the tokens
-accepted. A hybrid model whose state saw a rejected draft is put back to the step's start and recomputes
-the accepted tokens with its next step's drafts (decode is bandwidth-bound, so extra positions per step
-cost little), at most 1 + num_draft_tokens tokens in all. Steps that snapshot a hybrid state (a page
+accepted. A prediction drafts up to `num_prediction_tokens` a step (16 by default: a long span of a file
+being rewritten verified at once) once its drafts keep being accepted (engine/spec/prediction.py), the
+other methods `num_draft_tokens`. A hybrid model whose state saw
+a rejected draft is put back to the step's start and recomputes the accepted tokens with its next step's
+drafts (decode is bandwidth-bound, so extra positions per step cost little), at most 1 + the step's cap
+in all. Steps that snapshot a hybrid state (a page
 completed) run no drafts: the snapshot must not hold them. With CUDA graphs (`pad_drafts`), a decode step
 whose requests would verify different numbers of drafts pads the shorter ones (a repeat of their last
 token: a real guess, verified like the others, rarely right) to the longest, within the same limits, so
 the step has one query count and replays a graph instead of running eagerly; padding is left out of the
-acceptance counters.
+acceptance counters. A step with more than num_draft_tokens drafts (a prediction's) has no graph: it runs
+eagerly and is not padded.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class Scheduler:
             (StoredDrafts() if config.spec in ("mtp", "draft") else NgramProposer(k)) if k else None
         )
         # a request's prediction (OpenAI's Predicted Outputs) drafts before the method above, where it can
-        self.predictions = PredictionDrafts() if k else None
+        self.predictions = PredictionDrafts(k, config.num_prediction_tokens) if k else None
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
 
@@ -212,21 +216,23 @@ class Scheduler:
     def _drafts(self, req: Request, n: int, room: int) -> tuple[list[int], bool]:
         """Draft tokens to verify after this step's `n` known tokens (see _most_drafts), and whether they
         come from the request's prediction."""
-        most = self._most_drafts(req, n, room)
+        most = self._most_drafts(req, n, room, self.config.num_prediction_tokens)
         if most <= 0:
             return [], False
         drafts = self.predictions.propose(req, most)
         predicted = bool(drafts)
-        if not predicted:
-            drafts = self.proposer.propose(req, most)
+        method_most = min(most, self.config.num_draft_tokens + 1 - n)  # the method's: k a step
+        if not predicted and method_most > 0:
+            drafts = self.proposer.propose(req, method_most)
         # drafts the grammar refuses would only be verified and rejected: cut them here
         if drafts and req.grammar is not None:
             drafts = drafts[: req.grammar.valid_prefix(drafts)]
         return drafts, predicted
 
-    def _most_drafts(self, req: Request, n: int, room: int) -> int:
+    def _most_drafts(self, req: Request, n: int, room: int, cap: int) -> int:
         """How many drafts may follow this step's `n` known tokens: none unless they reach the end of the
-        request's tokens; within the step budget `room`, the tokens it may still emit and its context."""
+        request's tokens; within the step budget `room`, the tokens it may still emit, its context, and a
+        step of at most 1 + `cap` tokens (the draft count, or a prediction's)."""
         end = req.num_computed_tokens + n
         if self.proposer is None or room <= 0 or end != req.num_tokens:
             return 0
@@ -235,24 +241,30 @@ class Scheduler:
         capacity = self.block_pool.num_blocks * self.block_size
         limit = min(self.config.max_context, capacity) - req.num_tokens
         left = req.sampling_params.max_tokens - len(req.output_token_ids)
-        # every step emits one token beyond the drafts it accepts; and a step runs at most 1 + k tokens a
-        # request (a hybrid model recomputing accepted tokens drafts fewer), so its shape has a CUDA graph
-        return min(room, limit - 1, left - 1, self.config.num_draft_tokens + 1 - n)
+        # every step emits one token beyond the drafts it accepts; and a step runs at most 1 + cap tokens a
+        # request (a hybrid model recomputing accepted tokens drafts fewer): with cap = k its shape has a
+        # CUDA graph
+        return min(room, limit - 1, left - 1, cap + 1 - n)
 
     def _pad_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> None:
         """A decode step (every request samples after its known tokens, no prompt chunk) in which some
         request drafts and the query counts differ: pad the shorter requests' drafts, where their limits
         and spare pages allow, to the longest count (within what is left of the step's `budget`). Rewrites
         `scheduled` in place."""
+        k = self.config.num_draft_tokens
         counts = {len(s.token_ids) for s in scheduled}
-        decode = all(s.sample and not s.runs_prompt_chunk(self.config.num_draft_tokens) for s in scheduled)
+        decode = all(
+            s.sample and not s.runs_prompt_chunk(self.config.num_prediction_tokens) for s in scheduled
+        )
         if len(counts) < 2 or not decode or not any(s.draft_token_ids for s in scheduled):
             return
         target, added = max(counts), 0
+        if target > k + 1:  # a prediction's long drafts: no graph holds the step, padding would only cost
+            return
         for i, s in enumerate(scheduled):
             req = self.requests[s.request_id]
             drafted = len(s.draft_token_ids)
-            most = self._most_drafts(req, s.num_known_tokens, budget - added + drafted) - drafted
+            most = self._most_drafts(req, s.num_known_tokens, budget - added + drafted, k) - drafted
             extra = min(target - len(s.token_ids), most)
             end = req.num_computed_tokens + s.num_known_tokens
             if extra <= 0 or not self._grow_spare(req, end + drafted + extra, end):

@@ -8,6 +8,12 @@ the output matched (an edit moves forward through a file), else its last occurre
 and after the prediction's end, the request drafts from the server's own method (n-gram, MTP head, draft
 model). The verifier decides what is kept, as for any draft, so the output is what it would be without
 the prediction; a wrong prediction costs only the compute of its positions.
+
+How far a step drafts grows with the prediction's record: `base` tokens (the method's draft count) at
+first and after any rejected draft, twice as many after a step that kept all of its drafts, up to `most`
+(`num_prediction_tokens`). A reply that follows the prediction is soon verified `most` tokens a step; one
+that keeps departing from it costs no more than the method's own drafts (where each position costs
+compute, a CPU or a large batch, a long wrong guess is not free).
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ class _Place:
     num_seen: int = 0  # output tokens followed so far
     cursor: int = 0  # index of the prediction's token expected next; -1 when the place is lost
     last_match: int = 0  # the cursor before the output departed from the prediction
+    reach: int = 0  # how many tokens the next step may draft
+    proposed: int = 0  # drafted at the last proposal (0: none since the output was last followed)
 
 
 class PredictionDrafts:
     """Per request with a prediction, its place in it; proposals are the prediction's next tokens."""
 
-    def __init__(self, max_ngram: int = 8, min_ngram: int = 2):
-        assert 0 < min_ngram <= max_ngram
+    def __init__(self, base: int, most: int, max_ngram: int = 8, min_ngram: int = 2):
+        assert 0 < min_ngram <= max_ngram and 0 < base <= most
+        self.base, self.most = base, most
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._places: dict[str, _Place] = {}
 
@@ -46,21 +55,28 @@ class PredictionDrafts:
         place = self._follow(req)
         if place.cursor < 0:
             return []
-        return place.prediction[place.cursor : place.cursor + max_tokens].tolist()
+        drafts = place.prediction[place.cursor : place.cursor + min(max_tokens, place.reach)].tolist()
+        place.proposed = len(drafts)
+        return drafts
 
     def _follow(self, req: Request) -> _Place:
         place = self._places.get(req.request_id)
         output = req.output_token_ids
         if place is None or len(output) < place.num_seen:  # new, or the output was cut (a stop string)
-            place = _Place(np.asarray(req.sampling_params.prediction, dtype=np.int64))
+            place = _Place(np.asarray(req.sampling_params.prediction, dtype=np.int64), reach=self.base)
             self._places[req.request_id] = place
         prediction, size = place.prediction, len(place.prediction)
+        followed = 0  # new output tokens that went on along the prediction
         for token in output[place.num_seen :]:
             if 0 <= place.cursor < size and prediction[place.cursor] == token:
                 place.cursor += 1
+                followed += 1
             elif place.cursor >= 0:
                 place.last_match, place.cursor = place.cursor, -1
         place.num_seen = len(output)
+        if place.proposed:  # the last proposal's drafts all kept: reach further; else start again
+            place.reach = min(self.most, 2 * place.reach) if followed >= place.proposed else self.base
+            place.proposed = 0
         if place.cursor < 0:
             place.cursor = self._find(prediction, output, place.last_match)
             if place.cursor >= 0:

@@ -49,8 +49,10 @@ class ModelRunner:
         self.model, self.model_config = model, model_config
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
-        # a decode step runs at most 1 + k tokens a request (ScheduledRequest.runs_prompt_chunk)
+        # a decode step runs at most 1 + k tokens a request, or 1 + a prediction's drafts (so a hybrid model
+        # recomputes at most that many accepted ones: ScheduledRequest.runs_prompt_chunk)
         self.num_draft_tokens = engine_config.num_draft_tokens
+        self.most_verified = engine_config.num_prediction_tokens
         self.max_query = 1 + self.num_draft_tokens
         self.int8_prefill = engine_config.int8_prefill
         self.sampler = Sampler()
@@ -289,7 +291,7 @@ class ModelRunner:
             state_indices=tensor(state_indices, torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
             int8_activations=self.int8_prefill
-            and any(r.runs_prompt_chunk(self.num_draft_tokens) for r in sched.scheduled),
+            and any(r.runs_prompt_chunk(self.most_verified) for r in sched.scheduled),
             image_rows=image_rows,
             image_embeds=image_embeds,
             lora=self.adapters.step_rows(sched.scheduled, cu_seqlens) if self.adapters is not None else (),

@@ -87,3 +87,7 @@ def test_serve_refuses_bad_flags():
         proc.stderr.strip()
         == "error: --max-context 'lots' is not a size; write e.g. 180k, 131072, 24G or 24GiB"
     )
+    proc = run_serve("--spec", "ngram", "--prediction-tokens", "0", "--port", "0")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error: prediction_tokens must be between 1 and 64 (got 0)")
+    assert proc.stderr.count("\n") == 1

@@ -26,7 +26,7 @@ def _propose(drafts: PredictionDrafts, req: Request, output: list[int], k: int =
 
 
 def test_drafts_follow_the_output_through_the_prediction():
-    drafts, req = PredictionDrafts(), _request(A + B, [])
+    drafts, req = PredictionDrafts(4, 4), _request(A + B, [])
     assert drafts.propose(req, 4) == A[:4]  # nothing generated yet: the prediction's start
     assert _propose(drafts, req, A[:3]) == A[3:7]
     assert _propose(drafts, req, A + B[:8]) == B[8:]  # near the end: what is left
@@ -34,26 +34,41 @@ def test_drafts_follow_the_output_through_the_prediction():
 
 
 def test_an_insertion_or_a_deletion_is_found_again_from_the_outputs_last_tokens():
-    drafts, req = PredictionDrafts(), _request(A + B + C, [])
+    drafts, req = PredictionDrafts(4, 4), _request(A + B + C, [])
     inserted = [900, 901, 902]
     assert _propose(drafts, req, A[:5] + inserted) == []  # departed: no drafts until it is found
     assert (
         _propose(drafts, req, A[:5] + inserted + A[5:7]) == A[7:] + B[:1]
     )  # back in step after the insertion
-    other = PredictionDrafts()  # a deletion: B left out, C follows A
+    other = PredictionDrafts(4, 4)  # a deletion: B left out, C follows A
     assert _propose(other, _request(A + B + C, []), A + C[:2]) == C[2:6]
-    assert _propose(PredictionDrafts(), _request(A, []), [900, 901]) == []  # never in the prediction
+    assert _propose(PredictionDrafts(4, 4), _request(A, []), [900, 901]) == []  # never in the prediction
 
 
 def test_a_repeated_run_is_found_at_its_next_occurrence_not_its_first():
-    drafts, req = PredictionDrafts(), _request(A + B + A + C, [])
+    drafts, req = PredictionDrafts(4, 4), _request(A + B + A + C, [])
     assert _propose(drafts, req, A + B + [900, 901] + A[:3]) == A[3:7]
     assert _propose(drafts, req, A + B + [900, 901] + A) == C[:4]  # the second A: C follows it
-    assert _propose(PredictionDrafts(), _request(A + B + A + C, []), A + [900] + A[:4]) == A[4:8]
+    assert _propose(PredictionDrafts(4, 4), _request(A + B + A + C, []), A + [900] + A[:4]) == A[4:8]
+
+
+def test_drafts_reach_further_while_they_are_kept():
+    """From `base` drafts, twice as many after a step that kept all of them, up to `most`; back to `base`
+    after a rejection (the output departs from the prediction)."""
+    file = A + B + C
+    drafts, req = PredictionDrafts(2, 8), _request(file, [])
+    assert drafts.propose(req, 16) == A[:2]
+    assert _propose(drafts, req, A[:3], 16) == A[3:7]  # both kept (and the step's own token): 4 next
+    assert _propose(drafts, req, A[:8], 16) == A[8:] + B[:6]  # 4 kept: 8 next
+    assert _propose(drafts, req, A + B[:7], 16) == B[7:] + C[:5]  # 8 kept: 8 (the most)
+    # 3 of 8 kept, then the output departs: found again, it starts from 2
+    out = A + B + [900, 901, 902] + C[:3]
+    assert _propose(drafts, req, A + B + [900], 16) == []
+    assert _propose(drafts, req, out, 16) == C[3:5]
 
 
 def test_a_cut_output_is_followed_again_from_its_start():
-    drafts, req = PredictionDrafts(), _request(A + B, [])
+    drafts, req = PredictionDrafts(4, 4), _request(A + B, [])
     assert _propose(drafts, req, A + B[:5]) == B[5:9]
     assert _propose(drafts, req, A[:4]) == A[4:8]  # tokens taken back (a stop string)
 
@@ -105,3 +120,37 @@ def test_without_speculative_decoding_a_prediction_changes_nothing(model_dir):
     assert out.token_ids == _run(llm, []).token_ids and out.num_prediction_tokens == 0
     with pytest.raises(NinferError, match="prediction holds token id 99999, outside the vocabulary"):
         _run(llm, [5, 99999])
+
+
+def _steps(llm: LLM, prediction: list[int]) -> tuple[list[int], int]:
+    """(output, engine steps it took)."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, prediction=prediction)
+    llm.add_request(PROMPT, params)
+    steps, out = 0, None
+    while llm.has_unfinished_requests():
+        steps += 1
+        for o, _ in llm.step():
+            out = o
+    return out.token_ids, steps
+
+
+def test_a_prediction_drafts_further_than_the_draft_count(model_dir):
+    """--prediction-tokens: a followed prediction is soon verified 12 tokens a step while n-gram drafts stay
+    at 2; the output is the same, in fewer steps; an edited prediction too (a hybrid model recomputes up to 12
+    accepted tokens after a rejection)."""
+    reference = _run(LLM(model_dir), []).token_ids
+    far = LLM(model_dir, spec="ngram", draft_tokens=2, prediction_tokens=12)
+    near = LLM(model_dir, spec="ngram", draft_tokens=2, prediction_tokens=2)
+    assert far.engine_config.num_prediction_tokens == 12 and near.engine_config.num_prediction_tokens == 2
+    out_far, steps_far = _steps(far, reference)
+    out_near, steps_near = _steps(near, reference)
+    assert out_far == out_near == reference
+    # 1 + 2, 1 + 4, 1 + 8, then 1 + 12 tokens a step (24 in 4), against 3 a step (24 in 8)
+    assert steps_far <= 5 and steps_near >= 8
+    edited = reference[:10] + [450, 451] + reference[12:]
+    assert _steps(far, edited)[0] == reference
+    # by default a prediction drafts 16 a step (at least --draft-tokens); without spec, none
+    assert LLM(model_dir, spec="ngram", draft_tokens=3).engine_config.num_prediction_tokens == 16
+    assert LLM(model_dir).engine_config.num_prediction_tokens == 0
+    with pytest.raises(NinferError, match="prediction_tokens must be between 1 and 64"):
+        LLM(model_dir, spec="ngram", prediction_tokens=65)
