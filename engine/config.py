@@ -334,6 +334,11 @@ class SchedulerConfig:
     # shorter ones to the longest, so it has a graph (Scheduler._pad_drafts)
     pad_drafts: bool = False
 
+    @property
+    def most_prediction_drafts(self) -> int:
+        """Drafts a prediction may give a step: num_prediction_tokens, never fewer than num_draft_tokens."""
+        return max(self.num_prediction_tokens, self.num_draft_tokens)
+
 
 def check_device_visible(device: str) -> None:
     """A CUDA device asked for is there (said before anything loads: serve checks it before binding its

@@ -41,16 +41,18 @@ class ScheduledRequest(NamedTuple):
     prompt_logprob_targets: tuple[int, ...] = ()
     # pooling: the row of token_ids that is the prompt's last token, whose hidden state is the embedding
     pool_row: int = -1
+    in_prompt: bool = False  # token_ids start inside the request's prompt
 
     @property
     def num_known_tokens(self) -> int:
         """Tokens of the request's history run this step (token_ids without the drafts)."""
         return len(self.token_ids) - len(self.draft_token_ids)
 
-    def runs_prompt_chunk(self, num_draft_tokens: int) -> bool:
-        """More known tokens than a decoding request runs: its last one, or a hybrid model's accepted
-        drafts recomputed before it (at most 1 + num_draft_tokens)."""
-        return self.num_known_tokens > 1 + num_draft_tokens
+    def runs_prompt_chunk(self, most_drafts: int) -> bool:
+        """A chunk of the prompt, or more known tokens than a decoding request runs (its last one, or a
+        hybrid model's accepted drafts recomputed before it: at most 1 + most_drafts; more is a preempted
+        request's tokens computed again)."""
+        return self.in_prompt or self.num_known_tokens > 1 + most_drafts
 
 
 class SchedulerOutput(NamedTuple):

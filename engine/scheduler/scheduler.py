@@ -78,7 +78,7 @@ class Scheduler:
             (StoredDrafts() if config.spec in ("mtp", "draft") else NgramProposer(k)) if k else None
         )
         # a request's prediction (OpenAI's Predicted Outputs) drafts before the method above, where it can
-        self.predictions = PredictionDrafts(k, config.num_prediction_tokens) if k else None
+        self.predictions = PredictionDrafts(k, config.most_prediction_drafts) if k else None
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
 
@@ -216,7 +216,7 @@ class Scheduler:
     def _drafts(self, req: Request, n: int, room: int) -> tuple[list[int], bool]:
         """Draft tokens to verify after this step's `n` known tokens (see _most_drafts), and whether they
         come from the request's prediction."""
-        most = self._most_drafts(req, n, room, self.config.num_prediction_tokens)
+        most = self._most_drafts(req, n, room, self.config.most_prediction_drafts)
         if most <= 0:
             return [], False
         drafts = self.predictions.propose(req, most)
@@ -254,7 +254,7 @@ class Scheduler:
         k = self.config.num_draft_tokens
         counts = {len(s.token_ids) for s in scheduled}
         decode = all(
-            s.sample and not s.runs_prompt_chunk(self.config.num_prediction_tokens) for s in scheduled
+            s.sample and not s.runs_prompt_chunk(self.config.most_prediction_drafts) for s in scheduled
         )
         if len(counts) < 2 or not decode or not any(s.draft_token_ids for s in scheduled):
             return
@@ -345,6 +345,7 @@ class Scheduler:
             banned_rows=banned_rows(req, drafts),
             prompt_logprob_targets=_prompt_logprob_targets(req, start, end),
             pool_row=_pool_row(req, start, end),
+            in_prompt=start < req.num_prompt_tokens,
         )
 
     def _plan_snapshot(self, req: Request, end: int, state_saves: list[tuple[int, int]]) -> None:
