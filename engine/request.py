@@ -33,6 +33,7 @@ _WHOLE_NUMBERS = (
     "repeat_last_n",
     "dry_allowed_length",
     "dry_penalty_last_n",
+    "mirostat",
 )
 _FLOATS = (
     "temperature",
@@ -49,6 +50,8 @@ _FLOATS = (
     "dry_base",
     "dynatemp_range",
     "dynatemp_exponent",
+    "mirostat_tau",
+    "mirostat_eta",
 )
 _NUMBERS = (*_WHOLE_NUMBERS, *_FLOATS)
 _OPTIONAL = ("seed", "logprobs", "prompt_logprobs", "thinking_budget", "repeat_last_n")
@@ -98,6 +101,12 @@ class SamplingParams:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
     dry_sequence_breakers: tuple[str, ...] | list[str] = DRY_SEQUENCE_BREAKERS
+    # Mirostat 1 or 2 (0: off): instead of the truncations above, the kept tokens are steered so that the
+    # sampled tokens' surprise (-log2 p) averages mirostat_tau bits, learning at rate mirostat_eta; a request
+    # with it drafts nothing (its steering state advances one sampled token at a time)
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str | None = None
     # vLLM's include_stop_str_in_output: the text ends with the stop string that ended it (else before it)
@@ -247,6 +256,13 @@ class SamplingParams:
         object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
         if self.uses_dry and self.dry_base < 1:
             raise NinferError(f"dry_base must be >= 1 (got {self.dry_base}); llama.cpp's default is 1.75")
+        if self.mirostat not in (0, 1, 2):
+            raise NinferError(f"mirostat must be 0 (off), 1 or 2 (got {self.mirostat})")
+        if self.mirostat and (self.mirostat_tau <= 0 or self.mirostat_eta <= 0):
+            raise NinferError(
+                f"mirostat_tau and mirostat_eta must be > 0 (got {self.mirostat_tau}, {self.mirostat_eta}); "
+                "llama.cpp's defaults are 5.0 and 0.1"
+            )
         if self.uses_dry and self.dry_allowed_length < 1:
             raise NinferError(f"dry_allowed_length must be >= 1 token (got {self.dry_allowed_length})")
 

@@ -32,8 +32,11 @@ FIELDS = (
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",  # a list of strings, the one field that is not a number
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
 )
-WHOLE_NUMBERS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
+WHOLE_NUMBERS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat")
 # SamplingParams field <- GGUF key
 GGUF_KEYS = {
     "temperature": "general.sampling.temp",
@@ -44,6 +47,9 @@ GGUF_KEYS = {
     "repeat_last_n": "general.sampling.penalty_last_n",
     "xtc_probability": "general.sampling.xtc_probability",
     "xtc_threshold": "general.sampling.xtc_threshold",
+    "mirostat": "general.sampling.mirostat",
+    "mirostat_tau": "general.sampling.mirostat_tau",
+    "mirostat_eta": "general.sampling.mirostat_eta",
 }
 
 

@@ -157,6 +157,9 @@ SAMPLING = {
     "--dry-base": "dry_base",
     "--dry-allowed-length": "dry_allowed_length",
     "--dry-penalty-last-n": "dry_penalty_last_n",
+    "--mirostat": "mirostat",
+    "--mirostat-ent": "mirostat_tau",
+    "--mirostat-lr": "mirostat_eta",
 }
 MTP_METHODS = {"mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp"}
 # flags only llama-server takes: a command line with one of them is llama-server's, whose --lora FILE applies
@@ -251,14 +254,6 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
                 breakers.clear()
             else:
                 breakers.append(breaker.encode().decode("unicode_escape"))  # "\n" as llama.cpp reads it
-        elif flag == "--mirostat":
-            mode = value(flag)
-            if mode != "0":
-                raise NinferError(
-                    f"--mirostat {mode}: mirostat is not available; sample with --temp, --top-k, --top-p, "
-                    "--min-p, --typical, --top-nsigma, --xtc-probability or --dry-multiplier instead"
-                )
-            notes.append("--mirostat 0 dropped: mirostat is off")
         elif flag in ("--samplers", "--sampling-seq"):
             notes.append(
                 f"{flag} {value(flag)} dropped: ninfer's order is fixed (penalties and DRY, temperature, "

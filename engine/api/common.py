@@ -121,6 +121,9 @@ LLAMA_CPP = {
     "dry_allowed_length": int,
     "dry_penalty_last_n": int,
     "dry_sequence_breakers": list,
+    "mirostat": int,
+    "mirostat_tau": float,
+    "mirostat_eta": float,
 }
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
@@ -134,13 +137,6 @@ def sampling_params(
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
     # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
     extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
-    if field(body, "mirostat", int, 0) != 0:
-        raise ApiError(
-            400,
-            "mirostat is not available; sample with temperature, top_k, top_p, min_p, typical_p, top_n_sigma, "
-            "xtc_probability or dry_multiplier instead, and send mirostat 0",
-            "mirostat",
-        )
     stop_ids = field(body, "stop_token_ids", list)
     if stop_ids is not None and not all(is_token_id(t) for t in stop_ids):
         raise ApiError(

@@ -7,7 +7,8 @@ Their fields, with llama.cpp's names: n_predict (-1: until the context ends; 0: 
 prefix cache and nothing is generated, as editors warm it), temperature, dynatemp_range,
 dynatemp_exponent, top_k, top_p, min_p, typical_p, top_n_sigma, xtc_probability, xtc_threshold,
 dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers, repeat_penalty,
-repeat_last_n, presence_penalty, frequency_penalty, mirostat (0 only), seed (-1: random), stop, ignore_eos,
+repeat_last_n, presence_penalty, frequency_penalty, mirostat, mirostat_tau, mirostat_eta, seed (-1: random),
+stop, ignore_eos,
 logit_bias ([[id or text, bias or false], ...] or {id: bias}), n_probs, grammar (GBNF or Lark), json_schema,
 n_indent, t_max_predict_ms, return_tokens, response_fields. Left out, sampling fields take the served
 model's defaults (--generation-config) as the OpenAI routes do, not llama.cpp's own. Hints for
@@ -169,7 +170,7 @@ def _logit_bias(state: ServerState, body: dict) -> dict[str, float] | None:
 
 def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int, ...]):
     asked = {new: body[old] for old, new in _RENAMED.items() if old in body}
-    asked.update({name: body[name] for name in (*LLAMA_CPP, "mirostat") if name in body})
+    asked.update({name: body[name] for name in LLAMA_CPP if name in body})
     seed = field(body, "seed", int)
     stop = field(body, "stop", list)
     if stop is not None and not all(isinstance(s, str) for s in stop):
@@ -316,7 +317,6 @@ def generation_settings(params: SamplingParams, n_predict: int) -> dict[str, Any
         # None (vLLM's counting: the repetition penalty over the whole context) reads as llama.cpp's -1
         "repeat_last_n": -1 if params.repeat_last_n is None else params.repeat_last_n,
         "dry_sequence_breakers": list(params.dry_sequence_breakers),
-        "mirostat": 0,
     }
 
 

@@ -1,8 +1,11 @@
 """The sampling distribution of each sampled row: temperature (llama.cpp's dynamic one when asked), then the
 truncations, each a mask of logits to -inf run only when some row asks for it: top-n-sigma, top-k and top-p
-(one sort), min-p, typical (after min-p, as transformers orders them), XTC (last, as llama.cpp has it)."""
+(one sort), min-p, typical (after min-p, as transformers orders them), XTC (last, as llama.cpp has it); or,
+for a Mirostat row, Mirostat's own truncation alone (the others are off for it, as in llama.cpp)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -12,14 +15,21 @@ from engine.transfer import to_device
 NEG_INF = float("-inf")
 
 
+MIROSTAT_M = 100  # Mirostat 1 estimates the distribution's Zipf exponent from its top 100 tokens
+NEUTRAL = dict(top_n_sigma=-1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, xtc_probability=0.0)
+
+
 def sampling_probs(
     logits: torch.Tensor,  # [S, V] fp32
     params: list[SamplingParams],
     xtc_rows: torch.Tensor | None,  # [S] bool: the rows whose XTC coin came up this step; None: none did
+    mirostat_mu: list[float] | None = None,  # per row: its Mirostat state (rows without Mirostat: any)
 ) -> torch.Tensor:
     """[S, V] fp32: each row's distribution to draw from."""
     device = logits.device
     vocab = logits.shape[1]
+    if mirostat_mu is not None:  # the other truncations are off for Mirostat's rows
+        params = [replace(p, **NEUTRAL) if p.mirostat else p for p in params]
 
     def column(values, dtype=torch.float32) -> torch.Tensor:  # [S, 1]
         return to_device(values, dtype, device).unsqueeze(1)
@@ -44,6 +54,9 @@ def sampling_probs(
         x = typical(x, column([p.typical_p for p in params]))
     if xtc_rows is not None:
         x = xtc(x, column([p.xtc_threshold for p in params]), xtc_rows.unsqueeze(1))
+    if mirostat_mu is not None:
+        modes = [p.mirostat for p in params]
+        x = mirostat(x, column(modes, torch.long), column(mirostat_mu), 1 in modes)
     return x.softmax(-1)
 
 
@@ -114,3 +127,29 @@ def xtc(x: torch.Tensor, threshold: torch.Tensor, on: torch.Tensor) -> torch.Ten
     least = torch.where(above, probs, torch.inf).amin(-1, keepdim=True)
     several = above.sum(-1, keepdim=True) >= 2
     return x.masked_fill(above & (probs > least) & several & on, NEG_INF)
+
+
+def mirostat(x: torch.Tensor, mode: torch.Tensor, mu: torch.Tensor, version_1: bool = True) -> torch.Tensor:
+    """Mirostat's truncation at target surprise mu (bits): version 2 keeps the tokens whose surprise
+    -log2 p is at most mu; version 1 the top k, k from the Zipf exponent s estimated over the top
+    MIROSTAT_M probabilities, k = (e * 2^mu / (1 - V^-e))^(1 / s) with e = s - 1. The top token always
+    stays; rows of mode 0 are left as they are. `version_1`: some row is of mode 1 (a host flag)."""
+    # x: [S, V]; mode: [S, 1] int64 (0, 1, 2); mu: [S, 1]
+    vocab = x.shape[1]
+    probs = x.softmax(-1)
+    keep = -torch.log2(probs) <= mu  # version 2
+    if version_1:
+        m = min(MIROSTAT_M, vocab)
+        top = probs.topk(m, dim=-1).values  # [S, m], descending
+        i = torch.arange(1, m, dtype=x.dtype, device=x.device)
+        t = torch.log((i + 1) / i)  # log((i + 2) / (i + 1)) for i = 0 .. m - 2
+        pairs = (top[:, :-1] > 0) & (top[:, 1:] > 0)
+        b = torch.where(pairs, torch.log(top[:, :-1] / top[:, 1:].clamp(min=1e-38)), 0.0)
+        s = (t * b).sum(-1, keepdim=True) / (t * t * pairs).sum(-1, keepdim=True).clamp(min=1e-12)
+        e = s - 1
+        k = (e * torch.exp2(mu) / (1 - vocab ** (-e))) ** (1 / s)
+        k = torch.nan_to_num(k, nan=vocab, posinf=vocab, neginf=1).clamp(1, vocab).long()  # [S, 1]
+        kth = probs.sort(dim=-1, descending=True).values.gather(1, k - 1)
+        keep = torch.where(mode == 1, probs >= kth, keep)
+    keep |= probs >= probs.amax(-1, keepdim=True)
+    return x.masked_fill((mode > 0) & ~keep, NEG_INF)

@@ -44,9 +44,25 @@ def _ban(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> torch.Tensor:
     return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
 
 
+def _read_back(
+    token_ids: torch.Tensor, accepted: torch.Tensor | None, surprise: torch.Tensor | None
+) -> tuple[list[int], list, list[float] | None]:
+    """One read back: the tokens [R], whether each verified its draft (all False without drafts), and
+    Mirostat's surprises when there are any (then all three as float64: token ids are exact in it)."""
+    if surprise is None:
+        if accepted is None:
+            return token_ids.tolist(), [False] * len(token_ids), None
+        ids, flags = torch.stack([token_ids, accepted.to(token_ids.dtype)]).tolist()
+        return ids, flags, None
+    flags = accepted if accepted is not None else torch.zeros_like(token_ids, dtype=torch.bool)
+    ids, flags, surprises = torch.stack([token_ids.double(), flags.double(), surprise]).tolist()
+    return [int(t) for t in ids], flags, surprises
+
+
 class Sampler:
     def __init__(self):
         self._generators: dict[str, torch.Generator] = {}
+        self._mirostat_mu: dict[str, float] = {}  # a Mirostat request's target surprise now (bits)
 
     @property
     def num_live_generators(self) -> int:
@@ -54,6 +70,7 @@ class Sampler:
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self._mirostat_mu.pop(request_id, None)
 
     def _generator(self, request_id: str, params: SamplingParams, device: torch.device) -> torch.Generator:
         gen = self._generators.get(request_id)
@@ -104,6 +121,8 @@ class Sampler:
         drafts = to_device(draft_ids, torch.long, device) if drafted else None  # [R], -1 = none
         accepted = token_ids == drafts if drafted else None  # [R] bool (greedy rows)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+        steered: list[int] = []  # Mirostat's rows
+        surprise = None  # [R] float64: a Mirostat row's surprise (bits) at the token it drew
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
             row_params = [params[i] for i in sampled_rows]
@@ -121,7 +140,14 @@ class Sampler:
                 noise[j].exponential_(generator=gen)
                 if drafts is not None and draft_ids[i] >= 0:
                     uniform[j] = torch.rand((), generator=gen, device=device)
-            probs = sampling_probs(logits[rows], row_params, xtc_rows)  # [S, V]
+            # Mirostat's state (mu starts at 2 tau) steers its rows; each draws one token (no drafts)
+            steered = [i for i in sampled_rows if params[i].mirostat]
+            mus = None
+            if steered:
+                mus = [
+                    self._mirostat_mu.get(request_ids[i], 2 * params[i].mirostat_tau) for i in sampled_rows
+                ]
+            probs = sampling_probs(logits[rows], row_params, xtc_rows, mus)  # [S, V]
             if drafts is not None:
                 row_drafts = drafts[rows].clamp(min=0).unsqueeze(1)  # [S, 1]
                 p_draft = probs.gather(1, row_drafts).squeeze(1)  # [S]
@@ -129,15 +155,21 @@ class Sampler:
                 # a rejected draft is redrawn from p without it
                 has_draft = (drafts[rows] >= 0).unsqueeze(1)
                 probs = probs.scatter(1, row_drafts, torch.where(has_draft, 0.0, p_draft.unsqueeze(1)))
-            token_ids = token_ids.index_copy(0, rows, (probs / noise).argmax(dim=-1))
+            drawn = (probs / noise).argmax(dim=-1)  # [S]
+            token_ids = token_ids.index_copy(0, rows, drawn)
+            if steered:  # under the distribution each row drew from
+                picked = -torch.log2(probs.gather(1, drawn.unsqueeze(1)).squeeze(1)).double()
+                surprise = torch.zeros(num_rows, dtype=torch.float64, device=device).index_copy(
+                    0, rows, picked
+                )
         if drafts is not None:
             token_ids = torch.where(accepted, drafts, token_ids)
         max_logprobs = max((p.logprobs for p in params if p.logprobs is not None), default=None)
-        # one read back: the tokens, and whether each verified its draft
-        if accepted is None:
-            ids, flags = token_ids.tolist(), [False] * num_rows
-        else:
-            ids, flags = torch.stack([token_ids, accepted.to(token_ids.dtype)]).tolist()
+        ids, flags, surprises = _read_back(token_ids, accepted, surprise)
+        for i in steered:  # mu -= eta (surprise - tau)
+            p = params[i]
+            mu = self._mirostat_mu.get(request_ids[i], 2 * p.mirostat_tau)
+            self._mirostat_mu[request_ids[i]] = mu - p.mirostat_eta * (surprises[i] - p.mirostat_tau)
         if max_logprobs is None:
             return [SampledToken(t, None, bool(a)) for t, a in zip(ids, flags)]
         logprobs = torch.log_softmax(raw, dim=-1)  # NOTE: of the raw model distribution

@@ -236,6 +236,8 @@ class Scheduler:
         end = req.num_computed_tokens + n
         if self.proposer is None or room <= 0 or end != req.num_tokens:
             return 0
+        if req.sampling_params.mirostat and not req.sampling_params.greedy:
+            return 0  # Mirostat's state advances one sampled token at a time: no drafts to verify
         if self.snapshots_enabled and end % self.block_size == 0:
             return 0  # this step may snapshot the state at `end`: it must not have run drafts
         capacity = self.block_pool.num_blocks * self.block_size

@@ -1,6 +1,6 @@
 """llama.cpp's sampling fields (DRY, XTC, typical_p, top_n_sigma, dynamic temperature, repeat_last_n) reach
 the engine from llama-server's /completion and from the OpenAI routes (as llama-server takes them there
-too); llama.cpp's own generation_settings echo them; mirostat and out-of-range values are refused."""
+too); llama.cpp's own generation_settings echo them; out-of-range values are refused."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ FIELDS = {
     "repeat_last_n": 64,
     "dynatemp_range": 0.3,
     "dynatemp_exponent": 1.5,
+    "mirostat": 2,
+    "mirostat_tau": 4.0,
+    "mirostat_eta": 0.2,
 }
 
 
@@ -39,11 +42,11 @@ def _check(params):
 
 
 def test_completion_takes_them_and_echoes_them(server):
-    r = httpx.post(f"{server.url}/completion", json={"prompt": "hi", "n_predict": 4, "mirostat": 0, **FIELDS})
+    r = httpx.post(f"{server.url}/completion", json={"prompt": "hi", "n_predict": 4, **FIELDS})
     assert r.status_code == 200, r.text
     _check(server.engine.params[0])
     settings = r.json()["generation_settings"]
-    assert {name: settings[name] for name in FIELDS} == FIELDS and settings["mirostat"] == 0
+    assert {name: settings[name] for name in FIELDS} == FIELDS
 
 
 def test_chat_completions_take_them_as_extra_fields(server):
@@ -59,13 +62,14 @@ def test_left_out_they_are_off(server):
     params = server.engine.params[0]
     assert not params.uses_dry and params.typical_p == 1.0 and params.xtc_probability == 0.0
     assert params.repeat_last_n is None and params.dynatemp_range == 0.0 and params.top_n_sigma <= 0
+    assert params.mirostat == 0
 
 
 @pytest.mark.parametrize(
     ("path", "body", "message"),
     [
-        ("/completion", {"mirostat": 2}, "mirostat is not available; sample with"),
-        ("/v1/completions", {"mirostat": 1}, "mirostat is not available; sample with"),
+        ("/completion", {"mirostat": 3}, "mirostat must be 0 (off), 1 or 2 (got 3)"),
+        ("/v1/completions", {"mirostat": 2, "mirostat_tau": 0}, "mirostat_tau and mirostat_eta must be > 0"),
         ("/completion", {"typical_p": 0}, "typical_p must be in (0, 1]"),
         ("/completion", {"dry_multiplier": 1, "dry_base": 0.5}, "dry_base must be >= 1"),
         ("/completion", {"dry_sequence_breakers": "\n"}, "'dry_sequence_breakers' must be an array"),

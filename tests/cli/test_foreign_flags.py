@@ -103,7 +103,7 @@ def test_llama_server_sampler_flags_become_sampling_defaults():
         "-m m.gguf --dry-multiplier 0.8 --dry-base 1.75 --dry-allowed-length 2 --dry-penalty-last-n -1 "
         "--dry-sequence-breaker '\\n' --dry-sequence-breaker '###' --xtc-probability 0.5 --xtc-threshold 0.1 "
         "--typical 0.9 --top-nsigma 1.5 --repeat-last-n 64 --presence-penalty 1.5 --dynatemp-range 0.2 "
-        "--dynatemp-exp 1 --mirostat 0 --samplers penalties;dry;top_k"
+        "--dynatemp-exp 1 --mirostat 2 --mirostat-ent 4 --mirostat-lr 0.2 --samplers penalties;dry;top_k"
     )
     args, notes = translate(shlex.split(line))
     flags = dict(zip(args[1::2], args[2::2]))
@@ -121,8 +121,10 @@ def test_llama_server_sampler_flags_become_sampling_defaults():
         "presence_penalty": 1.5,
         "dynatemp_range": 0.2,
         "dynatemp_exponent": 1.0,
+        "mirostat": 2,
+        "mirostat_tau": 4.0,
+        "mirostat_eta": 0.2,
     }
-    assert "--mirostat 0 dropped: mirostat is off" in notes
     assert any(n.startswith("--samplers penalties;dry;top_k dropped: ninfer's order is fixed") for n in notes)
     # they parse as serve's defaults, and a value out of range is refused there in one line
     from engine.sampling_defaults import parse_overrides
@@ -207,7 +209,6 @@ def test_more_of_what_vllm_and_llama_server_take():
         ),
         (["-hf", "Qwen/Qwen3-8B-GGUF"], "-hf: serve reads a local file; download it first"),
         (["--temp", "warm"], "--temp takes a number (got 'warm')"),
-        (["--mirostat", "2"], "--mirostat 2: mirostat is not available; sample with --temp"),
         (["--rope-scaling", "yarn"], "--rope-scaling yarn needs its factor: add --rope-scale F"),
         (["-c"], "-c needs a value"),
     ],

@@ -1,6 +1,7 @@
 """llama.cpp's samplers beside vLLM's: DRY against a plain reference of its definition, typical_p against
-transformers' warper, top-n-sigma, XTC and dynamic temperature by their arithmetic, repeat_last_n's window;
-then through the engine on a tiny model with the embedded tokenizer (DRY's breakers, drafts verified)."""
+transformers' warper, top-n-sigma, XTC, dynamic temperature and Mirostat by their arithmetic, repeat_last_n's
+window; then through the engine on a tiny model with the embedded tokenizer (DRY's breakers, drafts
+verified, Mirostat drafting nothing)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from test_spec_decode import ScriptedDrafts
 from engine import LLM, NinferError, SamplingParams
 from engine.request import Request
 from engine.sample.dry import MAX_PENALTY, MAX_RUN, breaker_mask, dry_penalties
-from engine.sample.filters import dynamic_temperature, sampling_probs, top_n_sigma, typical, xtc
+from engine.sample.filters import dynamic_temperature, mirostat, sampling_probs, top_n_sigma, typical, xtc
 from engine.sample.sampler import Sampler
 
 DRY = dict(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2)
@@ -181,6 +182,63 @@ def test_dynamic_temperature_follows_the_entropy():
     assert probs[0, 0] > plain[0, 0] and probs[1, 0] < plain[1, 0]
 
 
+def reference_mirostat_1_k(probs: list[float], mu: float, m: int = 100) -> int:
+    """llama.cpp's Mirostat 1 k, step by step over the sorted probabilities."""
+    p = sorted(probs, reverse=True)
+    num = den = 0.0
+    for i in range(min(m - 1, len(p) - 1)):
+        t = math.log((i + 2) / (i + 1))
+        num += t * math.log(p[i] / p[i + 1])
+        den += t * t
+    s = num / den
+    e = s - 1
+    return max(1, min(len(p), int((e * 2**mu / (1 - len(p) ** (-e))) ** (1 / s))))
+
+
+def test_mirostat_truncations():
+    torch.manual_seed(3)
+    x = torch.randn(2, 300) * 2
+    probs = x.softmax(-1)
+    mu = torch.tensor([[4.0], [6.5]])
+    # version 2: the tokens whose surprise is at most mu bits (always the top one)
+    got = mirostat(x, torch.tensor([[2], [2]]), mu, version_1=False)
+    assert torch.equal(got.isfinite(), (-torch.log2(probs) <= mu) | (probs == probs.amax(-1, keepdim=True)))
+    assert torch.equal(
+        mirostat(x, torch.tensor([[2], [2]]), torch.zeros(2, 1), False).isfinite().sum(-1),
+        torch.ones(2, dtype=torch.long),
+    )
+    # version 1: the top k, k from the estimated Zipf exponent
+    got = mirostat(x, torch.tensor([[1], [1]]), mu)
+    for row in range(2):
+        k = reference_mirostat_1_k(probs[row].tolist(), mu[row].item())
+        assert got[row].isfinite().sum().item() == k
+    # mode 0 rows are left alone, beside a Mirostat row
+    got = mirostat(x, torch.tensor([[0], [2]]), mu, version_1=False)
+    assert torch.equal(got[0], x[0]) and not got[1].isfinite().all()
+
+
+def test_mirostat_steers_the_surprise_toward_tau():
+    """mu moves by eta x (surprise - tau) a token; over many tokens the surprise averages about tau."""
+    sampler = Sampler()
+    torch.manual_seed(4)
+    logits = (torch.randn(1, 2000) * 3).sort(descending=True).values  # a long-tailed distribution
+    params = SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=3.0, mirostat_eta=0.1, seed=7)
+    # the first token: its surprise under the tokens within 2 tau = 6 bits, renormalized
+    token = sampler(logits, ["r"], [params])[0].token_id
+    kept = logits[0].masked_fill(-torch.log2(logits[0].softmax(-1)) > 6.0, float("-inf")).softmax(-1)
+    surprise = -math.log2(kept[token].item())
+    assert sampler._mirostat_mu["r"] == pytest.approx(6.0 - 0.1 * (surprise - 3.0), rel=1e-5)
+    surprises = []
+    for _ in range(600):
+        mu = sampler._mirostat_mu["r"]
+        token = sampler(logits, ["r"], [params])[0].token_id
+        kept = logits[0].masked_fill(-torch.log2(logits[0].softmax(-1)) > mu, float("-inf")).softmax(-1)
+        surprises.append(-math.log2(kept[token].item()))
+    assert abs(sum(surprises[100:]) / 500 - 3.0) < 0.3
+    sampler.forget("r")
+    assert "r" not in sampler._mirostat_mu
+
+
 def test_sampler_fields_are_checked():
     with pytest.raises(NinferError, match="typical_p must be in"):
         SamplingParams(typical_p=0.0)
@@ -198,6 +256,10 @@ def test_sampler_fields_are_checked():
         SamplingParams(dry_allowed_length=2.5)
     with pytest.raises(NinferError, match="finite"):
         SamplingParams(dynatemp_range=math.inf)
+    with pytest.raises(NinferError, match=r"mirostat must be 0 \(off\), 1 or 2"):
+        SamplingParams(mirostat=3)
+    with pytest.raises(NinferError, match="mirostat_tau and mirostat_eta must be > 0"):
+        SamplingParams(mirostat=1, mirostat_eta=0.0)
     # a sampler left off is not checked further (clients send every field with its default)
     SamplingParams(dry_multiplier=0.0, dry_base=0.0, xtc_probability=0.0, xtc_threshold=7.0)
     assert SamplingParams(dry_sequence_breakers="\n").dry_sequence_breakers == ("\n",)
@@ -269,3 +331,16 @@ def test_dry_breakers_need_a_tokenizer(tmp_path):
         None, SamplingParams(**GREEDY, dry_multiplier=0.8, dry_sequence_breakers=[]), [[1, 2, 3]]
     )
     assert len(out[0].token_ids) == GREEDY["max_tokens"]
+
+
+def test_mirostat_requests_draft_nothing_and_reproduce(llm, prompt):
+    drafted = LLM(llm.engine_config.model, spec="ngram", draft_tokens=4)
+    params = SamplingParams(
+        max_tokens=32, ignore_eos=True, temperature=1.0, mirostat=2, mirostat_tau=3.0, seed=5
+    )
+    a, b = (drafted.generate(None, params, [prompt])[0] for _ in range(2))
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 32 and a.num_draft_tokens == 0
+    # greedy: Mirostat has nothing to steer, drafts run as usual
+    greedy = drafted.generate(None, SamplingParams(**GREEDY, mirostat=2), [prompt])[0]
+    assert greedy.token_ids == llm.generate(None, SamplingParams(**GREEDY), [prompt])[0].token_ids
+    assert greedy.num_draft_tokens > 0
