@@ -154,3 +154,17 @@ def test_a_prediction_drafts_further_than_the_draft_count(model_dir):
     assert LLM(model_dir).engine_config.num_prediction_tokens == 0
     with pytest.raises(NinferError, match="prediction_tokens must be between 1 and 64"):
         LLM(model_dir, spec="ngram", prediction_tokens=65)
+
+
+@pytest.mark.gpu
+def test_long_predicted_steps_on_cuda_between_graph_steps(model_dir):
+    """On a GPU, a prediction's long steps (past the graphs' 1 + draft_tokens) run eagerly between graph
+    replays, an edited prediction's rejections included; the output is plain decoding's."""
+    options = dict(device="cuda", dtype="float32", max_concurrency=2)
+    reference = _run(LLM(model_dir, **options), []).token_ids
+    llm = LLM(model_dir, spec="ngram", draft_tokens=2, prediction_tokens=12, **options)
+    assert llm.runner.graphs is not None and llm.runner.graphs.max_query == 3
+    out, steps = _steps(llm, reference)
+    assert out == reference and steps <= 5
+    edited = reference[:10] + [450, 451] + reference[12:]
+    assert _steps(llm, edited)[0] == reference
