@@ -104,9 +104,11 @@ for c in (1, 4):
 adapter = write_lora_adapter(Path(tempfile.mkdtemp()) / "a", {"mlp.down_proj": (512, 256), "mlp.up_proj": (256, 512)}, 2, 0.5)
 llm = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4, lora_modules={"a": str(adapter)})
 llm.load_adapter("late", str(adapter))
+served_alone = LLM(target, device="cuda", dtype="bfloat16", max_concurrency=4)
 for c in (1, 4):
     rates = {name: rate(llm, prompts_for(c), adapter=name) for name in (None, "a", "late")}
-    print(f"LoRA C{c}: base {rates[None]:.0f} tok/s, adapter in graphs {rates['a']:.0f} ({rates['a'] / rates[None]:.2f}x), adapter eager {rates['late']:.0f} ({rates['late'] / rates[None]:.2f}x)")
+    alone = rate(served_alone, prompts_for(c))
+    print(f"LoRA C{c}: base {rates[None]:.0f} tok/s (graphs without lanes; {alone:.0f} with no adapter served, {rates[None] / alone:.2f}x), adapter in graphs {rates['a']:.0f} ({rates['a'] / rates[None]:.2f}x), adapter eager {rates['late']:.0f} ({rates['late'] / rates[None]:.2f}x)")
 PY
 
 # the memory ledger against the device: serve's `--kv-capacity auto` sizing on a tiny Qwen3.5 checkpoint,

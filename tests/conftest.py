@@ -385,9 +385,9 @@ def eager_replays(graphs):
     """CUDA graphs (DecodeGraphs, a drafter's ChainGraphs) whose replays run the staged buffers eagerly (the
     path a graph records: static buffers, padding rows, outputs reused across replays), counted."""
 
-    def replay(n, key=1):
+    def replay(n, key=1, **options):
         graphs.replays += 1
-        return graphs.run_eager(n, key)
+        return graphs.run_eager(n, key, **options)
 
     graphs.replays = 0
     graphs.replay = replay

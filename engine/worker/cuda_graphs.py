@@ -10,8 +10,10 @@ dropped.
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
 every length; the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
 recurrent-state resets, restores, backups and snapshots are copies outside the graph, before and after it.
-LoRA adapters loaded at start-up are lanes of every graph: each layer they target adds every lane's delta,
-each row weighted by its scale for that lane (0 for a row without it), so steps with adapters replay too.
+LoRA adapters loaded at start-up are lanes of a second set of graphs: each layer they target adds every
+lane's delta, each row weighted by its scale for that lane (0 for a row without it), so steps with adapters
+replay too; a step in which no request runs an adapter replays the first set, without the lanes' products
+(as vLLM specializes its graphs for LoRA).
 
 With speculative decoding a step verifies drafts: q query tokens per sequence (its last known token and
 q - 1 drafts, or on a hybrid model the tokens it recomputes after a rejected draft). Each (batch bucket, q)
@@ -89,10 +91,11 @@ class DecodeGraphs:
         self.cu_seqlens_q = {  # q -> [size + 1]: q tokens a sequence
             q: torch.arange(0, size * q + 1, q, dtype=torch.int32, device=device) for q in self.query_counts
         }
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, q) -> graph
+        # (bucket, q) -> graph; (bucket, q, "lora") -> the graph with the LoRA lanes
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         # [b * q, H] and [b * q, V] each, written by its graph (the hidden states feed the MTP head)
-        self.hidden: dict[tuple[int, int], torch.Tensor] = {}
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        self.hidden: dict[tuple, torch.Tensor] = {}
+        self.logits: dict[tuple, torch.Tensor] = {}
 
     @property
     def max_batch(self) -> int:
@@ -102,7 +105,11 @@ class DecodeGraphs:
     def query_counts(self) -> list[int]:
         return list(range(1, self.max_query + 1))
 
-    def _context(self, b: int, q: int) -> ForwardContext:
+    @staticmethod
+    def key(b: int, q: int, lora: bool) -> tuple:
+        return (b, q, "lora") if lora else (b, q)
+
+    def _context(self, b: int, q: int, lora: bool) -> ForwardContext:
         return ForwardContext(
             cu_seqlens_q=self.cu_seqlens_q[q][: b + 1],
             seq_lens=self.seq_lens[:b],
@@ -110,34 +117,39 @@ class DecodeGraphs:
             block_table=self.block_table[:b],
             state_indices=self.state_indices[:b],
             query_tokens_per_seq=q,
-            lora_lanes=self.lora_scales[:, : b * q] if self.lora_lanes else None,
+            lora_lanes=self.lora_scales[:, : b * q] if lora else None,
         )
 
     @property
     def lora_lanes(self) -> int:
         return self.lora_scales.shape[0]
 
-    def _forward(self, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
-        with set_forward_context(self._context(b, q)):
+    def _forward(self, b: int, q: int, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        with set_forward_context(self._context(b, q, lora)):
             hidden = self.model(self.input_ids[: b * q], self.positions[: b * q])  # [b * q, hidden]
             return hidden, self.model.compute_logits(hidden)  # [b * q, V]
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every (bucket, q), largest first, into one shared memory pool. The buffers hold padding
-        only, so the warm-up and capture runs write no KV cache slot."""
+        """Capture every (bucket, q), with the LoRA lanes and without when there are lanes, largest first,
+        into one shared memory pool. The buffers hold padding only, so the warm-up and capture runs write no
+        KV cache slot."""
         pool = None
-        for q in reversed(self.query_counts):
-            for b in reversed(self.buckets):
-                graph, (self.hidden[b, q], self.logits[b, q]) = capture_graph(
-                    lambda b=b, q=q: self._forward(b, q), pool
-                )
-                pool = graph.pool()
-                self.graphs[b, q] = graph
+        for lora in (True, False) if self.lora_lanes else (False,):
+            for q in reversed(self.query_counts):
+                for b in reversed(self.buckets):
+                    key = self.key(b, q, lora)
+                    graph, (self.hidden[key], self.logits[key]) = capture_graph(
+                        lambda b=b, q=q, lora=lora: self._forward(b, q, lora), pool
+                    )
+                    pool = graph.pool()
+                    self.graphs[key] = graph
         torch.cuda.synchronize()
         queries = (
             f"; {self.max_query} query counts a sequence (draft verification)" if self.max_query > 1 else ""
         )
+        if self.lora_lanes:
+            queries += f"; with and without {self.lora_lanes} LoRA lane(s)"
         log.info(
             "captured decode CUDA graphs for batch sizes %s%s", ", ".join(map(str, self.buckets)), queries
         )
@@ -158,7 +170,8 @@ class DecodeGraphs:
     ) -> int:
         """Copy one step (n sequences x q tokens, rows grouped by sequence) into the static buffers, padding
         up to its bucket; returns the bucket. state_indices: each sequence's recurrent-state slot (hybrid
-        models; -1 where none). lora: each sequence's (LoRA lane, scale) pairs (with lanes)."""
+        models; -1 where none). lora: each sequence's (LoRA lane, scale) pairs, for a replay with the lanes
+        (None: one without them)."""
         n = len(block_rows)
         assert len(input_ids) == n * q and q <= self.max_query
         b = self.bucket_for(n)
@@ -177,20 +190,20 @@ class DecodeGraphs:
         self.seq_lens[:b].copy_(small[0])
         self.state_indices[:b].copy_(small[1])
         stage_block_table(self.block_table, block_rows, b)
-        if self.lora_lanes:
+        if lora is not None and self.lora_lanes:
             scales = torch.zeros(self.lora_lanes, b * q, dtype=self.lora_scales.dtype)
-            for i, pairs in enumerate(lora or ()):
+            for i, pairs in enumerate(lora):
                 for lane, scale in pairs:
                     scales[lane, i * q : (i + 1) * q] = scale
             self.lora_scales[:, : b * q].copy_(scales)
         return b
 
-    def replay(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the staged step (n sequences x q tokens) through its graph: hidden [n * q, H], logits
-        [n * q, V]."""
-        b = self.bucket_for(n)
-        self.graphs[b, q].replay()
-        return self.hidden[b, q][: n * q], self.logits[b, q][: n * q]
+    def replay(self, n: int, q: int = 1, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the staged step (n sequences x q tokens) through its graph, the one with the LoRA lanes when
+        `lora`: hidden [n * q, H], logits [n * q, V]."""
+        key = self.key(self.bucket_for(n), q, lora and bool(self.lora_lanes))
+        self.graphs[key].replay()
+        return self.hidden[key][: n * q], self.logits[key][: n * q]
 
     def clear(self) -> None:
         """Drop every captured graph and its outputs (a capture that failed part-way)."""
@@ -198,9 +211,9 @@ class DecodeGraphs:
         self.hidden.clear()
         self.logits.clear()
 
-    def run_eager(self, n: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_eager(self, n: int, q: int = 1, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        hidden, logits = self._forward(self.bucket_for(n), q)
+        hidden, logits = self._forward(self.bucket_for(n), q, lora and bool(self.lora_lanes))
         return hidden[: n * q], logits[: n * q]
 
 

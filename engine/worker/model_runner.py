@@ -206,7 +206,7 @@ class ModelRunner:
         # a step with prompt tokens of a request with images runs eagerly: 3D positions, image embeddings
         multimodal = any(r.mm and r.start_pos < r.mm.positions.shape[1] for r in sched.scheduled)
         # so does a step with the rows of a LoRA adapter loaded after the graphs were captured (those loaded
-        # before are lanes of every graph)
+        # before are lanes of the graphs that have lanes; a step without adapters replays one without)
         lanes = None
         if self.adapters is not None and any(r.sampling_params.adapter_mix for r in sched.scheduled):
             lanes = self.adapters.lane_scales(sched.scheduled)
@@ -227,7 +227,8 @@ class ModelRunner:
             self.graphs.stage(
                 input_ids, positions, slot_mapping, seq_lens, block_rows, state_indices, q, lora=lanes
             )
-            hidden, logits = self.graphs.replay(len(sched.scheduled), q)  # [B * q, H], [B * q, V]
+            # [B * q, H], [B * q, V]
+            hidden, logits = self.graphs.replay(len(sched.scheduled), q, lora=lanes is not None)
             if len(rows) < len(input_ids):
                 logits = logits[to_device(rows, torch.int64, self.device)]
         else:

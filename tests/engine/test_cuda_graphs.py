@@ -28,10 +28,10 @@ class EagerGraphs(DecodeGraphs):
     def capture(self) -> None:
         pass
 
-    def replay(self, n: int, q: int = 1) -> torch.Tensor:
+    def replay(self, n: int, q: int = 1, lora: bool = False) -> torch.Tensor:
         EagerGraphs.replays += 1
         EagerGraphs.seen_queries.add(q)
-        return self.run_eager(n, q)
+        return self.run_eager(n, q, lora)
 
 
 @pytest.mark.parametrize(

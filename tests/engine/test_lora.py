@@ -166,10 +166,11 @@ def test_adapter_scales_refusals(fixture):
 
 
 def test_adapters_in_graph_steps_through_the_buffers(fixture):
-    """With CUDA graphs the adapters loaded at start-up are lanes of every graph (each row weighted by its
-    scale for each lane): decode steps of a batch mixing the base model, each adapter and a weighted mix go
-    through the graph path (run eagerly here, through its static buffers) and give the eager path's tokens.
-    An adapter loaded later runs its steps eagerly; one unloaded leaves zeros in its lane."""
+    """With CUDA graphs the adapters loaded at start-up are lanes of a second set of graphs (each row
+    weighted by its scale for each lane): decode steps of a batch mixing the base model, each adapter and a
+    weighted mix go through the graph path (run eagerly here, through its static buffers) and give the eager
+    path's tokens; steps of base-model requests alone take the graphs without the lanes. An adapter loaded
+    later runs its steps eagerly; one unloaded leaves zeros in its lane."""
     from conftest import eager_replays
 
     from engine.worker.cuda_graphs import DecodeGraphs
@@ -195,8 +196,17 @@ def test_adapters_in_graph_steps_through_the_buffers(fixture):
     )
     llm.runner.graphs = eager_replays(graphs)
     llm.adapters.graph_lanes = 2
+    lanes_used = []
+    run_eager = graphs.run_eager
+    graphs.run_eager = lambda n, q=1, lora=False: lanes_used.append(lora) or run_eager(n, q, lora)
     assert_same(generate(llm, runs), want)
-    assert graphs.replays >= 7  # every decode step of the batch
+    assert graphs.replays >= 7 and set(lanes_used) == {True}  # every decode step of the batch, with lanes
+    lanes_used.clear()
+    assert_same(generate(llm, [None, None]), [want[0], want[0]])
+    assert len(lanes_used) >= 7 and set(lanes_used) == {False}  # base requests alone: no lanes' products
+    assert (
+        graphs._context(2, 1, False).lora_lanes is None and graphs._context(2, 1, True).lora_lanes is not None
+    )
     # a third adapter, loaded now: not a lane, so the steps that run it are eager
     llm.load_adapter("c", str(root / "b"))  # the same weights as b, under a new name and slot
     before = graphs.replays
