@@ -21,6 +21,24 @@ if TYPE_CHECKING:
 POOLING = (None, "last")
 
 
+# llama.cpp's sampling fields beside vLLM's, named as its server takes them: SamplingParams field -> kind
+LLAMA_CPP_FIELDS: dict[str, type] = {
+    "repeat_last_n": int,
+    "dynatemp_range": float,
+    "dynatemp_exponent": float,
+    "typical_p": float,
+    "top_n_sigma": float,
+    "xtc_probability": float,
+    "xtc_threshold": float,
+    "dry_multiplier": float,
+    "dry_base": float,
+    "dry_allowed_length": int,
+    "dry_penalty_last_n": int,
+    "dry_sequence_breakers": list,
+    "mirostat": int,
+    "mirostat_tau": float,
+    "mirostat_eta": float,
+}
 # SamplingParams' numeric fields: checked for their kind before their range
 _WHOLE_NUMBERS = (
     "max_tokens",
@@ -30,10 +48,7 @@ _WHOLE_NUMBERS = (
     "logprobs",
     "prompt_logprobs",
     "thinking_budget",
-    "repeat_last_n",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "mirostat",
+    *(name for name, kind in LLAMA_CPP_FIELDS.items() if kind is int),
 )
 _FLOATS = (
     "temperature",
@@ -42,16 +57,7 @@ _FLOATS = (
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
-    "typical_p",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "dry_multiplier",
-    "dry_base",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "mirostat_tau",
-    "mirostat_eta",
+    *(name for name, kind in LLAMA_CPP_FIELDS.items() if kind is float),
 )
 _NUMBERS = (*_WHOLE_NUMBERS, *_FLOATS)
 _OPTIONAL = ("seed", "logprobs", "prompt_logprobs", "thinking_budget", "repeat_last_n")

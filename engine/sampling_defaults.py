@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import NinferError
-from engine.request import SamplingParams
+from engine.request import LLAMA_CPP_FIELDS, SamplingParams
 
 # the SamplingParams fields a generation_config.json may set (under the same names): vLLM's, then llama.cpp's
 FIELDS = (
@@ -20,23 +20,9 @@ FIELDS = (
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
-    "repeat_last_n",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "typical_p",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",  # a list of strings, the one field that is not a number
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
+    *LLAMA_CPP_FIELDS,  # dry_sequence_breakers among them: a list of strings, the one that is not a number
 )
-WHOLE_NUMBERS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat")
+WHOLE_NUMBERS = ("top_k", *(name for name, kind in LLAMA_CPP_FIELDS.items() if kind is int))
 # SamplingParams field <- GGUF key
 GGUF_KEYS = {
     "temperature": "general.sampling.temp",

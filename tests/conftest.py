@@ -371,6 +371,14 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
+def save_tiny_with_tokenizer(path: Path, tokenizer, seed: int = 5) -> Path:
+    """A tiny Qwen3 of `tokenizer`'s vocabulary saved with its tokenizer.json: prompts and outputs as text."""
+    model = tiny_hf_model("qwen3", tied=False, seed=seed, vocab_size=tokenizer.vocab_size)
+    save_tiny(model, path)
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    return path
+
+
 def run_serve(*args: str):
     """`ninfer serve ARGS` as a subprocess that is expected to refuse its flags before loading anything."""
     import subprocess

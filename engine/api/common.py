@@ -16,7 +16,7 @@ from engine.async_llm import AsyncStream
 from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.parsers.reply import parse_reply
 from engine.pooling import POOLED
-from engine.request import RequestOutput, SamplingParams
+from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
 SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
@@ -107,24 +107,6 @@ def top_alternatives(logprobs: dict[int, float], top: int) -> list[tuple[int, fl
     return sorted(logprobs.items(), key=lambda tv: -tv[1])[:top]
 
 
-# llama.cpp's sampling fields (as its server names them) beside vLLM's, each a SamplingParams field
-LLAMA_CPP = {
-    "repeat_last_n": int,
-    "dynatemp_range": float,
-    "dynatemp_exponent": float,
-    "typical_p": float,
-    "top_n_sigma": float,
-    "xtc_probability": float,
-    "xtc_threshold": float,
-    "dry_multiplier": float,
-    "dry_base": float,
-    "dry_allowed_length": int,
-    "dry_penalty_last_n": int,
-    "dry_sequence_breakers": list,
-    "mirostat": int,
-    "mirostat_tau": float,
-    "mirostat_eta": float,
-}
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
@@ -166,7 +148,7 @@ def sampling_params(
             skip_special_tokens=field(body, "skip_special_tokens", bool, True),
             **{
                 name: field(body, name, kind, defaults.get(name, _DEFAULT[name]))
-                for name, kind in LLAMA_CPP.items()
+                for name, kind in LLAMA_CPP_FIELDS.items()
             },
             **state.adapter_for(body),
             **extra,

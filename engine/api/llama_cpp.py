@@ -28,7 +28,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
-    LLAMA_CPP,
     collect_choices,
     field,
     is_token_id,
@@ -46,7 +45,7 @@ from engine.api.structured import llama_cpp_grammar
 from engine.async_llm import AsyncStream
 from engine.errors import NinferError
 from engine.fim import ExtraFile, fim_tokens, infill_prompt, no_fim_message
-from engine.request import RequestOutput, SamplingParams
+from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
 
 router = APIRouter()
 PATHS = ("/completion", "/infill")  # behind --api-key like /v1/*
@@ -170,7 +169,7 @@ def _logit_bias(state: ServerState, body: dict) -> dict[str, float] | None:
 
 def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int, ...]):
     asked = {new: body[old] for old, new in _RENAMED.items() if old in body}
-    asked.update({name: body[name] for name in LLAMA_CPP if name in body})
+    asked.update({name: body[name] for name in LLAMA_CPP_FIELDS if name in body})
     seed = field(body, "seed", int)
     stop = field(body, "stop", list)
     if stop is not None and not all(isinstance(s, str) for s in stop):
@@ -313,7 +312,7 @@ def generation_settings(params: SamplingParams, n_predict: int) -> dict[str, Any
         "stop": list(params.stop or ()),
         "ignore_eos": params.ignore_eos,
         "n_probs": params.logprobs or 0,
-        **{name: getattr(params, name) for name in LLAMA_CPP},
+        **{name: getattr(params, name) for name in LLAMA_CPP_FIELDS},
         # None (vLLM's counting: the repetition penalty over the whole context) reads as llama.cpp's -1
         "repeat_last_n": -1 if params.repeat_last_n is None else params.repeat_last_n,
         "dry_sequence_breakers": list(params.dry_sequence_breakers),

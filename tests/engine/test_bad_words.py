@@ -5,7 +5,7 @@ before would complete it, drafts' rows included; the rest of the output is the m
 from __future__ import annotations
 
 import pytest
-from conftest import save_tiny, tiny_hf_model
+from conftest import save_tiny_with_tokenizer
 from test_spec_decode import ScriptedDrafts
 
 from engine import LLM, NinferError, SamplingParams
@@ -15,10 +15,7 @@ GREEDY = dict(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory, default_tokenizer):
-    model = tiny_hf_model("qwen3", tied=False, seed=5, vocab_size=default_tokenizer.vocab_size)
-    path = save_tiny(model, tmp_path_factory.mktemp("bad_words"))
-    default_tokenizer.backend.save(str(path / "tokenizer.json"))
-    return LLM(path)
+    return LLM(save_tiny_with_tokenizer(tmp_path_factory.mktemp("bad_words"), default_tokenizer))
 
 
 @pytest.fixture(scope="module")

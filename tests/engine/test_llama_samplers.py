@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import save_tiny, save_tiny_with_tokenizer, tiny_hf_model
 from test_spec_decode import ScriptedDrafts
 
 from engine import LLM, NinferError, SamplingParams
@@ -270,10 +270,7 @@ GREEDY = dict(temperature=0.0, max_tokens=48, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory, default_tokenizer):
-    model = tiny_hf_model("qwen3", tied=False, seed=5, vocab_size=default_tokenizer.vocab_size)
-    path = save_tiny(model, tmp_path_factory.mktemp("llama_samplers"))
-    default_tokenizer.backend.save(str(path / "tokenizer.json"))
-    return LLM(path)
+    return LLM(save_tiny_with_tokenizer(tmp_path_factory.mktemp("llama_samplers"), default_tokenizer))
 
 
 @pytest.fixture(scope="module")
