@@ -24,11 +24,10 @@ previous step, engine/spec/stored.py) when budget and spare pages allow (a page 
 free for its own next token); the runner verifies them and the request advances by the tokens
 accepted. A prediction drafts up to `num_prediction_tokens` a step (16 by default: a long span of a file
 being rewritten verified at once) once its drafts keep being accepted (engine/spec/prediction.py), the
-other methods `num_draft_tokens`. A hybrid model whose state saw
-a rejected draft is put back to the step's start and recomputes the accepted tokens with its next step's
-drafts (decode is bandwidth-bound, so extra positions per step cost little), at most 1 + the step's cap
-in all. Steps that snapshot a hybrid state (a page
-completed) run no drafts: the snapshot must not hold them. With CUDA graphs (`pad_drafts`), a decode step
+other methods `num_draft_tokens`. A hybrid model whose state saw a rejected draft is put back to the
+step's start and recomputes the accepted tokens with its next step's drafts (decode is bandwidth-bound,
+so extra positions per step cost little), at most 1 + the step's cap in all. Steps that snapshot a hybrid
+state (a page completed) run no drafts: the snapshot must not hold them. With CUDA graphs (`pad_drafts`), a decode step
 whose requests would verify different numbers of drafts pads the shorter ones (a repeat of their last
 token: a real guess, verified like the others, rarely right) to the longest, within the same limits, so
 the step has one query count and replays a graph instead of running eagerly; padding is left out of the
