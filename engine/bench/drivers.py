@@ -5,9 +5,10 @@ A request's record: prompt tokens, cached tokens, generated tokens, t_start / t_
 arrival time of each streamed chunk (perf_counter seconds).
 
 Cold-cache proof over HTTP: the reply's `usage.prompt_tokens_details.cached_tokens` (or llama-server's
-`timings.cache_n`); where a server reports neither (vLLM without --enable-prompt-tokens-details), the
-difference of its prefix-cache hit counter on /metrics across the run (ninfer's or vLLM's name), given to
-the run's first request; with neither, the request's `cache_proof` is None and its row says so.
+`timings.cache_n`); where a server reports neither (vLLM without --enable-prompt-tokens-details, SGLang
+without --enable-cache-report), the difference of its prefix-cache hit counter on /metrics across the run
+(ninfer's, vLLM's or SGLang's name), given to the run's first request; with neither, the request's
+`cache_proof` is None and its row says so.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ from engine.errors import NinferError
 log = logging.getLogger("ninfer")
 READY_WAIT_S = 600  # how long a server answering 503 (its model loading) is waited for
 # the /metrics counters a run's difference is read from, by what they count: ninfer's name, then vLLM's
+# (and SGLang's, for the cache)
 COUNTERS = {
     "draft_tokens": ("ninfer_spec_draft_tokens_total", "vllm:spec_decode_num_draft_tokens_total"),
     "accepted_tokens": ("ninfer_spec_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"),
-    "cache_hits": ("ninfer_prefix_cache_hit_tokens_total", "vllm:prefix_cache_hits_total"),
+    "cache_hits": (
+        "ninfer_prefix_cache_hit_tokens_total",
+        "vllm:prefix_cache_hits_total",
+        "sglang:cached_tokens_total",
+    ),
 }
 
 

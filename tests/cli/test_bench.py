@@ -199,27 +199,29 @@ def test_cached_tokens_mark_the_row_invalid(tmp_path):
     assert {r["cache_proof"] for r in data["records"]} == {"response"}
 
 
-def _vllm_metrics(hits_per_request: int):
-    """vLLM's counters (two label sets, summed) after `served` requests, each hitting that many tokens."""
+def _cache_metrics(counter: str, hits_per_request: int):
+    """A server's hit counter (two label sets, summed) after `served` requests, each hitting that many
+    tokens."""
 
     def text(served: int) -> str:
         hits = served * hits_per_request
         return (
-            "# HELP vllm:prefix_cache_hits Prefix cache hits\n# TYPE vllm:prefix_cache_hits counter\n"
-            f'vllm:prefix_cache_hits_total{{engine="0",model_name="stub"}} {hits / 2}\n'
-            f'vllm:prefix_cache_hits_total{{engine="1",model_name="stub"}} {hits / 2}\n'
+            f"# HELP {counter} Prefix cache hits\n# TYPE {counter} counter\n"
+            f'{counter}{{engine="0",model_name="stub"}} {hits / 2}\n'
+            f'{counter}{{engine="1",model_name="stub"}} {hits / 2}\n'
             f'vllm:prefix_cache_queries_total{{engine="0",model_name="stub"}} {served * 2000.0}\n'
         )
 
     return text
 
 
+@pytest.mark.parametrize("counter", ["vllm:prefix_cache_hits_total", "sglang:cached_tokens_total"])
 @pytest.mark.parametrize("hits", [0, 48])
-def test_without_cached_tokens_the_proof_is_the_servers_counter(tmp_path, hits):
-    """vLLM without --enable-prompt-tokens-details: the run's difference of vllm:prefix_cache_hits_total."""
-    handler = type(
-        "VllmStub", (_CachingServer,), {"details": None, "metrics": staticmethod(_vllm_metrics(hits))}
-    )
+def test_without_cached_tokens_the_proof_is_the_servers_counter(tmp_path, hits, counter):
+    """vLLM without --enable-prompt-tokens-details (SGLang without --enable-cache-report): the run's
+    difference of its prefix-cache hit counter."""
+    metrics = staticmethod(_cache_metrics(counter, hits))
+    handler = type("CounterStub", (_CachingServer,), {"details": None, "metrics": metrics})
     _, data = _bench_stub(tmp_path, handler)
     assert {r["cache_proof"] for r in data["records"]} == {"metrics"}
     for row in data["rows"]:
