@@ -46,6 +46,7 @@ class Deployment:
     spec: str = "none"
     draft_tokens: int = 0
     vision: bool = False
+    lora_graphs: bool = False  # LoRA adapters at start-up: a second set of decode graphs carries their lanes
     int8_prefill: bool = False  # prompt chunks multiply int8 activations (packed weights on a GPU)
     state_snapshots: int | None = None  # None: 2 x concurrency, the engine's default
     dtype_bytes: int = 2
@@ -231,12 +232,15 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
                     f"weight slices dequantized for cuBLAS in prefill chunks of {DEQUANT_MIN_M}+ tokens",
                 )
             )
-        # one graph per batch bucket and query count a sequence (1 .. 1 + draft tokens), one shared pool;
-        # with the MTP head, one more per bucket for its chained draft step
+        # one graph per batch bucket and query count a sequence (1 .. 1 + draft tokens), one shared pool,
+        # twice with LoRA adapters (with and without their lanes); with the MTP head, one more per bucket for
+        # its chained draft step
         buckets = graph_buckets(dep.concurrency)
-        num_graphs = len(buckets) * (dep.decode_tokens + (dep.spec == "mtp"))
+        sets = 2 if dep.lora_graphs else 1
+        num_graphs = len(buckets) * (sets * dep.decode_tokens + (dep.spec == "mtp"))
         decode_act = dep.concurrency * dep.decode_tokens * activation_bytes_per_token(cfg, b) + logits
         queries = f" x {dep.decode_tokens} query counts" if dep.decode_tokens > 1 else ""
+        queries += ", with and without LoRA lanes" if dep.lora_graphs else ""
         rows.append(
             Row(
                 "CUDA graph pools",

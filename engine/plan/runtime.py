@@ -75,6 +75,7 @@ def deployment(
         draft_tokens=config.num_draft_tokens,
         int8_prefill=config.int8_prefill,
         vision=config.vision,
+        lora_graphs=bool(config.lora_modules) and config.cuda_graphs,
         draft=draft,
     )
 

@@ -114,6 +114,17 @@ def test_dequant_scratch_is_reserved_where_long_chunks_dequantize():
     assert resolve(None, "qwen3.5-27b", "bf16", 4.5, False, False).packed_weights
 
 
+def test_lora_adapters_double_the_decode_graphs():
+    """With LoRA adapters at start-up the decode graphs are captured with and without their lanes: the
+    graph row counts each (bucket, query count) twice, the MTP head's chained steps once."""
+    from engine.memory import GRAPH_OVERHEAD_BYTES, graph_buckets
+
+    dep = _dep().with_(spec="mtp", draft_tokens=3, concurrency=2)
+    plain, lanes = (ledger(d, 24 * GIB) for d in (dep, dep.with_(lora_graphs=True)))
+    extra = len(graph_buckets(2)) * dep.decode_tokens * GRAPH_OVERHEAD_BYTES
+    assert lanes.get("CUDA graph pools") - plain.get("CUDA graph pools") == extra
+
+
 def test_fp8_refused_on_sm86_with_the_reason():
     table = frontier(_dep(), RTX_3090)
     assert all("compute capability 8.9" in str(v) for v in table["fp8"].values())
