@@ -503,6 +503,11 @@ class EngineConfig:
                 f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS} (got {self.draft_tokens}); 3 to 5 "
                 "suits n-gram drafts"
             )
+        if self.prediction_tokens is not None and self.spec == "none":
+            raise NinferError(
+                "prediction_tokens sets how far a request's prediction drafts, which needs speculative decoding; "
+                "add --spec ngram (or mtp, draft), or drop --prediction-tokens"
+            )
         if self.prediction_tokens is not None and not 1 <= self.prediction_tokens <= MAX_PREDICTION_TOKENS:
             raise NinferError(
                 f"prediction_tokens must be between 1 and {MAX_PREDICTION_TOKENS} (got {self.prediction_tokens}); "

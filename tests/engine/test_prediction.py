@@ -154,6 +154,8 @@ def test_a_prediction_drafts_further_than_the_draft_count(model_dir):
     assert LLM(model_dir).engine_config.num_prediction_tokens == 0
     with pytest.raises(NinferError, match="prediction_tokens must be between 1 and 64"):
         LLM(model_dir, spec="ngram", prediction_tokens=65)
+    with pytest.raises(NinferError, match="needs speculative decoding; add --spec ngram"):
+        LLM(model_dir, prediction_tokens=8)
 
 
 @pytest.mark.gpu
