@@ -204,6 +204,16 @@ class AsyncLLM:
             "spec_accepted_tokens": sched.num_accepted_tokens,
         }
 
+    def adapters_in_use(self) -> tuple[list[str], list[str]]:
+        """The LoRA adapters the running requests run with, and the waiting ones (for /metrics; read without
+        locking, from copies of the queues)."""
+        sched = self.llm.scheduler
+
+        def names(requests) -> list[str]:
+            return sorted({name for r in list(requests) for name, _ in r.sampling_params.adapter_mix})
+
+        return names(sched.running), names(sched.waiting)
+
     def info(self) -> dict[str, str]:
         """How the engine runs, as allocated (for /metrics' ninfer_engine_info): device and dtype, the KV
         dtype of the caches, the pool's tokens beside the context limit, CUDA graphs as captured, speculative

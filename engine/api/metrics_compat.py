@@ -11,6 +11,8 @@ tokens per second the averages of those totals.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -119,6 +121,37 @@ class VllmMetrics:
             family = CounterMetricFamily(name, doc, labels=LABELS)
             family.add_metric(values, value)
             yield family
+        yield from self._info(stats)
+
+    def _info(self, stats: dict):
+        """vllm:cache_config_info (the KV pool's shape) and vllm:lora_requests_info (the adapters running and
+        waiting, as a router with LoRA affinity reads them; its value the time, as vLLM's)."""
+        llm = self.engine.llm
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "The KV cache's configuration",
+            labels=("block_size", "cache_dtype", "enable_prefix_caching", "num_gpu_blocks", "engine"),
+        )
+        config = llm.engine_config
+        cache.add_metric(
+            [
+                str(config.block_size),
+                self.engine.info().get("kv_dtype", "none"),
+                str(config.enable_prefix_caching),
+                str(stats["kv_blocks_total"]),
+                "0",
+            ],
+            1.0,
+        )
+        yield cache
+        running, waiting = self.engine.adapters_in_use()
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "The LoRA adapters of the running and the waiting requests",
+            labels=("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+        )
+        lora.add_metric([str(len(llm.adapters.slots)), ",".join(waiting), ",".join(running)], time.time())
+        yield lora
 
 
 class LlamaCppMetrics:

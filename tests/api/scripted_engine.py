@@ -81,7 +81,7 @@ class _Stats:
     text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
     rerank_head = None  # not a reranker
     adapters = SimpleNamespace(slots={}, names=[])  # no LoRA adapters (engine/lora/adapters.Adapters)
-    engine_config = SimpleNamespace(block_size=16)
+    engine_config = SimpleNamespace(block_size=16, enable_prefix_caching=True)
 
 
 class ScriptedEngine:
@@ -119,6 +119,9 @@ class ScriptedEngine:
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
         }
+
+    def adapters_in_use(self):
+        return [], []
 
     def info(self):
         return {"device": "cpu", "kv_dtype": "fp32"}

@@ -3,6 +3,8 @@ routes), replies name it, /v1/models lists it with its parent; other names run t
 
 from __future__ import annotations
 
+import re
+
 import anthropic
 import httpx2 as httpx
 import openai
@@ -217,3 +219,28 @@ def test_adapters_load_and_unload_while_serving(server, tmp_path):
         assert post("unload_lora_adapter", {"lora_name": "late"}).status_code == 200
     finally:
         server.state.lora_updates = False
+
+
+def test_metrics_name_the_adapters_running(server):
+    """vLLM's vllm:lora_requests_info, as a router with LoRA affinity reads it: the adapters of the running
+    requests while one streams, none once it is done."""
+
+    def lora_info() -> dict:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("vllm:lora_requests_info{")]
+        return dict(re.findall(r'(\w+)="([^"]*)"', line))
+
+    body = {
+        "model": "loud",
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # (held: a closed iterator would close the stream, and the request with it)
+        assert next(lines).startswith("data: ")  # its first token: running now
+        info = lora_info()
+    assert info == {"max_lora": "2", "waiting_lora_adapters": "", "running_lora_adapters": "loud"}
+    server.wait_idle()
+    assert lora_info()["running_lora_adapters"] == ""

@@ -61,6 +61,16 @@ def test_vllm_names_count_the_requests(scraped):
     assert value(samples, "vllm:request_prompt_tokens_sum") == 2 * prompt_tokens
     assert value(samples, "vllm:request_params_max_tokens_sum") == 2 * GEN
     assert value(samples, "ninfer_time_to_first_token_seconds_count") == 2
+    (cache,) = samples["vllm:cache_config_info"]
+    assert cache.labels == {
+        "block_size": "16",
+        "cache_dtype": "fp32",
+        "enable_prefix_caching": "True",
+        "num_gpu_blocks": str(stats["kv_blocks_total"]),
+        "engine": "0",
+    }
+    (lora,) = samples["vllm:lora_requests_info"]  # no adapters served (tests/api/test_lora_route.py has some)
+    assert lora.labels == {"max_lora": "0", "waiting_lora_adapters": "", "running_lora_adapters": ""}
 
 
 def test_llama_server_names(scraped):
