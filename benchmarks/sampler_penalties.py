@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from engine.request import Request, SamplingParams
+from engine.sample.dry import DryBreakers
 from engine.sample.penalties import penalize
 from engine.transfer import to_device
 
@@ -66,7 +67,7 @@ def main() -> None:
         stream = [
             rng.randrange(3000) if rng.random() < 0.5 else rng.randrange(VOCAB) for _ in range(n + 1000)
         ]
-        req = Request("r", stream[:n], SamplingParams(), dry_breakers=breakers)
+        req = Request("r", stream[:n], SamplingParams(), dry_breakers=DryBreakers(breakers))
         req.output_token_ids = stream[n:]
         old, new, dry, both = timings(req, logits, args.repeat)
         print(f"| {n:,} | {old:.2f} | {new:.2f} | {old / new:.1f}x | {dry:.2f} | {both:.2f} |")

@@ -14,6 +14,7 @@ import numpy as np
 from engine.errors import NinferError
 
 if TYPE_CHECKING:
+    from engine.sample.dry import DryBreakers
     from engine.structured.matcher import GrammarMatcher
     from engine.vision.mrope import MultiModalInputs
 
@@ -101,7 +102,7 @@ class SamplingParams:
     # DRY (don't repeat yourself): a token that would extend a repeat of n >= dry_allowed_length tokens
     # already in the last dry_penalty_last_n tokens (-1: the whole context, 0: off) loses
     # dry_multiplier * dry_base ** (n - dry_allowed_length) from its logit; a repeat does not reach back
-    # across a token whose text holds one of dry_sequence_breakers
+    # across one of dry_sequence_breakers (a token holding it, or its tokens where it takes several)
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
@@ -328,7 +329,7 @@ class TokenHistory(NamedTuple):
     prompt: np.ndarray  # [P] int64, the prompt's tokens
     prompt_unique: np.ndarray  # [U] int64, the prompt's distinct tokens (the repetition penalty's)
     output_ids: list[int]  # the tokens generated so far (with a draft row's drafts before it)
-    dry_breakers: np.ndarray | None = None  # [V] bool: the tokens whose text holds a DRY sequence breaker
+    dry_breakers: DryBreakers | None = None  # DRY's sequence breakers (engine/sample/dry.py); None: none
 
     def tail(self, n: int) -> np.ndarray:
         """The last n tokens of prompt and output together (-1: all), [n] int64."""
@@ -383,9 +384,9 @@ class Request:
     after: str | None = None
     # vLLM's bad_words as token ids (each word as the text starts with it and after a space)
     bad_word_ids: tuple[tuple[int, ...], ...] = ()
-    # [V] bool: DRY's sequence breakers, the tokens whose text holds one of SamplingParams.dry_sequence_breakers
-    # (engine/sample/dry.py); None: no breakers
-    dry_breakers: np.ndarray | None = None
+    # DRY's sequence breakers, SamplingParams.dry_sequence_breakers found in the vocabulary (engine/sample/dry.py);
+    # None: no breakers
+    dry_breakers: DryBreakers | None = None
 
     @functools.cached_property
     def _prompt_arrays(self) -> tuple[np.ndarray, np.ndarray]:

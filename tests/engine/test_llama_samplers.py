@@ -16,29 +16,38 @@ from test_spec_decode import ScriptedDrafts
 
 from engine import LLM, NinferError, SamplingParams
 from engine.request import Request
-from engine.sample.dry import MAX_PENALTY, MAX_RUN, breaker_mask, dry_penalties
+from engine.sample.dry import MAX_PENALTY, MAX_RUN, BreakerMasks, DryBreakers, breaker_mask, dry_penalties
 from engine.sample.filters import dynamic_temperature, mirostat, sampling_probs, top_n_sigma, typical, xtc
 from engine.sample.sampler import Sampler
 
 DRY = dict(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2)
 
 
-def reference_dry(tokens: list[int], breakers: set[int], multiplier: float, base: float, allowed: int):
-    """DRY as defined: {token: penalty}, one occurrence at a time."""
+def reference_dry(
+    tokens: list[int], breakers: set[int], multiplier: float, base: float, allowed: int, sequences=()
+):
+    """DRY as defined: {token: penalty}, one occurrence at a time; a position breaks when its token is in
+    `breakers` or it lies inside an occurrence of one of `sequences`."""
+
+    def breaks(p: int) -> bool:
+        p %= len(tokens)
+        inside = any(
+            tokens[start : start + len(seq)] == list(seq)
+            for seq in sequences
+            for start in range(p - len(seq) + 1, p + 1)
+            if start >= 0
+        )
+        return tokens[p] in breakers or inside
+
     last = tokens[-1]
-    if last in breakers:
+    if breaks(-1):
         return {}
     longest: dict[int, int] = {}
     for i in range(len(tokens) - 1):
-        if tokens[i] != last or tokens[i + 1] in breakers:
+        if tokens[i] != last or breaks(i + 1):
             continue
         run = 1
-        while (
-            run < MAX_RUN
-            and i - run >= 0
-            and tokens[i - run] == tokens[-1 - run]
-            and tokens[-1 - run] not in breakers
-        ):
+        while run < MAX_RUN and i - run >= 0 and tokens[i - run] == tokens[-1 - run] and not breaks(-1 - run):
             run += 1
         longest[tokens[i + 1]] = max(longest.get(tokens[i + 1], 0), run)
     return {
@@ -46,11 +55,14 @@ def reference_dry(tokens: list[int], breakers: set[int], multiplier: float, base
     }
 
 
-def _dry(tokens: list[int], breakers: set[int] = frozenset(), **params) -> dict[int, float]:
+def _dry(tokens: list[int], breakers: set[int] = frozenset(), sequences=(), **params) -> dict[int, float]:
     mask = np.zeros(64, dtype=bool)
     mask[list(breakers)] = True
+    found = DryBreakers(mask, tuple(np.asarray(seq, dtype=np.int64) for seq in sequences))
     ids, penalties = dry_penalties(
-        np.asarray(tokens, dtype=np.int64), mask if breakers else None, SamplingParams(**{**DRY, **params})
+        np.asarray(tokens, dtype=np.int64),
+        found if breakers or sequences else None,
+        SamplingParams(**{**DRY, **params}),
     )
     return dict(zip(ids.tolist(), penalties.tolist()))
 
@@ -75,6 +87,17 @@ def test_dry_stops_at_sequence_breakers():
     assert _dry(tokens, {1}) == pytest.approx({4: 0.8})
 
 
+def test_dry_stops_at_breakers_of_several_tokens():
+    """A breaker that tokenizes to several tokens breaks wherever its sequence occurs."""
+    tokens = [7, 8, 1, 2, 3, 4, 9, 1, 2, 3]
+    assert _dry(tokens) == pytest.approx({4: 0.8 * 1.75})
+    assert _dry(tokens, sequences=[(2, 3)]) == {}  # the context ends inside one
+    assert _dry(tokens, sequences=[(1, 2)]) == {}  # the run stops at it: 1 token, allowed
+    assert _dry(tokens, sequences=[(1, 2)], dry_allowed_length=1) == pytest.approx({4: 0.8})
+    assert _dry([1, 2, 3, 4, 5, 9, 1, 2, 3], sequences=[(4, 5)]) == {}  # the follower lies inside one
+    assert _dry(tokens, sequences=[(4, 1)]) == pytest.approx({4: 0.8 * 1.75})  # nowhere: no effect
+
+
 def test_dry_matches_its_reference_on_random_histories():
     rng = random.Random(0)
     for case in range(300):
@@ -83,10 +106,11 @@ def test_dry_matches_its_reference_on_random_histories():
         if case % 3 == 0:  # long loops, past MAX_RUN
             tokens = (tokens[:4] * 40)[: rng.randrange(2, 160)]
         breakers = set(rng.sample(range(vocab), rng.randrange(0, 2)))
+        sequences = [tuple(rng.randrange(vocab) for _ in range(rng.choice([2, 3])))] if case % 4 == 1 else []
         allowed = rng.choice([1, 2, 4])
         base = rng.choice([1.0, 1.75, 3.0])
-        want = reference_dry(tokens, breakers, 0.8, base, allowed)
-        got = _dry(tokens, breakers, dry_allowed_length=allowed, dry_base=base)
+        want = reference_dry(tokens, breakers, 0.8, base, allowed, sequences)
+        got = _dry(tokens, breakers, sequences, dry_allowed_length=allowed, dry_base=base)
         assert got == pytest.approx(want), (tokens, breakers)
 
 
@@ -105,6 +129,17 @@ def test_token_history_tail_is_the_window_of_prompt_and_output():
     assert history.tail(3).tolist() == [4, 5, 6]
     assert history.tail(100).tolist() == [1, 2, 3, 4, 5, 6]
     assert history.prompt_unique.tolist() == [1, 2, 3, 4]
+
+
+def test_breakers_of_several_tokens_are_kept_as_their_sequences(default_tokenizer):
+    tok = default_tokenizer
+    masks = BreakerMasks(tok, tok.vocab_size, "m")
+    found = masks(SamplingParams(dry_multiplier=0.8, dry_sequence_breakers=["\n", "Seraphina"]))
+    pieces = [tok.encode(v, add_special_tokens=False) for v in ("Seraphina", " Seraphina")]
+    assert all(len(p) >= 2 for p in pieces)  # no single token holds the name
+    assert sorted(seq.tolist() for seq in found.sequences) == sorted(pieces)
+    assert masks(SamplingParams(dry_multiplier=0.8)).sequences == ()  # the defaults: single characters
+    assert masks(SamplingParams(dry_multiplier=0.8, dry_sequence_breakers=["\n", "Seraphina"])) is found
 
 
 def test_breaker_mask_marks_tokens_holding_a_breaker(default_tokenizer):
@@ -280,12 +315,14 @@ def prompt(default_tokenizer):
 
 def _penalized_picks(llm, prompt: list[int], out: list[int], **dry) -> list[int]:
     """The output positions whose token DRY penalizes, given everything before it."""
-    mask = llm.dry_breakers(SamplingParams(**{**DRY, **dry}))
-    breakers = set(np.flatnonzero(mask).tolist()) if mask is not None else set()
+    found = llm.dry_breakers(SamplingParams(**{**DRY, **dry}))
+    breakers = set(np.flatnonzero(found.mask).tolist()) if found is not None else set()
+    sequences = [seq.tolist() for seq in found.sequences] if found is not None else []
     picks = []
     for i, token in enumerate(out):
         context = prompt + out[:i]
-        if token in reference_dry(context, breakers, 1.0, 1.75, dry.get("dry_allowed_length", 2)):
+        allowed = dry.get("dry_allowed_length", 2)
+        if token in reference_dry(context, breakers, 1.0, 1.75, allowed, sequences):
             picks.append(i)
     return picks
 
