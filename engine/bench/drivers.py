@@ -314,7 +314,7 @@ class OverHttp:
         t_start = time.perf_counter()
         chunks: list[float] = []
         usage: dict = {}
-        cache_n = None  # llama-server's timings.cache_n
+        timings: dict = {}  # llama-server's: cache_n, draft_n, draft_n_accepted
         try:
             conn.request("POST", self.base + "/v1/chat/completions", json.dumps(body), self._headers())
             resp = conn.getresponse()
@@ -324,8 +324,8 @@ class OverHttp:
             for event in _events(resp):
                 if event.get("usage"):
                     usage = event["usage"]
-                if isinstance(event.get("timings"), dict) and event["timings"].get("cache_n") is not None:
-                    cache_n = int(event["timings"]["cache_n"])
+                if isinstance(event.get("timings"), dict):
+                    timings = event["timings"]
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
@@ -336,7 +336,9 @@ class OverHttp:
             return Timing.failed(t_start, "the stream carried no tokens")
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        cached = cache_n if cached is None else int(cached)
+        cached = timings.get("cache_n") if cached is None else cached
+        cached = None if cached is None else int(cached)
+        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
         return Timing(
             int(usage.get("prompt_tokens", 0)),
             cached,
@@ -345,6 +347,7 @@ class OverHttp:
             chunks[0],
             chunks[-1],
             chunks,
+            spec_acceptance=accepted / drafted if drafted and accepted is not None else None,
             cache_proof=None if cached is None else "response",
         )
 

@@ -119,6 +119,7 @@ class _CachingServer(BaseHTTPRequestHandler):
 
     details = {"cached_tokens": 64}  # the usage's prompt_tokens_details; None: left out, as vLLM's default
     metrics = None  # /metrics text, given the requests served so far; None: no /metrics
+    timings = None  # llama-server's final `timings` object; None: none
     served = 0
 
     def log_message(self, *args):
@@ -163,7 +164,8 @@ class _CachingServer(BaseHTTPRequestHandler):
         if self.details is not None:
             usage["prompt_tokens_details"] = self.details
         type(self).served += 1
-        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        final = {"choices": [], "usage": usage, **({"timings": self.timings} if self.timings else {})}
+        self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
 
 
 def _bench_stub(tmp_path, handler) -> tuple[str, dict]:
@@ -231,6 +233,16 @@ def test_without_cached_tokens_the_proof_is_the_servers_counter(tmp_path, hits, 
             assert row["status"].startswith(f"INVALID: {want} cached tokens"), row["status"]
         else:
             assert row["status"] == "ok"
+
+
+def test_llama_servers_timings_prove_the_cache_and_give_the_acceptance(tmp_path):
+    timings = {"cache_n": 0, "draft_n": 10, "draft_n_accepted": 7}
+    handler = type("LlamaServerStub", (_CachingServer,), {"details": None, "timings": timings})
+    _, data = _bench_stub(tmp_path, handler)
+    assert {(r["cache_proof"], r["cached_tokens"], r["spec_acceptance"]) for r in data["records"]} == {
+        ("response", 0, 0.7)
+    }
+    assert all(row["status"] == "ok" for row in data["rows"])
 
 
 def test_without_any_proof_the_row_says_unproven(tmp_path):
