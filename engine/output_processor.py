@@ -83,4 +83,5 @@ class RequestStream:
             if req.sampling_params.prompt_logprobs is not None
             else None,
             embedding=req.embedding,
+            queue_time=req.admitted_at - req.arrival_time if req.admitted_at is not None else None,
         )

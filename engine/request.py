@@ -363,6 +363,7 @@ class Request:
     state_slot: int = -1  # recurrent-state slot (hybrid models); -1 when none
     arrival_time: float = field(default_factory=time.monotonic)
     admitted: bool = False  # once admitted, a request never expires (preempted ones wait again)
+    admitted_at: float | None = None  # the scheduler's clock (time.monotonic) at its first admission
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of the full pages of all_token_ids
     cache_root: bytes = b""  # the chain's root: the base model's, or its LoRA adapter's (engine/lora)
@@ -446,6 +447,7 @@ class RequestOutput:
     prompt_logprobs: list[PromptLogprob | None] | None = None
     # pooling: the prompt's embedding (not normalized), once the prompt has run
     embedding: list[float] | None = None
+    queue_time: float | None = None  # seconds from arrival to first admission (None: not admitted)
 
     @property
     def finished(self) -> bool:

@@ -76,6 +76,12 @@ class Metrics:
             registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.queue = Histogram(
+            "ninfer_request_queue_time_seconds",
+            "Time a request waited for admission (the queue's share of its time to first token)",
+            registry=r,
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600),
+        )
         self.itl = Histogram(
             "ninfer_inter_token_latency_seconds",
             "Time between streamed tokens",
@@ -146,17 +152,21 @@ class Metrics:
         spec += f" images={images[0]} ({images[1]} tokens)" if images else ""
         adapters = self._adapters.pop(out.request_id, None)
         spec += f" lora={adapters}" if adapters else ""
+        queued = f" (queued {out.queue_time * 1000:.0f} ms)" if out.queue_time else ""
         _log.info(
-            "%s prompt=%d cached=%d generated=%d ttft=%s decode=%s finish=%s%s",
+            "%s prompt=%d cached=%d generated=%d ttft=%s%s decode=%s finish=%s%s",
             out.request_id,
             len(out.prompt_token_ids),
             out.num_cached_tokens,
             n,
             ttft,
+            queued,
             rate,
             out.finish_reason,
             spec,
         )
+        if out.queue_time is not None:
+            self.queue.observe(out.queue_time)
 
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         # an embedding's one sampled token is beside the point: no generation

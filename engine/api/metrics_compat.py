@@ -3,9 +3,8 @@ picks a replica by its queue and KV use (vllm:num_requests_waiting, vllm:kv_cach
 written against `vllm serve` or `llama-server --metrics` reads this server unchanged.
 
 vLLM's carry its labels (model_name: the served model id; engine: "0"); llama-server's carry none. What
-ninfer does not measure is left out rather than made up: vLLM's queue, prefill and inference times per
-request (the server sees a request's start and its tokens, not its admission), its draft count, llama.cpp's
-decode-call counts. llama.cpp's prompt seconds are the time to the first token (the queue included), its
+ninfer does not measure is left out rather than made up: vLLM's inference time per request, its draft count,
+llama.cpp's decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt seconds are the time to the first token (the queue included), its
 tokens per second the averages of those totals.
 """
 
@@ -61,6 +60,12 @@ class VllmMetrics:
         self.decode = histogram(
             "vllm:request_decode_time_seconds", "First output token to the last, per request", SECONDS
         )
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds", "Arrival to admission, per request", SECONDS
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds", "Admission to the first output token, per request", SECONDS
+        )
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request", TOKENS)
         self.output_len = histogram("vllm:request_generation_tokens", "Generated tokens per request", TOKENS)
         self.max_tokens = histogram("vllm:request_params_max_tokens", "max_tokens asked per request", TOKENS)
@@ -86,6 +91,10 @@ class VllmMetrics:
             self.e2e.observe(times.end - times.start)
         if times.decode is not None:
             self.decode.observe(times.decode)
+        if out.queue_time is not None:
+            self.queue.observe(out.queue_time)
+            if times.ttft is not None:
+                self.prefill.observe(max(0.0, times.ttft - out.queue_time))
         self.prompt_len.observe(len(out.prompt_token_ids))
         self.output_len.observe(generated)
         self.prompt_tokens.inc(len(out.prompt_token_ids))

@@ -174,6 +174,7 @@ class Scheduler:
             req.num_registered_blocks = len(hit_blocks) + len(host_hits)
             if not req.admitted:
                 req.admitted, req.num_cached_tokens = True, num_cached
+                req.admitted_at = self.clock()
                 self.block_pool.record_lookup(
                     req.num_prompt_tokens, num_cached, len(host_hits) * self.block_size
                 )

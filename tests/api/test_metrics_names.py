@@ -61,6 +61,13 @@ def test_vllm_names_count_the_requests(scraped):
     assert value(samples, "vllm:request_prompt_tokens_sum") == 2 * prompt_tokens
     assert value(samples, "vllm:request_params_max_tokens_sum") == 2 * GEN
     assert value(samples, "ninfer_time_to_first_token_seconds_count") == 2
+    # the queue's share of the time to first token, and the rest (prefill)
+    assert value(samples, "ninfer_request_queue_time_seconds_count") == 2
+    assert value(samples, "vllm:request_queue_time_seconds_count") == 2
+    assert value(samples, "vllm:request_prefill_time_seconds_count") == 2
+    ttft = value(samples, "vllm:time_to_first_token_seconds_sum")
+    queued = value(samples, "vllm:request_queue_time_seconds_sum")
+    assert 0 <= queued <= ttft and value(samples, "vllm:request_prefill_time_seconds_sum") <= ttft
     (cache,) = samples["vllm:cache_config_info"]
     assert cache.labels == {
         "block_size": "16",

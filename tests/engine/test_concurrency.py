@@ -268,3 +268,14 @@ def test_a_choice_waiting_for_its_twin_does_not_expire_meanwhile(tmp_path):
     while llm.has_unfinished_requests():
         outs.update({o.request_id: o for o, _ in llm.step() if o.finished})
     assert outs[second].finish_reason == "length" and outs[second].token_ids == outs[first].token_ids
+
+
+def test_queue_time_is_the_wait_for_admission(model_dir):
+    """One request at a time: the second waits the whole of the first's run in the queue, which its output
+    says (RequestOutput.queue_time, the /metrics queue histograms' source); the first waited for nothing."""
+    llm = LLM(model_dir, max_concurrency=1)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    started = time.monotonic()
+    first, second = llm.generate(prompt_token_ids=[_prompt(20, 1), _prompt(20, 2)], sampling_params=params)
+    total = time.monotonic() - started
+    assert 0 <= first.queue_time < second.queue_time <= total
