@@ -16,7 +16,10 @@ NEG_INF = float("-inf")
 
 
 MIROSTAT_M = 100  # Mirostat 1 estimates the distribution's Zipf exponent from its top 100 tokens
-NEUTRAL = dict(top_n_sigma=-1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, xtc_probability=0.0)
+# a Mirostat row's other samplers, off (its temperature is the plain one)
+NEUTRAL = dict(
+    dynatemp_range=0.0, top_n_sigma=-1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, xtc_probability=0.0
+)
 
 
 def sampling_probs(
@@ -53,7 +56,8 @@ def sampling_probs(
     if any(p.typical_p < 1.0 for p in params):
         x = typical(x, column([p.typical_p for p in params]))
     if xtc_rows is not None:
-        x = xtc(x, column([p.xtc_threshold for p in params]), xtc_rows.unsqueeze(1))
+        on = xtc_rows.unsqueeze(1) & column([p.xtc_probability > 0 for p in params], torch.bool)
+        x = xtc(x, column([p.xtc_threshold for p in params]), on)
     if mirostat_mu is not None:
         modes = [p.mirostat for p in params]
         x = mirostat(x, column(modes, torch.long), column(mirostat_mu), 1 in modes)

@@ -133,7 +133,7 @@ class Sampler:
             xtc_rows = None  # [S] bool: the rows whose XTC coin came up
             for j, i in enumerate(sampled_rows):
                 gen = self._generator(request_ids[i], params[i], device)
-                if params[i].xtc_probability > 0:
+                if params[i].xtc_probability > 0 and not params[i].mirostat:
                     if xtc_rows is None:
                         xtc_rows = torch.zeros(len(sampled_rows), dtype=torch.bool, device=device)
                     xtc_rows[j] = torch.rand((), generator=gen, device=device) < params[i].xtc_probability

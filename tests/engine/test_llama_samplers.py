@@ -252,6 +252,23 @@ def test_mirostat_truncations():
     assert torch.equal(got[0], x[0]) and not got[1].isfinite().all()
 
 
+def test_mirostat_rows_take_no_other_truncation():
+    """A Mirostat row's distribution is the plain temperature's under Mirostat's truncation alone: top-k,
+    XTC (its coin up), dynamic temperature and the rest are off for it."""
+    torch.manual_seed(5)
+    logits = torch.randn(1, 500)
+    logits[0, :3] = torch.tensor([6.0, 5.8, 5.6])  # three likely tokens: XTC at 0.1 would drop two of them
+    alone = SamplingParams(temperature=0.9, mirostat=2)
+    mixed = SamplingParams(
+        temperature=0.9, mirostat=2, top_k=3, xtc_probability=1.0, dynatemp_range=0.5, typical_p=0.5
+    )
+    want = sampling_probs(logits, [alone], None, [12.0])  # mu 12 bits: the tail stays too
+    got = sampling_probs(logits, [mixed], torch.tensor([True]), [12.0])
+    assert torch.equal(got, want) and (want > 0).sum() > 3
+    plain = SamplingParams(temperature=0.9, xtc_probability=1.0)  # (without Mirostat, XTC drops them)
+    assert (sampling_probs(logits, [plain], torch.tensor([True]))[0, :3] == 0).sum() == 2
+
+
 def test_mirostat_steers_the_surprise_toward_tau():
     """mu moves by eta x (surprise - tau) a token; over many tokens the surprise averages about tau."""
     sampler = Sampler()
