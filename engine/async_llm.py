@@ -202,6 +202,7 @@ class AsyncLLM:
             "num_preemptions": sched.num_preemptions,
             "spec_draft_tokens": sched.num_draft_tokens,
             "spec_accepted_tokens": sched.num_accepted_tokens,
+            "spec_drafts": sched.num_drafts,
         }
 
     def adapters_in_use(self) -> tuple[list[str], list[str]]:

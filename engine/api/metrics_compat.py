@@ -3,8 +3,8 @@ picks a replica by its queue and KV use (vllm:num_requests_waiting, vllm:kv_cach
 written against `vllm serve` or `llama-server --metrics` reads this server unchanged.
 
 vLLM's carry its labels (model_name: the served model id; engine: "0"); llama-server's carry none. What
-ninfer does not measure is left out rather than made up: vLLM's inference time per request, its draft count,
-llama.cpp's decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt seconds are the time to the first token (the queue included), its
+ninfer does not measure is left out rather than made up: vLLM's inference time per request, llama.cpp's
+decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt seconds are the time to the first token (the queue included), its
 tokens per second the averages of those totals.
 """
 
@@ -125,6 +125,10 @@ class VllmMetrics:
             "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache", stats["prefix_cache_hits"]),
             "vllm:spec_decode_num_draft_tokens": ("Draft tokens verified", stats["spec_draft_tokens"]),
             "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted", stats["spec_accepted_tokens"]),
+            "vllm:spec_decode_num_drafts": (
+                "Verifications (a request's drafts of a step)",
+                stats["spec_drafts"],
+            ),
         }
         for name, (doc, value) in counters.items():
             family = CounterMetricFamily(name, doc, labels=LABELS)

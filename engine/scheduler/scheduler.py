@@ -80,6 +80,7 @@ class Scheduler:
         self.predictions = PredictionDrafts(k, config.most_prediction_drafts) if k else None
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
+        self.num_drafts = 0  # verifications: a request's drafts of one step, verified together
 
     @property
     def snapshots_enabled(self) -> bool:
@@ -448,6 +449,7 @@ class Scheduler:
             proposed = drafted - s.num_padding
             self.num_draft_tokens += proposed
             self.num_accepted_tokens += min(accepted, proposed)
+            self.num_drafts += proposed > 0
             req.num_draft_tokens += proposed
             req.num_accepted_tokens += min(accepted, proposed)
             if s.predicted:

@@ -118,6 +118,7 @@ class ScriptedEngine:
             "num_preemptions": 0,
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
+            "spec_drafts": 0,
         }
 
     def adapters_in_use(self):

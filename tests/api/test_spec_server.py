@@ -3,6 +3,8 @@ counts drafted and accepted tokens."""
 
 from __future__ import annotations
 
+import re
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -42,6 +44,18 @@ def test_streamed_reply_with_drafts_equals_plain_and_metrics_count_them(servers)
     accepted = _metric(metrics, "ninfer_spec_accepted_tokens_total")
     assert drafted > 0 and 0 < accepted <= drafted
     assert _metric(metrics, "ninfer_spec_acceptance_rate") == pytest.approx(accepted / drafted)
+    # vLLM's names for the same counts, and its verifications: at most 4 draft tokens each (--draft-tokens)
+    vllm = {
+        name: float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M)[1])
+        for name in (
+            "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "vllm:spec_decode_num_drafts_total",
+        )
+    }
+    assert vllm["vllm:spec_decode_num_draft_tokens_total"] == drafted
+    assert vllm["vllm:spec_decode_num_accepted_tokens_total"] == accepted
+    assert drafted / 4 <= vllm["vllm:spec_decode_num_drafts_total"] <= drafted
     assert _metric(httpx.get(f"{servers[0].url}/metrics").text, "ninfer_spec_draft_tokens_total") == 0
 
 
