@@ -137,16 +137,15 @@ class Metrics:
         """Count a finished request and log its one line: id, tokens, cache hit, TTFT, decode rate."""
         if out is None:
             return
-        last = self._last.pop(out.request_id, None)
-        start = self._start.pop(out.request_id, None)
-        first = self._first.pop(out.request_id, None)
-        ttft = f"{(first - start) * 1000:.0f} ms" if first is not None and start is not None else "-"
-        n = len(out.token_ids)
-        rate = (
-            f"{(n - 1) / (last - first):.1f} tok/s"
-            if n > 1 and first is not None and last and last > first
-            else "-"
+        times = RequestTimes(
+            self._start.pop(out.request_id, None),
+            self._first.pop(out.request_id, None),
+            self._last.pop(out.request_id, None),
+            time.monotonic(),
         )
+        ttft = f"{times.ttft * 1000:.0f} ms" if times.ttft is not None else "-"
+        n = len(out.token_ids)
+        rate = f"{(n - 1) / times.decode:.1f} tok/s" if n > 1 and times.decode else "-"
         spec = f" accepted={out.num_accepted_tokens}/{out.num_draft_tokens}" if out.num_draft_tokens else ""
         images = self._images.pop(out.request_id, None)
         spec += f" images={images[0]} ({images[1]} tokens)" if images else ""
@@ -172,7 +171,6 @@ class Metrics:
         # an embedding's one sampled token is beside the point: no generation
         generated = 0 if out.embedding is not None else n
         self.generation_tokens.inc(generated)
-        times = RequestTimes(start, first, last, time.monotonic())
         self.vllm.finished(out, generated, times)
         self.llama_cpp.finished(out, generated, times)
         self.cached_tokens.inc(out.num_cached_tokens)

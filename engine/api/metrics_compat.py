@@ -4,13 +4,15 @@ written against `vllm serve` or `llama-server --metrics` reads this server uncha
 
 vLLM's carry its labels (model_name: the served model id; engine: "0"); llama-server's carry none. What
 ninfer does not measure is left out rather than made up: vLLM's inference time per request, llama.cpp's
-decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt seconds are the time to the first token (the queue included), its
-tokens per second the averages of those totals.
+decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt
+seconds are the time to the first token (the queue included), its tokens per second the averages of those
+totals.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,11 +25,13 @@ TOKEN_GAPS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
 TOKENS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))  # 1 .. 500,000
 
 
-class RequestTimes:
+class RequestTimes(NamedTuple):
     """One finished request's times (time.monotonic): started, first token, last token, finished."""
 
-    def __init__(self, start: float | None, first: float | None, last: float | None, end: float):
-        self.start, self.first, self.last, self.end = start, first, last, end
+    start: float | None
+    first: float | None
+    last: float | None
+    end: float
 
     @property
     def ttft(self) -> float | None:

@@ -122,6 +122,7 @@ class Sampler:
         accepted = token_ids == drafts if drafted else None  # [R] bool (greedy rows)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         steered: list[int] = []  # Mirostat's rows
+        mu: dict[int, float] = {}  # their mu before this step (bits)
         surprise = None  # [R] float64: a Mirostat row's surprise (bits) at the token it drew
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
@@ -141,12 +142,13 @@ class Sampler:
                 if drafts is not None and draft_ids[i] >= 0:
                     uniform[j] = torch.rand((), generator=gen, device=device)
             # Mirostat's state (mu starts at 2 tau) steers its rows; each draws one token (no drafts)
-            steered = [i for i in sampled_rows if params[i].mirostat]
-            mus = None
-            if steered:
-                mus = [
-                    self._mirostat_mu.get(request_ids[i], 2 * params[i].mirostat_tau) for i in sampled_rows
-                ]
+            mu = {
+                i: self._mirostat_mu.get(request_ids[i], 2 * params[i].mirostat_tau)
+                for i in sampled_rows
+                if params[i].mirostat
+            }
+            steered = list(mu)
+            mus = [mu.get(i, 0.0) for i in sampled_rows] if mu else None
             probs = sampling_probs(logits[rows], row_params, xtc_rows, mus)  # [S, V]
             if drafts is not None:
                 row_drafts = drafts[rows].clamp(min=0).unsqueeze(1)  # [S, 1]
@@ -168,8 +170,7 @@ class Sampler:
         ids, flags, surprises = _read_back(token_ids, accepted, surprise)
         for i in steered:  # mu -= eta (surprise - tau)
             p = params[i]
-            mu = self._mirostat_mu.get(request_ids[i], 2 * p.mirostat_tau)
-            self._mirostat_mu[request_ids[i]] = mu - p.mirostat_eta * (surprises[i] - p.mirostat_tau)
+            self._mirostat_mu[request_ids[i]] = mu[i] - p.mirostat_eta * (surprises[i] - p.mirostat_tau)
         if max_logprobs is None:
             return [SampledToken(t, None, bool(a)) for t, a in zip(ids, flags)]
         logprobs = torch.log_softmax(raw, dim=-1)  # NOTE: of the raw model distribution

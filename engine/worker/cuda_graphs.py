@@ -105,9 +105,9 @@ class DecodeGraphs:
     def query_counts(self) -> list[int]:
         return list(range(1, self.max_query + 1))
 
-    @staticmethod
-    def key(b: int, q: int, lora: bool) -> tuple:
-        return (b, q, "lora") if lora else (b, q)
+    def key(self, b: int, q: int, lora: bool) -> tuple:
+        """The graph of b sequences x q tokens, with the LoRA lanes when `lora` and there are lanes."""
+        return (b, q, "lora") if lora and self.lora_lanes else (b, q)
 
     def _context(self, b: int, q: int, lora: bool) -> ForwardContext:
         return ForwardContext(
@@ -117,7 +117,7 @@ class DecodeGraphs:
             block_table=self.block_table[:b],
             state_indices=self.state_indices[:b],
             query_tokens_per_seq=q,
-            lora_lanes=self.lora_scales[:, : b * q] if lora else None,
+            lora_lanes=self.lora_scales[:, : b * q] if lora and self.lora_lanes else None,
         )
 
     @property
@@ -201,7 +201,7 @@ class DecodeGraphs:
     def replay(self, n: int, q: int = 1, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the staged step (n sequences x q tokens) through its graph, the one with the LoRA lanes when
         `lora`: hidden [n * q, H], logits [n * q, V]."""
-        key = self.key(self.bucket_for(n), q, lora and bool(self.lora_lanes))
+        key = self.key(self.bucket_for(n), q, lora)
         self.graphs[key].replay()
         return self.hidden[key][: n * q], self.logits[key][: n * q]
 
@@ -213,7 +213,7 @@ class DecodeGraphs:
 
     def run_eager(self, n: int, q: int = 1, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        hidden, logits = self._forward(self.bucket_for(n), q, lora and bool(self.lora_lanes))
+        hidden, logits = self._forward(self.bucket_for(n), q, lora)
         return hidden[: n * q], logits[: n * q]
 
 
