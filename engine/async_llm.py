@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,37 @@ class _Sink:
         except RuntimeError:  # the loop is closed
             return False
         return True
+
+
+class _IdleTimer:
+    """--sleep-idle-seconds: how long the engine loop waits for work before it sleeps (engine thread)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.since = time.monotonic()
+        self.refused = False  # a sleep refused: not tried again until work comes and goes
+
+    def reset(self) -> None:
+        self.since, self.refused = time.monotonic(), False
+
+    def remaining(self, sleep_level: int) -> float | None:
+        """Seconds to wait for work before sleeping; None: wait for it however long it takes."""
+        if self.seconds is None or sleep_level or self.refused:
+            return None
+        return max(0.0, self.since + self.seconds - time.monotonic())
+
+    def sleep(self, llm: LLM) -> None:
+        """Level 1 (the prefix cache kept in host memory), else level 2 when host memory cannot hold the
+        KV pool, else stay awake, said once."""
+        try:
+            llm.sleep(1)
+        except NinferError as e:
+            try:
+                llm.sleep(2)
+                log.info("slept at level 2, the prefix cache dropped: %s", e)
+            except NinferError as e2:
+                self.refused = True
+                log.warning("idle for %g s, staying awake: %s", self.seconds, e2)
 
 
 class AsyncStream:
@@ -153,13 +185,20 @@ class AsyncLLM:
         """Load a LoRA adapter while serving: read and checked on a worker thread, put on the layers by the
         engine thread between steps."""
         pairs = await asyncio.to_thread(self.llm.adapters.read, name, path)
-        await self._call(lambda: self.llm.adapters.add(name, path, pairs))
+        await self._call(lambda: self.llm.load_adapter(name, path, pairs))
 
     async def unload_adapter(self, name: str) -> None:
         await self._call(lambda: self.llm.unload_adapter(name))
 
     async def reset_prefix_cache(self) -> None:
         await self._call(self.llm.reset_prefix_cache)
+
+    async def sleep(self, level: int = 1) -> str:
+        """LLM.sleep between steps: the device memory given back until the next request."""
+        return await self._call(lambda: self.llm.sleep(level))
+
+    async def wake_up(self) -> str:
+        return await self._call(self.llm.wake_up)
 
     async def _call(self, fn) -> Any:
         """fn() run by the engine thread between steps; its NinferError is raised here."""
@@ -203,6 +242,7 @@ class AsyncLLM:
             "spec_draft_tokens": sched.num_draft_tokens,
             "spec_accepted_tokens": sched.num_accepted_tokens,
             "spec_drafts": sched.num_drafts,
+            "sleep_level": self.llm.sleep_level,
         }
 
     def adapters_in_use(self) -> tuple[list[str], list[str]]:
@@ -241,24 +281,29 @@ class AsyncLLM:
 
     # -- engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a bug: fail every stream, refuse new requests
+            self._error = e
+            for sink in self._sinks.values():
+                sink.put(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
+            self._sinks.clear()
+            raise
+
+    def _loop(self) -> None:
         llm = self.llm
+        idle = _IdleTimer(llm.engine_config.sleep_idle_seconds)
         while True:
-            if not llm.has_unfinished_requests():
-                self._wakeup.wait()
+            if not llm.has_unfinished_requests() and not self._wakeup.wait(idle.remaining(llm.sleep_level)):
+                idle.sleep(llm)  # idle for --sleep-idle-seconds: nothing came
+                continue
             self._wakeup.clear()
             if not self._drain_commands():
                 break
+            idle.reset()
             if not llm.has_unfinished_requests():
                 continue
-            try:
-                results = llm.step()
-            except BaseException as e:  # noqa: BLE001 - a bug: fail every stream, refuse new requests
-                self._error = e
-                for sink in self._sinks.values():
-                    sink.put(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
-                self._sinks.clear()
-                raise
-            for out, delta in results:
+            for out, delta in llm.step():
                 sink = self._sinks.get(out.request_id)
                 if sink is None:
                     continue
@@ -287,6 +332,9 @@ class AsyncLLM:
                     done.set_result(fn())
                 except NinferError as e:
                     done.set_exception(e)
+                except BaseException as e:  # a bug: the caller hears it, then the loop stops
+                    done.set_exception(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
+                    raise
                 continue
             _, prompt_token_ids, params, request_id, prompt, images, grammar, after, sink, done = command
             try:
@@ -296,5 +344,8 @@ class AsyncLLM:
             except NinferError as e:
                 done.set_exception(e)
                 continue
+            except BaseException as e:  # a bug: the caller hears it, then the loop stops
+                done.set_exception(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
+                raise
             self._sinks[request_id] = sink
             done.set_result(request_id)

@@ -384,6 +384,10 @@ class EngineConfig:
     # into the host tier at start-up when it was written for the same model and KV layout
     # (engine/worker/prefix_file.py); needs host_cache
     prefix_cache_file: str | None = None
+    # the server sleeps after this many seconds without work (llama-server's --sleep-idle-seconds): the
+    # device memory given back, the weights and KV pool held in host memory, until the next request
+    # (engine/worker/sleep.py); None: never
+    sleep_idle_seconds: float | None = None
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
     block_size: int = 16
@@ -489,6 +493,15 @@ class EngineConfig:
                     f"--prefix-cache-file {self.prefix_cache_file}: the folder {folder} is not there or not "
                     "writable; give a path in a writable folder"
                 )
+        if self.sleep_idle_seconds is not None and (
+            isinstance(self.sleep_idle_seconds, bool)
+            or not isinstance(self.sleep_idle_seconds, (int, float))
+            or not self.sleep_idle_seconds > 0
+        ):
+            raise NinferError(
+                f"sleep_idle_seconds must be a positive number of seconds (got {self.sleep_idle_seconds!r}); "
+                "leave it out to stay awake"
+            )
         if self.prefill_chunk < self.max_concurrency:
             raise NinferError(
                 f"prefill_chunk ({self.prefill_chunk}) must be at least max_concurrency ({self.max_concurrency}): "

@@ -9,6 +9,10 @@ class EngineOverloaded(NinferError):
     """The admission queue is full (the server answers 429 / Anthropic 529 overloaded_error)."""
 
 
+class DeviceMemoryBusy(NinferError):
+    """Waking from sleep found the device's memory taken by another process (the server answers 503)."""
+
+
 class PromptTooLong(NinferError):
     """A prompt at or beyond the context limit (the server words it as each protocol's clients detect)."""
 

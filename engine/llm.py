@@ -27,6 +27,7 @@ from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sample.dry import BreakerMasks
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
 from engine.scheduler.scheduler import Scheduler
+from engine.sizes import format_bytes
 from engine.spec.draft_model import load_draft_model, open_draft_model
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.tokenizer import with_chat_template
@@ -142,6 +143,7 @@ class LLM:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
+        self._sleep_level = 0
         self.dry_breakers = BreakerMasks(self.tokenizer, self.model_config.vocab_size, self.description)
         visual = self.model.visual
         self._images = ImageCache(visual.config) if visual is not None else None
@@ -199,9 +201,57 @@ class LLM:
             dry_breakers=self.dry_breakers(sampling_params),
             cache_root=self.adapters.cache_root(sampling_params.adapter_mix),
         )
+        self.wake_up()  # NOTE: after every check, so a refused request never wakes the engine
         self.scheduler.add_request(req)
         self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
         return request_id
+
+    # -- sleep (engine/worker/sleep.py) ---------------------------------------------------------
+    @property
+    def sleep_level(self) -> int:
+        """0 while awake; else the level it sleeps at."""
+        return self._sleep_level
+
+    def sleep(self, level: int = 1) -> str:
+        """Give the device memory back while idle; the next request (or `wake_up`) takes it again. Level 1
+        holds the weights, the KV pool and the recurrent states in host memory, so the prefix cache hits as
+        before; level 2 holds the weights only and drops the prefix cache (less host memory). Refused in a
+        sentence while requests run or wait, or when host memory cannot hold the bytes. Says what it did."""
+        if level not in (1, 2):
+            raise NinferError(
+                f"sleep level {level} is not one of 1 (weights, KV pool and prefix cache held in host memory) "
+                "or 2 (weights held, KV pool and prefix cache dropped)"
+            )
+        if self._sleep_level:
+            return f"already asleep (level {self._sleep_level})"
+        sched = self.scheduler
+        busy = len(sched.running) + len(sched.waiting)
+        if busy:
+            raise NinferError(f"{busy} request(s) are running or waiting; sleep once they finish")
+        started = time.monotonic()
+        memory = self.runner.sleep(keep_kv=level == 1)
+        if level == 2:
+            self.reset_prefix_cache()
+        self._sleep_level = level
+        message = (
+            f"asleep (level {level}): {format_bytes(memory.device_bytes)} of {self.engine_config.device} memory "
+            f"given back, {format_bytes(memory.host_bytes)} held in host memory, in "
+            f"{time.monotonic() - started:.1f} s; the next request wakes it"
+        )
+        log.info("%s", message)
+        return message
+
+    def wake_up(self) -> str:
+        """Take the device memory back after `sleep` (a no-op while awake); refused in a sentence, still
+        asleep, when the device has not the memory free. Says what it did."""
+        if not self._sleep_level:
+            return "awake"
+        started = time.monotonic()
+        self.runner.wake()
+        self._sleep_level = 0
+        message = f"awake in {time.monotonic() - started:.1f} s"
+        log.info("%s", message)
+        return message
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (GPU pool, host tier, state snapshots), e.g. between benchmark runs
@@ -216,6 +266,8 @@ class LLM:
         path = self.engine_config.prefix_cache_file
         if path is None:
             return
+        if self._sleep_level == 1:  # the pages are in host memory until then (level 2 dropped them)
+            self.wake_up()
         started = time.monotonic()
         pages, snapshots = prefix_file.save(self, path)
         snaps = f" and {snapshots} state snapshots" if self.scheduler.state_pool is not None else ""
@@ -228,10 +280,11 @@ class LLM:
             time.monotonic() - started,
         )
 
-    def load_adapter(self, name: str, path: str) -> None:
+    def load_adapter(self, name: str, path: str, pairs: list | None = None) -> None:
         """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then
-        name it in SamplingParams.adapter (or adapter_scales)."""
-        self.adapters.add(name, path)
+        name it in SamplingParams.adapter (or adapter_scales). `pairs`: Adapters.read's, read already."""
+        self.wake_up()
+        self.adapters.add(name, path, pairs)
 
     def unload_adapter(self, name: str) -> None:
         """Take a LoRA adapter off the model; refused while a request runs with it or waits to."""
@@ -242,6 +295,7 @@ class LLM:
             raise NinferError(
                 f"LoRA adapter '{name}' is in use by {users} request(s); unload it once they finish"
             )
+        self.wake_up()
         self.adapters.remove(name)
 
     def _bad_word_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:

@@ -14,3 +14,11 @@ def parse_size(text: str, what: str) -> int:
     if not m:
         raise NinferError(f"{what} '{text}' is not a size; write e.g. 180k, 131072, 24G or 24GiB")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def format_bytes(n: int) -> str:
+    """A byte count as people read it: 512 B, 3.2 MiB, 17.25 GiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n} B"

@@ -50,7 +50,7 @@ ALWAYS = {
     "--no-webui": "there is no web UI",
     "--async-scheduling": "the scheduler has one mode",
     "--disable-frontend-multiprocessing": "the server is one process",
-    "--enable-sleep-mode": "the weights stay loaded",
+    "--enable-sleep-mode": "POST /sleep, POST /wake_up and GET /is_sleeping are always served",
     "--enable-log-requests": "requests are logged one line each",
     "--enable-expert-parallel": "one GPU",
     "--calculate-kv-scales": "quantized KV keeps a scale per page row",

@@ -95,6 +95,14 @@ def serve(
             "host tier (--host-cache) at start-up when the same model and KV layout wrote it."
         ),
     ] = None,
+    sleep_idle_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Sleep after this many seconds without a request: the GPU memory given back (weights and KV "
+            "pool held in host memory, the prefix cache kept) until the next request wakes it; -1: never. "
+            "POST /sleep and /wake_up do it by hand."
+        ),
+    ] = -1,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[
         str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16.")
@@ -181,6 +189,10 @@ def serve(
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
+    if sleep_idle_seconds != -1 and not sleep_idle_seconds > 0:
+        raise NinferError(
+            f"--sleep-idle-seconds must be a positive number of seconds, or -1 to stay awake (got {sleep_idle_seconds:g})"
+        )
     options = dict(
         device=device,
         dtype=dtype,
@@ -202,6 +214,7 @@ def serve(
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
         prefix_cache_file=prefix_cache_file,
+        sleep_idle_seconds=None if sleep_idle_seconds == -1 else sleep_idle_seconds,
         rerank=rerank,
         lora_modules=tuple(lora or ()),
         gpu_memory_utilization=gpu_memory_utilization,

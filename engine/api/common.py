@@ -13,7 +13,7 @@ from fastapi import Request
 
 from engine.api.errors import ApiError, ContextExceeded
 from engine.async_llm import AsyncStream
-from engine.errors import EngineOverloaded, NinferError, PromptTooLong
+from engine.errors import DeviceMemoryBusy, EngineOverloaded, NinferError, PromptTooLong
 from engine.parsers.reply import parse_reply
 from engine.pooling import POOLED
 from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
@@ -210,6 +210,8 @@ async def start(
         stream = await state.engine.add_request(ids, params, images=images or None, after=after)
     except EngineOverloaded as e:
         raise ApiError(429, str(e), retry_after=1) from e
+    except DeviceMemoryBusy as e:  # asleep, and the device's memory is someone else's now
+        raise ApiError(503, str(e), retry_after=10) from e
     except PromptTooLong as e:
         raise ContextExceeded(e.tokens, e.limit, images=bool(images)) from e
     except NinferError as e:

@@ -47,6 +47,11 @@ class Metrics:
             "Prompt tokens copied back from the host tier instead of computed (since start)",
             registry=r,
         )
+        self.sleep_level = Gauge(
+            "ninfer_sleep_level",
+            "0 while awake; 1 or 2 while asleep (POST /sleep, --sleep-idle-seconds): the device memory given back",
+            registry=r,
+        )
         self.preemptions = Gauge(
             "ninfer_preemptions",
             "Requests preempted since start (their KV freed for others, their tokens computed again later)",
@@ -188,6 +193,7 @@ class Metrics:
         self.host_total.set(stats.get("host_cache_pages_total", 0))
         self.host_hits.set(stats.get("prefix_cache_host_hits", 0))
         self.preemptions.set(stats["num_preemptions"])
+        self.sleep_level.set(stats["sleep_level"])
         drafted = stats["spec_draft_tokens"]
         self.spec_acceptance.set(stats["spec_accepted_tokens"] / drafted if drafted else 0.0)
         return generate_latest(self.registry)

@@ -40,4 +40,5 @@ async def props(request: Request) -> dict[str, Any]:
         "endpoint_slots": False,
         "endpoint_props": True,
         "endpoint_metrics": True,
+        "is_sleeping": bool(llm.sleep_level),  # --sleep-idle-seconds, POST /sleep
     }

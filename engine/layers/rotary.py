@@ -79,6 +79,11 @@ def cos_sin_cache_for(config: ModelConfig, device: torch.device) -> torch.Tensor
 _COS_SIN_CACHES: dict[tuple, torch.Tensor] = {}
 
 
+def shared_tables() -> list[torch.Tensor]:
+    """The cos/sin tables every model of the process shares (a model that sleeps must leave them be)."""
+    return list(_COS_SIN_CACHES.values())
+
+
 # every attention layer of a step turns its 3D positions into the same per-token cos/sin table
 _MROPE_TABLES = StepMemo()
 

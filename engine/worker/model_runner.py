@@ -8,6 +8,8 @@ import torch
 
 from engine.cache.kv_layout import KVCache
 from engine.config import EngineConfig, ModelConfig
+from engine.errors import NinferError
+from engine.layers import rotary
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.lora.adapters import Adapters
@@ -24,9 +26,10 @@ from engine.worker.forward_context import (
     padded_block_table,
     set_forward_context,
 )
-from engine.worker.host_kv import HostKV
+from engine.worker.host_kv import HostKV, page_tensors
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
+from engine.worker.sleep import DeviceMemory
 from kernels.paged_attention import same_query_count
 
 
@@ -94,29 +97,73 @@ class ModelRunner:
         self.images = ImageEmbeddings(model.visual, self.device)
         self.adapters = adapters  # the served LoRA adapters (engine/lora)
         self.graphs: DecodeGraphs | None = None
-        if engine_config.cuda_graphs and self.device.type == "cuda":
+        self._want_graphs = engine_config.cuda_graphs and self.device.type == "cuda"
+        if self._want_graphs:
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
-            max_blocks = -(-max_context // self.block_size)
-            lanes = len(adapters.slots) if adapters is not None else 0
-            graphs = DecodeGraphs(
-                model,
-                engine_config.max_concurrency,
-                max_blocks,
-                self.device,
-                max_query=self.max_query,
-                lora_lanes=lanes,
-                dtype=dtype,
-            )
-            self.graphs = captured_or_none(graphs)
-            if adapters is not None and self.graphs is not None:
-                adapters.graph_lanes = lanes
-            batch = engine_config.max_concurrency
-            if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
-                chain = mtp_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
-                self.drafter.graphs = captured_or_none(chain)
-            if isinstance(self.drafter, DraftModelDrafter) and self.graphs is not None:
-                chain = draft_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
-                self.drafter.graphs = captured_or_none(chain)
+        self._graph_shape = (engine_config.max_concurrency, -(-(max_context or 0) // self.block_size), dtype)
+        self.capture_graphs()
+        self.asleep: DeviceMemory | None = None  # while asleep: the device memory given back
+
+    def capture_graphs(self) -> None:
+        """The decode steps' CUDA graphs (and the drafter's chained steps'), on CUDA with graphs on."""
+        if not self._want_graphs:
+            return
+        batch, max_blocks, dtype = self._graph_shape
+        adapters = self.adapters
+        lanes = len(adapters.slots) if adapters is not None else 0
+        graphs = DecodeGraphs(
+            self.model,
+            batch,
+            max_blocks,
+            self.device,
+            max_query=self.max_query,
+            lora_lanes=lanes,
+            dtype=dtype,
+        )
+        self.graphs = captured_or_none(graphs)
+        if adapters is not None:
+            adapters.graph_lanes = lanes if self.graphs is not None else 0
+        if isinstance(self.drafter, MTPDrafter) and self.graphs is not None:
+            chain = mtp_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
+            self.drafter.graphs = captured_or_none(chain)
+        if isinstance(self.drafter, DraftModelDrafter) and self.graphs is not None:
+            chain = draft_chain_graphs(self.drafter, batch, max_blocks, self.device, dtype)
+            self.drafter.graphs = captured_or_none(chain)
+
+    def _drop_graphs(self) -> None:
+        for holder in (self, self.drafter):
+            if holder is not None and holder.graphs is not None:
+                holder.graphs.clear()
+                holder.graphs = None
+        if self.adapters is not None:
+            self.adapters.graph_lanes = 0
+
+    def sleep(self, keep_kv: bool) -> DeviceMemory:
+        """Give the device memory back (engine/worker/sleep.py): the weights' bytes, and with `keep_kv` the
+        KV pool's and recurrent states', held in host memory; without it those come back zeroed. Refused in
+        a sentence, with nothing changed, when host memory cannot hold them."""
+        assert self.asleep is None, "already asleep"
+        self._drop_graphs()  # before the walk: their buffers and pools are freed with them, not held
+        discard = [] if keep_kv else [*page_tensors(self.kv_caches), *self._state_tensors()]
+        memory = DeviceMemory([self], self.device, discard, shared=rotary.shared_tables())
+        try:
+            memory.check_host_memory("sleeping")
+        except NinferError:
+            self.capture_graphs()
+            raise
+        memory.release()
+        self.asleep = memory
+        return memory
+
+    def wake(self) -> None:
+        """The device memory back as it was, then the CUDA graphs captured again (the tensors moved)."""
+        assert self.asleep is not None, "not asleep"
+        self.asleep.restore()
+        self.asleep = None
+        self.capture_graphs()
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [t for layer in self._state_layers for t in (layer.conv_state, layer.ssm_state)]
 
     def _modules(self):
         """The target's modules, then the draft model's (spec draft)."""

@@ -1,0 +1,212 @@
+"""Sleep (engine/worker/sleep.py): the device memory given back while idle and taken again on the next
+request. Level 1 holds the weights, KV pool and recurrent states in host memory (the prefix cache hits after
+waking); level 2 holds the weights only (the prefix cache starts cold). Either way a request after waking
+generates what it generated before, to the log-probability."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import save_tiny, tiny_hf_model
+
+from engine import LLM, NinferError, SamplingParams
+from engine.async_llm import AsyncLLM
+from engine.errors import DeviceMemoryBusy
+from engine.worker import sleep as sleep_module
+from engine.worker.sleep import DeviceMemory
+
+GEN = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=0)
+SMALL = dict(max_context=256, kv_capacity=512, max_concurrency=2)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _same(a, b) -> bool:
+    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
+    return a.token_ids == b.token_ids and max(lp) < 1e-5
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+        self.cache = SimpleNamespace(pages=torch.randn(6, 4))  # not ours, not a module: not walked
+        self.pages = torch.randn(6, 4)
+        self.rows = self.pages[2:]  # a view: the same storage
+        self.nested = {"states": [torch.ones(3)]}
+
+
+def test_release_frees_every_storage_reached_and_restore_brings_its_bytes_back():
+    m = _Holder()
+    weight, pages = m.linear.weight.detach().clone(), m.pages.clone()
+    memory = DeviceMemory([m], torch.device("cpu"), discard=[m.nested["states"][0]])
+    # the linear's weight and bias, the pages (once, with their view), the states; not SimpleNamespace's
+    assert memory.device_bytes == 4 * (32 + 4 + 24 + 3) and memory.host_bytes == 4 * (32 + 4 + 24)
+    memory.release()
+    assert m.linear.weight.untyped_storage().nbytes() == 0 and m.rows.untyped_storage().nbytes() == 0
+    assert m.cache.pages.untyped_storage().nbytes() == 24 * 4  # out of the walk's reach: kept
+    memory.restore()
+    assert torch.equal(m.linear.weight, weight) and torch.equal(m.pages, pages)
+    assert torch.equal(m.rows, pages[2:]) and m.nested["states"][0].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_storage_that_cannot_be_resized_keeps_its_memory():
+    import numpy as np
+
+    mapped = torch.from_numpy(np.ones(5, dtype=np.float32))  # memory torch did not allocate
+    assert not mapped.untyped_storage().resizable()
+    holder = torch.nn.Module()
+    holder.register_buffer("mapped", mapped)
+    memory = DeviceMemory([holder], torch.device("cpu"))
+    assert memory.device_bytes == 0
+    memory.release()
+    assert mapped.tolist() == [1.0] * 5
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    return save_tiny(tiny_hf_model(request.param, tied=False), tmp_path_factory.mktemp(request.param))
+
+
+def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
+    llm = LLM(model_dir, **SMALL)
+    prompt = _prompt(70, 1)
+    first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    message = llm.sleep(1)
+    assert (
+        llm.sleep_level == 1
+        and message.startswith("asleep (level 1)")
+        and "the next request wakes it" in message
+    )
+    assert all(p.untyped_storage().nbytes() == 0 for p in llm.model.parameters())
+    assert all(c.k_data.untyped_storage().nbytes() == 0 for c in llm.runner.kv_caches)
+    assert llm.sleep(2) == "already asleep (level 1)"
+    again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the request wakes it
+    assert llm.sleep_level == 0 and again.num_cached_tokens == 64 and _same(again, first)
+    llm.sleep(2)
+    assert llm.sleep_level == 2
+    cold = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert cold.num_cached_tokens == 0 and _same(cold, first)
+    assert llm.wake_up() == "awake"
+
+
+def test_a_model_asleep_leaves_another_model_of_the_process_be(model_dir):
+    # both read the process's shared rotary tables, which a sleeping model must not free
+    asleep, awake = LLM(model_dir, **SMALL), LLM(model_dir, **SMALL)
+    prompt = _prompt(30, 7)
+    first = awake.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    asleep.sleep(1)
+    again = awake.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert again.num_cached_tokens == 16 and _same(again, first)
+
+
+def test_sleep_is_refused_while_requests_run_or_wait_and_for_an_unknown_level(model_dir):
+    llm = LLM(model_dir, **SMALL)
+    with pytest.raises(NinferError, match="^sleep level 3 is not one of 1"):
+        llm.sleep(3)
+    llm.add_request(_prompt(20, 2), GEN)
+    with pytest.raises(NinferError, match=r"^1 request\(s\) are running or waiting; sleep once they finish$"):
+        llm.sleep(1)
+    while llm.has_unfinished_requests():
+        llm.step()
+    llm.sleep(1)
+
+
+def test_host_memory_too_short_refuses_sleep_and_changes_nothing(model_dir, monkeypatch):
+    llm = LLM(model_dir, **SMALL)
+    prompt = _prompt(40, 3)
+    first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 30))
+    with pytest.raises(
+        NinferError, match="^sleeping needs .* of host memory to hold the device's bytes and 0 B"
+    ):
+        llm.sleep(1)
+    assert llm.sleep_level == 0
+    again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert again.num_cached_tokens == 32 and _same(again, first)
+
+
+def test_a_wake_the_device_cannot_hold_stays_asleep_and_can_be_tried_again(model_dir, monkeypatch):
+    llm = LLM(model_dir, **SMALL)
+    prompt = _prompt(40, 4)
+    first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    llm.sleep(1)
+    real, calls = sleep_module._bytes_of, []
+
+    def short_of_memory(storage, device):  # the third storage finds the device full
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("out of memory")
+        return real(storage, device)
+
+    monkeypatch.setattr(sleep_module, "_bytes_of", short_of_memory)
+    with pytest.raises(
+        DeviceMemoryBusy, match="^waking up needs .* of device memory and .* are free; stop what"
+    ):
+        llm.generate(prompt_token_ids=prompt, sampling_params=GEN)
+    assert llm.sleep_level == 1 and not llm.has_unfinished_requests()
+    assert all(p.untyped_storage().nbytes() == 0 for p in llm.model.parameters())  # what was taken: freed
+    again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the device has room now
+    assert llm.sleep_level == 0 and again.num_cached_tokens == 32 and _same(again, first)
+
+
+def test_a_refused_request_does_not_wake_the_engine(model_dir):
+    llm = LLM(model_dir, **SMALL)
+    llm.sleep(1)
+    with pytest.raises(NinferError, match="outside the vocabulary"):
+        llm.add_request([10**7], GEN)
+    assert llm.sleep_level == 1
+
+
+def _generate(engine: AsyncLLM, prompt: list[int]):
+    async def main():
+        stream = await engine.add_request(prompt, GEN)
+        async for out, _ in stream:
+            last = out
+        return last
+
+    return asyncio.run(main())
+
+
+def _wait_for_level(engine: AsyncLLM, level: int) -> None:
+    deadline = time.monotonic() + 20
+    while engine.stats()["sleep_level"] != level:
+        assert time.monotonic() < deadline, f"the engine did not fall asleep at level {level}"
+        time.sleep(0.05)
+
+
+def test_the_server_engine_sleeps_when_idle_and_the_next_request_wakes_it(model_dir):
+    engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.3)
+    try:
+        prompt = _prompt(40, 5)
+        first = _generate(engine, prompt)
+        _wait_for_level(engine, 1)
+        again = _generate(engine, prompt)
+        assert again.num_cached_tokens == 32 and _same(again, first)
+        _wait_for_level(engine, 1)  # asleep again, 0.3 s after that request
+        assert asyncio.run(engine.wake_up()).startswith("awake in")
+    finally:
+        engine.shutdown()
+
+
+def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(model_dir, monkeypatch):
+    engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.2)
+    try:
+        # host memory for everything but half the KV pool: level 1 is refused, level 2 fits
+        held = DeviceMemory([engine.llm.runner], torch.device("cpu")).host_bytes
+        room = sleep_module.HOST_MARGIN + held - engine.llm.runner.kv_cache_bytes // 2
+        monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=room))
+        _generate(engine, _prompt(40, 6))
+        _wait_for_level(engine, 2)
+        _generate(engine, _prompt(40, 6))
+        monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
+        time.sleep(1.0)  # idle for five periods: refused once, not tried again
+        assert engine.llm.sleep_level == 0 and engine.is_running
+    finally:
+        engine.shutdown()
