@@ -23,6 +23,7 @@ from typing import Any
 from engine.errors import NinferError
 from engine.llm import LLM
 from engine.request import RequestOutput, SamplingParams
+from engine.scheduler.step_tokens import StepTokens
 from engine.vision.image import ImageInput
 
 log = logging.getLogger("ninfer")
@@ -244,6 +245,10 @@ class AsyncLLM:
             "spec_drafts": sched.num_drafts,
             "sleep_level": self.llm.sleep_level,
         }
+
+    def step_tokens(self) -> StepTokens:
+        """The tokens each engine step ran, as a histogram's counts (for /metrics; read without locking)."""
+        return self.llm.scheduler.step_tokens
 
     def adapters_in_use(self) -> tuple[list[str], list[str]]:
         """The LoRA adapters the running requests run with, and the waiting ones (for /metrics; read without

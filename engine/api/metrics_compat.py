@@ -3,8 +3,8 @@ picks a replica by its queue and KV use (vllm:num_requests_waiting, vllm:kv_cach
 written against `vllm serve` or `llama-server --metrics` reads this server unchanged.
 
 vLLM's carry its labels (model_name: the served model id; engine: "0"); llama-server's carry none. What
-ninfer does not measure is left out rather than made up: vLLM's inference time per request, llama.cpp's
-decode-call counts. vLLM's prefill time is the time to first token less the queue time. llama.cpp's prompt
+ninfer does not measure is left out rather than made up: llama.cpp's decode-call counts. vLLM's prefill
+time is the time to first token less the queue time, its inference time the request's whole time less it. llama.cpp's prompt
 seconds are the time to the first token (the queue included), its tokens per second the averages of those
 totals.
 """
@@ -15,7 +15,7 @@ import time
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.request import RequestOutput
 
@@ -70,6 +70,9 @@ class VllmMetrics:
         self.prefill = histogram(
             "vllm:request_prefill_time_seconds", "Admission to the first output token, per request", SECONDS
         )
+        self.inference = histogram(
+            "vllm:request_inference_time_seconds", "Admission to the last output, per request", SECONDS
+        )
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request", TOKENS)
         self.output_len = histogram("vllm:request_generation_tokens", "Generated tokens per request", TOKENS)
         self.max_tokens = histogram("vllm:request_params_max_tokens", "max_tokens asked per request", TOKENS)
@@ -99,6 +102,8 @@ class VllmMetrics:
             self.queue.observe(out.queue_time)
             if times.ttft is not None:
                 self.prefill.observe(max(0.0, times.ttft - out.queue_time))
+            if times.start is not None:
+                self.inference.observe(max(0.0, times.end - times.start - out.queue_time))
         self.prompt_len.observe(len(out.prompt_token_ids))
         self.output_len.observe(generated)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
@@ -138,6 +143,12 @@ class VllmMetrics:
             family = CounterMetricFamily(name, doc, labels=LABELS)
             family.add_metric(values, value)
             yield family
+        steps = self.engine.step_tokens()
+        family = HistogramMetricFamily(
+            "vllm:iteration_tokens_total", "Tokens run per engine step", labels=LABELS
+        )
+        family.add_metric(values, steps.cumulative(), sum_value=steps.sum)
+        yield family
         yield from self._info(stats)
 
     def _info(self, stats: dict):

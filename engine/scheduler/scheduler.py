@@ -49,6 +49,7 @@ from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.request import Request, RequestStatus
 from engine.scheduler.bans import banned_rows
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.scheduler.step_tokens import StepTokens
 from engine.spec.ngram import NgramProposer
 from engine.spec.prediction import PredictionDrafts
 from engine.spec.stored import StoredDrafts
@@ -81,6 +82,7 @@ class Scheduler:
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
         self.num_drafts = 0  # verifications: a request's drafts of one step, verified together
+        self.step_tokens = StepTokens()  # tokens per step that ran any (/metrics)
 
     @property
     def snapshots_enabled(self) -> bool:
@@ -192,6 +194,8 @@ class Scheduler:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
         swap_out, swap_in = self.block_pool.drain_swaps()
+        if scheduled:
+            self.step_tokens.observe(sum(len(r.token_ids) for r in scheduled))
         return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in)
 
     def _waits_for_prompt(self, req: Request) -> bool:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from engine.models.loader import default_model_path, open_source
 from engine.request import RequestOutput
+from engine.scheduler.step_tokens import StepTokens
 
 QWEN_STYLE_TEMPLATE = """{%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
@@ -78,6 +79,7 @@ class _Stats:
     max_context = 4096
     sampling_defaults: dict = {}
     model = _Model()
+    sleep_level = 0  # awake
     text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
     rerank_head = None  # not a reranker
     adapters = SimpleNamespace(slots={}, names=[])  # no LoRA adapters (engine/lora/adapters.Adapters)
@@ -119,7 +121,11 @@ class ScriptedEngine:
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
             "spec_drafts": 0,
+            "sleep_level": 0,
         }
+
+    def step_tokens(self):
+        return StepTokens()
 
     def adapters_in_use(self):
         return [], []

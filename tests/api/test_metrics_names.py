@@ -68,6 +68,15 @@ def test_vllm_names_count_the_requests(scraped):
     ttft = value(samples, "vllm:time_to_first_token_seconds_sum")
     queued = value(samples, "vllm:request_queue_time_seconds_sum")
     assert 0 <= queued <= ttft and value(samples, "vllm:request_prefill_time_seconds_sum") <= ttft
+    # admission to the last output: the request's whole time less its queue time
+    assert value(samples, "vllm:request_inference_time_seconds_count") == 2
+    e2e = value(samples, "vllm:e2e_request_latency_seconds_sum")
+    assert value(samples, "vllm:request_inference_time_seconds_sum") == pytest.approx(e2e - queued, abs=1e-6)
+    # the tokens each step ran: a step per prompt (the second's cached pages not run) and per later token
+    assert value(samples, "vllm:iteration_tokens_total_count") == 2 * GEN
+    run = 2 * prompt_tokens - stats["prefix_cache_hits"] + 2 * (GEN - 1)
+    assert value(samples, "vllm:iteration_tokens_total_sum") == run
+    assert value(samples, "vllm:iteration_tokens_total_bucket", le="1.0") == 2 * (GEN - 1)
     (cache,) = samples["vllm:cache_config_info"]
     assert cache.labels == {
         "block_size": "16",
