@@ -218,7 +218,8 @@ class AsyncLLM:
             return
         try:
             self.llm.save_prefix_cache()
-        except (OSError, RuntimeError) as e:  # a full disk, a device error: said, the shutdown goes on
+        except (OSError, RuntimeError, NinferError) as e:
+            # a full disk, a device error, a wake the device cannot hold (asleep): said, the shutdown goes on
             log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
 
     @property

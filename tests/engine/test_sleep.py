@@ -210,3 +210,24 @@ def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(
         assert engine.llm.sleep_level == 0 and engine.is_running
     finally:
         engine.shutdown()
+
+
+def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
+    """Shutdown asleep: at level 1 the engine wakes to write its pages, at level 2 (nothing cached) it writes
+    an empty file without waking."""
+    file = tmp_path / "prefix.cache"
+    options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
+    prompt = _prompt(40, 8)
+    engine = AsyncLLM(model_dir, **options)
+    first = _generate(engine, prompt)
+    asyncio.run(engine.sleep(1))
+    engine.shutdown()
+    assert engine.llm.sleep_level == 0 and file.exists()
+    again = LLM(model_dir, **options)
+    out = again.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert out.num_cached_tokens == 32 and _same(out, first)
+    again.sleep(2)
+    again.save_prefix_cache()
+    assert again.sleep_level == 2
+    cold = LLM(model_dir, **options).generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert cold.num_cached_tokens == 0
