@@ -46,9 +46,45 @@ def _decoder_kinds(decoder: dict | None) -> set[str]:
     return {decoder.get("type", "")}
 
 
+def decoder_kinds(backend: HFTokenizer) -> set[str]:
+    """The kinds of the tokenizer's decoder (and of those a Sequence of them holds)."""
+    decoder = backend.decoder
+    if decoder is None:
+        return set()
+    try:  # the decoder's own JSON: no need to read the whole tokenizer's
+        spec = json.loads(decoder.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        spec = json.loads(backend.to_str()).get("decoder")
+    return _decoder_kinds(spec)
+
+
+def vocab_bytes(backend: HFTokenizer, vocab_size: int) -> tuple[bytes, ...]:
+    """Every token's bytes, by id: what `token_byte_reader` reads for each, read in bulk where the
+    vocabulary is byte-level BPE (its pieces translated to bytes by the alphabet in one pass each)."""
+    read = token_byte_reader(backend)
+    if "ByteLevel" not in decoder_kinds(backend):
+        return tuple(map(read, range(vocab_size)))
+    pieces: list[str | None] = [None] * vocab_size
+    for piece, token_id in backend.get_vocab(with_added_tokens=False).items():
+        if token_id < vocab_size:
+            pieces[token_id] = piece
+    added = backend.get_added_tokens_decoder()
+    alphabet = {ord(c): b for c, b in byte_level_table().items()}
+    out = []
+    for token_id, piece in enumerate(pieces):
+        if piece is None or token_id in added:
+            out.append(read(token_id))
+            continue
+        try:  # a character outside the alphabet stays above 255: not Latin-1, read the slow way
+            out.append(piece.translate(alphabet).encode("latin-1"))
+        except UnicodeEncodeError:
+            out.append(read(token_id))
+    return tuple(out)
+
+
 def token_byte_reader(backend: HFTokenizer) -> Callable[[int], bytes]:
     """token id -> its bytes, for this tokenizer (see the module's docstring)."""
-    kinds = _decoder_kinds(json.loads(backend.to_str()).get("decoder"))
+    kinds = decoder_kinds(backend)
     added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
     table = byte_level_table()
 

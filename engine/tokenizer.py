@@ -71,7 +71,9 @@ class Tokenizer:
     @cached_property
     def vocab_bytes(self) -> tuple[bytes, ...]:
         """Every token's bytes, by id (read once; DRY's sequence breakers are found in them)."""
-        return tuple(map(self.token_bytes, range(self.vocab_size)))
+        from engine.token_bytes import vocab_bytes
+
+        return vocab_bytes(self.backend, self.vocab_size)
 
     @cached_property
     def _byte_reader(self):

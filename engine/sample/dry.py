@@ -16,6 +16,7 @@ round, until none matches.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -93,10 +94,18 @@ def dry_penalties(
 
 
 def breaker_mask(vocab_bytes: Sequence[bytes], vocab_size: int, breakers: tuple[str, ...]) -> np.ndarray:
-    """[vocab_size] bool: the tokens whose bytes (`vocab_bytes`, by id) hold one of `breakers`."""
+    """[vocab_size] bool: the tokens whose bytes (`vocab_bytes`, by id) hold one of `breakers`. Searched in
+    the vocabulary joined by NUL bytes (one pass a breaker), each match's token found by its offset."""
+    tokens = vocab_bytes[:vocab_size]
     mask = np.zeros(vocab_size, dtype=bool)
+    joined = b"\0".join(tokens)
+    starts = np.cumsum([0, *(len(t) + 1 for t in tokens[:-1])])  # [V] where each token begins
     for needle in {b.encode() for b in breakers}:
-        mask[[i for i, token in enumerate(vocab_bytes[:vocab_size]) if needle in token]] = True
+        if b"\0" in needle:  # (a match could join two tokens) token by token
+            mask[[i for i, token in enumerate(tokens) if needle in token]] = True
+            continue
+        at = [m.start() for m in re.finditer(re.escape(needle), joined)]
+        mask[np.searchsorted(starts, np.asarray(at, dtype=np.int64), side="right") - 1] = True
     return mask
 
 

@@ -153,6 +153,16 @@ def test_breaker_mask_marks_tokens_holding_a_breaker(default_tokenizer):
     assert not mask[tok.encode(" Paris", add_special_tokens=False)].any()
 
 
+@pytest.mark.parametrize(
+    "breakers", [("\n", ":", '"', "*"), ("é", "the"), ("\0x",), ("<|im_end|>",), ("a", "ab")]
+)
+def test_breaker_mask_is_the_token_by_token_scan(default_tokenizer, breakers):
+    tok = default_tokenizer
+    mask = breaker_mask(tok.vocab_bytes, tok.vocab_size, breakers)
+    needles = [b.encode() for b in breakers]
+    assert mask.tolist() == [any(n in tok.token_bytes(i) for n in needles) for i in range(tok.vocab_size)]
+
+
 @pytest.mark.parametrize("mass", [0.2, 0.5, 0.9, 0.99])
 def test_typical_keeps_what_transformers_keeps(mass):
     from transformers.generation.logits_process import TypicalLogitsWarper

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from engine.token_bytes import byte_level_table, token_byte_reader
+from engine.token_bytes import byte_level_table, token_byte_reader, vocab_bytes
 
 TEXT = "Sí: 😀 日本\n"
 
@@ -57,3 +57,13 @@ def test_the_byte_level_table_covers_every_byte_once():
     table = byte_level_table()
     assert len(table) == 256 and sorted(table.values()) == list(range(256))
     assert table["A"] == ord("A") and table["Ġ"] == ord(" ") and table["Ċ"] == ord("\n")
+
+
+@pytest.mark.parametrize("build", [_byte_level, _byte_fallback, _word_level])
+def test_the_whole_vocabulary_read_at_once_is_each_tokens_bytes(build):
+    tok = build()
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    tok.add_tokens([AddedToken("ĊĊ", special=False)])  # an added token is its text, not the alphabet's bytes
+    read = token_byte_reader(tok)
+    size = tok.get_vocab_size() + 2  # a head padded past the vocabulary
+    assert vocab_bytes(tok, size) == tuple(read(i) for i in range(size))
