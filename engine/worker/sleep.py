@@ -68,9 +68,12 @@ class DeviceMemory:
         device: torch.device,
         discard: Iterable[torch.Tensor] = (),
         shared: Iterable[torch.Tensor] = (),
+        pin: bool | None = None,
     ):
-        """discard: tensors whose bytes are not kept; shared: tensors others hold too, left as they are."""
+        """discard: tensors whose bytes are not kept; shared: tensors others hold too, left as they are; pin:
+        the host copies in page-locked memory (None: on CUDA), so both copies run at the link's full speed."""
         self.device = device
+        self.pin = device.type == "cuda" if pin is None else pin
         skip = {t.untyped_storage().data_ptr() for t in discard}
         leave = {t.untyped_storage().data_ptr() for t in shared}
         found: dict[int, _Held] = {}
@@ -100,14 +103,28 @@ class DeviceMemory:
                 f"{format_bytes(max(0, free - HOST_MARGIN))} are free (2 GiB kept for the system)"
             )
 
+    def _host_buffer(self, nbytes: int) -> torch.Tensor:
+        """[nbytes] uint8 in host memory: page-locked when pinning, pageable where the system refuses more."""
+        if self.pin:
+            try:
+                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:
+                self.pin = False
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def release(self) -> None:
         """Copy the kept storages to host memory, then free every storage's device memory."""
-        host = [
-            torch.empty(h.nbytes, dtype=torch.uint8).copy_(_bytes_of(h.storage, self.device))
-            if h.keep
-            else None
-            for h in self._storages
-        ]
+        host = []
+        for h in self._storages:
+            buffer = self._host_buffer(h.nbytes) if h.keep else None
+            if buffer is not None:
+                buffer.copy_(_bytes_of(h.storage, self.device), non_blocking=buffer.is_pinned())
+            host.append(buffer)
+        self._sync()
         for h in self._storages:  # freed only once every copy is made: a failed copy frees nothing
             h.storage.resize_(0)
         self._host = host
@@ -125,10 +142,10 @@ class DeviceMemory:
                 if host is None:
                     target.zero_()
                 else:
-                    target.copy_(host)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
+                    target.copy_(host, non_blocking=host.is_pinned())
+            self._sync()
         except torch.OutOfMemoryError:
+            self._sync()  # the copies under way land before their memory goes
             for h in self._storages:
                 h.storage.resize_(0)
             if self.device.type == "cuda":
@@ -138,4 +155,7 @@ class DeviceMemory:
                 f"waking up needs {format_bytes(self.device_bytes)} of device memory and {format_bytes(free)} "
                 "are free; stop what took it, then send the request again"
             ) from None
+        pinned = any(host is not None and host.is_pinned() for host in self._host)
         self._host = []
+        if pinned and hasattr(torch._C, "_host_emptyCache"):  # page-locked memory back to the system
+            torch._C._host_emptyCache()
