@@ -3,8 +3,8 @@ again, and the device memory freed as the driver counts it, beside the plain cop
 tensor to host memory and back with .to(), the baseline), same process, side by side.
 
 The "model" is what a 27B at ~4.6 bits holds, scaled by --gib: 64 layers of weight-shaped tensors and a
-KV pool; weight shapes do not change copy speed, only bytes do. On CUDA the host copies are page-locked
-(what the engine does) and, beside them, pageable. Median of the repeats.
+KV pool; weight shapes do not change copy speed, only bytes do. On CUDA the host copies are pageable (what
+the engine does) and, beside them, page-locked (what it would gain by pinning). Median of the repeats.
 
     python benchmarks/sleep_wake.py [--gib 4] [--repeat 3] [--device cuda]
 """
@@ -73,7 +73,7 @@ def main() -> None:
     print(
         f"plain   .to('cpu') {out_s:.2f} s ({gib / out_s:.1f} GiB/s)   .to(device) {in_s:.2f} s ({gib / in_s:.1f} GiB/s)"
     )
-    for pin in (True, False) if device.type == "cuda" else (False,):
+    for pin in (False, True) if device.type == "cuda" else (False,):
         sleeps, wakes, freed = [], [], []
         for _ in range(args.repeat):
             memory = DeviceMemory([model], device, pin=pin)

@@ -68,12 +68,14 @@ class DeviceMemory:
         device: torch.device,
         discard: Iterable[torch.Tensor] = (),
         shared: Iterable[torch.Tensor] = (),
-        pin: bool | None = None,
+        pin: bool = False,
     ):
         """discard: tensors whose bytes are not kept; shared: tensors others hold too, left as they are; pin:
-        the host copies in page-locked memory (None: on CUDA), so both copies run at the link's full speed."""
+        the host copies in page-locked memory (CUDA). NOTE: off in the engine until measured: torch's pinned
+        allocator rounds each buffer up to a power of two (up to twice the host memory the check counted);
+        benchmarks/sleep_wake.py times both."""
         self.device = device
-        self.pin = device.type == "cuda" if pin is None else pin
+        self.pin = pin and device.type == "cuda"
         skip = {t.untyped_storage().data_ptr() for t in discard}
         leave = {t.untyped_storage().data_ptr() for t in shared}
         found: dict[int, _Held] = {}
