@@ -45,6 +45,12 @@ class Adapters:
         return list(self.slots)
 
     @property
+    def lane_count(self) -> int:
+        """Lanes for CUDA graphs captured now: every loaded adapter's slot (slots are never reused; a slot
+        with no pairs on a layer adds nothing there)."""
+        return max(self.slots.values()) + 1 if self.slots else 0
+
+    @property
     def num_bytes(self) -> int:
         return sum(layer.num_bytes for layer in self._layers())
 

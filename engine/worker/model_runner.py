@@ -110,7 +110,7 @@ class ModelRunner:
             return
         batch, max_blocks, dtype = self._graph_shape
         adapters = self.adapters
-        lanes = len(adapters.slots) if adapters is not None else 0
+        lanes = adapters.lane_count if adapters is not None else 0
         graphs = DecodeGraphs(
             self.model,
             batch,

@@ -24,7 +24,7 @@ def test_sleep_gives_the_device_memory_back_and_waking_captures_the_graphs_again
     shapes = {"mlp.down_proj": (128, 64), "mlp.up_proj": (64, 128)}
     adapter = write_lora_adapter(tmp_path / "a", shapes, model.config.num_hidden_layers, scale=0.5)
     llm = LLM(
-        tmp_path / "m", device="cuda", dtype="bfloat16", max_context=4096, lora_modules={"a": str(adapter)}
+        tmp_path / "m", device="cuda", dtype="float32", max_context=4096, lora_modules={"a": str(adapter)}
     )
     assert llm.runner.graphs is not None and llm.adapters.graph_lanes == 1
     prompt = torch.randint(3, 500, (100,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -45,3 +45,14 @@ def test_sleep_gives_the_device_memory_back_and_waking_captures_the_graphs_again
     assert again[0].num_cached_tokens == 96
     adapted = llm.generate(prompt_token_ids=prompt, sampling_params=ADAPTED)
     assert adapted[0].token_ids == with_adapter[0].token_ids
+    # an adapter loaded while serving runs eagerly; after a sleep it is a lane of the graphs captured anew
+    llm.unload_adapter("a")
+    llm.load_adapter("late", str(adapter))
+    assert llm.adapters.slots == {"late": 1} and llm.adapters.graph_lanes == 1
+    late = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0, adapter="late")
+    eager = llm.generate(prompt_token_ids=prompt, sampling_params=late)
+    llm.sleep(1)
+    llm.wake_up()
+    assert llm.adapters.graph_lanes == 2
+    assert llm.generate(prompt_token_ids=prompt, sampling_params=late)[0].token_ids == eager[0].token_ids
+    assert eager[0].token_ids == with_adapter[0].token_ids  # the same weights as "a"
