@@ -67,8 +67,13 @@ class _IdleTimer:
         return max(0.0, self.since + self.seconds - time.monotonic())
 
     def sleep(self, llm: LLM) -> None:
-        """Level 1 (the prefix cache kept in host memory), else level 2 when host memory cannot hold the
-        KV pool, else stay awake, said once."""
+        """The prefix cache file written first when it changed (nothing waits now, and a crash while asleep
+        then keeps it); then level 1 (the prefix cache kept in host memory), else level 2 when host memory
+        cannot hold the KV pool, else stay awake, said once."""
+        try:
+            llm.save_prefix_cache()
+        except (OSError, RuntimeError, NinferError) as e:  # a full disk: said, the sleep goes on
+            log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
         try:
             llm.sleep(1)
         except NinferError as e:

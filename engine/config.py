@@ -380,9 +380,9 @@ class EngineConfig:
     # bytes of host memory for the prefix cache's second tier (engine/cache/host_pool.py): KV pages evicted
     # from the GPU pool are kept there and copied back for a later request with the same prefix; 0 = off
     host_cache: int = 0
-    # a file the prefix cache is kept in across restarts: written at shutdown (LLM.save_prefix_cache), read
-    # into the host tier at start-up when it was written for the same model and KV layout
-    # (engine/worker/prefix_file.py); needs host_cache
+    # a file the prefix cache is kept in across restarts: written at shutdown and on falling asleep idle
+    # (LLM.save_prefix_cache, when the cache changed), read into the host tier at start-up when it was
+    # written for the same model and KV layout (engine/worker/prefix_file.py); needs host_cache
     prefix_cache_file: str | None = None
     # the server sleeps after this many seconds without work (llama-server's --sleep-idle-seconds): the
     # device memory given back, the weights and KV pool held in host memory, until the next request

@@ -147,8 +147,12 @@ class LLM:
         self.dry_breakers = BreakerMasks(self.tokenizer, self.model_config.vocab_size, self.description)
         visual = self.model.visual
         self._images = ImageCache(visual.config) if visual is not None else None
+        self._prefix_file_version = -1  # the pool's version the file holds (-1: none written or read)
         if config.prefix_cache_file:  # the prefix cache an earlier run left (engine/worker/prefix_file.py)
-            log.info("%s", prefix_file.load(self, config.prefix_cache_file))
+            message, read = prefix_file.load(self, config.prefix_cache_file)
+            log.info("%s", message)
+            if read:  # as the file holds it (another file is replaced at shutdown)
+                self._prefix_file_version = self.scheduler.block_pool.version
 
     # -- step-wise API --------------------------------------------------------------------------
     def add_request(
@@ -262,14 +266,20 @@ class LLM:
 
     def save_prefix_cache(self) -> None:
         """Write the prefix cache to `prefix_cache_file` (between steps, or once the engine has stopped), so
-        the next start reads it back; said in the log."""
+        the next start reads it back; said in the log. Skipped when nothing was cached or forgotten since the
+        file was read or written (and it is there): an engine asleep then need not wake for it."""
         path = self.engine_config.prefix_cache_file
         if path is None:
+            return
+        if self.scheduler.block_pool.version == self._prefix_file_version and Path(path).exists():
+            log.info("prefix cache: unchanged since %s was written or read", path)
             return
         if self._sleep_level == 1:  # the pages are in host memory until then (level 2 dropped them)
             self.wake_up()
         started = time.monotonic()
+        version = self.scheduler.block_pool.version
         pages, snapshots = prefix_file.save(self, path)
+        self._prefix_file_version = version
         snaps = f" and {snapshots} state snapshots" if self.scheduler.state_pool is not None else ""
         log.info(
             "prefix cache: %d pages (%d tokens)%s written to %s in %.1f s",

@@ -70,6 +70,9 @@ class BlockPool:
         self.host = HostPool(host_slots) if host_slots > 0 and enable_prefix_caching else None
         self.swap_out: list[tuple[int, int]] = []  # this step's (block, host slot) copies
         self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, block) copies
+        self.version = (
+            0  # counts changes to the prefixes named (a page registered, a reset): see LLM.save_prefix_cache
+        )
 
     @property
     def num_free_blocks(self) -> int:
@@ -140,6 +143,7 @@ class BlockPool:
         self.cached.clear()
         if self.host is not None:
             self.host.clear()
+        self.version += 1
 
     def cached_pages(self) -> list[tuple[bytes, int]]:
         """(hash, block) of every cached page, least recently used first: the unreferenced ones in the free
@@ -175,6 +179,7 @@ class BlockPool:
             return  # another request computed the same prefix first; keep that page
         self.block_hash[block_id] = block_hash
         self.cached[block_hash] = block_id
+        self.version += 1
 
     def record_lookup(self, num_queried: int, num_hit: int, num_host_hit: int = 0) -> None:
         self.stats.queries += num_queried

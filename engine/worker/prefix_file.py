@@ -165,24 +165,27 @@ def check_file(path: str) -> None:
 
 
 @torch.inference_mode()
-def load(llm, path: str) -> str:
-    """Read the file into the host tier and the snapshot slots; one line for the log saying what came in."""
+def load(llm, path: str) -> tuple[str, bool]:
+    """Read the file into the host tier and the snapshot slots: (one line for the log saying what came in,
+    whether the file was read)."""
     from safetensors import safe_open
 
     file = Path(path)
     if not file.exists():
-        return f"prefix cache file {path}: not there yet (written at shutdown)"
+        return f"prefix cache file {path}: not there yet (written at shutdown)", False
     meta = _metadata(file)
     if meta.get("version") != str(VERSION):
         return (
-            f"prefix cache file {path}: version {meta.get('version')}, this ninfer reads {VERSION}; not read"
+            f"prefix cache file {path}: version {meta.get('version')}, this ninfer reads {VERSION}; not read",
+            False,
         )
     theirs, mine = json.loads(meta.get("identity", "{}")), json.loads(json.dumps(identity(llm)))
     differs = [key for key in mine if theirs.get(key) != mine[key]]
     if differs:
         return (
             f"prefix cache file {path} was written for another {', '.join(differs)}; not read (replaced at "
-            "shutdown)"
+            "shutdown)",
+            False,
         )
     pool, runner, state_pool = llm.scheduler.block_pool, llm.runner, llm.scheduler.state_pool
     hashes = [bytes.fromhex(h) for h in meta["pages"].split(",") if h]
@@ -202,7 +205,8 @@ def load(llm, path: str) -> str:
         if not (whole and unique):
             return (
                 f"prefix cache file {path} does not hold what its index names; not read (replaced at "
-                "shutdown)"
+                "shutdown)",
+                False,
             )
         first = max(0, len(hashes) - pool.host.num_slots)  # the newest that fit
         slots = [pool.host.put(h) for h in hashes[first:]]
@@ -220,5 +224,6 @@ def load(llm, path: str) -> str:
     snaps = f" and {len(snap_slots)} state snapshots" if state_pool is not None else ""
     return (
         f"prefix cache file {path}: {len(slots):,} pages ({len(slots) * pool.block_size:,} tokens){snaps} "
-        f"read into the host tier (written {meta.get('written', '?')})"
+        f"read into the host tier (written {meta.get('written', '?')})",
+        True,
     )

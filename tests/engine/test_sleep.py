@@ -6,6 +6,7 @@ generates what it generated before, to the log-probability."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from types import SimpleNamespace
 
@@ -174,6 +175,12 @@ def _generate(engine: AsyncLLM, prompt: list[int]):
     return asyncio.run(main())
 
 
+def _stamp(file) -> tuple[int, int]:
+    """Which write of the file this is (each is a new file moved into place)."""
+    st = file.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
 def _wait_for_level(engine: AsyncLLM, level: int) -> None:
     deadline = time.monotonic() + 20
     while engine.stats()["sleep_level"] != level:
@@ -230,4 +237,47 @@ def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
     again.save_prefix_cache()
     assert again.sleep_level == 2
     cold = LLM(model_dir, **options).generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert cold.num_cached_tokens == 0
+
+
+def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wake(
+    model_dir, tmp_path, caplog
+):
+    """A server that falls asleep idle writes its prefix cache file (a crash while asleep keeps it); shut
+    down later with nothing new cached, it leaves the file as it is, asleep."""
+    file = tmp_path / "prefix.cache"
+    options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
+    prompt = _prompt(40, 9)
+    engine = AsyncLLM(model_dir, **options, sleep_idle_seconds=0.2)
+    try:
+        first = _generate(engine, prompt)
+        _wait_for_level(engine, 1)
+        assert file.exists()
+        # another process reading the file now (this one could crash asleep) starts from its pages
+        out = LLM(model_dir, **options).generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+        assert out.num_cached_tokens == 32 and _same(out, first)
+        written = _stamp(file)
+    finally:
+        with caplog.at_level(logging.INFO, logger="ninfer"):
+            engine.shutdown()
+    assert engine.llm.sleep_level == 1 and _stamp(file) == written
+    assert any("unchanged since" in r.message for r in caplog.records)
+
+
+def test_the_prefix_cache_file_is_written_again_only_when_the_cache_changed(model_dir, tmp_path):
+    file = tmp_path / "prefix.cache"
+    options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
+    llm = LLM(model_dir, **options)
+    llm.generate(prompt_token_ids=_prompt(40, 10), sampling_params=GEN)
+    llm.save_prefix_cache()
+    written = _stamp(file)
+    llm.save_prefix_cache()
+    assert _stamp(file) == written
+    again = LLM(model_dir, **options)  # read: what it holds is the file's
+    again.save_prefix_cache()
+    assert _stamp(file) == written
+    again.reset_prefix_cache()  # forgotten: the file follows
+    again.save_prefix_cache()
+    assert _stamp(file) != written
+    cold = LLM(model_dir, **options).generate(prompt_token_ids=_prompt(40, 10), sampling_params=GEN)[0]
     assert cold.num_cached_tokens == 0
