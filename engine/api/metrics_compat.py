@@ -4,9 +4,9 @@ written against `vllm serve` or `llama-server --metrics` reads this server uncha
 
 vLLM's carry its labels (model_name: the served model id; engine: "0"); llama-server's carry none. What
 ninfer does not measure is left out rather than made up: llama.cpp's decode-call counts. vLLM's prefill
-time is the time to first token less the queue time, its inference time the request's whole time less it. llama.cpp's prompt
-seconds are the time to the first token (the queue included), its tokens per second the averages of those
-totals.
+time is the time to first token less the queue time, its inference time the request's whole time less
+the queue time. llama.cpp's prompt seconds are the time to the first token (the queue included), its
+tokens per second the averages of those totals.
 """
 
 from __future__ import annotations

@@ -70,9 +70,8 @@ class BlockPool:
         self.host = HostPool(host_slots) if host_slots > 0 and enable_prefix_caching else None
         self.swap_out: list[tuple[int, int]] = []  # this step's (block, host slot) copies
         self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, block) copies
-        self.version = (
-            0  # counts changes to the prefixes named (a page registered, a reset): see LLM.save_prefix_cache
-        )
+        # counts changes to the prefixes named (a page registered, a reset): see LLM.save_prefix_cache
+        self.version = 0
 
     @property
     def num_free_blocks(self) -> int:
