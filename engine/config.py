@@ -36,8 +36,13 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
     "Qwen3VLForConditionalGeneration",
 )
+# the Qwen3.5 hybrid's layout (Gated DeltaNet layers, every full_attention_interval-th one full attention,
+# 0.25 of each head rotary); Qwen3-Next's checkpoints split their fused projections as they load
+# (engine/formats/qwen3_next.py)
+HYBRID_PREFIXES = ("Qwen3_5", "Qwen3Next")
 
 BARE_ARCHITECTURES = ("Qwen3Model",)  # transformers' decoder without an LM head (Qwen3-Embedding)
 # a decoder with a classifier in place of the LM head (a Qwen3-Reranker converted to score `yes` - `no`)
@@ -146,6 +151,7 @@ class ModelConfig:
             "Qwen3_5ForConditionalGeneration": "qwen3_5",
             "Qwen3_5MoeForCausalLM": "qwen3_5",
             "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+            "Qwen3NextForCausalLM": "qwen3_5",
             "Qwen3VLForConditionalGeneration": "qwen3",
         }[self.architecture]
 
@@ -211,13 +217,13 @@ class ModelConfig:
         head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
         num_layers = text["num_hidden_layers"]
         layer_types = text.get("layer_types")
-        if arch.startswith("Qwen3_5") and not layer_types:
+        if arch.startswith(HYBRID_PREFIXES) and not layer_types:
             interval = text.get("full_attention_interval", 4)
             layer_types = [
                 "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
             ]
         layer_types = tuple(layer_types or ("full_attention",) * num_layers)
-        if arch.startswith("Qwen3_5") and partial == 1.0 and "partial_rotary_factor" not in rope:
+        if arch.startswith(HYBRID_PREFIXES) and partial == 1.0 and "partial_rotary_factor" not in rope:
             partial = 0.25
         eos = text.get("eos_token_id", cfg.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
@@ -258,7 +264,7 @@ class ModelConfig:
             num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0),
             # Qwen3.5-MoE always renormalises (its config has no such key)
-            norm_topk_prob=bool(text.get("norm_topk_prob", arch.startswith("Qwen3_5Moe"))),
+            norm_topk_prob=bool(text.get("norm_topk_prob", arch.startswith(("Qwen3_5Moe", "Qwen3Next")))),
             decoder_sparse_step=int(text.get("decoder_sparse_step", 1) or 1),
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
@@ -312,6 +318,7 @@ def _arch_from_model_type(model_type: str) -> str:
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
         "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+        "qwen3_next": "Qwen3NextForCausalLM",
         "qwen3_vl": "Qwen3VLForConditionalGeneration",
     }.get(model_type, model_type or "<none>")
 

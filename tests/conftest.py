@@ -125,7 +125,7 @@ def write_config_gguf(path: Path, arch: str, context: int, rope_theta: float, ke
 
 def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
     """A random-initialised transformers model of `arch` (llama, qwen2, qwen3, qwen3_moe, qwen3_5,
-    qwen3_5_moe)."""
+    qwen3_5_moe, qwen3_next)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -151,7 +151,7 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
         )
         cfg = tf.Qwen3MoeConfig(tie_word_embeddings=tied, **{**moe, **common})
         model = tf.Qwen3MoeForCausalLM(cfg)
-    elif arch in ("qwen3_5", "qwen3_5_moe"):
+    elif arch in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
         hybrid = dict(
             num_hidden_layers=4,
             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
@@ -162,18 +162,24 @@ def tiny_hf_model(arch: str, tied: bool, seed: int = 0, **overrides):
             linear_conv_kernel_dim=4,
             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
         )
+        # every layer a mixture of 8 experts (2 a token) and a shared expert
+        moe = dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+        )
         if arch == "qwen3_5":
             cfg = tf.Qwen3_5TextConfig(tie_word_embeddings=tied, **{**hybrid, **common})
             model = tf.Qwen3_5ForCausalLM(cfg)
-        else:  # every layer a mixture of 8 experts (2 a token) and a shared expert
-            moe = dict(
-                num_experts=8,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=48,
-            )
+        elif arch == "qwen3_5_moe":
             cfg = tf.Qwen3_5MoeTextConfig(tie_word_embeddings=tied, **{**hybrid, **moe, **common})
             model = tf.Qwen3_5MoeForCausalLM(cfg)
+        else:  # Qwen3-Next: Qwen3.5-MoE's layers with fused, per-group interleaved linear projections;
+            # layer 1 dense (mlp_only_layers)
+            extra = dict(mlp_only_layers=[1])
+            cfg = tf.Qwen3NextConfig(tie_word_embeddings=tied, **{**hybrid, **moe, **extra, **common})
+            model = tf.Qwen3NextForCausalLM(cfg)
     else:
         raise ValueError(arch)
     # random norms and biases too, so that a norm applied the wrong way shows up
@@ -290,18 +296,19 @@ def save_tiny_vl_chat(path: Path, tokenizer) -> Path:
 
 
 def mtp_head_tensors(model, seed: int = 5) -> dict[str, torch.Tensor]:
-    """Random mtp.* tensors of a tiny transformers Qwen3.5 (transformers builds no MTP head: its decoder
-    layer gives the block's shapes), named as a Qwen3.5 checkpoint stores them."""
+    """Random mtp.* tensors of a tiny transformers Qwen3.5 or Qwen3-Next (transformers builds no MTP head:
+    its decoder layer gives the block's shapes), named as such a checkpoint stores them."""
     import transformers as tf
 
     cfg = model.config
     torch.manual_seed(seed)
     moe = getattr(cfg, "num_experts", 0)  # Qwen3.5-MoE: the head's layer is a mixture of experts too
-    decoder_layer = (
-        tf.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer
-        if moe
-        else tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer
-    )
+    if cfg.model_type == "qwen3_next":
+        decoder_layer = tf.models.qwen3_next.modeling_qwen3_next.Qwen3NextDecoderLayer
+    elif moe:
+        decoder_layer = tf.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer
+    else:
+        decoder_layer = tf.models.qwen3_5.modeling_qwen3_5.Qwen3_5DecoderLayer
     layer = decoder_layer(cfg, cfg.layer_types.index("full_attention"))
     h = cfg.hidden_size
     tensors = {

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats import qwen3_next
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -127,10 +128,15 @@ def load_hf_dir(path: Path) -> ModelSource:
     for shard in shards:
         check_safetensors_header(shard)
 
-    def weights() -> WeightIterator:
+    def tensors() -> WeightIterator:
         for shard in shards:
             with safe_open(str(shard), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                     yield name, f.get_tensor(name)
+
+    def weights() -> WeightIterator:
+        if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
+            return qwen3_next.as_qwen3_5(tensors(), config)
+        return tensors()
 
     return ModelSource(config, Tokenizer.from_hf_dir(path), weights, f"{path} ({len(shards)} shard(s))")

@@ -81,6 +81,17 @@ def test_moe_preset_counts_every_expert():
     assert plan["context"] >= 32768 and "--max-concurrency" in plan["serve"]
 
 
+def test_qwen3_next_preset_fits_an_80_gib_card_at_180k():
+    """Qwen3-Next-80B-A3B: 512 experts a layer held (~80B weights, ~43 GiB at q4.6); its 12 attention layers
+    of 2 KV heads keep 180K at C2 in a few GiB of KV."""
+    code, out = _run("plan", "--model", "qwen3-next-80b-a3b", "--vram", "80G", "--sm", "90", "--json")
+    assert code == 0, out
+    plan = json.loads(out)["plan"]
+    weights = sum(r["bytes"] for r in plan["ledger"] if r["component"].startswith("weights"))
+    assert 41.0 < weights / 2**30 < 45.0
+    assert plan["context"] >= 180 * 1024
+
+
 def test_vision_plan_budgets_the_tower_and_serves_with_the_flag():
     """The field's ledger: the tower costs ~2 GiB on a 24 GiB card, and C2 context drops with it."""
     code, out = _plan_27b_3090("--concurrency", "2", "--kv-dtype", "k8v4", "--vision")

@@ -1,0 +1,64 @@
+"""Qwen3-Next checkpoints read as Qwen3.5's: the same hybrid (Gated DeltaNet layers, gated full attention
+every 4th layer, experts with a shared one, an MTP head), but each linear layer's input projections are
+fused and interleaved per key-head group. `in_proj_qkvz` holds, for each of the Hk groups, the rows
+[q (Dk) | k (Dk) | v (r * Dv) | z (r * Dv)] (r = Hv / Hk value heads a group); `in_proj_ba` holds
+[b (r) | a (r)] a group. Split here into Qwen3.5's `in_proj_qkv` (every q row, then every k row, then every
+v row: the conv's channel order, which Qwen3-Next's de-interleaving makes too), `in_proj_z`, `in_proj_b` and
+`in_proj_a`, so that the loader, `ninfer convert` and the quantizers see one layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+
+ARCHITECTURE = "Qwen3NextForCausalLM"
+QKVZ, BA = "linear_attn.in_proj_qkvz.", "linear_attn.in_proj_ba."
+
+
+def split_qkvz(weight: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[Hk * (2 Dk + 2 r Dv), H] -> in_proj_qkv [2 Hk Dk + Hv Dv, H], in_proj_z [Hv Dv, H]."""
+    hk, dk, dv = config.linear_num_key_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    r = config.linear_num_value_heads // hk
+    groups = weight.reshape(hk, 2 * dk + 2 * r * dv, -1)  # [Hk, rows a group, H]
+    q, k, v, z = groups.split([dk, dk, r * dv, r * dv], dim=1)
+    qkv = torch.cat([part.reshape(-1, weight.shape[1]) for part in (q, k, v)])
+    return qkv, z.reshape(-1, weight.shape[1])
+
+
+def split_ba(weight: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[Hk * 2r, H] -> in_proj_b [Hv, H], in_proj_a [Hv, H]."""
+    hk = config.linear_num_key_heads
+    r = config.linear_num_value_heads // hk
+    b, a = weight.reshape(hk, 2 * r, -1).split([r, r], dim=1)
+    return b.reshape(-1, weight.shape[1]), a.reshape(-1, weight.shape[1])
+
+
+def as_qwen3_5(
+    weights: Iterator[tuple[str, torch.Tensor]], config: ModelConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors with the fused projections split (every other tensor as it is)."""
+    for name, tensor in weights:
+        fused = QKVZ if QKVZ in name else BA if BA in name else None
+        if fused is None:
+            yield name, tensor
+            continue
+        prefix, suffix = name.split(fused)
+        if suffix != "weight":
+            raise NinferError(
+                f"{name}: a Qwen3-Next checkpoint quantized by another tool is not read (its fused projections "
+                "would need splitting in their packed form); give the bf16 checkpoint (ninfer quantizes it at "
+                "load, or with ninfer convert)"
+            )
+        if fused == QKVZ:
+            qkv, z = split_qkvz(tensor, config)
+            yield f"{prefix}linear_attn.in_proj_qkv.weight", qkv
+            yield f"{prefix}linear_attn.in_proj_z.weight", z
+        else:
+            b, a = split_ba(tensor, config)
+            yield f"{prefix}linear_attn.in_proj_b.weight", b
+            yield f"{prefix}linear_attn.in_proj_a.weight", a
