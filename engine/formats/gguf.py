@@ -16,7 +16,7 @@ from tokenizers.models import BPE
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import gguf_blocks, gguf_moe, gguf_qwen35
+from engine.formats import gguf_blocks, gguf_moe, gguf_qwen35, qwen3_next
 from engine.formats.gguf_file import GGUFFile
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor
@@ -32,7 +32,8 @@ ARCHITECTURES = {
     "qwen35": "Qwen3_5ForCausalLM",
     **gguf_moe.MOE_ARCHITECTURES,
 }
-HYBRID = ("qwen35", "qwen35moe")  # the Qwen3.5 layout (gguf_qwen35.py)
+HYBRID = ("qwen35", "qwen35moe", "qwen3next")  # the Qwen3.5 layout (gguf_qwen35.py)
+TILED = ("qwen35", "qwen35moe")  # value heads in the converter's tiled order (Qwen3-Next's are as HF's)
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -48,6 +49,7 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     **gguf_qwen35.LAYER_NAMES,
     **gguf_moe.LAYER_NAMES,
+    **qwen3_next.GGUF_FUSED,
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -324,8 +326,21 @@ def _layout(reader, config: ModelConfig):
     names of those the GPU holds packed (an experts' stack: each expert's matrices)."""
     arch = _field(reader, "general.architecture")
     layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
-    named = [(t, name) for t in reader.tensors if (name := _hf_name(t.name, layers, mtp))]
-    orders = {name: _order(arch, name, config) for _, name in named}
+    named, orders = [], {}
+    for t in reader.tensors:
+        name = _hf_name(t.name, layers, mtp)
+        if name is None:
+            continue
+        fused = next((f for f in qwen3_next.PARTS if f".{f}." in name), None)
+        if fused is None:
+            named.append((t, name))
+            orders[name] = _order(arch, name, config)
+            continue
+        # Qwen3-Next's fused projection: each part its rows of the one tensor (qwen3_next.py)
+        for part, rows in zip(qwen3_next.PARTS[fused], qwen3_next.part_rows(fused, config)):
+            part_name = name.replace(f".{fused}.", f".{part}.")
+            named.append((t, part_name))
+            orders[part_name] = (0, rows)
     blocks = any(gguf_blocks.is_block_quantized(t.tensor_type) for t, _ in named)
     packed = {name for t, name in named if _keeps_packed(t, name, orders[name], blocks)}
     return named, orders, packed
@@ -348,10 +363,12 @@ def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...
     it is held dense). What `ninfer plan` counts for a GGUF."""
     reader = _open(path)
     config = _config(reader, path)
-    named, _, packed = _layout(reader, config)
+    named, orders, packed = _layout(reader, config)
     tensors = []
     for t, name in named:
         for matrix, shape in _matrices(t, name):
+            if orders[name] is not None and orders[name][0] == 0:  # (a fused projection's part: its rows)
+                shape = (len(orders[name][1]), *shape[1:])
             held = gguf_blocks.held_nbytes(t.tensor_type, shape) if name in packed else None
             tensors.append((matrix, shape, held))
     return config, tensors
@@ -427,7 +444,7 @@ def _order(arch: str, name: str, config: ModelConfig) -> tuple[int, torch.Tensor
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         rows = torch.arange(heads * config.head_dim)
         return 0, _unpermute(rows.unsqueeze(1), heads).squeeze(1)
-    if arch in HYBRID:
+    if arch in TILED:
         return gguf_qwen35.value_head_order(name, config)
     return None
 

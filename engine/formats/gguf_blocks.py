@@ -165,13 +165,16 @@ def moves_whole_groups(index: torch.Tensor, group: int) -> bool:
 
 def select(qt: QuantizedTensor, dim: int, index: torch.Tensor) -> QuantizedTensor:
     """The tensor whose weight is `qt`'s `index_select(dim, index)`, its codes left packed: rows in any
-    order, columns in whole groups (moves_whole_groups)."""
+    order (or some of them: a fused projection's part), columns in whole groups (moves_whole_groups)."""
     if dim == 0:
 
         def rows(t):
             return None if t is None else t.index_select(0, index)
 
-        return replace(qt, packed=rows(qt.packed), scales=rows(qt.scales), minimums=rows(qt.minimums))
+        shape = (len(index), qt.shape[1])
+        return replace(
+            qt, shape=shape, packed=rows(qt.packed), scales=rows(qt.scales), minimums=rows(qt.minimums)
+        )
     if qt.padded_k != qt.shape[1] or not moves_whole_groups(index, qt.group_size):
         raise ValueError(f"a column order of {qt.group_size}-column groups cannot move this tensor's columns")
     n, groups = qt.scales.shape

@@ -15,7 +15,11 @@ from typing import Any
 
 import torch
 
-MOE_ARCHITECTURES = {"qwen3moe": "Qwen3MoeForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM"}
+MOE_ARCHITECTURES = {
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen35moe": "Qwen3_5MoeForCausalLM",
+    "qwen3next": "Qwen3NextForCausalLM",
+}
 
 # GGUF block tensor -> HF name inside a layer; the stacks' names are ours (split per expert below)
 LAYER_NAMES = {

@@ -18,6 +18,14 @@ from engine.errors import NinferError
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
 QKVZ, BA = "linear_attn.in_proj_qkvz.", "linear_attn.in_proj_ba."
+# llama.cpp's `qwen3next` GGUF: `ssm_ba` holds in_proj_ba as the checkpoint does; its converter splits
+# in_proj_qkvz into attn_qkv | attn_gate as here, where an older file holds it whole as `ssm_in`
+GGUF_FUSED = {"ssm_ba": "linear_attn.in_proj_ba", "ssm_in": "linear_attn.in_proj_qkvz"}
+# a fused projection's HF name -> the names of its parts, in split_qkvz's / split_ba's order
+PARTS = {
+    "linear_attn.in_proj_qkvz": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
+    "linear_attn.in_proj_ba": ("linear_attn.in_proj_b", "linear_attn.in_proj_a"),
+}
 
 
 def split_qkvz(weight: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +44,19 @@ def split_ba(weight: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, t
     r = config.linear_num_value_heads // hk
     b, a = weight.reshape(hk, 2 * r, -1).split([r, r], dim=1)
     return b.reshape(-1, weight.shape[1]), a.reshape(-1, weight.shape[1])
+
+
+def part_rows(fused: str, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a fused projection (`in_proj_qkvz` or `in_proj_ba`, by name) each of its two parts is,
+    in order: (int64 [rows of the first part], int64 [rows of the second])."""
+    hk, dk, dv = config.linear_num_key_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    hv = config.linear_num_value_heads
+    if "in_proj_qkvz" in fused:
+        rows = torch.arange(2 * hk * dk + 2 * hv * dv).unsqueeze(1)
+        first, second = split_qkvz(rows, config)
+    else:
+        first, second = split_ba(torch.arange(2 * hv).unsqueeze(1), config)
+    return first.squeeze(1), second.squeeze(1)
 
 
 def as_qwen3_5(
