@@ -119,8 +119,9 @@ def test_a_checkpoint_quantized_by_another_tool_is_refused(next_model, tmp_path)
 
 
 def test_plan_counts_what_the_converted_artifact_holds(next_model, tmp_path):
-    """`ninfer plan` on the HF directory predicts what the w4g128 artifact holds: kind by kind, but for the
-    linear layers' few-row b / a projections, estimated as Qwen3.5's are (within 10%)."""
+    """`ninfer plan` on the HF directory predicts what the w4g128 artifact holds, kind by kind; the tiny
+    model's b / a projections (4 rows, under the recipes' 16-row minimum: unquantized, unlike a real model's)
+    put the linear layers within 10%, as they do Qwen3.5's."""
     from engine.plan.weights import artifact_weight_bytes, recipe_weight_bytes
 
     _, path = next_model
