@@ -96,3 +96,27 @@ def test_serve_refuses_bad_flags():
     assert proc.stderr.strip() == (
         "error: --sleep-idle-seconds must be a positive number of seconds, or -1 to stay awake (got 0)"
     )
+
+
+def test_serve_sleeps_when_idle_and_a_request_wakes_it():
+    """serve --sleep-idle-seconds: asleep (GET /is_sleeping) a moment after start, /health answered asleep,
+    a chat request wakes it and is answered; the log says both."""
+    import time
+
+    proc, port = start_serve("--max-context", "2k", "--sleep-idle-seconds", "0.5")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not httpx.get(f"{url}/is_sleeping", timeout=10).json()["is_sleeping"]:
+            assert time.monotonic() < deadline, "the server did not fall asleep"
+            time.sleep(0.1)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        ask = [{"role": "user", "content": "What is the capital of France?"}]
+        body = {"model": "x", "messages": ask, "max_tokens": 16, "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "asleep (level 1): " in err and "awake in " in err and "Traceback" not in err
