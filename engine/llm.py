@@ -245,6 +245,10 @@ class LLM:
         log.info("%s", message)
         return message
 
+    def sleep_host_bytes(self, level: int) -> int:
+        """Host memory a sleep at `level` holds (1: weights, KV pool and states; 2: the weights)."""
+        return self.runner.device_memory(keep_kv=level == 1).host_bytes
+
     def wake_up(self) -> str:
         """Take the device memory back after `sleep` (a no-op while awake); refused in a sentence, still
         asleep, when the device has not the memory free. Says what it did."""

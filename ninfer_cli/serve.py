@@ -252,6 +252,8 @@ def serve(
             host_kv.num_slots,
             host_kv.num_bytes / 2**30,
         )
+    if config.sleep_idle_seconds is not None:
+        log.log(*sleep_summary(engine.llm, config.sleep_idle_seconds))
     if engine.llm.draft_model is not None:
         log.info(
             "speculative decoding: %s drafts %d tokens a step, its KV in the same pool",
@@ -301,6 +303,35 @@ def serve(
     finally:
         sock.close()
         engine.shutdown()
+
+
+def sleep_summary(llm, seconds: float) -> tuple[int, str]:
+    """(log level, line) for --sleep-idle-seconds at start-up: what sleeping will hold in host memory, and
+    a warning, with what to change, when host memory free now cannot hold it."""
+    import psutil
+
+    from engine.sizes import format_bytes
+    from engine.worker.host_kv import HOST_MARGIN
+
+    free = max(0, psutil.virtual_memory().available - HOST_MARGIN)
+    full, weights = llm.sleep_host_bytes(1), llm.sleep_host_bytes(2)
+    head = f"sleeps after {seconds:g} s without a request"
+    if full <= free:
+        return (
+            logging.INFO,
+            f"{head}, holding {format_bytes(full)} in host memory ({format_bytes(free)} free)",
+        )
+    short = f"host memory ({format_bytes(free)} free, 2 GiB kept for the system)"
+    if weights <= free:
+        return logging.WARNING, (
+            f"{head}, but {short} cannot hold the KV pool beside the weights ({format_bytes(full)}): it will "
+            f"sleep at level 2, holding the weights ({format_bytes(weights)}) and dropping the prefix cache; "
+            "free host memory, or give a smaller --kv-capacity"
+        )
+    return logging.WARNING, (
+        f"{head}, but {short} cannot hold the weights ({format_bytes(weights)}): it will stay awake; free "
+        "host memory, or drop --sleep-idle-seconds"
+    )
 
 
 def startup_summary(engine, load_s: float) -> str:

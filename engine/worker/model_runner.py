@@ -8,7 +8,6 @@ import torch
 
 from engine.cache.kv_layout import KVCache
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import NinferError
 from engine.layers import rotary
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
@@ -138,19 +137,21 @@ class ModelRunner:
         if self.adapters is not None:
             self.adapters.graph_lanes = 0
 
-    def sleep(self, keep_kv: bool) -> DeviceMemory:
-        """Give the device memory back (engine/worker/sleep.py): the weights' bytes, and with `keep_kv` the
-        KV pool's and recurrent states', held in host memory; without it those come back zeroed. Refused in
-        a sentence, with nothing changed, when host memory cannot hold them."""
-        assert self.asleep is None, "already asleep"
-        self._drop_graphs()  # before the walk: their buffers and pools are freed with them, not held
+    def device_memory(self, keep_kv: bool) -> DeviceMemory:
+        """What sleeping gives back, and holds in host memory: every device tensor this runner reaches (the
+        weights; with `keep_kv` the KV pool's and recurrent states' bytes too, else those come back zeroed),
+        but the rotary tables other models share and the CUDA graphs (dropped, not held)."""
         discard = [] if keep_kv else [*page_tensors(self.kv_caches), *self._state_tensors()]
-        memory = DeviceMemory([self], self.device, discard, shared=rotary.shared_tables())
-        try:
-            memory.check_host_memory("sleeping")
-        except NinferError:
-            self.capture_graphs()
-            raise
+        graphs = [g for g in (self.graphs, getattr(self.drafter, "graphs", None)) if g is not None]
+        return DeviceMemory([self], self.device, discard, shared=rotary.shared_tables(), skip=graphs)
+
+    def sleep(self, keep_kv: bool) -> DeviceMemory:
+        """Give the device memory back (engine/worker/sleep.py; see device_memory). Refused in a sentence,
+        with nothing changed, when host memory cannot hold it."""
+        assert self.asleep is None, "already asleep"
+        memory = self.device_memory(keep_kv)
+        memory.check_host_memory("sleeping")
+        self._drop_graphs()
         memory.release()
         self.asleep = memory
         return memory

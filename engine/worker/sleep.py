@@ -25,10 +25,12 @@ from engine.worker.host_kv import HOST_MARGIN
 _OURS = ("engine.", "kernels.")
 
 
-def device_tensors(roots: Iterable[object], device: torch.device) -> Iterator[torch.Tensor]:
+def device_tensors(
+    roots: Iterable[object], device: torch.device, skip: Iterable[object] = ()
+) -> Iterator[torch.Tensor]:
     """Each tensor on `device` reachable from `roots` through modules, the project's own objects, and the
-    dicts, lists and tuples they hold (once each)."""
-    seen: set[int] = set()
+    dicts, lists and tuples they hold (once each); nothing reached only through `skip`'s objects."""
+    seen: set[int] = {id(obj) for obj in skip}
     stack = list(roots)
     while stack:
         obj = stack.pop()
@@ -69,8 +71,10 @@ class DeviceMemory:
         discard: Iterable[torch.Tensor] = (),
         shared: Iterable[torch.Tensor] = (),
         pin: bool = False,
+        skip: Iterable[object] = (),
     ):
-        """discard: tensors whose bytes are not kept; shared: tensors others hold too, left as they are; pin:
+        """discard: tensors whose bytes are not kept; shared: tensors others hold too, left as they are; skip:
+        objects not walked into (the CUDA graphs, dropped rather than held); pin:
         the host copies in page-locked memory (CUDA). NOTE: off in the engine until measured: torch's pinned
         allocator rounds each buffer up to a power of two (up to twice the host memory the check counted);
         benchmarks/sleep_wake.py times both."""
@@ -79,7 +83,7 @@ class DeviceMemory:
         skip = {t.untyped_storage().data_ptr() for t in discard}
         leave = {t.untyped_storage().data_ptr() for t in shared}
         found: dict[int, _Held] = {}
-        for t in device_tensors(roots, device):
+        for t in device_tensors(roots, device, skip):
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
             # NOTE: a storage that cannot be resized (memory-mapped weights on CPU) keeps its memory

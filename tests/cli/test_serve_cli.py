@@ -119,4 +119,5 @@ def test_serve_sleeps_when_idle_and_a_request_wakes_it():
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    assert "sleeps after 0.5 s without a request, holding " in err
     assert "asleep (level 1): " in err and "awake in " in err and "Traceback" not in err

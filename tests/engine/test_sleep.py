@@ -281,3 +281,30 @@ def test_the_prefix_cache_file_is_written_again_only_when_the_cache_changed(mode
     assert _stamp(file) != written
     cold = LLM(model_dir, **options).generate(prompt_token_ids=_prompt(40, 10), sampling_params=GEN)[0]
     assert cold.num_cached_tokens == 0
+
+
+def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot(model_dir, monkeypatch):
+    import psutil
+
+    from ninfer_cli.serve import sleep_summary
+
+    llm = LLM(model_dir, **SMALL)
+    full, weights = llm.sleep_host_bytes(1), llm.sleep_host_bytes(2)
+    assert full - weights == llm.runner.kv_cache_bytes + sum(
+        t.numel() * t.element_size() for t in llm.runner._state_tensors()
+    )
+
+    def free(n):
+        monkeypatch.setattr(
+            psutil, "virtual_memory", lambda: SimpleNamespace(available=sleep_module.HOST_MARGIN + n)
+        )
+
+    free(full)
+    level, line = sleep_summary(llm, 300)
+    assert level == logging.INFO and line.startswith("sleeps after 300 s without a request, holding ")
+    free(full - 1)
+    level, line = sleep_summary(llm, 300)
+    assert level == logging.WARNING and "it will sleep at level 2, holding the weights" in line
+    free(weights - 1)
+    level, line = sleep_summary(llm, 300)
+    assert level == logging.WARNING and "cannot hold the weights" in line and "it will stay awake" in line
