@@ -308,12 +308,10 @@ def serve(
 def sleep_summary(llm, seconds: float) -> tuple[int, str]:
     """(log level, line) for --sleep-idle-seconds at start-up: what sleeping will hold in host memory, and
     a warning, with what to change, when host memory free now cannot hold it."""
-    import psutil
-
     from engine.sizes import format_bytes
-    from engine.worker.host_kv import HOST_MARGIN
+    from engine.worker.sleep import host_memory_free
 
-    free = max(0, psutil.virtual_memory().available - HOST_MARGIN)
+    free = host_memory_free()
     full, weights = llm.sleep_host_bytes(1), llm.sleep_host_bytes(2)
     head = f"sleeps after {seconds:g} s without a request"
     if full <= free:

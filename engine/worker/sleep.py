@@ -50,6 +50,11 @@ def device_tensors(
                 stack.append(getattr(obj, name, None))
 
 
+def host_memory_free() -> int:
+    """Host memory the system can give now, the 2 GiB kept for it taken off."""
+    return max(0, psutil.virtual_memory().available - HOST_MARGIN)
+
+
 class _Held(NamedTuple):
     storage: torch.UntypedStorage
     nbytes: int
@@ -102,11 +107,11 @@ class DeviceMemory:
         return sum(h.nbytes for h in self._storages)
 
     def check_host_memory(self, what: str) -> None:
-        free = psutil.virtual_memory().available
-        if self.host_bytes > free - HOST_MARGIN:
+        free = host_memory_free()
+        if self.host_bytes > free:
             raise NinferError(
                 f"{what} needs {format_bytes(self.host_bytes)} of host memory to hold the device's bytes and "
-                f"{format_bytes(max(0, free - HOST_MARGIN))} are free (2 GiB kept for the system)"
+                f"{format_bytes(free)} are free (2 GiB kept for the system)"
             )
 
     def _host_buffer(self, nbytes: int) -> torch.Tensor:

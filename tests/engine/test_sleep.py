@@ -123,7 +123,7 @@ def test_host_memory_too_short_refuses_sleep_and_changes_nothing(model_dir, monk
     llm = LLM(model_dir, **SMALL)
     prompt = _prompt(40, 3)
     first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 30))
+    monkeypatch.setattr(sleep_module, "host_memory_free", lambda: 0)
     with pytest.raises(
         NinferError, match="^sleeping needs .* of host memory to hold the device's bytes and 0 B"
     ):
@@ -202,19 +202,25 @@ def test_the_server_engine_sleeps_when_idle_and_the_next_request_wakes_it(model_
         engine.shutdown()
 
 
-def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(model_dir, monkeypatch):
+def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(
+    model_dir, monkeypatch, caplog
+):
+    # host memory for the weights and half the KV pool (sized on a twin, before this engine can sleep):
+    # level 1 is refused, level 2 fits
+    twin = LLM(model_dir, **SMALL)
+    room = (twin.sleep_host_bytes(1) + twin.sleep_host_bytes(2)) // 2
+    monkeypatch.setattr(sleep_module, "host_memory_free", lambda: room)
     engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.2)
     try:
-        # host memory for everything but half the KV pool: level 1 is refused, level 2 fits
-        held = DeviceMemory([engine.llm.runner], torch.device("cpu")).host_bytes
-        room = sleep_module.HOST_MARGIN + held - engine.llm.runner.kv_cache_bytes // 2
-        monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=room))
         _generate(engine, _prompt(40, 6))
         _wait_for_level(engine, 2)
-        _generate(engine, _prompt(40, 6))
-        monkeypatch.setattr(sleep_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
-        time.sleep(1.0)  # idle for five periods: refused once, not tried again
+        # no host memory now: waking needs none, the next sleep is refused once and not tried again
+        monkeypatch.setattr(sleep_module, "host_memory_free", lambda: 0)
+        with caplog.at_level(logging.WARNING, logger="ninfer"):
+            _generate(engine, _prompt(40, 6))
+            time.sleep(1.0)  # five idle periods
         assert engine.llm.sleep_level == 0 and engine.is_running
+        assert sum("staying awake" in r.message for r in caplog.records) == 1
     finally:
         engine.shutdown()
 
@@ -284,8 +290,6 @@ def test_the_prefix_cache_file_is_written_again_only_when_the_cache_changed(mode
 
 
 def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot(model_dir, monkeypatch):
-    import psutil
-
     from ninfer_cli.serve import sleep_summary
 
     llm = LLM(model_dir, **SMALL)
@@ -295,9 +299,7 @@ def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot
     )
 
     def free(n):
-        monkeypatch.setattr(
-            psutil, "virtual_memory", lambda: SimpleNamespace(available=sleep_module.HOST_MARGIN + n)
-        )
+        monkeypatch.setattr(sleep_module, "host_memory_free", lambda: n)
 
     free(full)
     level, line = sleep_summary(llm, 300)
