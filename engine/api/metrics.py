@@ -93,8 +93,9 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
-        self.vllm = VllmMetrics(r, engine, model_name)
-        self.llama_cpp = LlamaCppMetrics(r, engine, engine.llm.engine_config.block_size)
+        self._stats: dict | None = None  # the engine's stats while a scrape is rendered
+        self.vllm = VllmMetrics(r, engine, model_name, self.scrape_stats)
+        self.llama_cpp = LlamaCppMetrics(r, engine, engine.llm.engine_config.block_size, self.scrape_stats)
         self._last: dict[str, float] = {}
         self._start: dict[str, float] = {}
         self._first: dict[str, float] = {}
@@ -183,8 +184,19 @@ class Metrics:
         self.spec_accepted.inc(out.num_accepted_tokens)
         self.requests.labels(out.finish_reason or "unknown").inc()
 
+    def scrape_stats(self) -> dict:
+        """The engine's stats: read once a scrape, for every name set; outside one (a collector registered),
+        read now."""
+        return self._stats if self._stats is not None else self.engine.stats()
+
     def render(self) -> bytes:
-        stats = self.engine.stats()
+        self._stats = stats = self.engine.stats()
+        try:
+            return self._render(stats)
+        finally:
+            self._stats = None
+
+    def _render(self, stats: dict) -> bytes:
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_total.set(stats["kv_blocks_total"])

@@ -12,6 +12,7 @@ tokens per second the averages of those totals.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -46,8 +47,9 @@ class VllmMetrics:
     """vllm:* — gauges and cumulative counters read from the engine at each scrape, histograms and request
     counters fed by the server's request hooks."""
 
-    def __init__(self, registry: CollectorRegistry, engine, model_name: str):
-        self.engine = engine
+    def __init__(self, registry: CollectorRegistry, engine, model_name: str, stats: Callable[[], dict]):
+        """stats: the engine's stats of the scrape under way (read once a scrape: Metrics.scrape_stats)."""
+        self.engine, self.stats = engine, stats
         self.values = (model_name, "0")
 
         def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
@@ -111,7 +113,7 @@ class VllmMetrics:
         self.success.labels(*self.values, out.finish_reason or "abort").inc()
 
     def collect(self):
-        stats = self.engine.stats()
+        stats = self.stats()
         total, free = stats["kv_blocks_total"], stats["kv_blocks_free"]
         usage = (total - free) / total if total else 0.0
         values = list(self.values)
@@ -185,8 +187,8 @@ class VllmMetrics:
 class LlamaCppMetrics:
     """llamacpp:* — llama-server's --metrics names."""
 
-    def __init__(self, registry: CollectorRegistry, engine, block_size: int):
-        self.engine = engine
+    def __init__(self, registry: CollectorRegistry, engine, block_size: int, stats: Callable[[], dict]):
+        self.engine, self.stats = engine, stats
         self.block_size = block_size
         self.prompt_tokens = 0  # computed (not found in the cache), of finished requests
         self.prompt_seconds = 0.0
@@ -201,7 +203,7 @@ class LlamaCppMetrics:
         self.predicted_seconds += times.decode or 0.0
 
     def collect(self):
-        stats = self.engine.stats()
+        stats = self.stats()
         used = stats["kv_blocks_total"] - stats["kv_blocks_free"]
         counters = {
             "llamacpp:prompt_tokens": ("Prompt tokens computed", self.prompt_tokens),

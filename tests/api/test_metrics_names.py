@@ -102,3 +102,13 @@ def test_llama_server_names(scraped):
     )
     assert value(samples, "llamacpp:requests_processing") == value(samples, "llamacpp:requests_deferred") == 0
     assert value(samples, "llamacpp:kv_cache_tokens") % server.engine.llm.engine_config.block_size == 0
+
+
+def test_one_scrape_reads_the_engine_stats_once(scraped, monkeypatch):
+    """ninfer's, vLLM's and llama-server's names of one scrape come from one read of the engine's stats."""
+    server, _, _ = scraped
+    reads = []
+    real = server.engine.stats
+    monkeypatch.setattr(server.engine, "stats", lambda: reads.append(1) or real())
+    text = server.state.metrics.render().decode()
+    assert len(reads) == 1 and "vllm:num_requests_running" in text and "llamacpp:kv_cache_tokens" in text
