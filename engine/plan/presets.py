@@ -106,8 +106,8 @@ _CONFIGS = {
         moe_intermediate_size=768,
         norm_topk_prob=True,
     ),
-    # Qwen3-Next-80B-A3B (Instruct, Thinking): the hybrid of Qwen3.5 with 512 experts of width 512 a layer,
-    # 10 a token, and a shared expert; an MTP head
+    # Qwen3-Next-80B-A3B (Instruct, Thinking; Qwen3-Coder-Next has its shapes): the hybrid of Qwen3.5 with 512
+    # experts of width 512 a layer, 10 a token, and a shared expert; an MTP head
     "qwen3-next-80b-a3b": {
         "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next",
@@ -156,6 +156,7 @@ _CONFIGS = {
         },
     ),
 }
+_CONFIGS["qwen3-coder-next"] = _CONFIGS["qwen3-next-80b-a3b"]
 PRESETS = (*_CONFIGS, "default")
 
 
