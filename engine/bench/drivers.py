@@ -54,6 +54,9 @@ class Timing:
     # where cached_tokens comes from: "engine" (in process), "response" (the reply's usage or timings),
     # "metrics" (the server's prefix-cache counter across the run); None: nowhere, a warm cache not ruled out
     cache_proof: str | None = None
+    # the server was asleep when the run began (llama-server's and ninfer's --sleep-idle-seconds, vLLM's
+    # sleep mode): the run's first token waited for it to wake
+    woke: bool = False
 
     @staticmethod
     def failed(t_start: float, error: str) -> Timing:
@@ -211,6 +214,7 @@ class OverHttp:
             barrier.wait()
             results[i] = self._stream(prompts[i], gen)
 
+        asleep = self._asleep()
         before = self._counters()
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
         for t in threads:
@@ -228,7 +232,21 @@ class OverHttp:
                 if t is not None and t.cache_proof is None:
                     results[i] = replace(t, cached_tokens=hits, cache_proof="metrics")
                     hits = 0
+        if asleep:
+            results = [replace(t, woke=True) if t is not None else t for t in results]
         return results  # type: ignore[return-value]
+
+    def _asleep(self) -> bool:
+        """Whether the server says it sleeps: GET /is_sleeping (ninfer, vLLM), else /props' is_sleeping
+        (llama-server); False where it says neither."""
+        for path in ("/is_sleeping", "/props"):
+            try:
+                status, data = self._request("GET", path)
+            except NinferError:
+                return False
+            if status == 200 and isinstance(data.get("is_sleeping"), bool):
+                return data["is_sleeping"]
+        return False
 
     def _counters(self) -> dict[str, float]:
         """COUNTERS the server's /metrics holds (each summed over its labels), by what they count; none

@@ -26,6 +26,12 @@ UNPROVEN = (
 )
 
 
+WOKE = (
+    "the server was asleep when a run began, so its first token waited for the wake; give the server a longer "
+    "--sleep-idle-seconds (or none) while it is measured"
+)
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     contexts: tuple[int, ...]
@@ -51,6 +57,7 @@ def request_record(t: Timing, target: int) -> dict:
         "prompt_tokens": t.prompt_tokens,
         "cached_tokens": t.cached_tokens,
         "cache_proof": t.cache_proof,
+        "woke": t.woke,
         "generated": t.generated,
         "ttft_s": ttft,
         "pp": t.prompt_tokens / ttft if ttft > 0 else None,
@@ -111,12 +118,15 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
         cached = sum(r["cached_tokens"] or 0 for r in group)
         unproven = any(r.get("cache_proof", "response") is None for r in group)
         errors = [r["error"] for r in group if r["error"]]
+        woke = any(r.get("woke") for r in group)
         off = sorted({r["prompt_tokens"] - r["target_tokens"] for r in group} - {0})
         status = "ok"
         if cached:
             status = f"INVALID: {cached} cached tokens in a cold run"
         elif errors:
             status = f"INVALID: {errors[0]}"
+        elif woke:
+            status = f"INVALID: {WOKE}"
         elif unproven:
             status = f"UNPROVEN: {UNPROVEN}"
         base = {

@@ -133,7 +133,11 @@ class _CachingServer(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    sleeping = None  # GET /props' is_sleeping (llama-server's); None: /props says nothing of it
+
     def do_GET(self):
+        if self.path == "/props" and self.sleeping is not None:
+            return self._json({"is_sleeping": self.sleeping, "total_slots": 1})
         if self.path == "/metrics":
             if self.metrics is None:
                 self.send_response(404)
@@ -253,6 +257,20 @@ def test_without_any_proof_the_row_says_unproven(tmp_path):
         row["status"].startswith("UNPROVEN: the server reported no cached tokens") for row in data["rows"]
     )
     assert "UNPROVEN" in text
+
+
+@pytest.mark.parametrize("sleeping", [True, False])
+def test_a_run_that_woke_the_server_is_invalid(tmp_path, sleeping):
+    """A server asleep when a run begins (llama-server's /props is_sleeping: --sleep-idle-seconds) made the
+    run's first token wait for its wake: the row says so, and what to change."""
+    handler = type("SleepyStub", (_CachingServer,), {"details": {"cached_tokens": 0}, "sleeping": sleeping})
+    _, data = _bench_stub(tmp_path, handler)
+    assert {r["woke"] for r in data["records"]} == {sleeping}
+    for row in data["rows"]:
+        if sleeping:
+            assert row["status"].startswith("INVALID: the server was asleep when a run began"), row["status"]
+        else:
+            assert row["status"] == "ok"
 
 
 def _synthetic(label, tg_by_ctx):
