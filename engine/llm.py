@@ -219,8 +219,9 @@ class LLM:
     def sleep(self, level: int = 1) -> str:
         """Give the device memory back while idle; the next request (or `wake_up`) takes it again. Level 1
         holds the weights, the KV pool and the recurrent states in host memory, so the prefix cache hits as
-        before; level 2 holds the weights only and drops the prefix cache (less host memory). Refused in a
-        sentence while requests run or wait, or when host memory cannot hold the bytes. Says what it did."""
+        before; level 2 holds the weights only and drops the prefix cache (less host memory; a prefix cache
+        file is written first and keeps it for the next start). Refused in a sentence while requests run or
+        wait, or when host memory cannot hold the bytes. Says what it did."""
         if level not in (1, 2):
             raise NinferError(
                 f"sleep level {level} is not one of 1 (weights, KV pool and prefix cache held in host memory) "
@@ -233,9 +234,16 @@ class LLM:
         if busy:
             raise NinferError(f"{busy} request(s) are running or waiting; sleep once they finish")
         started = time.monotonic()
+        if level == 2:  # the prefix cache file keeps what level 2 drops (written first, if it changed)
+            try:
+                self.save_prefix_cache()
+            except (OSError, RuntimeError) as e:  # a full disk: said, the sleep goes on
+                log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
         memory = self.runner.sleep(keep_kv=level == 1)
         if level == 2:
             self.reset_prefix_cache()
+            if self._prefix_file_version >= 0:  # not a change the file should follow: it keeps the cache
+                self._prefix_file_version = self.scheduler.block_pool.version
         self._sleep_level = level
         message = (
             f"asleep (level {level}): {format_bytes(memory.device_bytes)} of {self.engine_config.device} memory "

@@ -226,11 +226,11 @@ def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(
 
 
 def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
-    """Shutdown asleep: at level 1 the engine wakes to write its pages, at level 2 (nothing cached) it writes
-    an empty file without waking."""
+    """Shutdown asleep at level 1: the engine wakes to write its pages. Level 2 writes them before it drops
+    them, and the file keeps them: a shutdown asleep leaves it as it is, and the next start hits."""
     file = tmp_path / "prefix.cache"
     options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
-    prompt = _prompt(40, 8)
+    prompt, other = _prompt(40, 8), _prompt(40, 11)
     engine = AsyncLLM(model_dir, **options)
     first = _generate(engine, prompt)
     asyncio.run(engine.sleep(1))
@@ -239,11 +239,13 @@ def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
     again = LLM(model_dir, **options)
     out = again.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     assert out.num_cached_tokens == 32 and _same(out, first)
+    second = again.generate(prompt_token_ids=other, sampling_params=GEN)[0]  # new pages: written at level 2
     again.sleep(2)
-    again.save_prefix_cache()
-    assert again.sleep_level == 2
-    cold = LLM(model_dir, **options).generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert cold.num_cached_tokens == 0
+    written = _stamp(file)
+    again.save_prefix_cache()  # (what a shutdown does)
+    assert again.sleep_level == 2 and _stamp(file) == written
+    later = LLM(model_dir, **options).generate(prompt_token_ids=[prompt, other], sampling_params=GEN)
+    assert [o.num_cached_tokens for o in later] == [32, 32] and _same(later[1], second)
 
 
 def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wake(
