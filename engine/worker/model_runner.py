@@ -8,6 +8,7 @@ import torch
 
 from engine.cache.kv_layout import KVCache
 from engine.config import EngineConfig, ModelConfig
+from engine.errors import NinferError
 from engine.layers import rotary
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
@@ -152,7 +153,11 @@ class ModelRunner:
         memory = self.device_memory(keep_kv)
         memory.check_host_memory("sleeping")
         self._drop_graphs()
-        memory.release()
+        try:
+            memory.release()
+        except NinferError:  # nothing was freed: the graphs come back, the engine runs on
+            self.capture_graphs()
+            raise
         self.asleep = memory
         return memory
 

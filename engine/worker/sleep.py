@@ -128,14 +128,24 @@ class DeviceMemory:
             torch.cuda.synchronize(self.device)
 
     def release(self) -> None:
-        """Copy the kept storages to host memory, then free every storage's device memory."""
+        """Copy the kept storages to host memory, then free every storage's device memory; refused in a
+        sentence, nothing freed, when the host cannot give the memory after all."""
         host = []
-        for h in self._storages:
-            buffer = self._host_buffer(h.nbytes) if h.keep else None
-            if buffer is not None:
-                buffer.copy_(_bytes_of(h.storage, self.device), non_blocking=buffer.is_pinned())
-            host.append(buffer)
-        self._sync()
+        try:
+            for h in self._storages:
+                buffer = self._host_buffer(h.nbytes) if h.keep else None
+                if buffer is not None:
+                    buffer.copy_(_bytes_of(h.storage, self.device), non_blocking=buffer.is_pinned())
+                host.append(buffer)
+            self._sync()
+        except (
+            RuntimeError
+        ) as e:  # the host allocator refused (the check saw more memory free than there was)
+            del host
+            raise NinferError(
+                f"sleeping could not take {format_bytes(self.host_bytes)} of host memory "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); free host memory and try again"
+            ) from None
         for h in self._storages:  # freed only once every copy is made: a failed copy frees nothing
             h.storage.resize_(0)
         self._host = host

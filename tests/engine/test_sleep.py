@@ -312,3 +312,25 @@ def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot
     free(weights - 1)
     level, line = sleep_summary(llm, 300)
     assert level == logging.WARNING and "cannot hold the weights" in line and "it will stay awake" in line
+
+
+def test_a_host_allocation_that_fails_refuses_the_sleep_and_changes_nothing(model_dir, monkeypatch):
+    llm = LLM(model_dir, **SMALL)
+    prompt = _prompt(40, 12)
+    first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    calls = []
+
+    def refusing(self, nbytes):  # the third host buffer cannot be had
+        calls.append(nbytes)
+        if len(calls) == 3:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(DeviceMemory, "_host_buffer", refusing)
+    with pytest.raises(
+        NinferError, match="^sleeping could not take .* of host memory \\(DefaultCPUAllocator"
+    ):
+        llm.sleep(1)
+    assert llm.sleep_level == 0 and all(p.untyped_storage().nbytes() > 0 for p in llm.model.parameters())
+    again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert again.num_cached_tokens == 32 and _same(again, first)
