@@ -55,7 +55,7 @@ class Timing:
     # "metrics" (the server's prefix-cache counter across the run); None: nowhere, a warm cache not ruled out
     cache_proof: str | None = None
     # the server was asleep when the run began (llama-server's and ninfer's --sleep-idle-seconds, vLLM's
-    # sleep mode): the run's first token waited for it to wake
+    # sleep mode) and a request before it did not wake it: the run's first token waited for the wake
     woke: bool = False
 
     @staticmethod
@@ -214,7 +214,7 @@ class OverHttp:
             barrier.wait()
             results[i] = self._stream(prompts[i], gen)
 
-        asleep = self._asleep()
+        asleep = self._asleep() and not self._woken()
         before = self._counters()
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
         for t in threads:
@@ -235,6 +235,20 @@ class OverHttp:
         if asleep:
             results = [replace(t, woke=True) if t is not None else t for t in results]
         return results  # type: ignore[return-value]
+
+    def _woken(self) -> bool:
+        """Wake a sleeping server before a run (a one-token request, as any client's wakes it), so that no
+        measured token waits for the wake: whether it is awake now (said in the log either way)."""
+        wake = Prompt([{"role": "user", "content": "Hi"}], None, 0, "wake")
+        self._stream(wake, 1)
+        awake = not self._asleep()
+        if awake:
+            log.info("the server was asleep: woken by a one-token request before the run")
+        else:
+            log.warning(
+                "the server is asleep and a request did not wake it: the run's first token waits for it"
+            )
+        return awake
 
     def _asleep(self) -> bool:
         """Whether the server says it sleeps: GET /is_sleeping (ninfer, vLLM), else /props' is_sleeping

@@ -27,8 +27,8 @@ UNPROVEN = (
 
 
 WOKE = (
-    "the server was asleep when a run began, so its first token waited for the wake; give the server a longer "
-    "--sleep-idle-seconds (or none) while it is measured"
+    "the server was asleep when a run began and a request before it did not wake it, so its first token waited "
+    "for the wake; give the server a longer --sleep-idle-seconds (or none) while it is measured"
 )
 
 

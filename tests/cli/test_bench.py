@@ -152,7 +152,9 @@ class _CachingServer(BaseHTTPRequestHandler):
         self._json({"data": [{"id": "stub"}]})
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def _reply(self, body: dict):
         size = len(json.dumps(body.get("messages")))
         if self.path == "/tokenize":
             return self._json({"count": size})
@@ -259,18 +261,29 @@ def test_without_any_proof_the_row_says_unproven(tmp_path):
     assert "UNPROVEN" in text
 
 
-@pytest.mark.parametrize("sleeping", [True, False])
-def test_a_run_that_woke_the_server_is_invalid(tmp_path, sleeping):
-    """A server asleep when a run begins (llama-server's /props is_sleeping: --sleep-idle-seconds) made the
-    run's first token wait for its wake: the row says so, and what to change."""
-    handler = type("SleepyStub", (_CachingServer,), {"details": {"cached_tokens": 0}, "sleeping": sleeping})
-    _, data = _bench_stub(tmp_path, handler)
-    assert {r["woke"] for r in data["records"]} == {sleeping}
+@pytest.mark.parametrize("wakes", [True, False])
+def test_a_sleeping_server_is_woken_before_each_run_or_the_row_is_invalid(tmp_path, wakes):
+    """A server asleep when a run is due (llama-server's /props is_sleeping: --sleep-idle-seconds) gets a
+    one-token request first, so no measured token waits for its wake; one that a request does not wake
+    marks the row INVALID, saying what to change."""
+
+    class SleepyStub(_CachingServer):
+        details = {"cached_tokens": 0}
+        sleeping = True
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self._reply(body)
+            if self.path != "/tokenize" and wakes:  # a one-token request wakes it; it sleeps after the others
+                type(self).sleeping = body["max_tokens"] > 1
+
+    _, data = _bench_stub(tmp_path, SleepyStub)
+    assert {r["woke"] for r in data["records"]} == {not wakes}
     for row in data["rows"]:
-        if sleeping:
-            assert row["status"].startswith("INVALID: the server was asleep when a run began"), row["status"]
+        if wakes:
+            assert row["status"] == "ok", row["status"]
         else:
-            assert row["status"] == "ok"
+            assert row["status"].startswith("INVALID: the server was asleep when a run began"), row["status"]
 
 
 def _synthetic(label, tg_by_ctx):
