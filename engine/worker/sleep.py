@@ -85,7 +85,7 @@ class DeviceMemory:
         benchmarks/sleep_wake.py times both."""
         self.device = device
         self.pin = pin and device.type == "cuda"
-        skip = {t.untyped_storage().data_ptr() for t in discard}
+        dropped = {t.untyped_storage().data_ptr() for t in discard}
         leave = {t.untyped_storage().data_ptr() for t in shared}
         found: dict[int, _Held] = {}
         for t in device_tensors(roots, device, skip):
@@ -93,7 +93,7 @@ class DeviceMemory:
             ptr = storage.data_ptr()
             # NOTE: a storage that cannot be resized (memory-mapped weights on CPU) keeps its memory
             if storage.nbytes() and storage.resizable() and ptr not in found and ptr not in leave:
-                found[ptr] = _Held(storage, storage.nbytes(), ptr not in skip)
+                found[ptr] = _Held(storage, storage.nbytes(), ptr not in dropped)
         self._storages = list(found.values())
         self._host: list[torch.Tensor | None] = []  # [nbytes] uint8 per kept storage while released
 
@@ -138,9 +138,8 @@ class DeviceMemory:
                     buffer.copy_(_bytes_of(h.storage, self.device), non_blocking=buffer.is_pinned())
                 host.append(buffer)
             self._sync()
-        except (
-            RuntimeError
-        ) as e:  # the host allocator refused (the check saw more memory free than there was)
+        except RuntimeError as e:
+            # the host allocator refused (the check saw more memory free than there was)
             del host
             raise NinferError(
                 f"sleeping could not take {format_bytes(self.host_bytes)} of host memory "

@@ -57,6 +57,18 @@ def test_release_frees_every_storage_reached_and_restore_brings_its_bytes_back()
     assert torch.equal(m.rows, pages[2:]) and m.nested["states"][0].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_skipped_objects_are_not_walked_and_discarded_storages_are_not_kept():
+    """skip (the CUDA graphs) and discard (the KV pool at level 2) together: what only a skipped object holds
+    is left out, a discarded storage is freed but not copied."""
+    m = _Holder()
+    m.graphs = torch.nn.Module()
+    m.graphs.register_buffer("static", torch.ones(10))
+    memory = DeviceMemory([m], torch.device("cpu"), discard=[m.pages], skip=[m.graphs])
+    assert memory.device_bytes == 4 * (32 + 4 + 24 + 3) and memory.host_bytes == 4 * (32 + 4 + 3)
+    memory.release()
+    assert m.graphs.static.untyped_storage().nbytes() == 40 and m.pages.untyped_storage().nbytes() == 0
+
+
 def test_a_storage_that_cannot_be_resized_keeps_its_memory():
     import numpy as np
 
