@@ -331,7 +331,7 @@ def _layout(reader, config: ModelConfig):
         name = _hf_name(t.name, layers, mtp)
         if name is None:
             continue
-        fused = next((f for f in qwen3_next.PARTS if f".{f}." in name), None)
+        fused = qwen3_next.fused_projection(name)
         if fused is None:
             named.append((t, name))
             orders[name] = _order(arch, name, config)

@@ -17,7 +17,6 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
-QKVZ, BA = "linear_attn.in_proj_qkvz.", "linear_attn.in_proj_ba."
 # llama.cpp's `qwen3next` GGUF: `ssm_ba` holds in_proj_ba as the checkpoint does; its converter splits
 # in_proj_qkvz into attn_qkv | attn_gate as here, where an older file holds it whole as `ssm_in`
 GGUF_FUSED = {"ssm_ba": "linear_attn.in_proj_ba", "ssm_in": "linear_attn.in_proj_qkvz"}
@@ -46,16 +45,21 @@ def split_ba(weight: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, t
     return b.reshape(-1, weight.shape[1]), a.reshape(-1, weight.shape[1])
 
 
+SPLITS = {"linear_attn.in_proj_qkvz": split_qkvz, "linear_attn.in_proj_ba": split_ba}
+
+
+def fused_projection(name: str) -> str | None:
+    """The fused projection (a key of PARTS) a tensor name holds; None for every other tensor."""
+    return next((fused for fused in PARTS if f".{fused}." in name), None)
+
+
 def part_rows(fused: str, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of a fused projection (`in_proj_qkvz` or `in_proj_ba`, by name) each of its two parts is,
-    in order: (int64 [rows of the first part], int64 [rows of the second])."""
+    """The rows of a fused projection (a key of PARTS) each of its two parts is, in order: (int64 [rows of
+    the first part], int64 [rows of the second])."""
     hk, dk, dv = config.linear_num_key_heads, config.linear_key_head_dim, config.linear_value_head_dim
     hv = config.linear_num_value_heads
-    if "in_proj_qkvz" in fused:
-        rows = torch.arange(2 * hk * dk + 2 * hv * dv).unsqueeze(1)
-        first, second = split_qkvz(rows, config)
-    else:
-        first, second = split_ba(torch.arange(2 * hv).unsqueeze(1), config)
+    rows = 2 * hk * dk + 2 * hv * dv if fused.endswith("qkvz") else 2 * hv
+    first, second = SPLITS[fused](torch.arange(rows).unsqueeze(1), config)
     return first.squeeze(1), second.squeeze(1)
 
 
@@ -64,22 +68,16 @@ def as_qwen3_5(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with the fused projections split (every other tensor as it is)."""
     for name, tensor in weights:
-        fused = QKVZ if QKVZ in name else BA if BA in name else None
+        fused = fused_projection(name)
         if fused is None:
             yield name, tensor
             continue
-        prefix, suffix = name.split(fused)
+        prefix, suffix = name.split(f".{fused}.")
         if suffix != "weight":
             raise NinferError(
                 f"{name}: a Qwen3-Next checkpoint quantized by another tool is not read (its fused projections "
                 "would need splitting in their packed form); give the bf16 checkpoint (ninfer quantizes it at "
                 "load, or with ninfer convert)"
             )
-        if fused == QKVZ:
-            qkv, z = split_qkvz(tensor, config)
-            yield f"{prefix}linear_attn.in_proj_qkv.weight", qkv
-            yield f"{prefix}linear_attn.in_proj_z.weight", z
-        else:
-            b, a = split_ba(tensor, config)
-            yield f"{prefix}linear_attn.in_proj_b.weight", b
-            yield f"{prefix}linear_attn.in_proj_a.weight", a
+        for part, weight in zip(PARTS[fused], SPLITS[fused](tensor, config)):
+            yield f"{prefix}.{part}.weight", weight
