@@ -70,10 +70,7 @@ class _IdleTimer:
         """The prefix cache file written first when it changed (nothing waits now, and a crash while asleep
         then keeps it); then level 1 (the prefix cache kept in host memory), else level 2 when host memory
         cannot hold the KV pool, else stay awake, said once."""
-        try:
-            llm.save_prefix_cache()
-        except (OSError, RuntimeError, NinferError) as e:  # a full disk: said, the sleep goes on
-            log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
+        llm.try_save_prefix_cache()
         try:
             llm.sleep(1)
         except NinferError as e:
@@ -221,11 +218,7 @@ class AsyncLLM:
         if self._thread.is_alive() or self._error is not None:
             log.warning("the engine did not stop cleanly: the prefix cache file is left as it was")
             return
-        try:
-            self.llm.save_prefix_cache()
-        except (OSError, RuntimeError, NinferError) as e:
-            # a full disk, a device error, a wake the device cannot hold (asleep): said, the shutdown goes on
-            log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
+        self.llm.try_save_prefix_cache()
 
     @property
     def is_running(self) -> bool:

@@ -235,10 +235,7 @@ class LLM:
             raise NinferError(f"{busy} request(s) are running or waiting; sleep once they finish")
         started = time.monotonic()
         if level == 2:  # the prefix cache file keeps what level 2 drops (written first, if it changed)
-            try:
-                self.save_prefix_cache()
-            except (OSError, RuntimeError) as e:  # a full disk: said, the sleep goes on
-                log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
+            self.try_save_prefix_cache()
         memory = self.runner.sleep(keep_kv=level == 1)
         if level == 2:
             self.reset_prefix_cache()
@@ -253,9 +250,10 @@ class LLM:
         log.info("%s", message)
         return message
 
-    def sleep_host_bytes(self, level: int) -> int:
-        """Host memory a sleep at `level` holds (1: weights, KV pool and states; 2: the weights)."""
-        return self.runner.device_memory(keep_kv=level == 1).host_bytes
+    def sleep_host_bytes(self) -> tuple[int, int]:
+        """Host memory a sleep holds: (at level 1: weights, KV pool and states; at level 2: the weights)."""
+        memory = self.runner.device_memory(keep_kv=False)  # (level 1 keeps every storage this one frees)
+        return memory.device_bytes, memory.host_bytes
 
     def wake_up(self) -> str:
         """Take the device memory back after `sleep` (a no-op while awake); refused in a sentence, still
@@ -301,6 +299,14 @@ class LLM:
             path,
             time.monotonic() - started,
         )
+
+    def try_save_prefix_cache(self) -> None:
+        """save_prefix_cache where what comes next goes on whatever happens (a sleep, a shutdown): a full disk,
+        a device error or a wake the device cannot hold is said in the log instead of raised."""
+        try:
+            self.save_prefix_cache()
+        except (OSError, RuntimeError, NinferError) as e:
+            log.warning("could not write the prefix cache file (%s: %s)", type(e).__name__, e)
 
     def load_adapter(self, name: str, path: str, pairs: list | None = None) -> None:
         """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then

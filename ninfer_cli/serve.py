@@ -312,7 +312,7 @@ def sleep_summary(llm, seconds: float) -> tuple[int, str]:
     from engine.worker.sleep import host_memory_free
 
     free = host_memory_free()
-    full, weights = llm.sleep_host_bytes(1), llm.sleep_host_bytes(2)
+    full, weights = llm.sleep_host_bytes()
     head = f"sleeps after {seconds:g} s without a request"
     if full <= free:
         return (

@@ -220,7 +220,7 @@ def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(
     # host memory for the weights and half the KV pool (sized on a twin, before this engine can sleep):
     # level 1 is refused, level 2 fits
     twin = LLM(model_dir, **SMALL)
-    room = (twin.sleep_host_bytes(1) + twin.sleep_host_bytes(2)) // 2
+    room = sum(twin.sleep_host_bytes()) // 2
     monkeypatch.setattr(sleep_module, "host_memory_free", lambda: room)
     engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.2)
     try:
@@ -307,7 +307,7 @@ def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot
     from ninfer_cli.serve import sleep_summary
 
     llm = LLM(model_dir, **SMALL)
-    full, weights = llm.sleep_host_bytes(1), llm.sleep_host_bytes(2)
+    full, weights = llm.sleep_host_bytes()
     assert full - weights == llm.runner.kv_cache_bytes + sum(
         t.numel() * t.element_size() for t in llm.runner._state_tensors()
     )
