@@ -334,6 +334,12 @@ def save_mtp_head(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
     return path
 
 
+def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax over the vocabulary at each position of `ids` [len(ids), V] (fp32)."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
 def hf_greedy_reference(model, ids: list[int], num_tokens: int):
     """transformers' greedy continuation of `ids` and the log-softmax of each step's logits (fp32)."""
     # NOTE: no EOS in the reference's generation config, so it runs every step without suppressing a token

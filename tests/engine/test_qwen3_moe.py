@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import hf_logprobs, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
 import kernels
@@ -18,11 +18,6 @@ from engine.quant.convert import convert
 
 PROMPT = list(range(10, 40))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton-forced engines
-
-
-def _reference_logprobs(model, ids):
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +40,7 @@ def test_logprobs_match_transformers(tmp_path, overrides):
     sparse = [type(layer.mlp).__name__ == "SparseMoE" for layer in layers]
     assert sparse == ([True, False, True] if not overrides else [False, True, False])
     got = sequence_logprobs(llm, PROMPT)
-    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-4
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
 def test_greedy_generation_matches_transformers(moe):
@@ -80,7 +75,7 @@ def test_stacked_expert_checkpoints_load_the_same(moe, tmp_path):
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     got = sequence_logprobs(LLM(tmp_path, weight_quant="none"), PROMPT)
-    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-4
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
 def test_a_missing_expert_or_expert_count_is_refused(moe, tmp_path):
@@ -105,7 +100,7 @@ def test_through_the_triton_path_and_a_converted_artifact(moe, tmp_path, kernel_
     model, path = moe
     kernel_backend("triton")
     got = sequence_logprobs(LLM(path, weight_quant="none", device=DEVICE), PROMPT).cpu()
-    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-3
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
     kernel_backend("")
     rows = convert(path, tmp_path / "m.ninfer", "w8g128", method="rtn")
     bits = {r["kind"]: r["bits"] for r in rows}
@@ -220,7 +215,7 @@ def test_qwen3_5_moe_hybrid_matches_transformers(tmp_path):
     assert llm.model_config.shared_expert_intermediate_size == 48 and llm.model_config.norm_topk_prob
     got = sequence_logprobs(llm, PROMPT)
     # fp32 summation order through the recurrent layers: ~1e-4 by the 30th position
-    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 5e-4
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 5e-4
     out = llm.generate(
         prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=6, temperature=0.0)
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
+from conftest import hf_logprobs, mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
@@ -19,11 +19,6 @@ from engine.quant.convert import convert
 
 PROMPT = list(range(10, 40))
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-def _reference_logprobs(model, ids):
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +51,7 @@ def test_logprobs_match_transformers(tmp_path, overrides):
     config = llm.model_config
     assert config.num_linear_attention_layers == 3 and config.rotary_dim == config.head_dim // 4
     got = sequence_logprobs(llm, PROMPT)
-    assert (got - _reference_logprobs(model, PROMPT)).abs().max() < 1e-4
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
 def test_greedy_generation_matches_transformers(next_model):
