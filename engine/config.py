@@ -421,6 +421,8 @@ class EngineConfig:
     # load the vision tower: requests may carry images (engine/vision); its weights and activations are in
     # the memory ledger
     vision: bool = False
+    # a GGUF model's vision tower in llama.cpp's mmproj file (engine/formats/gguf_mmproj.py); implies vision
+    mmproj: str | None = None
     # score query-document pairs with a causal LM's `yes` / `no` next-token logits (engine/rerank.py), for a
     # Qwen3-Reranker checkpoint ninfer does not recognise as one by itself
     rerank: bool = False
@@ -537,6 +539,8 @@ class EngineConfig:
             raise NinferError(
                 "spec draft needs a draft model (--draft-model PATH: a small model of the same family)"
             )
+        if self.mmproj:
+            object.__setattr__(self, "vision", True)
         if self.spec == "draft" and self.vision:
             raise NinferError("a draft model drafts text; drop --vision, or use --spec ngram with images")
         if self.draft_model and self.spec != "draft":

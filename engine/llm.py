@@ -16,8 +16,9 @@ from engine.cache.block_pool import BlockPool
 from engine.cache.state_pool import StatePool
 from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
+from engine.formats.gguf_mmproj import with_mmproj
 from engine.lora.adapters import Adapters
-from engine.models.loader import load_model, open_source
+from engine.models.loader import load_model, model_path, open_source
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
 from engine.pooling import POOLED, normalized
@@ -74,6 +75,8 @@ class LLM:
             prefix_file.check_file(config.prefix_cache_file)
         # --rope-scaling: the rotary tables and the context limit follow it
         source = open_source(model)
+        if config.mmproj:  # a GGUF model's vision tower, in its own file
+            source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
         self.model_config = source.config
         self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)

@@ -21,7 +21,7 @@ from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
-from ninfer_cli.vision_option import Vision
+from ninfer_cli.vision_option import Mmproj, Vision
 
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
@@ -102,6 +102,7 @@ def chat(
     draft_model: DraftModel = None,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
+    mmproj: Mmproj = None,
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
@@ -176,6 +177,7 @@ def chat(
                 **spec_options(spec, draft_tokens, lm_head_draft, draft_model),
                 int8_prefill=int8_prefill,
                 vision=vision,
+                mmproj=mmproj,
                 rope_scaling=rope_scaling,
                 chat_template=chat_template,
                 generation_config=generation_config,
@@ -200,7 +202,7 @@ def chat(
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
     console.print(f"[bold]ninfer chat[/bold] — {backend.description}")
-    help_line = HELP_LINE + (" " + IMAGE_HELP if vision or url else "")
+    help_line = HELP_LINE + (" " + IMAGE_HELP if vision or mmproj or url else "")
     console.print(help_line)
     messages = list(base)
     pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)

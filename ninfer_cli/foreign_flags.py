@@ -31,6 +31,7 @@ RENAMED = {
     "--reranking": "--rerank",
     "--threads-batch": "--threads",
     "-tb": "--threads",
+    "-mm": "--mmproj",
 }
 SWITCHES = {"--enforce-eager", "--reranking"}
 # what ninfer always does (or has no knob for): dropped, said once
@@ -64,6 +65,8 @@ ALWAYS = {
     "-v": "the server logs at info",
     "--log-disable": "the server logs at info",
     "--no-slots": "there are no slots to list",
+    "--no-mmproj": "the vision tower loads only with --mmproj",
+    "--no-mmproj-offload": "the vision tower runs on the model's device",
 }
 ALWAYS_WITH_VALUE = {
     "--tool-call-parser": "tool calls are parsed as the chat template writes them (Qwen's JSON or XML)",
@@ -123,7 +126,7 @@ REFUSED = {
     "--revision": "give MODEL as OWNER/NAME@COMMIT (its download on this machine), or ninfer fetch REPO --revision COMMIT",
     "--hf-overrides": "ninfer reads config.json as it is; edit a copy of the checkpoint's config instead",
     "--kv-cache-memory": "size the KV pool in tokens with --kv-capacity N (ninfer plan shows the bytes a token takes)",
-    "--mmproj": "a GGUF's vision tower in an mmproj file is not read; serve the HF checkpoint with --vision",
+    "--mmproj-url": "download the mmproj first, pinned: ninfer fetch REPO --revision COMMIT --file NAME, then --mmproj PATH",
     "--override-kv": "ninfer reads the GGUF's metadata as it is",
     "--api-key-file": "give the key with --api-key",
 }

@@ -14,7 +14,7 @@ from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import RopeScaling
-from ninfer_cli.vision_option import Vision
+from ninfer_cli.vision_option import Mmproj, Vision
 
 GIB = 1 << 30
 
@@ -54,6 +54,7 @@ def plan(
         ),
     ] = None,
     vision: Vision = False,
+    mmproj: Mmproj = None,
     int8_prefill: Int8Prefill = False,
     recipe: Annotated[
         str | None,
@@ -93,7 +94,8 @@ def plan(
         raise NinferError("fp32 KV is for tests; use bf16, fp16, fp8, int8 or k8v4")
     target = parse_size(context, "--context") if context else None
     spec_on = spec != "none"
-    planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision)
+    vision = vision or bool(mmproj)
+    planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision, mmproj=mmproj)
     planned = replace(planned, config=planned.config.with_rope_scaling_flag(rope_scaling))
     draft = _draft(draft_model, spec)
     if draft is not None:
@@ -129,7 +131,9 @@ def plan(
             _print_refusal(planned, device, table, refusal)
         raise typer.Exit(2) from None
     rows = ledger(chosen, device.total_bytes)
-    line = serve_line(planned.serve_arg, chosen, rope_scaling, draft.serve_arg if draft is not None else None)
+    line = serve_line(
+        planned.serve_arg, chosen, rope_scaling, draft.serve_arg if draft is not None else None, mmproj
+    )
     if as_json:
         print(json.dumps(_json(planned, device, (chosen, rows, line), table, None), indent=2))
         return
@@ -165,13 +169,19 @@ def _check_draft_vocabulary(planned, draft) -> None:
         check_vocabulary(paths[1], source.tokenizer, target.tokenizer, source.config, target.config)
 
 
-def serve_line(model_arg: str, dep, rope_scaling: str | None = None, draft_arg: str | None = None) -> str:
+def serve_line(
+    model_arg: str,
+    dep,
+    rope_scaling: str | None = None,
+    draft_arg: str | None = None,
+    mmproj: str | None = None,
+) -> str:
     spec = f" --spec {dep.spec} --draft-tokens {dep.draft_tokens}" if dep.spec != "none" else ""
     if draft_arg is not None:
         spec += f" --draft-model {shlex.quote(draft_arg)}"
     rope = f" --rope-scaling {shlex.quote(rope_scaling)}" if rope_scaling is not None else ""
     int8 = " --int8-prefill" if dep.int8_prefill else ""
-    vision = " --vision" if dep.vision else ""
+    vision = f" --mmproj {shlex.quote(mmproj)}" if mmproj else " --vision" if dep.vision else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "

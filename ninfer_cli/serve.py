@@ -19,7 +19,7 @@ from ninfer_cli.listen import bind
 from ninfer_cli.loading import answering_while_loading
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
-from ninfer_cli.vision_option import Vision
+from ninfer_cli.vision_option import Mmproj, Vision
 
 GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 
@@ -128,6 +128,7 @@ def serve(
     ] = None,
     int8_prefill: Int8Prefill = False,
     vision: Vision = False,
+    mmproj: Mmproj = None,
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
     generation_config: GenerationConfig = "auto",
@@ -207,6 +208,7 @@ def serve(
         prediction_tokens=prediction_tokens,
         int8_prefill=int8_prefill,
         vision=vision,
+        mmproj=mmproj,
         rope_scaling=rope_scaling,
         chat_template=chat_template,
         generation_config=generation_config,

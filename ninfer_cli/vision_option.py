@@ -14,3 +14,11 @@ Vision = Annotated[
         "(OpenAI image_url data URLs, Anthropic base64 image blocks).",
     ),
 ]
+Mmproj = Annotated[
+    str | None,
+    typer.Option(
+        "--mmproj",
+        help="A GGUF model's vision tower: llama.cpp's mmproj file published beside it (Qwen3.5, Qwen3-VL); "
+        "implies --vision.",
+    ),
+]

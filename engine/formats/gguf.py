@@ -24,11 +24,13 @@ from engine.sampling_defaults import GGUF_KEYS, from_generation_config
 from engine.tokenizer import Tokenizer
 
 # GGUF architecture -> HF architecture: Llama's tensor layout (qwen3 adds q/k norms; qwen35 adds the
-# Gated DeltaNet layers and gated attention, gguf_qwen35.py); qwen3moe / qwen35moe add experts (gguf_moe.py)
+# Gated DeltaNet layers and gated attention, gguf_qwen35.py); qwen3moe / qwen35moe add experts (gguf_moe.py).
+# qwen3vl / qwen3vlmoe: Qwen3-VL's text model, Qwen3's layers (its tower: an mmproj file, gguf_mmproj.py)
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3vl": "Qwen3ForCausalLM",
     "qwen35": "Qwen3_5ForCausalLM",
     **gguf_moe.MOE_ARCHITECTURES,
 }

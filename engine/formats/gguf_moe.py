@@ -17,6 +17,7 @@ import torch
 
 MOE_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen3vlmoe": "Qwen3MoeForCausalLM",  # Qwen3-VL-MoE's text model: the converter stores qwen3moe's layout
     "qwen35moe": "Qwen3_5MoeForCausalLM",
     "qwen3next": "Qwen3NextForCausalLM",
 }

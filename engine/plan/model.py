@@ -32,10 +32,14 @@ def resolve(
     mtp: bool,
     vision: bool,
     dtype_bytes: int = 2,
+    mmproj: str | None = None,
 ) -> PlannedModel:
+    """`mmproj`: a GGUF model's vision tower in llama.cpp's mmproj file (its shapes join the config)."""
     if model and preset_name:
         raise NinferError("pass either MODEL or --model PRESET, not both")
     name = preset_name or (model if model and model.lower() in PRESETS and not Path(model).exists() else None)
+    if name and mmproj:
+        raise NinferError(f"the preset {name} counts its vision tower with --vision; drop --mmproj")
     if name and name.lower() == "default":  # the embedded GGUF, read from its file
         from engine.models.loader import default_model_path
 
@@ -60,6 +64,10 @@ def resolve(
         raise NinferError(
             f"{path} does not exist; pass a .ninfer file, an HF directory, a config.json, or --model PRESET"
         )
+    if mmproj:
+        from engine.formats.gguf_mmproj import check_gguf_model
+
+        check_gguf_model(path)
     if path.suffix == ".ninfer":
         from engine.formats.container import model_config_from_json, read_header
 
@@ -79,7 +87,7 @@ def resolve(
         config = ModelConfig.from_hf_dict(json.loads(cfg_path.read_text()))
         serve_arg = str(cfg_path.parent)
     elif path.suffix == ".gguf":
-        return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes)
+        return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)
     else:
         raise NinferError(
             f"cannot plan for {path.name}; pass a .ninfer file, an HF directory, a config.json or a .gguf"
@@ -98,12 +106,18 @@ def _from_gguf(
     mtp: bool,
     vision: bool,
     dtype_bytes: int,
+    mmproj: str | None = None,
 ) -> PlannedModel:
     """A GGUF file: its block-quantized matrices stay packed on the GPU (engine/formats/gguf_blocks.py), so
-    they count as held; a float GGUF, or one planned at a recipe, counts as a checkpoint does."""
+    they count as held; a float GGUF, or one planned at a recipe, counts as a checkpoint does. With an
+    mmproj, the tower counts from its shapes in the model dtype (it loads dequantized)."""
     from engine.formats.gguf import gpu_tensors
 
     config, tensors = gpu_tensors(path)
+    if mmproj:
+        from engine.formats.gguf_mmproj import tower_config
+
+        config, _ = tower_config(config, path, mmproj)
     if any(held is not None for *_, held in tensors) and not (recipe or bits):
         weights = held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
         return PlannedModel(label, config, weights, "GGUF blocks as stored", serve_arg, True)

@@ -190,13 +190,22 @@ def test_more_of_what_vllm_and_llama_server_take():
     assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
 
 
+def test_llama_servers_mmproj_is_ninfers():
+    """-mm / --mmproj: the vision tower's file, the same flag here; --no-mmproj(-offload) said and dropped."""
+    args, notes = translate(["-m", "/q.gguf", "-mm", "/mmproj.gguf", "--no-mmproj-offload"])
+    assert args == ["/q.gguf", "--mmproj", "/mmproj.gguf"]
+    assert "-mm as --mmproj" in notes
+    assert "--no-mmproj-offload dropped: the vision tower runs on the model's device" in notes
+    assert translate(["/q.gguf", "--mmproj=/v.gguf"])[0] == ["/q.gguf", "--mmproj=/v.gguf"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--lora-scaled", "/a/x.gguf:half"], "--lora-scaled takes FNAME:SCALE"),
         (["--tokenizer", "/t"], "--tokenizer: ninfer reads the tokenizer beside the weights"),
         (["--revision", "main"], "--revision: give MODEL as OWNER/NAME@COMMIT"),
-        (["--mmproj", "v.gguf"], "--mmproj: a GGUF's vision tower in an mmproj file is not read"),
+        (["--mmproj-url", "https://x/v.gguf"], "--mmproj-url: download the mmproj first, pinned"),
         (["--cpu-offload-gb", "8"], "--cpu-offload-gb 8: ninfer keeps the whole model on the GPU"),
         (["--block-size", "32"], "--block-size 32: ninfer runs KV pages of 16 tokens"),
         (["--pooling", "mean"], "--pooling mean: ninfer runs last-token pooling"),

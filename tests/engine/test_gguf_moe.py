@@ -23,10 +23,13 @@ PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
-def write_moe_gguf(model, path, qtype=None, fused: bool = False, mtp_head: dict | None = None):
+def write_moe_gguf(
+    model, path, qtype=None, fused: bool = False, mtp_head: dict | None = None, arch_name: str | None = None
+):
     """A GGUF of a transformers Qwen3-MoE / Qwen3.5-MoE with llama.cpp's keys and tensors; with `qtype`,
     the matrices (expert stacks too) as its blocks, the routers F32 as llama.cpp keeps them; `mtp_head`
-    (Qwen3.5-MoE's mtp.*, a mixture-of-experts layer) as the block after the text layers."""
+    (Qwen3.5-MoE's mtp.*, a mixture-of-experts layer) as the block after the text layers; `arch_name`:
+    another architecture of the same tensors (Qwen3-VL-MoE's text model, qwen3vlmoe)."""
     cfg = model.config
     hybrid = cfg.model_type.startswith("qwen3_5")
     arch = gguf.MODEL_ARCH.QWEN35MOE if hybrid else gguf.MODEL_ARCH.QWEN3MOE
@@ -35,7 +38,7 @@ def write_moe_gguf(model, path, qtype=None, fused: bool = False, mtp_head: dict 
     names = gguf.get_tensor_name_map(arch, blocks)
     # a dense layer among sparse ones (mlp_only_layers): llama.cpp's MoE maps lack its names; Qwen3's have them
     dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, blocks)
-    w = gguf_writer(path, gguf.MODEL_ARCH_NAMES[arch], cfg, blocks)
+    w = gguf_writer(path, arch_name or gguf.MODEL_ARCH_NAMES[arch], cfg, blocks)
     if mtp_head:
         w.add_nextn_predict_layers(1)
     w.add_expert_count(cfg.num_experts)
@@ -112,10 +115,13 @@ def test_experts_come_back_as_the_checkpoint_holds_them(qwen3_moe, tmp_path, fus
     )
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "qwen3vlmoe"])
 def test_generates_transformers_greedy_tokens(arch, qwen3_moe, qwen35_moe, tmp_path):
-    model = qwen3_moe if arch == "qwen3_moe" else qwen35_moe
-    path = write_moe_gguf(model, tmp_path / "m.gguf")
+    """qwen3vlmoe: Qwen3-VL-MoE's text model, stored as qwen3moe's tensors, read as Qwen3-MoE."""
+    model = qwen35_moe if arch == "qwen3_5_moe" else qwen3_moe
+    path = write_moe_gguf(
+        model, tmp_path / "m.gguf", arch_name="qwen3vlmoe" if arch == "qwen3vlmoe" else None
+    )
     want, _ = hf_greedy_reference(model, PROMPT, GREEDY.max_tokens)
     got = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     assert got.token_ids == want

@@ -73,18 +73,23 @@ def write_qwen35_gguf(
     mtp_head: dict | None = None,
     qtype: gguf.GGMLQuantizationType | None = None,
     keep_float: tuple = (),
+    sections: tuple[int, ...] = (11, 11, 10, 0),
+    tokens: list[str] | None = None,
 ):
     """A GGUF of `model` with the keys and tensors llama.cpp's converter writes for Qwen3.5; with `qtype`,
     the matrices as its blocks (norms, conv1d, A_log and dt_bias stay F32, as llama.cpp keeps them, and so
     do matrices whose name holds one of `keep_float`). `mtp_head` (mtp.* tensors): written as the converter
-    writes an MTP head, a block after the text layers."""
+    writes an MTP head, a block after the text layers. `sections`: the M-RoPE sections the converter
+    writes; `tokens`: a vocabulary list (no tokenizer model: the GGUF gives token ids only)."""
     cfg = model.config
     mtp_layers = 1 if mtp_head else 0
     blocks = cfg.num_hidden_layers + mtp_layers
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, blocks)
     w = gguf_writer(path, "qwen35", cfg, blocks)
     add_hybrid_keys(w, cfg)
-    w.add_rope_dimension_sections([11, 11, 10, 0])
+    w.add_rope_dimension_sections(list(sections))
+    if tokens is not None:
+        w.add_token_list(tokens)
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
     bid = cfg.num_hidden_layers
