@@ -26,6 +26,13 @@ def convert(
             "compensation); rtn: round to nearest."
         ),
     ] = "gptq",
+    mmproj: Annotated[
+        str | None,
+        typer.Option(
+            "--mmproj",
+            help="A GGUF SRC's vision tower (llama.cpp's mmproj file): the artifact carries it (16-bit).",
+        ),
+    ] = None,
 ):
     """Quantize a model into one .ninfer file (streamed tensor by tensor)."""
     from engine.quant.convert import METHODS
@@ -50,7 +57,7 @@ def convert(
                 tasks[phase] = bar.add_task(phase, total=total or None)
             bar.update(tasks[phase], completed=done)
 
-        rows = run_convert(src, out, recipe, progress, method)
+        rows = run_convert(src, out, recipe, progress, method, mmproj)
     table = Table(title=f"{out} ({recipe}, {method})")
     for col in ("tensor kind", "tensors", "bits", "MiB", "bits/weight"):
         table.add_column(col, justify="left" if col == "tensor kind" else "right")

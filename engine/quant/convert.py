@@ -11,7 +11,8 @@ import torch
 
 from engine.errors import NinferError
 from engine.formats.container import SUFFIX, write_container
-from engine.models.loader import open_source
+from engine.formats.gguf_mmproj import with_mmproj
+from engine.models.loader import model_path, open_source
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
 from engine.quant.hessians import (
@@ -103,13 +104,20 @@ def measure_sensitivity(
 
 
 def convert(
-    src: str | Path, out: str | Path, recipe: str, progress: Progress | None = None, method: str = "gptq"
+    src: str | Path,
+    out: str | Path,
+    recipe: str,
+    progress: Progress | None = None,
+    method: str = "gptq",
+    mmproj: str | Path | None = None,
 ) -> list[dict]:
     """Write `out` (.ninfer) from `src` under `recipe`; returns the per-kind summary rows.
 
     method: "gptq" quantizes each linear weight below 8 bits against its inputs on calibration text
     (engine/quant/gptq.py; an embedding tied to the head counts as the head), "rtn" rounds each weight to
-    nearest (with the clipping search); untied embeddings and 8-bit weights are always rounded."""
+    nearest (with the clipping search); untied embeddings and 8-bit weights are always rounded.
+    mmproj: a GGUF source's vision tower (llama.cpp's mmproj file), written into the artifact as a
+    multimodal checkpoint's tower is (16-bit)."""
     if recipe not in RECIPES:
         raise NinferError(f"unknown recipe '{recipe}'; use one of {', '.join(RECIPES)}")
     out = Path(out)
@@ -120,6 +128,8 @@ def convert(
     if method not in METHODS:
         raise NinferError(f"unknown method '{method}'; use one of {', '.join(METHODS)}")
     source = open_source(src)
+    if mmproj:
+        source = with_mmproj(source, model_path(src), mmproj)
     llm = calibration_llm(src) if calibrates(recipe, method) else None
     if recipe == "q4.6":
         plan = mixed_plan(*measure_sensitivity(llm, src, progress))

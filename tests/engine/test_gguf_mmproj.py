@@ -265,3 +265,26 @@ def test_a_block_quantized_gguf_takes_the_tower_beside_its_packed_matrices(
     assert packed.token_ids == dense.token_ids
     for a, b in zip(packed.logprobs, dense.logprobs):
         assert all(abs(a[t] - b[t]) < 1e-3 for t in b)
+
+
+def test_convert_takes_the_mmproj_into_the_artifact(qwen35, qwen35_llm, tmp_path):
+    """`ninfer convert MODEL.gguf OUT.ninfer --mmproj F`: one file with the tower (16-bit), which then
+    serves images with --vision as the GGUF and its mmproj do."""
+    from typer.testing import CliRunner
+
+    from ninfer_cli.main import app
+
+    _, text, mmproj = qwen35
+    out = tmp_path / "vl.ninfer"
+    args = ["convert", str(text), str(out), "--recipe", "bf16", "--method", "rtn", "--mmproj", str(mmproj)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    artifact = LLM(out, vision=True)
+    assert artifact.model_config.mrope_section == qwen35_llm.model_config.mrope_section
+    prompt, images = [4, START, PAD, END, 19, 300, 7], [png(40, 56, seed=9)]
+    want = run(qwen35_llm, prompt, images)
+    got = run(artifact, prompt, images)
+    assert got.token_ids == want.token_ids
+    result = CliRunner().invoke(app, [*args[:2], str(tmp_path / "x.ninfer"), "--mmproj", str(text)])
+    assert result.exit_code == 2 and "is not an mmproj file" in result.output
+    assert not (tmp_path / "x.ninfer").exists()
