@@ -32,6 +32,8 @@ RENAMED = {
     "--threads-batch": "--threads",
     "-tb": "--threads",
     "-mm": "--mmproj",
+    "--ssl-key-file": "--ssl-keyfile",
+    "--ssl-cert-file": "--ssl-certfile",
 }
 SWITCHES = {"--enforce-eager", "--reranking"}
 # what ninfer always does (or has no knob for): dropped, said once
@@ -128,7 +130,9 @@ REFUSED = {
     "--kv-cache-memory": "size the KV pool in tokens with --kv-capacity N (ninfer plan shows the bytes a token takes)",
     "--mmproj-url": "download the mmproj first, pinned: ninfer fetch REPO --revision COMMIT --file NAME, then --mmproj PATH",
     "--override-kv": "ninfer reads the GGUF's metadata as it is",
-    "--api-key-file": "give the key with --api-key",
+    "--ssl-ca-certs": "client certificates are not asked for; put a TLS proxy in front to check them",
+    "--ssl-cert-reqs": "client certificates are not asked for; put a TLS proxy in front to check them",
+    "--ssl-keyfile-password": "an encrypted key is not taken; decrypt it (openssl pkey -in KEY -out PLAIN)",
 }
 FLASH_ATTN_VALUES = {"on", "off", "auto", "1", "0", "true", "false"}
 # llama.cpp's -ctk / -ctv pairs -> ninfer's KV dtype
@@ -305,6 +309,9 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             for path, scale in pairs:
                 out += ["--lora", path]
                 applied.append(f"{adapter_name(path)}={_number(flag, scale):g}")
+        elif flag == "--api-key" and llama_server:  # llama-server takes several, comma-separated
+            for key in value(flag).split(","):
+                out += ["--api-key", key]
         elif flag == "--lora" and llama_server:
             for path in value(flag).split(","):  # llama-server takes several, comma-separated
                 out += ["--lora", path]
@@ -367,6 +374,7 @@ FOREIGN = {
     "--rope-scale",
     "--yarn-orig-ctx",
     "--lora-scaled",
+    "--api-key",  # llama-server's --api-key=K1,K2 split like its spaced form
 }
 
 

@@ -49,12 +49,13 @@ def loading_app(started: float):
 
 
 @contextlib.contextmanager
-def answering_while_loading(sock: socket.socket) -> Iterator[None]:
-    """Listen on `sock` (bound, not yet listening) and answer 503 on it until the block ends."""
+def answering_while_loading(sock: socket.socket, tls: dict[str, str] | None = None) -> Iterator[None]:
+    """Listen on `sock` (bound, not yet listening) and answer 503 on it until the block ends; `tls`:
+    uvicorn's certificate settings, so an HTTPS server's clients see the 503 over HTTPS too."""
     import uvicorn
 
     sock.listen(BACKLOG)
-    config = uvicorn.Config(loading_app(time.monotonic()), log_level="warning", lifespan="off")
+    config = uvicorn.Config(loading_app(time.monotonic()), log_level="warning", lifespan="off", **(tls or {}))
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock.dup()]}, name="ninfer-loading", daemon=True

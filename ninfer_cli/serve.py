@@ -13,6 +13,7 @@ import typer
 
 from engine.errors import NinferError
 from engine.sizes import parse_size
+from ninfer_cli.access import api_keys, tls_options
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
@@ -41,7 +42,21 @@ def serve(
         ),
     ] = None,
     api_key: Annotated[
-        str | None, typer.Option(envvar="NINFER_API_KEY", help="Require this key (Bearer or x-api-key).")
+        list[str] | None,
+        typer.Option(
+            envvar="NINFER_API_KEY",
+            help="Require this key (Bearer or x-api-key); repeat for more (any one is taken).",
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        str | None,
+        typer.Option(help="Keys to require, one a line (llama-server's); with --api-key, all taken."),
+    ] = None,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="Serve HTTPS with this PEM certificate (and --ssl-keyfile).")
+    ] = None,
+    ssl_keyfile: Annotated[
+        str | None, typer.Option(help="The certificate's private key (PEM, unencrypted).")
     ] = None,
     max_context: Annotated[
         str | None,
@@ -190,6 +205,8 @@ def serve(
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
+    keys, tls = api_keys(api_key, api_key_file), tls_options(ssl_certfile, ssl_keyfile)
+    scheme = "https" if tls else "http"
     if sleep_idle_seconds != -1 and not sleep_idle_seconds > 0:
         raise NinferError(
             f"--sleep-idle-seconds must be a positive number of seconds, or -1 to stay awake (got {sleep_idle_seconds:g})"
@@ -235,17 +252,17 @@ def serve(
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("ninfer")
-    log.info("loading the model; http://%s:%d answers 503 until it is ready", host, port)
+    log.info("loading the model; %s://%s:%d answers 503 until it is ready", scheme, host, port)
     started = time.monotonic()
     try:
-        with answering_while_loading(sock):
+        with answering_while_loading(sock, tls):
             engine = AsyncLLM(model, **options)
     except BaseException:
         sock.close()
         raise
-    state = ServerState(engine, name, api_key, lora_updates=enable_lora, lora_defaults=defaults)
+    state = ServerState(engine, name, keys, lora_updates=enable_lora, lora_defaults=defaults)
     app = create_app(state)
-    log.info("serving %s on http://%s:%d (%s)", name, host, port, engine.llm.description)
+    log.info("serving %s on %s://%s:%d (%s)", name, scheme, host, port, engine.llm.description)
     log.info("%s", startup_summary(engine, time.monotonic() - started))
     host_kv = engine.llm.runner.host_kv
     if host_kv is not None:
@@ -298,7 +315,7 @@ def serve(
         )
     _Server = _server_class()
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S + 2
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S + 2, **tls
     )
     try:
         _Server(config, state).run(sockets=[sock])

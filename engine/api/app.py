@@ -34,12 +34,17 @@ def error_response(request: Request, e: ApiError) -> JSONResponse:
     return error_for_path(request.url.path, e)
 
 
-def _authorized(request: Request, key: str) -> bool:
+def _authorized(request: Request, keys: tuple[str, ...]) -> bool:
+    """The request offers one of `keys` (x-api-key, or Authorization: Bearer), compared in constant time
+    against every key, so the time taken says nothing of which key, or how much of one, matched."""
     offered = request.headers.get("x-api-key")
     auth = request.headers.get("authorization", "")
     if offered is None and auth.lower().startswith("bearer "):
         offered = auth[7:].strip()
-    return offered is not None and hmac.compare_digest(offered.encode(), key.encode())
+    if offered is None:
+        return False
+    matches = [hmac.compare_digest(offered.encode(), key.encode()) for key in keys]
+    return any(matches)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -58,7 +63,7 @@ def create_app(state: ServerState) -> FastAPI:
             *sleep_routes.PATHS,
             "/reset_prefix_cache",
         )
-        if state.api_key and guarded and not _authorized(request, state.api_key):
+        if state.api_keys and guarded and not _authorized(request, state.api_keys):
             return error_response(
                 request,
                 ApiError(401, "a valid API key is needed (Authorization: Bearer KEY or x-api-key: KEY)"),

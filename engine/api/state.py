@@ -22,7 +22,8 @@ from engine.vision.mrope import widen_placeholders
 class ServerState:
     engine: AsyncLLM
     model_id: str
-    api_key: str | None = None
+    # the keys a guarded route takes (any one of them); empty: no key needed
+    api_keys: tuple[str, ...] = ()
     started: int = field(default_factory=lambda: int(time.time()))
     # set when a shutdown's grace period is over: running streams end with a final error event
     ending: bool = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.parse
@@ -145,6 +146,15 @@ class OverHttp:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
+    def _unreachable(self, e: OSError) -> NinferError:
+        """What a failed connection says: an untrusted HTTPS certificate apart from a server not there."""
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return NinferError(
+                f"{self.host}:{self.port}'s HTTPS certificate is not trusted ({e.verify_message}); for a "
+                "self-signed one, run with SSL_CERT_FILE=CERT.pem (the server's --ssl-certfile)"
+            )
+        return NinferError(f"cannot reach {self.host}:{self.port} ({e}); is the server running?")
+
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         conn = self._conn()
         try:
@@ -154,7 +164,7 @@ class OverHttp:
             resp = conn.getresponse()
             raw = resp.read()
         except OSError as e:
-            raise NinferError(f"cannot reach {self.host}:{self.port} ({e}); is the server running?") from e
+            raise self._unreachable(e) from e
         finally:
             conn.close()
         try:
@@ -301,9 +311,7 @@ class OverHttp:
                 conn.request("POST", self.base + "/v1/chat/completions", json.dumps(body), self._headers())
                 resp = conn.getresponse()
             except OSError as e:
-                raise NinferError(
-                    f"cannot reach {self.host}:{self.port} ({e}); is the server running?"
-                ) from e
+                raise self._unreachable(e) from e
             if resp.status != 200:
                 raw = resp.read()
                 try:

@@ -33,7 +33,7 @@ class RunningServer:
     ):
         """`sock`: a bound socket to serve on (as `ninfer serve` does); else a free port of its own."""
         self.engine = engine
-        self.state = ServerState(engine, model_id, api_key)
+        self.state = ServerState(engine, model_id, (api_key,) if api_key else ())
         if sock is None:
             probe = socket.socket()
             probe.bind(("127.0.0.1", 0))

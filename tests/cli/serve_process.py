@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx2 as httpx
 
@@ -20,10 +21,11 @@ def free_port() -> int:
 
 
 def start_serve(
-    *args: str, timeout: float = 120, answers: list[httpx.Response] | None = None
+    *args: str, timeout: float = 120, answers: list[httpx.Response] | None = None, verify: Any = None
 ) -> tuple[subprocess.Popen, int]:
     """Start `ninfer serve ARGS --port P` and wait until /health answers 200; (process, port). `answers`
-    collects the /health replies before that (503s while the model loads)."""
+    collects the /health replies before that (503s while the model loads). `verify`: an SSL context
+    trusting the certificate of a server started with --ssl-certfile, asked over HTTPS."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ninfer_cli.main", "serve", "--port", str(port), *args],
@@ -36,7 +38,10 @@ def start_serve(
     while True:
         assert proc.poll() is None, proc.stderr.read()
         try:
-            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            if verify is None:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            else:
+                r = httpx.get(f"https://127.0.0.1:{port}/health", timeout=1, verify=verify)
             if r.status_code == 200:
                 return proc, port
             if answers is not None:

@@ -190,6 +190,35 @@ def test_more_of_what_vllm_and_llama_server_take():
     assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
 
 
+def test_llama_servers_tls_and_key_list():
+    """llama-server's --ssl-key-file / --ssl-cert-file are ninfer's --ssl-keyfile / --ssl-certfile; its
+    comma-separated --api-key is one --api-key each; vLLM's spellings are ninfer's own."""
+    args, notes = translate(
+        ["-m", "/q.gguf", "--ssl-key-file", "k.pem", "--ssl-cert-file", "c.pem", "--api-key=a,b"]
+    )
+    assert args == [
+        "/q.gguf",
+        "--ssl-keyfile",
+        "k.pem",
+        "--ssl-certfile",
+        "c.pem",
+        "--api-key",
+        "a",
+        "--api-key",
+        "b",
+    ]
+    assert "--ssl-key-file as --ssl-keyfile" in notes
+    assert translate(["/m", "--api-key", "a,b", "--ssl-keyfile", "k"])[0] == [
+        "/m",
+        "--api-key",
+        "a,b",
+        "--ssl-keyfile",
+        "k",
+    ]
+    with pytest.raises(NinferError, match="client certificates are not asked for"):
+        translate(["/m", "--ssl-ca-certs", "ca.pem"])
+
+
 def test_llama_servers_mmproj_is_ninfers():
     """-mm / --mmproj: the vision tower's file, the same flag here; --no-mmproj(-offload) said and dropped."""
     args, notes = translate(["-m", "/q.gguf", "-mm", "/mmproj.gguf", "--no-mmproj-offload"])

@@ -1,0 +1,60 @@
+"""Who may reach `ninfer serve`, and how: its API keys (`--api-key`, repeatable, or NINFER_API_KEY;
+`--api-key-file`, llama-server's: one key a line) and TLS (`--ssl-certfile` / `--ssl-keyfile`, vLLM's
+spelling). Both are checked before the port is bound, so a bad file is said at once, not after the weights
+load."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+from engine.errors import NinferError
+
+
+def api_keys(keys: list[str] | None, key_file: str | None) -> tuple[str, ...]:
+    """Every key a request may offer: those given on the command line, then the file's (one a line; blank
+    lines and lines starting with # skipped)."""
+    out = [k for k in keys or () if k]
+    if key_file is not None:
+        path = Path(key_file).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise NinferError(
+                f"--api-key-file {key_file} cannot be read ({why}); give a text file, one key a line"
+            ) from None
+        out += [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not out:
+            raise NinferError(
+                f"--api-key-file {key_file} holds no key; write one key a line (a server without keys: drop the flag)"
+            )
+    return tuple(dict.fromkeys(out))
+
+
+def tls_options(certfile: str | None, keyfile: str | None) -> dict[str, str]:
+    """uvicorn's TLS settings for the certificate and its private key (PEM); {} for plain HTTP. The pair is
+    loaded here once, so a wrong path, a key that is not the certificate's or a file that is not PEM is
+    one line before anything starts."""
+    if certfile is None and keyfile is None:
+        return {}
+    if certfile is None or keyfile is None:
+        given, missing = (
+            ("--ssl-certfile", "--ssl-keyfile") if certfile else ("--ssl-keyfile", "--ssl-certfile")
+        )
+        raise NinferError(f"{given} needs {missing} too: HTTPS takes the PEM certificate and its private key")
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if not Path(path).expanduser().is_file():
+            raise NinferError(f"{flag} {path} does not exist; give the path of a PEM file")
+    certfile, keyfile = str(Path(certfile).expanduser()), str(Path(keyfile).expanduser())
+    try:
+        # an encrypted key fails here rather than prompting on the terminal for its passphrase
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            certfile, keyfile, password=lambda: b""
+        )
+    except (ssl.SSLError, OSError) as e:
+        raise NinferError(
+            f"--ssl-certfile {certfile} and --ssl-keyfile {keyfile} do not load as a PEM certificate and its "
+            f"private key ({getattr(e, 'reason', None) or e}); check the pair (an encrypted key is not taken)"
+        ) from None
+    return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
