@@ -511,3 +511,16 @@ def save_thinking_mtp_model(path: Path, tokenizer, think: bool) -> Path:
         json.dumps({"chat_template": template, "eos_token": tokenizer.eos_token})
     )
     return path
+
+
+def streamed_tool_calls(chunks) -> list:
+    """A streamed chat completion's tool calls put together by index, as clients do: the first delta of a
+    call (id, type, name) with its `function.arguments` pieces joined (a custom tool's call comes whole)."""
+    calls: dict[int, object] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta.index not in calls:
+                calls[delta.index] = delta.model_copy(deep=True)
+            elif delta.function is not None and delta.function.arguments:
+                calls[delta.index].function.arguments += delta.function.arguments
+    return [calls[i] for i in sorted(calls)]

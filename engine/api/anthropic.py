@@ -17,6 +17,7 @@ from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
 from engine.api.structured import anthropic_grammar
+from engine.parsers.call_stream import arguments_json
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -325,8 +326,8 @@ async def messages(request: Request):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
     async def events():
-        parser = ReplyParser(in_reasoning, tools, max_calls)
-        called = False
+        parser = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True)
+        called = streaming = False
         block = {"index": -1, "type": None}
 
         def switch(kind: str):
@@ -381,19 +382,34 @@ async def messages(request: Request):
                             yield e
                         delta_block = {"type": "thinking_delta", "thinking": piece}
                         yield event("content_block_delta", {"index": block["index"], "delta": delta_block})
-                    elif kind == "tool_call":
-                        called = True
+                    elif kind in ("tool_call_start", "tool_call"):
+                        # a call opens its tool_use block as its name is read (its input then streams), or
+                        # whole when it came unstreamed
+                        called = called or kind == "tool_call"
+                        if kind == "tool_call" and streaming:
+                            streaming = False  # its input is all sent: the block closes with the next one
+                            continue
                         if block["type"] is not None:
                             yield event("content_block_stop", {"index": block["index"]})
-                        use = _tool_use(piece)
+                        use = _tool_use(piece) if kind == "tool_call" else _tool_use(ToolCall(piece, {}))
                         block["index"] += 1
                         block["type"] = "tool_use"
                         start_block = {**use, "input": {}}
                         yield event(
                             "content_block_start", {"index": block["index"], "content_block": start_block}
                         )
-                        partial = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}
+                        if kind == "tool_call":
+                            partial = {
+                                "type": "input_json_delta",
+                                "partial_json": arguments_json(use["input"]),
+                            }
+                            yield event("content_block_delta", {"index": block["index"], "delta": partial})
+                        streaming = kind == "tool_call_start"
+                    elif kind == "tool_call_args":
+                        partial = {"type": "input_json_delta", "partial_json": piece}
                         yield event("content_block_delta", {"index": block["index"], "delta": partial})
+                    elif kind == "tool_call_end":  # cut short: the block closes as it is
+                        streaming = False
                     else:
                         for e in switch("text"):
                             yield e

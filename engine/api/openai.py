@@ -33,6 +33,7 @@ from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
 from engine.api.token_names import TokenNames, token_names
+from engine.parsers.call_stream import arguments_json
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -229,9 +230,13 @@ def _prediction(state: ServerState, body: dict) -> tuple[int, ...]:
     return tuple(state.text_tokenizer().encode(content, add_special_tokens=False)) if content else ()
 
 
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _tool_call_json(call: ToolCall, custom: frozenset[str]) -> dict[str, Any]:
     """A call as chat completions' tool_calls entry (a custom tool's: its input string)."""
-    cid = f"call_{uuid.uuid4().hex[:24]}"
+    cid = _call_id()
     if call.name in custom:
         return {
             "id": cid,
@@ -241,7 +246,7 @@ def _tool_call_json(call: ToolCall, custom: frozenset[str]) -> dict[str, Any]:
     return {
         "id": cid,
         "type": "function",
-        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        "function": {"name": call.name, "arguments": arguments_json(call.arguments)},
     }
 
 
@@ -449,8 +454,11 @@ async def chat_completions(request: Request):
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
-        parsers = [ReplyParser(in_reasoning, tools, max_calls) for _ in streams]
+        parsers = [ReplyParser(in_reasoning, tools, max_calls, stream_calls=True) for _ in streams]
         num_calls, sent_logprobs = [0] * len(streams), [0] * len(streams)
+        # per choice: tool_calls entries begun (their index), and whether the call under way streams (a
+        # function's; a custom tool's input comes whole with the finished call)
+        begun, streaming = [0] * len(streams), [False] * len(streams)
         outputs = merged(streams)
         try:
             for index in range(len(streams)):
@@ -468,10 +476,29 @@ async def chat_completions(request: Request):
                     yield chunk({}, index=index, logprobs=logprobs)
                     sent_logprobs[index] = len(out.logprobs)
                 for kind, piece in parsers[index].feed(delta, final=out.finished):
-                    if kind == "tool_call":
-                        call = {"index": num_calls[index], **_tool_call_json(piece, custom)}
-                        yield chunk({"tool_calls": [call]}, index=index)
-                        num_calls[index] += 1
+                    if kind == "tool_call_start":
+                        streaming[index] = piece not in custom
+                        if streaming[index]:
+                            fn = {"name": piece, "arguments": ""}
+                            call = {
+                                "index": begun[index],
+                                "id": _call_id(),
+                                "type": "function",
+                                "function": fn,
+                            }
+                            yield chunk({"tool_calls": [call]}, index=index)
+                    elif kind == "tool_call_args":
+                        if streaming[index]:
+                            call = {"index": begun[index], "function": {"arguments": piece}}
+                            yield chunk({"tool_calls": [call]}, index=index)
+                    elif kind in ("tool_call", "tool_call_end"):
+                        if kind == "tool_call" and not streaming[index]:
+                            call = {"index": begun[index], **_tool_call_json(piece, custom)}
+                            yield chunk({"tool_calls": [call]}, index=index)
+                        if kind == "tool_call" or streaming[index]:
+                            begun[index] += 1
+                        num_calls[index] += kind == "tool_call"  # a call cut short does not finish as one
+                        streaming[index] = False
                     else:
                         yield chunk(
                             {"reasoning_content" if kind == "reasoning" else "content": piece}, index=index

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from engine.api.custom_tools import custom_input
+from engine.parsers.call_stream import arguments_json
 from engine.parsers.tool_calls import ToolCall
 
 
@@ -54,7 +55,7 @@ def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str,
         "id": _id("fc"),
         "call_id": _id("call"),
         "name": call.name,
-        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        "arguments": arguments_json(call.arguments),
         "status": "completed",
     }
 
@@ -112,6 +113,8 @@ class OutputEvents:
         self._logprobs: list[dict[str, Any]] = []  # entries not yet sent with a delta
         self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
         self._current: dict[str, Any] | None = None  # the reasoning or message item being streamed
+        self._call: dict[str, Any] | None = None  # the function_call item whose arguments are streaming
+        self._custom_call = False  # a custom tool's call is being written: it comes whole at its end
         self._sequence = itertools.count()
 
     def event(self, kind: str, **data: Any) -> str:
@@ -122,9 +125,18 @@ class OutputEvents:
         self._logprobs += entries
 
     def piece(self, kind: str, value: Any) -> list[str]:
-        """Events for one piece of the reply parser: ("reasoning" | "text", str) or ("tool_call", ToolCall)."""
-        if kind == "tool_call":
-            return self._close() + self._call(value)
+        """Events for one piece of the reply parser: ("reasoning" | "text", str), ("tool_call", ToolCall),
+        and a streamed call's ("tool_call_start", name), ("tool_call_args", str), ("tool_call_end", None)."""
+        if kind == "tool_call_start":
+            self._custom_call = value in self.custom
+            return [] if self._custom_call else self._close() + self._start_call(value)
+        if kind == "tool_call_args":
+            return self._call_args(value) if self._call else []
+        if kind in ("tool_call", "tool_call_end"):
+            self._custom_call = False
+            if self._call is not None:
+                return self._end_call(value)
+            return self._close() + self._whole_call(value) if kind == "tool_call" else []
         want = "reasoning" if kind == "reasoning" else "message"
         events = [] if self._current and self._current["type"] == want else self._close() + self._open(want)
         self._current["text"] += value
@@ -182,7 +194,32 @@ class OutputEvents:
         self._current = None
         return [*done, self.event("response.output_item.done", output_index=index, item=item)]
 
-    def _call(self, call: ToolCall) -> list[str]:
+    def _start_call(self, name: str) -> list[str]:
+        self._call = {**call_item(ToolCall(name, {})), "arguments": "", "status": "in_progress"}
+        return [self.event("response.output_item.added", output_index=len(self.output), item=self._call)]
+
+    def _call_args(self, text: str) -> list[str]:
+        self._call["arguments"] += text
+        where = {"item_id": self._call["id"], "output_index": len(self.output)}
+        return [self.event("response.function_call_arguments.delta", **where, delta=text)]
+
+    def _end_call(self, call: ToolCall | None) -> list[str]:
+        """The streamed call done: completed with its arguments, or (cut short) incomplete as streamed."""
+        item, self._call = self._call, None
+        if call is not None:
+            item = {**item, "arguments": arguments_json(call.arguments), "status": "completed"}
+        else:
+            item = {**item, "status": "incomplete"}
+        index = len(self.output)
+        self.output.append(item)
+        where = {"item_id": item["id"], "output_index": index}
+        done = {"name": item["name"], "arguments": item["arguments"]}
+        return [
+            self.event("response.function_call_arguments.done", **where, **done),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _whole_call(self, call: ToolCall) -> list[str]:
         item, index = call_item(call, self.custom), len(self.output)
         self.output.append(item)
         where = {"item_id": item["id"], "output_index": index}

@@ -287,7 +287,7 @@ async def create(request: Request):
         return JSONResponse(finish(out, output_items(reasoning, content, calls, custom, logprobs)))
 
     async def events():
-        parser, stream = ReplyParser(in_reasoning, tools, max_calls), OutputEvents(custom)
+        parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
         out = None
         try:
             yield stream.event("response.created", response=response("in_progress", [], None))

@@ -5,27 +5,47 @@ from __future__ import annotations
 from typing import Any
 
 from engine.parsers.reasoning import ReasoningSplitter
-from engine.parsers.tool_calls import ToolCall, ToolCallParser
+from engine.parsers.tool_calls import CallArgs, CallEnd, CallStart, ToolCall, ToolCallParser
 
 
 class ReplyParser:
-    """feed(delta) -> [("reasoning", str) | ("text", str) | ("tool_call", ToolCall)], never a partial tag."""
+    """feed(delta) -> [("reasoning", str) | ("text", str) | ("tool_call", ToolCall)], never a partial tag.
+    With `stream_calls`, a call also comes as it is written: ("tool_call_start", name), then
+    ("tool_call_args", JSON piece) ..., then ("tool_call", ToolCall) or, for one that never completes,
+    ("tool_call_end", None)."""
 
     def __init__(
-        self, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None, max_calls: int | None = None
+        self,
+        starts_in_reasoning: bool,
+        tools: list[dict[str, Any]] | None,
+        max_calls: int | None = None,
+        stream_calls: bool = False,
     ):
         """max_calls: the calls kept (1 when the client turned parallel calls off); later ones are dropped."""
         self.reasoning = ReasoningSplitter(starts_in_reasoning)
-        self.tools = ToolCallParser(tools) if tools else None
+        self.tools = ToolCallParser(tools, stream=stream_calls) if tools else None
         self.calls_left = max_calls
+        self._dropping = False  # the streamed call under way is past max_calls
 
     def feed(self, delta: str, final: bool = False) -> list[tuple[str, Any]]:
         reasoning, content = self.reasoning.feed(delta, final)
         pieces: list[tuple[str, Any]] = [("reasoning", reasoning)] if reasoning else []
         for piece in self.tools.feed(content, final) if self.tools else [content]:
-            if isinstance(piece, ToolCall):
+            if isinstance(piece, CallStart):
+                self._dropping = self.calls_left == 0
+                if not self._dropping:
+                    pieces.append(("tool_call_start", piece.name))
+            elif isinstance(piece, CallArgs):
+                if not self._dropping:
+                    pieces.append(("tool_call_args", piece.text))
+            elif isinstance(piece, CallEnd):
+                if not self._dropping:
+                    pieces.append(("tool_call_end", None))
+                self._dropping = False
+            elif isinstance(piece, ToolCall):
+                dropping, self._dropping = self._dropping, False
                 if self.calls_left is not None:
-                    if self.calls_left == 0:
+                    if self.calls_left == 0 or dropping:
                         continue
                     self.calls_left -= 1
                 pieces.append(("tool_call", piece))

@@ -4,7 +4,7 @@ Two forms inside `<tool_call>…</tool_call>`:
 * Qwen3 JSON: `{"name": "get_weather", "arguments": {"city": "Paris"}}`
 * Qwen3.5 XML: `<function=get_weather><parameter=city>Paris</parameter></function>`; parameter values are
   text, typed here by the tool's JSON schema (integer, number, boolean, object, array; else string).
-A call is emitted once complete. The JSON form is scanned as JSON (a string holding `</tool_call>` does not
+A call is emitted once complete (and, with `stream`, also as it is written: engine/parsers/call_stream.py). The JSON form is scanned as JSON (a string holding `</tool_call>` does not
 end it), the XML form parameter by parameter. Text outside calls passes through; a partial `<tool_call>`
 tag at the end of a delta is held back, so no tag leaks into the text. A call that never completes or does
 not parse is given back as text at the end. Whitespace between calls, or after the last, is no text.
@@ -13,20 +13,44 @@ not parse is given back as text at the end. Whitespace between calls, or after t
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from engine.parsers.call_stream import CallStream, arguments_json, typed_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
 _END_FUNCTION = re.compile(r"\s*</function>\s*</tool_call>")
 
+log = logging.getLogger("ninfer")
+
 
 @dataclass
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+
+
+# with streaming on (ToolCallParser(stream=True)), a call also comes as it is written: its start (the name),
+# pieces of its arguments' JSON (adding up to arguments_json of the finished call's arguments), then the
+# ToolCall itself; a started call that never completes (the reply ends, or the text leaves the form and
+# does not parse) ends with CallEnd instead, and its text is not given back (it went out as arguments)
+@dataclass
+class CallStart:
+    name: str
+
+
+@dataclass
+class CallArgs:
+    text: str
+
+
+@dataclass
+class CallEnd:
+    pass
 
 
 def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -38,36 +62,20 @@ def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _typed(value: str, schema: dict[str, Any]) -> Any:
-    value = value[1:] if value.startswith("\n") else value
-    value = value[:-1] if value.endswith("\n") else value
-    kind = schema.get("type")
-    try:
-        if kind == "integer":
-            return int(value.strip())
-        if kind == "number":
-            return float(value.strip())
-        if kind == "boolean":
-            lowered = value.strip().lower()
-            if lowered in ("true", "false"):
-                return lowered == "true"
-            return value
-        if kind in ("object", "array"):
-            return json.loads(value)
-    except ValueError:
-        return value
-    return value
-
-
 class ToolCallParser:
-    def __init__(self, tools: list[dict[str, Any]] | None):
+    def __init__(self, tools: list[dict[str, Any]] | None, stream: bool = False):
+        """stream: calls also come as they are written (CallStart, CallArgs ..., then ToolCall or CallEnd)."""
         self.schemas = _schemas(tools)
         self.buffer = ""
         self.in_call = False
         self.after_call = False  # a call just ended: whitespace before the next call or the end is dropped
+        self.stream = stream
+        self._call: CallStream | None = None  # the call being streamed
+        self._fed = 0  # buffer characters the call's stream has read
+        self._unclosed = 0  # the call's body holds no closing tag before this offset
 
-    def feed(self, delta: str, final: bool = False) -> list[str | ToolCall]:
-        """Text pieces and complete ToolCalls, in order."""
+    def feed(self, delta: str, final: bool = False) -> list[str | ToolCall | CallStart | CallArgs | CallEnd]:
+        """Text pieces and complete ToolCalls (and, streaming, the calls' pieces), in order."""
         self.buffer += delta
         events: list[str | ToolCall] = []
         while self.buffer:
@@ -94,21 +102,51 @@ class ToolCallParser:
                     break
                 if at:
                     events.append(self.buffer[:at])
-                self.buffer, self.in_call = self.buffer[at + len(OPEN) :], True
+                self.buffer, self.in_call, self._unclosed = self.buffer[at + len(OPEN) :], True, 0
+                if self.stream:
+                    self._call, self._fed = CallStream(self.schemas), 0
                 continue
-            parsed = self._parse_call(self.buffer)
+            # a call completes only with its closing tag: until one shows, the body is not parsed again (and
+            # the tag is looked for in the new text only)
+            closed = self.buffer.find(CLOSE, self._unclosed) >= 0
+            self._unclosed = max(0, len(self.buffer) - len(CLOSE) + 1)
+            parsed = self._parse_call(self.buffer) if closed or final else None
             if parsed is None:  # incomplete
+                events += self._streamed()
                 if final:
-                    events.append(OPEN + self.buffer)
-                    self.buffer, self.in_call = "", False
+                    events.append(CallEnd() if self._started() else OPEN + self.buffer)
+                    self.buffer, self.in_call, self._call = "", False, None
                 break
             call, used = parsed
-            if call is None:  # complete but not a call we can read: give it back as text
+            if self._started():
+                events += self._streamed() + self._finish(call)
+            elif call is None:  # complete but not a call we can read: give it back as text
                 events.append(OPEN + self.buffer[:used])
             else:
                 events.append(call)
-            self.buffer, self.in_call, self.after_call = self.buffer[used:], False, True
+            self.buffer, self.in_call, self.after_call, self._call = self.buffer[used:], False, True, None
         return events
+
+    def _started(self) -> bool:
+        return self._call is not None and self._call.name is not None
+
+    def _streamed(self) -> list[CallStart | CallArgs]:
+        """The call's new pieces: its start once the name is read, then its arguments as far as certain."""
+        if self._call is None:
+            return []
+        name, piece = self._call.feed(self.buffer[self._fed :])
+        self._fed = len(self.buffer)
+        return ([CallStart(name)] if name is not None else []) + ([CallArgs(piece)] if piece else [])
+
+    def _finish(self, call: ToolCall | None) -> list[ToolCall | CallArgs | CallEnd]:
+        """A streamed call's end: the rest of its arguments, then the call (CallEnd if it did not parse)."""
+        if call is None:
+            return [CallEnd()]
+        whole, sent = arguments_json(call.arguments), self._call.sent
+        if not whole.startswith(sent):  # (a key given twice: the client already has the first value)
+            log.warning("tool call %s: the streamed arguments differ from the parsed ones", call.name)
+            return [call]
+        return ([CallArgs(whole[len(sent) :])] if len(whole) > len(sent) else []) + [call]
 
     def _parse_call(self, text: str) -> tuple[ToolCall | None, int] | None:
         stripped = len(text) - len(text.lstrip())
@@ -169,7 +207,7 @@ class ToolCallParser:
             if value_end < 0:
                 return None
             arg = p.group(1).strip()
-            args[arg] = _typed(text[p.end() : value_end], schema.get(arg, {}))
+            args[arg] = typed_value(text[p.end() : value_end], schema.get(arg, {}))
             pos = value_end + len("</parameter>")
 
 

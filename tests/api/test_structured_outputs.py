@@ -14,7 +14,7 @@ import openai
 import pytest
 from conftest import CITY_SCHEMA as SCHEMA
 from conftest import follows_city_schema as valid
-from conftest import save_thinking_mtp_model
+from conftest import save_thinking_mtp_model, streamed_tool_calls
 from scripted_engine import QWEN_STYLE_TEMPLATE
 from server import RunningServer, qwen_style
 
@@ -159,7 +159,7 @@ def test_openai_forced_tool_choice(oai, request, form):
         temperature=0,
         stream=True,
     )
-    calls = [tc for c in r if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    calls = streamed_tool_calls(r)
     assert len(calls) == 1 and calls[0].function.name in ("get_weather", "get_time")
 
 

@@ -9,6 +9,7 @@ import re
 import anthropic
 import openai
 import pytest
+from conftest import streamed_tool_calls
 from scripted_engine import ScriptedEngine
 from server import RunningServer
 
@@ -38,7 +39,7 @@ def test_openai_tool_round_trip(call_text, stream):
                 client.chat.completions.create(model="m", messages=messages, tools=tools, stream=True)
             )
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            calls = streamed_tool_calls(chunks)
             finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
             call_id, name, args = calls[0].id, calls[0].function.name, calls[0].function.arguments
             assert finish == ["tool_calls"]
@@ -244,7 +245,7 @@ def test_parallel_calls_turned_off_keep_the_first(stream):
                 calls = oai.chat.completions.create(**kwargs).choices[0].message.tool_calls
                 return [json.loads(c.function.arguments)["city"] for c in calls]
             chunks = list(oai.chat.completions.create(**kwargs, stream=True))
-            calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            calls = streamed_tool_calls(chunks)
             return [json.loads(c.function.arguments)["city"] for c in calls]
 
         assert openai_cities(True) == ["Paris", "Rome"] and openai_cities(False) == ["Paris"]
@@ -493,7 +494,7 @@ def test_custom_tools_round_trip_in_chat_completions(stream):
             chunks = list(
                 client.chat.completions.create(model="m", messages=messages, tools=[patch_tool], stream=True)
             )
-            (call,) = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            (call,) = streamed_tool_calls(chunks)
             # the SDK's delta type has no custom field: it stays the JSON object sent
             call_id, kind, custom = (
                 call.id,

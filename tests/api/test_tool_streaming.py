@@ -1,0 +1,132 @@
+"""A tool call's arguments stream while the model writes them, in each protocol's own events, through the
+official SDKs (a scripted engine double writes the reply a few characters at a time)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx2 as httpx
+import openai
+from conftest import streamed_tool_calls
+from scripted_engine import ScriptedEngine
+from server import RunningServer
+
+WRITE = {
+    "name": "write_file",
+    "description": "Write a file",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "content": {"type": "string"},
+            "mode": {"type": "integer"},
+        },
+    },
+}
+CONTENT = "".join(f'def f{i}():\n    return "{i}é"\n\n' for i in range(20))
+ARGS = {"path": "src/a.py", "content": CONTENT, "mode": 644}
+XML = (
+    "Writing it.\n<tool_call>\n<function=write_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+    f"<parameter=content>\n{CONTENT}\n</parameter>\n<parameter=mode>\n644\n</parameter>\n</function>\n</tool_call>"
+)
+JSON = f'<tool_call>\n{{"name": "write_file", "arguments": {json.dumps(ARGS)}}}\n</tool_call>'
+ASK = [{"role": "user", "content": "Write src/a.py"}]
+
+
+def test_openai_streams_the_arguments_in_pieces():
+    with RunningServer(ScriptedEngine([XML, JSON])) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        for _ in range(2):
+            chunks = list(
+                client.chat.completions.create(
+                    model="m", messages=ASK, tools=[{"type": "function", "function": WRITE}], stream=True
+                )
+            )
+            deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            first = deltas[0]
+            assert first.id and first.type == "function" and first.function.name == "write_file"
+            assert first.function.arguments == "" and len(deltas) > 20  # the file's text, a piece at a time
+            assert all(d.index == 0 and d.id is None for d in deltas[1:])
+            (call,) = streamed_tool_calls(chunks)
+            assert json.loads(call.function.arguments) == ARGS
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert finish == ["tool_calls"]
+
+
+def test_anthropic_streams_input_json_deltas():
+    with RunningServer(ScriptedEngine([XML])) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [{"name": "write_file", "input_schema": WRITE["parameters"]}]
+        with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=tools) as s:
+            events = list(s)
+            message = s.get_final_message()
+        starts = [e for e in events if e.type == "content_block_start"]
+        assert [b.content_block.type for b in starts] == ["text", "tool_use"]
+        assert starts[1].content_block.input == {} and starts[1].content_block.name == "write_file"
+        partial = [
+            e.delta.partial_json
+            for e in events
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        ]
+        assert len(partial) > 20 and json.loads("".join(partial)) == ARGS
+        assert message.stop_reason == "tool_use" and message.content[1].input == ARGS
+
+
+def test_responses_streams_function_call_argument_deltas():
+    with RunningServer(ScriptedEngine([XML])) as server:
+        body = {
+            "model": "m",
+            "input": "Write src/a.py",
+            "tools": [{"type": "function", **WRITE}],
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=30) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        added = [
+            e
+            for e in events
+            if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+        ]
+        assert (
+            len(added) == 1
+            and added[0]["item"]["arguments"] == ""
+            and added[0]["item"]["status"] == "in_progress"
+        )
+        deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+        done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+        assert (
+            len(deltas) > 20
+            and "".join(deltas) == done["arguments"]
+            and json.loads(done["arguments"]) == ARGS
+        )
+        final = events[-1]["response"]["output"]
+        call = next(i for i in final if i["type"] == "function_call")
+        assert call["id"] == added[0]["item"]["id"] == done["item_id"] and call["status"] == "completed"
+
+
+def test_a_call_cut_short_ends_without_its_text():
+    """The reply ends inside a call (max_tokens): the streamed call stays as sent, no `<tool_call>` text
+    follows it, and the reply does not finish as a tool call."""
+    cut = XML[: XML.index("</parameter>\n<parameter=mode>") - 40]
+    with RunningServer(ScriptedEngine([cut, cut])) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=ASK, tools=[{"type": "function", "function": WRITE}], stream=True
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "Writing it.\n" and "<tool_call>" not in text
+        (call,) = streamed_tool_calls(chunks)
+        assert call.function.name == "write_file" and call.function.arguments.startswith(
+            '{"path": "src/a.py"'
+        )
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+            "stop"
+        ]
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [{"name": "write_file", "input_schema": WRITE["parameters"]}]
+        with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=tools) as s:
+            message = s.get_final_message()
+        assert [b.type for b in message.content] == ["text", "tool_use"] and message.stop_reason == "end_turn"

@@ -1,0 +1,166 @@
+"""Tool calls streamed as the model writes them (engine/parsers/call_stream.py through ToolCallParser and
+ReplyParser): the name first, then the arguments' JSON in pieces that add up to the finished call's
+arguments_json; the finished calls and the text exactly what the whole reply parses to."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from engine.parsers.call_stream import arguments_json
+from engine.parsers.reply import ReplyParser, parse_reply
+from engine.parsers.tool_calls import CLOSE, OPEN
+
+SCHEMA = {
+    "n": {"type": "integer"},
+    "x": {"type": "number"},
+    "b": {"type": "boolean"},
+    "o": {"type": "object"},
+    "a": {"type": "array"},
+    "s": {"type": "string"},
+}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"properties": SCHEMA}}}]
+# what strings may hold: quotes, backslashes, control characters, non-ASCII, astral characters, tags
+ALPHABET = [
+    "a",
+    " ",
+    '"',
+    "\\",
+    "\n",
+    "\t",
+    "\x01",
+    "é",
+    "😀",
+    "\u2028",
+    "<",
+    "/",
+    ">",
+    "{",
+    "}",
+    "</tool_call>",
+]
+
+
+def _string(rng: random.Random) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 10)))
+
+
+def _value(rng: random.Random, depth: int = 0):
+    kinds = [
+        lambda: _string(rng),
+        lambda: rng.randint(-(10**12), 10**12),
+        lambda: rng.uniform(-1e4, 1e4),
+        lambda: rng.choice([True, False, None, 1.5e300, -0.0]),
+        lambda: {f"{_string(rng)[:4]}{i}": _value(rng, depth + 1) for i in range(rng.randint(0, 3))},
+        lambda: [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))],
+    ]
+    return rng.choice(kinds if depth < 3 else kinds[:4])()
+
+
+def _json_call(rng: random.Random) -> str:
+    """A Qwen3 JSON call as a model may write it: any spacing, escaped or raw non-ASCII."""
+    args = {f"k{i}{_string(rng)[:3]}": _value(rng) for i in range(rng.randint(0, 4))}
+    spacing = rng.choice([{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " : ")}])
+    text = json.dumps(args, ensure_ascii=rng.random() < 0.5, **spacing)
+    return f'\n{{"name": "f", "arguments": {text}}}\n'
+
+
+def _xml_call(rng: random.Random) -> str:
+    """A Qwen3.5 XML call: typed and string parameters, values with and without their newlines."""
+    values = {
+        "n": lambda: str(rng.randint(-99, 99)),
+        "x": lambda: str(rng.uniform(-5, 5)),
+        "b": lambda: rng.choice(["true", "False", "maybe"]),
+        "o": lambda: rng.choice([json.dumps({"é": [1, None]}), "{broken"]),
+        "a": lambda: rng.choice(["[1, 2]", "not json"]),
+        "s": lambda: _string(rng).replace("</tool_call>", ""),
+        "free": lambda: _string(rng).replace("</tool_call>", ""),
+    }
+    params = "".join(
+        f"<parameter={key}>{rng.choice(['', chr(10)])}{values[key]()}{rng.choice(['', chr(10)])}</parameter>\n"
+        for key in rng.sample(sorted(values), rng.randint(0, 4))
+    )
+    return f"\n<function=f>\n{params}</function>\n"
+
+
+def _streamed(text: str, rng: random.Random, **kwargs) -> list[tuple[str, object]]:
+    parser = ReplyParser(False, TOOLS, stream_calls=True, **kwargs)
+    pieces, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 8)
+        pieces += parser.feed(text[i : i + n], final=i + n >= len(text))
+        i += n
+    return pieces
+
+
+@pytest.mark.parametrize("form", ["json", "xml"])
+def test_streamed_pieces_add_up_to_the_finished_calls(form):
+    """Random calls (two a reply, text around them) in random pieces: each call starts with its name,
+    its argument pieces join into arguments_json of the call the whole reply parses to, and the text and
+    the calls are the whole reply's."""
+    rng = random.Random(7 if form == "json" else 8)
+    make = _json_call if form == "json" else _xml_call
+    streamed_calls = 0
+    for _ in range(400):
+        calls = [make(rng) for _ in range(2)]
+        text = f"Let me look.{OPEN}{calls[0]}{CLOSE}\n{OPEN}{calls[1]}{CLOSE}"
+        _, content, want = parse_reply(text, False, TOOLS)
+        pieces = _streamed(text, rng)
+        got, args, names = [], [], []
+        for kind, value in pieces:
+            if kind == "tool_call_start":
+                names.append(value)
+                args.append("")
+            elif kind == "tool_call_args":
+                args[-1] += value
+            elif kind == "tool_call":
+                got.append(value)
+        assert "".join(v for k, v in pieces if k == "text") == content
+        assert got == want and len(got) == 2
+        assert names == ["f", "f"]  # every call of these forms streams
+        assert args == [arguments_json(c.arguments) for c in got]
+        streamed_calls += sum(len(a) > 2 for a in args)
+    assert streamed_calls > 300  # (most calls have arguments to stream)
+
+
+def test_a_long_string_argument_streams_as_it_is_written():
+    """The XML form's string value, and the JSON form's, go out while the call is still being written."""
+    long = "line\n" * 200
+    for body in (
+        f"<function=f>\n<parameter=s>\n{long}</parameter>\n</function>\n",
+        f'{{"name": "f", "arguments": {{"s": {json.dumps(long)}}}}}\n',
+    ):
+        parser = ReplyParser(False, TOOLS, stream_calls=True)
+        text = OPEN + body + CLOSE
+        half = parser.feed(text[: len(text) // 2])
+        assert half[0] == ("tool_call_start", "f")
+        sent = "".join(v for k, v in half if k == "tool_call_args")
+        assert len(sent) > 400 and arguments_json({"s": long}).startswith(sent)
+
+
+def test_other_layouts_come_whole_and_cut_calls_end():
+    """Keys in another order, or arguments as a string: no pieces, the call whole at its end. A call cut
+    short (the reply ends inside it) ends with tool_call_end, its text not given back."""
+    rng = random.Random(3)
+    for body in (
+        '{"arguments": {"s": "x"}, "name": "f"}',
+        '{"name": "f", "arguments": "{\\"s\\": \\"x\\"}"}',
+    ):
+        pieces = _streamed(f"{OPEN}\n{body}\n{CLOSE}", rng)
+        assert [k for k, _ in pieces] == ["tool_call"] and pieces[0][1].arguments == {"s": "x"}
+    pieces = _streamed(f'Hi.{OPEN}\n{{"name": "f", "arguments": {{"s": "unfinish', rng)
+    assert [k for k, _ in pieces if k != "tool_call_args"] == ["text", "tool_call_start", "tool_call_end"]
+    assert "".join(v for k, v in pieces if k == "tool_call_args") == '{"s": "unfinish'
+    pieces = _streamed(f"{OPEN}\n<function=f>\n<parameter=s>\nabc", rng)
+    assert [k for k, _ in pieces][-1] == "tool_call_end"
+    # without streaming the cut call is given back as text, as before
+    assert parse_reply(f"{OPEN}\n<function=f>\n<parameter=s>\nabc", False, TOOLS)[1].startswith(OPEN)
+
+
+def test_calls_past_max_calls_stream_nothing():
+    text = "".join(f'{OPEN}\n{{"name": "f", "arguments": {{"n": {i}}}}}\n{CLOSE}' for i in range(3))
+    pieces = _streamed(text, random.Random(1), max_calls=1)
+    assert [k for k, _ in pieces if k != "tool_call_args"] == ["tool_call_start", "tool_call"]
+    assert [v.arguments for k, v in pieces if k == "tool_call"] == [{"n": 0}]
