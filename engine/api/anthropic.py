@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api import context_editing
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
-from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start
+from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start, with_keepalive
 from engine.api.context_editing import PARAM
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
@@ -368,7 +368,11 @@ async def messages(request: Request):
                 },
             )
             yield event("ping", {})
-            async for out, delta in engine_stream:
+            async for item in with_keepalive(engine_stream):
+                if item is None:  # nothing yet (a long prompt prefilling): Anthropic's keep-alive
+                    yield event("ping", {})
+                    continue
+                out, delta = item
                 if out.finish_reason == "expired":
                     yield event("error", {"error": {"type": "overloaded_error", "message": out.error}})
                     return

@@ -7,7 +7,8 @@ import dataclasses
 import json
 import math
 import time
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -20,6 +21,9 @@ from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
 
 SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
+# a stream that has sent nothing for this long (a long prompt still prefilling) sends a keep-alive
+KEEPALIVE_S = 15.0
+SSE_KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: every client's parser skips it
 # as the Anthropic API's own request limit: an agent's history carries its screenshots, base64, every turn
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -340,3 +344,35 @@ def with_effort(kwargs: dict[str, Any], effort: Any, where: str) -> dict[str, An
     if effort not in EFFORTS:
         raise ApiError(400, f"'{where}' must be {', '.join(EFFORTS[:-1])} or {EFFORTS[-1]}", where)
     return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": effort, **kwargs}
+
+
+T = TypeVar("T")
+
+
+async def with_keepalive(items: AsyncIterable[T], seconds: float | None = None) -> AsyncIterator[T | None]:
+    """`items` as they come, and None whenever `seconds` (KEEPALIVE_S) pass without one: the route then
+    sends a keep-alive (an SSE comment; Anthropic's ping), so a proxy's or a client's idle timeout does not
+    cut a stream whose prompt takes minutes to prefill. The next item is awaited in a task of its own,
+    never cancelled while the stream runs (cancelling it would end `items`); leaving early cancels it."""
+    pending: asyncio.Future | None = None
+    items = aiter(items)
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S if seconds is None else seconds)
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.wait({pending})
+            if not pending.cancelled():
+                pending.exception()  # (retrieved: however it ended, the stream is over)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.choices import merged, num_choices, start_choices
 from engine.api.common import (
+    SSE_KEEPALIVE,
     collect_choices,
     field,
     now,
@@ -24,6 +25,7 @@ from engine.api.common import (
     sampling_params,
     stream_failure,
     truncated_prompt,
+    with_keepalive,
 )
 from engine.api.errors import ApiError
 from engine.api.openai import finish_reason, stop_list, stream_error, token_logprobs, usage_json
@@ -203,7 +205,11 @@ async def completions(request: Request):
                 for index, text in enumerate(prompt_texts):
                     yield event(index, text, None, None)
                 echoed = [True] * len(streams)
-            async for index, out, delta in outputs:
+            async for item in with_keepalive(outputs):
+                if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
+                    yield SSE_KEEPALIVE
+                    continue
+                index, out, delta = item
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
+    SSE_KEEPALIVE,
     collect_choices,
     field,
     is_token_id,
@@ -36,6 +37,7 @@ from engine.api.common import (
     start,
     stream_failure,
     top_alternatives,
+    with_keepalive,
 )
 from engine.api.errors import ApiError
 from engine.api.infill_limits import InfillLimits
@@ -223,7 +225,11 @@ async def _reply(
     async def events():
         sent = 0
         try:
-            async for out, delta in run:
+            async for item in with_keepalive(run):
+                if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
+                    yield SSE_KEEPALIVE
+                    continue
+                out, delta = item
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.choices import merged, num_choices, start_choices
 from engine.api.common import (
+    SSE_KEEPALIVE,
     collect_choices,
     field,
     not_a_function_tool,
@@ -24,6 +25,7 @@ from engine.api.common import (
     top_alternatives,
     truncated_prompt,
     with_effort,
+    with_keepalive,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_input, custom_names
 from engine.api.errors import ApiError
@@ -463,7 +465,11 @@ async def chat_completions(request: Request):
         try:
             for index in range(len(streams)):
                 yield chunk({"role": "assistant", "content": ""}, index=index)
-            async for index, out, delta in outputs:
+            async for item in with_keepalive(outputs):
+                if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
+                    yield SSE_KEEPALIVE
+                    continue
+                index, out, delta = item
                 last[index] = out
                 failure = stream_failure(state, out)
                 if failure is not None:

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
+    SSE_KEEPALIVE,
     complete,
     field,
     not_a_function_tool,
@@ -29,6 +30,7 @@ from engine.api.common import (
     start,
     stream_failure,
     with_effort,
+    with_keepalive,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_names
 from engine.api.errors import ApiError
@@ -292,7 +294,11 @@ async def create(request: Request):
         try:
             yield stream.event("response.created", response=response("in_progress", [], None))
             yield stream.event("response.in_progress", response=response("in_progress", [], None))
-            async for out, delta in engine_stream:
+            async for item in with_keepalive(engine_stream):
+                if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
+                    yield SSE_KEEPALIVE
+                    continue
+                out, delta = item
                 failure = stream_failure(state, out)
                 if failure is not None:
                     failed = response("failed", stream.output, None)
