@@ -352,27 +352,44 @@ T = TypeVar("T")
 async def with_keepalive(items: AsyncIterable[T], seconds: float | None = None) -> AsyncIterator[T | None]:
     """`items` as they come, and None whenever `seconds` (KEEPALIVE_S) pass without one: the route then
     sends a keep-alive (an SSE comment; Anthropic's ping), so a proxy's or a client's idle timeout does not
-    cut a stream whose prompt takes minutes to prefill. The next item is awaited in a task of its own,
-    never cancelled while the stream runs (cancelling it would end `items`); leaving early cancels it."""
-    pending: asyncio.Future | None = None
-    items = aiter(items)
+    cut a stream whose prompt takes minutes to prefill. A task of its own reads `items` into a queue and
+    a timer, moved on by each item, puts the Nones: no task or timeout a token. Leaving early cancels the
+    reader (which ends `items`)."""
+    interval = KEEPALIVE_S if seconds is None else seconds
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+    timer: asyncio.TimerHandle | None = None
+
+    def beat() -> None:
+        nonlocal timer
+        queue.put_nowait(None)
+        timer = loop.call_later(interval, beat)
+
+    async def read() -> None:
+        nonlocal timer
+        try:
+            async for item in items:
+                timer.cancel()
+                timer = loop.call_later(interval, beat)
+                queue.put_nowait((item,))
+        except Exception as e:  # noqa: BLE001 - raised where the items are read
+            queue.put_nowait(e)
+        finally:
+            timer.cancel()
+            queue.put_nowait(end)
+
+    timer = loop.call_later(interval, beat)
+    reader = asyncio.ensure_future(read())
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(items))
-            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S if seconds is None else seconds)
-            if not done:
-                yield None
-                continue
-            finished, pending = pending, None
-            try:
-                item = finished.result()
-            except StopAsyncIteration:
+            got = await queue.get()
+            if got is end:
                 return
-            yield item
+            if isinstance(got, Exception):
+                raise got
+            yield None if got is None else got[0]
     finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.wait({pending})
-            if not pending.cancelled():
-                pending.exception()  # (retrieved: however it ended, the stream is over)
+        timer.cancel()
+        reader.cancel()
+        await asyncio.wait({reader})
