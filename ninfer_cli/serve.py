@@ -45,18 +45,22 @@ def serve(
         list[str] | None,
         typer.Option(
             envvar="NINFER_API_KEY",
+            metavar="KEY",
             help="Require this key (Bearer or x-api-key); repeat for more (any one is taken).",
         ),
     ] = None,
     api_key_file: Annotated[
         str | None,
-        typer.Option(help="Keys to require, one a line (llama-server's); with --api-key, all taken."),
+        typer.Option(
+            metavar="FILE", help="Keys to require, one a line (llama-server's); with --api-key, all taken."
+        ),
     ] = None,
     ssl_certfile: Annotated[
-        str | None, typer.Option(help="Serve HTTPS with this PEM certificate (and --ssl-keyfile).")
+        str | None,
+        typer.Option(metavar="CERT", help="Serve HTTPS with this PEM certificate (and --ssl-keyfile)."),
     ] = None,
     ssl_keyfile: Annotated[
-        str | None, typer.Option(help="The certificate's private key (PEM, unencrypted).")
+        str | None, typer.Option(metavar="KEY", help="The certificate's private key (PEM, unencrypted).")
     ] = None,
     max_context: Annotated[
         str | None,

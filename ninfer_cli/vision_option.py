@@ -18,6 +18,7 @@ Mmproj = Annotated[
     str | None,
     typer.Option(
         "--mmproj",
+        metavar="FILE",
         help="A GGUF model's vision tower: llama.cpp's mmproj file published beside it (Qwen3.5, Qwen3-VL); "
         "implies --vision.",
     ),
