@@ -15,6 +15,7 @@ from engine.api import (
     embeddings,
     llama_cpp,
     lora_routes,
+    ollama,
     openai,
     props,
     rerank,
@@ -61,6 +62,7 @@ def create_app(state: ServerState) -> FastAPI:
             *rerank.PATHS,
             *lora_routes.PATHS,
             *sleep_routes.PATHS,
+            *ollama.PATHS,
             "/reset_prefix_cache",
         )
         if state.api_keys and guarded and not _authorized(request, state.api_keys):
@@ -122,4 +124,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(props.router)
     app.include_router(lora_routes.router)
     app.include_router(sleep_routes.router)
+    app.include_router(ollama.router)
     return app

@@ -77,9 +77,16 @@ def anthropic_error(e: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=_headers(e))
 
 
+def ollama_error(e: ApiError) -> JSONResponse:
+    return JSONResponse({"error": e.message}, status_code=e.status, headers=_headers(e))
+
+
 def error_for_path(path: str, e: ApiError) -> JSONResponse:
-    """The error in the shape of the protocol the route speaks (Anthropic's under /v1/messages)."""
-    return anthropic_error(e) if path.startswith("/v1/messages") else openai_error(e)
+    """The error in the shape of the protocol the route speaks (Anthropic's under /v1/messages, Ollama's
+    under /api/)."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error(e)
+    return ollama_error(e) if path.startswith("/api/") else openai_error(e)
 
 
 def _headers(e: ApiError) -> dict[str, str]:
