@@ -190,7 +190,7 @@ class LLM:
             raise NinferError(f"prediction holds token id {bad}, outside the vocabulary (0..{vocab - 1})")
         mm = None
         # with the tower, every placeholder needs its image (a history whose pictures were left out)
-        vision = self._vision_or_raise() if images or self.model.visual is not None else None
+        vision = self.vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
         if grammar is None:
@@ -524,14 +524,15 @@ class LLM:
         """An encoded image (PNG, JPEG, WebP, GIF, BMP) made into the vision tower's input, resized within
         the checkpoint's pixel limits (or `max_pixels`, when lower); the same bytes again come from a cache
         of the latest (engine/vision/image.ImageCache)."""
-        self._vision_or_raise()
+        self.vision_or_raise()
         return self._images(data, max_pixels)
 
-    def _vision_or_raise(self) -> VisionConfig:
+    def vision_or_raise(self) -> VisionConfig:
+        """The vision tower's config; without a tower, the refusal of a request with images."""
         if self.model.visual is None:
             raise NinferError(
                 "this engine runs without the vision tower, so it takes no images; start it with --vision "
-                "(a Qwen3.5 or Qwen3-VL checkpoint with its vision tower)"
+                "(a Qwen3.5 or Qwen3-VL checkpoint with its vision tower), or --mmproj FILE with a GGUF"
             )
         return self.model.visual.config
 

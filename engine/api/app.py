@@ -16,6 +16,7 @@ from engine.api import (
     llama_cpp,
     lora_routes,
     ollama,
+    ollama_chat,
     openai,
     props,
     rerank,
@@ -63,6 +64,7 @@ def create_app(state: ServerState) -> FastAPI:
             *lora_routes.PATHS,
             *sleep_routes.PATHS,
             *ollama.PATHS,
+            *ollama_chat.PATHS,
             "/reset_prefix_cache",
         )
         if state.api_keys and guarded and not _authorized(request, state.api_keys):
@@ -125,4 +127,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(lora_routes.router)
     app.include_router(sleep_routes.router)
     app.include_router(ollama.router)
+    app.include_router(ollama_chat.router)
     return app

@@ -1,8 +1,8 @@
 """Ollama's discovery routes, for the clients that find models the Ollama way and then talk OpenAI at
 `/v1` on the same base URL (GitHub Copilot Chat's Ollama provider, and others): `GET /api/version`,
 `GET /api/tags` (the served model and its LoRA adapters), `POST /api/show` (capabilities, context length,
-chat template, details), `GET /api/ps` (what is loaded). Ollama's own chat and generate routes are not
-served: such clients chat through `/v1/chat/completions` or `/v1/responses`. Errors: Ollama's `{"error"}`.
+chat template, details), `GET /api/ps` (what is loaded). Ollama's own chat, generate and embed routes are
+engine/api/ollama_chat.py's. Errors: Ollama's `{"error"}`.
 """
 
 from __future__ import annotations
