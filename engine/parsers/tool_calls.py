@@ -4,10 +4,12 @@ Two forms inside `<tool_call>…</tool_call>`:
 * Qwen3 JSON: `{"name": "get_weather", "arguments": {"city": "Paris"}}`
 * Qwen3.5 XML: `<function=get_weather><parameter=city>Paris</parameter></function>`; parameter values are
   text, typed here by the tool's JSON schema (integer, number, boolean, object, array; else string).
-A call is emitted once complete (and, with `stream`, also as it is written: engine/parsers/call_stream.py). The JSON form is scanned as JSON (a string holding `</tool_call>` does not
-end it), the XML form parameter by parameter. Text outside calls passes through; a partial `<tool_call>`
-tag at the end of a delta is held back, so no tag leaks into the text. A call that never completes or does
-not parse is given back as text at the end. Whitespace between calls, or after the last, is no text.
+A call is emitted once complete (and, with `stream`, also as it is written: engine/parsers/call_stream.py).
+The JSON form is scanned as JSON (a string holding `</tool_call>` does not end it), the XML form parameter by
+parameter. Text outside calls passes through; a partial `<tool_call>` tag at the end of a delta is held
+back, so no tag leaks into the text. A call that never completes or does not parse is given back as text at
+the end (streaming, one whose start went out ends instead). Whitespace between calls, or after the last, is
+no text.
 """
 
 from __future__ import annotations
