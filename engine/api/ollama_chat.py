@@ -7,7 +7,7 @@ A request is read into the fields the OpenAI routes take (messages with base64 `
 Ollama's: streamed (the default) as NDJSON lines, `message.content` / `message.thinking` (or `response` /
 `thinking`) deltas, each tool call whole with its `arguments` as an object, then a last line with `done`,
 `done_reason` and the counts and durations (nanoseconds); or one object with `stream: false`.
-`num_predict` left out (or negative) lets the reply run to the context limit, as Ollama does. Server-side
+`num_predict` left out, negative or past what fits lets the reply run to the context limit, as Ollama does. Server-side
 options (`num_ctx`, `num_gpu`, `num_thread`, ...) are not per request here and are left alone.
 """
 
@@ -119,8 +119,11 @@ async def generate(request: Request):
 async def _run(state, request, body, ids, images, tools, prompt_text, started, route, stop_ids=()):
     """Queue the request and answer in Ollama's shape (a stream of lines unless `stream` is false)."""
     fields = _sampling_fields(body)
-    if fields.get("max_tokens") is None or fields["max_tokens"] < 0:  # Ollama's -1 / -2: to the context limit
-        fields["max_tokens"] = max(1, state.max_context - len(ids) - 1)
+    room = max(
+        1, state.max_context - len(ids) - 1
+    )  # Ollama's -1 / -2, or more than fits: to the context limit
+    wanted = field(fields, "max_tokens", int)
+    fields["max_tokens"] = room if wanted is None or wanted < 0 else min(wanted, room)
     if stop_ids:
         fields["stop_token_ids"] = stop_ids
     grammar = openai_grammar(_response_format(body), tools, state.engine.tokenizer)

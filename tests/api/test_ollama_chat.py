@@ -78,7 +78,7 @@ def test_tool_calls_come_whole_with_object_arguments():
 
 
 def test_thinking_options_and_format_are_read():
-    engine = ScriptedEngine(["Let me think.\n</think>\n\nFour."] * 2 + ['{"a": 1}'])
+    engine = ScriptedEngine(["Let me think.\n</think>\n\nFour."] * 3 + ['{"a": 1}'])
     with RunningServer(engine) as server:
         ask = [{"role": "user", "content": "2+2?"}]
         options = {"temperature": 0.2, "top_k": 5, "repeat_penalty": 1.1, "num_predict": 64, "stop": ["END"]}
@@ -96,6 +96,9 @@ def test_thinking_options_and_format_are_read():
         got = lines(server, "/api/chat", {**body, "options": {}, "stream": True})
         assert "".join(g["message"].get("thinking", "") for g in got) == "Let me think.\n"
         assert 4000 < engine.params[-1].max_tokens < 4096  # no num_predict: to the context limit
+        many = {**body, "options": {"num_predict": 10**6}}
+        assert post(server, "/api/chat", many).status_code == 200  # more than fits: to the context limit
+        assert 4000 < engine.params[-1].max_tokens < 4096
         post(
             server,
             "/api/chat",
