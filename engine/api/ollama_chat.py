@@ -7,8 +7,9 @@ A request is read into the fields the OpenAI routes take (messages with base64 `
 Ollama's: streamed (the default) as NDJSON lines, `message.content` / `message.thinking` (or `response` /
 `thinking`) deltas, each tool call whole with its `arguments` as an object, then a last line with `done`,
 `done_reason` and the counts and durations (nanoseconds); or one object with `stream: false`.
-`num_predict` left out, negative or past what fits lets the reply run to the context limit, as Ollama does. Server-side
-options (`num_ctx`, `num_gpu`, `num_thread`, ...) are not per request here and are left alone.
+`num_predict` left out, negative or past what fits lets the reply run to the context limit, as Ollama
+does. Server-side options (`num_ctx`, `num_gpu`, `num_thread`, ...) are not per request here and are left
+alone.
 """
 
 from __future__ import annotations
