@@ -5,6 +5,7 @@ load."""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from pathlib import Path
 
@@ -58,3 +59,29 @@ def tls_options(certfile: str | None, keyfile: str | None) -> dict[str, str]:
             f"private key ({getattr(e, 'reason', None) or e}); check the pair (an encrypted key is not taken)"
         ) from None
     return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
+
+
+def exposure_warning(host: str, keys: tuple[str, ...], tls: dict[str, str]) -> str | None:
+    """A line for the log when the server listens beyond this machine without a key, or sends its key in
+    the clear; None on the loopback, or with both."""
+    if host == "localhost" or _loopback(host):
+        return None
+    where = "every interface" if host in ("0.0.0.0", "::") else host
+    if not keys:
+        return (
+            f"listening on {where} without --api-key: anyone who reaches the port can use the model; add "
+            "--api-key KEY (or --api-key-file FILE)"
+        )
+    if not tls:
+        return (
+            f"listening on {where} over plain HTTP: the API key crosses the network readable; add "
+            "--ssl-certfile / --ssl-keyfile, or put a TLS proxy in front"
+        )
+    return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -13,7 +13,7 @@ import typer
 
 from engine.errors import NinferError
 from engine.sizes import parse_size
-from ninfer_cli.access import api_keys, tls_options
+from ninfer_cli.access import api_keys, exposure_warning, tls_options
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
@@ -257,6 +257,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("ninfer")
     log.info("loading the model; %s://%s:%d answers 503 until it is ready", scheme, host, port)
+    if (exposed := exposure_warning(host, keys, tls)) is not None:
+        log.warning("%s", exposed)
     started = time.monotonic()
     try:
         with answering_while_loading(sock, tls):

@@ -16,7 +16,7 @@ from conftest import run_serve
 from serve_process import start_serve
 
 from engine.errors import NinferError
-from ninfer_cli.access import api_keys, tls_options
+from ninfer_cli.access import api_keys, exposure_warning, tls_options
 
 TLS = Path(__file__).parent / "tls"
 CERT, KEY, ENCRYPTED = TLS / "localhost.pem", TLS / "localhost-key.pem", TLS / "localhost-key-encrypted.pem"
@@ -47,6 +47,17 @@ def test_the_certificate_pair_is_checked_at_once(tmp_path):
     for (cert, key), words in cases:
         with pytest.raises(NinferError, match=words):
             tls_options(cert, key)
+
+
+def test_listening_beyond_this_machine_without_a_key_or_tls_is_said():
+    tls = {"ssl_certfile": "c", "ssl_keyfile": "k"}
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert exposure_warning(host, (), {}) is None
+    assert exposure_warning("0.0.0.0", (), {}).startswith("listening on every interface without --api-key")
+    assert "over plain HTTP: the API key crosses the network readable" in exposure_warning(
+        "192.168.1.5", ("k",), {}
+    )
+    assert exposure_warning("0.0.0.0", ("k",), tls) is None
 
 
 def test_bad_tls_flags_end_serve_in_one_line_before_loading():
