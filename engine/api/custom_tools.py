@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from engine.api.errors import ApiError
@@ -106,6 +107,38 @@ def custom_input(arguments: dict[str, Any]) -> str:
     if len(values) == 1 and isinstance(values[0], str):
         return values[0]
     return json.dumps(arguments, ensure_ascii=False)
+
+
+# the inside of a JSON string up to an escape not yet whole, or its closing quote
+_STRING_PART = re.compile(r'(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+
+
+class InputStream:
+    """A custom tool call's input as it streams: the call's argument pieces (`{"input": "...`, as
+    engine/parsers/call_stream.py writes them) read back into the input's own text, as far as whole.
+    Arguments that do not begin with the input string give nothing (the input comes whole at the end)."""
+
+    PREFIX = '{"input": "'
+
+    def __init__(self) -> None:
+        self.args = ""
+        self._pos = 0  # the arguments' characters read into the input
+        self._ended = False
+
+    def feed(self, piece: str) -> str:
+        self.args += piece
+        if self._ended:
+            return ""
+        if not self._pos:
+            if not self.args.startswith(self.PREFIX):
+                self._ended = not self.PREFIX.startswith(self.args)
+                return ""
+            self._pos = len(self.PREFIX)
+        whole = _STRING_PART.match(self.args, self._pos)
+        text = json.loads(f'"{whole.group()}"') if whole.end() > self._pos else ""
+        self._pos = whole.end()
+        self._ended = self.args.startswith('"', self._pos)  # the input's closing quote
+        return text
 
 
 def custom_arguments(text: Any, where: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import json
 import uuid
 from typing import Any
 
-from engine.api.custom_tools import custom_input
+from engine.api.custom_tools import InputStream, custom_input
 from engine.parsers.call_stream import arguments_json
 from engine.parsers.tool_calls import ToolCall
 
@@ -113,8 +113,8 @@ class OutputEvents:
         self._logprobs: list[dict[str, Any]] = []  # entries not yet sent with a delta
         self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
         self._current: dict[str, Any] | None = None  # the reasoning or message item being streamed
-        self._call: dict[str, Any] | None = None  # the function_call item whose arguments are streaming
-        self._custom_call = False  # a custom tool's call is being written: it comes whole at its end
+        self._call: dict[str, Any] | None = None  # the call item whose arguments (or input) are streaming
+        self._input: InputStream | None = None  # a custom tool's: its input read out of the arguments
         self._sequence = itertools.count()
 
     def event(self, kind: str, **data: Any) -> str:
@@ -128,12 +128,10 @@ class OutputEvents:
         """Events for one piece of the reply parser: ("reasoning" | "text", str), ("tool_call", ToolCall),
         and a streamed call's ("tool_call_start", name), ("tool_call_args", str), ("tool_call_end", None)."""
         if kind == "tool_call_start":
-            self._custom_call = value in self.custom
-            return [] if self._custom_call else self._close() + self._start_call(value)
+            return self._close() + self._start_call(value)
         if kind == "tool_call_args":
             return self._call_args(value) if self._call else []
         if kind in ("tool_call", "tool_call_end"):
-            self._custom_call = False
             if self._call is not None:
                 return self._end_call(value)
             return self._close() + self._whole_call(value) if kind == "tool_call" else []
@@ -195,29 +193,58 @@ class OutputEvents:
         return [*done, self.event("response.output_item.done", output_index=index, item=item)]
 
     def _start_call(self, name: str) -> list[str]:
-        self._call = {**call_item(ToolCall(name, {})), "arguments": "", "status": "in_progress"}
+        """A streamed call's item added: a function_call, or a custom tool's custom_tool_call (its input
+        then streams as the text it is, read out of the arguments' JSON)."""
+        item = call_item(ToolCall(name, {}), self.custom)
+        field = "input" if item["type"] == "custom_tool_call" else "arguments"
+        self._call = {**item, field: "", "status": "in_progress"}
+        self._input = InputStream() if field == "input" else None
         return [self.event("response.output_item.added", output_index=len(self.output), item=self._call)]
 
     def _call_args(self, text: str) -> list[str]:
-        self._call["arguments"] += text
-        where = {"item_id": self._call["id"], "output_index": len(self.output)}
-        return [self.event("response.function_call_arguments.delta", **where, delta=text)]
+        """A piece of the streamed call's arguments (a custom tool's: what it adds to the input)."""
+        if self._input is not None:
+            text = self._input.feed(text)
+        return self._delta(text) if text else []
 
     def _end_call(self, call: ToolCall | None) -> list[str]:
-        """The streamed call done: completed with its arguments, or (cut short) incomplete as streamed."""
-        item, self._call = self._call, None
+        """The streamed call done: completed with its arguments (a custom tool's input: the rest of it
+        first), or (cut short) incomplete as streamed."""
+        field, stream = self._stream_names()
+        events: list[str] = []
         if call is not None:
-            item = {**item, "arguments": arguments_json(call.arguments), "status": "completed"}
+            whole = call_item(call, self.custom)[field]
+            sent = self._call[field]
+            if self._input is not None and whole.startswith(sent) and len(whole) > len(sent):
+                events += self._delta(whole[len(sent) :])
+            self._call = {**self._call, field: whole, "status": "completed"}
         else:
-            item = {**item, "status": "incomplete"}
+            self._call = {**self._call, "status": "incomplete"}
+        item, self._call, self._input = self._call, None, None
         index = len(self.output)
         self.output.append(item)
         where = {"item_id": item["id"], "output_index": index}
-        done = {"name": item["name"], "arguments": item["arguments"]}
-        return [
-            self.event("response.function_call_arguments.done", **where, **done),
+        done = (
+            {"input": item["input"]}
+            if field == "input"
+            else {"name": item["name"], "arguments": item["arguments"]}
+        )
+        return events + [
+            self.event(f"{stream}.done", **where, **done),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
+
+    def _delta(self, text: str) -> list[str]:
+        field, stream = self._stream_names()
+        self._call[field] += text
+        where = {"item_id": self._call["id"], "output_index": len(self.output)}
+        return [self.event(f"{stream}.delta", **where, delta=text)]
+
+    def _stream_names(self) -> tuple[str, str]:
+        """The streamed call's field and its events' prefix."""
+        if self._call["type"] == "custom_tool_call":
+            return "input", "response.custom_tool_call_input"
+        return "arguments", "response.function_call_arguments"
 
     def _whole_call(self, call: ToolCall) -> list[str]:
         item, index = call_item(call, self.custom), len(self.output)

@@ -454,9 +454,14 @@ def test_custom_tools_round_trip_in_the_responses_api(stream):
         ask = [{"role": "user", "content": "Add a.py"}]
         if stream:
             with client.responses.stream(model="m", input=ask, tools=[patch_tool]) as s:
-                kinds = [e.type for e in s]
+                events = list(s)
                 response = s.get_final_response()
-            assert "response.custom_tool_call_input.delta" in kinds
+            kinds = [e.type for e in events]
+            added = next(e.item for e in events if e.type == "response.output_item.added")
+            assert added.type == "custom_tool_call" and added.input == "" and added.status == "in_progress"
+            # the patch streams as the model writes it, a few characters a delta
+            deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+            assert len(deltas) > 10 and "".join(deltas) == PATCH
             assert "response.custom_tool_call_input.done" in kinds
         else:
             response = client.responses.create(model="m", input=ask, tools=[patch_tool])
