@@ -9,7 +9,8 @@ Ollama's: streamed (the default) as NDJSON lines, `message.content` / `message.t
 `done_reason` and the counts and durations (nanoseconds); or one object with `stream: false`.
 `num_predict` left out, negative or past what fits lets the reply run to the context limit, as Ollama
 does. Server-side options (`num_ctx`, `num_gpu`, `num_thread`, ...) are not per request here and are left
-alone.
+alone. A request with nothing to run loads the model (wakes it if asleep), or with `keep_alive` 0 unloads
+it (sleep level 1, as `POST /sleep` does).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from engine.api.images import preprocess_images
 from engine.api.openai import chat_tools, stop_list, template_messages
 from engine.api.state import ServerState
 from engine.api.structured import openai_grammar
-from engine.errors import NinferError
+from engine.errors import DeviceMemoryBusy, NinferError
 from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.pooling import truncated
@@ -71,6 +72,8 @@ async def chat(request: Request):
     state: ServerState = request.app.state.ninfer
     started = time.monotonic()
     body = await read_json(request)
+    if body.get("messages") == []:  # Ollama's way to load (or, keep_alive 0, unload) the model
+        return await _load_or_unload(state, body, {"message": {"role": "assistant", "content": ""}})
     messages, images = template_messages(_messages(body.get("messages")))
     _takes(state, images)
     tools = chat_tools({"tools": body["tools"]}) if body.get("tools") else None
@@ -92,8 +95,8 @@ async def generate(request: Request):
             "context",
         )
     b64 = field(body, "images", list, [])
-    if not prompt and not b64 and suffix is None:  # Ollama's way to load a model: it is loaded
-        return JSONResponse({**_head(state, body), "response": "", "done": True, "done_reason": "load"})
+    if not prompt and not b64 and suffix is None:  # Ollama's way to load (or, keep_alive 0, unload) the model
+        return await _load_or_unload(state, body, {"response": ""})
     fim_stops: list[int] = []
     if suffix is not None:
         fim = fim_tokens(state.engine.tokenizer)
@@ -115,6 +118,32 @@ async def generate(request: Request):
         _takes(state, images)
         prompt_text, ids = state.render(messages, None, _think(body))
     return await _run(state, request, body, ids, images, None, prompt_text, started, "generate", fim_stops)
+
+
+async def _load_or_unload(state: ServerState, body: dict, empty: dict[str, Any]) -> JSONResponse:
+    """A request with nothing to run: `keep_alive` 0 puts the model to sleep (its device memory given
+    back, as Ollama unloads it: engine/worker/sleep.py), otherwise it is woken if asleep ("load")."""
+    unload = _zero_duration(body.get("keep_alive"))
+    try:
+        if unload:
+            await state.engine.sleep(1)
+        elif state.engine.llm.sleep_level:
+            await state.engine.wake_up()
+    except DeviceMemoryBusy as e:
+        raise ApiError(503, str(e), retry_after=10) from e
+    except NinferError as e:  # requests in flight, or host memory short
+        raise ApiError(409, str(e)) from e
+    reason = "unload" if unload else "load"
+    return JSONResponse({**_head(state, body), **empty, "done": True, "done_reason": reason})
+
+
+def _zero_duration(value: Any) -> bool:
+    """Ollama's keep_alive of zero: 0, or a duration string of nothing ("0", "0s", "0m")."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value == 0
+    return isinstance(value, str) and value.strip() in ("0", "0s", "0m", "0h")
 
 
 async def _run(state, request, body, ids, images, tools, prompt_text, started, route, stop_ids=()):

@@ -193,3 +193,22 @@ def test_a_real_engine_chats_and_embeds():
             timeout=60,
         )
         assert r.status_code == 400 and "takes no images" in r.json()["error"]
+
+
+def test_keep_alive_zero_puts_the_model_to_sleep_and_an_empty_request_wakes_it():
+    """Ollama's unload (`ollama stop`: nothing to run, keep_alive 0) is sleep level 1 here (the device
+    memory given back); its load (nothing to run) wakes the model."""
+    with RunningServer(AsyncLLM(max_context=1024)) as server:
+        r = post(server, "/api/generate", {"model": "smollm2", "keep_alive": 0})
+        assert r.json()["done_reason"] == "unload" and r.json()["response"] == ""
+        assert httpx.get(server.url + "/is_sleeping").json()["is_sleeping"]
+        r = post(server, "/api/chat", {"model": "smollm2", "messages": []})
+        assert r.json()["done_reason"] == "load" and r.json()["message"] == {
+            "role": "assistant",
+            "content": "",
+        }
+        assert not httpx.get(server.url + "/is_sleeping").json()["is_sleeping"]
+        r = post(server, "/api/chat", {"model": "smollm2", "messages": [], "keep_alive": "0s"})
+        assert r.json()["done_reason"] == "unload"
+        body = {"model": "smollm2", "prompt": "Hi", "options": {"num_predict": 2}, "stream": False}
+        assert post(server, "/api/generate", body).json()["done"]  # a request wakes it again
