@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import re
 import subprocess
@@ -280,3 +281,28 @@ def test_the_image_example_against_a_vision_server(servers, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     # (this tiny model's replies are random words, newlines among them)
     assert re.match(r"OpenAI: .*\(\d+ prompt tokens\)\nAnthropic: ", done.stdout, re.DOTALL), done.stdout
+
+
+def test_ollama_chat_and_generate_take_base64_images(servers):
+    """Ollama's `images` (base64, on a message or beside /api/generate's prompt) reach the tower as the
+    OpenAI route's image parts do: the same greedy reply; /api/show says vision."""
+    server = servers[0]
+    image = png(1)
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    chat = oa.chat.completions.create(
+        model="vl", messages=[{"role": "user", "content": openai_parts(image)}], max_tokens=8, temperature=0
+    )
+    options = {"temperature": 0, "num_predict": 8}
+    message = {"role": "user", "content": "What is in this picture?", "images": [b64(image)]}
+    body = {"model": "vl", "messages": [message], "options": options, "stream": False}
+    reply = httpx.post(f"{server.url}/api/chat", json=body, timeout=60).json()
+    assert reply["message"]["content"] == chat.choices[0].message.content
+    assert reply["prompt_eval_count"] == chat.usage.prompt_tokens
+    body = {"model": "vl", "prompt": "What is in this picture?", "images": [b64(image)], "options": options}
+    with httpx.stream("POST", f"{server.url}/api/generate", json={**body, "stream": True}, timeout=60) as r:
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert "".join(line.get("response", "") for line in lines) == chat.choices[0].message.content
+    assert "vision" in httpx.post(f"{server.url}/api/show", json={"model": "vl"}).json()["capabilities"]
+    assert (
+        "vision" not in httpx.post(f"{servers[1].url}/api/show", json={"model": "vl"}).json()["capabilities"]
+    )
