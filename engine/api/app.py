@@ -6,7 +6,7 @@ import hmac
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.api import (
@@ -97,6 +97,13 @@ def create_app(state: ServerState) -> FastAPI:
         if not state.engine.is_running:
             return JSONResponse({"status": "error", "message": "the engine stopped"}, status_code=503)
         return {"status": "ok", "model": state.model_id}
+
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    async def root():  # what Ollama's clients probe for ("Ollama is running"), and a person with a browser
+        return (
+            f"ninfer is running ({state.model_id}): OpenAI at /v1, Anthropic at /v1/messages, Ollama at /api, "
+            "llama.cpp at /completion\n"
+        )
 
     @app.get("/version")
     async def version():

@@ -29,6 +29,12 @@ def post(server, path, body):
     return httpx.post(server.url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
 
 
+def test_the_root_answers_as_ollamas_does(server):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 200 and r.text.startswith("ninfer is running (smollm2)")
+    assert httpx.head(server.url + "/").status_code == 200
+
+
 def test_the_version_gate_passes_copilots_minimum():
     parts = [int(p) for p in OLLAMA_API_VERSION.split(".")]
     assert parts >= [0, 6, 4]
