@@ -149,9 +149,8 @@ def _zero_duration(value: Any) -> bool:
 async def _run(state, request, body, ids, images, tools, prompt_text, started, route, stop_ids=()):
     """Queue the request and answer in Ollama's shape (a stream of lines unless `stream` is false)."""
     fields = _sampling_fields(body)
-    room = max(
-        1, state.max_context - len(ids) - 1
-    )  # Ollama's -1 / -2, or more than fits: to the context limit
+    # num_predict left out, Ollama's -1 / -2, or more than fits: the reply may run to the context limit
+    room = max(1, state.max_context - len(ids) - 1)
     wanted = field(fields, "max_tokens", int)
     fields["max_tokens"] = room if wanted is None or wanted < 0 else min(wanted, room)
     if stop_ids:
@@ -162,7 +161,6 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
         state, ids, params, await preprocess_images(state, images) if images else None
     )
     in_reasoning = prompt_text.rstrip().endswith("<think>")
-    text_key = "message" if route == "chat" else "response"
 
     def piece(kind: str, value: Any) -> dict[str, Any]:
         """One streamed line's part: a text or thinking delta, or a whole tool call."""
@@ -220,10 +218,12 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
                 for kind, value in parser.feed(delta, final=out.finished):
                     yield json.dumps({**_head(state, body), **piece(kind, value), "done": False}) + "\n"
             state.metrics.finished(out)
-            last = {**_head(state, body), **({text_key: ""} if route == "generate" else {})}
-            if route == "chat":
-                last["message"] = {"role": "assistant", "content": ""}
-            yield json.dumps({**last, **_done(out, started, first or time.monotonic())}) + "\n"
+            last = {
+                **_head(state, body),
+                **piece("text", ""),
+                **_done(out, started, first or time.monotonic()),
+            }
+            yield json.dumps(last) + "\n"
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now
 
