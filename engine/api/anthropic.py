@@ -328,6 +328,7 @@ async def messages(request: Request):
     async def events():
         parser = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True)
         called = streaming = False
+        ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
         block = {"index": -1, "type": None}
 
         def switch(kind: str):
@@ -368,7 +369,7 @@ async def messages(request: Request):
                 },
             )
             yield event("ping", {})
-            async for item in with_keepalive(engine_stream):
+            async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): Anthropic's keep-alive
                     yield event("ping", {})
                     continue
@@ -437,5 +438,6 @@ async def messages(request: Request):
             yield event("message_stop", {})
         finally:
             engine_stream.abort()
+            await ticks.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")

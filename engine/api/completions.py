@@ -200,12 +200,13 @@ async def completions(request: Request):
         # with logprobs, an echo waits for the prompt's, which come with the choice's first token
         echoed = [not echo] * len(streams)
         outputs = merged(streams)
+        ticks = with_keepalive(outputs)  # the outputs, and a None whenever they keep silent
         try:
             if echo and top is None:
                 for index, text in enumerate(prompt_texts):
                     yield event(index, text, None, None)
                 echoed = [True] * len(streams)
-            async for item in with_keepalive(outputs):
+            async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
                     yield SSE_KEEPALIVE
                     continue
@@ -234,6 +235,7 @@ async def completions(request: Request):
                 yield f"data: {json.dumps(payload([], usage_json(*latest, n=n)))}\n\n"  # all finished
             yield "data: [DONE]\n\n"
         finally:
+            await ticks.aclose()  # (its reader first: it reads the outputs)
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
     return StreamingResponse(events(), media_type="text/event-stream")

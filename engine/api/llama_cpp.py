@@ -224,8 +224,9 @@ async def _reply(
 
     async def events():
         sent = 0
+        ticks = with_keepalive(run)  # the outputs, and a None whenever they keep silent
         try:
-            async for item in with_keepalive(run):
+            async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
                     yield SSE_KEEPALIVE
                     continue
@@ -255,6 +256,7 @@ async def _reply(
                     yield f"data: {json.dumps(_picked(part, fields))}\n\n"
         finally:
             stream.abort()  # the client went away mid-stream: their KV is freed now
+            await ticks.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -462,10 +462,11 @@ async def chat_completions(request: Request):
         # function's; a custom tool's input comes whole with the finished call)
         begun, streaming = [0] * len(streams), [False] * len(streams)
         outputs = merged(streams)
+        ticks = with_keepalive(outputs)  # the outputs, and a None whenever they keep silent
         try:
             for index in range(len(streams)):
                 yield chunk({"role": "assistant", "content": ""}, index=index)
-            async for item in with_keepalive(outputs):
+            async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
                     yield SSE_KEEPALIVE
                     continue
@@ -517,6 +518,7 @@ async def chat_completions(request: Request):
                 yield chunk({}, usage=totals, index=None)
             yield "data: [DONE]\n\n"
         finally:
+            await ticks.aclose()  # (its reader first: it reads the outputs)
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -291,10 +291,11 @@ async def create(request: Request):
     async def events():
         parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
         out = None
+        ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
         try:
             yield stream.event("response.created", response=response("in_progress", [], None))
             yield stream.event("response.in_progress", response=response("in_progress", [], None))
-            async for item in with_keepalive(engine_stream):
+            async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
                     yield SSE_KEEPALIVE
                     continue
@@ -318,6 +319,7 @@ async def create(request: Request):
             yield stream.event(f"response.{final['status']}", response=final)
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now
+            await ticks.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -47,9 +47,18 @@ def _tokenizer():
 
 
 class ScriptedStream:
-    def __init__(self, request_id: str, output: RequestOutput, text: str, piece: int, delay: float = 0.0):
+    def __init__(
+        self,
+        request_id: str,
+        output: RequestOutput,
+        text: str,
+        piece: int,
+        delay: float = 0.0,
+        pace: float = 0.0,
+    ):
         self.request_id, self.output, self.text, self.piece = request_id, output, text, piece
         self.delay = delay  # seconds before the first piece (a prompt's prefill)
+        self.pace = pace  # seconds between pieces (decode steps)
         self.aborted = False
 
     def __aiter__(self):
@@ -59,7 +68,7 @@ class ScriptedStream:
         await asyncio.sleep(self.delay)
         pieces = [self.text[i : i + self.piece] for i in range(0, len(self.text), self.piece)] or [""]
         for i, delta in enumerate(pieces):
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.pace)
             last = i == len(pieces) - 1
             out = replace(
                 self.output,
@@ -89,13 +98,14 @@ class _Stats:
 
 
 class ScriptedEngine:
-    def __init__(self, replies: list[str], piece: int = 3, delay: float = 0.0):
+    def __init__(self, replies: list[str], piece: int = 3, delay: float = 0.0, pace: float = 0.0):
         self.tokenizer = _tokenizer()
         self.replies = list(replies)
         self.prompts: list[str] = []
         self.params: list = []  # each request's SamplingParams
         self.piece = piece
         self.delay = delay  # each reply's wait before its first piece
+        self.pace = pace  # and between its pieces
         self.streams: list[ScriptedStream] = []
         self.llm = _Stats()
         self.is_running = True
@@ -111,7 +121,7 @@ class ScriptedEngine:
         self.params.append(sampling_params)
         request_id = request_id or f"scripted-{next(self._ids)}"
         output = RequestOutput(request_id, None, list(prompt_token_ids), [], "", None, "stop")
-        stream = ScriptedStream(request_id, output, self.replies.pop(0), self.piece, self.delay)
+        stream = ScriptedStream(request_id, output, self.replies.pop(0), self.piece, self.delay, self.pace)
         self.streams.append(stream)
         return stream
 

@@ -77,3 +77,28 @@ def test_the_responses_api_and_llama_cpp_streams_keep_alive_too(path, body):
         with httpx.stream("POST", server.url + path, json=body, timeout=30) as r:
             lines = [line for line in r.iter_lines() if line]
         assert lines.count(": keep-alive") >= 3 and "Par" in "".join(lines)
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": ASK, "stream": True}),
+        ("/v1/completions", {"model": "m", "prompt": "Capital?", "stream": True}),
+        ("/v1/messages", {"model": "m", "max_tokens": 500, "messages": ASK, "stream": True}),
+        ("/v1/responses", {"model": "m", "input": "Capital?", "stream": True}),
+        ("/completion", {"prompt": "Capital?", "stream": True}),
+    ],
+)
+def test_a_client_that_leaves_mid_reply_frees_its_request_at_once(path, body):
+    """Left while tokens flow (the route waiting on the client, not on the engine): the request is
+    aborted then, not when the reply would have ended."""
+    engine = ScriptedEngine(["word " * 400], piece=5, pace=0.01)  # 4 s of reply
+    with RunningServer(engine) as server:
+        with httpx.stream("POST", server.url + path, json=body, timeout=30) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 8:
+                    break
+        left = time.monotonic()
+        while not engine.streams[0].aborted:
+            assert time.monotonic() - left < 2, "the request was not aborted when the client left"
+            time.sleep(0.02)
