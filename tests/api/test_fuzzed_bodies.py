@@ -67,6 +67,21 @@ ROUTES = {
     ),
     "/v1/rerank": ({"query": "q", "documents": ["a", "b"]}, "query documents top_n return_documents"),
     "/v1/score": ({"text_1": "a", "text_2": "b"}, "text_1 text_2"),
+    "/api/chat": (
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+        "messages tools format options think stream keep_alive",
+    ),
+    "/api/generate": (
+        {"model": "m", "prompt": "hi", "stream": False, "options": {"num_predict": 3}},
+        "prompt system suffix raw images format options think stream context keep_alive",
+    ),
+    "/api/embed": ({"model": "m", "input": "hi"}, "input truncate dimensions"),
+    "/api/show": ({"model": "smollm2"}, "model name"),
 }
 WORDS = ["", "x", "user", "assistant", "tool", "text", "image", "function", "auto", "required", "none"]
 WORDS += ["tool_use", "tool_result", "image_url", "json_schema", "content", "enabled"]
@@ -131,7 +146,8 @@ def _answered(client: httpx.Client, url: str, path: str, body: dict) -> None:
     assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
     if r.status_code >= 400:
         error = r.json()["error"]
-        assert error["message"] and "\n" not in error["message"], (path, body, error)
+        message = error if path.startswith("/api/") else error["message"]  # Ollama's shape: a string
+        assert message and "\n" not in message, (path, body, error)
 
 
 # each field of each route set to each of these in turn
