@@ -65,6 +65,7 @@ async def show(request: Request) -> dict[str, Any]:
     name = body.get("model", body.get("name"))
     if not isinstance(name, str) or not name:
         raise ApiError(400, "'model' is required: the name /api/tags lists", "model")
+    name = name.removesuffix(":latest")  # Ollama's clients add the default tag to a bare name
     if name not in _names(state):
         served = ", ".join(f"'{m}'" for m in _names(state))
         raise ApiError(404, f"model '{name}' not found; this server serves {served}", "model")

@@ -61,6 +61,7 @@ def test_show_gives_capabilities_and_the_context_length(server):
     assert info["model_info"][f"{arch}.context_length"] == 2048
     assert info["model_info"]["general.basename"] == "smollm2" and "im_start" in info["template"]
     assert post(server, "/api/show", {"name": "smollm2"}).status_code == 200  # the older field name
+    assert post(server, "/api/show", {"model": "smollm2:latest"}).status_code == 200  # the default tag
 
 
 def test_unknown_models_and_missing_keys_are_refused_in_ollamas_shape(server):
