@@ -351,7 +351,9 @@ def _think(body: dict) -> dict[str, Any]:
 def _sampling_fields(body: dict) -> dict[str, Any]:
     """The request's options as the sampling fields (and its model, which picks a LoRA adapter)."""
     options = field(body, "options", dict, {})
-    fields: dict[str, Any] = {"model": body.get("model")}
+    model = body.get("model")
+    # (Ollama's clients add the default tag to a bare name: an adapter is named without it)
+    fields: dict[str, Any] = {"model": model.removesuffix(":latest") if isinstance(model, str) else model}
     for name, value in options.items():
         if name in OPTIONS:
             fields[OPTIONS[name]] = value
