@@ -542,7 +542,8 @@ class EngineConfig:
         if self.mmproj:
             object.__setattr__(self, "vision", True)
         if self.spec == "draft" and self.vision:
-            raise NinferError("a draft model drafts text; drop --vision, or use --spec ngram with images")
+            images = "--mmproj" if self.mmproj else "--vision"
+            raise NinferError(f"a draft model drafts text; drop {images}, or use --spec ngram with images")
         if self.draft_model and self.spec != "draft":
             raise NinferError(
                 f"a draft model drafts with spec draft (got spec {self.spec}); add --spec draft"
