@@ -288,3 +288,11 @@ def test_convert_takes_the_mmproj_into_the_artifact(qwen35, qwen35_llm, tmp_path
     result = CliRunner().invoke(app, [*args[:2], str(tmp_path / "x.ninfer"), "--mmproj", str(text)])
     assert result.exit_code == 2 and "is not an mmproj file" in result.output
     assert not (tmp_path / "x.ninfer").exists()
+
+
+def test_mmproj_implies_vision_and_refuses_a_draft_model():
+    from engine.config import EngineConfig
+
+    assert EngineConfig(model="m.gguf", mmproj="mmproj.gguf").vision
+    with pytest.raises(NinferError, match="a draft model drafts text; drop --mmproj"):
+        EngineConfig(model="m.gguf", mmproj="mmproj.gguf", spec="draft", draft_model="d.gguf")
