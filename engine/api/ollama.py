@@ -8,6 +8,7 @@ engine/api/ollama_chat.py's. Errors: Ollama's `{"error"}`.
 from __future__ import annotations
 
 import math
+import weakref
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -136,12 +137,17 @@ def _architecture(config: ModelConfig) -> str:
     )
 
 
-@lru_cache(maxsize=4)
-def _parameter_count(llm) -> int:
-    """The text model's parameters, from its config's shapes (packed weights hold no parameters)."""
-    from engine.plan.shapes import model_tensors
+_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its count, while it lives
 
-    return sum(math.prod(shape) for _, shape in model_tensors(llm.model_config))
+
+def _parameter_count(llm) -> int:
+    """The text model's parameters, from its config's shapes (packed weights hold no parameters); counted
+    once an engine, without keeping the engine alive."""
+    if llm not in _COUNTS:
+        from engine.plan.shapes import model_tensors
+
+        _COUNTS[llm] = sum(math.prod(shape) for _, shape in model_tensors(llm.model_config))
+    return _COUNTS[llm]
 
 
 def _parameter_size(count: int) -> str:
