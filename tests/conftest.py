@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -511,6 +513,23 @@ def save_thinking_mtp_model(path: Path, tokenizer, think: bool) -> Path:
         json.dumps({"chat_template": template, "eos_token": tokenizer.eos_token})
     )
     return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_fastapi_caches():
+    """FastAPI memoizes each endpoint's kind in module-level lru_caches keyed by the endpoint function
+    itself, which keeps every test app's route closures alive, and through them its engine (weights and KV
+    pool), for the whole session: about 1 GB a test module with a server. Cleared after each module (pure
+    memoization: a later call fills them again)."""
+    yield
+    models = sys.modules.get("fastapi.dependencies.models")
+    if models is None:
+        return
+    for value in vars(models).values():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
+    gc.collect()
 
 
 def streamed_tool_calls(chunks) -> list:
