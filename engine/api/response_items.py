@@ -247,22 +247,7 @@ class OutputEvents:
         return "arguments", "response.function_call_arguments"
 
     def _whole_call(self, call: ToolCall) -> list[str]:
-        item, index = call_item(call, self.custom), len(self.output)
-        self.output.append(item)
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "custom_tool_call":
-            field, stream = "input", "response.custom_tool_call_input"
-            done = {"input": item["input"]}
-        else:
-            field, stream = "arguments", "response.function_call_arguments"
-            done = {"name": item["name"], "arguments": item["arguments"]}
-        return [
-            self.event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, field: "", "status": "in_progress"},
-            ),
-            self.event(f"{stream}.delta", **where, delta=item[field]),
-            self.event(f"{stream}.done", **where, **done),
-            self.event("response.output_item.done", output_index=index, item=item),
-        ]
+        """A call that came whole (not streamed): added, its arguments (or input) in one delta, done."""
+        events = self._start_call(call.name)
+        field, _ = self._stream_names()
+        return events + self._delta(call_item(call, self.custom)[field]) + self._end_call(call)
