@@ -271,11 +271,19 @@ def now() -> int:
     return int(time.time())
 
 
-async def collect_choices(state, streams: list[AsyncStream], request: Request) -> list[RequestOutput]:
+async def collect_choices(
+    state, streams: list[AsyncStream], request: Request, seen=None
+) -> list[RequestOutput]:
     """Every stream's whole output (a choice each), expiry said as a 503 and each counted as finished; a
-    client that goes away aborts them all."""
+    client that goes away aborts them all. `seen(output)`: called as each part arrives, after the metrics."""
+
+    def token(out: RequestOutput) -> None:
+        state.metrics.token(out)
+        if seen is not None:
+            seen(out)
+
     try:
-        outs = list(await asyncio.gather(*(collect(s, request, state.metrics.token) for s in streams)))
+        outs = list(await asyncio.gather(*(collect(s, request, token) for s in streams)))
     finally:
         for stream in streams:
             stream.abort()

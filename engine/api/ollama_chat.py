@@ -24,8 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
-    check_expired,
-    collect,
+    collect_choices,
     field,
     pooled,
     read_json,
@@ -177,16 +176,10 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
         seen: list[float] = []  # when the first token came
 
         def token(out) -> None:
-            state.metrics.token(out)
             if not seen and out.token_ids:
                 seen.append(time.monotonic())
 
-        try:
-            out = await collect(engine_stream, request, token)
-        finally:
-            engine_stream.abort()
-        check_expired(out)
-        state.metrics.finished(out)
+        (out,) = await collect_choices(state, [engine_stream], request, token)
         reasoning, content, calls = parse_reply(out.text, in_reasoning, tools)
         first = seen[0] if seen else time.monotonic()
         reply: dict[str, Any] = {**_head(state, body)}
