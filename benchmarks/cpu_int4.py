@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-import kernels.q4_cpu as q4_cpu
+import ninfer_kernels.q4_cpu as q4_cpu
 from engine import LLM, SamplingParams
 from engine.quant.cpu import CpuInt4Weight
 

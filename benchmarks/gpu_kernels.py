@@ -27,21 +27,21 @@ from engine.cache.kv_layout import KVCache
 from engine.quant.groupwise import QuantizedTensor, quantize
 from engine.vision.config import VisionConfig
 from engine.vision.tower import VisionTower
-from kernels.conv1d import triton as conv1d_triton
-from kernels.fused_moe import naive as fused_moe_naive
-from kernels.fused_moe import triton as fused_moe_triton
-from kernels.gated_delta import triton as gated_delta_triton
-from kernels.int8_act import triton as int8_act_triton
-from kernels.int8_matmul import triton as int8_matmul_triton
-from kernels.kv_store import triton as kv_store_triton
-from kernels.paged_attention import num_decode_splits
-from kernels.paged_attention import triton as attention
-from kernels.quant_matmul import dequant as quant_dequant
-from kernels.quant_matmul import triton as quant_matmul_triton
-from kernels.rmsnorm import triton as rmsnorm_triton
-from kernels.rope import triton as rope_triton
-from kernels.silu_mul import triton as silu_mul_triton
-from kernels.triton_config import interpreting
+from ninfer_kernels.conv1d import triton as conv1d_triton
+from ninfer_kernels.fused_moe import naive as fused_moe_naive
+from ninfer_kernels.fused_moe import triton as fused_moe_triton
+from ninfer_kernels.gated_delta import triton as gated_delta_triton
+from ninfer_kernels.int8_act import triton as int8_act_triton
+from ninfer_kernels.int8_matmul import triton as int8_matmul_triton
+from ninfer_kernels.kv_store import triton as kv_store_triton
+from ninfer_kernels.paged_attention import num_decode_splits
+from ninfer_kernels.paged_attention import triton as attention
+from ninfer_kernels.quant_matmul import dequant as quant_dequant
+from ninfer_kernels.quant_matmul import triton as quant_matmul_triton
+from ninfer_kernels.rmsnorm import triton as rmsnorm_triton
+from ninfer_kernels.rope import triton as rope_triton
+from ninfer_kernels.silu_mul import triton as silu_mul_triton
+from ninfer_kernels.triton_config import interpreting
 
 DEVICE = "cuda"
 COMPILE_ONLY: int | None = None  # --compile-only's compute capability

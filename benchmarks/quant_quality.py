@@ -34,7 +34,7 @@ from engine.models.loader import default_model_path, open_source
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 from engine.quant.layer import INT8_MIN_ROWS, int8_kernel_takes
-from kernels.int8_act.naive import dequantize_act, quantize_act
+from ninfer_kernels.int8_act.naive import dequantize_act, quantize_act
 
 
 def corpus() -> str:

@@ -13,8 +13,8 @@ from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
 from engine.vision.config import MAX_IMAGE_PATCHES
 from engine.worker.prompt_logprobs import ROWS as PROMPT_LOGPROB_ROWS
-from kernels.paged_attention import num_decode_splits
-from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
+from ninfer_kernels.paged_attention import num_decode_splits
+from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_CONTEXT_BYTES = 512 * MIB  # driver context + the kernels torch and Triton load (lazy module loading)

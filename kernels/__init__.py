@@ -9,8 +9,8 @@ NINFER_KERNELS is read once, at import (every op asks, and an environment lookup
 decode step); `force_backend` switches later. Triton modules are imported on
 first use, so a CPU-only run never imports Triton.
 
-NOTE: `kernels` is also the import name of a Hugging Face library that transformers probes; keep this
-module free of import-time side effects and without a `__version__`.
+The folder installs as `ninfer_kernels` (pyproject's package-dir): `kernels` is the import name of a
+Hugging Face library that transformers requires, and the two must live in one environment.
 """
 
 from __future__ import annotations
@@ -20,26 +20,26 @@ import os
 
 import torch
 
-from kernels import native_build
-from kernels.conv1d import naive as _conv1d_naive
-from kernels.conv1d import native as _conv1d_native
-from kernels.fused_moe import naive as _fused_moe_naive
-from kernels.gated_delta import naive as _gated_delta_naive
-from kernels.gated_delta import native as _gated_delta_native
-from kernels.int8_act import naive as _int8_act_naive
-from kernels.int8_matmul import naive as _int8_matmul_naive
-from kernels.kv_store import naive as _kv_store_naive
-from kernels.kv_store import native as _kv_store_native
-from kernels.paged_attention import naive as _paged_attention_naive
-from kernels.paged_attention import native as _paged_attention_native
-from kernels.quant_embedding import naive as _quant_embedding_naive
-from kernels.quant_matmul import naive as _quant_matmul_naive
-from kernels.rmsnorm import naive as _rmsnorm_naive
-from kernels.rmsnorm import native as _rmsnorm_native
-from kernels.rope import naive as _rope_naive
-from kernels.rope import native as _rope_native
-from kernels.silu_mul import naive as _silu_mul_naive
-from kernels.silu_mul import native as _silu_mul_native
+from ninfer_kernels import native_build
+from ninfer_kernels.conv1d import naive as _conv1d_naive
+from ninfer_kernels.conv1d import native as _conv1d_native
+from ninfer_kernels.fused_moe import naive as _fused_moe_naive
+from ninfer_kernels.gated_delta import naive as _gated_delta_naive
+from ninfer_kernels.gated_delta import native as _gated_delta_native
+from ninfer_kernels.int8_act import naive as _int8_act_naive
+from ninfer_kernels.int8_matmul import naive as _int8_matmul_naive
+from ninfer_kernels.kv_store import naive as _kv_store_naive
+from ninfer_kernels.kv_store import native as _kv_store_native
+from ninfer_kernels.paged_attention import naive as _paged_attention_naive
+from ninfer_kernels.paged_attention import native as _paged_attention_native
+from ninfer_kernels.quant_embedding import naive as _quant_embedding_naive
+from ninfer_kernels.quant_matmul import naive as _quant_matmul_naive
+from ninfer_kernels.rmsnorm import naive as _rmsnorm_naive
+from ninfer_kernels.rmsnorm import native as _rmsnorm_native
+from ninfer_kernels.rope import naive as _rope_naive
+from ninfer_kernels.rope import native as _rope_native
+from ninfer_kernels.silu_mul import naive as _silu_mul_naive
+from ninfer_kernels.silu_mul import native as _silu_mul_native
 
 __all__ = [
     "causal_conv1d",
@@ -91,7 +91,7 @@ def _native_or_naive(native_op, naive_op, *args):
 
 
 def _triton(op: str):
-    return importlib.import_module(f"kernels.{op}.triton")
+    return importlib.import_module(f"ninfer_kernels.{op}.triton")
 
 
 def rmsnorm(x, weight, eps, residual=None, zero_centered=False):

@@ -54,8 +54,8 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from engine.cache.kv_layout import KVCache  # noqa: E402
-from kernels.paged_attention import MAX_VERIFY_ROWS  # noqa: E402
-from kernels.triton_config import SHARED_MEMORY_PER_BLOCK as SHARED_LIMIT  # noqa: E402
+from ninfer_kernels.paged_attention import MAX_VERIFY_ROWS  # noqa: E402
+from ninfer_kernels.triton_config import SHARED_MEMORY_PER_BLOCK as SHARED_LIMIT  # noqa: E402
 
 DEVICES = {80: "A100", 86: "RTX 3090 / A6000", 89: "RTX 4090 / L40", 90: "H100 / H200", 120: "RTX 5090"}
 # one GPU per capability for --sass's issue cap: (name, HBM bytes/s, SMs, boost clock Hz), vendor figures
@@ -149,7 +149,7 @@ def _randn(*shape, dtype=torch.bfloat16):
 
 
 def _op(name: str):
-    return importlib.import_module(f"kernels.{name}.triton")
+    return importlib.import_module(f"ninfer_kernels.{name}.triton")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -276,7 +276,7 @@ def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: 
     dequant.py), the same layouts as case_quant_matmul."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     out = torch.empty(n, k, dtype=DTYPES[dtype])
-    dequant = importlib.import_module("kernels.quant_matmul.dequant")
+    dequant = importlib.import_module("ninfer_kernels.quant_matmul.dequant")
     dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
 
 
@@ -300,7 +300,7 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
     decode step (1 token: 16-assignment blocks) or a prompt chunk (64-assignment blocks)."""
     hidden, inter = 2048, 768
     moe = _op("fused_moe")
-    packed_experts = importlib.import_module("kernels.fused_moe.naive").PackedExperts
+    packed_experts = importlib.import_module("ninfer_kernels.fused_moe.naive").PackedExperts
 
     def experts_of(n, kk):
         if bits == 16:
@@ -509,7 +509,9 @@ def variants_per_kernel() -> dict[str, int]:
     """Compiled variants per kernel and target, from the JIT caches."""
     counts = {}
     for module in sys.modules.values():
-        if getattr(module, "__name__", "").startswith("kernels.") and module.__name__.endswith(".triton"):
+        if getattr(module, "__name__", "").startswith("ninfer_kernels.") and module.__name__.endswith(
+            ".triton"
+        ):
             for name, obj in vars(module).items():
                 if isinstance(obj, JITFunction):
                     for arch, cache in obj.device_caches.items():

@@ -8,7 +8,8 @@
 # decoding against plain decoding when the embedded model is installed. Each step has its own time limit,
 # so one slow step costs its own output only. Everything lands under $OUT (default ./gpu_out).
 #
-# Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. is set here; pure-Python
+# Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. (and kernels/ linked as
+# ninfer_kernels) is set here; pure-Python
 # wheels it lacks (gguf; Pillow for the vision tests and llguidance for the structured-output tests, binary
 # wheels for its Python) may be installed
 # beforehand into a folder on PYTHONPATH. The suite's
@@ -28,7 +29,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+# kernels/ is imported as `ninfer_kernels`, the name pip installs it under: a link stands in for the install
+TREE_ALIAS=$(mktemp -d)
+ln -s "$PWD/kernels" "$TREE_ALIAS/ninfer_kernels"
+export PYTHONPATH=".:$TREE_ALIAS${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 status=0
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.txt (LOG=FILE step ...:
   # to $OUT/FILE.txt, after what is there), note the outcome

@@ -11,7 +11,28 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+
+def _import_the_project() -> None:
+    """`python -m pytest` puts the checkout first on sys.path, where kernels/ would shadow Hugging Face's
+    `kernels` library that transformers imports: the checkout leaves the path (the project is installed; its
+    folders install as engine, ninfer_cli and ninfer_kernels). And pytest puts tests/ there, where
+    tests/engine/ would read as a namespace package `engine`, found ahead of the installed one (an editable
+    install's finder is asked after the path): the project's packages are imported once with tests/ off the
+    path, so every later import gets them from sys.modules."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here.parent]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in saved if Path(p or ".").resolve() != here]
+    try:
+        import engine  # noqa: F401
+        import ninfer_cli  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
+_import_the_project()
+
+import ninfer_kernels as kernels  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not torch.cuda.is_available():

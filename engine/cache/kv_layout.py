@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import NinferError
-from kernels.kv_quant.naive import SCALE_DTYPE, V4_GROUP
+from ninfer_kernels.kv_quant.naive import SCALE_DTYPE, V4_GROUP
 
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "k8v4")
 ALIASES = {"rk8v4": "k8v4", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.cache.kv_layout import KVCache
 from engine.layers.module import Module
 from engine.worker.forward_context import get_forward_context

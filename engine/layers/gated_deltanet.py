@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+import ninfer_kernels as kernels
 from engine.config import ModelConfig
 from engine.layers.linear import Linear, MergedLinear, make_param
 from engine.layers.module import Module

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.layers.linear import Linear, MergedLinear
 from engine.layers.module import Module
 

@@ -8,14 +8,14 @@ import re
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.config import ModelConfig
 from engine.layers.linear import Linear, make_param
 from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
 from engine.quant.groupwise import QuantizedTensor
 from engine.quant.layer import fused_kernel_takes
-from kernels.fused_moe.naive import PackedExperts
+from ninfer_kernels.fused_moe.naive import PackedExperts
 
 # one expert's matrix as the hub stores it: model.layers.<i>.mlp.experts.<e>.<kind>_proj.weight
 _EXPERT_TENSOR = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")

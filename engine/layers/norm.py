@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.layers.linear import make_param
 from engine.layers.module import Module
 

@@ -7,13 +7,13 @@ import math
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.layers.module import Module
 from engine.rope_scaling import attention_factor, yarn_inv_freq
 from engine.vision.mrope import frequency_axes
-from kernels.step_memo import StepMemo
+from ninfer_kernels.step_memo import StepMemo
 
 
 def inv_freq_for(config: ModelConfig) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.formats.container import SUFFIX, load_container

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-import kernels.q4_cpu as q4_cpu
+import ninfer_kernels.q4_cpu as q4_cpu
 
 INT4_GROUP = 32
 # from this many rows on (prefill), an int4 layer unpacks its weight to bf16 and runs the bf16 GEMM: on

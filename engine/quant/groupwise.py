@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.quant_matmul.naive import dequantize_weight
+from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 BITS = (4, 6, 8)
 MIN_GROUP = 32

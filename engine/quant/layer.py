@@ -6,12 +6,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.layers.linear import Linear
 from engine.quant.groupwise import QuantizedTensor
 from engine.worker.forward_context import current_forward_context
-from kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
-from kernels.quant_matmul import GEMV_MAX_M, MIN_GROUP
+from ninfer_kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
+from ninfer_kernels.quant_matmul import GEMV_MAX_M, MIN_GROUP
 
 # rows of x from which --int8-prefill multiplies int8 activations (kernels/int8_matmul) in a prompt step; up
 # to GEMV_MAX_M rows the weight-streaming GEMV keeps 16-bit activations: it is bandwidth-bound

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.transfer import to_device
-from kernels.paged_attention import same_query_count
+from ninfer_kernels.paged_attention import same_query_count
 
 
 @dataclass(frozen=True)

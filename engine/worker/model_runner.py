@@ -30,7 +30,7 @@ from engine.worker.host_kv import HostKV, page_tensors
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
 from engine.worker.sleep import DeviceMemory
-from kernels.paged_attention import same_query_count
+from ninfer_kernels.paged_attention import same_query_count
 
 
 class ModelRunner:

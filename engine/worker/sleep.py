@@ -22,7 +22,7 @@ from engine.errors import DeviceMemoryBusy, NinferError
 from engine.sizes import format_bytes
 from engine.worker.host_kv import HOST_MARGIN
 
-_OURS = ("engine.", "kernels.")
+_OURS = ("engine.", "ninfer_kernels.")
 
 
 def device_tensors(

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.quant_matmul.naive import dequantize_weight
+from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 
 class PackedExperts(NamedTuple):

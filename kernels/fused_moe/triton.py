@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fused_moe.naive import PackedExperts
-from kernels.silu_mul.triton import silu_mul
-from kernels.triton_codes import unpack_codes
-from kernels.triton_config import dot_dtype, dot_precision
+from ninfer_kernels.fused_moe.naive import PackedExperts
+from ninfer_kernels.silu_mul.triton import silu_mul
+from ninfer_kernels.triton_codes import unpack_codes
+from ninfer_kernels.triton_config import dot_dtype, dot_precision
 
 DENSE_BLOCK_K = 64  # K a step over dense experts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, heads_packed, library
+from ninfer_kernels.native_build import check, heads_packed, library
 
 MAX_DIM = 512
 

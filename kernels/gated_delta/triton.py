@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages
+from ninfer_kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages
 
 CHUNK = 64  # tokens a chunk in the chunked form
 CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average

@@ -1,6 +1,6 @@
 import torch
 
-from kernels.int8_act import QMAX
+from ninfer_kernels.int8_act import QMAX
 
 
 def quantize_act(

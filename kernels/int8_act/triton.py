@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int8_act import QMAX
+from ninfer_kernels.int8_act import QMAX
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 import torch
 
-from kernels.int8_act.naive import dequantize_act
-from kernels.quant_matmul.naive import dequantize_weight
+from ninfer_kernels.int8_act.naive import dequantize_act
+from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 
 def int8_matmul(

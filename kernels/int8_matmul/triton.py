@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int8_matmul import MIN_GROUP
-from kernels.triton_codes import unpack_codes
+from ninfer_kernels.int8_matmul import MIN_GROUP
+from ninfer_kernels.triton_codes import unpack_codes
 
 
 @triton.jit

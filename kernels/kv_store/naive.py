@@ -1,7 +1,7 @@
 import torch
 
-from kernels.kv_quant.naive import FP8_DTYPES, quantize_int4_grouped, quantize_int8
-from kernels.step_memo import StepMemo
+from ninfer_kernels.kv_quant.naive import FP8_DTYPES, quantize_int4_grouped, quantize_int8
+from ninfer_kernels.step_memo import StepMemo
 
 # every layer of a step stores at the same slots
 _SLOTS = StepMemo()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import KV_MODES, cache_readable, check, heads_packed, library
+from ninfer_kernels.native_build import KV_MODES, cache_readable, check, heads_packed, library
 
 
 def kv_store(k, v, cache, slot_mapping) -> bool:

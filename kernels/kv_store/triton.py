@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant.naive import MIN_SCALE, V4_GROUP
+from ninfer_kernels.kv_quant.naive import MIN_SCALE, V4_GROUP
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
 

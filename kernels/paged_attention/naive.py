@@ -3,10 +3,10 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from kernels.int8_act.naive import dequantize_act, quantize_act
-from kernels.kv_quant.naive import read_kv
-from kernels.paged_attention import same_query_count, takes_decode_kernel
-from kernels.step_memo import StepMemo
+from ninfer_kernels.int8_act.naive import dequantize_act, quantize_act
+from ninfer_kernels.kv_quant.naive import read_kv
+from ninfer_kernels.paged_attention import same_query_count, takes_decode_kernel
+from ninfer_kernels.step_memo import StepMemo
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import KV_MODES, cache_readable, check, library
+from ninfer_kernels.native_build import KV_MODES, cache_readable, check, library
 
 MAX_QUERY_TOKENS = 16
 

@@ -18,11 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int8_act.triton import quantize_rows
-from kernels.kv_quant.naive import V4_GROUP
-from kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits, takes_decode_kernel
-from kernels.triton_codes import nibble_pairs
-from kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
+from ninfer_kernels.int8_act.triton import quantize_rows
+from ninfer_kernels.kv_quant.naive import V4_GROUP
+from ninfer_kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits, takes_decode_kernel
+from ninfer_kernels.triton_codes import nibble_pairs
+from ninfer_kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, has_q4, library
-from kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, dequantize, q4_matmul, unpack
+from ninfer_kernels.native_build import check, has_q4, library
+from ninfer_kernels.q4_cpu.naive import BLOCK_BYTES, GROUP, ROWS, dequantize, q4_matmul, unpack
 
 __all__ = [
     "BLOCK_BYTES",

@@ -1,6 +1,6 @@
 import torch
 
-from kernels.quant_matmul.naive import dequantize_weight
+from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 
 def quant_embedding(

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_matmul import DEQUANT_SCRATCH_BYTES
-from kernels.triton_codes import unpack_codes
+from ninfer_kernels.quant_matmul import DEQUANT_SCRATCH_BYTES
+from ninfer_kernels.triton_codes import unpack_codes
 
 DEQUANT_BLOCK_N = 32  # weight rows a program (one group of columns each)
 ROW_ALIGN = 64  # slices are whole multiples of this many rows

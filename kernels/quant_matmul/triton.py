@@ -46,16 +46,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
-from kernels.quant_matmul.dequant import dequant_matmul
-from kernels.triton_codes import (
+from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
+from ninfer_kernels.quant_matmul.dequant import dequant_matmul
+from ninfer_kernels.triton_codes import (
     nibble_pair_base,
     nibble_pairs,
     offset_code_base,
     offset_codes,
     six_bit_words,
 )
-from kernels.triton_config import dot_dtype, dot_precision
+from ninfer_kernels.triton_config import dot_dtype, dot_precision
 
 
 @triton.jit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
+from ninfer_kernels.native_build import check, library
 
 
 def rmsnorm(x, weight, eps, residual=None, zero_centered=False):

@@ -1,6 +1,6 @@
 import torch
 
-from kernels.step_memo import StepMemo
+from ninfer_kernels.step_memo import StepMemo
 
 # every layer of a step rotates at the same positions: the cos/sin gather is done once per step
 _COS_SIN = StepMemo()

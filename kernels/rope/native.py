@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, heads_packed, library
+from ninfer_kernels.native_build import check, heads_packed, library
 
 
 def rope(q, k, positions, cos_sin_cache):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.native_build import check, library
+from ninfer_kernels.native_build import check, library
 
 
 def silu_mul(x):

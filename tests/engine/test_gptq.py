@@ -15,7 +15,7 @@ from engine.quant.convert import convert
 from engine.quant.gptq import gptq_quantize
 from engine.quant.groupwise import dequantize, quantize
 from engine.quant.hessians import attention_mass, collect_hessians, hessian_bytes
-from kernels.quant_matmul.naive import unpack
+from ninfer_kernels.quant_matmul.naive import unpack
 
 
 def correlated_inputs(k: int, seed: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import save_tiny, tiny_hf_model
 
-import kernels
+import ninfer_kernels as kernels
 from engine import LLM, SamplingParams
 from engine.errors import NinferError
 from engine.quant.calibration import sequence_logprobs

@@ -17,7 +17,7 @@ from engine.plan.presets import PRESETS, preset
 from engine.plan.solver import Budget, Device, PlanRefusal, fits, frontier, max_context, needed, solve
 from engine.plan.weights import recipe_weight_bytes
 from engine.quant.groupwise import quantize, stored_nbytes
-from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
+from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES
 
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "k8v4")
 RTX_3090 = Device("RTX 3090", 24 * GIB, (8, 6))

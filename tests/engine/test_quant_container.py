@@ -17,7 +17,7 @@ from engine.models.loader import default_model_path
 from engine.quant.convert import convert
 from engine.quant.groupwise import dequantize, pack, quantize
 from engine.quant.recipes import BASE, Q46_OPTIONS, mixed_plan, stored_bits
-from kernels.quant_matmul.naive import unpack
+from ninfer_kernels.quant_matmul.naive import unpack
 
 # RMS-relative reconstruction error of Gaussian weights with one outlier, per width (measured over these
 # shapes: up to 0.10, 0.025, 0.0084): the grid step halves per added bit; 8 bits is symmetric, so its

@@ -10,7 +10,7 @@ import torch
 from conftest import hf_logprobs, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
-import kernels
+import ninfer_kernels as kernels
 from engine import LLM, SamplingParams
 from engine.errors import NinferError
 from engine.quant.calibration import sequence_logprobs

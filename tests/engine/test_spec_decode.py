@@ -253,7 +253,7 @@ def test_triton_path_verifies_drafts_in_the_decode_kernel(model_dir, kernel_back
     kernel_backend("naive")
     reference = _generate(LLM(model_dir), params, PROMPTS[:1])
     kernel_backend("triton")
-    import kernels
+    import ninfer_kernels as kernels
 
     attention = kernels._triton("paged_attention")
     decode, counts = attention.paged_attention_decode, []

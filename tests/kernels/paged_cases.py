@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.cache.kv_layout import KVCache
-from kernels.kv_store import naive as kv_store_naive
+from ninfer_kernels.kv_store import naive as kv_store_naive
 
 
 def paged_case(kv_dtype, head_dim, num_q_heads, num_kv_heads, block_size, prefix, new, dtype, device):

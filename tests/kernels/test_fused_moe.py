@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.quant.groupwise import quantize
-from kernels.fused_moe import naive
-from kernels.fused_moe import triton as moe
+from ninfer_kernels.fused_moe import naive
+from ninfer_kernels.fused_moe import triton as moe
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

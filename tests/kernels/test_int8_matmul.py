@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+import ninfer_kernels as kernels
 from engine.quant.groupwise import quantize
-from kernels.int8_act import QMAX
-from kernels.int8_act import naive as act_naive
-from kernels.int8_act import triton as act_triton
-from kernels.int8_matmul import naive as mm_naive
-from kernels.int8_matmul import triton as mm_triton
-from kernels.quant_matmul import naive as a16_naive
+from ninfer_kernels.int8_act import QMAX
+from ninfer_kernels.int8_act import naive as act_naive
+from ninfer_kernels.int8_act import triton as act_triton
+from ninfer_kernels.int8_matmul import naive as mm_naive
+from ninfer_kernels.int8_matmul import triton as mm_triton
+from ninfer_kernels.quant_matmul import naive as a16_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

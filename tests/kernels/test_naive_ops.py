@@ -9,9 +9,14 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
 
-import kernels
+import ninfer_kernels as kernels
 from engine.cache.kv_layout import KVCache
-from kernels.kv_quant.naive import V4_GROUP, dequantize_int4_grouped, quantize_int4_grouped, quantize_int8
+from ninfer_kernels.kv_quant.naive import (
+    V4_GROUP,
+    dequantize_int4_grouped,
+    quantize_int4_grouped,
+    quantize_int8,
+)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -190,7 +195,7 @@ def test_attend_parts_equals_one_masked_attention(monkeypatch, merged):
     """Key ranges attended part by part (flash + log-sum-exp merge, or one masked call) = plain attention."""
     import importlib
 
-    naive = importlib.import_module("kernels.paged_attention.naive")
+    naive = importlib.import_module("ninfer_kernels.paged_attention.naive")
     if not merged:
         monkeypatch.setattr(naive, "_flash_with_lse", None)
     torch.manual_seed(0)

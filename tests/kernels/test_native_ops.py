@@ -8,25 +8,25 @@ import pytest
 import torch
 from paged_cases import paged_case
 
-import kernels
-import kernels.q4_cpu as q4
+import ninfer_kernels as kernels
+import ninfer_kernels.q4_cpu as q4
 from engine.cache.kv_layout import KVCache
-from kernels import native_build
-from kernels.conv1d import naive as conv1d_naive
-from kernels.conv1d import native as conv1d_native
-from kernels.gated_delta import naive as gated_delta_naive
-from kernels.gated_delta import native as gated_delta_native
-from kernels.kv_store import naive as kv_store_naive
-from kernels.kv_store import native as kv_store_native
-from kernels.paged_attention import naive as attention_naive
-from kernels.paged_attention import native as attention_native
-from kernels.q4_cpu import naive as q4_naive
-from kernels.rmsnorm import naive as rmsnorm_naive
-from kernels.rmsnorm import native as rmsnorm_native
-from kernels.rope import naive as rope_naive
-from kernels.rope import native as rope_native
-from kernels.silu_mul import naive as silu_mul_naive
-from kernels.silu_mul import native as silu_mul_native
+from ninfer_kernels import native_build
+from ninfer_kernels.conv1d import naive as conv1d_naive
+from ninfer_kernels.conv1d import native as conv1d_native
+from ninfer_kernels.gated_delta import naive as gated_delta_naive
+from ninfer_kernels.gated_delta import native as gated_delta_native
+from ninfer_kernels.kv_store import naive as kv_store_naive
+from ninfer_kernels.kv_store import native as kv_store_native
+from ninfer_kernels.paged_attention import naive as attention_naive
+from ninfer_kernels.paged_attention import native as attention_native
+from ninfer_kernels.q4_cpu import naive as q4_naive
+from ninfer_kernels.rmsnorm import naive as rmsnorm_naive
+from ninfer_kernels.rmsnorm import native as rmsnorm_native
+from ninfer_kernels.rope import naive as rope_naive
+from ninfer_kernels.rope import native as rope_native
+from ninfer_kernels.silu_mul import naive as silu_mul_naive
+from ninfer_kernels.silu_mul import native as silu_mul_native
 
 TOL = 1e-5
 

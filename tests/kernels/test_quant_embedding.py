@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.quant.groupwise import dequantize, quantize
-from kernels.quant_embedding import naive
-from kernels.quant_embedding import triton as fused
+from ninfer_kernels.quant_embedding import naive
+from ninfer_kernels.quant_embedding import triton as fused
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

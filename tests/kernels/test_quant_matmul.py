@@ -12,8 +12,8 @@ from engine import LLM, SamplingParams
 from engine.quant.convert import convert
 from engine.quant.groupwise import dequantize, quantize
 from engine.quant.layer import GroupwiseWeight, holds_packed_weights
-from kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES, dequant, naive
-from kernels.quant_matmul import triton as fused
+from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, DEQUANT_SCRATCH_BYTES, dequant, naive
+from ninfer_kernels.quant_matmul import triton as fused
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

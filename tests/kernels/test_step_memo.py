@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.step_memo import StepMemo
+from ninfer_kernels.step_memo import StepMemo
 
 
 def test_served_while_equal_and_recomputed_on_change():

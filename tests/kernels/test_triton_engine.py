@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import save_tiny, tiny_hf_model
 
-import kernels
+import ninfer_kernels as kernels
 from engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_dispatch_follows_device_and_override(kernel_backend):
 
 
 def test_environment_variable_sets_the_backend_at_start_up():
-    probe = "import kernels, torch; print(kernels.use_triton(torch.zeros(1)))"
+    probe = "import ninfer_kernels as kernels, torch; print(kernels.use_triton(torch.zeros(1)))"
     for value, expected in (("triton", "True"), ("naive", "False")):
         env = {**os.environ, "NINFER_KERNELS": value}
         out = subprocess.run(

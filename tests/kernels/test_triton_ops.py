@@ -12,13 +12,13 @@ import triton.language as tl
 from paged_cases import paged_case
 
 from engine.cache.kv_layout import KVCache
-from kernels.conv1d import naive as conv1d_naive
-from kernels.gated_delta import naive as gated_delta_naive
-from kernels.kv_store import naive as kv_store_naive
-from kernels.paged_attention import naive as attention_naive
-from kernels.rmsnorm import naive as rmsnorm_naive
-from kernels.rope import naive as rope_naive
-from kernels.silu_mul import naive as silu_mul_naive
+from ninfer_kernels.conv1d import naive as conv1d_naive
+from ninfer_kernels.gated_delta import naive as gated_delta_naive
+from ninfer_kernels.kv_store import naive as kv_store_naive
+from ninfer_kernels.paged_attention import naive as attention_naive
+from ninfer_kernels.rmsnorm import naive as rmsnorm_naive
+from ninfer_kernels.rope import naive as rope_naive
+from ninfer_kernels.silu_mul import naive as silu_mul_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
@@ -31,7 +31,7 @@ def _seeded():
 
 
 def triton_op(op: str):
-    return importlib.import_module(f"kernels.{op}.triton")
+    return importlib.import_module(f"ninfer_kernels.{op}.triton")
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
