@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import time
@@ -50,15 +51,28 @@ class _Sink:
 
 
 class _IdleTimer:
-    """--sleep-idle-seconds: how long the engine loop waits for work before it sleeps (engine thread)."""
+    """--sleep-idle-seconds: how long the engine loop waits for work before it sleeps (engine thread), or what
+    the last request's own keep-alive (Ollama's `keep_alive`) said instead."""
 
     def __init__(self, seconds: float | None):
-        self.seconds = seconds
+        self.default = self.seconds = seconds
         self.since = time.monotonic()
         self.refused = False  # a sleep refused: not tried again until work comes and goes
 
     def reset(self) -> None:
         self.since, self.refused = time.monotonic(), False
+
+    def keep_alive(self, seconds: float | None) -> None:
+        """Seconds idle before sleeping from now on (0: as soon as the work is done; math.inf: stay awake);
+        None: the server's --sleep-idle-seconds again."""
+        self.seconds = self.default if seconds is None else None if math.isinf(seconds) else seconds
+
+    def sleeps_at(self) -> float | None:
+        """The wall-clock time (epoch seconds) a sleep is due if no work comes; None: it never is."""
+        seconds = self.seconds  # (read from other threads: one attribute read)
+        if seconds is None:
+            return None
+        return time.time() + max(0.0, self.since + seconds - time.monotonic())
 
     def remaining(self, sleep_level: int) -> float | None:
         """Seconds to wait for work before sleeping; None: wait for it however long it takes."""
@@ -126,6 +140,7 @@ class AsyncLLM:
         self._wakeup = threading.Event()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
         self._error: BaseException | None = None
+        self._idle = _IdleTimer(self.llm.engine_config.sleep_idle_seconds)  # engine thread (sleeps_at: any)
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -202,6 +217,17 @@ class AsyncLLM:
 
     async def wake_up(self) -> str:
         return await self._call(self.llm.wake_up)
+
+    async def keep_alive(self, seconds: float | None) -> None:
+        """How long the engine stays awake once idle, from the next request on (Ollama's `keep_alive`): 0
+        sleeps as soon as the work is done, math.inf never, None goes back to --sleep-idle-seconds."""
+        if seconds is not None and not seconds >= 0:
+            raise NinferError(f"keep-alive must be 0 or more seconds (got {seconds!r})")
+        await self._call(lambda: self._idle.keep_alive(seconds))
+
+    def sleeps_at(self) -> float | None:
+        """When the engine, idle from now on, would sleep (epoch seconds); None: never, or asleep already."""
+        return None if self.llm.sleep_level else self._idle.sleeps_at()
 
     async def _call(self, fn) -> Any:
         """fn() run by the engine thread between steps; its NinferError is raised here."""
@@ -296,7 +322,7 @@ class AsyncLLM:
 
     def _loop(self) -> None:
         llm = self.llm
-        idle = _IdleTimer(llm.engine_config.sleep_idle_seconds)
+        idle = self._idle
         while True:
             if not llm.has_unfinished_requests() and not self._wakeup.wait(idle.remaining(llm.sleep_level)):
                 idle.sleep(llm)  # idle for --sleep-idle-seconds: nothing came

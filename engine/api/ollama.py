@@ -1,7 +1,7 @@
 """Ollama's discovery routes, for the clients that find models the Ollama way and then talk OpenAI at
 `/v1` on the same base URL (GitHub Copilot Chat's Ollama provider, and others): `GET /api/version`,
 `GET /api/tags` (the served model and its LoRA adapters), `POST /api/show` (capabilities, context length,
-chat template, details), `GET /api/ps` (what is loaded). Ollama's own chat, generate and embed routes are
+chat template, details), `GET /api/ps` (what is loaded: nothing while asleep, and until when). Ollama's own chat, generate and embed routes are
 engine/api/ollama_chat.py's. Errors: Ollama's `{"error"}`.
 """
 
@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 
 from engine.api.common import read_json
 from engine.api.errors import ApiError
+from engine.api.ollama_keep_alive import expires_at
 from engine.api.state import ServerState
 from engine.config import ModelConfig
 from engine.fim import fim_tokens
@@ -44,7 +45,9 @@ async def tags(request: Request) -> dict[str, Any]:
 async def ps(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.ninfer
     llm = state.engine.llm
-    on_gpu = llm.engine_config.device.startswith("cuda") and not llm.sleep_level
+    if llm.sleep_level:  # asleep: unloaded, as Ollama lists it (the next request loads it)
+        return {"models": []}
+    on_gpu = llm.engine_config.device.startswith("cuda")
     loaded = []
     for name in _names(state):
         entry = _entry(state, name)
@@ -53,7 +56,7 @@ async def ps(request: Request) -> dict[str, Any]:
                 **entry,
                 "size_vram": entry["size"] if on_gpu else 0,
                 "context_length": state.max_context,
-                "expires_at": "0001-01-01T00:00:00Z",  # never unloaded (Ollama's zero time)
+                "expires_at": expires_at(state),
             }
         )
     return {"models": loaded}

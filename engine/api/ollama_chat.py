@@ -10,7 +10,8 @@ Ollama's: streamed (the default) as NDJSON lines, `message.content` / `message.t
 `num_predict` left out, negative or past what fits lets the reply run to the context limit, as Ollama
 does. Server-side options (`num_ctx`, `num_gpu`, `num_thread`, ...) are not per request here and are left
 alone. A request with nothing to run loads the model (wakes it if asleep), or with `keep_alive` 0 unloads
-it (sleep level 1, as `POST /sleep` does).
+it (sleep level 1, as `POST /sleep` does); every request's `keep_alive` sets how long the model stays
+awake once idle (engine/api/ollama_keep_alive.py).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from engine.api.common import (
 )
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
+from engine.api.ollama_keep_alive import keep_alive_seconds, load_or_unload
 from engine.api.openai import chat_tools, stop_list, template_messages
 from engine.api.state import ServerState
 from engine.api.structured import openai_grammar
-from engine.errors import DeviceMemoryBusy, NinferError
+from engine.errors import NinferError
 from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.pooling import truncated
@@ -72,7 +74,8 @@ async def chat(request: Request):
     started = time.monotonic()
     body = await read_json(request)
     if body.get("messages") == []:  # Ollama's way to load (or, keep_alive 0, unload) the model
-        return await _load_or_unload(state, body, {"message": {"role": "assistant", "content": ""}})
+        empty = {**_head(state, body), "message": {"role": "assistant", "content": ""}}
+        return await load_or_unload(state, keep_alive_seconds(body.get("keep_alive")), empty)
     messages, images = template_messages(_messages(body.get("messages")))
     _takes(state, images)
     tools = chat_tools({"tools": body["tools"]}) if body.get("tools") else None
@@ -95,7 +98,8 @@ async def generate(request: Request):
         )
     b64 = field(body, "images", list, [])
     if not prompt and not b64 and suffix is None:  # Ollama's way to load (or, keep_alive 0, unload) the model
-        return await _load_or_unload(state, body, {"response": ""})
+        empty = {**_head(state, body), "response": ""}
+        return await load_or_unload(state, keep_alive_seconds(body.get("keep_alive")), empty)
     fim_stops: list[int] = []
     if suffix is not None:
         fim = fim_tokens(state.engine.tokenizer)
@@ -119,34 +123,9 @@ async def generate(request: Request):
     return await _run(state, request, body, ids, images, None, prompt_text, started, "generate", fim_stops)
 
 
-async def _load_or_unload(state: ServerState, body: dict, empty: dict[str, Any]) -> JSONResponse:
-    """A request with nothing to run: `keep_alive` 0 puts the model to sleep (its device memory given
-    back, as Ollama unloads it: engine/worker/sleep.py), otherwise it is woken if asleep ("load")."""
-    unload = _zero_duration(body.get("keep_alive"))
-    try:
-        if unload:
-            await state.engine.sleep(1)
-        elif state.engine.llm.sleep_level:
-            await state.engine.wake_up()
-    except DeviceMemoryBusy as e:
-        raise ApiError(503, str(e), retry_after=10) from e
-    except NinferError as e:  # requests in flight, or host memory short
-        raise ApiError(409, str(e)) from e
-    reason = "unload" if unload else "load"
-    return JSONResponse({**_head(state, body), **empty, "done": True, "done_reason": reason})
-
-
-def _zero_duration(value: Any) -> bool:
-    """Ollama's keep_alive of zero: 0, or a duration string of nothing ("0", "0s", "0m")."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int | float):
-        return value == 0
-    return isinstance(value, str) and value.strip() in ("0", "0s", "0m", "0h")
-
-
 async def _run(state, request, body, ids, images, tools, prompt_text, started, route, stop_ids=()):
     """Queue the request and answer in Ollama's shape (a stream of lines unless `stream` is false)."""
+    alive = keep_alive_seconds(body.get("keep_alive"))
     fields = _sampling_fields(body)
     # num_predict left out, Ollama's -1 / -2, or more than fits: the reply may run to the context limit
     room = max(1, state.max_context - len(ids) - 1)
@@ -159,6 +138,7 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
     engine_stream = await start(
         state, ids, params, await preprocess_images(state, images) if images else None
     )
+    await state.engine.keep_alive(alive)  # (once the request is in: one that is refused changes nothing)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
 
     def piece(kind: str, value: Any) -> dict[str, Any]:
@@ -265,7 +245,9 @@ async def _embeddings(state, request, texts: list[str], body: dict) -> tuple[lis
         )
     prompts = [p[:limit] for p in prompts]
     dimensions = field(body, "dimensions", int)
+    alive = keep_alive_seconds(body.get("keep_alive"))
     outs = await pooled(state, prompts, request)
+    await state.engine.keep_alive(alive)
     try:
         vectors = [truncated(out.embedding, dimensions, True) for out in outs]
     except NinferError as e:

@@ -108,6 +108,7 @@ class ScriptedEngine:
         self.pace = pace  # and between its pieces
         self.streams: list[ScriptedStream] = []
         self.llm = _Stats()
+        self.keep_alives: list = []  # each keep-alive the routes set (Ollama's; seconds, None: the server's)
         self.is_running = True
         self._ids = itertools.count()
 
@@ -124,6 +125,12 @@ class ScriptedEngine:
         stream = ScriptedStream(request_id, output, self.replies.pop(0), self.piece, self.delay, self.pace)
         self.streams.append(stream)
         return stream
+
+    async def keep_alive(self, seconds):
+        self.keep_alives.append(seconds)
+
+    def sleeps_at(self):
+        return None  # never
 
     def stats(self):
         return {
