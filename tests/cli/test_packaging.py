@@ -4,6 +4,9 @@ sources the CPU ops compile from, and nothing named `kernels`."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
 import shutil
 import subprocess
 import sys
@@ -102,3 +105,38 @@ def test_installed_wheel_imports_beside_hugging_face_kernels(wheel, tmp_path):
     c_sources = {p for p in _tree_files((".c",)) if p.startswith("ninfer_kernels/")}
     h_sources = {p for p in _tree_files((".h",)) if p.startswith("ninfer_kernels/")}
     assert proc.stdout.split() == ["kernels", str(len(c_sources)), str(len(h_sources))]
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalized (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group()).lower()
+
+
+def test_the_installed_code_imports_only_its_declared_dependencies():
+    """Every import in engine/, ninfer_cli/ and kernels/ (at the top or inside a function) is the standard
+    library, the project, or a distribution pyproject depends on (or one of those requires, as FastAPI
+    brings Starlette): a dev-only package (transformers, the SDKs) imported by the engine would break a
+    plain `pip install ninfer`."""
+    declared = {
+        _name(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    allowed = set(declared)
+    for dist in declared:
+        allowed |= {_name(r) for r in importlib.metadata.requires(dist) or () if "extra ==" not in r}
+    providers = importlib.metadata.packages_distributions()
+    strays: dict[str, set[str]] = {}
+    for folder in INSTALLED_AS:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in {name.split(".")[0] for name in names}:
+                    if top in sys.stdlib_module_names or top in INSTALLED_AS.values():
+                        continue
+                    if not {_name(d) for d in providers.get(top, ())} & allowed:
+                        strays.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    assert not strays, f"imported but not a dependency in pyproject: {strays}"
