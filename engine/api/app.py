@@ -17,6 +17,7 @@ from engine.api import (
     lora_routes,
     ollama,
     ollama_chat,
+    ollama_manage,
     openai,
     props,
     rerank,
@@ -53,20 +54,22 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="ninfer", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ninfer = state
 
+    guarded_paths = (
+        *tokens.PATHS,
+        *llama_cpp.PATHS,
+        *props.PATHS,
+        *rerank.PATHS,
+        *lora_routes.PATHS,
+        *sleep_routes.PATHS,
+        "/reset_prefix_cache",
+    )
+
     @app.middleware("http")
     async def auth(request: Request, call_next):
         request.scope["path"] = canonical(request.scope["path"])  # another server's spelling (aliases.py)
-        guarded = request.url.path.startswith("/v1/") or request.url.path in (
-            *tokens.PATHS,
-            *llama_cpp.PATHS,
-            *props.PATHS,
-            *rerank.PATHS,
-            *lora_routes.PATHS,
-            *sleep_routes.PATHS,
-            *ollama.PATHS,
-            *ollama_chat.PATHS,
-            "/reset_prefix_cache",
-        )
+        path = request.url.path
+        ollama_route = path.startswith("/api/") and path != "/api/version"  # (Ollama's version gate is open)
+        guarded = path.startswith("/v1/") or ollama_route or path in guarded_paths
         if state.api_keys and guarded and not _authorized(request, state.api_keys):
             return error_response(
                 request,
@@ -135,4 +138,5 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(sleep_routes.router)
     app.include_router(ollama.router)
     app.include_router(ollama_chat.router)
+    app.include_router(ollama_manage.router)
     return app

@@ -26,7 +26,6 @@ from engine.fim import fim_tokens
 router = APIRouter()
 # the Ollama API these routes answer as: Copilot Chat's provider asks for 0.6.4 or later
 OLLAMA_API_VERSION = "0.12.0"
-PATHS = ("/api/tags", "/api/show", "/api/ps")  # behind --api-key (what is served); /api/version is not
 FORMATS = {".gguf": "gguf", ".ninfer": "ninfer"}
 
 

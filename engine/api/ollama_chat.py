@@ -46,7 +46,6 @@ from engine.parsers.reply import ReplyParser, parse_reply
 from engine.pooling import truncated
 
 router = APIRouter()
-PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
 # Ollama's options -> the sampling fields they set
 OPTIONS = {
     "temperature": "temperature",

@@ -74,6 +74,45 @@ def test_unknown_models_and_missing_keys_are_refused_in_ollamas_shape(server):
     assert r.status_code == 401 and set(r.json()) == {"error"}
 
 
+def test_pulling_the_served_model_succeeds_and_any_other_is_refused(server):
+    """`ollama pull` / `ollama run` pull first: the served name (`:latest` or not) is up to date; another is
+    refused in one sentence that says what to do."""
+    with httpx.stream(
+        "POST", server.url + "/api/pull", json={"model": "smollm2:latest"}, headers={"x-api-key": KEY}
+    ) as r:
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        assert [line for line in r.iter_lines() if line] == ['{"status": "success"}']
+    assert post(server, "/api/pull", {"name": "smollm2", "stream": False}).json() == {"status": "success"}
+    r = post(server, "/api/pull", {"model": "qwen3:8b"})
+    assert r.status_code == 404 and set(r.json()) == {"error"}
+    assert (
+        "'qwen3:8b' is not served here" in r.json()["error"] and "restart `ninfer serve`" in r.json()["error"]
+    )
+    assert post(server, "/api/pull", {}).status_code == 400
+    assert httpx.post(server.url + "/api/pull", json={"model": "smollm2"}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/api/push"),
+        ("POST", "/api/create"),
+        ("POST", "/api/copy"),
+        ("DELETE", "/api/delete"),
+        ("POST", "/api/blobs/sha256:0123abcd"),
+        ("HEAD", "/api/blobs/sha256:0123abcd"),
+    ],
+)
+def test_changing_the_models_held_is_refused_in_one_sentence(server, method, path):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.request(method, server.url + path, json={"model": "smollm2"}, headers=headers, timeout=30)
+    assert r.status_code == 501
+    if method != "HEAD":
+        (error,) = r.json().values()
+        assert "is not served" in error and "'smollm2'" in error and "\n" not in error
+    assert httpx.request(method, server.url + path, timeout=30).status_code == 401  # behind the key too
+
+
 def test_a_template_with_tools_and_thinking_says_so(tmp_path):
     template = tmp_path / "qwen.jinja"
     template.write_text(QWEN_STYLE_TEMPLATE)
