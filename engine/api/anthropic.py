@@ -67,6 +67,20 @@ def _document_text(block: dict, where: str) -> str:
     return "\n".join([*head, body]) + "\n\n"
 
 
+def _search_result_text(block: dict, where: str) -> str:
+    """A `search_result` block (a search's hit given to the model, in a user message or a tool result) as
+    the text the model reads: its title and source, then its text blocks. (Citations are not written.)"""
+    content = block.get("content")
+    if not isinstance(block.get("title"), str) or not isinstance(block.get("source"), str):
+        raise ApiError(400, f"{where} (a search_result) needs a string 'title' and a string 'source'")
+    if not isinstance(content, list) or not all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        raise ApiError(400, f"{where}.content (a search_result's) must be an array of text blocks")
+    body = "\n".join(p["text"] for p in content)
+    return f"Search result: {block['title']}\nSource: {block['source']}\n{body}\n\n"
+
+
 def _tool_result_content(
     block: dict, where: str, images: MessageImages, declared: AnthropicTools
 ) -> str | list[dict[str, str]]:
@@ -83,11 +97,15 @@ def _tool_result_content(
                 parts.append(b["text"])
             elif isinstance(b, dict) and b.get("type") == "document":
                 parts.append(_document_text(b, bw))
+            elif isinstance(b, dict) and b.get("type") == "search_result":
+                parts.append(_search_result_text(b, bw))
             elif isinstance(b, dict) and b.get("type") == "tool_reference":
                 parts.append(declared.loaded(b.get("tool_name"), bw))
             else:
                 raise ApiError(
-                    400, f"{bw} of a tool_result must be a text, image, document or tool_reference block"
+                    400,
+                    f"{bw} of a tool_result must be a text, image, document, search_result or tool_reference "
+                    "block",
                 )
     else:
         raise ApiError(400, f"{where}.content must be a string or an array of text and image blocks")
@@ -132,6 +150,8 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
                 texts.append(images.add(anthropic_image(block, bw), bw))
             elif kind == "document" and m["role"] == "user":
                 texts.append(_document_text(block, bw))
+            elif kind == "search_result" and m["role"] == "user":
+                texts.append(_search_result_text(block, bw))
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                     raise ApiError(400, f"{bw} needs a string 'name' and an object 'input'")
@@ -167,6 +187,12 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
 
 def _tools(body: dict) -> tuple[AnthropicTools, bool]:
     """The declared tools, and whether the reply may call them (not with tool_choice none)."""
+    if field(body, "mcp_servers", list):
+        raise ApiError(
+            400,
+            "'mcp_servers': this server connects to no MCP servers; connect them in your client and declare "
+            "their tools in 'tools'",
+        )
     declared = anthropic_tools(field(body, "tools", list) or [])
     choice = field(body, "tool_choice", dict)
     if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):

@@ -339,6 +339,34 @@ async def model(model_id: str, request: Request):
     return _model_card(state)
 
 
+def _text_replies_only(body: dict) -> None:
+    """What the reply cannot be here, refused rather than left out of it: spoken audio (`modalities`,
+    `audio`) and OpenAI's own web search (`web_search_options`)."""
+    modalities = body.get("modalities")
+    if modalities is not None:
+        if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities):
+            raise ApiError(400, "'modalities' must be an array of strings, such as [\"text\"]", "modalities")
+        other = [m for m in modalities if m != "text"]
+        if other:
+            raise ApiError(
+                400,
+                f"'modalities' asks for {', '.join(other)}; this server writes text only: send [\"text\"] or "
+                "leave it out",
+                "modalities",
+            )
+    if body.get("audio") is not None:
+        raise ApiError(
+            400, "'audio' sets a spoken reply, which this server does not write; leave it out", "audio"
+        )
+    if body.get("web_search_options") is not None:
+        raise ApiError(
+            400,
+            "'web_search_options': this server has no web search; leave it out, or give the model a search "
+            "tool of your own in 'tools'",
+            "web_search_options",
+        )
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.ninfer
@@ -352,6 +380,7 @@ async def chat_completions(request: Request):
             '([{"type": "function", "function": {...}}]) and \'tool_choice\'',
             "functions",
         )
+    _text_replies_only(body)
     tools, custom = chat_tools(body), custom_names(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them

@@ -178,6 +178,23 @@ def test_malformed_bodies(server, path):
         _assert_shape(path, httpx.post(url, content=raw, headers=headers, timeout=60))
 
 
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities"),
+        ({"modalities": "text"}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+    ],
+)
+def test_a_reply_that_cannot_be_text_alone_is_refused_not_cut_down(server, extra, param):
+    """Spoken audio and OpenAI's web search are refused in a sentence, not answered with text alone."""
+    r = httpx.post(server.url + CHAT, json=chat(**extra), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "\n" not in r.json()["error"]["message"]
+    assert httpx.post(server.url + CHAT, json=chat(modalities=["text"]), timeout=60).status_code == 200
+
+
 def test_unknown_endpoint_and_method(server):
     _assert_shape("/v1/nothing", httpx.post(server.url + "/v1/nothing", json={}))
     _assert_shape(CHAT, httpx.get(server.url + CHAT))

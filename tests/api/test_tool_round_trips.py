@@ -178,6 +178,54 @@ def test_anthropic_text_documents_are_read_and_others_refused_in_one_line():
         assert "\n" not in message
 
 
+def test_anthropic_search_results_are_read_as_text_and_mcp_servers_refused():
+    """search_result blocks (a search's hits, in a user message or a tool result) reach the model as their
+    title, source and text; `mcp_servers` (Anthropic's MCP connector) is refused: no server is connected."""
+    engine = ScriptedEngine([FINAL, FINAL])
+    hit = {
+        "type": "search_result",
+        "source": "https://example.com/sky",
+        "title": "Sky colours",
+        "content": [{"type": "text", "text": "The sky was green that day."}],
+        "citations": {"enabled": True},
+    }
+    question = {"type": "text", "text": "What colour was the sky?"}
+    with RunningServer(engine) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        client.messages.create(
+            model="m", max_tokens=20, messages=[{"role": "user", "content": [hit, question]}]
+        )
+        assert (
+            "Search result: Sky colours\nSource: https://example.com/sky\nThe sky was green that day.\n\nWhat"
+            in engine.prompts[0]
+        )
+        messages = [
+            {"role": "user", "content": "Search."},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [hit]}]},
+        ]
+        client.messages.create(model="m", max_tokens=20, messages=messages)
+        assert "Search result: Sky colours" in engine.prompts[1]
+        for bad in ({**hit, "title": None}, {**hit, "content": "just text"}):
+            with pytest.raises(anthropic.BadRequestError) as e:
+                client.messages.create(
+                    model="m", max_tokens=20, messages=[{"role": "user", "content": [bad]}]
+                )
+            assert "search_result" in e.value.body["error"]["message"]
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(
+                model="m",
+                max_tokens=20,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"mcp_servers": [{"type": "url", "url": "https://mcp.example.com", "name": "x"}]},
+            )
+        assert e.value.body["error"]["message"].startswith("'mcp_servers': this server connects to no MCP")
+        assert len(engine.prompts) == 2  # the refused ones ran nothing
+
+
 def test_a_last_assistant_turn_is_continued_in_both_protocols():
     """Anthropic's prefill (a last assistant message) and vLLM's continue_final_message: the prompt ends
     where the assistant's text does, and the reply is the continuation."""
