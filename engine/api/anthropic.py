@@ -10,6 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api import context_editing
+from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
+from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start, with_keepalive
 from engine.api.context_editing import PARAM
@@ -173,6 +175,8 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
                         "content": _tool_result_content(block, bw, images, declared),
                     }
                 )
+            elif kind in SERVER_BLOCKS and m["role"] == "assistant":
+                texts.append(server_block_text(block, bw))  # what Anthropic's servers ran in that turn
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # earlier reasoning is not fed back (as the Qwen templates drop it)
             else:

@@ -226,6 +226,104 @@ def test_anthropic_search_results_are_read_as_text_and_mcp_servers_refused():
         assert len(engine.prompts) == 2  # the refused ones ran nothing
 
 
+def test_a_history_with_anthropics_server_tools_is_read_as_what_they_did():
+    """Assistant turns answered by Anthropic's API hold its server tools' blocks (a router sends some turns
+    there): each reaches the model as text in that turn (the search, its hits, a fetched page, a program's
+    output, an error), the opaque parts left out; the same blocks in a user message are refused."""
+    engine = ScriptedEngine([FINAL, FINAL])
+    searched = [
+        {"type": "text", "text": "Let me search."},
+        {
+            "type": "server_tool_use",
+            "id": "srvtoolu_1",
+            "name": "web_search",
+            "input": {"query": "sky colour"},
+        },
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": "srvtoolu_1",
+            "content": [
+                {
+                    "type": "web_search_result",
+                    "title": "Why is the sky blue?",
+                    "url": "https://example.com/sky",
+                    "encrypted_content": "EqgfCioIARgBIiQ3YTA",
+                    "page_age": "2 days ago",
+                }
+            ],
+        },
+        {
+            "type": "server_tool_use",
+            "id": "srvtoolu_2",
+            "name": "web_fetch",
+            "input": {"url": "https://a.org"},
+        },
+        {
+            "type": "web_fetch_tool_result",
+            "tool_use_id": "srvtoolu_2",
+            "content": {
+                "type": "web_fetch_result",
+                "url": "https://a.org",
+                "content": {
+                    "type": "document",
+                    "source": {"type": "text", "media_type": "text/plain", "data": "Rayleigh scattering."},
+                },
+            },
+        },
+        {
+            "type": "bash_code_execution_tool_result",
+            "tool_use_id": "srvtoolu_3",
+            "content": {
+                "type": "bash_code_execution_result",
+                "stdout": "42\n",
+                "stderr": "",
+                "return_code": 0,
+                "content": [],
+            },
+        },
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": "srvtoolu_4",
+            "content": {"type": "web_search_tool_result_error", "error_code": "max_uses_exceeded"},
+        },
+        {"type": "text", "text": "It is blue."},
+    ]
+    messages = [
+        {"role": "user", "content": "What colour is the sky?"},
+        {"role": "assistant", "content": searched},
+        {"role": "user", "content": "And at night?"},
+    ]
+    with RunningServer(engine) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        client.messages.create(model="m", max_tokens=20, messages=messages)
+        turn = engine.prompts[0].split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+        for seen in (
+            "Let me search.",
+            '[web_search {"query": "sky colour"}]',
+            "- Why is the sky blue? <https://example.com/sky> (2 days ago)",
+            "https://a.org\nRayleigh scattering.",
+            "42\n(exit code 0)",
+            "[web_search result]\nerror: max_uses_exceeded",
+            "It is blue.",
+        ):
+            assert seen in turn, (seen, turn)
+        assert "EqgfCioIARgBIiQ3YTA" not in turn
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(
+                model="m", max_tokens=20, messages=[{"role": "user", "content": [searched[1]]}]
+            )
+        assert "server_tool_use" in e.value.body["error"]["message"]
+        bad = {**searched[1], "input": "sky"}
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(
+                model="m",
+                max_tokens=20,
+                messages=[*messages[:1], {"role": "assistant", "content": [bad]}, messages[2]],
+            )
+        assert "needs a string 'name' and an object 'input'" in e.value.body["error"]["message"]
+        assert len(engine.prompts) == 1
+
+
 def test_a_last_assistant_turn_is_continued_in_both_protocols():
     """Anthropic's prefill (a last assistant message) and vLLM's continue_final_message: the prompt ends
     where the assistant's text does, and the reply is the continuation."""
