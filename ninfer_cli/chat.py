@@ -11,12 +11,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
 from ninfer_cli.chat_backends import LocalChat, RemoteChat, ReplyStats, check_source
 from ninfer_cli.chat_input import piped_line_reader, read_message, terminal_line_reader
+from ninfer_cli.chat_session import COMMANDS as SESSION_COMMANDS
+from ninfer_cli.chat_session import Conversation
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
@@ -26,7 +29,10 @@ from ninfer_cli.vision_option import Mmproj, Vision
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
     "Type a message and press Enter (end a line with \\ to go on, or put several lines between lines of "
-    '"""). Commands: /reset (or /clear) clears the conversation, /exit quits (or Ctrl-D), /help shows this.'
+    '"""). Commands: /reset (or /clear) clears the conversation, /undo takes back the last exchange, /retry '
+    "asks for the last reply again, /system TEXT sets the system message, /save FILE and /load FILE keep a "
+    "conversation (JSON), /exit quits (or Ctrl-D), /help shows this. Start a line with a space to send it as "
+    "it is."
 )
 COMMAND = re.compile(r"/[A-Za-z?]+")  # a line of one such word is a command, never a message
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
@@ -191,21 +197,18 @@ def chat(
         if adapters:
             sampling["adapter"] = adapters[0][0]
     params = SamplingParams(max_tokens=max_tokens, seed=seed, grammar=grammar, **sampling)
-    base = [{"role": "system", "content": system}] if system else []
+    convo = Conversation(system)
     out = sys.stdout
     if prompt is not None:
-        pictures = [_read_image(backend, path)[0] for path in image or ()]
-        _stream_reply(
-            backend, [*base, {"role": "user", "content": _content(prompt, pictures)}], params, out, verbose
-        )
+        convo.pending = [_read_image(backend, path)[0] for path in image or ()]
+        convo.ask(prompt)
+        _stream_reply(backend, convo.messages(), params, out, verbose)
         return
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
     console.print(f"[bold]ninfer chat[/bold] — {backend.description}")
     help_line = HELP_LINE + (" " + IMAGE_HELP if vision or mmproj or url else "")
     console.print(help_line)
-    messages = list(base)
-    pending: list[bytes] = []  # attached with /image, for the next message (every turn resends them all)
     if sys.stdin.isatty():
         from engine.paths import ninfer_home
 
@@ -223,41 +226,62 @@ def chat(
         text = message.strip()
         if not text:
             continue
+        word = text.split(maxsplit=1)[0] if message.startswith("/") and "\n" not in text else ""
+        retried = None
         if "\n" in text:  # several lines: kept as typed (indented code), blank lines around them dropped
             text = message.strip("\r\n")
-        elif text in ("/exit", "/quit"):
+        elif word in ("/exit", "/quit") and word == text:
             return
-        elif text in ("/reset", "/clear"):
-            messages, pending = list(base), []
+        elif word in ("/reset", "/clear") and word == text:
+            convo.clear()
             console.print("conversation cleared")
             continue
-        elif text in ("/help", "/?"):
+        elif word in ("/help", "/?") and word == text:
             console.print(help_line)
             continue
-        elif text.startswith("/image"):
+        elif word == "/image":
             path = Path(text.removeprefix("/image").strip()).expanduser()
             try:
                 data, said = _read_image(backend, path)
             except NinferError as e:
-                console.print(f"[red]error:[/red] {e}")
+                console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
                 continue
-            pending.append(data)
+            convo.pending.append(data)
             console.print(f"{said}; now type your message")
             continue
+        elif word in SESSION_COMMANDS or (word == "/retry" and word == text):
+            try:
+                if word == "/retry":
+                    retried = convo.retry()
+                    if url is None and not params.temperature:  # (a server samples by its own defaults)
+                        console.print(
+                            "[dim]greedy sampling gives the same reply; --temperature 0.7 varies it[/dim]"
+                        )
+                else:
+                    console.print(
+                        convo.command(word, text[len(word) :].strip()), markup=False, soft_wrap=True
+                    )
+                    continue
+            except NinferError as e:
+                console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+                continue
         elif COMMAND.fullmatch(text) and message.startswith("/"):  # a mistyped command is no message
             console.print(
                 f"unknown command {text}; /help lists them (start the line with a space to send it)"
             )
             continue
-        messages.append({"role": "user", "content": _content(text, pending)})
+        if retried is None:
+            convo.ask(text)
         try:
-            reply = _stream_reply(backend, messages, params, out, verbose)
+            reply = _stream_reply(backend, convo.messages(), params, out, verbose)
         except NinferError as e:  # e.g. the conversation outgrew the context: say so, keep the session
-            messages.pop()
-            console.print(f"[red]error:[/red] {e} (try /reset)")
+            if retried is None:
+                convo.unask()
+            else:
+                convo.turns.append(retried)
+            console.print(f"[red]error:[/red] {escape(str(e))} (try /reset)", soft_wrap=True)
             continue
-        pending = []
-        messages.append({"role": "assistant", "content": reply})
+        convo.answered(reply)
 
 
 def structured_output(json_schema: str | None, grammar_file: Path | None) -> tuple[str | None, dict]:
@@ -287,13 +311,6 @@ def structured_output(json_schema: str | None, grammar_file: Path | None) -> tup
         text = grammar_file.read_text()
         return grammars.grammar(text), {"structured_outputs": {"grammar": text}}
     return None, {}
-
-
-def _content(text: str, pictures: list[bytes]):
-    """A user message's content: the text, or the pictures first and then the text."""
-    if not pictures:
-        return text
-    return [*({"type": "image", "data": data} for data in pictures), {"type": "text", "text": text}]
 
 
 def _read_image(backend, path: Path) -> tuple[bytes, str]:

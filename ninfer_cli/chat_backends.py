@@ -51,6 +51,12 @@ def media_type(data: bytes) -> str:
     return next((t for sig, t in _SIGNATURES.items() if data.startswith(sig)), "image/png")
 
 
+def data_url_part(data: bytes) -> dict[str, Any]:
+    """A picture as an OpenAI `image_url` part holding a data URL."""
+    url = f"data:{media_type(data)};base64,{base64.b64encode(data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 @dataclass
 class ReplyStats:
     """What `ninfer chat --verbose` prints after a reply. Token counts are the engine's (a server's usage;
@@ -134,15 +140,11 @@ class RemoteChat:
         return "attached"
 
     def reply(self, messages: list[dict[str, Any]], params, stats: ReplyStats | None = None) -> Iterator[str]:
-        def data_url(data: bytes) -> dict[str, Any]:
-            url = f"data:{media_type(data)};base64,{base64.b64encode(data).decode()}"
-            return {"type": "image_url", "image_url": {"url": url}}
-
         sampling: dict[str, Any] = {**self.fields, "max_tokens": params.max_tokens, **self.sampling}
         if params.seed is not None:
             sampling["seed"] = params.seed
         usage: dict[str, Any] | None = {} if stats is not None else None
-        for text in self.server.chat(_with_parts(messages, data_url), sampling, usage):
+        for text in self.server.chat(_with_parts(messages, data_url_part), sampling, usage):
             if stats is not None:
                 stats.arrived()
             yield text

@@ -3,7 +3,11 @@ three double quotes (pasted code kept as typed); `--prompt -` reads the message 
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
+from PIL import Image
 from typer.testing import CliRunner
 
 import ninfer_cli.chat as chat_cli
@@ -159,3 +163,92 @@ def test_a_terminal_session_edits_lines_and_keeps_its_history(tmp_path):
     assert b"\x1b[A" not in seen and b"Say yes." in seen  # the arrow read by readline, the line shown
     # (readline keeps a line again only where it differs from the one before)
     assert (home / "chat_history").read_text().splitlines() == ["Say yes.", "hello", "/exit"]
+
+
+class _Numbered(_Recorder):
+    """Replies "reply 1", "reply 2", ... (so a retried reply differs from the one it replaces)."""
+
+    def reply(self, messages, params, stats=None):
+        _Recorder.sent.append([dict(m) for m in messages])
+        yield f"reply {len(_Recorder.sent)}"
+
+    def attach(self, data):
+        return "attached"
+
+
+def test_undo_retry_and_the_system_message_change_what_is_sent(monkeypatch):
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
+    _Recorder.sent = []
+    typed = "/retry\n/undo\nfirst\nsecond\n/undo\n/retry\n/system Be terse.\n/system\nthird\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    assert result.exit_code == 0, result.output
+    assert "there is no reply to retry yet" in result.output and "nothing to undo yet" in result.output
+    assert "the last exchange is undone" in result.output and "system message: 'Be terse.'" in result.output
+    first, second, retried, third = _Recorder.sent
+    assert [m["content"] for m in second] == ["first", "reply 1", "second"]
+    assert retried == [{"role": "user", "content": "first"}]  # /undo took "second" back, /retry "reply 1"
+    assert third == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "reply 3"},
+        {"role": "user", "content": "third"},
+    ]
+
+
+def test_a_conversation_saved_loads_back_pictures_included(monkeypatch, tmp_path):
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
+    picture = tmp_path / "dot.png"
+    Image.new("RGB", (4, 4), "red").save(picture)
+    saved = tmp_path / "talk.json"
+    _Recorder.sent = []
+    typed = f"/system Be kind.\n/image {picture}\nwhat is it?\n/save {saved}\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    assert result.exit_code == 0 and f"saved 2 messages to {saved}" in result.output, result.output
+    messages = json.loads(saved.read_text())
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    url = messages[1]["content"][0]["image_url"]["url"]
+    assert (
+        url.startswith("data:image/png;base64,")
+        and base64.b64decode(url.split(",")[1]) == picture.read_bytes()
+    )
+    _Recorder.sent = []
+    result = CliRunner().invoke(
+        app, ["chat", "--url", "http://127.0.0.1:9"], input=f"/load {saved}\nand now?\n/exit\n"
+    )
+    assert f"loaded 2 messages from {saved} (and a system message)" in result.output, result.output
+    (sent,) = _Recorder.sent
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[1]["content"][0] == {"type": "image", "data": picture.read_bytes()}
+    assert sent[1]["content"][1] == {"type": "text", "text": "what is it?"}
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("{not json", "is not JSON"),
+        ('{"role": "user"}', "takes a JSON array of chat messages"),
+        ('[{"role": "tool", "content": "x"}]', "role is system, user or assistant"),
+        (
+            '[{"role": "user", "content": "a"}, {"role": "system", "content": "s"}]',
+            "a system message goes first",
+        ),
+        (
+            '[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]',
+            "base64 data URL",
+        ),
+        ('[{"role": "assistant", "content": 3}]', "its content must be text"),
+    ],
+)
+def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_kept(
+    monkeypatch, tmp_path, content, words
+):
+    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    _Recorder.sent = []
+    typed = f"first\n/load {bad}\n/load {tmp_path / 'none.json'}\n/save {tmp_path}/no/such/dir.json\n/load\nsecond\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    assert result.exit_code == 0 and words in result.output, result.output
+    assert "cannot read" in result.output and "cannot write" in result.output
+    assert "/load takes a file: /load PATH" in result.output
+    assert [m["content"] for m in _Recorder.sent[-1]] == ["first", "reply 1", "second"]
