@@ -123,6 +123,12 @@ def sampling_params(
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
     # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
     extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
+    if field(body, "use_beam_search", bool, False):
+        raise ApiError(
+            400,
+            "beam search is not served here; leave 'use_beam_search' out ('n' gives several samples)",
+            "use_beam_search",
+        )
     stop_ids = field(body, "stop_token_ids", list)
     if stop_ids is not None and not all(is_token_id(t) for t in stop_ids):
         raise ApiError(

@@ -185,10 +185,12 @@ def test_malformed_bodies(server, path):
         ({"modalities": "text"}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"web_search_options": {}}, "web_search_options"),
+        ({"use_beam_search": True}, "use_beam_search"),
     ],
 )
 def test_a_reply_that_cannot_be_text_alone_is_refused_not_cut_down(server, extra, param):
-    """Spoken audio and OpenAI's web search are refused in a sentence, not answered with text alone."""
+    """Spoken audio, OpenAI's web search and vLLM's beam search are refused in a sentence, not answered with
+    a plain sampled text."""
     r = httpx.post(server.url + CHAT, json=chat(**extra), timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert "\n" not in r.json()["error"]["message"]
