@@ -38,6 +38,7 @@ from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
 from engine.api.response_logprobs import MessageLogprobs, logprobs_setting
+from engine.api.response_truncation import fit_by_dropping_turns
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
 from engine.api.token_names import token_names
@@ -205,6 +206,17 @@ async def create(request: Request):
         raise ApiError(
             400, "background responses are not supported here; leave 'background' false", "background"
         )
+    for name, what in (("conversation", "conversations"), ("prompt", "prompt templates")):
+        if body.get(name) is not None:
+            raise ApiError(
+                400,
+                f"'{name}': this server keeps no {what}; send the items as 'input' (and the instructions as "
+                "'instructions'), or chain responses with previous_response_id",
+                name,
+            )
+    truncation = field(body, "truncation", str, "disabled")
+    if truncation not in ("auto", "disabled"):
+        raise ApiError(400, f"'truncation' must be auto or disabled (got {truncation!r})", "truncation")
     store = field(body, "store", bool, True)
     previous = field(body, "previous_response_id", str)
     history = list(state.responses.get(previous)[1]) if previous else []
@@ -217,12 +229,21 @@ async def create(request: Request):
     origins = (
         ["instructions"] * len(system) + ["previous_response_id's conversation"] * len(history) + origins
     )
-    try:
-        messages, images = template_messages(system + turns)
-    except ApiError as e:
-        raise _named_as_input(e, origins) from e
     tools, custom = _tools(body), custom_names(body.get("tools"))
-    prompt_text, ids = state.render(messages, tools, _template_kwargs(body))
+    kwargs = _template_kwargs(body)
+
+    def render(cut: int):  # the prompt without the first `cut` turns: (its images, text, token ids)
+        try:
+            messages, images = template_messages(system + turns[cut:])
+        except ApiError as e:
+            raise _named_as_input(e, origins[: len(system)] + origins[len(system) + cut :]) from e
+        return (images, *state.render(messages, tools, kwargs))
+
+    images, prompt_text, ids = render(0)
+    if truncation == "auto":
+        reserve = field(body, "max_output_tokens", int) or 1
+        limit = state.max_context - reserve
+        images, prompt_text, ids = fit_by_dropping_turns(turns, (images, prompt_text, ids), render, limit)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
     top_logprobs = logprobs_setting(body)
@@ -269,7 +290,7 @@ async def create(request: Request):
             "tools": body.get("tools") or [],
             "top_logprobs": body.get("top_logprobs"),
             "top_p": body.get("top_p", 1.0),
-            "truncation": "disabled",
+            "truncation": truncation,
             "usage": usage,
             "metadata": body.get("metadata") or {},
             "user": body.get("user"),

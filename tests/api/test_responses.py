@@ -10,6 +10,7 @@ import openai
 import pytest
 from server import RunningServer, qwen_style
 
+from engine.api.response_truncation import fit_by_dropping_turns
 from engine.async_llm import AsyncLLM
 
 WEATHER = {
@@ -229,6 +230,9 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
         ),
         ({"input": ASK, "previous_response_id": "resp_nope"}, 404, "no stored response 'resp_nope'"),
         ({"input": ASK, "background": True}, 400, "background responses are not supported"),
+        ({"input": ASK, "conversation": "conv_1"}, 400, "'conversation': this server keeps no conversations"),
+        ({"input": ASK, "prompt": {"id": "pmpt_1"}}, 400, "'prompt': this server keeps no prompt templates"),
+        ({"input": ASK, "truncation": "sometimes"}, 400, "'truncation' must be auto or disabled"),
         ({"input": ASK, "top_logprobs": 21}, 400, "'top_logprobs' must be between 0 and 20 (got 21)"),
         ({"input": ASK, "include": "message.output_text.logprobs"}, 400, "'include' must be"),
         ({"input": ASK, "reasoning": {"effort": "extreme"}}, 400, "'reasoning.effort' must be"),
@@ -261,6 +265,49 @@ def test_refusals_are_one_line(server, body, status, words):
     assert r.status_code == status, r.text
     message = r.json()["error"]["message"]
     assert words in message and "\n" not in message
+
+
+def test_truncation_auto_drops_the_earliest_exchanges_that_do_not_fit(server, client):
+    """A conversation past the context: refused as too long by default; with truncation auto, the earliest
+    whole exchanges are dropped until the prompt and max_output_tokens fit, and the reply comes."""
+    limit = server.engine.llm.max_context
+    chunk = "word " * (limit // 3)  # three exchanges of these are past the context, one fits
+    items = []
+    for i in range(4):
+        items += [
+            {"role": "user", "content": f"{i}: {chunk}"},
+            {"role": "assistant", "content": f"noted {i}"},
+        ]
+    items.append({"role": "user", "content": ASK})
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="m", input=items, max_output_tokens=8)
+    r = client.responses.create(model="m", input=items, max_output_tokens=8, truncation="auto")
+    assert r.truncation == "auto" and r.status in ("completed", "incomplete")
+    assert limit // 3 < r.usage.input_tokens <= limit - 8  # some of the long exchanges are kept, not all
+
+
+def test_fit_by_dropping_turns_keeps_whole_exchanges_and_the_most_that_fit():
+    turns = [
+        {"role": "user", "content": "a" * 10},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+        {"role": "tool", "content": "b" * 10},
+        {"role": "assistant", "content": "c" * 10},
+        {"role": "user", "content": "d" * 10},
+        {"role": "assistant", "content": "e" * 10},
+        {"role": "user", "content": "f" * 10},
+    ]
+    cuts = []
+
+    def render(cut):  # a token per character of content
+        cuts.append(cut)
+        return None, "", [0] * sum(len(t["content"] or "") for t in turns[cut:])
+
+    first = render(0)
+    assert fit_by_dropping_turns(turns, first, render, 60) is first  # it fits: nothing dropped
+    assert len(fit_by_dropping_turns(turns, first, render, 35)[2]) == 30  # the first exchange (4 turns) goes
+    assert len(fit_by_dropping_turns(turns, first, render, 15)[2]) == 10  # all but the last
+    assert len(fit_by_dropping_turns(turns, first, render, 5)[2]) == 10  # the last stays, too long or not
+    assert set(cuts) <= {0, 4, 6}  # only at user messages
 
 
 def test_nothing_left_running(server):
