@@ -95,6 +95,13 @@ async def generate(request: Request):
             "'context' (an earlier reply's token ids) is not kept here; send the conversation to /api/chat",
             "context",
         )
+    if body.get("template"):
+        raise ApiError(
+            400,
+            "'template' (a Go template) is not read here, and the model's own chat template would apply: send "
+            "the prompt already written out with raw: true, or leave 'template' out",
+            "template",
+        )
     b64 = field(body, "images", list, [])
     if not prompt and not b64 and suffix is None:  # Ollama's way to load (or, keep_alive 0, unload) the model
         empty = {**_head(state, body), "response": ""}

@@ -149,6 +149,12 @@ def test_generate_templates_the_prompt_unless_raw():
             "'context' (an earlier reply's token ids)",
         ),
         ("/api/generate", {"model": "m", "prompt": "x", "suffix": "y"}, "fill-in-the-middle tokens"),
+        (
+            "/api/generate",
+            {"model": "m", "prompt": "x", "template": "{{ .Prompt }}"},
+            "'template' (a Go template)",
+        ),
+        ("/api/chat", {"model": "m", "messages": ASK, "keep_alive": "soon"}, "'keep_alive' must be"),
     ],
 )
 def test_bad_requests_are_refused_in_ollamas_shape(path, body, words):
