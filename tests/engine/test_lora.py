@@ -351,6 +351,7 @@ def gguf_adapter(peft_dir, path, arch: str, config, alpha: float):
     names = gguf.get_tensor_name_map(
         next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), config.num_hidden_layers
     )
+    from test_gguf_qwen35 import _as_converted
 
     def permute(w, heads):  # llama.cpp's LlamaModel.permute
         return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -364,6 +365,13 @@ def gguf_adapter(peft_dir, path, arch: str, config, alpha: float):
         if arch == "llama" and half.startswith("B") and module.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
             tensor = permute(tensor, heads)
+        # qwen35: the value heads' rows in tiled order (B), and out_proj's columns (A), as the base weights'
+        if (
+            arch == "qwen35"
+            and ".linear_attn." in module
+            and half.startswith("A") == module.endswith("out_proj")
+        ):
+            tensor = _as_converted(module + ".weight", tensor, config)[1]
         name = names.get_name(module + ".weight", try_suffixes=(".weight",))
         writer.add_tensor(f"{name}.lora_{half[0].lower()}", tensor.numpy())
     writer.write_header_to_file()
@@ -388,3 +396,15 @@ def test_a_gguf_adapter_runs_as_its_peft_folder(arch, tmp_path):
 
     with pytest.raises(NinferError, match="is a model, not an adapter; give a LoRA adapter GGUF"):
         llm.load_adapter("m", str(default_model_path()))
+
+
+def test_a_qwen35_gguf_adapter_runs_as_its_peft_folder(tmp_path):
+    """A Qwen3.5 adapter GGUF: the full attention's and MLP's factors as named, the linear attention's with
+    the value heads in the converter's tiled order (B's rows; out_proj's A columns), read back grouped."""
+    base = tiny_hf_model("qwen3_5", tied=False, seed=3)
+    save_tiny(base, tmp_path / "base")
+    make_adapter(base, TARGETS["qwen3_5"], tmp_path / "peft", seed=1, r=4, alpha=8)
+    path = gguf_adapter(tmp_path / "peft", tmp_path / "lora.gguf", "qwen35", base.config, alpha=8)
+    llm = LLM(tmp_path / "base", lora_modules=[f"peft={tmp_path / 'peft'}", f"gguf={path}"], max_context=256)
+    assert_same(greedy(llm, "gguf"), greedy(llm, "peft"))
+    assert [t for t, _ in greedy(llm, "gguf")] != [t for t, _ in greedy(llm)]
