@@ -36,6 +36,8 @@ from engine.api.custom_tools import custom_arguments, custom_function, custom_na
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
+from engine.api.response_history import ITEMS as HOSTED_ITEMS
+from engine.api.response_history import hosted_item_text
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
 from engine.api.response_logprobs import MessageLogprobs, logprobs_setting
 from engine.api.response_truncation import fit_by_dropping_turns
@@ -83,11 +85,18 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
         raise ApiError(400, "'input' must be a string or an array of items", "input")
     out: list[dict[str, Any]] = []
     origins: list[str] = []
+    previous_kind = (
+        None  # the last item's type but reasoning's (hosted tools' items and the words after are one turn)
+    )
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an object", "input")
         kind = item.get("type", "message")
+        after_hosted, previous_kind = (
+            previous_kind in HOSTED_ITEMS,
+            previous_kind if kind == "reasoning" else kind,
+        )
         if kind == "message":
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise ApiError(
@@ -95,8 +104,14 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                     f"{where}.role is '{item.get('role')}'; use user, system, developer or assistant",
                     "input",
                 )
-            out.append({"role": item.get("role"), "content": _parts(item.get("content"), where)})
-            origins.append(where)
+            content = _parts(item.get("content"), where)
+            if (
+                item.get("role") == "assistant" and after_hosted
+            ):  # one turn: what the tools did, then the words
+                _add_to_assistant_turn(out, origins, content, where)
+            else:
+                out.append({"role": item.get("role"), "content": content})
+                origins.append(where)
         elif kind in CALLS:
             arguments = (
                 item.get("arguments", "{}")
@@ -121,14 +136,36 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 raise ApiError(400, f"{where}.output must be a string or an array of text parts", "input")
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
             origins.append(where)
+        elif kind in HOSTED_ITEMS:
+            _add_to_assistant_turn(out, origins, hosted_item_text(item), where)
         elif kind != "reasoning":
             raise ApiError(
                 400,
                 f"{where} has type '{kind}'; this server takes message, function_call, function_call_output, "
-                "custom_tool_call, custom_tool_call_output and reasoning items",
+                "custom_tool_call, custom_tool_call_output, reasoning and hosted tools' history items "
+                "(web_search_call, local_shell_call, mcp_call, ...)",
                 "input",
             )
     return out, origins
+
+
+def _add_to_assistant_turn(out: list[dict[str, Any]], origins: list[str], content: Any, where: str) -> None:
+    """Content (text or parts) in the assistant's turn: after its text so far (a turn not yet ending in
+    calls), else a turn of its own."""
+    last = out[-1] if out else None
+    if last is None or last.get("role") != "assistant" or last.get("tool_calls"):
+        out.append(
+            {"role": "assistant", "content": content.lstrip("\n") if isinstance(content, str) else content}
+        )
+        origins.append(where)
+    elif isinstance(last.get("content"), str) and isinstance(content, str):
+        last["content"] = last["content"].rstrip("\n") + "\n" + content
+    else:
+        last["content"] = _as_parts(last.get("content")) + _as_parts(content)
+
+
+def _as_parts(content: Any) -> list[dict[str, Any]]:
+    return content if isinstance(content, list) else [{"type": "text", "text": content}] if content else []
 
 
 def _named_as_input(e: ApiError, origins: list[str]) -> ApiError:

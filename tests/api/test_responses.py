@@ -11,6 +11,7 @@ import pytest
 from server import RunningServer, qwen_style
 
 from engine.api.response_truncation import fit_by_dropping_turns
+from engine.api.responses import _chat_messages
 from engine.async_llm import AsyncLLM
 
 WEATHER = {
@@ -221,7 +222,7 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
     "body, status, words",
     [
         ({"input": ASK, "tools": [{"type": "web_search"}]}, 400, "takes function tools"),
-        ({"input": [{"type": "computer_call"}]}, 400, "has type 'computer_call'"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "has type 'item_reference'"),
         ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role is 'robot'"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -284,6 +285,61 @@ def test_truncation_auto_drops_the_earliest_exchanges_that_do_not_fit(server, cl
     r = client.responses.create(model="m", input=items, max_output_tokens=8, truncation="auto")
     assert r.truncation == "auto" and r.status in ("completed", "incomplete")
     assert limit // 3 < r.usage.input_tokens <= limit - 8  # some of the long exchanges are kept, not all
+
+
+HOSTED_HISTORY = [
+    {"role": "user", "content": "Find the release notes and run the tests."},
+    {
+        "type": "web_search_call",
+        "id": "ws_1",
+        "status": "completed",
+        "action": {
+            "type": "search",
+            "query": "ninfer release notes",
+            "sources": [{"type": "url", "url": "https://n.example/rel"}],
+        },
+    },
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Found them."}]},
+    {
+        "type": "local_shell_call",
+        "id": "ls_1",
+        "call_id": "call_1",
+        "status": "completed",
+        "action": {"type": "exec", "command": ["make", "test"], "env": {}},
+    },
+    {
+        "type": "local_shell_call_output",
+        "id": "lso_1",
+        "call_id": "call_1",
+        "output": [{"stdout": "12 passed", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+    },
+    {
+        "type": "mcp_list_tools",
+        "id": "ml_1",
+        "server_label": "git",
+        "tools": [{"name": "log", "input_schema": {}}],
+    },
+    {"role": "user", "content": "Did they pass?"},
+]
+
+
+def test_hosted_tools_history_items_are_read_as_the_assistants_text(client):
+    """Items of OpenAI's own tools (a conversation answered there before) reach the model as text in the
+    assistant's turn instead of being refused: what was searched, run and what came back."""
+    messages, origins = _chat_messages(HOSTED_HISTORY)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]  # the tools and words: one turn
+    assert origins == ["input[0]", "input[1]", "input[6]"]
+    turn = "".join(part["text"] for part in messages[1]["content"])
+    assert turn.startswith(
+        "[web_search_call]\nquery: ninfer release notes\n- <https://n.example/rel>\nFound them."
+    )
+    for said in ("[local_shell_call]\nmake test", "12 passed\n(exit code 0)", "[mcp_list_tools]\ngit: log"):
+        assert said in turn
+    r = client.responses.create(model="m", input=HOSTED_HISTORY, max_output_tokens=4, temperature=0)
+    bare = client.responses.create(
+        model="m", input=[HOSTED_HISTORY[0], HOSTED_HISTORY[-1]], max_output_tokens=4, temperature=0
+    )
+    assert r.usage.input_tokens > bare.usage.input_tokens + 20
 
 
 def test_fit_by_dropping_turns_keeps_whole_exchanges_and_the_most_that_fit():
