@@ -1,4 +1,5 @@
-"""The Responses API's stored responses (store: true), kept in memory for previous_response_id and GET."""
+"""The Responses API's stored responses (store: true), kept in memory for previous_response_id, GET and
+`item_reference` inputs."""
 
 from __future__ import annotations
 
@@ -36,6 +37,34 @@ class ResponseStore:
             )
         self._items.move_to_end(response_id)
         return self._items[response_id]
+
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """A stored response's input or output item by its id (the newest response that has it), else None."""
+        for response, _, inputs in reversed(self._items.values()):
+            for item in (*response.get("output", ()), *inputs):
+                if item.get("id") == item_id:
+                    return item
+        return None
+
+    def resolve_references(self, given: Any) -> Any:
+        """A request's `input` with each `item_reference` replaced by the stored item it names."""
+        if not isinstance(given, list):
+            return given
+        out = []
+        for i, entry in enumerate(given):
+            if isinstance(entry, dict) and entry.get("type") == "item_reference":
+                found = self.item(entry["id"]) if isinstance(entry.get("id"), str) else None
+                if found is None:
+                    raise ApiError(
+                        404,
+                        f"input[{i}] refers to item {entry.get('id')!r}, which no stored response has; this "
+                        f"server keeps the items of its latest {self.capacity} stored responses (send the item "
+                        "itself instead)",
+                        "input",
+                    )
+                entry = found
+            out.append(entry)
+        return out
 
     def delete(self, response_id: str) -> None:
         self.get(response_id)

@@ -259,7 +259,8 @@ async def create(request: Request):
     history = list(state.responses.get(previous)[1]) if previous else []
     if body.get("input") is None:
         raise ApiError(400, "'input' is required", "input")
-    new_turns, origins = _chat_messages(body["input"])
+    given = state.responses.resolve_references(body["input"])
+    new_turns, origins = _chat_messages(given)
     turns = history + new_turns
     instructions = field(body, "instructions", str)
     system = [{"role": "system", "content": instructions}] if instructions else []
@@ -336,7 +337,7 @@ async def create(request: Request):
     def finish(out: RequestOutput, output: list[dict[str, Any]]) -> dict[str, Any]:
         final = response("completed", output, _usage(state, out, in_reasoning), out)
         if store:
-            state.responses.put(final, turns + [_history_turn(output)], input_items(body["input"]))
+            state.responses.put(final, turns + [_history_turn(output)], input_items(given))
         return final
 
     if not field(body, "stream", bool, False):

@@ -222,7 +222,8 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
     "body, status, words",
     [
         ({"input": ASK, "tools": [{"type": "web_search"}]}, 400, "takes function tools"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "has type 'item_reference'"),
+        ({"input": [{"type": "robot_call"}]}, 400, "has type 'robot_call'"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 404, "input[0] refers to item 'msg_1'"),
         ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role is 'robot'"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -285,6 +286,27 @@ def test_truncation_auto_drops_the_earliest_exchanges_that_do_not_fit(server, cl
     r = client.responses.create(model="m", input=items, max_output_tokens=8, truncation="auto")
     assert r.truncation == "auto" and r.status in ("completed", "incomplete")
     assert limit // 3 < r.usage.input_tokens <= limit - 8  # some of the long exchanges are kept, not all
+
+
+def test_item_reference_names_an_item_of_a_stored_response(client):
+    """An item_reference input is the stored item it names (a response's input or output item), as if it
+    were sent whole; the input_items listed for the new response are the items themselves."""
+    asked = {"type": "message", "role": "user", "content": ASK, "id": "msg_asked"}
+    first = client.responses.create(model="m", input=[asked], max_output_tokens=8, temperature=0)
+    (answer,) = [item for item in first.output if item.type == "message"]
+    follow = {"role": "user", "content": "And of Italy?"}
+    whole = [asked, answer.model_dump(exclude_none=True), follow]
+    by_reference = [
+        {"type": "item_reference", "id": "msg_asked"},
+        {"type": "item_reference", "id": answer.id},
+        follow,
+    ]
+    sent = client.responses.create(model="m", input=whole, max_output_tokens=8, temperature=0)
+    referred = client.responses.create(model="m", input=by_reference, max_output_tokens=8, temperature=0)
+    assert referred.usage.input_tokens == sent.usage.input_tokens > first.usage.input_tokens
+    assert referred.output_text == sent.output_text
+    listed = client.responses.input_items.list(referred.id, order="asc").data
+    assert [i.id for i in listed[:2]] == ["msg_asked", answer.id] and listed[1].role == "assistant"
 
 
 HOSTED_HISTORY = [
