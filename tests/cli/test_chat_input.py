@@ -81,11 +81,17 @@ class _Recorder:
         yield "ok"
 
 
-def test_the_repl_sends_a_pasted_block_as_one_message(monkeypatch):
-    monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
+def _typed_into_chat(monkeypatch, backend, typed: str):
+    """`ninfer chat --url ...` with `typed` as its input and `backend` answering; what it sent is in
+    _Recorder.sent."""
+    monkeypatch.setattr(chat_cli, "RemoteChat", backend)
     _Recorder.sent = []
+    return CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+
+
+def test_the_repl_sends_a_pasted_block_as_one_message(monkeypatch):
     typed = 'first\n"""\n\n/reset\n    code()\n\n"""\nsecond \\\nline\n/exit\n'
-    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    result = _typed_into_chat(monkeypatch, _Recorder, typed)
     assert result.exit_code == 0, result.output
     assert [m[-1]["content"] for m in _Recorder.sent] == ["first", "/reset\n    code()", "second \nline"]
     assert len(_Recorder.sent[-1]) == 5  # the conversation kept: a command inside a block is text
@@ -94,10 +100,8 @@ def test_the_repl_sends_a_pasted_block_as_one_message(monkeypatch):
 def test_repl_commands_help_clear_and_a_mistyped_one_never_reach_the_model(monkeypatch):
     """/help lists the commands, /clear is /reset, a line of one unknown /word is said to be no command
     (not sent), and the same word after a space, or a path with more to it, goes as a message."""
-    monkeypatch.setattr(chat_cli, "RemoteChat", _Recorder)
-    _Recorder.sent = []
     typed = "first\n/help\n/rset\n/clear\n /rset\n/usr/bin holds it\n/exit\n"
-    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    result = _typed_into_chat(monkeypatch, _Recorder, typed)
     assert result.exit_code == 0, result.output
     assert result.output.count("Commands: /reset (or /clear)") == 2  # the banner's, then /help's
     assert "unknown command /rset; /help lists them" in result.output
@@ -177,10 +181,8 @@ class _Numbered(_Recorder):
 
 
 def test_undo_retry_and_the_system_message_change_what_is_sent(monkeypatch):
-    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
-    _Recorder.sent = []
     typed = "/retry\n/undo\nfirst\nsecond\n/undo\n/retry\n/system Be terse.\n/system\nthird\n/exit\n"
-    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    result = _typed_into_chat(monkeypatch, _Numbered, typed)
     assert result.exit_code == 0, result.output
     assert "there is no reply to retry yet" in result.output and "nothing to undo yet" in result.output
     assert "the last exchange is undone" in result.output and "system message: 'Be terse.'" in result.output
@@ -196,13 +198,11 @@ def test_undo_retry_and_the_system_message_change_what_is_sent(monkeypatch):
 
 
 def test_a_conversation_saved_loads_back_pictures_included(monkeypatch, tmp_path):
-    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
     picture = tmp_path / "dot.png"
     Image.new("RGB", (4, 4), "red").save(picture)
     saved = tmp_path / "talk.json"
-    _Recorder.sent = []
     typed = f"/system Be kind.\n/image {picture}\nwhat is it?\n/save {saved}\n/exit\n"
-    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    result = _typed_into_chat(monkeypatch, _Numbered, typed)
     assert result.exit_code == 0 and f"saved 2 messages to {saved}" in result.output, result.output
     messages = json.loads(saved.read_text())
     assert [m["role"] for m in messages] == ["system", "user", "assistant"]
@@ -242,12 +242,10 @@ def test_a_conversation_saved_loads_back_pictures_included(monkeypatch, tmp_path
 def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_kept(
     monkeypatch, tmp_path, content, words
 ):
-    monkeypatch.setattr(chat_cli, "RemoteChat", _Numbered)
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    _Recorder.sent = []
     typed = f"first\n/load {bad}\n/load {tmp_path / 'none.json'}\n/save {tmp_path}/no/such/dir.json\n/load\nsecond\n/exit\n"
-    result = CliRunner().invoke(app, ["chat", "--url", "http://127.0.0.1:9"], input=typed)
+    result = _typed_into_chat(monkeypatch, _Numbered, typed)
     assert result.exit_code == 0 and words in result.output, result.output
     assert "cannot read" in result.output and "cannot write" in result.output
     assert "/load takes a file: /load PATH" in result.output
