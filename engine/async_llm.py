@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import queue
 import threading
 import time
@@ -50,12 +49,18 @@ class _Sink:
         return True
 
 
+def _finite_wait(seconds: float | None) -> float | None:
+    """An idle time a thread can wait for; None (wait for work however long) for one past what it can (and
+    for infinity): beyond ~292 years."""
+    return None if seconds is None or seconds >= threading.TIMEOUT_MAX else seconds
+
+
 class _IdleTimer:
     """--sleep-idle-seconds: how long the engine loop waits for work before it sleeps (engine thread), or what
     the last request's own keep-alive (Ollama's `keep_alive`) said instead."""
 
     def __init__(self, seconds: float | None):
-        self.default = self.seconds = seconds
+        self.default = self.seconds = _finite_wait(seconds)
         self.since = time.monotonic()
         self.refused = False  # a sleep refused: not tried again until work comes and goes
 
@@ -65,7 +70,7 @@ class _IdleTimer:
     def keep_alive(self, seconds: float | None) -> None:
         """Seconds idle before sleeping from now on (0: as soon as the work is done; math.inf: stay awake);
         None: the server's --sleep-idle-seconds again."""
-        self.seconds = self.default if seconds is None else None if math.isinf(seconds) else seconds
+        self.seconds = self.default if seconds is None else _finite_wait(seconds)
 
     def sleeps_at(self) -> float | None:
         """The wall-clock time (epoch seconds) a sleep is due if no work comes; None: it never is."""

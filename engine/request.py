@@ -161,6 +161,10 @@ class SamplingParams:
                 continue
             kind = "a whole number" if whole else "a number"
             raise NinferError(f"{name} must be {kind}{' or None' if optional else ''} (got {value!r})")
+        for name in _WHOLE_NUMBERS:  # tensors and torch's generator hold 64 bits (a seed: signed or not)
+            value = getattr(self, name)
+            if value is not None and not -(2**63) <= value < 2 ** (64 if name == "seed" else 63):
+                raise NinferError(f"{name} must fit in 64 bits (got {value})")
         if not all(math.isfinite(getattr(self, name)) for name in _FLOATS):
             raise NinferError("sampling parameters must be finite numbers (got NaN or infinity)")
         if self.max_tokens < 1:

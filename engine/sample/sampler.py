@@ -77,7 +77,7 @@ class Sampler:
         if gen is None:
             gen = torch.Generator(device=device)
             if params.seed is not None:
-                gen.manual_seed(params.seed)
+                gen.manual_seed(params.seed % 2**64)  # (a negative seed as its two's complement)
             else:
                 gen.seed()
             self._generators[request_id] = gen

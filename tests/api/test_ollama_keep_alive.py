@@ -100,6 +100,12 @@ def test_a_real_engine_sleeps_after_its_keep_alive_and_the_next_request_wakes_it
         assert _until(lambda: httpx.get(server.url + "/is_sleeping").json()["is_sleeping"])
         r = httpx.post(server.url + "/api/chat", json={**ask, "keep_alive": -1}, timeout=60)
         assert r.json()["done"] and _ps(server)[0]["expires_at"] == NEVER
+        for beyond in (
+            1e30,
+            "99999999999h",
+        ):  # past what a thread can wait: for good, as -1 (the engine lives)
+            r = httpx.post(server.url + "/api/chat", json={**ask, "keep_alive": beyond}, timeout=60)
+            assert r.json()["done"] and _ps(server)[0]["expires_at"] == NEVER
         r = httpx.post(server.url + "/api/chat", json=ask, timeout=60)  # none: the server's own again
         assert _ps(server)[0]["expires_at"] == NEVER
 

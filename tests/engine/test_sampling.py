@@ -98,6 +98,25 @@ def test_values_of_another_kind_are_sentences():
     assert SamplingParams(temperature=0, seed=None).greedy  # an int is a number
 
 
+def test_whole_numbers_past_64_bits_are_sentences_and_a_seed_takes_any_64_bits(llm):
+    """A number no tensor (or torch's generator) holds is refused before it reaches the engine loop, where
+    it would have stopped the engine for every request; a seed takes signed and unsigned 64-bit values."""
+    for bad, words in (
+        (dict(seed=2**64), f"seed must fit in 64 bits (got {2**64})"),
+        (dict(seed=-(2**63) - 1), f"seed must fit in 64 bits (got {-(2**63) - 1})"),
+        (dict(top_k=2**63), f"top_k must fit in 64 bits (got {2**63})"),
+        (dict(repeat_last_n=10**30), f"repeat_last_n must fit in 64 bits (got {10**30})"),
+    ):
+        with pytest.raises(NinferError) as e:
+            SamplingParams(**bad)
+        assert str(e.value) == words
+    unsigned = gen(llm, max_tokens=8, temperature=1.0, seed=2**64 - 1)
+    assert (
+        unsigned.token_ids == gen(llm, max_tokens=8, temperature=1.0, seed=-1).token_ids
+    )  # two's complement
+    assert gen(llm, max_tokens=8, temperature=1.0, seed=-(2**63)).token_ids
+
+
 def test_sizes_as_the_cli_writes_them(tmp_path):
     from engine.config import EngineConfig
 
