@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from fastapi import FastAPI, Request
@@ -25,7 +24,7 @@ from engine.api import (
     sleep_routes,
     tokens,
 )
-from engine.api.aliases import canonical
+from engine.api.auth import AuthMiddleware
 from engine.api.errors import ApiError, error_for_path
 from engine.api.state import ServerState
 from engine.version import ninfer_version
@@ -35,19 +34,6 @@ log = logging.getLogger("ninfer.api")
 
 def error_response(request: Request, e: ApiError) -> JSONResponse:
     return error_for_path(request.url.path, e)
-
-
-def _authorized(request: Request, keys: tuple[str, ...]) -> bool:
-    """The request offers one of `keys` (x-api-key, or Authorization: Bearer), compared in constant time
-    against every key, so the time taken says nothing of which key, or how much of one, matched."""
-    offered = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if offered is None and auth.lower().startswith("bearer "):
-        offered = auth[7:].strip()
-    if offered is None:
-        return False
-    matches = [hmac.compare_digest(offered.encode(), key.encode()) for key in keys]
-    return any(matches)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -64,18 +50,7 @@ def create_app(state: ServerState) -> FastAPI:
         "/reset_prefix_cache",
     )
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        request.scope["path"] = canonical(request.scope["path"])  # another server's spelling (aliases.py)
-        path = request.url.path
-        ollama_route = path.startswith("/api/") and path != "/api/version"  # (Ollama's version gate is open)
-        guarded = path.startswith("/v1/") or ollama_route or path in guarded_paths
-        if state.api_keys and guarded and not _authorized(request, state.api_keys):
-            return error_response(
-                request,
-                ApiError(401, "a valid API key is needed (Authorization: Bearer KEY or x-api-key: KEY)"),
-            )
-        return await call_next(request)
+    app.add_middleware(AuthMiddleware, keys=state.api_keys, guarded_paths=guarded_paths)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):

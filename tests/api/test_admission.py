@@ -108,3 +108,28 @@ def test_shutdown_after_grace_ends_running_streams_with_an_error_event(tight, pa
     while tight.engine.stats()["num_running"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": CHAT, "max_tokens": 1500}),
+        ("/v1/completions", {"model": "m", "prompt": "Once upon a time", "max_tokens": 1500}),
+        ("/v1/messages", {"model": "m", "messages": CHAT, "max_tokens": 1500}),
+        ("/v1/responses", {"model": "m", "input": CHAT[0]["content"], "max_output_tokens": 1500}),
+        ("/completion", {"prompt": "Once upon a time", "n_predict": 1500}),
+        (
+            "/api/chat",
+            {"model": "smollm2", "messages": CHAT, "stream": False, "options": {"num_predict": 1500}},
+        ),
+    ],
+)
+def test_a_client_that_leaves_a_whole_reply_frees_its_slot_at_once(tight, path, body):
+    """Not streamed: the reply is sent once it is done, so nothing is written that could fail when the client
+    has gone; the route watches the connection and aborts the request (it ran to its last token before)."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tight.url + path, json={**body, "temperature": 0}, timeout=1.5)
+    deadline = time.monotonic() + 1.0
+    while tight.engine.stats()["num_running"] or tight.engine.stats()["num_waiting"]:
+        assert time.monotonic() < deadline, "the request whose client left still runs"
+        time.sleep(0.02)
