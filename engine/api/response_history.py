@@ -44,25 +44,17 @@ def hosted_item_text(item: dict[str, Any]) -> str:
 def _body(kind: str, item: dict[str, Any]) -> str:
     action = item.get("action") if isinstance(item.get("action"), dict) else {}
     if kind == "web_search_call":
-        sources = [s.get("url", "") for s in action.get("sources") or [] if isinstance(s, dict)]
+        sources = [s.get("url", "") for s in _dicts(action.get("sources"))]
         said = [
             f"{key}: {action[key]}" for key in ("query", "url", "pattern") if isinstance(action.get(key), str)
         ]
         return "\n".join(said + [f"- <{url}>" for url in sources])
     if kind == "file_search_call":
-        queries = [f"query: {q}" for q in item.get("queries") or [] if isinstance(q, str)]
-        hits = [
-            f"- {r.get('filename', '')}: {r.get('text', '')}"
-            for r in item.get("results") or []
-            if isinstance(r, dict)
-        ]
+        queries = [f"query: {q}" for q in _list(item.get("queries")) if isinstance(q, str)]
+        hits = [f"- {r.get('filename', '')}: {r.get('text', '')}" for r in _dicts(item.get("results"))]
         return "\n".join(queries + hits)
     if kind == "code_interpreter_call":
-        logs = [
-            o.get("logs", "")
-            for o in item.get("outputs") or []
-            if isinstance(o, dict) and o.get("type") == "logs"
-        ]
+        logs = [o.get("logs", "") for o in _dicts(item.get("outputs")) if o.get("type") == "logs"]
         return "\n".join([str(item.get("code") or ""), *(str(log) for log in logs)])
     if kind in ("local_shell_call", "shell_call"):
         command = action.get("command") or action.get("commands") or []
@@ -76,7 +68,7 @@ def _body(kind: str, item: dict[str, Any]) -> str:
         call = f"{item.get('server_label', '')}.{item.get('name', '')} {item.get('arguments', '')}"
         return "\n".join(str(v) for v in (call, item.get("output"), item.get("error")) if v)
     if kind == "mcp_list_tools":
-        names = [t.get("name", "") for t in item.get("tools") or [] if isinstance(t, dict)]
+        names = [str(t.get("name", "")) for t in _dicts(item.get("tools"))]
         return f"{item.get('server_label', '')}: " + ", ".join(names)
     if kind == "computer_call":
         return json.dumps({k: v for k, v in action.items() if k != "screenshot"}, ensure_ascii=False)
@@ -87,14 +79,19 @@ def _output_text(output: Any) -> str:
     """A hosted tool call's output: text, or a shell's runs (stdout, stderr, how each ended)."""
     if isinstance(output, str):
         return output
-    if not isinstance(output, list):
-        return ""
     lines = []
-    for run in output:
-        if not isinstance(run, dict):
-            continue
+    for run in _dicts(output):
         lines += [str(run[key]).strip() for key in ("stdout", "stderr", "text") if run.get(key)]
         outcome = run.get("outcome")
         if isinstance(outcome, dict) and outcome.get("exit_code") is not None:
             lines.append(f"(exit code {outcome['exit_code']})")
     return "\n".join(lines)
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of an array (a field of another shape: none; the items are a client's, unchecked)."""
+    return [v for v in _list(value) if isinstance(v, dict)]

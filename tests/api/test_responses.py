@@ -357,6 +357,15 @@ def test_hosted_tools_history_items_are_read_as_the_assistants_text(client):
     )
     for said in ("[local_shell_call]\nmake test", "12 passed\n(exit code 0)", "[mcp_list_tools]\ngit: log"):
         assert said in turn
+    odd = [  # fields of other shapes than OpenAI writes: read as far as they go, never a 500
+        {"type": "mcp_list_tools", "tools": 5},
+        {"type": "web_search_call", "action": 5},
+        {"type": "local_shell_call_output", "output": [5, {"stdout": {}}]},
+        {"type": "file_search_call", "queries": "q", "results": [{"filename": 5}, 7]},
+        {"type": "code_interpreter_call", "outputs": {"logs": 1}},
+    ]
+    (turn,) = _chat_messages(odd)[0]
+    assert turn["role"] == "assistant" and "[mcp_list_tools]" in turn["content"]
     r = client.responses.create(model="m", input=HOSTED_HISTORY, max_output_tokens=4, temperature=0)
     bare = client.responses.create(
         model="m", input=[HOSTED_HISTORY[0], HOSTED_HISTORY[-1]], max_output_tokens=4, temperature=0
