@@ -2,7 +2,7 @@
 seeded random bodies (fields of the wrong type, random message and tool structures). Each answer is a
 success or a 4xx with a one-line message, never a 5xx; the server keeps serving. (The sweep fails on the
 500s fuzzing found: vLLM's guided_choice as a number, an empty GBNF grammar, a chat tool that is not an
-object, a message role that is a list.)"""
+object, a message role that is a list, a seed or an Ollama keep_alive past 64 bits, which stopped the engine.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from engine.async_llm import AsyncLLM
 # a valid body per route, and the fields the fuzzer sets on it
 ROUTES = {
     "/v1/chat/completions": (
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.7},
         "messages max_tokens max_completion_tokens temperature top_p top_k min_p n stop stream stream_options "
         "logprobs top_logprobs tools tool_choice response_format seed presence_penalty frequency_penalty "
         "repetition_penalty logit_bias prediction parallel_tool_calls reasoning_effort chat_template_kwargs "
@@ -150,8 +150,9 @@ def _answered(client: httpx.Client, url: str, path: str, body: dict) -> None:
         assert message and "\n" not in message, (path, body, error)
 
 
-# each field of each route set to each of these in turn
-WRONG = ["", 1.5, True, [1], {"a": 1}]
+# each field of each route set to each of these in turn (10**30: past 64 bits, which once stopped the engine
+# as a seed or a keep_alive)
+WRONG = ["", 1.5, True, [1], {"a": 1}, 10**30]
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))
