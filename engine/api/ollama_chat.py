@@ -77,7 +77,7 @@ async def chat(request: Request):
         return await load_or_unload(state, keep_alive_seconds(body.get("keep_alive")), empty)
     messages, images = template_messages(_messages(body.get("messages")))
     _takes(state, images)
-    tools = chat_tools({"tools": body["tools"]}) if body.get("tools") else None
+    tools = (chat_tools({"tools": body["tools"]}) or None) if body.get("tools") is not None else None
     prompt_text, ids = state.render(messages, tools, _think(body))
     return await _run(state, request, body, ids, images, tools, prompt_text, started, "chat")
 

@@ -155,6 +155,8 @@ def test_generate_templates_the_prompt_unless_raw():
             "'template' (a Go template)",
         ),
         ("/api/chat", {"model": "m", "messages": ASK, "keep_alive": "soon"}, "'keep_alive' must be"),
+        ("/api/chat", {"model": "m", "messages": ASK, "tools": {}}, "'tools' must be"),
+        ("/api/chat", {"model": "m", "messages": ASK, "tools": ""}, "'tools' must be"),
     ],
 )
 def test_bad_requests_are_refused_in_ollamas_shape(path, body, words):
