@@ -278,7 +278,7 @@ def chat(
             if retried is None:
                 convo.unask()
             else:
-                convo.turns.append(retried)
+                convo.put_back(retried)
             console.print(f"[red]error:[/red] {escape(str(e))} (try /reset)", soft_wrap=True)
             continue
         convo.answered(reply)

@@ -57,6 +57,10 @@ class Conversation:
             raise NinferError("there is no reply to retry yet; type a message")
         return self.turns.pop()
 
+    def put_back(self, reply: dict[str, Any]) -> None:
+        """A reply taken by `retry` restored (asking again failed)."""
+        self.turns.append(reply)
+
     def command(self, word: str, arg: str) -> str:
         """Run one of COMMANDS; what it did, in a line."""
         if word == "/system":
@@ -142,12 +146,8 @@ def _user_content(content: Any, where: str):
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "image_url":
-            url = (
-                (part.get("image_url") or {}).get("url", "")
-                if isinstance(part.get("image_url"), dict)
-                else ""
-            )
-            head, _, data = url.partition(",")
+            url = part["image_url"].get("url") if isinstance(part.get("image_url"), dict) else None
+            head, _, data = url.partition(",") if isinstance(url, str) else ("", "", "")
             if not (head.startswith("data:image/") and head.endswith(";base64")):
                 raise NinferError(f"{where}: a picture must be a base64 data URL (data:image/...;base64,...)")
             try:

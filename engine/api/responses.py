@@ -85,18 +85,13 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
         raise ApiError(400, "'input' must be a string or an array of items", "input")
     out: list[dict[str, Any]] = []
     origins: list[str] = []
-    previous_kind = (
-        None  # the last item's type but reasoning's (hosted tools' items and the words after are one turn)
-    )
+    # the item before (reasoning aside) was a hosted tool's: an assistant message after it joins its turn
+    after_hosted = False
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an object", "input")
         kind = item.get("type", "message")
-        after_hosted, previous_kind = (
-            previous_kind in HOSTED_ITEMS,
-            previous_kind if kind == "reasoning" else kind,
-        )
         if kind == "message":
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise ApiError(
@@ -105,9 +100,7 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                     "input",
                 )
             content = _parts(item.get("content"), where)
-            if (
-                item.get("role") == "assistant" and after_hosted
-            ):  # one turn: what the tools did, then the words
+            if item.get("role") == "assistant" and after_hosted:  # one turn: the tools' work, then words
                 _add_to_assistant_turn(out, origins, content, where)
             else:
                 out.append({"role": item.get("role"), "content": content})
@@ -146,6 +139,8 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 "(web_search_call, local_shell_call, mcp_call, ...)",
                 "input",
             )
+        if kind != "reasoning":
+            after_hosted = kind in HOSTED_ITEMS
     return out, origins
 
 
