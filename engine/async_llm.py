@@ -241,8 +241,11 @@ class AsyncLLM:
         return await asyncio.wrap_future(done)
 
     def shutdown(self) -> None:
-        """Stop the engine thread; then, once it has stopped, write the prefix cache (--prefix-cache-file)."""
-        self._send(_STOP)
+        """Stop the engine thread; then, once it has stopped, write the prefix cache (--prefix-cache-file). An
+        engine stopped by an internal error is left as it is (said in the log when it stopped)."""
+        if self._error is None:
+            self._commands.put(_STOP)
+            self._wakeup.set()
         self._thread.join(timeout=30)
         if self.llm.engine_config.prefix_cache_file is None:
             return

@@ -27,6 +27,7 @@ from engine.request import Request, RequestOutput, SamplingParams
 from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sample.dry import BreakerMasks
 from engine.sampling_defaults import resolve as resolve_sampling_defaults
+from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sizes import format_bytes
 from engine.spec.draft_model import load_draft_model, open_draft_model
@@ -273,9 +274,7 @@ class LLM:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (GPU pool, host tier, state snapshots), e.g. between benchmark runs
         that must start cold; running requests go on with their pages. Between steps only."""
-        self.scheduler.block_pool.reset_prefix_cache()
-        if self.scheduler.state_pool is not None:
-            self.scheduler.state_pool.clear_snapshots()
+        self.scheduler.reset_prefix_cache()
 
     def save_prefix_cache(self) -> None:
         """Write the prefix cache to `prefix_cache_file` (between steps, or once the engine has stopped), so
@@ -366,12 +365,19 @@ class LLM:
     def step(self) -> list[tuple[RequestOutput, str]]:
         """Run one engine step; return (output so far, new text) for each request that got a token
         (and a final output for each request that expired waiting for admission)."""
-        sched = self.scheduler.schedule()
-        result = self.runner.execute(sched)
+        sched = self.scheduler.schedule()  # (a failure here is the scheduler's: its books are not trusted)
         results = []
         for req in self.scheduler.expired:
             results.append((self._streams.pop(req.request_id).output(req.finish_reason), ""))
         self.scheduler.expired.clear()
+        try:
+            return results + self._run_step(sched)
+        except Exception as e:  # noqa: BLE001 - the step's requests fail; the others go on
+            return results + self._fail_step(sched, e)
+
+    def _run_step(self, sched: SchedulerOutput) -> list[tuple[RequestOutput, str]]:
+        result = self.runner.execute(sched)
+        results = []
         for req, num_new in self.scheduler.update_from_output(sched, result):
             stream = self._streams[req.request_id]
             new = req.output_token_ids[-num_new:]
@@ -386,6 +392,30 @@ class LLM:
             results.append((stream.output(req.finish_reason), delta))
             if req.is_finished:
                 del self._streams[req.request_id]
+        return results
+
+    def _fail_step(self, sched: SchedulerOutput, error: Exception) -> list[tuple[RequestOutput, str]]:
+        """A step that raised after it was scheduled (running the model, sampling, a grammar, the text):
+        its requests end with finish_reason "error" and the error in a sentence; the engine goes on with the
+        others. The prefix cache is forgotten when the step was to fill some of it (pages from the host
+        tier, state snapshots), as those may be half-written. A device that no longer works (a CUDA error
+        that sticks) re-raises: the engine stops."""
+        if not self.runner.device_works():
+            raise error
+        log.error("an engine step failed; its requests end with an error", exc_info=error)
+        self.scheduler.step_failed(sched)
+        message = (
+            f"the engine failed while running this request ({type(error).__name__}: {error}); the log has "
+            "the details, and the engine goes on with other requests"
+        )
+        results = []
+        for s in sched.scheduled:
+            stream = self._streams.pop(s.request_id, None)
+            if stream is None:  # its final output went out before the failure
+                continue
+            stream.request.error = message
+            self.scheduler.finish_request(s.request_id, "error")
+            results.append((stream.output("error"), ""))
         return results
 
     # -- convenience API --------------------------------------------------------------------------

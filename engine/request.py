@@ -373,7 +373,7 @@ class Request:
     cache_root: bytes = b""  # the chain's root: the base model's, or its LoRA adapter's (engine/lora)
     num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
-    error: str | None = None  # why the request ended without finishing (expired)
+    error: str | None = None  # why the request ended without finishing (expired, a failed step)
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted
     num_prediction_tokens: int = 0  # of the drafts, those from the prediction (SamplingParams.prediction)
@@ -438,9 +438,9 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None  # stop, length, abort, expired
+    finish_reason: str | None  # stop, length, abort, expired, error (a failed step)
     num_cached_tokens: int = 0
-    error: str | None = None  # set when the request ended without running (expired)
+    error: str | None = None  # why it ended without its reply (expired; a failed step: finish_reason error)
     stop_string: str | None = None  # the stop string that ended the request, if one did
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
     num_accepted_tokens: int = 0

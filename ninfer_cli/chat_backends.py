@@ -103,6 +103,8 @@ class LocalChat:
         local = _with_parts(messages, lambda _: {"type": "image"})
         seen = 0
         for delta, out in self.llm.stream_chat(local, params, images):
+            if out.finish_reason == "error":  # the engine step failed; the engine goes on
+                raise NinferError(out.error)
             if stats is not None:
                 if len(out.token_ids) > seen:  # a token came (its text may be held back a while)
                     seen = len(out.token_ids)

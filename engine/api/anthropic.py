@@ -404,8 +404,9 @@ async def messages(request: Request):
                     yield event("ping", {})
                     continue
                 out, delta = item
-                if out.finish_reason == "expired":
-                    yield event("error", {"error": {"type": "overloaded_error", "message": out.error}})
+                if out.finish_reason in ("expired", "error"):
+                    kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
+                    yield event("error", {"error": {"type": kind, "message": out.error}})
                     return
                 if state.ending:
                     yield event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})

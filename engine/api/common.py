@@ -261,16 +261,20 @@ async def collect(stream: AsyncStream, request: Request, seen=None) -> RequestOu
 
 
 def stream_failure(state, out: RequestOutput) -> str | None:
-    """Why a streamed reply stops before its end: it expired waiting for admission, or the server's
-    shutdown grace period is over; None while it goes on."""
-    if out.finish_reason == "expired":
+    """Why a streamed reply stops before its end: it expired waiting for admission, the engine step running
+    it failed, or the server's shutdown grace period is over; None while it goes on."""
+    if out.finish_reason in ("expired", "error"):
         return out.error
     return SHUTDOWN if state.ending else None
 
 
-def check_expired(out: RequestOutput) -> None:
+def check_failed(out: RequestOutput) -> None:
+    """A request that ended without its reply: expired waiting for admission (503), or the engine step
+    running it failed (500)."""
     if out.finish_reason == "expired":
         raise ApiError(503, out.error or "the request expired in the queue")
+    if out.finish_reason == "error":
+        raise ApiError(500, out.error or "the engine failed while running this request")
 
 
 def now() -> int:
@@ -280,8 +284,9 @@ def now() -> int:
 async def collect_choices(
     state, streams: list[AsyncStream], request: Request, seen=None
 ) -> list[RequestOutput]:
-    """Every stream's whole output (a choice each), expiry said as a 503 and each counted as finished; a
-    client that goes away aborts them all. `seen(output)`: called as each part arrives, after the metrics."""
+    """Every stream's whole output (a choice each), each counted as finished; expiry said as a 503, a failed
+    step as a 500; a client that goes away aborts them all. `seen(output)`: called as each part arrives,
+    after the metrics."""
 
     def token(out: RequestOutput) -> None:
         state.metrics.token(out)
@@ -294,8 +299,9 @@ async def collect_choices(
         for stream in streams:
             stream.abort()
     for out in outs:
-        check_expired(out)
         state.metrics.finished(out)
+    for out in outs:
+        check_failed(out)
     return outs
 
 
@@ -319,7 +325,7 @@ async def pooled(
             else:
                 stream = await start(state, ids, POOLED, after=await first if shared_prefix else None)
             out = await collect(stream, request)
-            check_expired(out)
+            check_failed(out)
             state.metrics.token(out)  # the time to the embedding, as a time to first token
             state.metrics.finished(out)
             return out

@@ -519,6 +519,22 @@ class Scheduler:
             return "length"
         return None
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (GPU pool, host tier, state snapshots); running requests go on with
+        their pages. Between steps only."""
+        self.block_pool.reset_prefix_cache()
+        if self.state_pool is not None:
+            self.state_pool.clear_snapshots()
+
+    def step_failed(self, sched: SchedulerOutput) -> None:
+        """The step `sched` raised before its end: the requests finished before it are forgotten by the
+        runner at the next step, and the prefix cache is forgotten when the step was to fill some of it
+        (pages copied to or from the host tier, state snapshots), as those may be half-written."""
+        self._finished_ids[:0] = sched.finished_request_ids
+        if sched.swap_out or sched.swap_in or sched.state_saves:
+            self.reset_prefix_cache()
+            log.warning("the prefix cache was forgotten: the failed step was filling some of it")
+
     def finish_request(self, request_id: str, reason: str) -> None:
         """Finish (or abort) a request: its pages and state slot are freed at once."""
         req = self.requests.pop(request_id, None)

@@ -168,6 +168,18 @@ class ModelRunner:
         self.asleep = None
         self.capture_graphs()
 
+    def device_works(self) -> bool:
+        """Whether the device still runs work after a step raised: a CUDA error from a kernel (an illegal
+        address, a device-side assert) sticks to the process, and every later call fails too; an
+        out-of-memory error or a bug in host code leaves it working."""
+        if self.device.type != "cuda":
+            return True
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError:
+            return False
+        return True
+
     def _state_tensors(self) -> list[torch.Tensor]:
         return [t for layer in self._state_layers for t in (layer.conv_state, layer.ssm_state)]
 

@@ -250,3 +250,28 @@ def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_kept(
     assert "cannot read" in result.output and "cannot write" in result.output
     assert "/load takes a file: /load PATH" in result.output
     assert [m["content"] for m in _Recorder.sent[-1]] == ["first", "reply 1", "second"]
+
+
+def test_a_failed_engine_step_is_said_and_the_conversation_goes_on(monkeypatch, tmp_path):
+    """The local engine's step raising once: the reply is an error line, the message is taken back (not in
+    the conversation), and the next one is answered."""
+    from engine.worker.model_runner import ModelRunner
+
+    real, failed = ModelRunner.execute, []
+
+    def execute(self, sched):
+        if sched.scheduled and not failed:
+            failed.append(1)
+            raise RuntimeError("boom in the step")
+        return real(self, sched)
+
+    monkeypatch.setattr(ModelRunner, "execute", execute)
+    saved = tmp_path / "convo.json"
+    typed = f"What is the capital of France?\nWhat is the capital of France?\n/save {saved}\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--max-tokens", "12"], input=typed)
+    assert result.exit_code == 0, result.output
+    assert "error: the engine failed while running this request (RuntimeError: boom in the step)" in (
+        " ".join(result.output.split())
+    )
+    assert "Paris" in result.output
+    assert [m["role"] for m in json.loads(saved.read_text())] == ["user", "assistant"]

@@ -1,0 +1,96 @@
+"""A request whose engine step fails gets each protocol's server error in a sentence (500, or the error event
+of a stream that began); the server goes on answering."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+from server import RunningServer, qwen_style
+
+from engine.async_llm import AsyncLLM
+
+MESSAGES = [{"role": "user", "content": "Say hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with RunningServer(qwen_style(AsyncLLM(max_concurrency=2))) as s:
+        yield s
+
+
+@pytest.fixture
+def fail_next_step(server, monkeypatch):
+    """The next step that runs tokens raises (once)."""
+    runner = server.engine.llm.runner
+    real, failed = runner.execute, []
+
+    def execute(sched):
+        if sched.scheduled and not failed:
+            failed.append(1)
+            raise RuntimeError("boom in the step")
+        return real(sched)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    return failed
+
+
+def _works_after(server) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    server.wait_idle()
+
+
+def _sse_events(server, path: str, body: dict) -> list:
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=60) as response:
+        assert response.status_code == 200  # the stream began before the failure
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+
+
+def test_openai_chat_gets_a_500_in_a_sentence(server, fail_next_step):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="the engine failed while running this request"):
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5)
+    assert fail_next_step
+    _works_after(server)
+
+
+def test_anthropic_messages_get_an_api_error(server, fail_next_step):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        claude.messages.create(model="m", messages=MESSAGES, max_tokens=5)
+    assert caught.value.body["error"]["type"] == "api_error"
+    assert "boom in the step" in caught.value.body["error"]["message"]
+    _works_after(server)
+
+
+def test_an_openai_stream_ends_with_an_error_event(server, fail_next_step):
+    events = _sse_events(
+        server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    )
+    assert events[-1]["error"]["type"] == "server_error"
+    assert "the engine failed while running this request" in events[-1]["error"]["message"]
+    _works_after(server)
+
+
+def test_an_anthropic_stream_ends_with_an_api_error_event(server, fail_next_step):
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 5, "stream": True}
+    events = _sse_events(server, "/v1/messages", body)
+    assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "api_error"
+    assert "boom in the step" in events[-1]["error"]["message"]
+    _works_after(server)
+
+
+def test_a_failed_request_is_counted_by_its_reason(server, fail_next_step):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(model="m", prompt="Hello", max_tokens=5)
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'ninfer_requests_finished_total{reason="error"}' in metrics
+    _works_after(server)
