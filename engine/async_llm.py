@@ -382,8 +382,9 @@ class AsyncLLM:
             except NinferError as e:
                 done.set_exception(e)
                 continue
-            except BaseException as e:  # a bug: the caller hears it, then the loop stops
-                done.set_exception(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
-                raise
+            except Exception as e:  # noqa: BLE001 - a bug reading this request: it is refused, the rest go on
+                log.error("a request could not be added", exc_info=e)
+                done.set_exception(e)
+                continue
             self._sinks[request_id] = sink
             done.set_result(request_id)

@@ -209,9 +209,10 @@ class LLM:
             dry_breakers=self.dry_breakers(sampling_params),
             cache_root=self.adapters.cache_root(sampling_params.adapter_mix),
         )
+        stream = RequestStream(req, self.tokenizer, prompt)
         self.wake_up()  # NOTE: after every check, so a refused request never wakes the engine
-        self.scheduler.add_request(req)
-        self._streams[request_id] = RequestStream(req, self.tokenizer, prompt)
+        self.scheduler.add_request(req)  # the last check, then the only change: nothing half-added
+        self._streams[request_id] = stream
         return request_id
 
     # -- sleep (engine/worker/sleep.py) ---------------------------------------------------------

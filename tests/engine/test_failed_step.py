@@ -167,3 +167,19 @@ def test_the_async_engine_stops_when_the_device_does(dense_dir, monkeypatch):
         assert not engine.is_running
     finally:
         engine.shutdown()
+
+
+def test_a_request_that_fails_to_be_added_is_refused_and_the_engine_goes_on(dense_dir, monkeypatch):
+    engine = AsyncLLM(dense_dir)
+    try:
+        failed = _fail_once(monkeypatch, engine.llm, "_with_hidden_stops", lambda params: True)
+
+        async def main():
+            with pytest.raises(RuntimeError, match="boom"):
+                await engine.add_request(_prompt(12, 10), GREEDY)
+            return [out async for out, _ in engine.generate(_prompt(12, 10), GREEDY)][-1]
+
+        assert asyncio.run(main()).finish_reason == "length" and failed
+        assert engine.is_running and not engine.llm.scheduler.requests
+    finally:
+        engine.shutdown()
