@@ -13,7 +13,16 @@ from engine.api import context_editing
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
-from engine.api.common import SHUTDOWN, complete, field, read_json, sampling_params, start, with_keepalive
+from engine.api.common import (
+    SHUTDOWN,
+    complete,
+    field,
+    guarded,
+    read_json,
+    sampling_params,
+    start,
+    with_keepalive,
+)
 from engine.api.context_editing import PARAM
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
@@ -471,4 +480,7 @@ async def messages(request: Request):
             engine_stream.abort()
             await ticks.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    def error_event(message: str) -> str:
+        return event("error", {"error": {"type": "api_error", "message": message}})
+
+    return StreamingResponse(guarded(events(), error_event), media_type="text/event-stream")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -19,6 +20,8 @@ from engine.parsers.reply import parse_reply
 from engine.pooling import POOLED
 from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
+
+log = logging.getLogger("ninfer")
 
 SHUTDOWN = "the server is shutting down; retry on another instance or after it restarts"
 # a stream that has sent nothing for this long (a long prompt still prefilling) sends a keep-alive
@@ -266,6 +269,20 @@ def stream_failure(state, out: RequestOutput) -> str | None:
     if out.finish_reason in ("expired", "error"):
         return out.error
     return SHUTDOWN if state.ending else None
+
+
+async def guarded(events: AsyncIterator[str], error_event: Callable[[str], str]) -> AsyncIterator[str]:
+    """A streamed reply's events; an exception once it has begun (a bug: the status line is sent) is logged
+    and ends the stream with the protocol's error event, so the client hears why instead of a cut
+    connection. The events' own cleanup has run by then (the engine's requests aborted)."""
+    try:
+        async for item in events:
+            yield item
+    except Exception as e:  # noqa: BLE001 - a bug; the client hears of it, the server goes on
+        log.exception("internal error in a streamed reply")
+        yield error_event(
+            f"internal error ({type(e).__name__}) while streaming the reply; see the server log"
+        )
 
 
 def check_failed(out: RequestOutput) -> None:

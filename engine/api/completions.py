@@ -20,6 +20,7 @@ from engine.api.common import (
     SSE_KEEPALIVE,
     collect_choices,
     field,
+    guarded,
     now,
     read_json,
     sampling_params,
@@ -238,4 +239,4 @@ async def completions(request: Request):
             await ticks.aclose()  # (its reader first: it reads the outputs)
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(guarded(events(), stream_error), media_type="text/event-stream")

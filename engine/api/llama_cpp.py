@@ -31,6 +31,7 @@ from engine.api.common import (
     SSE_KEEPALIVE,
     collect_choices,
     field,
+    guarded,
     is_token_id,
     read_json,
     sampling_params,
@@ -258,7 +259,7 @@ async def _reply(
             stream.abort()  # the client went away mid-stream: their KV is freed now
             await ticks.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(guarded(events(), stream_error), media_type="text/event-stream")
 
 
 class _Run:

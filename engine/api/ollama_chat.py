@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.api.common import (
     collect_choices,
     field,
+    guarded,
     pooled,
     read_json,
     sampling_params,
@@ -206,7 +207,10 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
         finally:
             engine_stream.abort()  # the client went away mid-stream: free its KV now
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    def error_line(message: str) -> str:
+        return json.dumps({"error": message}) + "\n"
+
+    return StreamingResponse(guarded(lines(), error_line), media_type="application/x-ndjson")
 
 
 @router.post("/api/embed")

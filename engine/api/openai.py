@@ -16,6 +16,7 @@ from engine.api.common import (
     SSE_KEEPALIVE,
     collect_choices,
     field,
+    guarded,
     not_a_function_tool,
     now,
     read_json,
@@ -550,4 +551,4 @@ async def chat_completions(request: Request):
             await ticks.aclose()  # (its reader first: it reads the outputs)
             await outputs.aclose()  # the client went away mid-stream: their KV is freed now
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(guarded(events(), stream_error), media_type="text/event-stream")

@@ -22,6 +22,7 @@ from engine.api.common import (
     SSE_KEEPALIVE,
     complete,
     field,
+    guarded,
     not_a_function_tool,
     now,
     read_json,
@@ -342,8 +343,9 @@ async def create(request: Request):
         logprobs = message_logprobs.feed(out) if message_logprobs else None
         return JSONResponse(finish(out, output_items(reasoning, content, calls, custom, logprobs)))
 
+    parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
+
     async def events():
-        parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
         out = None
         ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
         try:
@@ -375,7 +377,10 @@ async def create(request: Request):
             engine_stream.abort()  # the client went away mid-stream: free its KV now
             await ticks.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    def error_event(message: str) -> str:
+        return stream.event("error", code="server_error", message=message, param=None)
+
+    return StreamingResponse(guarded(events(), error_event), media_type="text/event-stream")
 
 
 @router.get("/v1/responses/{response_id}")

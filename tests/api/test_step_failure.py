@@ -1,5 +1,5 @@
 """A request whose engine step fails gets each protocol's server error in a sentence (500, or the error event
-of a stream that began); the server goes on answering."""
+of a stream that began); so does a stream the server's own code fails in; the server goes on answering."""
 
 from __future__ import annotations
 
@@ -94,3 +94,51 @@ def test_a_failed_request_is_counted_by_its_reason(server, fail_next_step):
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'ninfer_requests_finished_total{reason="error"}' in metrics
     _works_after(server)
+
+
+@pytest.fixture
+def broken_stream(server, monkeypatch):
+    """A bug in the server's own streaming code: counting a streamed token raises."""
+
+    def token(out):
+        raise RuntimeError("boom while streaming")
+
+    monkeypatch.setattr(server.state.metrics, "token", token)
+
+
+def _lines(server, path: str, body: dict) -> list[str]:
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line]
+
+
+STREAMS = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES}),
+    "completions": ("/v1/completions", {"prompt": "Hello"}),
+    "llama.cpp": ("/completion", {"prompt": "Hello"}),
+    "anthropic": ("/v1/messages", {"model": "m", "messages": MESSAGES}),
+    "responses": ("/v1/responses", {"input": "Say hi"}),
+    "ollama": ("/api/chat", {"model": "m", "messages": MESSAGES}),
+}
+
+
+@pytest.mark.parametrize("route", list(STREAMS))
+def test_a_bug_while_streaming_ends_the_stream_with_an_error_event(server, broken_stream, route):
+    path, body = STREAMS[route]
+    limit = {"num_predict": 8} if route == "ollama" else {"max_tokens": 8}
+    if route == "llama.cpp":
+        limit = {"n_predict": 8}
+    elif route == "responses":
+        limit = {"max_output_tokens": 8}
+    lines = _lines(server, path, {**body, **limit, "stream": True})
+    last = json.loads(lines[-1].removeprefix("data: "))
+    message = "internal error (RuntimeError) while streaming the reply; see the server log"
+    if route == "anthropic":
+        assert last["type"] == "error" and last["error"] == {"type": "api_error", "message": message}
+    elif route == "responses":
+        assert last["type"] == "error" and last["message"] == message and last["code"] == "server_error"
+    elif route == "ollama":
+        assert last == {"error": message}
+    else:
+        assert last["error"]["message"] == message
+    server.wait_idle()  # the request was aborted: nothing runs on
