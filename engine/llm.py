@@ -36,6 +36,7 @@ from engine.tokenizer import with_chat_template
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
+from engine.warmup import warm_up
 from engine.worker import prefix_file
 from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
 from engine.worker.model_runner import ModelRunner
@@ -151,6 +152,8 @@ class LLM:
         self.dry_breakers = BreakerMasks(self.tokenizer, self.model_config.vocab_size, self.description)
         visual = self.model.visual
         self._images = ImageCache(visual.config) if visual is not None else None
+        if self.runner.device.type == "cuda":  # the prefill kernels compiled now, not in the first request
+            warm_up(self)
         self._prefix_file_version = -1  # the pool's version the file holds (-1: none written or read)
         if config.prefix_cache_file:  # the prefix cache an earlier run left (engine/worker/prefix_file.py)
             message, read = prefix_file.load(self, config.prefix_cache_file)

@@ -84,6 +84,12 @@ class Scheduler:
         self.num_drafts = 0  # verifications: a request's drafts of one step, verified together
         self.step_tokens = StepTokens()  # tokens per step that ran any (/metrics)
 
+    def reset_counters(self) -> None:
+        """Zero what /metrics counts (steps, preemptions, drafts, prefix-cache lookups): after a warm-up."""
+        self.num_preemptions = self.num_draft_tokens = self.num_accepted_tokens = self.num_drafts = 0
+        self.step_tokens = StepTokens(self.step_tokens.buckets)
+        self.block_pool.stats = type(self.block_pool.stats)()
+
     @property
     def snapshots_enabled(self) -> bool:
         return self.state_pool is not None and self.state_pool.num_snapshots > 0
