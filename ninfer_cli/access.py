@@ -80,6 +80,16 @@ def exposure_warning(host: str, keys: tuple[str, ...], tls: dict[str, str]) -> s
     return None
 
 
+def origins_warning(origins: tuple[str, ...], keys: tuple[str, ...]) -> str | None:
+    """A line for the log when every web page may use a server that takes no key; None otherwise."""
+    if "*" in origins and not keys:
+        return (
+            "--allowed-origins * without --api-key: any web page open in a browser here can use the model; "
+            "name the front ends' origins instead, or add --api-key KEY"
+        )
+    return None
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback

@@ -69,6 +69,7 @@ ALWAYS = {
     "--no-slots": "there are no slots to list",
     "--no-mmproj": "the vision tower loads only with --mmproj",
     "--no-mmproj-offload": "the vision tower runs on the model's device",
+    "--allow-credentials": "no cookies are read; pages send the API key",
 }
 ALWAYS_WITH_VALUE = {
     "--tool-call-parser": "tool calls are parsed as the chat template writes them (Qwen's JSON or XML)",
@@ -101,6 +102,8 @@ ALWAYS_WITH_VALUE = {
     "--long-prefill-token-threshold": "prompts run in --prefill-chunk chunks beside decoding",
     "--scheduling-policy": "requests are admitted first come, first served",
     "--allowed-local-media-path": "images come inline (base64), never from paths",
+    "--allowed-methods": "an allowed origin's pages may use every method the routes take",
+    "--allowed-headers": "an allowed origin's pages may send any header",
     "-sm": "one GPU",
     "--split-mode": "one GPU",
     "--cache-reuse": "the prefix cache reuses whole 16-token pages (no KV shifting)",

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from fastapi.responses import JSONResponse
 
 from engine.api.aliases import canonical
+from engine.api.cors import LOCAL_ORIGINS, CorsMiddleware
 from engine.api.errors import ApiError, error_for_path
 
 RETRY_AFTER_S = 5  # what a loading 503 asks clients to wait
@@ -49,13 +50,17 @@ def loading_app(started: float):
 
 
 @contextlib.contextmanager
-def answering_while_loading(sock: socket.socket, tls: dict[str, str] | None = None) -> Iterator[None]:
+def answering_while_loading(
+    sock: socket.socket, tls: dict[str, str] | None = None, origins: tuple[str, ...] = LOCAL_ORIGINS
+) -> Iterator[None]:
     """Listen on `sock` (bound, not yet listening) and answer 503 on it until the block ends; `tls`:
-    uvicorn's certificate settings, so an HTTPS server's clients see the 503 over HTTPS too."""
+    uvicorn's certificate settings, so an HTTPS server's clients see the 503 over HTTPS too; `origins`:
+    --allowed-origins, so a web page waiting for the model can read the 503 as the real server's replies."""
     import uvicorn
 
     sock.listen(BACKLOG)
-    config = uvicorn.Config(loading_app(time.monotonic()), log_level="warning", lifespan="off", **(tls or {}))
+    app = CorsMiddleware(loading_app(time.monotonic()), origins)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **(tls or {}))
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock.dup()]}, name="ninfer-loading", daemon=True

@@ -13,7 +13,7 @@ import typer
 
 from engine.errors import NinferError
 from engine.sizes import parse_size
-from ninfer_cli.access import api_keys, exposure_warning, tls_options
+from ninfer_cli.access import api_keys, exposure_warning, origins_warning, tls_options
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
@@ -53,6 +53,16 @@ def serve(
         str | None,
         typer.Option(
             metavar="FILE", help="Keys to require, one a line (llama-server's); with --api-key, all taken."
+        ),
+    ] = None,
+    allowed_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-origins",
+            metavar="ORIGIN",
+            help="Web pages that may use the server (CORS): scheme://host[:port], a prefix ending in * "
+            "(chrome-extension://*), or * for all; repeat or comma-separate. Default: this machine's pages "
+            "and local apps (localhost, 127.0.0.1, app://, file://, vscode-webview://, ...).",
         ),
     ] = None,
     ssl_certfile: Annotated[
@@ -202,6 +212,7 @@ def serve(
     import uvicorn
 
     from engine.api.app import create_app
+    from engine.api.cors import origin_patterns
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.config import EngineConfig, check_device_visible
@@ -210,6 +221,7 @@ def serve(
 
     check_device_visible(device)  # before the port is bound
     keys, tls = api_keys(api_key, api_key_file), tls_options(ssl_certfile, ssl_keyfile)
+    origins = origin_patterns(allowed_origins or ())
     scheme = "https" if tls else "http"
     if sleep_idle_seconds != -1 and not sleep_idle_seconds > 0:
         raise NinferError(
@@ -257,16 +269,19 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("ninfer")
     log.info("loading the model; %s://%s:%d answers 503 until it is ready", scheme, host, port)
-    if (exposed := exposure_warning(host, keys, tls)) is not None:
-        log.warning("%s", exposed)
+    for warning in (exposure_warning(host, keys, tls), origins_warning(origins, keys)):
+        if warning is not None:
+            log.warning("%s", warning)
     started = time.monotonic()
     try:
-        with answering_while_loading(sock, tls):
+        with answering_while_loading(sock, tls, origins):
             engine = AsyncLLM(model, **options)
     except BaseException:
         sock.close()
         raise
-    state = ServerState(engine, name, keys, lora_updates=enable_lora, lora_defaults=defaults)
+    state = ServerState(
+        engine, name, keys, lora_updates=enable_lora, lora_defaults=defaults, allowed_origins=origins
+    )
     app = create_app(state)
     log.info("serving %s on %s://%s:%d (%s)", name, scheme, host, port, engine.llm.description)
     log.info("%s", startup_summary(engine, time.monotonic() - started))

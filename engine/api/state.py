@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.api.cors import LOCAL_ORIGINS
 from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
 from engine.api.response_store import ResponseStore
@@ -34,6 +35,8 @@ class ServerState:
     # the LoRA adapters (name -> scale) a request runs with when it picks none itself, llama-server's way
     # (serve --lora-default; GET / POST /lora-adapters); empty: the base model
     lora_defaults: dict[str, float] = field(default_factory=dict)
+    # the origins whose web pages may use the server (serve --allowed-origins; engine/api/cors.py)
+    allowed_origins: tuple[str, ...] = LOCAL_ORIGINS
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine, self.model_id)

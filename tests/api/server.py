@@ -30,10 +30,14 @@ class RunningServer:
         model_id: str = "smollm2",
         api_key: str | None = None,
         sock: socket.socket | None = None,
+        allowed_origins: tuple[str, ...] | None = None,
     ):
-        """`sock`: a bound socket to serve on (as `ninfer serve` does); else a free port of its own."""
+        """`sock`: a bound socket to serve on (as `ninfer serve` does); else a free port of its own.
+        `allowed_origins`: serve --allowed-origins' patterns (None: the default, local pages)."""
         self.engine = engine
         self.state = ServerState(engine, model_id, (api_key,) if api_key else ())
+        if allowed_origins is not None:
+            self.state.allowed_origins = allowed_origins
         if sock is None:
             probe = socket.socket()
             probe.bind(("127.0.0.1", 0))

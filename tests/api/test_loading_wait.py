@@ -42,3 +42,15 @@ def test_a_server_loading_past_the_wait_is_one_line(monkeypatch):
     with answering_while_loading(sock), pytest.raises(NinferError, match=loading):
         drivers.OverHttp(f"http://127.0.0.1:{sock.getsockname()[1]}", model="m")
     sock.close()
+
+
+def test_a_page_waiting_for_the_model_can_read_the_503():
+    import httpx2 as httpx
+
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with answering_while_loading(sock):
+        r = httpx.get(f"{url}/health", headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 503 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert httpx.get(f"{url}/health", headers={"Origin": "https://evil.example"}).status_code == 403
+    sock.close()

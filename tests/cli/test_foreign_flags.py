@@ -186,6 +186,12 @@ def test_more_of_what_vllm_and_llama_server_take():
     assert "--max-lora-rank 64 dropped: LoRA adapters of any rank are taken" in notes
     assert "--cache-reuse 256 dropped: the prefix cache reuses whole 16-token pages (no KV shifting)" in notes
     assert translate(["-dev", "CUDA0"]) == (["--device", "cuda"], ["-dev CUDA0 as --device cuda"])
+    # vLLM's CORS flags: the origins are ninfer's flag (its JSON list read as is), the rest is always so
+    args, notes = translate(
+        shlex.split("""/m --allowed-origins '["*"]' --allowed-methods '["*"]' --allow-credentials""")
+    )
+    assert args == ["/m", "--allowed-origins", '["*"]']
+    assert "--allow-credentials dropped: no cookies are read; pages send the API key" in notes
     assert translate(["--device", "none"])[0] == ["--device", "cpu"]
     assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
 

@@ -16,7 +16,7 @@ from conftest import run_serve
 from serve_process import start_serve
 
 from engine.errors import NinferError
-from ninfer_cli.access import api_keys, exposure_warning, tls_options
+from ninfer_cli.access import api_keys, exposure_warning, origins_warning, tls_options
 
 TLS = Path(__file__).parent / "tls"
 CERT, KEY, ENCRYPTED = TLS / "localhost.pem", TLS / "localhost-key.pem", TLS / "localhost-key-encrypted.pem"
@@ -58,6 +58,19 @@ def test_listening_beyond_this_machine_without_a_key_or_tls_is_said():
         "192.168.1.5", ("k",), {}
     )
     assert exposure_warning("0.0.0.0", ("k",), tls) is None
+
+
+def test_every_origin_without_a_key_is_said():
+    assert origins_warning(("*",), ()).startswith("--allowed-origins * without --api-key")
+    assert origins_warning(("*",), ("k",)) is None
+    assert origins_warning(("http://localhost",), ()) is None
+
+
+def test_a_malformed_allowed_origin_ends_serve_in_one_line_before_loading():
+    proc = run_serve("--allowed-origins", "localhost:3000", "--port", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: --allowed-origins 'localhost:3000' is not an origin")
+    assert proc.stderr.count("\n") == 1
 
 
 def test_bad_tls_flags_end_serve_in_one_line_before_loading():
