@@ -64,6 +64,7 @@ step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/
   "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   "tests/engine/test_host_cache.py::test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would" \
   "tests/engine/test_lora.py::test_adapters_on_cuda_with_graphs_match_the_cpu" \
+  "tests/engine/test_warmup.py::test_an_engine_on_cuda_warms_up_as_it_starts" \
   --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5
