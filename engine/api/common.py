@@ -239,11 +239,14 @@ async def start(
     return stream
 
 
-async def collect(stream: AsyncStream, request: Request, seen=None) -> RequestOutput:
-    """Wait for the whole output; a client that goes away aborts the request at once. `seen(output)` is
-    called as each part arrives (the metrics' time to first token and between tokens)."""
+async def collect(stream: AsyncStream, request: Request | None, seen=None) -> RequestOutput:
+    """Wait for the whole output; a client that goes away aborts the request at once (`request` None: no
+    client waits on it, a background response; cancelling the task aborts it). `seen(output)` is called as
+    each part arrives (the metrics' time to first token and between tokens)."""
 
     async def watch() -> None:
+        if request is None:
+            return
         while not await request.is_disconnected():
             await asyncio.sleep(0.05)
         stream.abort()
@@ -299,7 +302,7 @@ def now() -> int:
 
 
 async def collect_choices(
-    state, streams: list[AsyncStream], request: Request, seen=None
+    state, streams: list[AsyncStream], request: Request | None, seen=None
 ) -> list[RequestOutput]:
     """Every stream's whole output (a choice each), each counted as finished; expiry said as a 503, a failed
     step as a 500; a client that goes away aborts them all. `seen(output)`: called as each part arrives,
@@ -355,9 +358,11 @@ async def pooled(
             task.cancel()
 
 
-async def complete(state, stream: AsyncStream, request: Request, in_reasoning: bool, tools, max_calls=None):
+async def complete(
+    state, stream: AsyncStream, request: Request | None, in_reasoning: bool, tools, max_calls=None, seen=None
+):
     """A non-streamed reply: (output, reasoning, answer text, tool calls, at most max_calls of them)."""
-    (out,) = await collect_choices(state, [stream], request)
+    (out,) = await collect_choices(state, [stream], request, seen)
     return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))
 
 

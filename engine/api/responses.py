@@ -235,9 +235,20 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
 async def create(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    if field(body, "background", bool, False):
+    background, streamed = field(body, "background", bool, False), field(body, "stream", bool, False)
+    store = field(body, "store", bool, True)
+    if background and not store:
         raise ApiError(
-            400, "background responses are not supported here; leave 'background' false", "background"
+            400,
+            "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
+            "store",
+        )
+    if background and streamed:
+        raise ApiError(
+            400,
+            "a background response is polled here, not streamed; leave 'stream' false and GET "
+            "/v1/responses/{id} until its status is completed",
+            "stream",
         )
     for name, what in (("conversation", "conversations"), ("prompt", "prompt templates")):
         if body.get(name) is not None:
@@ -250,8 +261,14 @@ async def create(request: Request):
     truncation = field(body, "truncation", str, "disabled")
     if truncation not in ("auto", "disabled"):
         raise ApiError(400, f"'truncation' must be auto or disabled (got {truncation!r})", "truncation")
-    store = field(body, "store", bool, True)
     previous = field(body, "previous_response_id", str)
+    if previous and state.background.running(previous):
+        raise ApiError(
+            400,
+            f"previous_response_id '{previous}' is still running in the background; wait until GET "
+            f"/v1/responses/{previous} says it is completed",
+            "previous_response_id",
+        )
     history = list(state.responses.get(previous)[1]) if previous else []
     if body.get("input") is None:
         raise ApiError(400, "'input' is required", "input")
@@ -307,6 +324,7 @@ async def create(request: Request):
             "id": rid,
             "object": "response",
             "created_at": created,
+            "background": background,
             "status": "incomplete" if incomplete else status,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
@@ -336,12 +354,25 @@ async def create(request: Request):
             state.responses.put(final, turns + [_history_turn(output)], input_items(given))
         return final
 
-    if not field(body, "stream", bool, False):
+    async def reply(waiting: Request | None, seen=None) -> dict[str, Any]:  # the whole (stored) response
         out, reasoning, content, calls = await complete(
-            state, engine_stream, request, in_reasoning, tools, max_calls
+            state, engine_stream, waiting, in_reasoning, tools, max_calls, seen
         )
         logprobs = message_logprobs.feed(out) if message_logprobs else None
-        return JSONResponse(finish(out, output_items(reasoning, content, calls, custom, logprobs)))
+        return finish(out, output_items(reasoning, content, calls, custom, logprobs))
+
+    if (
+        background
+    ):  # answered at once; the reply is stored when it is done (engine/api/response_background.py)
+
+        async def run(began) -> None:
+            await reply(None, lambda out: out.token_ids and began())
+
+        queued = response("queued", [], None)
+        state.background.start(queued, turns, input_items(given), run)
+        return JSONResponse(queued)
+    if not streamed:
+        return JSONResponse(await reply(request))
 
     parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
 
@@ -422,7 +453,16 @@ async def list_input_items(request: Request, response_id: str):
     }
 
 
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel(request: Request, response_id: str):
+    """Stop a background response; it is stored as cancelled (one already finished is answered as it is)."""
+    return JSONResponse(await request.app.state.ninfer.background.cancel(response_id))
+
+
 @router.delete("/v1/responses/{response_id}")
 async def delete(request: Request, response_id: str):
-    request.app.state.ninfer.responses.delete(response_id)
+    state = request.app.state.ninfer
+    if state.background.running(response_id):  # its engine request is aborted first
+        await state.background.cancel(response_id)
+    state.responses.delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}

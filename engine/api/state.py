@@ -10,6 +10,7 @@ from typing import Any
 from engine.api.cors import LOCAL_ORIGINS
 from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
+from engine.api.response_background import BackgroundResponses
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
 from engine.errors import NinferError
@@ -41,6 +42,7 @@ class ServerState:
     def __post_init__(self):
         self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
+        self.background = BackgroundResponses(self.responses)  # Responses' background: true
 
     @property
     def max_context(self) -> int:
