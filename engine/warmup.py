@@ -11,6 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from engine.errors import NinferError
 from engine.pooling import POOLED
 from engine.request import SamplingParams
 
@@ -36,7 +37,12 @@ def warm_up(llm: LLM) -> None:
         if llm.text_refusal
         else SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, ignore_eos=True)
     )
-    llm.generate(prompt_token_ids=[[_plain_token(llm)] * length], sampling_params=params)
+    (out,) = llm.generate(prompt_token_ids=[[_plain_token(llm)] * length], sampling_params=params)
+    if out.finish_reason == "error":  # e.g. out of memory in a prompt chunk: said before serving, not after
+        raise NinferError(
+            f"the start-up warm-up ({length} prompt tokens in chunks of {config.prefill_chunk}) failed: "
+            f"{out.error}; a smaller --prefill-chunk or --kv-capacity leaves more memory for a step"
+        )
     llm.reset_prefix_cache()
     sched.reset_counters()
     llm._ids = itertools.count()

@@ -8,6 +8,7 @@ import torch
 from conftest import save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
+from engine.errors import NinferError
 from engine.warmup import warm_up
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -61,6 +62,20 @@ def test_an_embedding_model_warms_up_on_its_pooled_path(tmp_path):
     warm_up(llm)
     assert llm.scheduler.block_pool.num_cached_blocks == 0 and llm.scheduler.block_pool.stats.queries == 0
     assert llm.embed(_prompt(40, 4)) == want
+
+
+def test_a_failed_warm_up_is_said_in_a_sentence(tmp_path, monkeypatch):
+    path = save_tiny(tiny_hf_model("qwen3", tied=False, seed=6), tmp_path)
+    llm = LLM(path, prefill_chunk=32)
+
+    def out_of_memory(sched):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(llm.runner, "execute", out_of_memory)
+    with pytest.raises(
+        NinferError, match=r"the start-up warm-up \(67 prompt tokens in chunks of 32\) failed: "
+    ):
+        warm_up(llm)
 
 
 @pytest.mark.gpu
