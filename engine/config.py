@@ -340,6 +340,7 @@ class SchedulerConfig:
     # decode steps replay CUDA graphs: a step whose requests would verify different draft counts pads the
     # shorter ones to the longest, so it has a graph (Scheduler._pad_drafts)
     pad_drafts: bool = False
+    cache_reuse: int = 0  # shortest run of shifted tokens taken from an earlier sequence; 0 = off
 
     @property
     def most_prediction_drafts(self) -> int:
@@ -384,6 +385,11 @@ class EngineConfig:
     pending_timeout_ms: float | None = None  # a request waiting longer than this expires
     prefill_chunk: int = 2048  # tokens per engine step, shared by decode and prompt chunks
     enable_prefix_caching: bool = True
+    # llama-server's --cache-reuse: a new prompt's tokens past its cached prefix that an earlier sequence
+    # holds further along (the earlier one had tokens the new one dropped: an editor's window that slid)
+    # are taken from that sequence's pages in runs of at least this many tokens, their keys rotated to the
+    # new positions (engine/cache/kv_shift.py); 0 = off. Attention-only models, prefix caching on
+    cache_reuse: int = 0
     # bytes of host memory for the prefix cache's second tier (engine/cache/host_pool.py): KV pages evicted
     # from the GPU pool are kept there and copied back for a later request with the same prefix; 0 = off
     host_cache: int = 0
@@ -489,6 +495,19 @@ class EngineConfig:
             raise NinferError(f"host_cache must be 0 (off) or a number of bytes (got {self.host_cache})")
         if self.host_cache and not self.enable_prefix_caching:
             raise NinferError("host_cache is the prefix cache's second tier; it needs prefix caching on")
+        if (
+            isinstance(self.cache_reuse, bool)
+            or not isinstance(self.cache_reuse, int)
+            or self.cache_reuse < 0
+        ):
+            raise NinferError(f"cache_reuse must be 0 (off) or a number of tokens (got {self.cache_reuse!r})")
+        if self.cache_reuse and not self.enable_prefix_caching:
+            raise NinferError("--cache-reuse takes the prefix cache's pages; it needs prefix caching on")
+        if self.cache_reuse and self.spec == "draft":
+            raise NinferError(
+                "--cache-reuse with --spec draft: the draft model's keys would need rotating too; use --spec "
+                "ngram, or leave --cache-reuse out"
+            )
         if self.prefix_cache_file is not None:
             object.__setattr__(self, "prefix_cache_file", str(self.prefix_cache_file))
             if not self.host_cache:
@@ -620,6 +639,7 @@ class EngineConfig:
             num_prediction_tokens=self.num_prediction_tokens,
             spec=self.spec,
             pad_drafts=self.cuda_graphs and self.device != "cpu" and self.num_draft_tokens > 0,
+            cache_reuse=self.cache_reuse,
         )
 
     @property

@@ -81,6 +81,13 @@ class LLM:
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
         self.model_config = source.config
+        if (
+            config.cache_reuse and self.model_config.num_linear_attention_layers
+        ):  # said before the weights load
+            raise NinferError(
+                f"--cache-reuse shifts cached keys to new positions; {source.description} also keeps a "
+                "recurrent state (Gated DeltaNet layers), which cannot be shifted: leave --cache-reuse out"
+            )
         self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)
         # what a server request's left-out sampling fields default to
         checkpoint = self.tokenizer.sampling_defaults if self.tokenizer is not None else {}

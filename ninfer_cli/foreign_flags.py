@@ -106,7 +106,6 @@ ALWAYS_WITH_VALUE = {
     "--allowed-headers": "an allowed origin's pages may send any header",
     "-sm": "one GPU",
     "--split-mode": "one GPU",
-    "--cache-reuse": "the prefix cache reuses whole 16-token pages (no KV shifting)",
     "--slot-save-path": "there are no slots; --prefix-cache-file keeps the prefix cache across restarts",
     "-n": "a request's max_tokens (n_predict) sets it",
     "--n-predict": "a request's max_tokens (n_predict) sets it",

@@ -178,6 +178,15 @@ def serve(
     enable_prefix_caching: Annotated[
         bool, typer.Option(help="Reuse the KV pages of prompts' shared prefixes (on by default).")
     ] = True,
+    cache_reuse: Annotated[
+        int,
+        typer.Option(
+            "--cache-reuse",
+            metavar="N",
+            help="Past a prompt's cached prefix, take runs of N+ tokens an earlier prompt held further along "
+            "(an editor's window that slid), keys shifted (llama-server's; 256 for llama.vim); 0: off.",
+        ),
+    ] = 0,
     override_generation_config: OverrideGenerationConfig = None,
     threads: Annotated[
         int | None, typer.Option(help="CPU threads for the engine's matmuls (default: torch's choice).")
@@ -254,6 +263,7 @@ def serve(
         lora_modules=tuple(lora or ()),
         gpu_memory_utilization=gpu_memory_utilization,
         enable_prefix_caching=enable_prefix_caching,
+        cache_reuse=cache_reuse,
         override_generation_config=override_generation_config,
         threads=threads,
     )

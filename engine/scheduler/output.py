@@ -62,6 +62,9 @@ class SchedulerOutput(NamedTuple):
     # the host tier (engine/cache/host_pool.py), copied before the forward, swap_out first:
     swap_out: list[tuple[int, int]] = []  # (KV page, host slot): evicted pages whose prefix stays findable
     swap_in: list[tuple[int, int]] = []  # (host slot, KV page): host pages a request takes back
+    # --cache-reuse, copied after the host tier's: (source slot, destination slot, shift) per token, the key
+    # rotated by the shift (engine/cache/kv_shift.py)
+    kv_shifts: list[tuple[int, int, int]] = []
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

@@ -49,6 +49,7 @@ from engine.errors import EngineOverloaded, NinferError, PromptTooLong
 from engine.request import Request, RequestStatus
 from engine.scheduler.bans import banned_rows
 from engine.scheduler.output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.scheduler.reuse import CacheReuse
 from engine.scheduler.step_tokens import StepTokens
 from engine.spec.ngram import NgramProposer
 from engine.spec.prediction import PredictionDrafts
@@ -83,6 +84,9 @@ class Scheduler:
         self.num_accepted_tokens = 0  # of those, accepted
         self.num_drafts = 0  # verifications: a request's drafts of one step, verified together
         self.step_tokens = StepTokens()  # tokens per step that ran any (/metrics)
+        # --cache-reuse: earlier sequences' pages taken at shifted positions (engine/scheduler/reuse.py)
+        self.reuse = CacheReuse(config.cache_reuse, block_pool) if config.cache_reuse else None
+        self._pinned: list[int] = []  # source pages of this step's copies: held until the next step
 
     def reset_counters(self) -> None:
         """Zero what /metrics counts (steps, preemptions, drafts, prefix-cache lookups): after a warm-up."""
@@ -136,6 +140,10 @@ class Scheduler:
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self.block_pool.begin_step()
+        if self._pinned:  # the last step's copies are done
+            self.block_pool.free(self._pinned)
+            self._pinned = []
+        kv_shifts: list[tuple[int, int, int]] = []
         self._expire_waiting()
         budget = self.config.prefill_chunk
         scheduled: list[ScheduledRequest] = []
@@ -169,17 +177,29 @@ class Scheduler:
                 break
             hit_blocks, host_hits, restore = self._lookup_prefix(req)
             num_cached = (len(hit_blocks) + len(host_hits)) * self.block_size
+            reuse = self._plan_reuse(req, len(hit_blocks)) if not host_hits else None
+            if reuse is not None:
+                num_cached += reuse.num_tokens
             n = self._num_to_run(req, budget, num_cached)
             need = self.block_pool.blocks_needed(num_cached + n, len(hit_blocks))
-            reclaimed = sum(self.block_pool.ref_cnt[b] == 0 for b in hit_blocks)
+            held = hit_blocks + (reuse.source_blocks if reuse is not None else [])
+            reclaimed = sum(self.block_pool.ref_cnt[b] == 0 for b in dict.fromkeys(held))
             if need > self.block_pool.num_free_blocks - reclaimed:
                 break
             self.waiting.popleft()
             self.block_pool.touch(hit_blocks)
+            if reuse is not None:  # held for this step, so no allocation evicts them before they are read
+                self.block_pool.touch(reuse.source_blocks)
+                self._pinned += reuse.source_blocks
             new_blocks = self.block_pool.allocate(need)
             self.block_pool.take_from_host(host_hits, new_blocks)  # the first new pages: copied back
             req.block_ids = hit_blocks + new_blocks
             req.num_computed_tokens = num_cached
+            if reuse is not None:
+                bs = self.block_size
+                kv_shifts += [
+                    (src, req.block_ids[pos // bs] * bs + pos % bs, shift) for src, pos, shift in reuse.copies
+                ]
             req.num_registered_blocks = len(hit_blocks) + len(host_hits)
             if not req.admitted:
                 req.admitted, req.num_cached_tokens = True, num_cached
@@ -202,7 +222,15 @@ class Scheduler:
         swap_out, swap_in = self.block_pool.drain_swaps()
         if scheduled:
             self.step_tokens.observe(sum(len(r.token_ids) for r in scheduled))
-        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in)
+        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in, kv_shifts)
+
+    def _plan_reuse(self, req: Request, num_hit_pages: int):
+        """--cache-reuse's plan for a request being admitted past its `num_hit_pages` cached pages (None: off,
+        nothing to take, or a request it does not apply to: images, prompt logprobs, a hybrid model)."""
+        if self.reuse is None or req.mm is not None or _needs_prompt_logprobs(req) or self.state_pool:
+            return None
+        start, end = num_hit_pages * self.block_size, req.num_tokens - 1  # the last token is computed
+        return self.reuse.plan(req.cache_root, req.block_hashes, num_hit_pages, req.token_slice(start, end))
 
     def _waits_for_prompt(self, req: Request) -> bool:
         """Whether `req` waits for its `after` request, which is running its prompt (the same one)."""
@@ -546,6 +574,9 @@ class Scheduler:
         req = self.requests.pop(request_id, None)
         if req is None:
             return
+        if self.reuse is not None and req.mm is None and reason != "error":  # its named pages, a source
+            n = req.num_registered_blocks
+            self.reuse.remember(req.cache_root, req.token_slice(0, n * self.block_size), req.block_hashes[:n])
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status == RequestStatus.WAITING:

@@ -7,6 +7,7 @@ import itertools
 import torch
 
 from engine.cache.kv_layout import KVCache
+from engine.cache.kv_shift import shift_kv
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import NinferError
 from engine.layers import rotary
@@ -86,6 +87,7 @@ class ModelRunner:
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
         self.host_kv: HostKV | None = None  # the prefix cache's host tier, once attached
+        self._rope_inv_freq: torch.Tensor | None = None  # --cache-reuse's key rotations, made at first use
         self.backup_slot_base = backup_slot_base
         k = engine_config.num_draft_tokens
         self.drafter: MTPDrafter | DraftModelDrafter | None = None
@@ -168,6 +170,18 @@ class ModelRunner:
         self.asleep = None
         self.capture_graphs()
 
+    def _shift_kv(self, shifts: list[tuple[int, int, int]]) -> None:
+        src, dst, by = zip(*shifts, strict=True)
+        if self._rope_inv_freq is None:
+            self._rope_inv_freq = rotary.inv_freq_for(self.model_config).to(self.device)
+        shift_kv(
+            self.kv_caches,
+            to_device(list(src), torch.int64, self.device),
+            to_device(list(dst), torch.int64, self.device),
+            to_device(list(by), torch.float32, self.device),
+            self._rope_inv_freq,
+        )
+
     def device_works(self) -> bool:
         """Whether the device still runs work after a step raised: a CUDA error from a kernel (an illegal
         address, a device-side assert) sticks to the process, and every later call fails too; an
@@ -234,6 +248,8 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         if self.host_kv is not None:  # before anything writes a page this step
             self.host_kv.copy(sched.swap_out, sched.swap_in)
+        if sched.kv_shifts:  # --cache-reuse: after the host tier has read the pages it evicts
+            self._shift_kv(sched.kv_shifts)
         for request_id in sched.finished_request_ids:
             self.sampler.forget(request_id)
             self.images.forget(request_id)

@@ -130,3 +130,25 @@ def test_a_stop_string_that_is_a_special_token_stops_there(server):
     stopped = oai.completions.create(**forced, stop=["<|endoftext|>", "<|file_sep|>"]).choices[0]
     assert stopped.finish_reason == "stop" and stopped.text == ""
     assert oai.completions.create(**forced).choices[0].finish_reason == "length"  # no such stop: runs on
+
+
+def test_an_editor_window_that_slid_is_taken_from_the_cache(tmp_path, fim_tokenizer):
+    """llama.vim's requests with `serve --cache-reuse`: the extra context's first chunk goes (the ring moved
+    on), the rest of the prompt comes from the last request's pages at shifted positions."""
+    save_tiny(tiny_hf_model("qwen3", tied=False, vocab_size=fim_tokenizer.vocab_size), tmp_path)
+    fim_tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": fim_tokenizer.eos_token}))
+    chunks = [
+        {"filename": f"m{i}.py", "text": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 6}
+        for i in range(3)
+    ]
+    local = {"input_prefix": PREFIX * 4, "input_suffix": SUFFIX, "n_predict": 4, **GREEDY}
+    with RunningServer(AsyncLLM(tmp_path, cache_reuse=32)) as s:
+        first = _post(s, "/infill", {**local, "input_extra": chunks})
+        slid = _post(s, "/infill", {**local, "input_extra": chunks[1:]})
+    dropped = first["tokens_evaluated"] - slid["tokens_evaluated"]
+    assert dropped > 32
+    # the shared start (the repository header) as it was, the rest past the dropped chunk from the first
+    # request's pages at shifted positions: all but the prompt's last token (and what lay in the first
+    # request's last page, unnamed, should it have stopped at once)
+    assert slid["tokens_evaluated"] - 16 <= slid["tokens_cached"] < slid["tokens_evaluated"]

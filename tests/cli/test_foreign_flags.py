@@ -182,9 +182,8 @@ def test_more_of_what_vllm_and_llama_server_take():
             "--async-scheduling -sm none --cache-reuse 256 -n 512 --pooling last --reranking -tb 4"
         )
     )
-    assert args == ["/m", "--rerank", "--threads", "4"]
+    assert args == ["/m", "--cache-reuse", "256", "--rerank", "--threads", "4"]  # --cache-reuse: ninfer's own
     assert "--max-lora-rank 64 dropped: LoRA adapters of any rank are taken" in notes
-    assert "--cache-reuse 256 dropped: the prefix cache reuses whole 16-token pages (no KV shifting)" in notes
     assert translate(["-dev", "CUDA0"]) == (["--device", "cuda"], ["-dev CUDA0 as --device cuda"])
     # vLLM's CORS flags: the origins are ninfer's flag (its JSON list read as is), the rest is always so
     args, notes = translate(
