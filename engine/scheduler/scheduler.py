@@ -226,8 +226,11 @@ class Scheduler:
 
     def _plan_reuse(self, req: Request, num_hit_pages: int):
         """--cache-reuse's plan for a request being admitted past its `num_hit_pages` cached pages (None: off,
-        nothing to take, or a request it does not apply to: images, prompt logprobs, a hybrid model)."""
+        nothing to take, or a request it does not apply to: images, prompt logprobs, an embedding, whose
+        numbers the approximation would move, a hybrid model)."""
         if self.reuse is None or req.mm is not None or _needs_prompt_logprobs(req) or self.state_pool:
+            return None
+        if req.sampling_params.pooling is not None:
             return None
         start, end = num_hit_pages * self.block_size, req.num_tokens - 1  # the last token is computed
         return self.reuse.plan(req.cache_root, req.block_hashes, num_hit_pages, req.token_slice(start, end))

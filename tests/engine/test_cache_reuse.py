@@ -122,6 +122,14 @@ def test_runs_shorter_than_the_minimum_and_evicted_sources_are_not_taken(dense_d
     assert _run(llm, head + kept + [9]).num_cached_tokens == 0
 
 
+def test_an_embedding_is_never_approximated(dense_dir):
+    head, dropped, kept = _tokens(48, 1), _tokens(40, 2), _tokens(70, 3)
+    llm, plain = LLM(dense_dir, cache_reuse=16), LLM(dense_dir)
+    for engine in (llm, plain):
+        _run(engine, head + dropped + kept)
+    assert llm.embed(head + kept + [7]) == plain.embed(head + kept + [7])  # (both from the head's pages)
+
+
 def test_what_cache_reuse_cannot_take_is_refused(tmp_path):
     hybrid = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=2), tmp_path / "q35")
     with pytest.raises(NinferError, match="cannot be shifted: leave --cache-reuse out"):
