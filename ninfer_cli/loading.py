@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from engine.api.aliases import canonical
 from engine.api.cors import LOCAL_ORIGINS, CorsMiddleware
 from engine.api.errors import ApiError, error_for_path
+from engine.api.hosts import HostCheckMiddleware
 
 RETRY_AFTER_S = 5  # what a loading 503 asks clients to wait
 BACKLOG = 2048  # uvicorn's default
@@ -51,15 +52,19 @@ def loading_app(started: float):
 
 @contextlib.contextmanager
 def answering_while_loading(
-    sock: socket.socket, tls: dict[str, str] | None = None, origins: tuple[str, ...] = LOCAL_ORIGINS
+    sock: socket.socket,
+    tls: dict[str, str] | None = None,
+    origins: tuple[str, ...] = LOCAL_ORIGINS,
+    hosts: tuple[str, ...] | None = None,
 ) -> Iterator[None]:
     """Listen on `sock` (bound, not yet listening) and answer 503 on it until the block ends; `tls`:
     uvicorn's certificate settings, so an HTTPS server's clients see the 503 over HTTPS too; `origins`:
-    --allowed-origins, so a web page waiting for the model can read the 503 as the real server's replies."""
+    --allowed-origins, so a web page waiting for the model can read the 503 as the real server's replies;
+    `hosts`: --allowed-hosts' names (None: any), refused as the real server refuses them."""
     import uvicorn
 
     sock.listen(BACKLOG)
-    app = CorsMiddleware(loading_app(time.monotonic()), origins)
+    app = HostCheckMiddleware(CorsMiddleware(loading_app(time.monotonic()), origins), hosts)
     config = uvicorn.Config(app, log_level="warning", lifespan="off", **(tls or {}))
     server = uvicorn.Server(config)
     thread = threading.Thread(

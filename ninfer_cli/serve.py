@@ -65,6 +65,16 @@ def serve(
             "and local apps (localhost, 127.0.0.1, app://, file://, vscode-webview://, ...).",
         ),
     ] = None,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-hosts",
+            metavar="NAME",
+            help="Host names requests may give besides this machine's (an IP, localhost, *.localhost, *.local, "
+            "*.internal, its host name), checked while listening on the loopback only: a name a proxy "
+            "forwards, *.example.com, or * for any; repeat or comma-separate.",
+        ),
+    ] = None,
     ssl_certfile: Annotated[
         str | None,
         typer.Option(metavar="CERT", help="Serve HTTPS with this PEM certificate (and --ssl-keyfile)."),
@@ -222,6 +232,7 @@ def serve(
 
     from engine.api.app import create_app
     from engine.api.cors import origin_patterns
+    from engine.api.hosts import host_patterns
     from engine.api.state import ServerState
     from engine.async_llm import AsyncLLM
     from engine.config import EngineConfig, check_device_visible
@@ -231,6 +242,7 @@ def serve(
     check_device_visible(device)  # before the port is bound
     keys, tls = api_keys(api_key, api_key_file), tls_options(ssl_certfile, ssl_keyfile)
     origins = origin_patterns(allowed_origins or ())
+    hosts = host_patterns(host, allowed_hosts or ())
     scheme = "https" if tls else "http"
     if sleep_idle_seconds != -1 and not sleep_idle_seconds > 0:
         raise NinferError(
@@ -284,13 +296,19 @@ def serve(
             log.warning("%s", warning)
     started = time.monotonic()
     try:
-        with answering_while_loading(sock, tls, origins):
+        with answering_while_loading(sock, tls, origins, hosts):
             engine = AsyncLLM(model, **options)
     except BaseException:
         sock.close()
         raise
     state = ServerState(
-        engine, name, keys, lora_updates=enable_lora, lora_defaults=defaults, allowed_origins=origins
+        engine,
+        name,
+        keys,
+        lora_updates=enable_lora,
+        lora_defaults=defaults,
+        allowed_origins=origins,
+        allowed_hosts=hosts,
     )
     app = create_app(state)
     log.info("serving %s on %s://%s:%d (%s)", name, scheme, host, port, engine.llm.description)

@@ -27,6 +27,7 @@ from engine.api import (
 from engine.api.auth import AuthMiddleware
 from engine.api.cors import CorsMiddleware
 from engine.api.errors import ApiError, error_for_path
+from engine.api.hosts import HostCheckMiddleware
 from engine.api.state import ServerState
 from engine.version import ninfer_version
 
@@ -52,7 +53,8 @@ def create_app(state: ServerState) -> FastAPI:
     )
 
     app.add_middleware(AuthMiddleware, keys=state.api_keys, guarded_paths=guarded_paths)
-    app.add_middleware(CorsMiddleware, patterns=state.allowed_origins)  # outermost: preflights need no key
+    app.add_middleware(CorsMiddleware, patterns=state.allowed_origins)  # before auth: preflights need no key
+    app.add_middleware(HostCheckMiddleware, patterns=state.allowed_hosts)  # outermost
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):

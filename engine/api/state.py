@@ -38,6 +38,8 @@ class ServerState:
     lora_defaults: dict[str, float] = field(default_factory=dict)
     # the origins whose web pages may use the server (serve --allowed-origins; engine/api/cors.py)
     allowed_origins: tuple[str, ...] = LOCAL_ORIGINS
+    # the Host names requests may give (serve --allowed-hosts; engine/api/hosts.py); None: any
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self):
         self.metrics = Metrics(self.engine, self.model_id)

@@ -31,13 +31,16 @@ class RunningServer:
         api_key: str | None = None,
         sock: socket.socket | None = None,
         allowed_origins: tuple[str, ...] | None = None,
+        allowed_hosts: tuple[str, ...] | None = None,
     ):
         """`sock`: a bound socket to serve on (as `ninfer serve` does); else a free port of its own.
-        `allowed_origins`: serve --allowed-origins' patterns (None: the default, local pages)."""
+        `allowed_origins`: serve --allowed-origins' patterns (None: the default, local pages);
+        `allowed_hosts`: the Host names taken (engine/api/hosts.py; None: any, the default)."""
         self.engine = engine
         self.state = ServerState(engine, model_id, (api_key,) if api_key else ())
         if allowed_origins is not None:
             self.state.allowed_origins = allowed_origins
+        self.state.allowed_hosts = allowed_hosts
         if sock is None:
             probe = socket.socket()
             probe.bind(("127.0.0.1", 0))

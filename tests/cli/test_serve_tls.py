@@ -123,3 +123,12 @@ def test_https_with_several_keys(tmp_path):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert f"on https://127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_a_malformed_allowed_host_ends_serve_in_one_line_before_loading():
+    proc = run_serve("--allowed-hosts", "http://ninfer.example.com", "--port", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(
+        "error: --allowed-hosts 'http://ninfer.example.com' is not a host name"
+    )
+    assert proc.stderr.count("\n") == 1
