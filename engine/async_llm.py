@@ -29,6 +29,7 @@ from engine.vision.image import ImageInput
 log = logging.getLogger("ninfer")
 _STOP = object()
 _ABORTED = object()  # put into an aborted stream's own queue: wakes a reader waiting on it
+FAILING_STEPS = 3  # steps failed in a row past which /health says the engine is failing
 
 
 class EngineDeadError(NinferError):
@@ -257,6 +258,17 @@ class AsyncLLM:
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and self._error is None
+
+    def failing(self) -> str | None:
+        """A sentence for /health while the engine runs but its steps keep failing (each ends its requests with
+        an error: a model or kernel bug that every batch meets); None while steps run."""
+        n = self.llm.failed_steps
+        if n < FAILING_STEPS:
+            return None
+        return (
+            f"the last {n} engine steps failed ({self.llm.step_error}), so requests end with an error until "
+            "one runs; the server log has the details"
+        )
 
     def stats(self) -> dict[str, float]:
         """A snapshot for /metrics and /health (read without locking: plain ints)."""

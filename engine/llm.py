@@ -154,6 +154,10 @@ class LLM:
         self.eos_token_ids = tuple(sorted(eos))
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
+        # steps in a row that failed (one that runs starts the count again), and the last one's error: /health
+        # answers 503 while every step fails (AsyncLLM.failing)
+        self.failed_steps = 0
+        self.step_error = ""
         self._ids = itertools.count()
         self._sleep_level = 0
         self.dry_breakers = BreakerMasks(self.tokenizer, self.model_config.vocab_size, self.description)
@@ -382,9 +386,11 @@ class LLM:
             results.append((self._streams.pop(req.request_id).output(req.finish_reason), ""))
         self.scheduler.expired.clear()
         try:
-            return results + self._run_step(sched)
+            results += self._run_step(sched)
         except Exception as e:  # noqa: BLE001 - the step's requests fail; the others go on
             return results + self._fail_step(sched, e)
+        self.failed_steps = 0
+        return results
 
     def _run_step(self, sched: SchedulerOutput) -> list[tuple[RequestOutput, str]]:
         result = self.runner.execute(sched)
@@ -415,8 +421,10 @@ class LLM:
             raise error
         log.error("an engine step failed; its requests end with an error", exc_info=error)
         self.scheduler.step_failed(sched)
+        self.failed_steps += 1
+        self.step_error = f"{type(error).__name__}: {error}"
         message = (
-            f"the engine failed while running this request ({type(error).__name__}: {error}); the log has "
+            f"the engine failed while running this request ({self.step_error}); the log has "
             "the details, and the engine goes on with other requests"
         )
         results = []

@@ -78,6 +78,9 @@ def create_app(state: ServerState) -> FastAPI:
     async def health():
         if not state.engine.is_running:
             return JSONResponse({"status": "error", "message": "the engine stopped"}, status_code=503)
+        failing = state.engine.failing()
+        if failing is not None:
+            return JSONResponse({"status": "error", "message": failing}, status_code=503)
         return {"status": "ok", "model": state.model_id}
 
     @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
@@ -98,7 +101,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping():  # vLLM's (a load balancer's probe): 200 while the engine runs
-        return Response(status_code=200 if state.engine.is_running else 503)
+        works = state.engine.is_running and state.engine.failing() is None
+        return Response(status_code=200 if works else 503)
 
     @app.get("/metrics")
     async def metrics():

@@ -132,6 +132,9 @@ class ScriptedEngine:
     def sleeps_at(self):
         return None  # never
 
+    def failing(self):
+        return None  # its steps never fail
+
     def stats(self):
         return {
             "num_running": 0,

@@ -142,3 +142,32 @@ def test_a_bug_while_streaming_ends_the_stream_with_an_error_event(server, broke
     else:
         assert last["error"]["message"] == message
     server.wait_idle()  # the request was aborted: nothing runs on
+
+
+def test_health_says_so_while_every_step_fails_and_recovers_after(server, monkeypatch):
+    runner = server.engine.llm.runner
+    real = runner.execute
+
+    def execute(sched):
+        if sched.scheduled:
+            raise RuntimeError("boom in every step")
+        return real(sched)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    for _ in range(3):
+        assert (
+            httpx.get(f"{server.url}/health").status_code == 200
+        )  # a failure or two is not a failing engine
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5)
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 503 and health.json() == {
+        "status": "error",
+        "message": "the last 3 engine steps failed (RuntimeError: boom in every step), so requests end with "
+        "an error until one runs; the server log has the details",
+    }
+    assert httpx.get(f"{server.url}/ping").status_code == 503
+    monkeypatch.setattr(runner, "execute", real)
+    _works_after(server)  # one step that runs: healthy again
+    assert httpx.get(f"{server.url}/ping").status_code == 200
