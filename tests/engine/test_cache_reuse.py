@@ -28,23 +28,24 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> t
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half :]], dim=-1)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("rotary_dim", [64, 32])  # all of the head, or part of it
-def test_shifted_keys_equal_keys_stored_at_the_new_positions(kv_dtype, rotary_dim):
+def test_shifted_keys_equal_keys_stored_at_the_new_positions(kv_dtype, rotary_dim, device):
     torch.manual_seed(0)
     n, hk, d, bs = 37, 2, 64, 16
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
-    k, v = torch.randn(n, hk, d), torch.randn(n, hk, d)
-    old = torch.arange(100, 100 + n)
-    new = torch.arange(40, 40 + n)  # 60 positions earlier: tokens before them were dropped
-    cache = KVCache.allocate(kv_dtype, 16, bs, hk, d, "cpu")
-    want = KVCache.allocate(kv_dtype, 16, bs, hk, d, "cpu")
-    src = torch.arange(n) + 3 * bs + 5  # crossing pages
-    dst = torch.arange(n) + 9 * bs + 11
+    inv_freq = (1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))).to(device)
+    k, v = torch.randn(n, hk, d, device=device), torch.randn(n, hk, d, device=device)
+    old = torch.arange(100, 100 + n, device=device)
+    new = torch.arange(40, 40 + n, device=device)  # 60 positions earlier: tokens before them were dropped
+    cache = KVCache.allocate(kv_dtype, 16, bs, hk, d, device)
+    want = KVCache.allocate(kv_dtype, 16, bs, hk, d, device)
+    src = torch.arange(n, device=device) + 3 * bs + 5  # crossing pages
+    dst = torch.arange(n, device=device) + 9 * bs + 11
     kv_store(_rope(k, old, inv_freq), v, cache, src)
     kv_store(_rope(k, new, inv_freq), v, want, dst)
     shift_kv([cache], src, dst, (new - old).float(), inv_freq)
-    blocks = torch.arange(16)
+    blocks = torch.arange(16, device=device)
     (got_k, got_v), (want_k, want_v) = read_kv(cache, blocks), read_kv(want, blocks)
     err = (got_k[dst] - want_k[dst]).pow(2).mean().sqrt() / want_k[dst].pow(2).mean().sqrt()
     assert err <= TOLERANCE[kv_dtype], err
@@ -101,6 +102,21 @@ def test_a_window_that_slid_takes_the_rest_from_the_earlier_pages(one_layer_dir,
     plain = LLM(dense_dir, kv_dtype=kv_dtype)
     _run(plain, head + dropped + kept)
     assert _run(plain, head + kept + new).num_cached_tokens == 48  # without the flag: the shared pages only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_on_cuda_with_graphs_a_window_that_slid_answers_as_a_cold_run(one_layer_dir, kv_dtype):
+    head, dropped, kept, new = _tokens(48, 1), _tokens(40, 2), _tokens(70, 3), _tokens(9, 4)
+    on_cuda = dict(device="cuda", dtype="float32", kv_dtype=kv_dtype, max_context=4096)
+    llm = LLM(one_layer_dir, cache_reuse=16, **on_cuda)
+    _run(llm, head + dropped + kept)
+    out = _run(llm, head + kept + new)
+    assert out.num_cached_tokens == 48 + 70
+    cold = _run(LLM(one_layer_dir, **on_cuda), head + kept + new)
+    assert out.token_ids == cold.token_ids
+    for token, got, want in zip(out.token_ids, out.logprobs, cold.logprobs, strict=True):
+        assert abs(got[token] - want[token]) < 5e-2
 
 
 def test_a_deeper_model_takes_the_pages_too(dense_dir):
