@@ -38,6 +38,9 @@ class ResponseStore:
         self._items.move_to_end(response_id)
         return self._items[response_id]
 
+    def has(self, response_id: str) -> bool:
+        return response_id in self._items
+
     def item(self, item_id: str) -> dict[str, Any] | None:
         """A stored response's input or output item by its id (the newest response that has it), else None."""
         for response, _, inputs in reversed(self._items.values()):

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.api.common import (
+    KEEPALIVE_S,
     SSE_KEEPALIVE,
     complete,
     field,
@@ -37,6 +39,7 @@ from engine.api.custom_tools import custom_arguments, custom_function, custom_na
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
+from engine.api.response_background import EventLog
 from engine.api.response_history import ITEMS as HOSTED_ITEMS
 from engine.api.response_history import hosted_item_text
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
@@ -243,13 +246,6 @@ async def create(request: Request):
             "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
             "store",
         )
-    if background and streamed:
-        raise ApiError(
-            400,
-            "a background response is polled here, not streamed; leave 'stream' false and GET "
-            "/v1/responses/{id} until its status is completed",
-            "stream",
-        )
     for name, what in (("conversation", "conversations"), ("prompt", "prompt templates")):
         if body.get(name) is not None:
             raise ApiError(
@@ -361,9 +357,7 @@ async def create(request: Request):
         logprobs = message_logprobs.feed(out) if message_logprobs else None
         return finish(out, output_items(reasoning, content, calls, custom, logprobs))
 
-    if (
-        background
-    ):  # answered at once; the reply is stored when it is done (engine/api/response_background.py)
+    if background and not streamed:  # answered at once; stored when done (engine/api/response_background.py)
 
         async def run(began) -> None:
             await reply(None, lambda out: out.token_ids and began())
@@ -375,12 +369,17 @@ async def create(request: Request):
         return JSONResponse(await reply(request))
 
     parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
+    failed_with: list[str] = []  # the engine's sentence, when the request failed
 
-    async def events():
+    async def events(began=None):
+        """The stream's events; `began()` (background) is called once the first token is out."""
         out = None
         ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
         try:
-            yield stream.event("response.created", response=response("in_progress", [], None))
+            created = response("queued" if background else "in_progress", [], None)
+            yield stream.event("response.created", response=created)
+            if background:
+                yield stream.event("response.queued", response=created)
             yield stream.event("response.in_progress", response=response("in_progress", [], None))
             async for item in ticks:
                 if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
@@ -391,8 +390,11 @@ async def create(request: Request):
                 if failure is not None:
                     failed = response("failed", stream.output, None)
                     failed["error"] = {"code": "server_error", "message": failure}
+                    failed_with.append(failure)
                     yield stream.event("response.failed", response=failed)
                     return
+                if began is not None and out.token_ids:
+                    began()
                 state.metrics.token(out)
                 if message_logprobs:
                     stream.add_logprobs(message_logprobs.feed(out))
@@ -405,18 +407,63 @@ async def create(request: Request):
             final = finish(out, stream.output)
             yield stream.event(f"response.{final['status']}", response=final)
         finally:
-            engine_stream.abort()  # the client went away mid-stream: free its KV now
+            engine_stream.abort()  # the client went away mid-stream (not in the background): free its KV now
             await ticks.aclose()
 
     def error_event(message: str) -> str:
         return stream.event("error", code="server_error", message=message, param=None)
 
-    return StreamingResponse(guarded(events(), error_event), media_type="text/event-stream")
+    if not background:
+        return StreamingResponse(guarded(events(), error_event), media_type="text/event-stream")
+
+    written = EventLog()  # the task writes the events; this request (and GETs with stream=true) follow them
+
+    async def write(began) -> None:
+        try:
+            async for event in events(began):
+                if event is not SSE_KEEPALIVE:
+                    written.add(event)
+        except Exception as e:  # a bug: said to the followers, then stored as failed (and logged)
+            written.add(
+                error_event(
+                    f"internal error ({type(e).__name__}) while streaming the reply; see the server log"
+                )
+            )
+            raise
+        if failed_with:
+            raise ApiError(500, failed_with[0])  # stored as failed
+
+    state.background.start(response("queued", [], None), turns, input_items(given), write, written)
+    return StreamingResponse(following(written, -1), media_type="text/event-stream")
+
+
+async def following(events: EventLog, after: int) -> AsyncIterator[str]:
+    """A background response's stream, from the event after sequence number `after`; a client that leaves
+    stops following, not the response."""
+    async for event in events.follow(after, KEEPALIVE_S):
+        yield SSE_KEEPALIVE if event is None else event
 
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve(request: Request, response_id: str):
-    return JSONResponse(request.app.state.ninfer.responses.get(response_id)[0])
+    """The stored response; with `stream=true`, a background streamed one's events after sequence number
+    `starting_after` (default: all of them), then the new ones until it ends."""
+    state: ServerState = request.app.state.ninfer
+    query = request.query_params
+    if query.get("stream", "false").lower() not in ("true", "1"):
+        return JSONResponse(state.responses.get(response_id)[0])
+    given = query.get("starting_after", "-1")
+    try:
+        after = int(given)
+    except ValueError:
+        after = -2
+    if after < -1:
+        raise ApiError(
+            400, f"'starting_after' must be a sequence number, 0 or more (got {given!r})", "starting_after"
+        )
+    return StreamingResponse(
+        following(state.background.events(response_id, after), after), media_type="text/event-stream"
+    )
 
 
 @router.get("/v1/responses/{response_id}/input_items")
@@ -465,4 +512,5 @@ async def delete(request: Request, response_id: str):
     if state.background.running(response_id):  # its engine request is aborted first
         await state.background.cancel(response_id)
     state.responses.delete(response_id)
+    state.background.forget(response_id)
     return {"id": response_id, "object": "response", "deleted": True}

@@ -236,11 +236,6 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
             400,
             "a background response is stored to be polled",
         ),
-        (
-            {"input": ASK, "background": True, "stream": True},
-            400,
-            "a background response is polled here, not",
-        ),
         ({"input": ASK, "conversation": "conv_1"}, 400, "'conversation': this server keeps no conversations"),
         ({"input": ASK, "prompt": {"id": "pmpt_1"}}, 400, "'prompt': this server keeps no prompt templates"),
         ({"input": ASK, "truncation": "sometimes"}, 400, "'truncation' must be auto or disabled"),
