@@ -24,6 +24,7 @@ from engine.api.common import (
     with_keepalive,
 )
 from engine.api.context_editing import PARAM
+from engine.api.documents import file_text
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.state import ServerState
@@ -48,8 +49,9 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _document_text(block: dict, where: str) -> str:
-    """A plain-text `document` block (source type text, or content of text blocks) as the text the model
-    reads: its title and context, then the document; PDFs and URLs are refused (no parser, no fetching)."""
+    """A `document` block (source type text, content of text blocks, or a base64 PDF: its pages' text) as
+    the text the model reads: its title and context, then the document; URLs and file ids are refused
+    (nothing is fetched or stored here)."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "text" and isinstance(source.get("data"), str):
@@ -64,14 +66,18 @@ def _document_text(block: dict, where: str) -> str:
                 400, f"{where}.source.content must hold text blocks (this model reads no images there)"
             )
         body = "\n".join(p["text"] for p in parts)
-    elif kind in ("base64", "url", "file"):
+    elif kind == "base64" and isinstance(source.get("data"), str):
+        body = file_text(source["data"], where, source.get("media_type"))
+    elif kind in ("url", "file"):
         raise ApiError(
             400,
-            f"{where} is a document of type {source.get('media_type') or kind}; this server reads plain-text "
-            "documents (source type text or content): send the document's text",
+            f"{where} is a document by {'URL' if kind == 'url' else 'file id'}; this server fetches and keeps "
+            "no files: send it inline (source type base64, or its text)",
         )
     else:
-        raise ApiError(400, f'{where}.source must be a text source ({{"type": "text", "data": ...}})')
+        raise ApiError(
+            400, f'{where}.source must be a text, content or base64 source ({{"type": "text", "data": ...}})'
+        )
     head = [
         f"{key.capitalize()}: {block[key]}" for key in ("title", "context") if isinstance(block.get(key), str)
     ]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from engine.api.documents import PDF_BASE64, read_ahead
 from engine.api.errors import ApiError, ContextExceeded
 from engine.async_llm import AsyncStream
 from engine.errors import DeviceMemoryBusy, EngineOverloaded, NinferError, PromptTooLong
@@ -54,6 +55,8 @@ async def read_json(request: Request, allow_list: bool = False) -> dict[str, Any
         ) from e
     if not isinstance(body, dict) and not (allow_list and isinstance(body, list)):
         raise ApiError(400, "the body must be a JSON " + ("object or array" if allow_list else "object"))
+    if PDF_BASE64.encode() in raw:  # inline PDFs: read in a thread now, not on the event loop later
+        await read_ahead(body)
     return body
 
 

@@ -29,6 +29,7 @@ from engine.api.common import (
     with_keepalive,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_input, custom_names
+from engine.api.documents import openai_file_text
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
@@ -64,8 +65,10 @@ def _content(content: Any, where: str, images: MessageImages) -> str | list[dict
             elif part["type"] == "image_url":
                 data, max_pixels = openai_image(part, pw)
                 parts.append(images.add(data, pw, max_pixels))
-            elif part["type"] in ("input_audio", "file"):
-                raise ApiError(400, f"{pw} is {part['type']}; this model takes text and images only")
+            elif part["type"] == "file":
+                parts.append(openai_file_text(part.get("file"), pw))
+            elif part["type"] == "input_audio":
+                raise ApiError(400, f"{pw} is input_audio; this model takes text, images and files only")
             else:
                 raise ApiError(400, f"{pw} has unknown type '{part['type']}'")
         return template_content(parts)

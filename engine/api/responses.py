@@ -73,10 +73,13 @@ def _parts(content: Any, where: str) -> Any:
             parts.append(
                 {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail")}}
             )
+        elif kind == "input_file":
+            keys = ("file_data", "filename", "file_id", "file_url")
+            parts.append({"type": "file", "file": {k: part[k] for k in keys if k in part}})
         elif kind == "refusal":
             parts.append({"type": "text", "text": part.get("refusal", "")})
         else:
-            raise ApiError(400, f"{pw} has type '{kind}'; this server takes text and images", "input")
+            raise ApiError(400, f"{pw} has type '{kind}'; this server takes text, images and files", "input")
     return parts
 
 

@@ -228,7 +228,7 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             400,
-            "takes text and images",
+            "input[0].content[0] names a file by id; this server fetches and keeps no files",
         ),
         ({"input": ASK, "previous_response_id": "resp_nope"}, 404, "no stored response 'resp_nope'"),
         (

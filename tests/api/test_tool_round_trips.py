@@ -174,7 +174,7 @@ def test_anthropic_text_documents_are_read_and_others_refused_in_one_line():
                 model="m", max_tokens=20, messages=[{"role": "user", "content": [pdf, question]}]
             )
         message = e.value.body["error"]["message"]
-        assert "is a document of type application/pdf; this server reads plain-text documents" in message
+        assert message.startswith("messages[0].content[0] is not a readable PDF (")  # only its header
         assert "\n" not in message
 
 

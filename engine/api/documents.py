@@ -1,0 +1,141 @@
+"""Files that requests carry inline, read as the text the model gets: PDFs (Anthropic `document` blocks with a
+base64 PDF, as Claude Code's Read of a .pdf sends them; OpenAI `file` parts and Responses `input_file`s
+with `file_data`) page by page, and plain-text files as they are.
+
+A PDF's text layer is read with pypdf; a page without one (a scanned image, a drawing) is named as such in
+the text, so an agent whose history holds such a file goes on. An agent sends the same file again with
+every turn, so the latest texts are kept by the file's digest. Files by id or URL are not taken (nothing is
+stored or fetched here). Reading a long PDF takes seconds, so `read_ahead` reads a body's PDFs in a thread
+before the route renders the prompt (which then finds their texts kept): the event loop, and every other
+stream, goes on meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import io
+import logging
+import mimetypes
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from engine.api.errors import ApiError
+
+MAX_PAGES = 600  # as the Anthropic API's limit on a request's PDF pages
+KEPT = 16  # the latest files' texts kept (an agent's history resends them every turn)
+NO_TEXT = "(this page has no text: a scanned image or a drawing, which this server does not read)"
+
+_texts: OrderedDict[bytes, str] = OrderedDict()
+_lock = threading.Lock()  # read_ahead's thread and the event loop
+PDF_BASE64 = "JVBERi0"  # "%PDF-", base64-encoded: how an inline PDF's data begins
+
+
+async def read_ahead(body: Any) -> None:
+    """Read the PDFs a request body holds inline (any `data` / `file_data` string that is a base64 PDF) in a
+    thread, so that rendering the prompt finds their texts kept. A file that cannot be read is left for the
+    route, which names it in its refusal."""
+    found: list[str] = []
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("data", "file_data") and isinstance(value, str):
+                    data = value.partition(",")[2] if value.startswith("data:") else value
+                    if data.startswith(PDF_BASE64):
+                        found.append(data)
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(n for n in node if isinstance(n, (dict, list)))
+    for data in found:
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        with contextlib.suppress(ApiError):
+            await asyncio.to_thread(pdf_text, raw, "")
+
+
+def file_text(data: str, where: str, media_type: str | None = None) -> str:
+    """The text of a file given as base64 (or as a `data:` URL, whose media type then counts): a PDF's
+    pages, or a text file's contents; refused in a sentence when it is neither, or unreadable."""
+    if data.startswith("data:"):
+        head, _, data = data.partition(",")
+        media_type = head[5:].split(";")[0] or media_type
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{where} holds no valid base64 data") from None
+    if raw.lstrip()[:5] == b"%PDF-":
+        return pdf_text(raw, where)
+    if media_type == "application/pdf":
+        raise ApiError(400, f"{where} is not a PDF: its data does not begin with %PDF-")
+    if media_type is not None and (media_type.startswith("text/") or media_type in TEXT_TYPES):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, f"{where} is {media_type} but not UTF-8 text") from None
+    raise ApiError(
+        400,
+        f"{where} is a {media_type or 'file of unknown type'}; this server reads PDFs and text files (send "
+        "other files' text)",
+    )
+
+
+TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
+
+
+def pdf_text(raw: bytes, where: str) -> str:
+    """A PDF's text, page by page ("[page 1]" and its text, ...); a page without text says so."""
+    digest = hashlib.sha256(raw).digest()
+    with _lock:
+        if digest in _texts:
+            _texts.move_to_end(digest)
+            return _texts[digest]
+    import pypdf  # (read on the first PDF: the server starts without it)
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged file's repairs are not the log's business
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(raw), strict=False)
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise ApiError(400, f"{where} is a PDF locked with a password; send it unlocked")
+        pages = len(reader.pages)
+        if pages > MAX_PAGES:
+            raise ApiError(400, f"{where} is a PDF of {pages} pages; this server reads at most {MAX_PAGES}")
+        texts = [(page.extract_text() or "").strip() for page in reader.pages]
+    except ApiError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pypdf's errors on damaged files are of many types
+        raise ApiError(400, f"{where} is not a readable PDF ({type(e).__name__}: {e})") from None
+    text = "\n\n".join(f"[page {i}]\n{t or NO_TEXT}" for i, t in enumerate(texts, start=1))
+    with _lock:
+        _texts[digest] = text
+        while len(_texts) > KEPT:
+            _texts.popitem(last=False)
+    return text
+
+
+def openai_file_text(file: object, where: str) -> str:
+    """An OpenAI `file` part's `file` ({"file_data": base64 or a data: URL, "filename": ...}) as the text the
+    model reads: the file's name, then its text; files by id or URL are refused in a sentence."""
+    if not isinstance(file, dict):
+        raise ApiError(400, f"{where}.file must be an object with 'file_data' (base64 or a data: URL)")
+    data, name = file.get("file_data"), file.get("filename")
+    if data is None:
+        by = "id" if file.get("file_id") is not None else "URL" if file.get("file_url") is not None else None
+        if by is not None:
+            raise ApiError(
+                400,
+                f"{where} names a file by {by}; this server fetches and keeps no files: send it as file_data "
+                "(base64 or a data: URL)",
+            )
+    if not isinstance(data, str):
+        raise ApiError(400, f"{where}.file needs 'file_data' (base64 or a data: URL) as a string")
+    media_type = mimetypes.guess_type(name)[0] if isinstance(name, str) else None
+    text = file_text(data, where, media_type)
+    return (f"File: {name}\n" if isinstance(name, str) else "") + text + "\n\n"
