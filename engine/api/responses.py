@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -237,18 +238,25 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
     return turn
 
 
-@router.post("/v1/responses")
-async def create(request: Request):
-    state: ServerState = request.app.state.ninfer
-    body = await read_json(request)
-    background, streamed = field(body, "background", bool, False), field(body, "stream", bool, False)
-    store = field(body, "store", bool, True)
-    if background and not store:
-        raise ApiError(
-            400,
-            "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
-            "store",
-        )
+@dataclass(frozen=True)
+class _Prompt:
+    """A Responses request's prompt, rendered: the conversation it continues and adds to, and its tokens."""
+
+    previous: str | None
+    turns: list[dict[str, Any]]  # the chat messages: the previous response's conversation, then the input's
+    given: Any  # the input, item references resolved
+    instructions: str | None
+    truncation: str
+    tools: list[dict[str, Any]] | None
+    custom: frozenset[str]
+    images: Any  # MessageImages, in prompt order
+    text: str
+    ids: list[int]
+
+
+def _prompt(state: ServerState, body: dict) -> _Prompt:
+    """The prompt a create (or an input_tokens count) renders from the request: instructions, the previous
+    response's conversation, the input items, the tools; the earliest exchanges dropped with truncation auto."""
     for name, what in (("conversation", "conversations"), ("prompt", "prompt templates")):
         if body.get(name) is not None:
             raise ApiError(
@@ -294,6 +302,34 @@ async def create(request: Request):
         reserve = field(body, "max_output_tokens", int) or 1
         limit = state.max_context - reserve
         images, prompt_text, ids = fit_by_dropping_turns(turns, (images, prompt_text, ids), render, limit)
+    return _Prompt(previous, turns, given, instructions, truncation, tools, custom, images, prompt_text, ids)
+
+
+@router.post("/v1/responses/input_tokens")
+async def input_tokens(request: Request):
+    """The tokens a create with this body would give the model (OpenAI's responses.input_tokens.count)."""
+    state: ServerState = request.app.state.ninfer
+    p = _prompt(state, await read_json(request))
+    tokens = len(state.with_images(p.ids, await preprocess_images(state, p.images)))
+    return {"object": "response.input_tokens", "input_tokens": tokens}
+
+
+@router.post("/v1/responses")
+async def create(request: Request):
+    state: ServerState = request.app.state.ninfer
+    body = await read_json(request)
+    background, streamed = field(body, "background", bool, False), field(body, "stream", bool, False)
+    store = field(body, "store", bool, True)
+    if background and not store:
+        raise ApiError(
+            400,
+            "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
+            "store",
+        )
+    p = _prompt(state, body)
+    previous, turns, given = p.previous, p.turns, p.given
+    instructions, truncation, tools, custom = p.instructions, p.truncation, p.tools, p.custom
+    images, prompt_text, ids = p.images, p.text, p.ids
     in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
     top_logprobs = logprobs_setting(body)

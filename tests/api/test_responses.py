@@ -404,3 +404,31 @@ def test_fit_by_dropping_turns_keeps_whole_exchanges_and_the_most_that_fit():
 def test_nothing_left_running(server):
     server.wait_idle()
     assert not server.engine.llm.has_unfinished_requests()
+
+
+def test_input_tokens_counts_what_a_create_would_give_the_model(client):
+    asks = [
+        {"input": ASK},
+        {"input": ASK, "instructions": "Answer in French.", "tools": [WEATHER]},
+        {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": ASK}]}],
+            "reasoning": {"effort": "low"},
+        },
+    ]
+    for ask in asks:
+        counted = client.responses.input_tokens.count(model="m", **ask)
+        assert counted.object == "response.input_tokens"
+        made = client.responses.create(model="m", max_output_tokens=1, **ask)
+        assert counted.input_tokens == made.usage.input_tokens
+    # a follow-up: the previous response's conversation counts too
+    follow = {"input": "And of Spain?", "previous_response_id": made.id}
+    counted = client.responses.input_tokens.count(model="m", **follow)
+    assert (
+        counted.input_tokens
+        == client.responses.create(model="m", max_output_tokens=1, **follow).usage.input_tokens
+    )
+    assert counted.input_tokens > made.usage.input_tokens
+    with pytest.raises(openai.NotFoundError, match="no stored response 'resp_nope'"):
+        client.responses.input_tokens.count(model="m", input=ASK, previous_response_id="resp_nope")
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\].role is 'robot'"):
+        client.responses.input_tokens.count(model="m", input=[{"role": "robot", "content": "hi"}])
