@@ -45,6 +45,7 @@ from engine.api.infill_limits import InfillLimits
 from engine.api.openai import stream_error
 from engine.api.state import ServerState
 from engine.api.structured import llama_cpp_grammar
+from engine.api.timings import Clock
 from engine.async_llm import AsyncStream
 from engine.errors import NinferError
 from engine.fim import ExtraFile, fim_tokens, infill_prompt, no_fim_message
@@ -275,21 +276,20 @@ class _Run:
         began: float,
     ):
         self.stream, self.params, self.limits = stream, params, limits
-        self.n_predict, self.began = n_predict, began
-        self.first: float | None = None
-        self.last: float | None = None
+        self.n_predict, self.clock = n_predict, Clock(began)
         self.cut = False  # ended by n_indent or t_max_predict_ms
 
     async def __aiter__(self) -> AsyncIterator[tuple[RequestOutput, str]]:
         sent = 0
         async for out, _ in self.stream:
-            now = time.perf_counter()
-            self.first = self.first or now
-            self.last = now
+            self.clock.token(out)
             if self.n_predict == 0:  # the prompt read, its one token dropped
                 out = replace(out, token_ids=[], text="", logprobs=None if out.logprobs is None else [])
             at = self.limits.cut_at(out.text)
-            late = self.limits.out_of_time(out.text, (now - self.first) * 1000)
+            clock = self.clock
+            late = self.limits.out_of_time(
+                out.text, (clock.last - clock.first) * 1000 if clock.first else 0.0
+            )
             # (a line indented less may come in the step that ends the reply: it is cut all the same)
             if at is not None or (late and not out.finished):
                 self.cut = True
@@ -341,10 +341,7 @@ def _final(
 ) -> dict[str, Any]:
     """llama.cpp's final object: the text, why it stopped, the counts and the timings."""
     params = run.params
-    first, last = run.first or time.perf_counter(), run.last or time.perf_counter()
-    prompt_n = len(ids) - out.num_cached_tokens
     predicted_n = len(out.token_ids)
-    prompt_ms, predicted_ms = (first - run.began) * 1000, (last - first) * 1000
     settings = generation_settings(params, run.n_predict)
     reply = {
         "index": 0,
@@ -361,17 +358,7 @@ def _final(
         "stop_type": _stop_type(out, run),
         "stopping_word": out.stop_string or "",
         "tokens_cached": out.num_cached_tokens,
-        "timings": {
-            "cache_n": out.num_cached_tokens,
-            "prompt_n": prompt_n,
-            "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": predicted_n,
-            "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": (predicted_n - 1) * 1000 / predicted_ms if predicted_ms > 0 else 0.0,
-        },
+        "timings": run.clock.timings(out, len(ids)),
     }
     if params.logprobs:
         reply["completion_probabilities"] = _probabilities(state, out, params.logprobs, 0)

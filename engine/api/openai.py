@@ -36,6 +36,7 @@ from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logpro
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
+from engine.api.timings import Clock
 from engine.api.token_names import TokenNames, token_names
 from engine.parsers.call_stream import arguments_json
 from engine.parsers.reply import ReplyParser, parse_reply
@@ -428,10 +429,11 @@ async def chat_completions(request: Request):
     def thought(outs) -> int:
         return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)
 
+    clock = Clock() if n == 1 else None  # llama-server's `timings` (one choice)
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
-        outs = await collect_choices(state, streams, request)
+        outs = await collect_choices(state, streams, request, clock.token if clock else None)
         choices = []
         for index, out in enumerate(outs):
             reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls)
@@ -460,6 +462,8 @@ async def chat_completions(request: Request):
             "choices": choices,
             "usage": usage_json(*outs, n=n, reasoning=thought(outs), prediction=predicted),
         }
+        if clock is not None:
+            response["timings"] = clock.timings(outs[0])
         if prompt_top is not None:
             response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
         return JSONResponse(response)
@@ -472,6 +476,7 @@ async def chat_completions(request: Request):
         usage: dict | None = None,
         index: int | None = 0,
         logprobs: dict | None = None,
+        timings: dict | None = None,
     ) -> str:
         payload: dict[str, Any] = {
             "id": rid,
@@ -486,6 +491,8 @@ async def chat_completions(request: Request):
             payload["usage"] = usage
         else:
             usage_options.add_to(payload, last)
+        if timings is not None:
+            payload["timings"] = timings
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
@@ -510,6 +517,8 @@ async def chat_completions(request: Request):
                     yield stream_error(failure)
                     return
                 state.metrics.token(out)
+                if clock is not None:
+                    clock.token(out)
                 if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs[index]:
                     # the new tokens' logprobs, in a chunk of their own (text may be held back a while)
                     logprobs = _logprobs_content(names, out, top_logprobs, sent_logprobs[index])
@@ -545,7 +554,9 @@ async def chat_completions(request: Request):
                         )
                 if out.finished:
                     state.metrics.finished(out)
-                    yield chunk({}, "tool_calls" if num_calls[index] else finish_reason(out), index=index)
+                    why = "tool_calls" if num_calls[index] else finish_reason(out)
+                    timings = clock.timings(out) if clock is not None else None
+                    yield chunk({}, why, index=index, timings=timings)
             if usage_options.include:
                 totals = usage_json(*last, n=n, reasoning=thought(last), prediction=predicted)
                 yield chunk({}, usage=totals, index=None)
