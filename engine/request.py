@@ -149,6 +149,9 @@ class SamplingParams:
     # llama.cpp's weighted mix instead: {name: scale} (or pairs), each adapter's delta times its scale, summed;
     # a scale of 0 leaves the adapter out
     adapter_scales: tuple[tuple[str, float], ...] | dict[str, float] = ()
+    # llama-server's return_progress: while the prompt runs in chunks, an output after each chunk that ran
+    # without a token (no tokens, `prompt_progress` set), so a client can show how far its prompt has come
+    return_progress: bool = False
 
     def __post_init__(self):
         for name in _NUMBERS:  # the API's callers get a sentence, not a comparison's TypeError
@@ -452,6 +455,9 @@ class RequestOutput:
     # pooling: the prompt's embedding (not normalized), once the prompt has run
     embedding: list[float] | None = None
     queue_time: float | None = None  # seconds from arrival to first admission (None: not admitted)
+    # return_progress: an output between prompt chunks (no new tokens) carries (prompt tokens, of those
+    # cached at admission, of those in the cache now)
+    prompt_progress: tuple[int, int, int] | None = None
 
     @property
     def finished(self) -> bool:

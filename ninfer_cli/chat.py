@@ -16,7 +16,7 @@ from rich.markup import escape
 from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
-from ninfer_cli.chat_backends import LocalChat, RemoteChat, ReplyStats, check_source
+from ninfer_cli.chat_backends import LocalChat, PromptProgress, RemoteChat, ReplyStats, check_source
 from ninfer_cli.chat_input import piped_line_reader, read_message, terminal_line_reader
 from ninfer_cli.chat_session import COMMANDS as SESSION_COMMANDS
 from ninfer_cli.chat_session import Conversation
@@ -41,12 +41,14 @@ IMAGE_HELP = "/image PATH attaches a picture to your next message."
 def _stream_reply(backend, messages, params, out, verbose: bool = False) -> str:
     reply = []
     stats = ReplyStats(time.perf_counter()) if verbose else None
+    progress = PromptProgress(sys.stderr)
     try:
-        for delta in backend.reply(messages, params, stats):
+        for delta in backend.reply(messages, params, stats, progress):
             out.write(delta)
             out.flush()
             reply.append(delta)
     except KeyboardInterrupt:
+        progress.clear()
         out.write(" [interrupted]")
     out.write("\n")
     out.flush()

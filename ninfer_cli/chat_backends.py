@@ -10,8 +10,8 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
 
 from engine.errors import NinferError
 
@@ -88,6 +88,28 @@ class ReplyStats:
         return " · ".join(parts)
 
 
+class PromptProgress:
+    """A line on the terminal while a long prompt is read (it runs in --prefill-chunk pieces, and a long
+    conversation can take a while): how much of it is in, the cached part counted; cleared as the reply
+    begins. Nothing is written where the stream is not a terminal."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self.shown = stream, False
+        self.on = stream.isatty()
+
+    def show(self, total: int, processed: int) -> None:
+        if self.on:
+            self.stream.write(f"\r[reading the prompt: {100 * processed // total}% of {total:,} tokens]")
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")  # back to the line's start, erased
+            self.stream.flush()
+            self.shown = False
+
+
 class LocalChat:
     """The conversation on an engine (LLM) in this process."""
 
@@ -98,11 +120,25 @@ class LocalChat:
     def attach(self, data: bytes) -> str:
         return f"attached ({self.llm.image(data).num_tokens} tokens)"
 
-    def reply(self, messages: list[dict[str, Any]], params, stats: ReplyStats | None = None) -> Iterator[str]:
+    def reply(
+        self,
+        messages: list[dict[str, Any]],
+        params,
+        stats: ReplyStats | None = None,
+        progress: PromptProgress | None = None,
+    ) -> Iterator[str]:
         images = [self.llm.image(data) for data in _images(messages)]
         local = _with_parts(messages, lambda _: {"type": "image"})
+        if progress is not None:
+            params = replace(params, return_progress=True)
         seen = 0
         for delta, out in self.llm.stream_chat(local, params, images):
+            if out.prompt_progress is not None:
+                total, _, processed = out.prompt_progress
+                progress.show(total, processed)
+                continue
+            if progress is not None:
+                progress.clear()
             if out.finish_reason == "error":  # the engine step failed; the engine goes on
                 raise NinferError(out.error)
             if stats is not None:
@@ -141,7 +177,14 @@ class RemoteChat:
         decode_image(data)  # a file that is not an image is said here, not by the server
         return "attached"
 
-    def reply(self, messages: list[dict[str, Any]], params, stats: ReplyStats | None = None) -> Iterator[str]:
+    def reply(
+        self,
+        messages: list[dict[str, Any]],
+        params,
+        stats: ReplyStats | None = None,
+        progress: PromptProgress | None = None,
+    ) -> Iterator[str]:
+        """(`progress`: not shown for a server's prompt)"""
         sampling: dict[str, Any] = {**self.fields, "max_tokens": params.max_tokens, **self.sampling}
         if params.seed is not None:
             sampling["seed"] = params.seed

@@ -191,9 +191,12 @@ def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int
         "lora": body.get("lora"),  # or a list of adapter ids and scales
     }
     grammar = llama_cpp_grammar(body)
-    return sampling_params(
+    params = sampling_params(
         state, translated, "max_tokens", max_tokens, stop or None, grammar=grammar, logprobs=n_probs or None
     )
+    if field(body, "return_progress", bool, False) and field(body, "stream", bool, False):
+        params = replace(params, return_progress=True)  # (a reply that is not streamed has no use for it)
+    return params
 
 
 async def _reply(
@@ -233,6 +236,15 @@ async def _reply(
                     yield SSE_KEEPALIVE
                     continue
                 out, delta = item
+                if out.prompt_progress is not None:
+                    part = {
+                        "index": 0,
+                        "content": "",
+                        "stop": False,
+                        "prompt_progress": run.clock.progress(out),
+                    }
+                    yield f"data: {json.dumps(part)}\n\n"
+                    continue
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)
@@ -282,6 +294,9 @@ class _Run:
     async def __aiter__(self) -> AsyncIterator[tuple[RequestOutput, str]]:
         sent = 0
         async for out, _ in self.stream:
+            if out.prompt_progress is not None:  # between prompt chunks: passed on as it is
+                yield out, ""
+                continue
             self.clock.token(out)
             if self.n_predict == 0:  # the prompt read, its one token dropped
                 out = replace(out, token_ids=[], text="", logprobs=None if out.logprobs is None else [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -413,6 +414,8 @@ async def chat_completions(request: Request):
         prompt_logprobs=prompt_top,
         prediction=_prediction(state, body),
     )
+    if stream and field(body, "return_progress", bool, False):  # llama-server's: the prompt's progress
+        params = replace(params, return_progress=True)
     prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
     if images.items and body.get("truncate_prompt_tokens") is not None:
         raise ApiError(
@@ -429,11 +432,11 @@ async def chat_completions(request: Request):
     def thought(outs) -> int:
         return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)
 
-    clock = Clock() if n == 1 else None  # llama-server's `timings` (one choice)
+    clock = Clock()  # llama-server's `timings` (of one choice) and `prompt_progress`
     streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
-        outs = await collect_choices(state, streams, request, clock.token if clock else None)
+        outs = await collect_choices(state, streams, request, clock.token if n == 1 else None)
         choices = []
         for index, out in enumerate(outs):
             reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls)
@@ -462,7 +465,7 @@ async def chat_completions(request: Request):
             "choices": choices,
             "usage": usage_json(*outs, n=n, reasoning=thought(outs), prediction=predicted),
         }
-        if clock is not None:
+        if n == 1:
             response["timings"] = clock.timings(outs[0])
         if prompt_top is not None:
             response["prompt_logprobs"] = vllm_prompt_logprobs(state, outs[0], prompt_top)
@@ -477,6 +480,7 @@ async def chat_completions(request: Request):
         index: int | None = 0,
         logprobs: dict | None = None,
         timings: dict | None = None,
+        progress: dict | None = None,
     ) -> str:
         payload: dict[str, Any] = {
             "id": rid,
@@ -487,7 +491,9 @@ async def chat_completions(request: Request):
             if index is not None
             else [],
         }
-        if usage is not None:
+        if progress is not None:
+            payload["prompt_progress"] = progress
+        elif usage is not None:
             payload["usage"] = usage
         else:
             usage_options.add_to(payload, last)
@@ -511,13 +517,16 @@ async def chat_completions(request: Request):
                     yield SSE_KEEPALIVE
                     continue
                 index, out, delta = item
+                if out.prompt_progress is not None:  # between prompt chunks: a chunk of no choice
+                    yield chunk({}, index=None, progress=clock.progress(out))
+                    continue
                 last[index] = out
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)
                     return
                 state.metrics.token(out)
-                if clock is not None:
+                if n == 1:
                     clock.token(out)
                 if top_logprobs is not None and len(out.logprobs or ()) > sent_logprobs[index]:
                     # the new tokens' logprobs, in a chunk of their own (text may be held back a while)
@@ -555,7 +564,7 @@ async def chat_completions(request: Request):
                 if out.finished:
                     state.metrics.finished(out)
                     why = "tool_calls" if num_calls[index] else finish_reason(out)
-                    timings = clock.timings(out) if clock is not None else None
+                    timings = clock.timings(out) if n == 1 else None
                     yield chunk({}, why, index=index, timings=timings)
             if usage_options.include:
                 totals = usage_json(*last, n=n, reasoning=thought(last), prediction=predicted)

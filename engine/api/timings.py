@@ -1,7 +1,8 @@
 """llama-server's `timings` object: how long a request's prompt and its reply took, and at what rate; on its
 native routes' final object and, as llama-server adds it, on OpenAI chat completions (the reply, or a
 stream's finishing chunk), where its web UI and scripts read the speed and the context used
-(cache_n + prompt_n + predicted_n)."""
+(cache_n + prompt_n + predicted_n); and `prompt_progress` between a long prompt's chunks
+(return_progress)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ class Clock:
         if out.num_draft_tokens:  # speculative decoding: the draft tokens verified, and of those accepted
             timings.update(draft_n=out.num_draft_tokens, draft_n_accepted=out.num_accepted_tokens)
         return timings
+
+    def progress(self, out: RequestOutput) -> dict[str, Any]:
+        """llama-server's `prompt_progress` for an output between prompt chunks (return_progress): the
+        prompt's tokens, those cached at admission, those in the cache now (the cached ones too), and the
+        milliseconds since the request began."""
+        total, cache, processed = out.prompt_progress
+        return {
+            "total": total,
+            "cache": cache,
+            "processed": processed,
+            "time_ms": (time.perf_counter() - self.began) * 1000,
+        }

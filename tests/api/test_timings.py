@@ -72,3 +72,66 @@ def test_speculative_decodings_drafts_are_counted_as_llama_server_counts_them():
     )
     timings = clock.timings(drafted, prompt_tokens=9)
     assert (timings["prompt_n"], timings["draft_n"], timings["draft_n_accepted"]) == (9, 6, 4)
+
+
+@pytest.fixture(scope="module")
+def chunked():
+    """Prompts run in chunks of 32 tokens: a long one reports its progress between them."""
+    with RunningServer(AsyncLLM(max_concurrency=2, prefill_chunk=32)) as s:
+        yield s
+
+
+LONG = "Count the words in this sentence, please: " + "one two three four five six seven eight " * 12
+
+
+def _events(url: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_return_progress_streams_the_prompts_progress_on_completion_and_chat(chunked):
+    events = _events(
+        chunked.url, "/completion", {"prompt": LONG, "n_predict": 3, "stream": True, "return_progress": True}
+    )
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert len(progress) >= 2 and set(progress[0]) == {"total", "cache", "processed", "time_ms"}
+    assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
+    assert all(p["processed"] < p["total"] == events[-1]["tokens_evaluated"] for p in progress)
+    assert events.index(next(e for e in events if "prompt_progress" in e)) == 0  # before any text
+    assert "".join(e["content"] for e in events) == events[-1]["content"] or events[-1]["stop"]
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": LONG + "x"}],
+        "max_tokens": 3,
+        "stream": True,
+        "return_progress": True,
+    }
+    chunks = _events(chunked.url, "/v1/chat/completions", chat)
+    progress = [c for c in chunks if "prompt_progress" in c]
+    assert progress and all(c["choices"] == [] for c in progress)
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    import openai
+
+    client = openai.OpenAI(base_url=f"{chunked.url}/v1", api_key="x", max_retries=0)
+    parsed = list(
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Again: " + LONG}],  # not cached
+            max_tokens=3,
+            stream=True,
+            extra_body={"return_progress": True},
+        )
+    )
+    assert any(c.model_extra.get("prompt_progress") for c in parsed)  # the SDK reads them as chunks
+
+
+def test_without_return_progress_or_without_a_stream_there_is_none(chunked):
+    events = _events(chunked.url, "/completion", {"prompt": LONG + "y", "n_predict": 3, "stream": True})
+    assert not any("prompt_progress" in e for e in events)
+    reply = httpx.post(
+        f"{chunked.url}/completion",
+        json={"prompt": LONG + "z", "n_predict": 3, "return_progress": True},
+        timeout=60,
+    ).json()
+    assert "prompt_progress" not in reply and reply["stop"]

@@ -76,7 +76,7 @@ class _Recorder:
     def __init__(self, *args, **kwargs):
         self.description = "recorder"
 
-    def reply(self, messages, params, stats=None):
+    def reply(self, messages, params, stats=None, progress=None):
         _Recorder.sent.append([dict(m) for m in messages])
         yield "ok"
 
@@ -172,7 +172,7 @@ def test_a_terminal_session_edits_lines_and_keeps_its_history(tmp_path):
 class _Numbered(_Recorder):
     """Replies "reply 1", "reply 2", ... (so a retried reply differs from the one it replaces)."""
 
-    def reply(self, messages, params, stats=None):
+    def reply(self, messages, params, stats=None, progress=None):
         _Recorder.sent.append([dict(m) for m in messages])
         yield f"reply {len(_Recorder.sent)}"
 
@@ -275,3 +275,32 @@ def test_a_failed_engine_step_is_said_and_the_conversation_goes_on(monkeypatch, 
     )
     assert "Paris" in result.output
     assert [m["role"] for m in json.loads(saved.read_text())] == ["user", "assistant"]
+
+
+def test_a_long_prompt_shows_how_far_it_has_been_read_on_a_terminal_only():
+    import io
+
+    from engine import LLM, SamplingParams
+    from ninfer_cli.chat_backends import LocalChat, PromptProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen, pipe = Terminal(), io.StringIO()
+    backend = LocalChat(LLM(prefill_chunk=32))
+    message = [{"role": "user", "content": "Repeat after me: " + "one two three four five " * 20}]
+    params = SamplingParams(max_tokens=4, temperature=0)
+    progress = PromptProgress(screen)
+    shown_before_text = []
+
+    for _ in backend.reply(message, params, None, progress):
+        shown_before_text.append(screen.getvalue())
+    lines = shown_before_text[0].split("\r")
+    assert lines[1].startswith("[reading the prompt: ") and lines[1].endswith(" tokens]")
+    percents = [int(line.split(": ")[1].split("%")[0]) for line in lines[1:-1]]
+    assert len(percents) >= 2 and percents == sorted(percents) and percents[-1] < 100
+    assert screen.getvalue().endswith("\r\x1b[K") and not progress.shown  # cleared as the reply began
+    quiet = PromptProgress(pipe)
+    list(backend.reply([{"role": "user", "content": "Again: " + message[0]["content"]}], params, None, quiet))
+    assert pipe.getvalue() == ""
