@@ -94,10 +94,11 @@ def test_a_follow_up_on_a_running_response_and_cancelling_a_foreground_one_are_r
     server.wait_idle(5)
 
 
-def test_a_failed_background_response_is_stored_as_failed():
-    engine = ScriptedEngine(["never sent"])
+def _failing_engine() -> ScriptedEngine:
+    """An engine whose every request ends at once with a failed step's error."""
+    engine = ScriptedEngine(["never sent"] * 4)
 
-    async def expired(*args, **kwargs):
+    async def failing(*args, **kwargs):
         stream = await ScriptedEngine.add_request(engine, *args, **kwargs)
 
         async def run():
@@ -111,7 +112,12 @@ def test_a_failed_background_response_is_stored_as_failed():
         stream._run = run
         return stream
 
-    engine.add_request = expired
+    engine.add_request = failing
+    return engine
+
+
+def test_a_failed_background_response_is_stored_as_failed():
+    engine = _failing_engine()
     with RunningServer(engine) as s:
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
         queued = client.responses.create(model="m", input="Hi", background=True)
@@ -226,23 +232,7 @@ def test_cancelling_a_streamed_background_response_ends_its_followers(server, cl
 
 
 def test_a_streamed_background_response_that_fails_ends_with_response_failed_and_is_stored_so():
-    engine = ScriptedEngine(["never sent"])
-
-    async def failing(*args, **kwargs):
-        stream = await ScriptedEngine.add_request(engine, *args, **kwargs)
-
-        async def run():
-            yield (
-                stream.output.__class__(
-                    stream.request_id, None, [], [], "", None, "error", error="the engine failed (boom)"
-                ),
-                "",
-            )
-
-        stream._run = run
-        return stream
-
-    engine.add_request = failing
+    engine = _failing_engine()
     with RunningServer(engine) as s:
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
         events = list(client.responses.create(model="m", input="Hi", background=True, stream=True))
