@@ -20,6 +20,7 @@ from engine.api import (
     openai,
     props,
     rerank,
+    response_compaction,
     responses,
     sleep_routes,
     tokens,
@@ -114,6 +115,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(rerank.router)
     app.include_router(anthropic.router)
     app.include_router(responses.router)
+    app.include_router(response_compaction.router)
     app.include_router(tokens.router)
     app.include_router(llama_cpp.router)
     app.include_router(props.router)

@@ -41,6 +41,7 @@ from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
 from engine.api.response_background import EventLog
+from engine.api.response_compaction import compaction_text
 from engine.api.response_history import ITEMS as HOSTED_ITEMS
 from engine.api.response_history import hosted_item_text
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
@@ -139,11 +140,14 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
             origins.append(where)
         elif kind in HOSTED_ITEMS:
             _add_to_assistant_turn(out, origins, hosted_item_text(item), where)
+        elif kind == "compaction":  # what /v1/responses/compact left of the conversation before it
+            out.append({"role": "user", "content": compaction_text(item)})
+            origins.append(where)
         elif kind != "reasoning":
             raise ApiError(
                 400,
                 f"{where} has type '{kind}'; this server takes message, function_call, function_call_output, "
-                "custom_tool_call, custom_tool_call_output, reasoning and hosted tools' history items "
+                "custom_tool_call, custom_tool_call_output, reasoning, compaction and hosted tools' history items "
                 "(web_search_call, local_shell_call, mcp_call, ...)",
                 "input",
             )
@@ -239,7 +243,7 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Prompt:
+class ResponsesPrompt:
     """A Responses request's prompt, rendered: the conversation it continues and adds to, and its tokens."""
 
     previous: str | None
@@ -254,7 +258,7 @@ class _Prompt:
     ids: list[int]
 
 
-def _prompt(state: ServerState, body: dict) -> _Prompt:
+def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
     """The prompt a create (or an input_tokens count) renders from the request: instructions, the previous
     response's conversation, the input items, the tools; the earliest exchanges dropped with truncation auto."""
     for name, what in (("conversation", "conversations"), ("prompt", "prompt templates")):
@@ -302,14 +306,16 @@ def _prompt(state: ServerState, body: dict) -> _Prompt:
         reserve = field(body, "max_output_tokens", int) or 1
         limit = state.max_context - reserve
         images, prompt_text, ids = fit_by_dropping_turns(turns, (images, prompt_text, ids), render, limit)
-    return _Prompt(previous, turns, given, instructions, truncation, tools, custom, images, prompt_text, ids)
+    return ResponsesPrompt(
+        previous, turns, given, instructions, truncation, tools, custom, images, prompt_text, ids
+    )
 
 
 @router.post("/v1/responses/input_tokens")
 async def input_tokens(request: Request):
     """The tokens a create with this body would give the model (OpenAI's responses.input_tokens.count)."""
     state: ServerState = request.app.state.ninfer
-    p = _prompt(state, await read_json(request))
+    p = responses_prompt(state, await read_json(request))
     tokens = len(state.with_images(p.ids, await preprocess_images(state, p.images)))
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
@@ -326,7 +332,7 @@ async def create(request: Request):
             "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
             "store",
         )
-    p = _prompt(state, body)
+    p = responses_prompt(state, body)
     previous, turns, given = p.previous, p.turns, p.given
     instructions, truncation, tools, custom = p.instructions, p.truncation, p.tools, p.custom
     images, prompt_text, ids = p.images, p.text, p.ids
