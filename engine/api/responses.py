@@ -143,6 +143,14 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
         elif kind == "compaction":  # what /v1/responses/compact left of the conversation before it
             out.append({"role": "user", "content": compaction_text(item)})
             origins.append(where)
+        elif kind == "compaction_trigger":
+            raise ApiError(
+                400,
+                f"{where} is a compaction_trigger (in-band compaction), which this server does not serve; "
+                "compact with POST /v1/responses/compact, or give Codex a custom model provider "
+                "(docs/codex.md) so that it compacts by itself",
+                "input",
+            )
         elif kind != "reasoning":
             raise ApiError(
                 400,

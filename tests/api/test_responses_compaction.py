@@ -103,3 +103,13 @@ def test_what_cannot_be_compacted_is_refused_in_a_sentence(body, message):
     with RunningServer(ScriptedEngine(["x"])) as s:
         r = httpx.post(f"{s.url}/v1/responses/compact", json=body)
         assert r.status_code in (400, 404) and message in r.json()["error"]["message"]
+
+
+def test_in_band_compaction_is_refused_with_what_to_do_instead():
+    with (
+        RunningServer(ScriptedEngine(["x"])) as s,
+        pytest.raises(
+            openai.BadRequestError, match=r"input\[1\] is a compaction_trigger .* POST /v1/responses/compact"
+        ),
+    ):
+        _client(s).responses.create(model="m", input=[HISTORY[0], {"type": "compaction_trigger"}])
