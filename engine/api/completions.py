@@ -34,6 +34,8 @@ from engine.api.prompt_logprobs import legacy_prompt_logprobs, prompt_logprobs_f
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_text_grammar
+from engine.api.token_ids import TokenIds
+from engine.api.token_ids import asked as token_ids_asked
 from engine.api.token_names import TokenNames, token_names
 from engine.fim import fim_tokens, infill_prompt, no_fim_message
 from engine.request import RequestOutput
@@ -171,9 +173,16 @@ async def completions(request: Request):
         return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
     latest: list[RequestOutput | None] = [None] * len(streams)  # each choice's latest output (streamed)
+    return_ids = token_ids_asked(body)  # vLLM's return_token_ids
+    sent_ids, prompt_ids_sent = TokenIds(return_ids, len(streams)), [False] * len(streams)
 
     def event(index: int, text: str, finish: str | None, logprobs: dict | None) -> str:
-        chunk = usage_options.add_to(payload([choice(index, text, finish, logprobs)]), latest)
+        one = choice(index, text, finish, logprobs)
+        if return_ids:
+            one["token_ids"] = sent_ids.take(index)
+            if not prompt_ids_sent[index]:
+                one["prompt_token_ids"], prompt_ids_sent[index] = list(prompts[index // n]), True
+        chunk = usage_options.add_to(payload([one]), latest)
         return f"data: {json.dumps(chunk)}\n\n"
 
     def echoed_logprobs(out: RequestOutput) -> dict | None:
@@ -191,6 +200,8 @@ async def completions(request: Request):
             if echo and top is not None:
                 logprobs = {k: echoed_logprobs(out)[k] + logprobs[k] for k in logprobs}
             choices.append(choice(index, text + out.text, finish_reason(out), logprobs))
+            if return_ids:
+                choices[-1].update(prompt_token_ids=list(out.prompt_token_ids), token_ids=list(out.token_ids))
             if vllm_top is not None:
                 choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(state, out, vllm_top)
         return JSONResponse(payload(choices, usage_json(*outs, n=n)))
@@ -220,6 +231,7 @@ async def completions(request: Request):
                 if score_only:
                     out, delta = _nothing_generated(out), ""
                 latest[index] = out
+                sent_ids.seen(index, out)
                 if not echoed[index]:
                     yield event(index, prompt_texts[index], None, echoed_logprobs(out))
                     echoed[index] = True

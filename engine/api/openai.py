@@ -38,6 +38,8 @@ from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
 from engine.api.timings import Clock
+from engine.api.token_ids import TokenIds
+from engine.api.token_ids import asked as token_ids_asked
 from engine.api.token_names import TokenNames, token_names
 from engine.parsers.call_stream import arguments_json
 from engine.parsers.reply import ReplyParser, parse_reply
@@ -433,7 +435,9 @@ async def chat_completions(request: Request):
         return sum(reasoning_tokens(state.engine.tokenizer, o, in_reasoning) for o in outs if o is not None)
 
     clock = Clock()  # llama-server's `timings` (of one choice) and `prompt_progress`
-    streams = await start_choices(state, [ids], params, n, await preprocess_images(state, images))
+    return_ids = token_ids_asked(body)
+    preprocessed = await preprocess_images(state, images)
+    streams = await start_choices(state, [ids], params, n, preprocessed)
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
         outs = await collect_choices(state, streams, request, clock.token if n == 1 else None)
@@ -465,6 +469,10 @@ async def chat_completions(request: Request):
             "choices": choices,
             "usage": usage_json(*outs, n=n, reasoning=thought(outs), prediction=predicted),
         }
+        if return_ids:
+            response["prompt_token_ids"] = list(outs[0].prompt_token_ids)
+            for choice, out in zip(choices, outs, strict=True):
+                choice["token_ids"] = list(out.token_ids)
         if n == 1:
             response["timings"] = clock.timings(outs[0])
         if prompt_top is not None:
@@ -472,6 +480,7 @@ async def chat_completions(request: Request):
         return JSONResponse(response)
 
     last: list[RequestOutput | None] = [None] * len(streams)  # each choice's latest output
+    sent_ids, prompt_ids_sent = TokenIds(return_ids, len(streams)), []  # vLLM's return_token_ids
 
     def chunk(
         delta: dict[str, Any],
@@ -491,6 +500,11 @@ async def chat_completions(request: Request):
             if index is not None
             else [],
         }
+        if sent_ids.on and index is not None:
+            payload["choices"][0]["token_ids"] = sent_ids.take(index)
+            if not prompt_ids_sent:
+                prompt_ids_sent.append(True)
+                payload["prompt_token_ids"] = state.with_images(ids, preprocessed)  # as the engine runs it
         if progress is not None:
             payload["prompt_progress"] = progress
         elif usage is not None:
@@ -521,6 +535,7 @@ async def chat_completions(request: Request):
                     yield chunk({}, index=None, progress=clock.progress(out))
                     continue
                 last[index] = out
+                sent_ids.seen(index, out)
                 failure = stream_failure(state, out)
                 if failure is not None:
                     yield stream_error(failure)
