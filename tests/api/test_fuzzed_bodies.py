@@ -25,13 +25,13 @@ ROUTES = {
         "guided_json guided_regex guided_choice guided_grammar structured_outputs prompt_logprobs "
         "truncate_prompt_tokens continue_final_message add_generation_prompt min_tokens ignore_eos "
         "skip_special_tokens stop_token_ids allowed_token_ids bad_words thinking_budget "
-        "include_stop_str_in_output",
+        "include_stop_str_in_output return_progress return_token_ids",
     ),
     "/v1/completions": (
         {"model": "m", "prompt": "hi", "max_tokens": 3},
         "prompt suffix max_tokens temperature top_p n stop stream stream_options logprobs echo best_of seed "
         "logit_bias response_format prompt_logprobs truncate_prompt_tokens min_tokens guided_json "
-        "allowed_token_ids bad_words stop_token_ids",
+        "allowed_token_ids bad_words stop_token_ids return_token_ids",
     ),
     "/v1/messages": (
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
@@ -44,7 +44,15 @@ ROUTES = {
     "/v1/responses": (
         {"model": "m", "input": "hi", "max_output_tokens": 3},
         "input instructions max_output_tokens temperature top_p stream tools tool_choice text reasoning "
-        "previous_response_id store include top_logprobs parallel_tool_calls",
+        "previous_response_id store include top_logprobs parallel_tool_calls background truncation",
+    ),
+    "/v1/responses/input_tokens": (
+        {"model": "m", "input": "hi"},
+        "input instructions tools tool_choice reasoning previous_response_id truncation",
+    ),
+    "/v1/responses/compact": (
+        {"model": "m", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 3},
+        "input instructions previous_response_id max_output_tokens",
     ),
     "/v1/embeddings": ({"model": "m", "input": "hi"}, "input dimensions encoding_format"),
     "/tokenize": (
@@ -59,7 +67,7 @@ ROUTES = {
     "/completion": (
         {"prompt": "hi", "n_predict": 3},
         "prompt n_predict temperature top_k stream stop logit_bias n_probs grammar json_schema response_fields "
-        "return_tokens seed",
+        "return_tokens seed return_progress",
     ),
     "/infill": (
         {"input_prefix": "a", "input_suffix": "b", "n_predict": 3},
