@@ -61,6 +61,9 @@ async def read_ahead(body: Any) -> None:
             await asyncio.to_thread(pdf_text, raw, "")
 
 
+TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
+
+
 def file_text(data: str, where: str, media_type: str | None = None) -> str:
     """The text of a file given as base64 (or as a `data:` URL, whose media type then counts): a PDF's
     pages, or a text file's contents; refused in a sentence when it is neither, or unreadable."""
@@ -75,19 +78,19 @@ def file_text(data: str, where: str, media_type: str | None = None) -> str:
         return pdf_text(raw, where)
     if media_type == "application/pdf":
         raise ApiError(400, f"{where} is not a PDF: its data does not begin with %PDF-")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\x00" not in text:  # a text file, whatever its name says (a .ts is no video)
+        return text
     if media_type is not None and (media_type.startswith("text/") or media_type in TEXT_TYPES):
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, f"{where} is {media_type} but not UTF-8 text") from None
+        raise ApiError(400, f"{where} is {media_type} but not UTF-8 text")
     raise ApiError(
         400,
         f"{where} is a {media_type or 'file of unknown type'}; this server reads PDFs and text files (send "
         "other files' text)",
     )
-
-
-TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
 
 
 def pdf_text(raw: bytes, where: str) -> str:

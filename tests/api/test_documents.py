@@ -39,6 +39,8 @@ def test_a_text_file_is_read_as_it_is():
     data = base64.b64encode("naïve café\n".encode()).decode()
     assert file_text(data, "doc", "text/markdown") == "naïve café\n"
     assert file_text(f"data:application/json;base64,{data}", "doc") == "naïve café\n"
+    assert file_text(data, "doc", "video/mp2t") == "naïve café\n"  # a TypeScript file's guessed type
+    assert file_text(data, "doc") == "naïve café\n"  # no type at all
 
 
 @pytest.mark.parametrize(
