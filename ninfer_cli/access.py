@@ -5,7 +5,6 @@ load."""
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from pathlib import Path
 
@@ -64,7 +63,9 @@ def tls_options(certfile: str | None, keyfile: str | None) -> dict[str, str]:
 def exposure_warning(host: str, keys: tuple[str, ...], tls: dict[str, str]) -> str | None:
     """A line for the log when the server listens beyond this machine without a key, or sends its key in
     the clear; None on the loopback, or with both."""
-    if host == "localhost" or _loopback(host):
+    from engine.api.hosts import listens_on_loopback  # (the server's modules load when serve runs)
+
+    if listens_on_loopback(host):
         return None
     where = "every interface" if host in ("0.0.0.0", "::") else host
     if not keys:
@@ -88,10 +89,3 @@ def origins_warning(origins: tuple[str, ...], keys: tuple[str, ...]) -> str | No
             "name the front ends' origins instead, or add --api-key KEY"
         )
     return None
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
