@@ -409,26 +409,19 @@ class LLM:
             results.append((stream.output(req.finish_reason), delta))
             if req.is_finished:
                 del self._streams[req.request_id]
-        return results + self._prompt_progress(sched, results)
+        return results + self._prompt_progress(sched)
 
-    def _prompt_progress(
-        self, sched: SchedulerOutput, results: list[tuple[RequestOutput, str]]
-    ) -> list[tuple[RequestOutput, str]]:
-        """For each request that asked (return_progress) and ran a prompt chunk without getting a token, an
-        output saying how far its prompt has come."""
+    def _prompt_progress(self, sched: SchedulerOutput) -> list[tuple[RequestOutput, str]]:
+        """For each request that asked (return_progress) and ran a prompt chunk without getting a token (its
+        prompt not yet all in the cache: the chunk that completes it gives the first token), an output
+        saying how far its prompt has come."""
         progress = []
-        answered = None
         for s in sched.scheduled:
             stream = self._streams.get(s.request_id)
             if stream is None or not stream.request.sampling_params.return_progress:
                 continue
-            answered = answered if answered is not None else {out.request_id for out, _ in results}
             req = stream.request
-            if (
-                s.request_id in answered
-                or req.is_finished
-                or req.num_computed_tokens >= req.num_prompt_tokens
-            ):
+            if req.is_finished or req.num_computed_tokens >= req.num_prompt_tokens:
                 continue
             out = stream.output(None)
             out.prompt_progress = (
