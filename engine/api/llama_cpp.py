@@ -45,7 +45,7 @@ from engine.api.infill_limits import InfillLimits
 from engine.api.openai import stream_error
 from engine.api.state import ServerState
 from engine.api.structured import llama_cpp_grammar
-from engine.api.timings import Clock
+from engine.api.timings import Clock, with_progress
 from engine.async_llm import AsyncStream
 from engine.errors import NinferError
 from engine.fim import ExtraFile, fim_tokens, infill_prompt, no_fim_message
@@ -194,9 +194,7 @@ def _params(state: ServerState, body: dict, max_tokens: int, stop_ids: tuple[int
     params = sampling_params(
         state, translated, "max_tokens", max_tokens, stop or None, grammar=grammar, logprobs=n_probs or None
     )
-    if field(body, "return_progress", bool, False) and field(body, "stream", bool, False):
-        params = replace(params, return_progress=True)  # (a reply that is not streamed has no use for it)
-    return params
+    return with_progress(params, body)
 
 
 async def _reply(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,7 +36,7 @@ from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logpro
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
 from engine.api.structured import openai_grammar
-from engine.api.timings import Clock
+from engine.api.timings import Clock, with_progress
 from engine.api.token_ids import TokenIds
 from engine.api.token_ids import asked as token_ids_asked
 from engine.api.token_names import TokenNames, token_names
@@ -416,8 +415,7 @@ async def chat_completions(request: Request):
         prompt_logprobs=prompt_top,
         prediction=_prediction(state, body),
     )
-    if stream and field(body, "return_progress", bool, False):  # llama-server's: the prompt's progress
-        params = replace(params, return_progress=True)
+    params = with_progress(params, body)  # llama-server's return_progress
     prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
     if images.items and body.get("truncate_prompt_tokens") is not None:
         raise ApiError(

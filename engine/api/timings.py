@@ -7,9 +7,19 @@ stream's finishing chunk), where its web UI and scripts read the speed and the c
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
-from engine.request import RequestOutput
+from engine.api.common import field
+from engine.request import RequestOutput, SamplingParams
+
+
+def with_progress(params: SamplingParams, body: dict) -> SamplingParams:
+    """The params with return_progress when a streamed request asks for it (a reply that is not streamed has
+    no use for it); for the routes that send `prompt_progress`."""
+    if field(body, "return_progress", bool, False) and field(body, "stream", bool, False):
+        return replace(params, return_progress=True)
+    return params
 
 
 class Clock:
