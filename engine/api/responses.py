@@ -422,7 +422,7 @@ async def create(request: Request):
         return JSONResponse(await reply(request))
 
     parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
-    failed_with: list[str] = []  # the engine's sentence, when the request failed
+    failed_with: list[str] = []  # the engine's sentence (or a bug's, in the background), when it failed
 
     async def events(began=None):
         """The stream's events; `began()` (background) is called once the first token is out."""
@@ -471,18 +471,14 @@ async def create(request: Request):
 
     written = EventLog()  # the task writes the events; this request (and GETs with stream=true) follow them
 
+    def bug_event(message: str) -> str:  # a bug while streaming: stored as failed too
+        failed_with.append(message)
+        return error_event(message)
+
     async def write(began) -> None:
-        try:
-            async for event in events(began):
-                if event is not SSE_KEEPALIVE:
-                    written.add(event)
-        except Exception as e:  # a bug: said to the followers, then stored as failed (and logged)
-            written.add(
-                error_event(
-                    f"internal error ({type(e).__name__}) while streaming the reply; see the server log"
-                )
-            )
-            raise
+        async for event in guarded(events(began), bug_event):
+            if event is not SSE_KEEPALIVE:
+                written.add(event)
         if failed_with:
             raise ApiError(500, failed_with[0])  # stored as failed
 

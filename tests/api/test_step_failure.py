@@ -144,6 +144,21 @@ def test_a_bug_while_streaming_ends_the_stream_with_an_error_event(server, broke
     server.wait_idle()  # the request was aborted: nothing runs on
 
 
+def test_a_bug_while_streaming_in_the_background_is_said_and_stored_as_failed(server, broken_stream):
+    lines = _lines(
+        server,
+        "/v1/responses",
+        {"input": "Say hi", "max_output_tokens": 8, "background": True, "stream": True},
+    )
+    message = "internal error (RuntimeError) while streaming the reply; see the server log"
+    last = json.loads(lines[-1].removeprefix("data: "))
+    assert last["type"] == "error" and last["message"] == message
+    rid = json.loads(lines[1].removeprefix("data: "))["response"]["id"]
+    stored = httpx.get(f"{server.url}/v1/responses/{rid}").json()
+    assert stored["status"] == "failed" and stored["error"]["message"] == message
+    server.wait_idle()
+
+
 def test_health_says_so_while_every_step_fails_and_recovers_after(server, monkeypatch):
     runner = server.engine.llm.runner
     real = runner.execute
