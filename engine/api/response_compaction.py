@@ -57,11 +57,9 @@ def compaction_text(item: dict[str, Any]) -> str:
     )
 
 
-def kept_user_messages(state: ServerState, given: Any) -> list[dict[str, Any]]:
-    """The input's user messages to keep as they were: the latest ones, up to KEPT_USER_TOKENS tokens
+def kept_user_messages(state: ServerState, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input items' user messages to keep as they were: the latest ones, up to KEPT_USER_TOKENS tokens
     (a message that would pass it is left out, and so are those before it), in their order."""
-    if isinstance(given, str):
-        given = [{"type": "message", "role": "user", "content": given}]
     kept: list[dict[str, Any]] = []
     budget = KEPT_USER_TOKENS
     tokenizer = state.text_tokenizer()
@@ -82,7 +80,7 @@ def kept_user_messages(state: ServerState, given: Any) -> list[dict[str, Any]]:
 
 @router.post("/v1/responses/compact")
 async def compact(request: Request):
-    from engine.api.responses import responses_prompt  # (the Responses route imports this module)
+    from engine.api.responses import response_usage, responses_prompt  # (responses.py imports this module)
 
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
@@ -111,19 +109,12 @@ async def compact(request: Request):
     stream = await start(state, p.ids, params, await preprocess_images(state, p.images))
     out, _, summary, _ = await complete(state, stream, request, in_reasoning, None)
     output = [*kept_user_messages(state, given), summary_item(summary.strip())]
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
     return JSONResponse(
         {
             "id": f"resp_{uuid.uuid4().hex[:24]}",
             "object": "response.compaction",
             "created_at": now(),
             "output": output,
-            "usage": {
-                "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
-                "output_tokens": completion,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": prompt + completion,
-            },
+            "usage": response_usage(state, out, in_reasoning),
         }
     )

@@ -217,7 +217,7 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     return with_effort(dict(field(body, "chat_template_kwargs", dict, {})), effort, "reasoning.effort")
 
 
-def _usage(state: ServerState, out: RequestOutput, in_reasoning: bool) -> dict[str, Any]:
+def response_usage(state: ServerState, out: RequestOutput, in_reasoning: bool) -> dict[str, Any]:
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
     thought = reasoning_tokens(state.engine.tokenizer, out, in_reasoning)
     return {
@@ -398,7 +398,7 @@ async def create(request: Request):
         }
 
     def finish(out: RequestOutput, output: list[dict[str, Any]]) -> dict[str, Any]:
-        final = response("completed", output, _usage(state, out, in_reasoning), out)
+        final = response("completed", output, response_usage(state, out, in_reasoning), out)
         if store:
             state.responses.put(final, turns + [_history_turn(output)], input_items(given))
         return final
