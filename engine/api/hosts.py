@@ -92,8 +92,9 @@ class HostCheckMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.patterns is not None and scope["type"] == "http":
             header = Headers(scope=scope).get("host")
-            if header is not None and not host_allowed(host_name(header), self.patterns):
-                reply = error_for_path(scope["path"], ApiError(403, refusal(host_name(header))))
+            name = host_name(header) if header is not None else None
+            if name is not None and not host_allowed(name, self.patterns):
+                reply = error_for_path(scope["path"], ApiError(403, refusal(name)))
                 await reply(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -137,7 +137,7 @@ class BackgroundResponses:
     def events(self, response_id: str, after: int) -> EventLog:
         """The event log of a stored response made with background and stream true, to follow from sequence
         number `after`; refused in a sentence for any other."""
-        response = self.store.get(response_id)[0]
+        self.store.get(response_id)  # (a 404 for one not stored)
         events = self._logs.get(response_id)
         if events is None:
             raise ApiError(
@@ -146,7 +146,7 @@ class BackgroundResponses:
                 "there is no stream to follow; GET it without stream",
                 "stream",
             )
-        if after >= len(events.events) and (events.done or response["status"] not in RUNNING):
+        if after >= len(events.events) and events.done:
             raise ApiError(
                 400,
                 f"'starting_after' is {after}, past the last event of response '{response_id}' "
