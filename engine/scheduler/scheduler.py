@@ -428,10 +428,12 @@ class Scheduler:
     def _grow_for_drafter(self, req: Request, n: int) -> None:
         """spec mtp / draft: spare pages for the positions the drafter's chained drafts write after a step of
         n tokens (the step's last emitted token's and k - 2 more for the MTP head, k - 1 more for a draft
-        model); the chain stops where pages end."""
+        model); the chain stops where pages end, and pages end at the context limit: no later step verifies a
+        draft past it, and the decode graphs' block table is as wide as that limit's pages."""
         if self.config.spec in ("mtp", "draft"):
             end = req.num_computed_tokens + n
-            self._grow_spare(req, end + self.config.num_draft_tokens - (self.config.spec == "mtp"), end)
+            chain_end = end + self.config.num_draft_tokens - (self.config.spec == "mtp")
+            self._grow_spare(req, min(chain_end, self.config.max_context), end)
 
     def _release(self, req: Request) -> None:
         self.block_pool.free(req.block_ids)

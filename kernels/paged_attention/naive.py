@@ -155,13 +155,14 @@ def _slot_runs(ids: list[int], seq_len: int, block_size: int) -> list[tuple[int,
 
 def attend_parts(q, k, v, parts: list[tuple[int, int, bool]], scale: float) -> torch.Tensor:
     """Attention of q [1, Hq, Q, D] over the key ranges `parts` [(start, end, causal)] of k / v [1, Hk, S, D],
-    as if they were one key sequence: each part by the CPU flash kernel, merged by their log-sum-exps
-    (causal = the part's keys align with the queries: query i sees keys start .. start + i)."""
+    as if they were one key sequence: on CPU each part by the CPU flash kernel, merged by their log-sum-exps;
+    elsewhere (that op is CPU-only) one masked call (causal = the part's keys align with the queries: query i
+    sees keys start .. start + i)."""
     parts = [p for p in parts if p[1] > p[0]]
     if len(parts) == 1:
         a, b, causal = parts[0]
         return sdpa(q, k[:, :, a:b], v[:, :, a:b], is_causal=causal, scale=scale, enable_gqa=True)
-    if _flash_with_lse is None:  # one call over the kept keys, masked
+    if _flash_with_lse is None or q.device.type != "cpu":  # one call over the kept keys, masked
         keep = torch.cat([torch.arange(a, b, device=q.device) for a, b, _ in parts])
         mask = _mask_for(parts, q.shape[2], q.device)
         kk, vv = k.index_select(2, keep), v.index_select(2, keep)
@@ -189,5 +190,6 @@ def _mask_for(parts, num_q: int, device) -> torch.Tensor:
     return torch.cat(cols, dim=1)
 
 
-# torch's CPU flash attention with its log-sum-exp (a private op; without it the parts run as one masked call)
+# torch's CPU flash attention with its log-sum-exp (a private, CPU-only op; without it, and on other devices,
+# the parts run as one masked call)
 _flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

@@ -105,6 +105,28 @@ def test_chained_drafts_through_the_graph_buffers(target, plain, other_draft):
     )  # k - 1 = 2 chained steps a step, 3 in the bucket of 4
 
 
+def test_no_page_past_the_context_limit(target, other_draft, monkeypatch):
+    """A request run up to the context limit: the drafter's chain takes no page past the limit's (on a GPU
+    the decode graphs' block table is exactly that wide), and the output is still the target's."""
+    _, path = target
+    llm = _spec(path, other_draft, max_context=64)  # 8 pages of 8
+    pages = []
+    grow = llm.scheduler._grow
+
+    def watched(req, num_tokens):
+        done = grow(req, num_tokens)
+        pages.append(len(req.block_ids))
+        return done
+
+    monkeypatch.setattr(llm.scheduler, "_grow", watched)
+    prompt = [int(t) % 500 + 3 for t in range(7, 7 * 50, 7)]  # 49 tokens
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    (out,) = llm.generate(None, params, [prompt])
+    (plain,) = LLM(path, block_size=8, max_context=64).generate(None, params, [prompt])
+    assert len(prompt) + len(out.token_ids) == 64 and out.token_ids == plain.token_ids
+    assert llm.scheduler.num_draft_tokens > 0 and max(pages) == 8
+
+
 @pytest.mark.gpu
 def test_draft_model_chain_on_cuda_with_graphs(target, other_draft):
     """On a GPU the draft model's chained steps replay their own graphs beside the decode graphs: the
