@@ -382,10 +382,12 @@ def _chunked(
         **common,
     )
     block_v = block_v or min(32, max(16, triton.next_power_of_2(head_v_dim)))
-    # a stage: [CHUNK, Dk] q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32), and
-    # the [Dk, BLOCK_V] state operand; three stages fit SM 9.0 (156-185 KB), not 99 KB consumer GPUs
-    stage = CHUNK * (3 * block_k + block_v) * 2
-    stages = num_stages or pipeline_stages(3 * stage + block_k * block_v * 2 + 8192, v.device)
+    # a stage: [CHUNK, Dk] q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32, half
+    # operands; twice that in fp32), and the [Dk, BLOCK_V] state operand; three half-precision stages fit
+    # SM 9.0 (156-185 KB), not 99 KB consumer GPUs; fp32 operands take two stages on SM 9.0
+    size = 4 if operands == tl.float32 else 2
+    stage = CHUNK * (3 * block_k + block_v) * size
+    stages = num_stages or pipeline_stages(3 * stage + block_k * block_v * size + 8192, v.device)
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,
