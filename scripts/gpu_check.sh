@@ -8,37 +8,48 @@
 # decoding against plain decoding when the embedded model is installed. Each step has its own time limit,
 # so one slow step costs its own output only. Everything lands under $OUT (default ./gpu_out).
 #
-# Runs from a source tree with the machine's own torch / triton: PYTHONPATH=. (and kernels/ linked as
-# ninfer_kernels) is set here; pure-Python
-# wheels it lacks (gguf; Pillow for the vision tests and llguidance for the structured-output tests, binary
-# wheels for its Python) may be installed
-# beforehand into a folder on PYTHONPATH. The suite's
+# Runs from a source tree with the machine's own torch / triton: the project's three packages are linked
+# into a folder on PYTHONPATH under their installed names (engine, ninfer_cli, ninfer_kernels), since
+# tests/conftest.py takes the checkout itself off sys.path (its kernels/ would shadow Hugging Face's
+# `kernels`). Packages the machine lacks (gguf; llguidance for the structured-output tests, a binary
+# wheel for its Python) may be installed beforehand into a folder on PYTHONPATH. The suite's
 # tests/kernels/test_cuda_compile.py (compiling for SM 8.6 / 9.0 without a GPU) is left out: a GPU
 # compiles every kernel anyway.
 #
-# On a lent machine without network (the device tool), once here:
+#   bash scripts/gpu_check.sh                 # every step, in order
+#   bash scripts/gpu_check.sh pytest graphs   # only the steps named (kernels pytest graphs memory sleep
+#                                             # ninfer_bench spec_ngram)
+#
+# On a lent machine without network (the device tool; 2026-12: torch 2.11, triton 3.6, Python 3.12, 16
+# cores, pytest-xdist and Pillow there), once here:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
-#     gguf==0.19.0 pillow==13.0.0 llguidance==1.9.1
-# then one run with carry [".whl"] and a timeout that leaves room for a second (the steps' limits add up
-# to ~20 minutes, past one call's 10: the steps run in order of importance and what they wrote comes
-# back even when the call is stopped; most runs end far sooner):
+#     gguf==0.19.0 llguidance==1.9.1
+# then runs with carry [".whl"]. A first call of `kernels pytest` (about 2 + 5 minutes on an H200), a
+# second of the rest; each step has its own limit and is interrupted (SIGINT: pytest still prints its
+# failures) when it passes it, and what the steps wrote comes back even when a call is stopped:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-#     && PYTHONPATH=/tmp/site bash scripts/gpu_check.sh
+#     && PYTHONPATH=/tmp/site bash scripts/gpu_check.sh kernels pytest
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
-# kernels/ is imported as `ninfer_kernels`, the name pip installs it under: a link stands in for the install
+# the packages under the names pip installs them under: links stand in for the install
 TREE_ALIAS=$(mktemp -d)
+ln -s "$PWD/engine" "$TREE_ALIAS/engine"
+ln -s "$PWD/ninfer_cli" "$TREE_ALIAS/ninfer_cli"
 ln -s "$PWD/kernels" "$TREE_ALIAS/ninfer_kernels"
-export PYTHONPATH=".:$TREE_ALIAS${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export PYTHONPATH="$TREE_ALIAS${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+STEPS=" $* "
 status=0
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.txt (LOG=FILE step ...:
-  # to $OUT/FILE.txt, after what is there), note the outcome
+  # to $OUT/FILE.txt, after what is there), note the outcome; skipped when steps were named and not it
   local name=$1 limit=$2 start=$SECONDS rc log="$OUT/${LOG:-$1}.txt"
   shift 2
-  timeout "$limit" "$@" 2>&1 | tee -a "$log"
+  if [ "$STEPS" != "  " ] && [[ "$STEPS" != *" $name "* ]]; then
+    return 0
+  fi
+  timeout -s INT -k 30 "$limit" "$@" 2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 124 ] && echo "$name: stopped at its ${limit}s limit" | tee -a "$log"
   [ "$rc" -ne 0 ] && status=1
@@ -55,8 +66,9 @@ print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_devic
 step kernels 300 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json"
 
 parallel=()
-python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
-step pytest 240 python3 -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels \
+python3 -c "import xdist" 2>/dev/null && parallel=(-n "$(($(nproc) > 4 ? $(nproc) - 2 : 2))")
+# -rfE --tb=short: each failure's reason in the log (an interrupted run still prints them)
+step pytest 330 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -p no:benchmark "${parallel[@]}" tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
   tests/engine/test_vision.py tests/engine/test_draft_model.py tests/engine/test_prefix_file.py \

@@ -31,6 +31,7 @@ from engine.worker.host_kv import HostKV, page_tensors
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
 from engine.worker.sleep import DeviceMemory
+import ninfer_kernels as kernels
 from ninfer_kernels.paged_attention import same_query_count
 
 
@@ -99,7 +100,13 @@ class ModelRunner:
         self.images = ImageEmbeddings(model.visual, self.device)
         self.adapters = adapters  # the served LoRA adapters (engine/lora)
         self.graphs: DecodeGraphs | None = None
-        self._want_graphs = engine_config.cuda_graphs and self.device.type == "cuda"
+        # (not with the naive twins forced, NINFER_KERNELS=naive: they read lengths on the host, which no
+        # graph can record)
+        self._want_graphs = (
+            engine_config.cuda_graphs
+            and self.device.type == "cuda"
+            and kernels.use_triton(torch.empty(0, device=self.device))
+        )
         if self._want_graphs:
             assert max_context is not None, "CUDA graphs need the context limit (the block table's width)"
         self._graph_shape = (engine_config.max_concurrency, -(-(max_context or 0) // self.block_size), dtype)

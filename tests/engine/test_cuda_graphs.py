@@ -170,3 +170,18 @@ def test_cuda_graph_decode_equals_eager(tmp_path, arch):
     got = graphed.generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
+
+
+@pytest.mark.gpu
+def test_forced_naive_twins_decode_without_graphs(tmp_path, kernel_backend, caplog):
+    """NINFER_KERNELS=naive on a GPU: the twins read lengths on the host, so no capture is tried (none
+    fails, nothing is logged as a failure) and decoding gives the Triton path's tokens."""
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=12), tmp_path)
+    options = dict(device="cuda", dtype="float32", max_concurrency=3)
+    kernel_backend("naive")
+    naive = LLM(path, **options)
+    assert naive.runner.graphs is None and "capture failed" not in caplog.text
+    want = naive.generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
+    kernel_backend("triton")
+    got = LLM(path, **options).generate(prompt_token_ids=_prompts(), sampling_params=PARAMS)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]

@@ -247,11 +247,13 @@ def test_bad_spec_options_are_refused(options, message):
 
 
 def test_triton_path_verifies_drafts_in_the_decode_kernel(model_dir, kernel_backend, monkeypatch):
-    """Under the interpreter with the Triton kernels forced, a verification step's k + 1 query tokens per
-    sequence go through the split-K decode kernel, and the output is still plain decoding's."""
+    """With the Triton kernels forced (under the interpreter on CPU, compiled on a GPU), a verification
+    step's k + 1 query tokens per sequence go through the split-K decode kernel, and the output is still
+    plain decoding's."""
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    where = dict(device="cuda" if torch.cuda.is_available() else "cpu", dtype="float32")
     kernel_backend("naive")
-    reference = _generate(LLM(model_dir), params, PROMPTS[:1])
+    reference = _generate(LLM(model_dir, **where), params, PROMPTS[:1])
     kernel_backend("triton")
     import ninfer_kernels as kernels
 
@@ -263,7 +265,7 @@ def test_triton_path_verifies_drafts_in_the_decode_kernel(model_dir, kernel_back
         return decode(q, cache, block_table, seq_lens, scale, q_per_seq, **kw)
 
     monkeypatch.setattr(attention, "paged_attention_decode", spy)
-    llm = _with_drafts(model_dir, reference, 3, PROMPTS[:1], draft_tokens=3)
+    llm = _with_drafts(model_dir, reference, 3, PROMPTS[:1], draft_tokens=3, **where)
     assert _generate(llm, params, PROMPTS[:1])[0].token_ids == reference[0].token_ids
     assert 4 in counts  # the last known token + 3 drafts
 

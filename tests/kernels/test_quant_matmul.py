@@ -294,11 +294,12 @@ def test_engine_keeps_weights_packed_through_the_fused_kernel(
     convert(src, out, recipe)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     prompt = list(range(40, 61))
+    where = dict(weight_quant="none", device=DEVICE, dtype="float32")  # (a GPU's default, bf16, moves ties)
     kernel_backend("naive")
-    dense_llm = LLM(out, weight_quant="none", device=DEVICE)
+    dense_llm = LLM(out, **where)
     dense = dense_llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
     kernel_backend("triton")
-    packed_llm = LLM(out, weight_quant="none", device=DEVICE)
+    packed_llm = LLM(out, **where)
     # the memory ledger's dequant scratch row follows this (engine/memory.py)
     assert holds_packed_weights(packed_llm.model) and not holds_packed_weights(dense_llm.model)
     layer = packed_llm.model.model.layers[0]
@@ -331,7 +332,7 @@ def test_planner_counts_the_weights_the_loader_holds(tmp_path, kernel_backend, r
     out = tmp_path / "m.ninfer"
     convert(src, out, recipe)
     kernel_backend("triton")
-    llm = LLM(out, weight_quant="none", device=DEVICE)
+    llm = LLM(out, weight_quant="none", device=DEVICE, dtype="float32")  # the 4 bytes counted below
     packed = {id(m.qweight): m.qweight.nbytes for m in llm.model.modules() if getattr(m, "qweight", None)}
     held = sum(packed.values()) + sum(p.numel() * p.element_size() for p in llm.model.parameters())
     assert len(packed) >= 4 and held == sum(

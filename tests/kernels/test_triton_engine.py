@@ -51,7 +51,9 @@ def test_greedy_generation_through_triton_equals_naive(tmp_path, monkeypatch, ke
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
     # 16-token chunks: prefill after a cached prefix, decode rows beside a prefill, and pure decode steps;
     # compiled kernels on a GPU (both backends there), the interpreter on CPU tensors elsewhere
-    options = dict(prefill_chunk=16, max_concurrency=2, enable_prefix_caching=False, device=DEVICE)
+    options = dict(
+        prefill_chunk=16, max_concurrency=2, enable_prefix_caching=False, device=DEVICE, dtype="float32"
+    )
     kernel_backend("naive")
     naive = LLM(path, **options).generate(prompt_token_ids=prompts, sampling_params=params)
     kernel_backend("triton")
