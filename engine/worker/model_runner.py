@@ -6,6 +6,7 @@ import itertools
 
 import torch
 
+import ninfer_kernels as kernels
 from engine.cache.kv_layout import KVCache
 from engine.cache.kv_shift import shift_kv
 from engine.config import EngineConfig, ModelConfig
@@ -31,7 +32,6 @@ from engine.worker.host_kv import HostKV, page_tensors
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
 from engine.worker.sleep import DeviceMemory
-import ninfer_kernels as kernels
 from ninfer_kernels.paged_attention import same_query_count
 
 
