@@ -8,7 +8,9 @@ DEQUANT_SCRATCH_BYTES: that buffer, one per device and dtype (a row of the memor
 GEMV_MAX_M: up to this many rows of x, the split-K GEMV (decode and draft verification shapes)."""
 
 MIN_GROUP = {4: 32, 6: 64, 8: 16}
-DEQUANT_MIN_M = 256
+# an H200 (2026-12-04, 4-bit, 17408 x 5120): the dequantized slices took 143 us at M = 64 where the fused
+# GEMM took 207, 289 / 346 at 128, 371 / 621 at 256 (docs/benchmarks.md); 256 was an estimate
+DEQUANT_MIN_M = 64
 DEQUANT_SCRATCH_BYTES = 64 << 20
 
 # rows of x the split-K GEMV takes: its programs hold 16 rows (the smallest tensor-core tile) whatever M
