@@ -62,6 +62,20 @@ def shared_memory_per_block(device: torch.device) -> int:
     return SHARED_MEMORY_PER_BLOCK.get(driver.active.get_current_target().arch, _SMALLEST_SHARED_MEMORY)
 
 
+def compute_capability(device: torch.device) -> int:
+    """Where the kernels for tensors on `device` compile, as 10 * major + minor: the GPU's own; for CPU tensors
+    compiled ahead of time (scripts/cuda_compile_check.py), the active driver's target; 0 under the
+    interpreter, where nothing compiles."""
+    if interpreting():
+        return 0
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return 10 * major + minor
+    from triton.runtime import driver
+
+    return driver.active.get_current_target().arch
+
+
 def pipeline_stages(three_stage_bytes: int, device: torch.device) -> int:
     """Software-pipeline depth of a kernel's main loop: three stages (the next two tiles' copies in flight
     while one is computed) where the target's shared memory holds them (three_stage_bytes: the kernel's

@@ -258,7 +258,8 @@ def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 51
     op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, group)
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: codes, scale and minimum of each row
         return {
-            "_quant_matmul_kernel": op.GEMV_BLOCK_N * (group * bits // 8 + 2 + 2 * (minimums is not None))
+            "_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu"))
+            * (group * bits // 8 + 2 + 2 * (minimums is not None))
         }
 
 

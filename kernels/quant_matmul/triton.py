@@ -55,7 +55,7 @@ from ninfer_kernels.triton_codes import (
     offset_codes,
     six_bit_words,
 )
-from ninfer_kernels.triton_config import dot_dtype, dot_precision
+from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision
 
 
 @triton.jit
@@ -274,6 +274,10 @@ def _quant_matmul_kernel(
 # four 4-bit products) spreads over twice the rows of a 64-row tile; about 200 instead of 280 instructions
 # per KB of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)
 GEMV_BLOCK_N = 128
+# 4-bit on SM 9.0+: 256 rows (155 instructions per KB, 238 registers, no spill; SM 8.6 would spill 20
+# bytes). Measured: an H200 (2026-12-04) ran the 17408 x 5120 GEMV at M = 1 in 49.5 us with 256-row tiles
+# (16 K slices) against 63.5 with 128 (8 slices), 4 warps both (docs/benchmarks.md); other widths not swept
+WIDE_GEMV_BLOCK_N = 256
 GEMV_PROGRAMS_PER_SM = 8
 
 
@@ -282,6 +286,11 @@ def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # an H100 / H200: what the compile check and the interpreter size the grid for
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv_block_n(bits: int, device: torch.device) -> int:
+    """Weight rows a GEMV program takes by default (GEMV_BLOCK_N, WIDE_GEMV_BLOCK_N)."""
+    return WIDE_GEMV_BLOCK_N if bits == 4 and compute_capability(device) >= 90 else GEMV_BLOCK_N
 
 
 def gemv_splits(n: int, groups: int, block_n: int, device: torch.device) -> int:
@@ -352,7 +361,7 @@ def quant_matmul(
     groups = triton.cdiv(k, group_size)
     gemv = m <= GEMV_MAX_M
     if gemv:  # split-K GEMV
-        block_m, block_n = 16, block_n or GEMV_BLOCK_N
+        block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
         per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
     else:  # tiled GEMM, K whole in every program
         block_m, block_n, per_split = block_m or 32, block_n or 64, groups

@@ -251,6 +251,18 @@ def test_verification_steps_take_the_decode_kernel_when_they_fit_its_tile(
     assert rel_err(got, attention_naive.paged_attention(*case, 0.125)) < 1e-3
 
 
+@pytest.mark.gpu
+def test_long_prefill_steps_take_the_wide_tile_on_hopper():
+    """A step of WIDE_PREFILL_MIN_TOKENS+ query tokens over a bf16 cache on SM 9.0+: 128-row tiles, 8 warps
+    (a fresh prompt and a chunk after a cached prefix in one step); the same attention as the twin."""
+    attention = triton_op("paged_attention")
+    case = _paged_case("bf16", 256, 6, 1, 16, [0, 300], [1500, 700], torch.bfloat16)
+    wide = attention._wide_prefill_tile(case[0], case[1])
+    assert wide == (torch.cuda.get_device_capability() >= (9, 0))
+    got = attention.paged_attention(*case, 0.0625)
+    assert rel_err(got, attention_naive.paged_attention(*case, 0.0625)) < 1e-2
+
+
 def test_tuning_knobs_keep_the_result():
     """The sweep's split counts and prefill tiles (benchmarks/gpu_kernels.py) compute the same attention."""
     attention = triton_op("paged_attention")
