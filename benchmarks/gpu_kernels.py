@@ -451,38 +451,63 @@ def main() -> None:
     def sweeps():
         """Tile, split and warp choices around the defaults of the three kernels the acceptance figures
         rest on, so one lease measures what the defaults should be (rows named 'sweep ...')."""
-        for kv in ("bf16", "k8v4"):
+        # decode at 32K: split count x key tile x pipeline depth x warps. 2026-12-04 on an H200 the split
+        # count and warps alone left bf16 at 48-52% of HBM (docs/benchmarks.md); the key tile (keys a step,
+        # whole pages) and the stages set the bytes each program keeps in flight
+        # (33 and 66 splits: 132 and 264 programs at 4 kv heads, one or two per SM of an H200 in one wave)
+        decode_configs = {
+            "bf16": [
+                (n, bn, w, st)
+                for n in (32, 33, 64, 66)
+                for bn, st in ((32, 2), (32, 3), (32, 4), (32, 5), (64, 2), (64, 3))
+                for w in (4, 8)
+            ],
+            "k8v4": [(n, bn, 4, st) for n in (32, 128) for bn in (32, 64) for st in (2, 3)],
+        }
+        for kv, configs in decode_configs.items():
             q, cache, table, seq_lens = decode_case(kv, 32768)
-            # stages=2: the loop waits for all its copies each step (one tile in flight, as every attention
-            # loop did before its key tiles became whole pages): the pipeline's worth, side by side
-            for splits, warps, stages in [(n, w, None) for n in (16, 32, 64, 128) for w in (4, 8)] + [
-                (32, 4, 2)
-            ]:
+            for splits, block_n, warps, stages in configs:
                 t = bench(
-                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, w=warps, st=stages: (
+                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages: (
                         attention.paged_attention_decode(
-                            q, c, tb, s, 0.0625, num_splits=n, num_warps=w, num_stages=st
+                            q, c, tb, s, 0.0625, num_splits=n, block_n=bn, num_warps=w, num_stages=st
                         )
                     )
                 )
-                name = f"sweep decode {kv} splits={splits} warps={warps}" + (
-                    f" stages={stages}" if stages else ""
-                )
+                name = f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
                 record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
+        # the 4-bit GEMV: tile rows x K slices x warps x pipeline depth (2026-12-04: 16-20% of HBM over
+        # 64-256 rows, 1-16 slices, 4 / 8 warps at depth 3); then M = 16 at the SM 8.x and SM 9.0 tiles
         qt, packed, scales, mins = up_proj(4)
         x = randn(1, 5120, device=DEVICE, dtype=bf)
-        for block_n in (64, 128, 256):
+        gemv_configs = []
+        for block_n in (128, 256):
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
-            for splits in sorted({1, 4, 16, auto}):
-                for warps in (4, 8):
-                    t = bench(
-                        lambda bn=block_n, n=splits, w=warps: quant_matmul_triton.quant_matmul(
-                            x, packed, scales, mins, 4, 128, block_n=bn, num_splits=n, num_warps=w
-                        )
-                    )
-                    mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
-                    name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps}"
-                    record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+            gemv_configs += [
+                (block_n, n, w, st) for n in (auto, min(40, 2 * auto)) for w in (4, 8) for st in (2, 3, 4)
+            ]
+        gemv_configs += [
+            (512, quant_matmul_triton.gemv_splits(17408, 40, 512, x.device), 8, st) for st in (2, 3)
+        ]
+        for block_n, splits, warps, stages in gemv_configs:
+            t = bench(
+                lambda bn=block_n, n=splits, w=warps, st=stages: quant_matmul_triton.quant_matmul(
+                    x, packed, scales, mins, 4, 128, block_n=bn, num_splits=n, num_warps=w, num_stages=st
+                )
+            )
+            auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
+            mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
+            name = f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps} stages={stages}"
+            record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+        x16 = randn(16, 5120, device=DEVICE, dtype=bf)
+        for block_n in (128, 256):
+            t = bench(
+                lambda bn=block_n: quant_matmul_triton.quant_matmul(
+                    x16, packed, scales, mins, 4, 128, block_n=bn
+                )
+            )
+            name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
+            record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
         x = randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(

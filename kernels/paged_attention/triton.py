@@ -457,19 +457,21 @@ def paged_attention_decode(
     q_per_seq: int = 1,
     *,
     num_splits: int | None = None,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification.
-    num_splits (default: num_decode_splits of the block table's width), num_warps and num_stages (default:
-    _num_stages) are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
+    num_splits (default: num_decode_splits of the block table's width), block_n (keys a step, whole pages;
+    default _block_n), num_warps and num_stages (default: _num_stages) are tuning knobs for
+    benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs, num_kv_heads = block_table.shape[0], cache.k_data.shape[2]
     assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
     group = num_q_heads // num_kv_heads
     # NOTE: from the block table's width (a host-side shape), so no device sync picks the split count
     splits = num_splits or num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
-    block_n = _key_tile(cache, None)
+    block_n = _key_tile(cache, block_n)
     block_r = max(16, triton.next_power_of_2(q_per_seq * group))
     out = torch.empty_like(q)
     partial = torch.empty((num_tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)

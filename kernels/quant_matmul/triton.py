@@ -331,12 +331,14 @@ def quant_matmul(
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
+    num_stages: int = 3,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
     slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
-    (GEMM rows a program, default 32), block_n (outputs a program: GEMV 128, GEMM 64), num_splits (GEMV: K
-    slices, default gemv_splits) and num_warps are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    (GEMM rows a program, default 32), block_n (outputs a program: GEMV gemv_block_n, GEMM 64),
+    num_splits (GEMV: K slices, default gemv_splits), num_warps and num_stages (the K loop's pipeline
+    depth, Triton's default 3) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -391,6 +393,7 @@ def quant_matmul(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,
+        num_stages=num_stages,
         **common,
     )
     return out
