@@ -74,11 +74,12 @@ def _nibble_product(
 
 
 @triton.jit
-def _row_sums(x, x0, x1, x2, x3, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, GEMV: tl.constexpr):
+def _row_sums(x, x0, x1, x2, x3, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
     """Each row's sum over the group ([BLOCK_M, BLOCK_N] or [BLOCK_M, 1]), x0..x3 being x's four column
-    sets in the operand dtype. The GEMV takes it from the tensor cores (products with ones), which idle
-    there while the instruction issue is the limit; the GEMM, which keeps the tensor cores busy, adds."""
-    if GEMV:
+    sets in the operand dtype. SUMS_BY_DOT (the GEMV's default): from the tensor cores (products with
+    ones), which idle there if the instruction issue is the limit; else (the GEMM, which keeps the tensor
+    cores busy) added in fp32."""
+    if SUMS_BY_DOT:
         ones = tl.full((x0.shape[1], BLOCK_N), 1.0, x0.dtype)
         s = tl.dot(x0, ones, input_precision=PRECISION) + tl.dot(x1, ones, input_precision=PRECISION)
         return s + tl.dot(x2, ones, input_precision=PRECISION) + tl.dot(x3, ones, input_precision=PRECISION)
@@ -126,7 +127,7 @@ def _tile_product(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    GEMV: tl.constexpr,
+    SUMS_BY_DOT: tl.constexpr,
 ):
     """x[offs_m, k0:k0+GROUP_SIZE] @ W[offs_n, k0:k0+GROUP_SIZE]^T as [BLOCK_M, BLOCK_N] fp32."""
     m_mask = offs_m < M
@@ -153,7 +154,7 @@ def _tile_product(
         prod += _nibble_product(x1, word, 1, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         prod += _nibble_product(x2, word, 2, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
         prod += _nibble_product(x3, word, 3, BLOCK_N, EIGHTH, PRECISION, DOT_DTYPE)
-        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
+        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, SUMS_BY_DOT)
         total = _scaled(total, prod, xsum, scale, minimum, nibble_pair_base(DOT_DTYPE))
     elif BITS == 4:  # groups of 32: the row as int32 words too; two products, over each column parity
         t = tl.arange(0, GROUP_SIZE // 8)
@@ -171,7 +172,7 @@ def _tile_product(
         w_e1 = tl.reshape(w_e1, (BLOCK_N, GROUP_SIZE // 2))
         prod = tl.dot(x_e0, tl.trans(w_e0), input_precision=PRECISION)
         prod += tl.dot(x_e1, tl.trans(w_e1), input_precision=PRECISION)
-        if GEMV:  # the row sums from the tensor cores, as _row_sums does
+        if SUMS_BY_DOT:  # the row sums from the tensor cores, as _row_sums does
             ones = tl.full((GROUP_SIZE // 2, BLOCK_N), 1.0, DOT_DTYPE)
             xsum = tl.dot(x_e0, ones, input_precision=PRECISION) + tl.dot(
                 x_e1, ones, input_precision=PRECISION
@@ -186,7 +187,7 @@ def _tile_product(
         prod += tl.dot(x1, tl.trans(offset_codes((word >> 6) & 63, DOT_DTYPE)), input_precision=PRECISION)
         prod += tl.dot(x2, tl.trans(offset_codes((word >> 12) & 63, DOT_DTYPE)), input_precision=PRECISION)
         prod += tl.dot(x3, tl.trans(offset_codes((word >> 18) & 63, DOT_DTYPE)), input_precision=PRECISION)
-        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, GEMV)
+        xsum = _row_sums(x, x0, x1, x2, x3, BLOCK_N, PRECISION, SUMS_BY_DOT)
         total = _scaled(total, prod, xsum, scale, minimum, offset_code_base(DOT_DTYPE))
     else:  # 8-bit, symmetric: the scale applies to the product
         q = tl.load(packed_ptr + offs_n[:, None] * KP + kk[None, :], mask=n_mask[:, None], other=0)
@@ -216,7 +217,7 @@ def _quant_matmul_kernel(
     GROUP_SIZE: tl.constexpr,
     HAS_MINS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    GEMV: tl.constexpr,
+    SUMS_BY_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -250,7 +251,7 @@ def _quant_matmul_kernel(
             BLOCK_N,
             PRECISION,
             DOT_DTYPE,
-            GEMV,
+            SUMS_BY_DOT,
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -332,13 +333,15 @@ def quant_matmul(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    sums_by_dot: bool | None = None,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
     slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
     (GEMM rows a program, default 32), block_n (outputs a program: GEMV gemv_block_n, GEMM 64),
-    num_splits (GEMV: K slices, default gemv_splits), num_warps and num_stages (the K loop's pipeline
-    depth, Triton's default 3) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth,
+    Triton's default 3) and sums_by_dot (the activations' group sums from the tensor cores; default: in the
+    GEMV) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -389,7 +392,7 @@ def quant_matmul(
         num_groups,
         per_split,
         SPLIT_K=split_k,
-        GEMV=gemv,
+        SUMS_BY_DOT=gemv if sums_by_dot is None else sums_by_dot,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,

@@ -149,19 +149,26 @@ def test_gemv_slices_spread_a_matrix_over_every_sm():
 
 
 @pytest.mark.parametrize(
-    "block_m,block_n,num_splits,m",
-    [(None, 32, 3, 1), (None, 256, 2, 5), (None, 64, 1, 3), (None, 32, None, 40), (64, 128, None, 70)],
+    "block_m,block_n,num_splits,m,sums_by_dot",
+    [
+        (None, 32, 3, 1, None),
+        (None, 256, 2, 5, None),
+        (None, 64, 1, 3, None),
+        (None, 32, None, 40, None),
+        (64, 128, None, 70, None),
+        (None, 64, 2, 1, False),  # a GEMV adding the group sums in fp32
+        (None, 32, None, 40, True),  # a GEMM taking them from products with ones
+    ],
 )
-def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m):
-    """The sweep's tile and K-slice choices (benchmarks/gpu_kernels.py) compute the same product; a GEMV in
-    one K slice (num_splits 1) stores its output directly instead of adding into an fp32 buffer."""
+def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m, sums_by_dot):
+    """The sweep's tile, K-slice and group-sum choices (benchmarks/gpu_kernels.py) compute the same product;
+    a GEMV in one K slice (num_splits 1) stores its output directly instead of adding into an fp32 buffer."""
     torch.manual_seed(m)
     qt = quantize(torch.randn(200, 900) * 0.05, 4, 128)
     packed, scales, mins = qt.packed.to(DEVICE), qt.scales.to(DEVICE), qt.minimums.to(DEVICE)
     x = torch.randn(m, 900, device=DEVICE)
-    got = fused.quant_matmul(
-        x, packed, scales, mins, 4, 128, block_m=block_m, block_n=block_n, num_splits=num_splits
-    )
+    knobs = dict(block_m=block_m, block_n=block_n, num_splits=num_splits, sums_by_dot=sums_by_dot)
+    got = fused.quant_matmul(x, packed, scales, mins, 4, 128, **knobs)
     assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
 
 
