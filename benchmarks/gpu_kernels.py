@@ -455,26 +455,41 @@ def main() -> None:
         # count and warps alone left bf16 at 48-52% of HBM (docs/benchmarks.md); the key tile (keys a step,
         # whole pages) and the stages set the bytes each program keeps in flight
         # (33 and 66 splits: 132 and 264 programs at 4 kv heads, one or two per SM of an H200 in one wave)
+        # (fused=1: the last split combines them in the decode kernel instead of a second one)
         decode_configs = {
             "bf16": [
-                (n, bn, w, st)
+                (n, bn, w, st, False)
                 for n in (32, 33, 64, 66)
                 for bn, st in ((32, 2), (32, 3), (32, 4), (32, 5), (64, 2), (64, 3))
                 for w in (4, 8)
-            ],
-            "k8v4": [(n, bn, 4, st) for n in (32, 128) for bn in (32, 64) for st in (2, 3)],
+            ]
+            + [(n, 32, w, 3, True) for n in (32, 33, 64, 66) for w in (4, 8)],
+            "k8v4": [(n, bn, 4, st, False) for n in (32, 128) for bn in (32, 64) for st in (2, 3)]
+            + [(n, 32, 4, 2, True) for n in (32, 128)],
         }
         for kv, configs in decode_configs.items():
             q, cache, table, seq_lens = decode_case(kv, 32768)
-            for splits, block_n, warps, stages in configs:
+            for splits, block_n, warps, stages, fused in configs:
                 t = bench(
-                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages: (
+                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages, f=fused: (
                         attention.paged_attention_decode(
-                            q, c, tb, s, 0.0625, num_splits=n, block_n=bn, num_warps=w, num_stages=st
+                            q,
+                            c,
+                            tb,
+                            s,
+                            0.0625,
+                            num_splits=n,
+                            block_n=bn,
+                            num_warps=w,
+                            num_stages=st,
+                            fused_combine=f,
                         )
                     )
                 )
-                name = f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
+                name = (
+                    f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
+                    f" fused={int(fused)}"
+                )
                 record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
         # the 4-bit GEMV: tile rows x K slices x warps x pipeline depth (2026-12-04: 16-20% of HBM over
         # 64-256 rows, 1-16 slices, 4 / 8 warps at depth 3); then M = 16 at the SM 8.x and SM 9.0 tiles
