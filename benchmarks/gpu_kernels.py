@@ -4,7 +4,7 @@ the device's peak, as a markdown table (and JSON with --json FILE).
 Shapes are the Qwen3.5-27B ones (hidden 5120, 24 q heads / 4 kv heads x 256, MLP 17408; Gated DeltaNet 16
 key / 48 value heads x 128, conv kernel 4), random data.
 
-    python benchmarks/gpu_kernels.py [--json FILE] [--markdown FILE]
+    python benchmarks/gpu_kernels.py [--json FILE] [--markdown FILE] [--sections decode_attention,sweeps]
     python benchmarks/gpu_kernels.py --compile-only 90   # on a machine without a GPU: no timings
 
 --compile-only ARCH runs every section on CPU tensors with each launch compiled for that compute capability
@@ -224,6 +224,11 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the tile / split / warp sweeps")
+    ap.add_argument(
+        "--sections",
+        help="only these sections, comma-separated (dense_ops, decode_attention, gated_deltanet, "
+        "quantized_matmul, mixture_of_experts, prefill_attention, vision_tower, sweeps)",
+    )
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="no GPU: compile for this capability")
     args = ap.parse_args()
     if args.compile_only:
@@ -691,7 +696,17 @@ def main() -> None:
         vision_tower,
         sweeps,
     )
-    for section in sections if not args.no_sweeps else sections[:-1]:
+    if args.sections:
+        by_name = {f.__name__: f for f in sections}
+        unknown = set(args.sections.split(",")) - set(by_name)
+        if unknown:
+            raise SystemExit(
+                f"unknown section(s) {', '.join(sorted(unknown))}; use some of {', '.join(by_name)}"
+            )
+        sections = tuple(f for f in sections if f.__name__ in args.sections.split(","))
+    elif args.no_sweeps:
+        sections = sections[:-1]
+    for section in sections:
         try:  # one section's failure (a kernel that does not compile here) costs its rows, not the table
             section()
         except Exception as exc:  # noqa: BLE001

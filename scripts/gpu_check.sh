@@ -25,11 +25,16 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
 #     gguf==0.19.0 llguidance==1.9.1
-# then runs with carry [".whl"]. A first call of `kernels pytest` (about 2 + 5 minutes on an H200), a
-# second of the rest; each step has its own limit and is interrupted (SIGINT: pytest still prints its
-# failures) when it passes it, and what the steps wrote comes back even when a call is stopped:
+# then runs with carry [".whl"]. A 15-minute lease: a first call of `kernels pytest` with
+# KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps (the acceptance rows and the
+# sweeps, ~4 minutes; the whole table took 2 minutes before the sweeps grew, 2026-12-04, then the tests,
+# ~4 minutes with 14 workers), then, if time is left, `graphs memory sleep`; each step has its own limit
+# and is interrupted (SIGINT: pytest still prints its failures) when it passes it, and what the steps
+# wrote comes back even when a call is stopped:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-#     && PYTHONPATH=/tmp/site bash scripts/gpu_check.sh kernels pytest
+#     && export PYTHONPATH=/tmp/site \
+#     KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps \
+#     && bash scripts/gpu_check.sh kernels pytest
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
@@ -63,7 +68,9 @@ print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.ve
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())' 2>&1 \
   | tee -a "$OUT/summary.txt"
 
-step kernels 300 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json"
+# (KERNEL_SECTIONS=decode_attention,quantized_matmul,sweeps: only those sections of the table)
+step kernels 420 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json" \
+  ${KERNEL_SECTIONS:+--sections "$KERNEL_SECTIONS"}
 
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n "$(($(nproc) > 4 ? $(nproc) - 2 : 2))")
