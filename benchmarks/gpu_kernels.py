@@ -122,6 +122,49 @@ def bench(fn, triton_kernels: bool = True) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
 
 
+def bench_graphed(fns, calls: int = 32) -> float:
+    """Seconds a call takes on the GPU with no host in the way: `calls` calls, cycling through `fns` (the
+    same op over different inputs, so that what one call reads is not in L2 for the next), captured in a
+    CUDA graph and replayed, as the engine's decode steps run; the median of 5 replays. do_bench times
+    each call after the host launches it, so a wrapper's host time (Python, the launch: tens of µs) can
+    set a floor under a decode-sized kernel; this does not. --compile-only: each fn called once."""
+    if COMPILE_ONLY:
+        for fn in fns:
+            fn()
+        return float("nan")
+    try:
+        return _graph_replay_seconds(fns, calls)
+    except RuntimeError as exc:  # a capture that fails costs its row (nan), not the section's others
+        print(f"graph replay failed: {str(exc).splitlines()[0]}", flush=True)
+        torch.cuda.synchronize()
+        return float("nan")
+
+
+def _graph_replay_seconds(fns, calls: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compiled, and the process-wide buffers made, before the capture
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / calls)
+    return sorted(times)[2]
+
+
 def raise_clocks(seconds: float = 2.0) -> None:
     """Keep the GPU busy with bf16 products for `seconds` before the first row: an idle card's clocks are
     low (an H200 read 345 MHz idle against 1980 MHz loaded), and the first rows measured otherwise run
@@ -181,6 +224,22 @@ def up_proj(bits: int, group: int = 128):
         qt = quantize(w, bits, group, False)
     mins = qt.minimums.to(DEVICE) if qt.minimums is not None else None
     return qt, qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins
+
+
+def weight_copies(packed, scales, mins, n: int = 4) -> list[tuple]:
+    """n copies of a packed weight (4 x 45 MB: past an H200's 60 MB of L2 when a graph cycles through
+    them); --compile-only: the same tensors (nothing is read)."""
+    if COMPILE_ONLY:
+        return [(packed, scales, mins)]
+    return [(packed.clone(), scales.clone(), None if mins is None else mins.clone()) for _ in range(n)]
+
+
+def gemv_calls(x, copies: list[tuple], bits: int, **knobs) -> list:
+    """One quant_matmul call per weight copy (bench_graphed's fns)."""
+    return [
+        lambda p=p, s=s, z=z: quant_matmul_triton.quant_matmul(x, p, s, z, bits, 128, **knobs)
+        for p, s, z in copies
+    ]
 
 
 GDN_HEADS = (16, 48, 128)  # Qwen3.5-27B's Gated DeltaNet: key heads, value heads, head dim
@@ -296,6 +355,20 @@ def main() -> None:
                     t,
                     bytes_moved=cache.num_bytes,
                 )
+                # the same in a CUDA graph, as the engine decodes (the cache is past L2: one input will do)
+                t = bench_graphed(
+                    [
+                        lambda q=q, c=cache, tb=table, s=seq_lens: attention.paged_attention_decode(
+                            q, c, tb, s, 0.0625
+                        )
+                    ]
+                )
+                record(
+                    f"decode attention {kv}, graph replay",
+                    f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
+                    t,
+                    bytes_moved=cache.num_bytes,
+                )
         # the split combination alone (its own kernel after the split-K one): what folding it into the
         # split kernel's last arrival could save at most, launch gap aside
         splits = num_decode_splits(32768)
@@ -346,6 +419,14 @@ def main() -> None:
                     )
                 )
                 record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+                if m in (1, 16):  # in a CUDA graph, as the engine decodes, over 4 copies of the weight
+                    t = bench_graphed(gemv_calls(x, weight_copies(packed, scales, mins), bits))
+                    record(
+                        f"W{bits}A16 GEMV, graph replay",
+                        f"M={m}, 17408x5120",
+                        t,
+                        bytes_moved=qt.nbytes + x.numel() * 2,
+                    )
             if bits != 6:  # groups of 32: a GGUF's Q4_0 / Q4_1 / Q4_K and Q8_0 blocks as the GPU holds them
                 qt32, packed32, scales32, mins32 = up_proj(bits, 32)
                 for m in (1, 16):
@@ -475,21 +556,23 @@ def main() -> None:
         for kv, configs in decode_configs.items():
             q, cache, table, seq_lens = decode_case(kv, 32768)
             for splits, block_n, warps, stages, fused in configs:
-                t = bench(
-                    lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages, f=fused: (
-                        attention.paged_attention_decode(
-                            q,
-                            c,
-                            tb,
-                            s,
-                            0.0625,
-                            num_splits=n,
-                            block_n=bn,
-                            num_warps=w,
-                            num_stages=st,
-                            fused_combine=f,
+                t = bench_graphed(
+                    [
+                        lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages, f=fused: (
+                            attention.paged_attention_decode(
+                                q,
+                                c,
+                                tb,
+                                s,
+                                0.0625,
+                                num_splits=n,
+                                block_n=bn,
+                                num_warps=w,
+                                num_stages=st,
+                                fused_combine=f,
+                            )
                         )
-                    )
+                    ]
                 )
                 name = (
                     f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
@@ -514,22 +597,12 @@ def main() -> None:
             gemv_configs += [(block_n, auto, w, st, False) for w in (4, 8) for st in (2, 3, 4)]
         auto = quant_matmul_triton.gemv_splits(17408, 40, 512, x.device)
         gemv_configs += [(512, auto, 8, st, True) for st in (2, 3)]
+        # (in CUDA graphs over 4 copies of the weight: no host time between calls, no L2 reuse; the rows before
+        # 2026-12-04's lease were do_bench's, one launch at a time)
+        copies = weight_copies(packed, scales, mins)
         for block_n, splits, warps, stages, dot_sums in gemv_configs:
-            t = bench(
-                lambda bn=block_n, n=splits, w=warps, st=stages, d=dot_sums: quant_matmul_triton.quant_matmul(
-                    x,
-                    packed,
-                    scales,
-                    mins,
-                    4,
-                    128,
-                    block_n=bn,
-                    num_splits=n,
-                    num_warps=w,
-                    num_stages=st,
-                    sums_by_dot=d,
-                )
-            )
+            knobs = dict(block_n=block_n, num_splits=splits, num_warps=warps, num_stages=stages)
+            t = bench_graphed(gemv_calls(x, copies, 4, sums_by_dot=dot_sums, **knobs))
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
             mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
             name = (
@@ -539,13 +612,10 @@ def main() -> None:
             record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
         x16 = randn(16, 5120, device=DEVICE, dtype=bf)
         for block_n in (128, 256):
-            t = bench(
-                lambda bn=block_n: quant_matmul_triton.quant_matmul(
-                    x16, packed, scales, mins, 4, 128, block_n=bn
-                )
-            )
+            t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))
             name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
             record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
+        del copies
         x = randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(
