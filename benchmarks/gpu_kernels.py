@@ -344,31 +344,15 @@ def main() -> None:
                 continue
             for context in (32768, 131072):
                 q, cache, table, seq_lens = decode_case(kv, context)
-                t = bench(
-                    lambda q=q, cache=cache, table=table, seq_lens=seq_lens: attention.paged_attention_decode(
-                        q, cache, table, seq_lens, 0.0625
-                    )
-                )
-                record(
-                    f"decode attention {kv}",
-                    f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
-                    t,
-                    bytes_moved=cache.num_bytes,
-                )
+
+                def call(q=q, c=cache, tb=table, s=seq_lens):
+                    return attention.paged_attention_decode(q, c, tb, s, 0.0625)
+
+                shape = f"B=1, ctx {context // 1024}K, 24q/4kv x 256"
+                record(f"decode attention {kv}", shape, bench(call), bytes_moved=cache.num_bytes)
                 # the same in a CUDA graph, as the engine decodes (the cache is past L2: one input will do)
-                t = bench_graphed(
-                    [
-                        lambda q=q, c=cache, tb=table, s=seq_lens: attention.paged_attention_decode(
-                            q, c, tb, s, 0.0625
-                        )
-                    ]
-                )
-                record(
-                    f"decode attention {kv}, graph replay",
-                    f"B=1, ctx {context // 1024}K, 24q/4kv x 256",
-                    t,
-                    bytes_moved=cache.num_bytes,
-                )
+                t = bench_graphed([call])
+                record(f"decode attention {kv}, graph replay", shape, t, bytes_moved=cache.num_bytes)
         # the split combination alone (its own kernel after the split-K one): what folding it into the
         # split kernel's last arrival could save at most, launch gap aside
         splits = num_decode_splits(32768)
