@@ -1,5 +1,6 @@
-"""Mixture-of-experts MLP on the GPU: the tokens' expert assignments sorted by expert (moe_align, torch ops
-with no host sync, so decode steps can be captured as CUDA graphs), then one grouped matmul kernel launched
+"""Mixture-of-experts MLP on the GPU: the tokens' expert assignments sorted by expert (moe_align: one kernel
+for decode-sized steps, torch ops for prompts; no host sync, so decode steps can be captured as CUDA
+graphs), then one grouped matmul kernel launched
 twice: each program takes BLOCK_M assignments of one expert (its block of the sorted list) and BLOCK_N of
 that expert's output rows, gathers the assignments' rows of x and streams the expert's weight, packed
 (4 / 6 / 8-bit, engine/quant/groupwise.py's layout, dequantized a group at a time in registers) or dense.
@@ -24,10 +25,26 @@ from ninfer_kernels.triton_config import dot_dtype, dot_precision
 DENSE_BLOCK_K = 64  # K a step over dense experts
 
 
+ALIGN_KERNEL_MAX = 128  # assignments (T k) up to which one program sorts them (decode steps, drafts too)
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """(sorted_ids int32 [S], block_expert int32 [S / block_m], num_padded int32 [1]): the assignments
     (t k + j) grouped by expert, each expert's group padded to whole blocks with T k (no assignment);
-    block b belongs to expert block_expert[b]; num_padded blocks' worth of entries are used. No host sync."""
+    block b belongs to expert block_expert[b] (past num_padded: the last expert); num_padded blocks' worth
+    of entries are used. No host sync. Up to ALIGN_KERNEL_MAX assignments one kernel (_align_kernel) sorts
+    them, where the torch ops below are some twenty launches (each a graph node of a decode step)."""
+    if topk_ids.numel() <= ALIGN_KERNEL_MAX:
+        return _align_small(topk_ids, num_experts, block_m)
+    return _align_torch(topk_ids, num_experts, block_m)
+
+
+def _align_size(n: int, num_experts: int, block_m: int) -> int:
+    """The sorted list's length: T k assignments and at most block_m - 1 padding entries per expert."""
+    return triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+
+
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     flat = topk_ids.reshape(-1).to(torch.int64)
     n, device = flat.numel(), flat.device
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
@@ -38,12 +55,80 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     order = torch.argsort(flat, stable=True)
     expert = flat[order]
     rank = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts)[expert]
-    size = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+    size = _align_size(n, num_experts, block_m)
     sorted_ids = torch.full((size,), n, dtype=torch.int32, device=device)
     sorted_ids[(ends - padded)[expert] + rank] = order.to(torch.int32)
     starts = torch.arange(0, size, block_m, device=device)
     block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
     return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+def _align_small(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    flat = topk_ids.reshape(-1)
+    n, device = flat.numel(), flat.device
+    size = _align_size(n, num_experts, block_m)
+    sorted_ids = torch.empty(size, dtype=torch.int32, device=device)
+    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    _align_kernel[(1,)](
+        flat,
+        sorted_ids,
+        block_expert,
+        num_padded,
+        n,
+        size,
+        num_experts,
+        BLOCK_M=block_m,
+        BLOCK_N=max(16, triton.next_power_of_2(n)),
+        BLOCK_E=64,
+        BLOCK_FILL=1024,
+    )
+    return sorted_ids, block_expert, num_padded
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr,  # [n] expert of each assignment
+    sorted_ptr,  # [size] int32 out
+    block_expert_ptr,  # [size / BLOCK_M] int32 out
+    num_padded_ptr,  # [1] int32 out
+    n,
+    size,
+    E,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= n
+    BLOCK_E: tl.constexpr,  # experts counted a step
+    BLOCK_FILL: tl.constexpr,
+):
+    """_align_torch's result in one program: each assignment's place is its expert's first padded slot
+    (the padded counts of the experts before it) plus its rank among the same expert's assignments (stable:
+    those before it); each used block takes the expert of the assignments in it (every block of an expert
+    holds at least one: only the last is padded)."""
+    i = tl.arange(0, BLOCK_N)
+    live = i < n
+    ids = tl.load(ids_ptr + i, mask=live, other=-1).to(tl.int32)
+    before = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])
+    rank = tl.sum(before.to(tl.int32), axis=1)
+    first = tl.zeros([BLOCK_N], tl.int32)  # each assignment's expert's first slot
+    total = 0
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        hit = ids[:, None] == e[None, :]  # [BLOCK_N, BLOCK_E]; padding lanes (-1) hit nothing
+        padded = (tl.sum(hit.to(tl.int32), axis=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        starts = total + tl.cumsum(padded, axis=0) - padded
+        first += tl.sum(tl.where(hit, starts[None, :], 0), axis=1)
+        total += tl.sum(padded, axis=0)
+    # no assignment and the last expert everywhere, then each assignment's own entries over them
+    f = tl.arange(0, BLOCK_FILL)
+    for s0 in range(0, size, BLOCK_FILL):
+        tl.store(sorted_ptr + s0 + f, tl.full([BLOCK_FILL], 0, tl.int32) + n, mask=s0 + f < size)
+        blocks = size // BLOCK_M
+        tl.store(block_expert_ptr + s0 + f, tl.full([BLOCK_FILL], 0, tl.int32) + E - 1, mask=s0 + f < blocks)
+    tl.debug_barrier()
+    slot = first + rank
+    tl.store(sorted_ptr + slot, i, mask=live)
+    tl.store(block_expert_ptr + slot // BLOCK_M, ids, mask=live)
+    tl.store(num_padded_ptr, total)
 
 
 @triton.jit

@@ -34,6 +34,25 @@ def test_moe_align_groups_assignments_by_expert_in_whole_blocks(tokens, k, exper
         assert (flat[block[block < n].long()] == block_expert[b].item()).all()
 
 
+@pytest.mark.parametrize(
+    "tokens,k,experts,block_m",
+    [(1, 8, 128, 16), (4, 8, 128, 16), (16, 8, 512, 16), (1, 2, 8, 16), (37, 3, 6, 16), (20, 6, 60, 64)],
+)
+def test_one_kernel_aligns_decode_steps_as_the_torch_ops_do(tokens, k, experts, block_m):
+    """Up to ALIGN_KERNEL_MAX assignments (decode steps, drafts too) one program sorts them: the same
+    sorted list, block experts and padded total as the torch ops, entry for entry (experts hit by several
+    assignments and by none, more experts than one counting step takes, a 64-row block)."""
+    torch.manual_seed(tokens * experts)
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+    ids[1:] = ids[1:] % max(3, experts // 8) if tokens > 2 else ids[1:]  # experts shared by many tokens
+    ids = ids.to(DEVICE)
+    assert ids.numel() <= moe.ALIGN_KERNEL_MAX
+    got = moe._align_small(ids, experts, block_m)
+    want = moe._align_torch(ids, experts, block_m)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.int32 and torch.equal(g, w)
+
+
 def _experts(e, n, k, bits, group, dtype):
     w = torch.randn(e, n, k) * 0.1
     if bits == 16:
