@@ -69,11 +69,16 @@ def compute_capability(device: torch.device) -> int:
     if interpreting():
         return 0
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return 10 * major + minor
+        return _gpu_capability(device)
     from triton.runtime import driver
 
     return driver.active.get_current_target().arch
+
+
+@functools.cache
+def _gpu_capability(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 def pipeline_stages(three_stage_bytes: int, device: torch.device) -> int:

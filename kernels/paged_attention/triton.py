@@ -22,7 +22,7 @@ from ninfer_kernels.int8_act.triton import quantize_rows
 from ninfer_kernels.kv_quant.naive import V4_GROUP
 from ninfer_kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits, takes_decode_kernel
 from ninfer_kernels.triton_codes import nibble_pairs
-from ninfer_kernels.triton_config import dot_dtype, dot_precision, pipeline_stages
+from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
 
@@ -489,7 +489,7 @@ def _wide_prefill_tile(q: torch.Tensor, cache) -> bool:
         and q.shape[0] >= WIDE_PREFILL_MIN_TOKENS
         and q.dtype in (torch.bfloat16, torch.float16)
         and cache.kv_dtype in ("bf16", "fp16")
-        and torch.cuda.get_device_capability(q.device) >= (9, 0)
+        and compute_capability(q.device) >= 90
     )
 
 
