@@ -226,9 +226,12 @@ def up_proj(bits: int, group: int = 128):
     return qt, qt.packed.to(DEVICE), qt.scales.to(DEVICE), mins
 
 
-def weight_copies(packed, scales, mins, n: int = 4) -> list[tuple]:
-    """n copies of a packed weight (4 x 45 MB: past an H200's 60 MB of L2 when a graph cycles through
-    them); --compile-only: the same tensors (nothing is read)."""
+@functools.cache
+def up_proj_copies(bits: int, n: int = 4) -> list[tuple]:
+    """n copies of up_proj(bits)'s packed weight, scales and minimums (4 x 45 MB at 4 bits: past an H200's
+    60 MB of L2 when a graph cycles through them), made once per width; --compile-only: the same tensors
+    (nothing is read)."""
+    _, packed, scales, mins = up_proj(bits)
     if COMPILE_ONLY:
         return [(packed, scales, mins)]
     return [(packed.clone(), scales.clone(), None if mins is None else mins.clone()) for _ in range(n)]
@@ -404,7 +407,7 @@ def main() -> None:
                 )
                 record(f"W{bits}A16 GEMV", f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
                 if m in (1, 16):  # in a CUDA graph, as the engine decodes, over 4 copies of the weight
-                    t = bench_graphed(gemv_calls(x, weight_copies(packed, scales, mins), bits))
+                    t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits))
                     record(
                         f"W{bits}A16 GEMV, graph replay",
                         f"M={m}, 17408x5120",
@@ -583,7 +586,7 @@ def main() -> None:
         gemv_configs += [(512, auto, 8, st, True) for st in (2, 3)]
         # (in CUDA graphs over 4 copies of the weight: no host time between calls, no L2 reuse; the rows before
         # 2026-12-04's lease were do_bench's, one launch at a time)
-        copies = weight_copies(packed, scales, mins)
+        copies = up_proj_copies(4)
         for block_n, splits, warps, stages, dot_sums in gemv_configs:
             knobs = dict(block_n=block_n, num_splits=splits, num_warps=warps, num_stages=stages)
             t = bench_graphed(gemv_calls(x, copies, 4, sums_by_dot=dot_sums, **knobs))
@@ -599,7 +602,6 @@ def main() -> None:
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))
             name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
             record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
-        del copies
         x = randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(

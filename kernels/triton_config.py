@@ -53,13 +53,9 @@ def shared_memory_per_block(device: torch.device) -> int:
     """Shared memory one block may use where the kernels for tensors on `device` compile: the GPU's own
     figure; for CPU tensors compiled ahead of time (scripts/cuda_compile_check.py), the table's for the
     active driver's target; under the interpreter, where nothing compiles, the smallest."""
-    if interpreting():
-        return _SMALLEST_SHARED_MEMORY
-    if device.type == "cuda":
+    if device.type == "cuda" and not interpreting():
         return _gpu_shared_memory(device)
-    from triton.runtime import driver
-
-    return SHARED_MEMORY_PER_BLOCK.get(driver.active.get_current_target().arch, _SMALLEST_SHARED_MEMORY)
+    return SHARED_MEMORY_PER_BLOCK.get(compute_capability(device), _SMALLEST_SHARED_MEMORY)
 
 
 def compute_capability(device: torch.device) -> int:
@@ -92,4 +88,4 @@ def pipeline_stages(three_stage_bytes: int, device: torch.device) -> int:
 def _gpu_shared_memory(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     optin = getattr(props, "shared_memory_per_block_optin", 0)  # not in every torch
-    return optin or SHARED_MEMORY_PER_BLOCK.get(props.major * 10 + props.minor, _SMALLEST_SHARED_MEMORY)
+    return optin or SHARED_MEMORY_PER_BLOCK.get(_gpu_capability(device), _SMALLEST_SHARED_MEMORY)

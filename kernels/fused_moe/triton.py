@@ -120,9 +120,9 @@ def _align_kernel(
         total += tl.sum(padded, axis=0)
     # no assignment and the last expert everywhere, then each assignment's own entries over them
     f = tl.arange(0, BLOCK_FILL)
+    blocks = size // BLOCK_M
     for s0 in range(0, size, BLOCK_FILL):
         tl.store(sorted_ptr + s0 + f, tl.full([BLOCK_FILL], 0, tl.int32) + n, mask=s0 + f < size)
-        blocks = size // BLOCK_M
         tl.store(block_expert_ptr + s0 + f, tl.full([BLOCK_FILL], 0, tl.int32) + E - 1, mask=s0 + f < blocks)
     tl.debug_barrier()
     slot = first + rank
