@@ -22,7 +22,7 @@ class StepMemo:
         self._value: Any = None
 
     def get(self, tensors: tuple[torch.Tensor, ...], extra: tuple, compute: Callable[[], Any]) -> Any:
-        """compute(), or the value it gave for equal `tensors` (same shape, dtype, values) and `extra`
+        """compute(), or the value it gave for equal `tensors` (same shape, dtype, device, values) and `extra`
         (plain values compared by ==, tensors among them by identity: held here, so never a reused id)."""
         saved = self._tensors
         if saved is not None and len(saved) == len(tensors) and len(self._extra) == len(extra):
@@ -33,7 +33,12 @@ class StepMemo:
                     break
             if hit:
                 for a, b in zip(saved, tensors):
-                    if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+                    if (
+                        a.shape != b.shape
+                        or a.dtype != b.dtype
+                        or a.device != b.device
+                        or not torch.equal(a, b)
+                    ):
                         hit = False
                         break
             if hit:

@@ -108,7 +108,7 @@ def test_a_window_that_slid_takes_the_rest_from_the_earlier_pages(one_layer_dir,
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 def test_on_cuda_with_graphs_a_window_that_slid_answers_as_a_cold_run(one_layer_dir, kv_dtype):
     head, dropped, kept, new = _tokens(48, 1), _tokens(40, 2), _tokens(70, 3), _tokens(9, 4)
-    on_cuda = dict(device="cuda", dtype="float32", kv_dtype=kv_dtype, max_context=4096)
+    on_cuda = dict(device="cuda", dtype="float32", kv_dtype=kv_dtype, max_context=1024)
     llm = LLM(one_layer_dir, cache_reuse=16, **on_cuda)
     _run(llm, head + dropped + kept)
     out = _run(llm, head + kept + new)

@@ -262,11 +262,10 @@ def test_gpu_kernels_run_a_block_quantized_gguf_packed(tmp_path, kernel_backend)
     path = write_qwen35_gguf(model, tmp_path / "q8.gguf", qtype=Q.Q8_0)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
     kernel_backend("naive")
-    dense = LLM(path, weight_quant="none", device=DEVICE).generate(
-        prompt_token_ids=PROMPT, sampling_params=params
-    )
+    on_device = dict(weight_quant="none", device=DEVICE, dtype="float32")  # (a GPU's default: bf16)
+    dense = LLM(path, **on_device).generate(prompt_token_ids=PROMPT, sampling_params=params)
     kernel_backend("triton")
-    packed_llm = LLM(path, weight_quant="none", device=DEVICE)
+    packed_llm = LLM(path, **on_device)
     assert holds_packed_weights(packed_llm.model)
     got = packed_llm.generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
     assert got.token_ids == dense[0].token_ids

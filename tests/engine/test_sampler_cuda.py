@@ -42,11 +42,11 @@ def test_penalties_and_truncations_match_the_cpu_without_a_sync():
     xtc = torch.tensor([False, False, True, False, False])
     mus = [0.0, 0.0, 0.0, 8.0, 9.0]
     want = sampling_probs(penalize(logits, PARAMS, histories), PARAMS, xtc, mus)
-    gpu = logits.cuda()
+    gpu, xtc_gpu = logits.cuda(), xtc.cuda()  # (the test's own copies: a pageable copy synchronizes)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = sampling_probs(penalize(gpu, PARAMS, histories), PARAMS, xtc.cuda(), mus)
+        got = sampling_probs(penalize(gpu, PARAMS, histories), PARAMS, xtc_gpu, mus)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-3)

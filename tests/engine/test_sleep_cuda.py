@@ -24,7 +24,7 @@ def test_sleep_gives_the_device_memory_back_and_waking_captures_the_graphs_again
     shapes = {"mlp.down_proj": (128, 64), "mlp.up_proj": (64, 128)}
     adapter = write_lora_adapter(tmp_path / "a", shapes, model.config.num_hidden_layers, scale=0.5)
     llm = LLM(
-        tmp_path / "m", device="cuda", dtype="float32", max_context=4096, lora_modules={"a": str(adapter)}
+        tmp_path / "m", device="cuda", dtype="float32", max_context=1024, lora_modules={"a": str(adapter)}
     )
     assert llm.runner.graphs is not None and llm.adapters.graph_lanes == 1
     prompt = torch.randint(3, 500, (100,), generator=torch.Generator().manual_seed(0)).tolist()

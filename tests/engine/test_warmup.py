@@ -82,7 +82,7 @@ def test_a_failed_warm_up_is_said_in_a_sentence(tmp_path, monkeypatch):
 def test_an_engine_on_cuda_warms_up_as_it_starts(tmp_path, caplog):
     path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=6), tmp_path)
     with caplog.at_level("INFO", logger="ninfer"):
-        llm = LLM(path, device="cuda", dtype="float32", max_context=4096, prefill_chunk=64)
+        llm = LLM(path, device="cuda", dtype="float32", max_context=1024, prefill_chunk=64)
     assert any(r.getMessage().startswith("warm-up: 131 prompt tokens") for r in caplog.records)
     assert _counters(llm) == (0, 0, 0, 0, 0, [0] * len(llm.scheduler.step_tokens.counts), 0, 0)
     assert llm.scheduler.block_pool.num_cached_blocks == 0

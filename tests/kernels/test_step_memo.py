@@ -32,3 +32,13 @@ def test_tensor_extras_compare_by_identity():
     assert memo.get((pos,), (table,), lambda: "first") == "first"
     assert memo.get((pos,), (table,), lambda: "again") == "first"
     assert memo.get((pos,), (torch.zeros(3),), lambda: "other table") == "other table"
+
+
+def test_a_tensor_on_another_device_is_a_miss():
+    """Equal values on another device (a CUDA engine and a CPU op in one process) are a new plan, not an
+    error from comparing across devices."""
+    memo = StepMemo()
+    a = torch.tensor([1, 2, 3])
+    assert memo.get((a,), (), lambda: "cpu") == "cpu"
+    assert memo.get((torch.empty(3, dtype=a.dtype, device="meta"),), (), lambda: "meta") == "meta"
+    assert memo.get((a,), (), lambda: "cpu again") == "cpu again"
