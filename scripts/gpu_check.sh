@@ -21,18 +21,25 @@
 #                                             # ninfer_bench spec_ngram)
 #
 # On a lent machine without network (the device tool; 2026-12: torch 2.11, triton 3.6, Python 3.12, 16
-# cores, pytest-xdist and Pillow there), once here:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
-#     gguf==0.19.0 llguidance==1.9.1
-# then runs with carry [".whl"]. A 15-minute lease: a first call of `kernels pytest` with
-# KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps (the acceptance rows and the
-# sweeps, ~4 minutes; the whole table took 2 minutes before the sweeps grew, 2026-12-04, then the tests,
-# ~4 minutes with 14 workers), then, if time is left, `graphs memory sleep`; each step has its own limit
-# and is interrupted (SIGINT: pytest still prints its failures) when it passes it, and what the steps
-# wrote comes back even when a call is stopped:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=/tmp/site \
+# cores, pytest-xdist and Pillow there, but transformers 5.17, whose tiny test models and reference
+# functions differ from the 5.25 the project pins, and no fastapi), once here:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 llguidance==1.9.1 transformers==5.25.0 \
+#     huggingface_hub==2.4.0 kernels==0.19.1 hf-xet==1.8.0 httpx2==2.16.2 httpcore2==2.16.2 truststore \
+#     tomlkit==0.15.3 click==8.5.1 regex==2026.11.19 idna==3.20 anyio==4.16.0 h11==0.16.0 certifi \
+#     typing_extensions==4.16.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2
+#   (29 MB: what .venv holds here; `--upgrade --target` puts them before the image's own)
+# then runs with carry [".whl"]. A 15-minute lease (a machine starts in ~30 s): a first call of `kernels
+# pytest` with KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps (the acceptance
+# rows and the sweeps, ~2 minutes), then the tests (~5 minutes with 14 workers for the whole list), then,
+# if time is left, `graphs memory sleep`; each step has its own limit and is interrupted (SIGINT: pytest
+# still prints its failures) when it passes it, and what the steps wrote comes back even when a call is
+# stopped; GPU_CHECK_DEADLINE=SECONDS (the call's limit, less the install) shortens the last steps' limits
+# so they end, summaries printed, before the call does; KERNELS_LIMIT and PYTEST_TESTS narrow a rerun:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=/tmp/site GPU_CHECK_DEADLINE=560 \
 #     KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps \
 #     && bash scripts/gpu_check.sh kernels pytest
 set -uo pipefail
@@ -54,6 +61,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
   if [ "$STEPS" != "  " ] && [[ "$STEPS" != *" $name "* ]]; then
     return 0
   fi
+  if [ -n "${GPU_CHECK_DEADLINE:-}" ]; then  # the whole script's seconds: the step ends 30 s before them
+    local left=$((GPU_CHECK_DEADLINE - SECONDS - 30))
+    [ "$left" -lt 10 ] && { echo "$name: skipped, the deadline is near" | tee -a "$OUT/summary.txt"; return 0; }
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   timeout -s INT -k 30 "$limit" "$@" 2>&1 | tee -a "$log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 124 ] && echo "$name: stopped at its ${limit}s limit" | tee -a "$log"
@@ -68,14 +80,16 @@ print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.ve
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())' 2>&1 \
   | tee -a "$OUT/summary.txt"
 
-# (KERNEL_SECTIONS=decode_attention,quantized_matmul,sweeps: only those sections of the table)
-step kernels 420 python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json" \
+# (KERNEL_SECTIONS=decode_attention,quantized_matmul,sweeps: only those sections of the table;
+# KERNELS_LIMIT=SECONDS: the step's limit)
+step kernels "${KERNELS_LIMIT:-420}" python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json" \
   ${KERNEL_SECTIONS:+--sections "$KERNEL_SECTIONS"}
 
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n "$(($(nproc) > 4 ? $(nproc) - 2 : 2))")
-# -rfE --tb=short: each failure's reason in the log (an interrupted run still prints them)
-step pytest 330 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -p no:benchmark "${parallel[@]}" tests/kernels \
+# the kernel, parity and CUDA-graph tests (PYTEST_TESTS="FILE_OR_ID ...": only those); -rfE --tb=short:
+# each failure's reason in the log (an interrupted run still prints them)
+default_tests=(tests/kernels \
   tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_decode.py \
   tests/engine/test_mtp.py tests/engine/test_int8_prefill.py tests/engine/test_qwen3_moe.py \
   tests/engine/test_vision.py tests/engine/test_draft_model.py tests/engine/test_prefix_file.py \
@@ -84,8 +98,14 @@ step pytest 330 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -p no:b
   "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   "tests/engine/test_host_cache.py::test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would" \
   "tests/engine/test_lora.py::test_adapters_on_cuda_with_graphs_match_the_cpu" \
-  "tests/engine/test_warmup.py::test_an_engine_on_cuda_warms_up_as_it_starts" \
-  --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
+  "tests/engine/test_warmup.py::test_an_engine_on_cuda_warms_up_as_it_starts")
+if [ -n "${PYTEST_TESTS:-}" ]; then
+  read -r -a tests <<< "$PYTEST_TESTS"
+else
+  tests=("${default_tests[@]}")
+fi
+step pytest 420 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -p no:benchmark "${parallel[@]}" \
+  "${tests[@]}" --ignore=tests/kernels/test_cuda_compile.py -k "not test_dispatch"
 
 # decode with and without CUDA graphs, side by side: a tiny Llama (launch-bound) and a tiny Qwen3.5
 # (hybrid: Gated DeltaNet layers), C1 and C4, bf16; then spec draft's chained steps with and without their
