@@ -206,7 +206,13 @@ def ledger(dep: Deployment, device_total: int) -> Ledger:
     act = max(step_tokens * activation_bytes_per_token(cfg, b), 2 * PROMPT_LOGPROB_ROWS * cfg.vocab_size * 4)
     logits = dep.concurrency * dep.decode_tokens * cfg.vocab_size * 4 * LOGIT_COPIES
     rows_q = dep.concurrency * dep.decode_tokens
-    partials = rows_q * cfg.num_attention_heads * num_decode_splits(dep.context) * (cfg.head_dim + 1) * 4
+    partials = (
+        rows_q
+        * cfg.num_attention_heads
+        * num_decode_splits(dep.context, dep.kv_dtype)
+        * (cfg.head_dim + 1)
+        * 4
+    )
     rows.append(Row("activations", act + logits + partials, f"step of {step_tokens:,} tokens + logits"))
     if dep.vision:
         vh, vi = vision_patch_width(cfg)

@@ -2,6 +2,9 @@
 the memory ledger (engine/memory.py) sizes the split-K partials with the kernel's own rule."""
 
 MAX_DECODE_SPLITS = 32
+# 8- / 4-bit caches: twice the splits, each half the keys (see num_decode_splits)
+MAX_QUANTIZED_DECODE_SPLITS = 64
+QUANTIZED_KV_DTYPES = ("fp8", "int8", "k8v4")
 # query rows (verified tokens x the q heads of a kv head) the decode kernel takes for speculative
 # verification: at 64 rows the SM 8.6 build uses 255 registers and fp32 KV runs out of shared memory
 MAX_VERIFY_ROWS = 32
@@ -22,6 +25,13 @@ def takes_decode_kernel(num_tokens: int, num_seqs: int, query_tokens_per_seq: in
     return num_tokens == num_seqs or verify
 
 
-def num_decode_splits(max_context: int) -> int:
-    """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context."""
+def num_decode_splits(max_context: int, kv_dtype: str = "bf16") -> int:
+    """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context, one
+    per 1,024 keys up to MAX_DECODE_SPLITS; 8- / 4-bit caches one per 512 up to MAX_QUANTIZED_DECODE_SPLITS,
+    as their dequantizing costs each key more instructions and more programs hide them. An H200
+    (2026-12-04, CUDA graph replay, 24q / 4kv x 256 at 32K, 64-key tiles) decoded fp8 / int8 / k8v4 caches
+    in 41.3 / 43.7 / 43.6 us at 64 splits, 56.4 / 65.0 / 63.4 at 32, 45.5 / 45.8 / 46.7 at 128 (bf16: 38.9
+    at 32, 48.0 at 48; docs/benchmarks.md)."""
+    if kv_dtype in QUANTIZED_KV_DTYPES:
+        return max(1, min(MAX_QUANTIZED_DECODE_SPLITS, -(-max_context // 512)))
     return max(1, min(MAX_DECODE_SPLITS, -(-max_context // 1024)))

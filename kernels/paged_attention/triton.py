@@ -476,6 +476,24 @@ def _block_n(cache) -> int:
     return max(16, cache.k_data.shape[1], min(64, 8192 // cache.k_data.shape[3]))
 
 
+WIDE_DECODE_BLOCK_N = 64
+
+
+def _decode_block_n(q: torch.Tensor, cache, rows: int) -> int:
+    """Keys per step of the decode kernel: _block_n's, widened to WIDE_DECODE_BLOCK_N (head_dim 256) where
+    three pipeline stages of the wider tile fit the GPU's shared memory (SM 9.0: ~144 of 227 KB; not the
+    99 KB of SM 8.6 / 8.9, nor the interpreter). An H200 (2026-12-04, CUDA graph replay, 24q / 4kv x 256 at
+    32K) decoded a bf16 cache in 38.5 us with 64 keys a step against 45.6 with 32, a k8v4 one in 46.1
+    against 54.0 (docs/benchmarks.md): twice the bytes in flight a program. 8- / 4-bit caches widen only
+    for one query token a sequence (16 rows): the verification tile of 32 rows would spill registers
+    dequantizing 64 keys (scripts/cuda_compile_check.py, SM 9.0)."""
+    narrow = _block_n(cache)
+    wide = max(narrow, WIDE_DECODE_BLOCK_N)
+    sixteen_bit = cache.kv_dtype in ("bf16", "fp16")
+    fits = _num_stages(q, cache, wide, rows) == 3 and (sixteen_bit or rows <= 16)
+    return wide if wide > narrow and fits else narrow
+
+
 WIDE_PREFILL_MIN_TOKENS = 2048  # query tokens a step from which 128-row tiles still give 16 per head
 
 
@@ -537,7 +555,7 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification.
     num_splits (default: num_decode_splits of the block table's width), block_n (keys a step, whole pages;
-    default _block_n), num_warps, num_stages (default: _num_stages) and fused_combine (the last split of
+    default _decode_block_n), num_warps, num_stages (default: _num_stages) and fused_combine (the last split of
     each (sequence, kv head) combines them in the same kernel, counted by an arrival counter, instead of
     combine_splits' second kernel) are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_q_heads, head_dim = q.shape
@@ -545,9 +563,9 @@ def paged_attention_decode(
     assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
     group = num_q_heads // num_kv_heads
     # NOTE: from the block table's width (a host-side shape), so no device sync picks the split count
-    splits = num_splits or num_decode_splits(block_table.shape[1] * cache.k_data.shape[1])
-    block_n = _key_tile(cache, block_n)
+    splits = num_splits or num_decode_splits(block_table.shape[1] * cache.k_data.shape[1], cache.kv_dtype)
     block_r = max(16, triton.next_power_of_2(q_per_seq * group))
+    block_n = _key_tile(cache, block_n or _decode_block_n(q, cache, block_r))
     out = torch.empty_like(q)
     partial = torch.empty((num_tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)

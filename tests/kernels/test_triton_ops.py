@@ -270,6 +270,27 @@ def test_fused_split_combination_equals_the_second_kernel(kv_dtype, splits):
         assert not attention.decode_arrivals(q.device, 2 * 2).any()
 
 
+@pytest.mark.parametrize(
+    "head_dim,kv_dtype,shared,keys",
+    [
+        (256, "bf16", 232448, 64),  # SM 9.0: three stages of the 64-key tile fit
+        (256, "bf16", 101376, 32),  # SM 8.6 / 8.9: they would not
+        (256, "k8v4", 232448, 64),
+        (256, "fp32", 232448, 32),  # fp32 caches: twice the bytes a key
+        (128, "bf16", 232448, 64),  # head_dim 128 takes 64 keys anyway
+    ],
+)
+def test_decode_widens_its_key_tile_where_three_stages_fit(monkeypatch, head_dim, kv_dtype, shared, keys):
+    import ninfer_kernels.triton_config as triton_config
+
+    attention = triton_op("paged_attention")
+    monkeypatch.setattr(triton_config, "shared_memory_per_block", lambda device: shared)
+    q, cache, *_ = _paged_case(kv_dtype, head_dim, 6, 1, 16, [300], [1], torch.bfloat16)
+    assert attention._decode_block_n(q, cache, 16) == keys
+    # verification's 32 rows: 8- / 4-bit caches keep 32 keys (64 would spill registers dequantizing)
+    assert attention._decode_block_n(q, cache, 32) == (keys if kv_dtype == "bf16" else 32)
+
+
 @pytest.mark.gpu
 def test_long_prefill_steps_take_the_wide_tile_on_hopper():
     """A step of WIDE_PREFILL_MIN_TOKENS+ query tokens over a bf16 cache on SM 9.0+: 128-row tiles, 8 warps
@@ -289,6 +310,13 @@ def test_tuning_knobs_keep_the_result():
     want = attention_naive.paged_attention(*case, 0.125)
     for splits in (1, 5, 64):  # 64: more splits than 16-key tiles of the short sequence
         got = attention.paged_attention_decode(*case[:4], 0.125, num_splits=splits, num_warps=8)
+        assert rel_err(got, want) < 1e-3
+    # the SM 9.0 decode tile at head_dim 256 (64 keys a step, 4 pages), every KV dtype's loads, the last
+    # tile of each split partly past the sequence
+    for kv_dtype in ("bf16", "int8", "k8v4"):
+        case = _paged_case(kv_dtype, 256, 6, 1, 16, [300, 70], [1, 1], torch.float32)
+        want = attention_naive.paged_attention(*case, 0.0625)
+        got = attention.paged_attention_decode(*case[:4], 0.0625, num_splits=3, block_n=64)
         assert rel_err(got, want) < 1e-3
     case = _paged_case("bf16", 64, 8, 2, 16, [40, 0], [50, 70], torch.float32)
     want = attention_naive.paged_attention(*case, 0.125)
@@ -314,6 +342,10 @@ def test_decode_splits_grow_with_context():
     attention = triton_op("paged_attention")
     assert attention.num_decode_splits(512) == 1
     assert attention.num_decode_splits(32768) == 32
+    assert attention.num_decode_splits(32768, "bf16") == attention.num_decode_splits(131072, "fp16") == 32
+    # 8- / 4-bit caches: a split per 512 keys, up to 64
+    assert attention.num_decode_splits(512, "int8") == 1 and attention.num_decode_splits(3000, "k8v4") == 6
+    assert attention.num_decode_splits(32768, "fp8") == attention.num_decode_splits(131072, "int8") == 64
     # a long context split 32 ways still equals the reference
     case = _paged_case("fp16", 64, 4, 1, 16, [3000], [1], torch.float32)
     assert attention.num_decode_splits(case[2].shape[1] * 16) == 3
