@@ -289,7 +289,8 @@ def main() -> None:
     ap.add_argument(
         "--sections",
         help="only these sections, comma-separated (dense_ops, decode_attention, gated_deltanet, "
-        "quantized_matmul, mixture_of_experts, prefill_attention, vision_tower, sweeps)",
+        "quantized_matmul, mixture_of_experts, prefill_attention, vision_tower, decode_sweep, gemv_sweep, "
+        "sweeps)",
     )
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="no GPU: compile for this capability")
     args = ap.parse_args()
@@ -414,6 +415,10 @@ def main() -> None:
                         t,
                         bytes_moved=qt.nbytes + x.numel() * 2,
                     )
+                if m == 1 and bits == 4:  # the CUDA-core kernel (kernels/quant_matmul/gemv4.py), its defaults
+                    t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits, cuda_cores=True))
+                    name = "W4A16 GEMV on CUDA cores, graph replay"
+                    record(name, f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
             if bits != 6:  # groups of 32: a GGUF's Q4_0 / Q4_1 / Q4_K and Q8_0 blocks as the GPU holds them
                 qt32, packed32, scales32, mins32 = up_proj(bits, 32)
                 for m in (1, 16):
@@ -521,26 +526,28 @@ def main() -> None:
                 name = f"prefill attention {kv}" + (", int8 queries" if int8q else "")
                 record(name, "8K causal, 24q/4kv x 256", t, flops=PREFILL_FLOPS)
 
-    def sweeps():
-        """Tile, split and warp choices around the defaults of the three kernels the acceptance figures
-        rest on, so one lease measures what the defaults should be (rows named 'sweep ...')."""
-        # decode at 32K: split count x key tile x pipeline depth x warps. 2026-12-04 on an H200 the split
-        # count and warps alone left bf16 at 48-52% of HBM (docs/benchmarks.md); the key tile (keys a step,
-        # whole pages) and the stages set the bytes each program keeps in flight
-        # (33 and 66 splits: 132 and 264 programs at 4 kv heads, one or two per SM of an H200 in one wave)
-        # (fused=1: the last split combines them in the decode kernel instead of a second one)
+    def decode_sweep():
+        """Decode attention at 32K around its defaults (graph replay): split count x key tile x pipeline
+        depth x warps per KV dtype (rows named 'sweep decode ...')."""
+        # 2026-12-04 (first H200 lease): bf16 at 32 splits took 38.5 us with 64-key tiles and 3 stages,
+        # 45.6 with 32-key ones (now the SM 9.0 default: _decode_block_n); k8v4 46.1 us at 128 splits and
+        # 64 keys against 81.7 at the default 32 splits, 32 keys. Here: the new default beside its
+        # neighbours, and the 8-bit caches over 32 / 64 / 128 splits (more programs hide their dequantizing)
         decode_configs = {
             "bf16": [
-                (n, bn, w, st, False)
-                for n in (32, 33, 64, 66)
-                for bn, st in ((32, 2), (32, 3), (32, 4), (32, 5), (64, 2), (64, 3))
-                for w in (4, 8)
-            ]
-            + [(n, 32, w, 3, True) for n in (32, 33, 64, 66) for w in (4, 8)],
-            "k8v4": [(n, bn, 4, st, False) for n in (32, 128) for bn in (32, 64) for st in (2, 3)]
-            + [(n, 32, 4, 2, True) for n in (32, 128)],
+                (32, 64, 4, 3, False),
+                (32, 64, 4, 4, False),
+                (48, 64, 4, 3, False),
+                (32, 32, 4, 3, False),
+            ],
+            **{
+                kv: [(n, bn, 4, 3, False) for n in (32, 64, 128) for bn in (32, 64)]
+                for kv in ("fp8", "int8", "k8v4")
+            },
         }
         for kv, configs in decode_configs.items():
+            if kv == "fp8" and capability() < (8, 9):
+                continue
             q, cache, table, seq_lens = decode_case(kv, 32768)
             for splits, block_n, warps, stages, fused in configs:
                 t = bench_graphed(
@@ -566,35 +573,30 @@ def main() -> None:
                     f" fused={int(fused)}"
                 )
                 record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
-        # the 4-bit GEMV: tile rows x K slices x warps x pipeline depth (2026-12-04: 16-20% of HBM over
-        # 64-256 rows, 1-16 slices, 4 / 8 warps at depth 3); then M = 16 at the SM 8.x and SM 9.0 tiles
-        qt, packed, scales, mins = up_proj(4)
+
+    def gemv_sweep():
+        """The 4-bit GEMV at M = 1 (graph replay over 4 weight copies): the tensor-core kernel's default
+        beside the CUDA-core one (kernels/quant_matmul/gemv4.py) over tile rows, K slices and warps; then
+        M = 16 (rows named 'sweep W4A16 GEMV ...')."""
+        # 2026-12-04 (first H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default,
+        # 256 rows, 16 slices, 4 warps, 2-3 stages: 40.4 us, 24% of HBM; 128-row tiles, 8 warps, deeper
+        # pipelines and fp32 group sums all slower. Here that default beside the CUDA-core kernel (no
+        # 16-row padding, no shared-memory trip into an operand layout) over rows x slices x warps
+        qt, _, _, _ = up_proj(4)
         x = randn(1, 5120, device=DEVICE, dtype=bf)
-        # (dot_sums=0: the activations' group sums added in fp32 instead of products with ones, which halves
-        # the tensor-core work a weight byte costs at the GEMV's 16 padded rows, for ~8% more instructions)
-        gemv_configs = []
-        for block_n in (128, 256):
-            auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)  # the default rule's
-            gemv_configs += [
-                (block_n, n, w, st, True)
-                for n in (auto, min(40, 2 * auto))
-                for w in (4, 8)
-                for st in (2, 3, 4)
-            ]
-            gemv_configs += [(block_n, auto, w, st, False) for w in (4, 8) for st in (2, 3, 4)]
-        auto = quant_matmul_triton.gemv_splits(17408, 40, 512, x.device)
-        gemv_configs += [(512, auto, 8, st, True) for st in (2, 3)]
-        # (in CUDA graphs over 4 copies of the weight: no host time between calls, no L2 reuse; the rows before
-        # 2026-12-04's lease were do_bench's, one launch at a time)
-        copies = up_proj_copies(4)
-        for block_n, splits, warps, stages, dot_sums in gemv_configs:
-            knobs = dict(block_n=block_n, num_splits=splits, num_warps=warps, num_stages=stages)
-            t = bench_graphed(gemv_calls(x, copies, 4, sums_by_dot=dot_sums, **knobs))
+        copies = up_proj_copies(4)  # (4 copies of the weight: no L2 reuse from one call to the next)
+        gemv_configs = [(False, 256, None, 4, 2), (False, 256, None, 4, 3)]
+        for block_n in (128, 256, 512):
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
-            mark = "*" if splits == auto else ""  # splits=N*: what gemv_splits picks
+            gemv_configs += [(True, block_n, n, w, 3) for n in (auto, min(40, 2 * auto)) for w in (2, 4, 8)]
+        for cuda_cores, block_n, splits, warps, stages in gemv_configs:
+            auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
+            knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, num_stages=stages)
+            t = bench_graphed(gemv_calls(x, copies, 4, cuda_cores=cuda_cores, **knobs))
+            mark = "*" if (splits or auto) == auto else ""  # splits=N*: what gemv_splits picks
             name = (
-                f"sweep W4A16 GEMV block_n={block_n} splits={splits}{mark} warps={warps} stages={stages}"
-                f" dot_sums={int(dot_sums)}"
+                f"sweep W4A16 GEMV {'cuda_cores' if cuda_cores else 'tensor_cores'} block_n={block_n}"
+                f" splits={splits or auto}{mark} warps={warps} stages={stages}"
             )
             record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
         x16 = randn(16, 5120, device=DEVICE, dtype=bf)
@@ -602,6 +604,11 @@ def main() -> None:
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))
             name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
             record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
+
+    def sweeps():
+        """Tile, split and warp choices around the defaults of the GEMM, prefill attention and Gated
+        DeltaNet kernels (rows named 'sweep ...'; decode_sweep and gemv_sweep are their own sections)."""
+        _, packed, scales, mins = up_proj(4)
         x = randn(2048, 5120, device=DEVICE, dtype=bf)  # a prefill chunk through the up projection
         for block_m, block_n, warps in ((32, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 8)):
             t = bench(
@@ -750,6 +757,8 @@ def main() -> None:
         mixture_of_experts,
         prefill_attention,
         vision_tower,
+        decode_sweep,
+        gemv_sweep,
         sweeps,
     )
     if args.sections:
@@ -761,7 +770,7 @@ def main() -> None:
             )
         sections = tuple(f for f in sections if f.__name__ in args.sections.split(","))
     elif args.no_sweeps:
-        sections = sections[:-1]
+        sections = sections[:-3]  # decode_sweep, gemv_sweep, sweeps
     for section in sections:
         try:  # one section's failure (a kernel that does not compile here) costs its rows, not the table
             section()

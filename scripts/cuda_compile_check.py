@@ -250,17 +250,28 @@ def case_gated_delta_rule(step: str, model: str, dtype: str, chunked: bool | Non
     _op("gated_delta").gated_delta_rule(q, k, v, g, beta, state, cu, slots, chunked=chunked)
 
 
-def case_quant_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 5120, group: int = 128):
+def case_quant_matmul(
+    bits: int,
+    m: int,
+    dtype: str,
+    n: int = 17408,
+    k: int = 5120,
+    group: int = 128,
+    cuda_cores: bool | None = None,
+):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
-    group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric."""
+    group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the 4-bit GEMV at M = 1
+    on the CUDA cores (kernels/quant_matmul/gemv4.py) or the tensor-core one, else the default."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
-    op.quant_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, minimums, bits, group)
-    if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: codes, scale and minimum of each row
-        return {
-            "_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu"))
-            * (group * bits // 8 + 2 + 2 * (minimums is not None))
-        }
+    x = _randn(m, k, dtype=DTYPES[dtype])
+    op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores)
+    row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
+    takes_cuda_cores = op.GEMV_CUDA_CORES and group >= 64 if cuda_cores is None else cuda_cores
+    if m == 1 and bits == 4 and takes_cuda_cores:
+        return {"gemv4_cuda_cores_kernel": op.CUDA_CORE_GEMV_BLOCK_N * row_bytes}
+    if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: each row's group
+        return {"_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu")) * row_bytes}
 
 
 def zero_packed(*rows: int, k: int, bits: int, group: int = 128):
@@ -368,6 +379,9 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")
     add(case_quant_matmul, bits=4, m=1, dtype="fp16")
+    for dtype in ("bf16", "fp16"):  # the 4-bit GEMV at M = 1 on the CUDA cores and on the tensor cores
+        for cuda_cores in (False, True):
+            add(case_quant_matmul, bits=4, m=1, dtype=dtype, cuda_cores=cuda_cores)
     # a GEMV wide enough for one K slice (a vocabulary head): stored directly, no split-K adds
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", n=140000, k=1024)
     for m in (1, 77):  # 4-bit groups of 32 (a GGUF's Q4 blocks, q4.6 upgrades): two products a group

@@ -48,6 +48,8 @@ import triton.language as tl
 
 from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
 from ninfer_kernels.quant_matmul.dequant import dequant_matmul
+from ninfer_kernels.quant_matmul.gemv4 import MAGIC, gemv4_cuda_cores_kernel
+from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.triton_codes import (
     nibble_pair_base,
     nibble_pairs,
@@ -255,20 +257,10 @@ def _quant_matmul_kernel(
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    if SPLIT_K:
-        # every K slice adds its partial sums into the zeroed fp32 buffer; the tile's last slice to arrive
-        # stores the total in x's dtype and leaves its part of the buffer and its counter zero again
-        sums = sums_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.atomic_add(sums, acc, mask=mask, sem="relaxed")
-        tl.debug_barrier()  # all the program's adds come before its arrival, whose release publishes them
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-            total = tl.load(sums, mask=mask, other=0.0, cache_modifier=".cg")  # from L2, where the adds are
-            tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(sums, tl.zeros_like(total), mask=mask)
-            tl.store(arrivals_ptr + tile, 0)
-    else:
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    split_k_store(
+        acc, mask, dst, sums_ptr + offs_m[:, None] * N + offs_n[None, :], arrivals_ptr, tile, SPLIT_K
+    )
 
 
 # 128 weight rows a GEMV program: the activations' share of the inner loop (their load, the split into the
@@ -276,10 +268,17 @@ def _quant_matmul_kernel(
 # per KB of packed 4-bit weight on SM 9.0 (scripts/cuda_compile_check.py --sass)
 GEMV_BLOCK_N = 128
 # 4-bit on SM 9.0+: 256 rows (155 instructions per KB, 238 registers, no spill; SM 8.6 would spill 20
-# bytes). Measured: an H200 (2026-12-04) ran the 17408 x 5120 GEMV at M = 1 in 49.5 us with 256-row tiles
-# (16 K slices) against 63.5 with 128 (8 slices), 4 warps both (docs/benchmarks.md); other widths not swept
+# bytes). Measured: an H200 (2026-12-04, CUDA graph replay over 4 weight copies) ran the 17408 x 5120 GEMV
+# at M = 1 in 40.2-40.7 us with 256-row tiles (16 K slices), 4 warps; 128-row tiles, 8 warps, 4 stages and
+# fp32 group sums all slower (docs/benchmarks.md). M = 1 itself takes the CUDA-core kernel below
 WIDE_GEMV_BLOCK_N = 256
 GEMV_PROGRAMS_PER_SM = 8
+# the 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py) instead of the tensor-core tile, for groups of 64+
+# (the 16-byte group rows of 32 untried): an H200 (2026-12-04, graph replay) ran the 17408 x 5120 GEMV in
+# 25.7 us so, 128 rows and 4 warps a program (25.3-36.9 over 128 / 256 / 512 rows, 2 / 4 / 8 warps, 1x /
+# 2x the K slices), against 40.2 for the tensor-core kernel's best
+GEMV_CUDA_CORES = True
+CUDA_CORE_GEMV_BLOCK_N = 128
 
 
 @functools.cache
@@ -334,14 +333,16 @@ def quant_matmul(
     num_warps: int = 4,
     num_stages: int = 3,
     sums_by_dot: bool | None = None,
+    cuda_cores: bool | None = None,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
     slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
     (GEMM rows a program, default 32), block_n (outputs a program: GEMV gemv_block_n, GEMM 64),
     num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth,
-    Triton's default 3) and sums_by_dot (the activations' group sums from the tensor cores; default: in the
-    GEMV) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    Triton's default 3), sums_by_dot (the activations' group sums from the tensor cores; default: in the
+    GEMV) and cuda_cores (the 4-bit GEMV at M = 1 on the CUDA cores, gemv4.py; default
+    GEMV_CUDA_CORES, groups of 64+) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -365,6 +366,37 @@ def quant_matmul(
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
     gemv = m <= GEMV_MAX_M
+    if cuda_cores is None:
+        cuda_cores = GEMV_CUDA_CORES and group_size >= 64
+    if gemv and m == 1 and bits == 4 and cuda_cores:
+        block_n = block_n or CUDA_CORE_GEMV_BLOCK_N
+        per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
+        grid = (1, triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
+        split_k = per_split < groups
+        sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
+        gemv4_cuda_cores_kernel[grid](
+            x,
+            packed.view(torch.int32),
+            scales,
+            mins,
+            out,
+            sums,
+            arrivals,
+            n,
+            k,
+            kp,
+            num_groups,
+            per_split,
+            MAGIC,
+            GROUP_SIZE=group_size,
+            HAS_MINS=minimums is not None,
+            SPLIT_K=split_k,
+            BLOCK_N=block_n,
+            EVEN_K=k % group_size == 0,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
+        return out
     if gemv:  # split-K GEMV
         block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
         per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))

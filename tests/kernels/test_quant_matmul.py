@@ -172,6 +172,27 @@ def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m, sums_by_d
     assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
 
 
+@pytest.mark.parametrize("n,k,group", [(300, 640, 128), (130, 1000, 128), (64, 200, 64), (96, 96, 32)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_core_gemv_matches_naive(n, k, group, num_splits, dtype):
+    """The 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py: codes read as floats through the mantissa of
+    2^23, nibbles 5-7 shifted to positions 2-4): every code value at every nibble, K not a multiple of the
+    group (the last group's padding meets zero activations), one K slice (stored directly) or three (the
+    split-K buffer)."""
+    torch.manual_seed(n + k)
+    qt = quantize(torch.randn(n, k) * 0.05, 4, group)
+    packed, scales, mins, bits, group = _operands(qt)
+    x = torch.randn(1, k, device=DEVICE).to(dtype)
+    got = fused.quant_matmul(
+        x, packed, scales, mins, 4, group, cuda_cores=True, num_splits=num_splits, block_n=64
+    )
+    want = naive.quant_matmul(x.float(), packed, scales, mins, 4, group)
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
+    sums, arrivals = fused.split_buffers(x.device, n, -(-n // 64))
+    assert not sums.any() and not arrivals.any()
+
+
 def test_split_gemv_leaves_its_buffers_clean_for_the_next():
     """A split-K GEMV's last K slice per tile stores the tile and zeroes its partial sums and arrival
     counter: GEMVs that share them (same outputs and tiles: two layers' projections) each get their own
@@ -189,7 +210,8 @@ def test_split_gemv_leaves_its_buffers_clean_for_the_next():
 
 
 @pytest.mark.gpu
-def test_split_gemv_last_slice_sees_every_slice_on_a_gpu():
+@pytest.mark.parametrize("cuda_cores", [False, True])
+def test_split_gemv_last_slice_sees_every_slice_on_a_gpu(cuda_cores):
     """On a GPU the K slices of a tile run at once, so the last to arrive must see every other slice's adds
     (the counter's release / acquire) and leave zeros behind: 200 calls of a 17408 x 5120 4-bit GEMV in 40
     slices (5440 programs, 136 counters) all equal the first, which equals the reference."""
@@ -197,10 +219,13 @@ def test_split_gemv_last_slice_sees_every_slice_on_a_gpu():
     qt = quantize(torch.randn(17408, 5120) * 0.02, 4, 128, clip_search=False)  # seconds, not a minute
     args = (qt.packed.cuda(), qt.scales.cuda(), qt.minimums.cuda(), 4, 128)
     x = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)
-    first = fused.quant_matmul(x, *args, num_splits=40)
+    first = fused.quant_matmul(x, *args, num_splits=40, cuda_cores=cuda_cores)
     assert rel_err(first.float(), naive.quant_matmul(x.float(), *args).float()) < 1e-2
     worst = max(
-        (fused.quant_matmul(x, *args, num_splits=40).float() - first.float()).abs().max().item()
+        (fused.quant_matmul(x, *args, num_splits=40, cuda_cores=cuda_cores).float() - first.float())
+        .abs()
+        .max()
+        .item()
         for _ in range(200)
     )
     assert worst <= 1e-2 * first.float().abs().max().item()  # atomics add in any order: rounding only
