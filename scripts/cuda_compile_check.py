@@ -216,7 +216,8 @@ def case_attention(
         q = _randn(num_seqs * q_per_seq, hq, head_dim, dtype=DTYPES[dtype])
         attention.paged_attention_decode(q, cache, block_table, seq_lens, head_dim**-0.5, q_per_seq)
         per_key = cache.num_bytes // (cache.k_data.shape[0] * block_size * hk)  # K and V of one head, scales
-        return {"_decode_kernel": attention._block_n(cache) * per_key}
+        rows = max(16, triton.next_power_of_2(q_per_seq * (hq // hk)))
+        return {"_decode_kernel": attention._decode_block_n(q, cache, rows) * per_key}
 
 
 # Gated DeltaNet layers (Qwen3.5): key heads, value heads, head dim (keys and values alike)

@@ -25,6 +25,11 @@ def takes_decode_kernel(num_tokens: int, num_seqs: int, query_tokens_per_seq: in
     return num_tokens == num_seqs or verify
 
 
+def max_decode_splits(kv_dtype: str) -> int:
+    """The most splits num_decode_splits gives a cache of this KV dtype."""
+    return MAX_QUANTIZED_DECODE_SPLITS if kv_dtype in QUANTIZED_KV_DTYPES else MAX_DECODE_SPLITS
+
+
 def num_decode_splits(max_context: int, kv_dtype: str = "bf16") -> int:
     """Key splits per (sequence, kv head) for decode: enough programs to fill the GPU at long context, one
     per 1,024 keys up to MAX_DECODE_SPLITS; 8- / 4-bit caches one per 512 up to MAX_QUANTIZED_DECODE_SPLITS,
@@ -32,6 +37,5 @@ def num_decode_splits(max_context: int, kv_dtype: str = "bf16") -> int:
     (2026-12-04, CUDA graph replay, 24q / 4kv x 256 at 32K, 64-key tiles) decoded fp8 / int8 / k8v4 caches
     in 41.3 / 43.7 / 43.6 us at 64 splits, 56.4 / 65.0 / 63.4 at 32, 45.5 / 45.8 / 46.7 at 128 (bf16: 38.9
     at 32, 48.0 at 48; docs/benchmarks.md)."""
-    if kv_dtype in QUANTIZED_KV_DTYPES:
-        return max(1, min(MAX_QUANTIZED_DECODE_SPLITS, -(-max_context // 512)))
-    return max(1, min(MAX_DECODE_SPLITS, -(-max_context // 1024)))
+    keys = 512 if kv_dtype in QUANTIZED_KV_DTYPES else 1024
+    return max(1, min(max_decode_splits(kv_dtype), -(-max_context // keys)))

@@ -20,7 +20,12 @@ import triton.language as tl
 
 from ninfer_kernels.int8_act.triton import quantize_rows
 from ninfer_kernels.kv_quant.naive import V4_GROUP
-from ninfer_kernels.paged_attention import MAX_DECODE_SPLITS, num_decode_splits, takes_decode_kernel
+from ninfer_kernels.paged_attention import (
+    MAX_DECODE_SPLITS,
+    max_decode_splits,
+    num_decode_splits,
+    takes_decode_kernel,
+)
 from ninfer_kernels.triton_codes import nibble_pairs
 from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision, pipeline_stages
 
@@ -597,7 +602,7 @@ def paged_attention_decode(
         FUSED=fused_combine,
         **_common(q, cache),
     )
-    return out if fused_combine else combine_splits(partial, lse, out)
+    return out if fused_combine else combine_splits(partial, lse, out, max_decode_splits(cache.kv_dtype))
 
 
 _ARRIVALS: dict[tuple, torch.Tensor] = {}
@@ -617,8 +622,11 @@ def combine_splits(
     partial: torch.Tensor,  # [T, Hq, splits, D] fp32: each split's normalised output
     lse: torch.Tensor,  # [T, Hq, splits] fp32: each split's log-sum-exp
     out: torch.Tensor,  # [T, Hq, D]
+    max_splits: int = MAX_DECODE_SPLITS,
 ) -> torch.Tensor:
-    """The decode's second kernel: every split's output weighted by its share of the softmax, into out."""
+    """The decode's second kernel: every split's output weighted by its share of the softmax, into out.
+    max_splits: the most the cache's KV dtype is split into (max_decode_splits), so that one compiled
+    kernel serves every context length."""
     num_tokens, num_q_heads, splits, head_dim = partial.shape
     _reduce_kernel[(num_tokens, num_q_heads)](
         partial,
@@ -629,7 +637,7 @@ def combine_splits(
         num_q_heads,
         head_dim,
         splits,
-        BLOCK_S=max(MAX_DECODE_SPLITS, triton.next_power_of_2(splits)),
+        BLOCK_S=triton.next_power_of_2(max(max_splits, splits)),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out
