@@ -576,19 +576,19 @@ def main() -> None:
 
     def gemv_sweep():
         """The 4-bit GEMV at M = 1 (graph replay over 4 weight copies): the tensor-core kernel's default
-        beside the CUDA-core one (kernels/quant_matmul/gemv4.py) over tile rows, K slices and warps; then
-        M = 16 (rows named 'sweep W4A16 GEMV ...')."""
-        # 2026-12-04 (first H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default,
-        # 256 rows, 16 slices, 4 warps, 2-3 stages: 40.4 us, 24% of HBM; 128-row tiles, 8 warps, deeper
-        # pipelines and fp32 group sums all slower. Here that default beside the CUDA-core kernel (no
-        # 16-row padding, no shared-memory trip into an operand layout) over rows x slices x warps
+        beside the CUDA-core one (kernels/quant_matmul/gemv4.py) over tile rows, warps, pipeline depth and
+        K slices; then M = 16 (rows named 'sweep W4A16 GEMV ...')."""
+        # 2026-12-04 (second H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default
+        # (256 rows, 16 slices, 4 warps) at 40.2-40.4 us, 24% of HBM; the CUDA-core kernel 25.3-25.7 us at
+        # 128 rows and 4 warps (now the M = 1 default), its loop waiting for each group's loads. Here:
+        # stages=2..4 copy the next groups' words ahead (cp.async, 1-2 groups in flight a program)
         qt, _, _, _ = up_proj(4)
         x = randn(1, 5120, device=DEVICE, dtype=bf)
         copies = up_proj_copies(4)  # (4 copies of the weight: no L2 reuse from one call to the next)
-        gemv_configs = [(False, 256, None, 4, 2), (False, 256, None, 4, 3)]
-        for block_n in (128, 256, 512):
-            auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
-            gemv_configs += [(True, block_n, n, w, 3) for n in (auto, min(40, 2 * auto)) for w in (2, 4, 8)]
+        gemv_configs = [(False, 256, None, 4, 3)]
+        for block_n in (128, 256):
+            gemv_configs += [(True, block_n, None, w, st) for w in (4, 8) for st in (1, 2, 3, 4)]
+        gemv_configs += [(True, 128, 16, 4, st) for st in (1, 3)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
             knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, num_stages=stages)

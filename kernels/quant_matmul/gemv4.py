@@ -62,6 +62,7 @@ def gemv4_cuda_cores_kernel(
     SPLIT_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
+    STAGES: tl.constexpr,
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,7 +71,9 @@ def gemv4_cuda_cores_kernel(
     k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
     k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
-    for k0 in range(k_start, k_end, GROUP_SIZE):
+    # STAGES > 1: the word tiles of the next STAGES - 1 groups copied asynchronously into shared memory
+    # while one is computed (cp.async); 1: each group's loads wait in its own step
+    for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
         word = tl.load(
             packed_ptr + offs_n[:, None] * (KP // 8) + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0

@@ -279,6 +279,11 @@ GEMV_PROGRAMS_PER_SM = 8
 # 2x the K slices), against 40.2 for the tensor-core kernel's best
 GEMV_CUDA_CORES = True
 CUDA_CORE_GEMV_BLOCK_N = 128
+# its K loop's pipeline depth (num_stages there): 1 as measured; 2-4 copy the next groups' words
+# asynchronously while one is computed (the compile check: 1-2 groups in flight at 128 rows, 8.7-25 KB of
+# shared memory, ~5% more instructions), which at 38% of HBM with one group in flight a program may be
+# what is missing: the next lease's gemv_sweep times them (stages=1..4)
+CUDA_CORE_GEMV_STAGES = 1
 
 
 @functools.cache
@@ -331,7 +336,7 @@ def quant_matmul(
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
     sums_by_dot: bool | None = None,
     cuda_cores: bool | None = None,
     dequant: bool | None = None,
@@ -339,10 +344,11 @@ def quant_matmul(
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
     slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
     (GEMM rows a program, default 32), block_n (outputs a program: GEMV gemv_block_n, GEMM 64),
-    num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth,
-    Triton's default 3), sums_by_dot (the activations' group sums from the tensor cores; default: in the
-    GEMV) and cuda_cores (the 4-bit GEMV at M = 1 on the CUDA cores, gemv4.py; default
-    GEMV_CUDA_CORES, groups of 64+) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth:
+    Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
+    sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4-bit GEMV at M = 1 on the CUDA
+    cores, gemv4.py; default GEMV_CUDA_CORES, groups of 64+) are tuning knobs for
+    benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -393,8 +399,8 @@ def quant_matmul(
             SPLIT_K=split_k,
             BLOCK_N=block_n,
             EVEN_K=k % group_size == 0,
+            STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
             num_warps=num_warps,
-            num_stages=num_stages,
         )
         return out
     if gemv:  # split-K GEMV
@@ -428,7 +434,7 @@ def quant_matmul(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages or 3,
         **common,
     )
     return out
