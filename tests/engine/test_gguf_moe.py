@@ -18,6 +18,11 @@ from engine.layers.moe import Experts
 from engine.plan.weights import held_weight_bytes
 from engine.quant.convert import convert
 
+# the Triton-forced engines: on the GPU where there is one (the interpreter runs them only on the CPU), in
+# fp32 there as here, so their tokens compare with the CPU reference's
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_DEVICE = dict(device=DEVICE, dtype="float32")
+
 Q = gguf.GGMLQuantizationType
 PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -138,7 +143,7 @@ def test_block_quantized_experts_stay_packed(arch, qtype, qwen3_moe, qwen35_moe,
     path = write_moe_gguf(model, tmp_path / "m.gguf", qtype=qtype, fused=arch == "qwen3_moe")
     want = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     kernel_backend("triton")
-    llm = LLM(path, weight_quant="none")  # (the CPU would re-quantize what stays dense)
+    llm = LLM(path, weight_quant="none", **ON_DEVICE)  # (the CPU would re-quantize what stays dense)
     experts = [m for m in llm.model.modules() if isinstance(m, Experts)]
     assert experts and all(set(m.packed) == {"gate_up_proj", "down_proj"} for m in experts)
     router = llm.model.model.layers[0].mlp.gate

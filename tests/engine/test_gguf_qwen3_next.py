@@ -18,6 +18,11 @@ from engine.formats.gguf import gpu_tensors, load_gguf
 from engine.formats.qwen3_next import split_qkvz
 from engine.plan.weights import held_weight_bytes
 
+# the Triton-forced engines: on the GPU where there is one (the interpreter runs them only on the CPU), in
+# fp32 there as here, so their tokens compare with the CPU reference's
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_DEVICE = dict(device=DEVICE, dtype="float32")
+
 Q = gguf.GGMLQuantizationType
 PROMPT = [4, 80, 19, 300, 2, 45, 46, 7, 99]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -118,7 +123,7 @@ def test_block_quantized_parts_stay_packed_and_are_counted(model, tmp_path, kern
     path = write_qwen3_next_gguf(model, tmp_path / "m.gguf", qtype=Q.Q8_0, whole_qkvz=True)
     want = LLM(path, weight_quant="none").generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
     kernel_backend("triton")
-    llm = LLM(path, weight_quant="none")
+    llm = LLM(path, weight_quant="none", **ON_DEVICE)
     in_proj = llm.model.model.layers[0].linear_attn.in_proj
     assert in_proj.qweight is not None and in_proj.weight is None
     got = llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0]
