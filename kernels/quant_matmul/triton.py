@@ -372,19 +372,27 @@ def quant_matmul(
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
     gemv = m <= GEMV_MAX_M
-    if cuda_cores is None:
-        cuda_cores = GEMV_CUDA_CORES and group_size >= 64
-    if gemv and m == 1 and bits == 4 and cuda_cores:
-        block_n = block_n or CUDA_CORE_GEMV_BLOCK_N
-        per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
-        grid = (1, triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
-        split_k = per_split < groups
-        sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
+    cuda_cores = GEMV_CUDA_CORES and group_size >= 64 if cuda_cores is None else cuda_cores
+    cuda_cores = cuda_cores and gemv and m == 1 and bits == 4
+    if cuda_cores:  # the 4-bit GEMV at M = 1 (gemv4.py)
+        block_m, block_n = 1, block_n or CUDA_CORE_GEMV_BLOCK_N
+    elif gemv:  # split-K GEMV
+        block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
+    else:  # tiled GEMM, K whole in every program
+        block_m, block_n = block_m or 32, block_n or 64
+    per_split = (
+        triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device)) if gemv else groups
+    )
+    # K in slices (split_buffers: the partial sums' buffer and the tiles' arrival counters), or whole (a
+    # GEMM, or a large head such as the vocabulary's)
+    split_k = per_split < groups
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
+    sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
+    weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
+    if cuda_cores:
         gemv4_cuda_cores_kernel[grid](
             x,
-            packed.view(torch.int32),
-            scales,
-            mins,
+            *weights,
             out,
             sums,
             arrivals,
@@ -403,21 +411,9 @@ def quant_matmul(
             num_warps=num_warps,
         )
         return out
-    if gemv:  # split-K GEMV
-        block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
-        per_split = triton.cdiv(groups, num_splits or gemv_splits(n, groups, block_n, x.device))
-    else:  # tiled GEMM, K whole in every program
-        block_m, block_n, per_split = block_m or 32, block_n or 64, groups
-    # K in slices (split_buffers: the partial sums' buffer and the tiles' arrival counters), or whole (a
-    # GEMM, or a large head such as the vocabulary's)
-    split_k = per_split < groups
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
-    sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     _quant_matmul_kernel[grid](
         x,
-        packed.view(torch.int32) if bits in (4, 6) else packed,
-        scales,
-        mins,
+        *weights,
         out,
         sums,
         arrivals,
