@@ -281,6 +281,21 @@ def best_of_sweeps(rows: list[dict]) -> list[str]:
     return out
 
 
+# the table's sections, in order (main's nested functions of these names); the last three are sweeps
+SECTIONS = (
+    "dense_ops",
+    "decode_attention",
+    "gated_deltanet",
+    "quantized_matmul",
+    "mixture_of_experts",
+    "prefill_attention",
+    "vision_tower",
+    "decode_sweep",
+    "gemv_sweep",
+    "sweeps",
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
@@ -288,12 +303,14 @@ def main() -> None:
     ap.add_argument("--no-sweeps", action="store_true", help="skip the tile / split / warp sweeps")
     ap.add_argument(
         "--sections",
-        help="only these sections, comma-separated (dense_ops, decode_attention, gated_deltanet, "
-        "quantized_matmul, mixture_of_experts, prefill_attention, vision_tower, decode_sweep, gemv_sweep, "
-        "sweeps)",
+        help=f"only these sections, comma-separated ({', '.join(SECTIONS)})",
     )
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="no GPU: compile for this capability")
     args = ap.parse_args()
+    chosen = args.sections.split(",") if args.sections else []
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:  # before any GPU work
+        raise SystemExit(f"unknown section(s) {', '.join(unknown)}; use some of {', '.join(SECTIONS)}")
     if args.compile_only:
         compile_only(args.compile_only)
     peak_bw, peak_flops, device = device_peaks()
@@ -761,14 +778,9 @@ def main() -> None:
         gemv_sweep,
         sweeps,
     )
-    if args.sections:
-        by_name = {f.__name__: f for f in sections}
-        unknown = set(args.sections.split(",")) - set(by_name)
-        if unknown:
-            raise SystemExit(
-                f"unknown section(s) {', '.join(sorted(unknown))}; use some of {', '.join(by_name)}"
-            )
-        sections = tuple(f for f in sections if f.__name__ in args.sections.split(","))
+    assert tuple(f.__name__ for f in sections) == SECTIONS
+    if chosen:
+        sections = tuple(f for f in sections if f.__name__ in chosen)
     elif args.no_sweeps:
         sections = sections[:-3]  # decode_sweep, gemv_sweep, sweeps
     for section in sections:

@@ -32,7 +32,7 @@
 #     annotated-types==0.8.0 typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2
 #   (29 MB: what .venv holds here; `--upgrade --target` puts them before the image's own)
 # then runs with carry [".whl"]. A 15-minute lease (a machine starts in ~30 s): a first call of `kernels
-# pytest` with KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps (the acceptance
+# pytest` with KERNEL_SECTIONS=decode_attention,quantized_matmul,decode_sweep,gemv_sweep (the acceptance
 # rows and the sweeps, ~2 minutes), then the tests (~5 minutes with 14 workers for the whole list), then,
 # if time is left, `graphs memory sleep`; each step has its own limit and is interrupted (SIGINT: pytest
 # still prints its failures) when it passes it, and what the steps wrote comes back even when a call is
@@ -40,7 +40,7 @@
 # so they end, summaries printed, before the call does; KERNELS_LIMIT and PYTEST_TESTS narrow a rerun:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site GPU_CHECK_DEADLINE=560 \
-#     KERNEL_SECTIONS=decode_attention,quantized_matmul,prefill_attention,sweeps \
+#     KERNEL_SECTIONS=decode_attention,quantized_matmul,decode_sweep,gemv_sweep \
 #     && bash scripts/gpu_check.sh kernels pytest
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,7 +80,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.ve
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())' 2>&1 \
   | tee -a "$OUT/summary.txt"
 
-# (KERNEL_SECTIONS=decode_attention,quantized_matmul,sweeps: only those sections of the table;
+# (KERNEL_SECTIONS=decode_attention,gemv_sweep: only those sections of the table;
 # KERNELS_LIMIT=SECONDS: the step's limit)
 step kernels "${KERNELS_LIMIT:-420}" python3 benchmarks/gpu_kernels.py --json "$OUT/kernels.json" \
   ${KERNEL_SECTIONS:+--sections "$KERNEL_SECTIONS"}
