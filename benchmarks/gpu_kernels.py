@@ -606,6 +606,8 @@ def main() -> None:
         for block_n in (128, 256):
             gemv_configs += [(True, block_n, None, w, st) for w in (4, 8) for st in (1, 2, 3, 4)]
         gemv_configs += [(True, 128, 16, 4, st) for st in (1, 3)]
+        # 64-row tiles: fewer registers, more programs an SM, so more groups in flight without cp.async
+        gemv_configs += [(True, 64, None, w, st) for w in (2, 4) for st in (1, 3)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
             knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, num_stages=stages)
