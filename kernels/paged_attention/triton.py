@@ -30,6 +30,7 @@ from ninfer_kernels.triton_codes import nibble_pairs
 from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision, pipeline_stages
 
 _PLAIN, _INT8, _K8V4 = 0, 1, 2
+SIXTEEN_BIT_KV = ("bf16", "fp16")  # the caches the SM 9.0 tiles widen for whatever the rows
 
 
 @triton.jit
@@ -494,8 +495,7 @@ def _decode_block_n(q: torch.Tensor, cache, rows: int) -> int:
     dequantizing 64 keys (scripts/cuda_compile_check.py, SM 9.0)."""
     narrow = _block_n(cache)
     wide = max(narrow, WIDE_DECODE_BLOCK_N)
-    sixteen_bit = cache.kv_dtype in ("bf16", "fp16")
-    fits = _num_stages(q, cache, wide, rows) == 3 and (sixteen_bit or rows <= 16)
+    fits = _num_stages(q, cache, wide, rows) == 3 and (cache.kv_dtype in SIXTEEN_BIT_KV or rows <= 16)
     return wide if wide > narrow and fits else narrow
 
 
@@ -511,7 +511,7 @@ def _wide_prefill_tile(q: torch.Tensor, cache) -> bool:
         q.is_cuda
         and q.shape[0] >= WIDE_PREFILL_MIN_TOKENS
         and q.dtype in (torch.bfloat16, torch.float16)
-        and cache.kv_dtype in ("bf16", "fp16")
+        and cache.kv_dtype in SIXTEEN_BIT_KV
         and compute_capability(q.device) >= 90
     )
 

@@ -9,11 +9,12 @@ reads as 2^23 + c 16^e exactly, and one subtraction leaves c 16^e; the activatio
 
     sum_k x_k c_k = sum_e (x_e 16^-e) (float(c_e 16^e | 2^23) - 2^23)
 
-costs a mask-and-OR (one LOP3), a subtraction and an FMA per code; nibbles 5..7 take one shift per word
-first (down 12 bits: to positions 2..4). The per-word sums s then take the group's scale and minimum as two
-FMAs a word, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, into an fp32 [BLOCK_N, words] total that
-is summed across the words (and threads) once, at the end. Split-K as the tensor-core GEMV does
-(triton.py's split_k_store): partial sums added into a zeroed fp32 buffer, the tile's last slice stores.
+costs an AND, a subtraction and an FMA per code, the exponent bits OR-ed in once a word; nibbles 5..7
+take one shift per word first (down 12 bits: to positions 2..4). The per-word sums s then take the group's
+scale and minimum as two FMAs a word, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, into an fp32
+[BLOCK_N, words] total that is summed across the words (and threads) once, at the end. Split-K as the
+tensor-core GEMV does (split_k.py's split_k_store): partial sums added into a zeroed fp32 buffer, the
+tile's last slice stores.
 """
 
 from __future__ import annotations
