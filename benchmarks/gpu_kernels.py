@@ -596,16 +596,18 @@ def main() -> None:
         beside the CUDA-core one (kernels/quant_matmul/gemv4.py) over tile rows, warps, pipeline depth and
         K slices; then M = 16 (rows named 'sweep W4A16 GEMV ...')."""
         # 2026-12-04 (second H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default
-        # (256 rows, 16 slices, 4 warps) at 40.2-40.4 us, 24% of HBM; the CUDA-core kernel 25.3-25.7 us at
-        # 128 rows and 4 warps (now the M = 1 default), its loop waiting for each group's loads. Here:
-        # stages=2..4 copy the next groups' words ahead (cp.async, 1-2 groups in flight a program)
+        # (256 rows, 16 slices, 4 warps) at 40.2-40.4 us, 24% of HBM; the CUDA-core kernel's first version
+        # 25.3-25.7 us at 128 rows and 4 warps (now the M = 1 default), its loop waiting for each group's
+        # loads. Here: its second version (212 instructions per KB, 96 registers: 5 programs an SM);
+        # stages=2..4 copy the next groups' words ahead (cp.async, 1-2 groups in flight a program); 4 or 5 K
+        # slices make 544 / 680 programs, about one resident wave (the default 8: 1088, a wave and a half)
         qt, _, _, _ = up_proj(4)
         x = randn(1, 5120, device=DEVICE, dtype=bf)
         copies = up_proj_copies(4)  # (4 copies of the weight: no L2 reuse from one call to the next)
         gemv_configs = [(False, 256, None, 4, 3)]
         for block_n in (128, 256):
             gemv_configs += [(True, block_n, None, w, st) for w in (4, 8) for st in (1, 2, 3, 4)]
-        gemv_configs += [(True, 128, 16, 4, st) for st in (1, 3)]
+        gemv_configs += [(True, 128, splits, 4, st) for splits in (4, 5, 16) for st in (1, 3)]
         # 64-row tiles: fewer registers, more programs an SM, so more groups in flight without cp.async
         gemv_configs += [(True, 64, None, w, st) for w in (2, 4) for st in (1, 3)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:

@@ -2,19 +2,20 @@
 unpacked weight through shared memory into an operand layout.
 
 Each program takes BLOCK_N weight rows and a slice of K, in groups; each thread keeps its rows' int32 words
-(eight codes, columns 8t..8t+7) in registers as loaded. A code c at nibble e <= 4 of a word becomes a float
-without an int-to-float instruction: OR-ed into the mantissa of 2^23 (masked in place, not shifted down) it
-reads as 2^23 + c 16^e exactly, and one subtraction leaves c 16^e; the activation it meets is pre-scaled by
-16^-e (exact: a power of two), so
+(eight codes, columns 8t..8t+7) in registers as loaded. A code c becomes a float without an int-to-float
+instruction: masked in place at bit P of a word and OR-ed with the exponent bits of 2^(23 - P), it reads
+as 2^(23 - P) + c exactly (the mantissa's unit is then 1 at bit P). Every nibble is brought to bit 12 or
+16 (nibbles 3, 4 are there; 1, 2 one shift up, 5, 6 one shift down, 7 and 0 one rotation: three a word),
+and the offsets are paid once a word, not once a code, by starting each word's sum at minus them:
 
-    sum_k x_k c_k = sum_e (x_e 16^-e) (float(c_e 16^e | 2^23) - 2^23)
+    sum_e x_e c_e = sum_e x_e float(c_e << P_e | 2^(23 - P_e)) - (2^11 sum_odd x_e + 2^7 sum_even x_e)
 
-costs an AND, a subtraction and an FMA per code, the exponent bits OR-ed in once a word; nibbles 5..7
-take one shift per word first (down 12 bits: to positions 2..4). The per-word sums s then take the group's
-scale and minimum as two FMAs a word, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, into an fp32
-[BLOCK_N, words] total that is summed across the words (and threads) once, at the end. Split-K as the
-tensor-core GEMV does (split_k.py's split_k_store): partial sums added into a zeroed fp32 buffer, the
-tile's last slice stores.
+so a code costs one AND-OR (a LOP3) and one FMA. The offsets cost precision, not instructions: the sum
+carries ~2^11 |x| where the products carry ~8 |x|, leaving ~16 of fp32's 24 bits (3e-5 relative, measured;
+bf16 / fp16 outputs keep 8 / 11). The per-word sums s then take the group's scale and minimum as two FMAs
+a word, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, into an fp32 [BLOCK_N, words] total that is
+summed across the words (and threads) once, at the end. Split-K as the tensor-core GEMV does (split_k.py's
+split_k_store): partial sums added into a zeroed fp32 buffer, the tile's last slice stores.
 """
 
 from __future__ import annotations
@@ -24,29 +25,31 @@ import triton.language as tl
 
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 
-# the bits of 2^23 (its mantissa's unit is 1), passed as an argument: as a compile-time constant the
-# compiler folds the OR into each code's AND as a second constant, which then costs a register move a code
-MAGIC = 0x4B000000
-MAGIC_VALUE = tl.constexpr(8388608.0)
+# the exponent bits of 2^11 and 2^7: OR-ed above a code masked in place at bit 12 or 16 of a word, they
+# make the float 2^11 + c or 2^7 + c exactly. Passed as arguments: as compile-time constants the compiler
+# folds them into each code's AND as a second constant, which then costs a register move a code
+MAGIC_12 = 0x45000000
+MAGIC_16 = 0x43000000
 
 
 @triton.jit
-def _nibble_dot(s, src, x_ptr, kk, K, E: tl.constexpr, X_SCALE: tl.constexpr, EVEN_K: tl.constexpr):
-    """s + the codes at nibble E (<= 4) of the words src [BLOCK_N, WORDS] (2^23's exponent bits OR-ed in)
-    times x[kk] [WORDS] (X_SCALE = 16^-E), fp32; EVEN_K: K is whole groups (no mask on x)."""
-    MASK: tl.constexpr = (15 << (4 * E)) | 0x4B000000  # the nibble and MAGIC's bits
+def _code(src, P: tl.constexpr, magic):
+    """The codes at bits P..P+3 of the words src (uint32) as floats 2^(23 - P) + c: one AND-OR each."""
+    return ((src & (15 << P)) | magic).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x(x_ptr, kk, K, EVEN_K: tl.constexpr):
+    """x[kk] in fp32 (EVEN_K: K is whole groups, no mask)."""
     if EVEN_K:
-        x = tl.load(x_ptr + kk).to(tl.float32)  # [WORDS]
-    else:
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    code = (src & MASK).to(tl.float32, bitcast=True) - MAGIC_VALUE  # c 16^E, exact
-    return tl.fma(code, (x * X_SCALE)[None, :], s), x
+        return tl.load(x_ptr + kk).to(tl.float32)
+    return tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["magic"])
+@triton.jit(do_not_specialize=["magic_12", "magic_16"])
 def gemv4_cuda_cores_kernel(
     x_ptr,  # [1, K]
-    packed_ptr,  # int32 [N, KP / 8]: eight 4-bit codes a word
+    packed_ptr,  # int32 [N, row_words]: eight 4-bit codes a word
     scales_ptr,  # fp16 [N, G]
     mins_ptr,  # fp16 [N, G]
     out_ptr,  # [1, N] in x's dtype
@@ -54,10 +57,11 @@ def gemv4_cuda_cores_kernel(
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
     N,
     K,
-    KP,
+    row_words,  # KP / 8 (an argument of its own: a multiple of 16 lets the words load 16 bytes at a time)
     num_groups,
     GROUPS_PER_SPLIT,
-    magic,  # MAGIC
+    magic_12,  # MAGIC_12
+    magic_16,  # MAGIC_16
     GROUP_SIZE: tl.constexpr,
     HAS_MINS: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -71,34 +75,45 @@ def gemv4_cuda_cores_kernel(
     t = tl.arange(0, WORDS)
     k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
     k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
+    m12 = magic_12.to(tl.uint32, bitcast=True)
+    m16 = magic_16.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
     # STAGES > 1: the word tiles of the next STAGES - 1 groups copied asynchronously into shared memory
     # while one is computed (cp.async); 1: each group's loads wait in its own step
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
         word = tl.load(
-            packed_ptr + offs_n[:, None] * (KP // 8) + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
-        )  # [BLOCK_N, WORDS]
-        # the exponent bits of 2^23 OR-ed in once a word (above the nibbles read, 0..4), so that one AND a
-        # code with a single constant leaves 2^23 + c 16^e; nibbles 5, 6, 7 shifted to positions 2, 3, 4
-        high = (word >> 12) | magic
-        word = word | magic
+            packed_ptr + offs_n[:, None] * row_words + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
+        ).to(tl.uint32, bitcast=True)  # [BLOCK_N, WORDS]
+        # every nibble moved to bit 12 or 16 (where 2^11 or 2^7 makes its unit 1): nibbles 3, 4 are there;
+        # 1, 2 a shift up by 8; 5, 6 down by 8; 7 and 0 a rotation by 16
+        up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)
         kk = k0 + t * 8  # [WORDS]: each word's first column
-        s = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        s, x0 = _nibble_dot(s, word, x_ptr, kk, K, 0, 1.0, EVEN_K)
-        s, x1 = _nibble_dot(s, word, x_ptr, kk + 1, K, 1, 0.0625, EVEN_K)
-        s, x2 = _nibble_dot(s, word, x_ptr, kk + 2, K, 2, 0.00390625, EVEN_K)
-        s, x3 = _nibble_dot(s, word, x_ptr, kk + 3, K, 3, 0.000244140625, EVEN_K)
-        s, x4 = _nibble_dot(s, word, x_ptr, kk + 4, K, 4, 1.52587890625e-05, EVEN_K)
-        s, x5 = _nibble_dot(s, high, x_ptr, kk + 5, K, 2, 0.00390625, EVEN_K)
-        s, x6 = _nibble_dot(s, high, x_ptr, kk + 6, K, 3, 0.000244140625, EVEN_K)
-        s, x7 = _nibble_dot(s, high, x_ptr, kk + 7, K, 4, 1.52587890625e-05, EVEN_K)
+        x8 = _x(x_ptr, kk[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K)  # [WORDS, 8]
+        even4, odd4 = tl.split(tl.reshape(x8, [WORDS, 2, 2, 2]))  # nibbles 0, 2, 4, 6 and 1, 3, 5, 7
+        e04, e26 = tl.split(even4)
+        o15, o37 = tl.split(odd4)
+        x0, x4 = tl.split(e04)
+        x2, x6 = tl.split(e26)
+        x1, x5 = tl.split(o15)
+        x3, x7 = tl.split(o37)
+        # sum_e x_e (2^E_e + c_e) counts each activation 2^E_e times over: start each word's sum below zero
+        # by that much (2^11 for the odd nibbles, at bit 12; 2^7 for the even ones, at 16)
+        odd, even = (x1 + x3) + (x5 + x7), (x0 + x2) + (x4 + x6)  # [WORDS]
+        s = tl.fma(odd, -2048.0, even * -128.0)[None, :]  # [1, WORDS]
+        s = tl.fma(_code(rot, 16, m16), x0[None, :], s)  # [BLOCK_N, WORDS]
+        s = tl.fma(_code(up, 12, m12), x1[None, :], s)
+        s = tl.fma(_code(up, 16, m16), x2[None, :], s)
+        s = tl.fma(_code(word, 12, m12), x3[None, :], s)
+        s = tl.fma(_code(word, 16, m16), x4[None, :], s)
+        s = tl.fma(_code(down, 12, m12), x5[None, :], s)
+        s = tl.fma(_code(down, 16, m16), x6[None, :], s)
+        s = tl.fma(_code(rot, 12, m12), x7[None, :], s)
         scale = tl.load(scales_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
         total = tl.fma(s, scale[:, None], total)
         if HAS_MINS:
             minimum = tl.load(mins_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
-            xsum = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: each word's activations
-            total = tl.fma(xsum[None, :], minimum[:, None], total)
+            total = tl.fma((odd + even)[None, :], minimum[:, None], total)
     acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
     mask = n_mask[None, :]
     dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]

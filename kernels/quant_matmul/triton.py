@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
 from ninfer_kernels.quant_matmul.dequant import dequant_matmul
-from ninfer_kernels.quant_matmul.gemv4 import MAGIC, gemv4_cuda_cores_kernel
+from ninfer_kernels.quant_matmul.gemv4 import MAGIC_12, MAGIC_16, gemv4_cuda_cores_kernel
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.triton_codes import (
     nibble_pair_base,
@@ -276,12 +276,13 @@ GEMV_PROGRAMS_PER_SM = 8
 # the 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py) instead of the tensor-core tile, for groups of 64+
 # (the 16-byte group rows of 32 untried): an H200 (2026-12-04, graph replay) ran the 17408 x 5120 GEMV in
 # 25.7 us so, 128 rows and 4 warps a program (25.3-36.9 over 128 / 256 / 512 rows, 2 / 4 / 8 warps, 1x /
-# 2x the K slices), against 40.2 for the tensor-core kernel's best
+# 2x the K slices), against 40.2 for the tensor-core kernel's best. That was its first version (270
+# instructions per KB, 128 registers); the present one (212, 96) is not yet timed
 GEMV_CUDA_CORES = True
 CUDA_CORE_GEMV_BLOCK_N = 128
 # its K loop's pipeline depth (num_stages there): 1 as measured; 2-4 copy the next groups' words
 # asynchronously while one is computed (the compile check: 1-2 groups in flight at 128 rows, 8.7-25 KB of
-# shared memory, ~5% more instructions), which at 38% of HBM with one group in flight a program may be
+# shared memory, ~3% more instructions), which at 38% of HBM with one group in flight a program may be
 # what is missing: the next lease's gemv_sweep times them (stages=1..4)
 CUDA_CORE_GEMV_STAGES = 1
 
@@ -398,10 +399,11 @@ def quant_matmul(
             arrivals,
             n,
             k,
-            kp,
+            kp // 8,
             num_groups,
             per_split,
-            MAGIC,
+            MAGIC_12,
+            MAGIC_16,
             GROUP_SIZE=group_size,
             HAS_MINS=minimums is not None,
             SPLIT_K=split_k,

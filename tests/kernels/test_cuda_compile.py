@@ -121,7 +121,7 @@ def test_decode_compiles_once_for_any_context(compiled):
 # fast as its share of HBM delivers (4 warp-instructions a clock); a loop back at per-element int-to-float
 # conversions (the W4A16 GEMV was 539) fails here long before a GPU would show it.
 LOOP_BUDGETS = {
-    ("quant_matmul[4,1,bf16]", "gemv4_cuda_cores_kernel"): 340,  # 270 now (the CUDA cores, M = 1)
+    ("quant_matmul[4,1,bf16]", "gemv4_cuda_cores_kernel"): 260,  # the CUDA cores, M = 1: 212 (was 270)
     ("quant_matmul[4,1,bf16,False]", "_quant_matmul_kernel"): 300,  # the tensor cores at M = 1: 155
     ("quant_matmul[6,1,bf16]", "_quant_matmul_kernel"): 270,  # was 613 (byte loads, conversions)
     ("quant_matmul[8,1,bf16]", "_quant_matmul_kernel"): 160,  # was 201

@@ -176,8 +176,8 @@ def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m, sums_by_d
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_core_gemv_matches_naive(n, k, group, num_splits, dtype):
-    """The 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py: codes read as floats through the mantissa of
-    2^23, nibbles 5-7 shifted to positions 2-4): every code value at every nibble, K not a multiple of the
+    """The 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py: codes read as floats 2^11 + c or 2^7 + c at
+    bits 12 and 16 of a shifted or rotated word): every code value at every nibble, K not a multiple of the
     group (the last group's padding meets zero activations), one K slice (stored directly) or three (the
     split-K buffer)."""
     torch.manual_seed(n + k)
