@@ -551,14 +551,9 @@ def main() -> None:
         # 64 keys against 81.7 at the default 32 splits, 32 keys. Here: the new default beside its
         # neighbours, and the 8-bit caches over 32 / 64 / 128 splits (more programs hide their dequantizing)
         decode_configs = {
-            "bf16": [
-                (32, 64, 4, 3, False),
-                (32, 64, 4, 4, False),
-                (48, 64, 4, 3, False),
-                (32, 32, 4, 3, False),
-            ],
+            "bf16": [(32, 64, 4, 3), (32, 64, 4, 4), (48, 64, 4, 3), (32, 32, 4, 3)],
             **{
-                kv: [(n, bn, 4, 3, False) for n in (32, 64, 128) for bn in (32, 64)]
+                kv: [(n, bn, 4, 3) for n in (32, 64, 128) for bn in (32, 64)]
                 for kv in ("fp8", "int8", "k8v4")
             },
         }
@@ -566,10 +561,10 @@ def main() -> None:
             if kv == "fp8" and capability() < (8, 9):
                 continue
             q, cache, table, seq_lens = decode_case(kv, 32768)
-            for splits, block_n, warps, stages, fused in configs:
+            for splits, block_n, warps, stages in configs:
                 t = bench_graphed(
                     [
-                        lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages, f=fused: (
+                        lambda q=q, c=cache, tb=table, s=seq_lens, n=splits, bn=block_n, w=warps, st=stages: (
                             attention.paged_attention_decode(
                                 q,
                                 c,
@@ -580,15 +575,11 @@ def main() -> None:
                                 block_n=bn,
                                 num_warps=w,
                                 num_stages=st,
-                                fused_combine=f,
                             )
                         )
                     ]
                 )
-                name = (
-                    f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
-                    f" fused={int(fused)}"
-                )
+                name = f"sweep decode {kv} splits={splits} block_n={block_n} warps={warps} stages={stages}"
                 record(name, "B=1, ctx 32K, 24q/4kv x 256", t, bytes_moved=cache.num_bytes)
 
     def gemv_sweep():

@@ -287,12 +287,6 @@ def _decode_kernel(
     WIDE: tl.constexpr,  # int64 cache offsets (the cache holds 2^31 elements or more)
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operands of the two products: fp32, or the model's half dtype on GPU
-    out_ptr,  # FUSED: [B * Q, Hq, D], the combined output
-    arrivals_ptr,  # FUSED: int32 [B * Hk], the splits done so far; zero before and after
-    stride_ot,
-    stride_oh,
-    BLOCK_S: tl.constexpr,  # FUSED: splits combined a step of the last arrival's loop
-    FUSED: tl.constexpr,  # the last split to finish combines them (no second kernel)
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -348,73 +342,6 @@ def _decode_kernel(
     row = (tok * num_q_heads + hq) * num_splits + split  # [BLOCK_R]
     tl.store(lse_ptr + row, lse, mask=r_mask)
     _store_rows(partial_ptr + row[:, None] * D, r_mask, acc, 1.0 / tl.where(seen, l_i, 1.0), D, BLOCK_D)
-    if FUSED:
-        # every split publishes its rows, then arrives; the last to arrive combines them from L2 (as the
-        # split-K GEMV does its partial sums) and leaves its counter zero for the next call
-        tl.debug_barrier()  # all the program's stores come before its arrival, whose release publishes them
-        tile = b * Hk + hk
-        if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == num_splits - 1:
-            first = (tok * num_q_heads + hq) * num_splits  # [BLOCK_R]: each row's split 0
-            _combine_rows(
-                partial_ptr,
-                lse_ptr,
-                first,
-                r_mask,
-                num_splits,
-                out_ptr + tok * stride_ot + hq * stride_oh,
-                D,
-                BLOCK_R,
-                BLOCK_S,
-                BLOCK_D,
-            )
-            tl.store(arrivals_ptr + tile, 0)
-
-
-@triton.jit
-def _combine_rows(
-    partial_ptr,
-    lse_ptr,
-    first,
-    r_mask,
-    num_splits,
-    out_rows,
-    D,
-    BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """The fused decode's last split: rows [BLOCK_R] of every split's normalised output weighted by its
-    share of the softmax (online, BLOCK_S splits a step, read from L2 where the other programs wrote them),
-    stored at out_rows [BLOCK_R] (pointers to each row's first dim)."""
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < D
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    w_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        for i in tl.static_range(BLOCK_S):
-            s = s0 + i
-            live = r_mask & (tl.full([BLOCK_R], s, tl.int32) < num_splits)
-            lse = tl.load(lse_ptr + first + s, mask=live, other=float("-inf"), cache_modifier=".cg")
-            m_new = tl.maximum(m, lse)
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split has seen a key yet: weigh 0
-            alpha = tl.exp(m - safe)
-            weight = tl.exp(lse - safe)
-            part = tl.load(
-                partial_ptr + (first + s)[:, None] * D + d[None, :],
-                mask=live[:, None] & d_mask[None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            acc = acc * alpha[:, None] + part * weight[:, None]
-            w_sum = w_sum * alpha + weight
-            m = m_new
-    o = acc / tl.where(w_sum > 0.0, w_sum, 1.0)[:, None]
-    tl.store(
-        out_rows[:, None] + d[None, :],
-        o.to(out_rows.dtype.element_ty),
-        mask=r_mask[:, None] & d_mask[None, :],
-    )
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -556,13 +483,11 @@ def paged_attention_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    fused_combine: bool = False,
 ) -> torch.Tensor:
     """Split-K decode attention (flash-decoding); q_per_seq = k + 1 serves speculative verification.
     num_splits (default: num_decode_splits of the block table's width), block_n (keys a step, whole pages;
-    default _decode_block_n), num_warps, num_stages (default: _num_stages) and fused_combine (the last split of
-    each (sequence, kv head) combines them in the same kernel, counted by an arrival counter, instead of
-    combine_splits' second kernel) are tuning knobs for benchmarks/gpu_kernels.py's sweep."""
+    default _decode_block_n), num_warps and num_stages (default: _num_stages) are tuning knobs for
+    benchmarks/gpu_kernels.py's sweep."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs, num_kv_heads = block_table.shape[0], cache.k_data.shape[2]
     assert num_tokens == num_seqs * q_per_seq and q.stride(-1) == 1 and cache.k_data.is_contiguous()
@@ -593,29 +518,9 @@ def paged_attention_decode(
         BLOCK_N=block_n,
         num_warps=num_warps,
         num_stages=num_stages or _num_stages(q, cache, block_n, block_r),
-        out_ptr=out,
-        # (unfused: any int32 tensor stands in; the kernel does not read it)
-        arrivals_ptr=decode_arrivals(q.device, num_seqs * num_kv_heads) if fused_combine else seq_lens,
-        stride_ot=out.stride(0),
-        stride_oh=out.stride(1),
-        BLOCK_S=4,
-        FUSED=fused_combine,
         **_common(q, cache),
     )
-    return out if fused_combine else combine_splits(partial, lse, out, max_decode_splits(cache.kv_dtype))
-
-
-_ARRIVALS: dict[tuple, torch.Tensor] = {}
-
-
-def decode_arrivals(device: torch.device, count: int) -> torch.Tensor:
-    """The zeroed int32 arrival counters [count], one per (sequence, kv head), that fused decodes of that
-    many share on a device; each call leaves them zero. Kept for the process: a captured CUDA graph holds
-    their address. One stream at a time (the engine's)."""
-    key = (device, count)
-    if key not in _ARRIVALS:
-        _ARRIVALS[key] = torch.zeros(count, dtype=torch.int32, device=device)
-    return _ARRIVALS[key]
+    return combine_splits(partial, lse, out, max_decode_splits(cache.kv_dtype))
 
 
 def combine_splits(

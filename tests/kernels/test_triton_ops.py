@@ -251,25 +251,6 @@ def test_verification_steps_take_the_decode_kernel_when_they_fit_its_tile(
     assert rel_err(got, attention_naive.paged_attention(*case, 0.125)) < 1e-3
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "k8v4"])
-@pytest.mark.parametrize("splits", [1, 5, 64])
-def test_fused_split_combination_equals_the_second_kernel(kv_dtype, splits):
-    """fused_combine (a tuning knob): the last split of each (sequence, kv head) to finish combines them in
-    the decode kernel; the output of combine_splits' kernel, with splits that saw no key (64 splits of a
-    7-token sequence) and verification steps (2 tokens a sequence), and the arrival counters are zero
-    again after each call (a second call gives the same)."""
-    attention = triton_op("paged_attention")
-    for prefix, q_per_seq in (([300, 7], 1), ([9, 30], 2)):
-        q, cache, table, lens, _ = _paged_case(kv_dtype, 64, 8, 2, 16, prefix, [q_per_seq] * 2, torch.float32)
-        want = attention.paged_attention_decode(q, cache, table, lens, 0.125, q_per_seq, num_splits=splits)
-        for _ in range(2):
-            got = attention.paged_attention_decode(
-                q, cache, table, lens, 0.125, q_per_seq, num_splits=splits, fused_combine=True
-            )
-            assert rel_err(got, want) < 1e-5
-        assert not attention.decode_arrivals(q.device, 2 * 2).any()
-
-
 @pytest.mark.parametrize(
     "head_dim,kv_dtype,shared,keys",
     [
