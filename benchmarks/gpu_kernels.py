@@ -227,20 +227,20 @@ def up_proj(bits: int, group: int = 128):
 
 
 @functools.cache
-def up_proj_copies(bits: int, n: int = 4) -> list[tuple]:
-    """n copies of up_proj(bits)'s packed weight, scales and minimums (4 x 45 MB at 4 bits: past an H200's
-    60 MB of L2 when a graph cycles through them), made once per width; --compile-only: the same tensors
-    (nothing is read)."""
-    _, packed, scales, mins = up_proj(bits)
+def up_proj_copies(bits: int, n: int = 4, group: int = 128) -> list[tuple]:
+    """n copies of up_proj(bits, group)'s packed weight, scales and minimums (4 x 45 MB at 4 bits: past an
+    H200's 60 MB of L2 when a graph cycles through them); --compile-only: the same tensors (nothing is
+    read)."""
+    _, packed, scales, mins = up_proj(bits, group)
     if COMPILE_ONLY:
         return [(packed, scales, mins)]
     return [(packed.clone(), scales.clone(), None if mins is None else mins.clone()) for _ in range(n)]
 
 
-def gemv_calls(x, copies: list[tuple], bits: int, **knobs) -> list:
+def gemv_calls(x, copies: list[tuple], bits: int, group: int = 128, **knobs) -> list:
     """One quant_matmul call per weight copy (bench_graphed's fns)."""
     return [
-        lambda p=p, s=s, z=z: quant_matmul_triton.quant_matmul(x, p, s, z, bits, 128, **knobs)
+        lambda p=p, s=s, z=z: quant_matmul_triton.quant_matmul(x, p, s, z, bits, group, **knobs)
         for p, s, z in copies
     ]
 
@@ -611,6 +611,17 @@ def main() -> None:
                 f" splits={splits or auto}{mark} warps={warps} stages={stages}"
             )
             record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+        # groups of 32 (a GGUF's Q4 blocks, q4.6's upgrade): the CUDA-core kernel (the default since it took
+        # 233 instructions per KB at 256 rows, not yet timed) beside the tensor-core one
+        qt32, _, _, _ = up_proj(4, 32)
+        copies32 = up_proj_copies(4, group=32)
+        for cuda_cores, block_n, warps in ((False, None, 4), (True, 128, 4), (True, 256, 4), (True, 512, 8)):
+            t = bench_graphed(
+                gemv_calls(x, copies32, 4, 32, cuda_cores=cuda_cores, block_n=block_n, num_warps=warps)
+            )
+            kernel = "cuda_cores" if cuda_cores else "tensor_cores"
+            name = f"sweep W4A16 GEMV groups of 32 {kernel} block_n={block_n or 'default'} warps={warps}"
+            record(name, "M=1, 17408x5120", t, bytes_moved=qt32.nbytes + x.numel() * 2)
         x16 = randn(16, 5120, device=DEVICE, dtype=bf)
         for block_n in (128, 256):
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))

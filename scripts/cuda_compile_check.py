@@ -268,9 +268,9 @@ def case_quant_matmul(
     x = _randn(m, k, dtype=DTYPES[dtype])
     op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores)
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
-    takes_cuda_cores = op.GEMV_CUDA_CORES and group >= 64 if cuda_cores is None else cuda_cores
+    takes_cuda_cores = op.GEMV_CUDA_CORES if cuda_cores is None else cuda_cores
     if m == 1 and bits == 4 and takes_cuda_cores:
-        return {"gemv4_cuda_cores_kernel": op.CUDA_CORE_GEMV_BLOCK_N * row_bytes}
+        return {"gemv4_cuda_cores_kernel": op.cuda_core_gemv_block_n(group) * row_bytes}
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: each row's group
         return {"_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu")) * row_bytes}
 
@@ -389,6 +389,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_quant_matmul, bits=4, m=m, dtype="bf16", n=576, k=1536, group=32)
     for bits in (4, 8):  # a GGUF's Q4_x / Q8_0 blocks as the GPU holds them, at the 27B MLP's shape
         add(case_quant_matmul, bits=bits, m=1, dtype="bf16", group=32)
+    add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=32, cuda_cores=False)  # (M = 2-16's kernel)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
         add(case_dequantize, bits=bits, dtype="bf16")

@@ -273,13 +273,25 @@ GEMV_BLOCK_N = 128
 # fp32 group sums all slower (docs/benchmarks.md). M = 1 itself takes the CUDA-core kernel below
 WIDE_GEMV_BLOCK_N = 256
 GEMV_PROGRAMS_PER_SM = 8
-# the 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py) instead of the tensor-core tile, for groups of 64+
-# (the 16-byte group rows of 32 untried): an H200 (2026-12-04, graph replay) ran the 17408 x 5120 GEMV in
-# 25.7 us so, 128 rows and 4 warps a program (25.3-36.9 over 128 / 256 / 512 rows, 2 / 4 / 8 warps, 1x /
-# 2x the K slices), against 40.2 for the tensor-core kernel's best. That was its first version (270
-# instructions per KB, 128 registers); the present one (212, 96) is not yet timed
+# the 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py) instead of the tensor-core tile: an H200 (2026-12-04,
+# graph replay) ran the 17408 x 5120 GEMV in groups of 128 in 25.7 us so, 128 rows and 4 warps a program
+# (25.3-36.9 over 128 / 256 / 512 rows, 2 / 4 / 8 warps, 1x / 2x the K slices), against 40.2 for the
+# tensor-core kernel's best. That was its first version (270 instructions per KB, 128 registers); the
+# present one (212, 96) is not yet timed. Groups of 32 (a GGUF's Q4 blocks, q4.6's 4-bit upgrade) take it
+# too, with 256-row tiles (the activations' work a step shared by twice the rows: 233 instructions per
+# KB, 88 registers, no trip through shared memory, against the tensor-core kernel's 261 and that trip,
+# which the first version's timing showed to be the tensor-core GEMV's limit; not yet timed: gemv_sweep
+# times both)
 GEMV_CUDA_CORES = True
 CUDA_CORE_GEMV_BLOCK_N = 128
+
+
+def cuda_core_gemv_block_n(group_size: int) -> int:
+    """Weight rows a CUDA-core GEMV program takes by default: CUDA_CORE_GEMV_BLOCK_N, twice that for groups
+    of 32 (whose 16-byte group rows would leave a step little weight for its activation loads)."""
+    return CUDA_CORE_GEMV_BLOCK_N * (2 if group_size < 64 else 1)
+
+
 # its K loop's pipeline depth (num_stages there): 1 as measured; 2-4 copy the next groups' words
 # asynchronously while one is computed (the compile check: 1-2 groups in flight at 128 rows, 8.7-25 KB of
 # shared memory, ~3% more instructions), which at 38% of HBM with one group in flight a program may be
@@ -348,7 +360,7 @@ def quant_matmul(
     num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth:
     Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
     sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4-bit GEMV at M = 1 on the CUDA
-    cores, gemv4.py; default GEMV_CUDA_CORES, groups of 64+) are tuning knobs for
+    cores, gemv4.py; default GEMV_CUDA_CORES) are tuning knobs for
     benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
@@ -373,10 +385,10 @@ def quant_matmul(
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
     gemv = m <= GEMV_MAX_M
-    cuda_cores = GEMV_CUDA_CORES and group_size >= 64 if cuda_cores is None else cuda_cores
+    cuda_cores = GEMV_CUDA_CORES if cuda_cores is None else cuda_cores
     cuda_cores = cuda_cores and gemv and m == 1 and bits == 4
     if cuda_cores:  # the 4-bit GEMV at M = 1 (gemv4.py)
-        block_m, block_n = 1, block_n or CUDA_CORE_GEMV_BLOCK_N
+        block_m, block_n = 1, block_n or cuda_core_gemv_block_n(group_size)
     elif gemv:  # split-K GEMV
         block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
     else:  # tiled GEMM, K whole in every program

@@ -125,7 +125,8 @@ LOOP_BUDGETS = {
     ("quant_matmul[4,1,bf16,False]", "_quant_matmul_kernel"): 300,  # the tensor cores at M = 1: 155
     ("quant_matmul[6,1,bf16]", "_quant_matmul_kernel"): 270,  # was 613 (byte loads, conversions)
     ("quant_matmul[8,1,bf16]", "_quant_matmul_kernel"): 160,  # was 201
-    ("quant_matmul[4,1,bf16,32]", "_quant_matmul_kernel"): 380,  # 333 now, 416 with byte loads
+    ("quant_matmul[4,1,bf16,32]", "gemv4_cuda_cores_kernel"): 280,  # 233 (256 rows)
+    ("quant_matmul[4,1,bf16,32,False]", "_quant_matmul_kernel"): 380,  # 261 now, 416 with byte loads
     # (SM 9.0's decode: 64-key steps since 2026-12-04; 32-key ones 48-51, 227-229 and 259-274)
     ("attention[decode,bf16,qwen3.5,bf16]", "_decode_kernel"): 75,  # 39 now
     ("attention[decode,int8,qwen3.5,bf16]", "_decode_kernel"): 300,  # 203 now, 283-292 at first
