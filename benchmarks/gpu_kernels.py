@@ -432,9 +432,12 @@ def main() -> None:
                         t,
                         bytes_moved=qt.nbytes + x.numel() * 2,
                     )
-                if m == 1 and bits == 4:  # the CUDA-core kernel (kernels/quant_matmul/gemv4.py), its defaults
-                    t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits, cuda_cores=True))
-                    name = "W4A16 GEMV on CUDA cores, graph replay"
+                if (
+                    m == 1
+                ):  # the other M = 1 kernel than the default (gemv4/6/8.py on CUDA cores or tensor cores)
+                    cuda_cores = bits not in quant_matmul_triton.CUDA_CORE_GEMV_WIDTHS
+                    t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits, cuda_cores=cuda_cores))
+                    name = f"W{bits}A16 GEMV on {'CUDA' if cuda_cores else 'tensor'} cores, graph replay"
                     record(name, f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
             if bits != 6:  # groups of 32: a GGUF's Q4_0 / Q4_1 / Q4_K and Q8_0 blocks as the GPU holds them
                 qt32, packed32, scales32, mins32 = up_proj(bits, 32)
@@ -622,6 +625,28 @@ def main() -> None:
             kernel = "cuda_cores" if cuda_cores else "tensor_cores"
             name = f"sweep W4A16 GEMV groups of 32 {kernel} block_n={block_n or 'default'} warps={warps}"
             record(name, "M=1, 17408x5120", t, bytes_moved=qt32.nbytes + x.numel() * 2)
+        # 6-bit (q4.6's upgrade, a GGUF's Q5 blocks): the CUDA-core kernel (gemv6.py, the default since it
+        # took 152 instructions per KB at 128 rows, not yet timed) beside the tensor-core one (12% of HBM)
+        qt6, _, _, _ = up_proj(6)
+        copies6 = up_proj_copies(6)
+        for cuda_cores, block_n, warps in ((False, None, 4), (True, 64, 4), (True, 128, 4), (True, 256, 8)):
+            t = bench_graphed(
+                gemv_calls(x, copies6, 6, cuda_cores=cuda_cores, block_n=block_n, num_warps=warps)
+            )
+            kernel = "cuda_cores" if cuda_cores else "tensor_cores"
+            name = f"sweep W6A16 GEMV {kernel} block_n={block_n or 'default'} warps={warps}"
+            record(name, "M=1, 17408x5120", t, bytes_moved=qt6.nbytes + x.numel() * 2)
+        # 8-bit (w8g128, a GGUF's Q8_0 blocks in groups of 32): the CUDA-core kernel (gemv8.py, a knob: 130
+        # instructions per KB at 64 rows against the tensor-core kernel's 123, which measured 59% of HBM)
+        for group in (128, 32):
+            qt8, _, _, _ = up_proj(8, group)
+            copies8 = up_proj_copies(8, group=group)
+            rows = (64, 128) if group == 128 else (128, 256)
+            for cuda_cores, block_n in ((False, None),) + tuple((True, b) for b in rows):
+                t = bench_graphed(gemv_calls(x, copies8, 8, group, cuda_cores=cuda_cores, block_n=block_n))
+                kernel = "cuda_cores" if cuda_cores else "tensor_cores"
+                name = f"sweep W8A16 GEMV groups of {group} {kernel} block_n={block_n or 'default'}"
+                record(name, "M=1, 17408x5120", t, bytes_moved=qt8.nbytes + x.numel() * 2)
         x16 = randn(16, 5120, device=DEVICE, dtype=bf)
         for block_n in (128, 256):
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))

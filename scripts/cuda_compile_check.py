@@ -261,16 +261,18 @@ def case_quant_matmul(
     cuda_cores: bool | None = None,
 ):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
-    group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the 4-bit GEMV at M = 1
-    on the CUDA cores (kernels/quant_matmul/gemv4.py) or the tensor-core one, else the default."""
+    group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the GEMV at M = 1 on
+    the CUDA cores (kernels/quant_matmul/gemv4.py, gemv6.py, gemv8.py) or the tensor-core one, else the
+    default."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
     x = _randn(m, k, dtype=DTYPES[dtype])
     op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores)
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
-    takes_cuda_cores = op.GEMV_CUDA_CORES if cuda_cores is None else cuda_cores
-    if m == 1 and bits == 4 and takes_cuda_cores:
-        return {"gemv4_cuda_cores_kernel": op.cuda_core_gemv_block_n(group) * row_bytes}
+    if cuda_cores is None:
+        cuda_cores = op.GEMV_CUDA_CORES and bits in op.CUDA_CORE_GEMV_WIDTHS
+    if m == 1 and cuda_cores:
+        return {f"gemv{bits}_cuda_cores_kernel": op.cuda_core_gemv_block_n(bits, group) * row_bytes}
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: each row's group
         return {"_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu")) * row_bytes}
 
@@ -390,6 +392,9 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     for bits in (4, 8):  # a GGUF's Q4_x / Q8_0 blocks as the GPU holds them, at the 27B MLP's shape
         add(case_quant_matmul, bits=bits, m=1, dtype="bf16", group=32)
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=32, cuda_cores=False)  # (M = 2-16's kernel)
+    add(case_quant_matmul, bits=6, m=1, dtype="bf16", cuda_cores=False)
+    for group in (128, 32):  # the 8-bit GEMV on the CUDA cores (a tuning knob: gemv8.py)
+        add(case_quant_matmul, bits=8, m=1, dtype="bf16", group=group, cuda_cores=True)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
         add(case_dequantize, bits=bits, dtype="bf16")

@@ -32,7 +32,7 @@ Shapes:
   its partial sums into an fp32 buffer; the slices are sized so every SM gets several programs
   (gemv_splits). The last slice of a tile to finish (an arrival counter per tile) stores the tile in x's
   dtype and zeroes its part of the buffer and the counter, so the next GEMV finds them clean: one kernel a
-  GEMV.
+  GEMV. At M = 1 the 4- and 6-bit weights take the CUDA cores instead (gemv4.py, gemv6.py).
 
 scripts/cuda_compile_check.py --sass counts the instructions of the compiled inner loop per KB of packed
 weight, which bounds the fraction of HBM bandwidth an SM can keep up with (docs/kernels.md).
@@ -49,6 +49,8 @@ import triton.language as tl
 from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
 from ninfer_kernels.quant_matmul.dequant import dequant_matmul
 from ninfer_kernels.quant_matmul.gemv4 import MAGIC_12, MAGIC_16, gemv4_cuda_cores_kernel
+from ninfer_kernels.quant_matmul.gemv6 import MAGIC_11, MAGIC_17, gemv6_cuda_cores_kernel
+from ninfer_kernels.quant_matmul.gemv8 import MAGIC_7, MAGIC_15, gemv8_cuda_cores_kernel
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.triton_codes import (
     nibble_pair_base,
@@ -282,14 +284,31 @@ GEMV_PROGRAMS_PER_SM = 8
 # KB, 88 registers, no trip through shared memory, against the tensor-core kernel's 261 and that trip,
 # which the first version's timing showed to be the tensor-core GEMV's limit; not yet timed: gemv_sweep
 # times both)
+# 6-bit at M = 1 takes the CUDA cores as well (gemv6.py: 152 instructions per KB at 128 rows against the
+# tensor-core kernel's 210, which the H200 measured at 12% of HBM, 119.5 us; the new one not yet timed)
 GEMV_CUDA_CORES = True
 CUDA_CORE_GEMV_BLOCK_N = 128
 
 
-def cuda_core_gemv_block_n(group_size: int) -> int:
+# 8-bit takes them only when asked (cuda_cores=True; gemv8.py: 130 instructions per KB at 64 rows against
+# the tensor-core kernel's 123, which the H200 measured at 59% of HBM, 31.9 us; groups of 32: 130 at 256
+# rows against 179: gemv_sweep times both)
+CUDA_CORE_GEMV_WIDTHS = (4, 6)
+# per width: the kernel, a row's int32 words for KP columns, its exponent-bit arguments
+CUDA_CORE_GEMVS = {
+    4: (gemv4_cuda_cores_kernel, lambda kp: kp // 8, (MAGIC_12, MAGIC_16)),
+    6: (gemv6_cuda_cores_kernel, lambda kp: kp * 3 // 16, (MAGIC_11, MAGIC_17)),
+    8: (gemv8_cuda_cores_kernel, lambda kp: kp // 4, (MAGIC_7, MAGIC_15)),
+}
+
+
+def cuda_core_gemv_block_n(bits: int, group_size: int) -> int:
     """Weight rows a CUDA-core GEMV program takes by default: CUDA_CORE_GEMV_BLOCK_N, twice that for groups
-    of 32 (whose 16-byte group rows would leave a step little weight for its activation loads)."""
-    return CUDA_CORE_GEMV_BLOCK_N * (2 if group_size < 64 else 1)
+    of 32 or fewer (whose short group rows would leave a step little weight for its activation loads), half
+    for 8-bit groups of 64+ (twice the words a row: 128 registers at 64 rows, 167 at 128)."""
+    if group_size < 64:
+        return 2 * CUDA_CORE_GEMV_BLOCK_N
+    return CUDA_CORE_GEMV_BLOCK_N // (2 if bits == 8 else 1)
 
 
 # its K loop's pipeline depth (num_stages there): 1 as measured; 2-4 copy the next groups' words
@@ -359,8 +378,8 @@ def quant_matmul(
     (GEMM rows a program, default 32), block_n (outputs a program: GEMV gemv_block_n, GEMM 64),
     num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth:
     Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
-    sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4-bit GEMV at M = 1 on the CUDA
-    cores, gemv4.py; default GEMV_CUDA_CORES) are tuning knobs for
+    sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4- and 6-bit GEMVs at M = 1 on
+    the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) are tuning knobs for
     benchmarks/gpu_kernels.py's sweeps."""
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
@@ -385,10 +404,12 @@ def quant_matmul(
     mins = minimums if minimums is not None else scales
     groups = triton.cdiv(k, group_size)
     gemv = m <= GEMV_MAX_M
-    cuda_cores = GEMV_CUDA_CORES if cuda_cores is None else cuda_cores
-    cuda_cores = cuda_cores and gemv and m == 1 and bits == 4
-    if cuda_cores:  # the 4-bit GEMV at M = 1 (gemv4.py)
-        block_m, block_n = 1, block_n or cuda_core_gemv_block_n(group_size)
+    cuda_cores = GEMV_CUDA_CORES and bits in CUDA_CORE_GEMV_WIDTHS if cuda_cores is None else cuda_cores
+    # (6-bit weights carry minimums, 8-bit ones none: engine/quant/groupwise.py)
+    takes = bits == 4 or (minimums is not None) == (bits == 6)
+    cuda_cores = cuda_cores and gemv and m == 1 and takes
+    if cuda_cores:  # the GEMVs at M = 1 (gemv4.py, gemv6.py, gemv8.py)
+        block_m, block_n = 1, block_n or cuda_core_gemv_block_n(bits, group_size)
     elif gemv:  # split-K GEMV
         block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
     else:  # tiled GEMM, K whole in every program
@@ -403,7 +424,11 @@ def quant_matmul(
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
     if cuda_cores:
-        gemv4_cuda_cores_kernel[grid](
+        kernel, row_words, magics = CUDA_CORE_GEMVS[bits]
+        widths = dict(HAS_MINS=minimums is not None) if bits == 4 else {}
+        if bits == 8:  # (no minimums)
+            weights = (packed.view(torch.int32), scales)
+        kernel[grid](
             x,
             *weights,
             out,
@@ -411,18 +436,17 @@ def quant_matmul(
             arrivals,
             n,
             k,
-            kp // 8,
+            row_words(kp),
             num_groups,
             per_split,
-            MAGIC_12,
-            MAGIC_16,
+            *magics,
             GROUP_SIZE=group_size,
-            HAS_MINS=minimums is not None,
             SPLIT_K=split_k,
             BLOCK_N=block_n,
             EVEN_K=k % group_size == 0,
             STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
             num_warps=num_warps,
+            **widths,
         )
         return out
     _quant_matmul_kernel[grid](

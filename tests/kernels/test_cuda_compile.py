@@ -56,7 +56,7 @@ STREAMING_KERNELS = (
 )
 # disassembled too, for the instruction budget only: the CUDA-core GEMV loads its words into registers
 # (no async copies to keep in flight at its measured pipeline depth, 1)
-SASS_KERNELS = (*STREAMING_KERNELS, "gemv4_cuda_cores_kernel")
+SASS_KERNELS = (*STREAMING_KERNELS, *(f"gemv{bits}_cuda_cores_kernel" for bits in (4, 6, 8)))
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,11 @@ def test_decode_compiles_once_for_any_context(compiled):
 LOOP_BUDGETS = {
     ("quant_matmul[4,1,bf16]", "gemv4_cuda_cores_kernel"): 260,  # the CUDA cores, M = 1: 212 (was 270)
     ("quant_matmul[4,1,bf16,False]", "_quant_matmul_kernel"): 300,  # the tensor cores at M = 1: 155
-    ("quant_matmul[6,1,bf16]", "_quant_matmul_kernel"): 270,  # was 613 (byte loads, conversions)
+    ("quant_matmul[6,1,bf16]", "gemv6_cuda_cores_kernel"): 190,  # the CUDA cores: 152
+    ("quant_matmul[6,1,bf16,False]", "_quant_matmul_kernel"): 270,  # was 613 (byte loads, conversions)
     ("quant_matmul[8,1,bf16]", "_quant_matmul_kernel"): 160,  # was 201
+    ("quant_matmul[8,1,bf16,128,True]", "gemv8_cuda_cores_kernel"): 165,  # 130 (64 rows)
+    ("quant_matmul[8,1,bf16,32,True]", "gemv8_cuda_cores_kernel"): 165,  # 130 (256 rows; tensor cores 179)
     ("quant_matmul[4,1,bf16,32]", "gemv4_cuda_cores_kernel"): 280,  # 233 (256 rows)
     ("quant_matmul[4,1,bf16,32,False]", "_quant_matmul_kernel"): 380,  # 261 now, 416 with byte loads
     # (SM 9.0's decode: 64-key steps since 2026-12-04; 32-key ones 48-51, 227-229 and 259-274)

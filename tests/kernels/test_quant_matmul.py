@@ -172,22 +172,31 @@ def test_tuning_knobs_keep_the_result(block_m, block_n, num_splits, m, sums_by_d
     assert rel_err(got, naive.quant_matmul(x, packed, scales, mins, 4, 128)) < 1e-3
 
 
-@pytest.mark.parametrize("n,k,group", [(300, 640, 128), (130, 1000, 128), (64, 200, 64), (96, 96, 32)])
+CUDA_CORE_SHAPES = [(300, 640, 128), (130, 1000, 128), (64, 200, 64), (96, 96, 32), (70, 576, 64)]
+
+
+@pytest.mark.parametrize(
+    "bits,n,k,group",
+    [(4, *shape) for shape in CUDA_CORE_SHAPES]
+    + [(6, *shape) for shape in CUDA_CORE_SHAPES if shape[2] > 32]
+    + [(8, *shape) for shape in CUDA_CORE_SHAPES]
+    + [(8, 40, 80, 16)],
+)
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_core_gemv_matches_naive(n, k, group, num_splits, dtype):
-    """The 4-bit GEMV at M = 1 on the CUDA cores (gemv4.py: codes read as floats 2^11 + c or 2^7 + c at
-    bits 12 and 16 of a shifted or rotated word): every code value at every nibble, K not a multiple of the
-    group (the last group's padding meets zero activations), one K slice (stored directly) or three (the
-    split-K buffer)."""
+def test_cuda_core_gemv_matches_naive(bits, n, k, group, num_splits, dtype):
+    """The GEMVs at M = 1 on the CUDA cores (gemv4.py, gemv6.py, gemv8.py: codes read as floats 2^E + c at a
+    bit of a shifted word where 2^E makes their unit 1; 8-bit codes signed): every code value at every
+    position of a word, K not a multiple of the group (the last group's padding meets zero activations),
+    one K slice (stored directly) or three (the split-K buffer)."""
     torch.manual_seed(n + k)
-    qt = quantize(torch.randn(n, k) * 0.05, 4, group)
+    qt = quantize(torch.randn(n, k) * 0.05, bits, group)
     packed, scales, mins, bits, group = _operands(qt)
     x = torch.randn(1, k, device=DEVICE).to(dtype)
-    want = naive.quant_matmul(x.float(), packed, scales, mins, 4, group)
+    want = naive.quant_matmul(x.float(), packed, scales, mins, bits, group)
     for stages in (1, 3):  # 3: the next groups' words copied ahead (a GPU's cp.async; the same sums)
         knobs = dict(cuda_cores=True, num_splits=num_splits, block_n=64, num_stages=stages)
-        got = fused.quant_matmul(x, packed, scales, mins, 4, group, **knobs)
+        got = fused.quant_matmul(x, packed, scales, mins, bits, group, **knobs)
         assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
     sums, arrivals = fused.split_buffers(x.device, n, -(-n // 64))
     assert not sums.any() and not arrivals.any()
