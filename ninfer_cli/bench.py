@@ -39,7 +39,10 @@ def _list(text: str, what: str, parse) -> tuple[int, ...]:
 def bench(
     args: Annotated[
         list[str] | None,
-        typer.Argument(help="MODEL (in process; none = the embedded default), or: compare A.json B.json"),
+        typer.Argument(
+            help="MODEL (in process; none = the embedded default; dummy:PRESET[:RECIPE] = random weights), "
+            "or: compare A.json B.json"
+        ),
     ] = None,
     url: Annotated[str | None, typer.Option(help="Benchmark this OpenAI-compatible server instead.")] = None,
     api_key: Annotated[str | None, typer.Option(help="The server's API key.")] = None,
@@ -248,9 +251,11 @@ def _run(o: _Options) -> None:
                 "prefill and decode of a model that generates"
             )
         driver = InProcess(llm)
+        from engine.formats.dummy import is_dummy
         from engine.models.loader import default_model_path
 
-        name = o.label or f"ninfer {Path(o.model_path or default_model_path()).name} ({o.device})"
+        shown = o.model_path if is_dummy(o.model_path) else Path(o.model_path or default_model_path()).name
+        name = o.label or f"ninfer {shown} ({o.device})"
         cost = cost_of_llm(llm)
     telemetry = Telemetry()
     peaks = peaks_for(

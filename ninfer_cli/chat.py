@@ -61,7 +61,9 @@ def _stream_reply(backend, messages, params, out, verbose: bool = False) -> str:
 def chat(
     model: Annotated[
         str | None,
-        typer.Argument(help="HF directory, .gguf or .ninfer; default: the embedded SmolLM2-135M"),
+        typer.Argument(
+            help="HF directory, .gguf or .ninfer (dummy:PRESET: random weights); default: the embedded SmolLM2-135M"
+        ),
     ] = None,
     url: Annotated[
         str | None,

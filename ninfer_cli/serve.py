@@ -28,7 +28,10 @@ GRACE_S = 30  # seconds running requests get to finish after SIGTERM
 @exits_cleanly
 def serve(
     model: Annotated[
-        str | None, typer.Argument(help="HF directory, .gguf or .ninfer; none = the embedded default.")
+        str | None,
+        typer.Argument(
+            help="HF directory, .gguf or .ninfer (dummy:PRESET: random weights); none = the embedded default."
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,

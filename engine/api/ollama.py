@@ -128,6 +128,8 @@ def _model_file(llm) -> Path:
 def _files(path: str) -> tuple[int, float]:
     """(bytes, newest modification time) of the model's file, or of a checkpoint folder's files."""
     p = Path(path)
+    if not p.exists():  # dummy:SHAPE[:RECIPE] (random weights): no file
+        return 0, 0.0
     files = [f for f in p.iterdir() if f.is_file()] if p.is_dir() else [p]
     stats = [f.stat() for f in files] or [p.stat()]
     return sum(s.st_size for s in stats), max(s.st_mtime for s in stats)

@@ -14,6 +14,7 @@ import ninfer_kernels as kernels
 from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.formats.container import SUFFIX, load_container
+from engine.formats.dummy import is_dummy, load_dummy
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import load_hf_dir
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
@@ -54,12 +55,14 @@ def default_model_path() -> Path:
 def model_path(model: str | Path | None) -> Path:
     """The file or folder `model` names: the embedded default for None, a hub repo id's download."""
     path = default_model_path() if model is None else Path(model).expanduser()
-    if not path.exists() and looks_like_repo_id(str(model)):  # a hub repo id: its download on this machine
+    if not path.exists() and not is_dummy(model) and looks_like_repo_id(str(model)):  # a hub repo id: its download on this machine
         path = resolve_repo_id(str(model))
     return path
 
 
 def open_source(model: str | Path | None) -> ModelSource:
+    if is_dummy(model):  # random weights at a preset's or a config's shapes, for timing
+        return load_dummy(model)
     path = model_path(model)
     if not path.exists():
         raise NinferError(
@@ -74,7 +77,8 @@ def open_source(model: str | Path | None) -> ModelSource:
     if path.name == "config.json":
         return load_hf_dir(path.parent)
     raise NinferError(
-        f"cannot tell the format of {path}; pass an HF checkpoint directory, a .gguf or a .ninfer file"
+        f"cannot tell the format of {path}; pass an HF checkpoint directory, a .gguf or a .ninfer file "
+        "(or dummy:PRESET[:RECIPE] for random weights)"
     )
 
 

@@ -45,6 +45,8 @@ WEIGHT_SUFFIXES = (".json", ".safetensors", ".gguf", ".ninfer", ".bin")
 def fingerprint(path: Path) -> list[list]:
     """What names a checkpoint's contents without reading all of it: per file (a folder's config and
     weight files) its name, size and a hash of its first and last MiB."""
+    if not path.exists():  # dummy:SHAPE[:RECIPE]: seeded random weights, named by the spec alone
+        return [[str(path)]]
     files = sorted(f for f in path.iterdir() if f.suffix in WEIGHT_SUFFIXES) if path.is_dir() else [path]
     out = []
     for f in files:

@@ -1,0 +1,115 @@
+"""`dummy:SHAPE[:RECIPE]`: random weights at a preset's or a config's shapes (engine/formats/dummy.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_hf_model
+
+from engine import LLM, SamplingParams
+from engine.errors import NinferError
+from engine.formats.dummy import byte_tokenizer, checkpoint_tensors, load_dummy, parse
+from engine.plan.presets import PRESETS, preset
+from engine.plan.weights import recipe_weight_bytes
+
+
+@pytest.mark.parametrize("name", [p for p in PRESETS if p != "default"])
+def test_every_preset_names_its_tensors_as_a_checkpoint_would(name):
+    """Each tensor is named as its checkpoint names it (checkpoint_tensors refuses a name that does not load
+    back into its parameter), and the 16-bit bytes they add up to are what `ninfer plan` counts for the
+    preset's text model."""
+    config = preset(name).config
+    tensors = checkpoint_tensors(config)
+    assert len({n for n, _ in tensors}) == len(tensors)
+    numel = sum(_prod(shape) for _, shape in tensors)
+    planned = recipe_weight_bytes(config, "bf16", 2, None, bool(config.mtp_num_hidden_layers), False)
+    assert 2 * numel == sum(planned.values())
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _tiny_config(tmp_path, arch: str, tied: bool = False):
+    path = tmp_path / arch
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(tiny_hf_model(arch, tied=tied).config.to_dict()))
+    return path
+
+
+@pytest.mark.parametrize(
+    "arch,recipe", [("qwen3", "w4g128"), ("qwen3", "w8g32"), ("qwen3", "bf16"), ("qwen3_5", "w6g128")]
+)
+def test_a_tiny_shape_loads_and_generates_the_same_tokens_each_time(tmp_path, arch, recipe):
+    """A config.json's shapes with random weights load on the CPU (the quantized matrices as a quantized
+    checkpoint's) and decode: the weights are seeded, so two loads give the same greedy tokens."""
+    spec = f"dummy:{_tiny_config(tmp_path, arch)}:{recipe}"
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        llm = LLM(spec, max_context=64)
+        out = llm.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=params)[0]
+        runs.append(out.token_ids)
+    assert len(runs[0]) == 6 and runs[0] == runs[1]
+    assert isinstance(llm.generate("Hello", params)[0].text, str)  # text in and out (the byte tokenizer)
+    bits = {int(recipe[1])} if recipe != "bf16" else set()
+    assert set(load_dummy(spec).tensor_bits.values()) == bits
+
+
+def test_a_tied_head_is_one_tensor(tmp_path):
+    names = [
+        n for n, _ in checkpoint_tensors(load_dummy(f"dummy:{_tiny_config(tmp_path, 'qwen3', True)}").config)
+    ]
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+
+
+def test_the_byte_tokenizer_reads_text_as_bytes_and_spans_the_vocabulary():
+    tok = byte_tokenizer(1000)
+    text = "héllo, wörld\n"
+    ids = tok.encode(text)
+    assert len(ids) == len(text.encode()) and tok.decode(ids) == text
+    assert tok.vocab_size == 1000 and tok.eos_token_ids == (999,)
+    assert tok.decode([400, 401]) == "<t400><t401>"
+    chat = tok.encode_chat([{"role": "user", "content": "hi"}])
+    assert (
+        tok.decode(chat, skip_special_tokens=False)
+        == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(NinferError, match="too small"):
+        byte_tokenizer(100)
+
+
+def test_spec_parsing(tmp_path):
+    assert parse("dummy:qwen3-8b") == ("qwen3-8b", "w4g128")
+    assert parse("dummy:qwen3-8b:bf16") == ("qwen3-8b", "bf16")
+    folder = _tiny_config(tmp_path, "qwen3")
+    assert parse(f"dummy:{folder}") == (str(folder), "w4g128")
+    assert parse(f"dummy:{folder}/config.json:w8g128") == (f"{folder}/config.json", "w8g128")
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("dummy:", "names no shape"),
+        ("dummy:qwen3-8b:w5g128", "take the recipes"),
+        ("dummy:qwen3-8b:q4.6", "take the recipes"),
+        ("dummy:qwen9-1b", "neither a preset"),
+        ("dummy:default", "neither a preset"),
+    ],
+)
+def test_bad_specs_say_what_to_write(spec, message):
+    with pytest.raises(NinferError, match=message):
+        load_dummy(spec)
+
+
+def test_a_file_that_is_not_a_config_is_refused(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(NinferError, match="not an HF config.json"):
+        load_dummy(f"dummy:{bad}")
+    with pytest.raises(NinferError, match="neither a preset"):
+        load_dummy(f"dummy:{tmp_path / 'weights.bin'}")
