@@ -3,8 +3,9 @@
 For timing without a checkpoint (vLLM's `--load-format dummy`): SHAPE is a preset of `ninfer plan`
 (qwen3.5-27b, qwen3-8b, ...), an HF checkpoint directory or a config.json; RECIPE is how the matrices are
 held, w4g128 (default), w4g32, w6g128, w8g128, w8g32 or bf16. The weights are random (codes uniform, scales
-for a standard deviation of 0.02; norm weights one), so the text is noise and speed is all it tells: the
-same bytes stream through the same kernels as a converted checkpoint of that shape and recipe.
+for a standard deviation of 1/sqrt(columns), vectors 0.02, norm weights one), so the text is noise and
+speed is all it tells: the same bytes stream through the same kernels as a converted checkpoint of that
+shape and recipe; the dense path (the CPU) gets the same matrices dequantized.
 
 The tensors are named as a checkpoint names them, derived from the model built on the meta device (fused
 projections split back into their shards, stacked experts into experts), and each name is checked to load
@@ -28,14 +29,14 @@ from tokenizers.models import BPE
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.source import ModelSource, WeightIterator
-from engine.quant.groupwise import QuantizedTensor, fitting_group
+from engine.quant.groupwise import QuantizedTensor, dequantize, fitting_group
 from engine.quant.recipes import is_quantizable
 from engine.tokenizer import Tokenizer
 
 PREFIX = "dummy:"
 RECIPES = ("w4g128", "w4g32", "w6g128", "w8g128", "w8g32", "bf16")
 DEFAULT_RECIPE = "w4g128"
-WEIGHT_STD = 0.02
+VECTOR_STD = 0.02  # biases, gates, convolution and decay parameters; a matrix's is 1/sqrt(its columns)
 # a code's standard deviation for uniform codes: 4-bit 0..15, 6-bit 0..63, 8-bit -127..127
 _CODE_STD = {4: (256 / 12) ** 0.5, 6: (4096 / 12) ** 0.5, 8: (255**2 / 12) ** 0.5}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -115,11 +116,13 @@ def load_dummy(spec: str) -> ModelSource:
                 made[s] = _random_quantized(s, bits, group)
             yield name, made[s]
 
-    def weights() -> WeightIterator:  # (the dense path: quantized matrices as normal values instead)
-        made: dict = {}
+    def weights() -> WeightIterator:  # the dense path: the same matrices, dequantized (once a shape)
         yield from unquantized()
-        for name, s in quantized.items():
-            yield name, _dense(made, name, s, torch.float32)
+        made: dict = {}
+        for name, qt in quantized_weights():
+            if id(qt) not in made:
+                made[id(qt)] = dequantize(qt)
+            yield name, made[id(qt)]
 
     return ModelSource(
         config,
@@ -173,7 +176,7 @@ def checkpoint_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]
 
 
 def _random_quantized(shape: tuple[int, int], bits: int, group: int) -> QuantizedTensor:
-    """Uniform random codes, scales for a weight standard deviation of WEIGHT_STD, minimums centring the
+    """Uniform random codes, scales for a weight standard deviation of 1/sqrt(K), minimums centring the
     codes on zero (one per shape: the loader copies it into each matrix's storage)."""
     n, k = shape
     group = fitting_group(k, group)
@@ -183,18 +186,20 @@ def _random_quantized(shape: tuple[int, int], bits: int, group: int) -> Quantize
         packed = torch.randint(-127, 128, (n, kp), generator=gen, dtype=torch.int8)
     else:
         packed = torch.randint(0, 256, (n, kp * bits // 8), generator=gen, dtype=torch.uint8)
-    scale = WEIGHT_STD / _CODE_STD[bits]
+    scale = k**-0.5 / _CODE_STD[bits]  # (activations keep their size through the layers)
     scales = torch.full((n, kp // group), scale, dtype=torch.float16)
     minimums = None if bits == 8 else torch.full_like(scales, -scale * (2**bits - 1) / 2)
     return QuantizedTensor(bits, group, (n, k), packed, scales, minimums)
 
 
 def _dense(made: dict, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Norm weights one, every other tensor normal with WEIGHT_STD; one tensor a kind and shape in `made`."""
+    """Norm weights one, matrices normal with a standard deviation of 1/sqrt(columns), other tensors with
+    VECTOR_STD; one tensor a kind and shape in `made`."""
     norm = len(shape) == 1 and "norm" in name
     if (norm, shape) not in made:
         gen = torch.Generator().manual_seed(sum(shape))
-        values = torch.ones(shape) if norm else torch.randn(shape, generator=gen) * WEIGHT_STD
+        std = shape[-1] ** -0.5 if len(shape) >= 2 else VECTOR_STD
+        values = torch.ones(shape) if norm else torch.randn(shape, generator=gen) * std
         made[norm, shape] = values.to(dtype)
     return made[norm, shape]
 

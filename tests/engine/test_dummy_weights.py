@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import tiny_hf_model
 
 from engine import LLM, SamplingParams
@@ -12,6 +13,9 @@ from engine.errors import NinferError
 from engine.formats.dummy import byte_tokenizer, checkpoint_tensors, load_dummy, parse
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import recipe_weight_bytes
+from engine.quant.layer import holds_packed_weights
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (the Triton-forced engine)
 
 
 @pytest.mark.parametrize("name", [p for p in PRESETS if p != "default"])
@@ -58,6 +62,23 @@ def test_a_tiny_shape_loads_and_generates_the_same_tokens_each_time(tmp_path, ar
     assert isinstance(llm.generate("Hello", params)[0].text, str)  # text in and out (the byte tokenizer)
     bits = {int(recipe[1])} if recipe != "bf16" else set()
     assert set(load_dummy(spec).tensor_bits.values()) == bits
+
+
+@pytest.mark.parametrize("arch,recipe", [("qwen3", "w4g128"), ("qwen3_moe", "w8g32"), ("qwen3_5", "w4g32")])
+def test_packed_weights_decode_as_their_dequantized_copies(tmp_path, kernel_backend, arch, recipe):
+    """The fused kernels' packed copies (Triton forced: interpreted here) and the naive path's dequantized
+    ones are the same random matrices: the same greedy tokens."""
+    spec = f"dummy:{_tiny_config(tmp_path, arch)}:{recipe}"
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    kernel_backend("naive")
+    dense = LLM(spec, weight_quant="none", max_context=64)
+    assert not holds_packed_weights(dense.model)
+    kernel_backend("triton")
+    packed = LLM(spec, weight_quant="none", max_context=64, device=DEVICE, dtype="float32")
+    assert holds_packed_weights(packed.model)
+    prompt = [[5, 6, 7, 8, 9]]
+    want = dense.generate(prompt_token_ids=prompt, sampling_params=params)[0].token_ids
+    assert packed.generate(prompt_token_ids=prompt, sampling_params=params)[0].token_ids == want
 
 
 def test_a_tied_head_is_one_tensor(tmp_path):
