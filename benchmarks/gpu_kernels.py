@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 
 from engine.cache.kv_layout import KVCache
@@ -243,6 +245,38 @@ def gemv_calls(x, copies: list[tuple], bits: int, group: int = 128, **knobs) -> 
         lambda p=p, s=s, z=z: quant_matmul_triton.quant_matmul(x, p, s, z, bits, group, **knobs)
         for p, s, z in copies
     ]
+
+
+@triton.jit
+def _read_reference_kernel(
+    src_ptr, out_ptr, N, row_words, words_per_split, BLOCK_N: tl.constexpr, WORDS: tl.constexpr
+):
+    """The W4A16 GEMV's reads and nothing else: a [BLOCK_N, WORDS] tile of int32 words a step over a slice
+    of each row, as gemv4.py walks them (16-byte loads), XOR-ed into one word a row (so that the loads
+    stay), one store a row and slice. What it reaches is the ceiling of that pattern at that size."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    start = tl.program_id(1) * words_per_split
+    end = tl.minimum(start + words_per_split, row_words)
+    acc = tl.zeros([BLOCK_N, WORDS], tl.int32)
+    for w0 in range(start, end, WORDS):
+        offs = rows[:, None] * row_words + (w0 + tl.arange(0, WORDS))[None, :]
+        acc ^= tl.load(src_ptr + offs, mask=(rows < N)[:, None], other=0)  # [BLOCK_N, WORDS]
+    tl.store(out_ptr + tl.program_id(1) * N + rows, tl.xor_sum(acc, axis=1), mask=rows < N)
+
+
+def read_reference_calls(copies: list[tuple], block_n: int, words: int, splits: int) -> list:
+    """One _read_reference_kernel launch per weight copy (bench_graphed's fns), `splits` slices a row."""
+    n, row_words = copies[0][0].shape[0], copies[0][0].numel() // copies[0][0].shape[0] // 4
+    per_split = triton.cdiv(triton.cdiv(row_words, splits), words) * words
+    out = torch.empty(splits * n, dtype=torch.int32, device=copies[0][0].device)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(row_words, per_split))
+
+    def call(p):
+        _read_reference_kernel[grid](
+            p.view(torch.int32), out, n, row_words, per_split, BLOCK_N=block_n, WORDS=words
+        )
+
+    return [lambda p=p: call(p) for p, _, _ in copies]
 
 
 GDN_HEADS = (16, 48, 128)  # Qwen3.5-27B's Gated DeltaNet: key heads, value heads, head dim
@@ -588,7 +622,8 @@ def main() -> None:
     def gemv_sweep():
         """The 4-bit GEMV at M = 1 (graph replay over 4 weight copies): the tensor-core kernel's default
         beside the CUDA-core one (kernels/quant_matmul/gemv4.py) over tile rows, warps, pipeline depth and
-        K slices; then M = 16 (rows named 'sweep W4A16 GEMV ...')."""
+        K slices; groups of 32, 6- and 8-bit weights on either kernel; the same reads with no arithmetic
+        (_read_reference_kernel: the pattern's ceiling); then M = 16 (rows named 'sweep W4A16 GEMV ...')."""
         # 2026-12-04 (second H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default
         # (256 rows, 16 slices, 4 warps) at 40.2-40.4 us, 24% of HBM; the CUDA-core kernel's first version
         # 25.3-25.7 us at 128 rows and 4 warps (now the M = 1 default), its loop waiting for each group's
@@ -647,6 +682,12 @@ def main() -> None:
                 kernel = "cuda_cores" if cuda_cores else "tensor_cores"
                 name = f"sweep W8A16 GEMV groups of {group} {kernel} block_n={block_n or 'default'}"
                 record(name, "M=1, 17408x5120", t, bytes_moved=qt8.nbytes + x.numel() * 2)
+        # the same reads alone (no arithmetic): the ceiling of the 4-bit GEMV's access pattern at 44.6 MB,
+        # a step's tile one group (16 words) or four, in 5 or 8 slices a row (the GEMV's default: 8)
+        for block_n, words, splits in ((128, 16, 8), (128, 16, 5), (128, 64, 5), (256, 64, 2)):
+            t = bench_graphed(read_reference_calls(copies, block_n, words, splits))
+            name = f"sweep W4A16 GEMV reads only block_n={block_n} words={words} splits={splits}"
+            record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes)
         x16 = randn(16, 5120, device=DEVICE, dtype=bf)
         for block_n in (128, 256):
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))
