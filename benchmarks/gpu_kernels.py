@@ -639,9 +639,14 @@ def main() -> None:
         gemv_configs += [(True, 128, splits, 4, st) for splits in (4, 5, 16) for st in (1, 3)]
         # 64-row tiles: fewer registers, more programs an SM, so more groups in flight without cp.async
         gemv_configs += [(True, 64, None, w, st) for w in (2, 4) for st in (1, 3)]
+        # prefetch: the next group's words loaded into registers a step ahead (168 / 127 registers at 128 /
+        # 64 rows against 96 / 80: 3 / 4 programs an SM, each with a group always in flight)
+        gemv_configs += [(True, block_n, None, 4, "prefetch") for block_n in (64, 128)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
-            knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, num_stages=stages)
+            prefetch = stages == "prefetch"
+            knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, prefetch=prefetch)
+            knobs["num_stages"] = 1 if prefetch else stages
             t = bench_graphed(gemv_calls(x, copies, 4, cuda_cores=cuda_cores, **knobs))
             mark = "*" if (splits or auto) == auto else ""  # splits=N*: what gemv_splits picks
             name = (

@@ -259,15 +259,16 @@ def case_quant_matmul(
     k: int = 5120,
     group: int = 128,
     cuda_cores: bool | None = None,
+    prefetch: bool = False,
 ):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
     group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the GEMV at M = 1 on
     the CUDA cores (kernels/quant_matmul/gemv4.py, gemv6.py, gemv8.py) or the tensor-core one, else the
-    default."""
+    default. prefetch: gemv4.py's register prefetch knob."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
     x = _randn(m, k, dtype=DTYPES[dtype])
-    op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores)
+    op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores, prefetch=prefetch)
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
     if cuda_cores is None:
         cuda_cores = op.GEMV_CUDA_CORES and bits in op.CUDA_CORE_GEMV_WIDTHS
@@ -393,6 +394,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_quant_matmul, bits=bits, m=1, dtype="bf16", group=32)
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=32, cuda_cores=False)  # (M = 2-16's kernel)
     add(case_quant_matmul, bits=6, m=1, dtype="bf16", cuda_cores=False)
+    add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=128, cuda_cores=True, prefetch=True)  # (a knob)
     for group in (128, 32):  # the 8-bit GEMV on the CUDA cores (a tuning knob: gemv8.py)
         add(case_quant_matmul, bits=8, m=1, dtype="bf16", group=group, cuda_cores=True)
     for bits in (4, 6, 8):

@@ -68,6 +68,7 @@ def gemv4_cuda_cores_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr = False,  # the next group's words loaded into registers before this one's sums
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,11 +81,21 @@ def gemv4_cuda_cores_kernel(
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
     # STAGES > 1: the word tiles of the next STAGES - 1 groups copied asynchronously into shared memory
     # while one is computed (cp.async); 1: each group's loads wait in its own step
+    rows = packed_ptr + offs_n[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
+    if PREFETCH:  # (the bounds as [WORDS] vectors: the interpreter refuses a mask AND-ed with a scalar)
+        ahead = tl.load(
+            rows + k_start // 8, mask=n_mask[:, None] & (k_start + 0 * t < k_end)[None, :], other=0
+        )
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
-        word = tl.load(
-            packed_ptr + offs_n[:, None] * row_words + (k0 // 8 + t)[None, :], mask=n_mask[:, None], other=0
-        ).to(tl.uint32, bitcast=True)  # [BLOCK_N, WORDS]
+        if PREFETCH:  # this group's words came a step ago; the next group's leave now, one step to arrive
+            word = ahead.to(tl.uint32, bitcast=True)
+            next_k = k0 + GROUP_SIZE
+            ahead = tl.load(
+                rows + next_k // 8, mask=n_mask[:, None] & (next_k + 0 * t < k_end)[None, :], other=0
+            )
+        else:
+            word = tl.load(rows + k0 // 8, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
         # every nibble moved to bit 12 or 16 (where 2^11 or 2^7 makes its unit 1): nibbles 3, 4 are there;
         # 1, 2 a shift up by 8; 5, 6 down by 8; 7 and 0 a rotation by 16
         up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)

@@ -371,6 +371,7 @@ def quant_matmul(
     num_stages: int | None = None,
     sums_by_dot: bool | None = None,
     cuda_cores: bool | None = None,
+    prefetch: bool = False,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
@@ -379,8 +380,9 @@ def quant_matmul(
     num_splits (GEMV: K slices, default gemv_splits), num_warps, num_stages (the K loop's pipeline depth:
     Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
     sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4- and 6-bit GEMVs at M = 1 on
-    the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) are tuning knobs for
-    benchmarks/gpu_kernels.py's sweeps."""
+    the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) and prefetch (gemv4.py: the next group's
+    words loaded into registers a step ahead) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    assert not prefetch or bits == 4, "prefetch is a knob of the 4-bit CUDA-core GEMV (gemv4.py)"
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -425,7 +427,7 @@ def quant_matmul(
     weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
     if cuda_cores:
         kernel, row_words, magics = CUDA_CORE_GEMVS[bits]
-        widths = dict(HAS_MINS=minimums is not None) if bits == 4 else {}
+        widths = dict(HAS_MINS=minimums is not None, PREFETCH=prefetch) if bits == 4 else {}
         if bits == 8:  # (no minimums)
             weights = (packed.view(torch.int32), scales)
         kernel[grid](

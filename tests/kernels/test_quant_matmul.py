@@ -194,8 +194,10 @@ def test_cuda_core_gemv_matches_naive(bits, n, k, group, num_splits, dtype):
     packed, scales, mins, bits, group = _operands(qt)
     x = torch.randn(1, k, device=DEVICE).to(dtype)
     want = naive.quant_matmul(x.float(), packed, scales, mins, bits, group)
-    for stages in (1, 3):  # 3: the next groups' words copied ahead (a GPU's cp.async; the same sums)
-        knobs = dict(cuda_cores=True, num_splits=num_splits, block_n=64, num_stages=stages)
+    # stages 3: the next groups' words copied ahead (a GPU's cp.async); prefetch (4-bit): loaded into
+    # registers a step ahead; the same sums
+    for stages, prefetch in ((1, False), (3, False), (1, True)) if bits == 4 else ((1, False), (3, False)):
+        knobs = dict(cuda_cores=True, num_splits=num_splits, block_n=64, num_stages=stages, prefetch=prefetch)
         got = fused.quant_matmul(x, packed, scales, mins, bits, group, **knobs)
         assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
     sums, arrivals = fused.split_buffers(x.device, n, -(-n // 64))
