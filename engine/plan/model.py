@@ -4,14 +4,17 @@ file, resolved to a config and weight bytes per kind."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.dummy import is_dummy
+from engine.formats.dummy import parse as parse_dummy
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import artifact_weight_bytes, held_weight_bytes, recipe_weight_bytes
+from engine.quant.recipes import stored_bits
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ def resolve(
     """`mmproj`: a GGUF model's vision tower in llama.cpp's mmproj file (its shapes join the config)."""
     if model and preset_name:
         raise NinferError("pass either MODEL or --model PRESET, not both")
+    if is_dummy(model):
+        return _dummy(model, recipe, bits, mtp, vision, dtype_bytes)
     name = preset_name or (model if model and model.lower() in PRESETS and not Path(model).exists() else None)
     if name and mmproj:
         raise NinferError(f"the preset {name} counts its vision tower with --vision; drop --mmproj")
@@ -95,6 +100,22 @@ def resolve(
     how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
     weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
     return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
+
+
+def _dummy(
+    model: str, recipe: str | None, bits: float | None, mtp: bool, vision: bool, dtype_bytes: int
+) -> PlannedModel:
+    """`dummy:SHAPE[:RECIPE]` (engine/formats/dummy.py): the shape's bytes at the recipe it loads with."""
+    if recipe or bits:
+        raise NinferError(f"{model} holds its weights as its recipe says; drop --recipe / --bits")
+    shape, how = parse_dummy(model)
+    if how.endswith("g32"):  # (plan's recipes are groups of 128: the same bits at the g32 bytes a weight)
+        how, bits = f"{how[:2]}g128", stored_bits((int(how[1]), 32))
+    is_preset = shape.lower() in PRESETS and not Path(shape).exists()
+    planned = resolve(
+        None if is_preset else shape, shape if is_preset else None, how, bits, mtp, vision, dtype_bytes
+    )
+    return replace(planned, label=model, serve_arg=model)
 
 
 def _from_gguf(

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_hf_model
+from typer.testing import CliRunner
 
 from engine import LLM, SamplingParams
 from engine.errors import NinferError
@@ -14,6 +15,7 @@ from engine.formats.dummy import byte_tokenizer, checkpoint_tensors, load_dummy,
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import recipe_weight_bytes
 from engine.quant.layer import holds_packed_weights
+from ninfer_cli.main import app
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (the Triton-forced engine)
 
@@ -134,3 +136,19 @@ def test_a_file_that_is_not_a_config_is_refused(tmp_path):
         load_dummy(f"dummy:{bad}")
     with pytest.raises(NinferError, match="neither a preset"):
         load_dummy(f"dummy:{tmp_path / 'weights.bin'}")
+
+
+def test_plan_counts_a_dummy_spec_as_its_shape_and_recipe():
+    """`ninfer plan dummy:SHAPE[:RECIPE]`: the preset's bytes at that recipe (groups of 32 at their bits a
+    weight), and a serve line that loads the same random weights; --recipe beside it is refused."""
+    from engine.plan.model import resolve
+
+    planned = resolve("dummy:qwen3-8b", None, None, None, False, False)
+    assert planned.weights == resolve(None, "qwen3-8b", "w4g128", None, False, False).weights
+    assert planned.serve_arg == "dummy:qwen3-8b" and planned.packed_weights
+    g32 = resolve("dummy:qwen3-8b:w4g32", None, None, None, False, False)
+    assert sum(g32.weights.values()) > sum(planned.weights.values())
+    result = CliRunner().invoke(app, ["plan", "dummy:qwen3.5-27b", "--vram", "24G", "--context", "32k"])
+    assert result.exit_code == 0 and "ninfer serve dummy:qwen3.5-27b " in result.output
+    result = CliRunner().invoke(app, ["plan", "dummy:qwen3-8b", "--vram", "24G", "--recipe", "q4.6"])
+    assert result.exit_code == 2 and "drop --recipe" in result.output
