@@ -561,6 +561,20 @@ def main() -> None:
             name, shape = "W4A16 fused MoE, 8 of 128 experts", f"T={tokens}, H 2048, I 768"
             if tokens <= 4:  # bandwidth: the distinct experts' packed bytes, read once at best
                 record(name, shape, t, bytes_moved=min(experts, tokens * k) * per_expert)
+                # as a decode step runs it (CUDA graph replay): 4 draws of experts, so that one call's
+                # experts are mostly not in L2 for the next
+                draws = [
+                    torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(
+                        DEVICE
+                    )
+                    for _ in range(4)
+                ]
+                fns = [
+                    lambda x=x, i=i, w=weights: fused_moe_triton.fused_moe(x, gate_up, down, w, i)
+                    for i in draws
+                ]
+                t = bench_graphed(fns)
+                record(f"{name}, graph replay", shape, t, bytes_moved=min(experts, tokens * k) * per_expert)
             else:
                 record(name, shape, t, flops=2 * tokens * k * 3 * hidden * inter)
 
@@ -724,6 +738,17 @@ def main() -> None:
                 )
                 path = "dequant" if dq else "fused"
                 record(f"sweep W4A16 GEMM path={path}", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
+                # the device time alone (graph replay: no host launch in it), the same two paths
+                t = bench_graphed(
+                    [
+                        lambda x=x, dq=dq: quant_matmul_triton.quant_matmul(
+                            x, packed, scales, mins, 4, 128, dequant=dq
+                        )
+                    ],
+                    calls=8,
+                )
+                name = f"sweep W4A16 GEMM graph replay path={path}"
+                record(name, f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
         # the scratch's size: smaller slices may stay in L2 between their dequantization and cuBLAS reading
         # them back, larger ones give cuBLAS wider products (fewer partial waves); 64 MiB is the default
         default_scratch = quant_dequant.DEQUANT_SCRATCH_BYTES
