@@ -46,6 +46,29 @@ def _x(x_ptr, kk, K, EVEN_K: tl.constexpr):
     return tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's weight rows (offs_n [BLOCK_N] and their mask) and its K slice [k_start, k_end)."""
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
+    return offs_n, offs_n < N, k_start, tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
+
+
+@triton.jit
+def _group_column(ptr, offs_n, n_mask, num_groups, group):
+    """A group's fp16 scale or minimum of each row ([N, G] at ptr) in fp32 ([BLOCK_N])."""
+    return tl.load(ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K: tl.constexpr):
+    """Each row's total ([BLOCK_N, words] summed across its words) stored at out_ptr ([1, N]), or added at
+    sums_ptr over the K slices (split_k.py)."""
+    acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
+    dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]
+    split_k_store(acc, n_mask[None, :], dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)
+
+
 @triton.jit(do_not_specialize=["magic_12", "magic_16"])
 def gemv4_cuda_cores_kernel(
     x_ptr,  # [1, K]
@@ -71,11 +94,8 @@ def gemv4_cuda_cores_kernel(
     PREFETCH: tl.constexpr = False,  # the next group's words loaded into registers before this one's sums
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
-    k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
-    k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     m12 = magic_12.to(tl.uint32, bitcast=True)
     m16 = magic_16.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
@@ -120,12 +140,9 @@ def gemv4_cuda_cores_kernel(
         s = tl.fma(_code(down, 12, m12), x5[None, :], s)
         s = tl.fma(_code(down, 16, m16), x6[None, :], s)
         s = tl.fma(_code(rot, 12, m12), x7[None, :], s)
-        scale = tl.load(scales_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
         if HAS_MINS:
-            minimum = tl.load(mins_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+            minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
             total = tl.fma((odd + even)[None, :], minimum[:, None], total)
-    acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
-    mask = n_mask[None, :]
-    dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]
-    split_k_store(acc, mask, dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)
+    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

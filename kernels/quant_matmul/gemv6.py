@@ -17,8 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.quant_matmul.gemv4 import _x
-from ninfer_kernels.quant_matmul.split_k import split_k_store
+from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _store_rows, _x
 
 # the exponent bits of 2^12 and 2^6 (codes at bits 11 and 17), passed as arguments as gemv4.py's are
 MAGIC_11 = 0x45800000
@@ -61,11 +60,8 @@ def gemv6_cuda_cores_kernel(
     STAGES: tl.constexpr,
 ):
     CHUNKS: tl.constexpr = GROUP_SIZE // 16
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     c = tl.arange(0, CHUNKS)
-    k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
-    k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     m11 = magic_11.to(tl.uint32, bitcast=True)
     m17 = magic_17.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
@@ -104,11 +100,8 @@ def gemv6_cuda_cores_kernel(
         s = _pair(s, (w1 >> 17) | (w2 << 15), x10, x11, m11, m17)
         s = _pair(s, w2 << 3, x12, x13, m11, m17)
         s = _pair(s, w2 >> 9, x14, x15, m11, m17)
-        scale = tl.load(scales_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
-        minimum = tl.load(mins_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
+        minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
         total = tl.fma((even + odd)[None, :], minimum[:, None], total)
-    acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
-    mask = n_mask[None, :]
-    dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]
-    split_k_store(acc, mask, dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)
+    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

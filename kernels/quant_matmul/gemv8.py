@@ -17,8 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.quant_matmul.gemv4 import _x
-from ninfer_kernels.quant_matmul.split_k import split_k_store
+from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _store_rows, _x
 
 # the exponent bits of 2^16 and 2^8 (codes at bits 7 and 15), passed as arguments as gemv4.py's are
 MAGIC_7 = 0x47800000
@@ -54,11 +53,8 @@ def gemv8_cuda_cores_kernel(
     STAGES: tl.constexpr,
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 4
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
-    k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
-    k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
     m7 = magic_7.to(tl.uint32, bitcast=True)
     m15 = magic_15.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
@@ -78,9 +74,6 @@ def gemv8_cuda_cores_kernel(
         s = tl.fma(_code8(low, 15, m15), x1[None, :], s)
         s = tl.fma(_code8(high, 7, m7), x2[None, :], s)
         s = tl.fma(_code8(high, 15, m15), x3[None, :], s)
-        scale = tl.load(scales_ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
-    acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
-    mask = n_mask[None, :]
-    dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]
-    split_k_store(acc, mask, dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)
+    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
