@@ -466,9 +466,12 @@ def main() -> None:
                         t,
                         bytes_moved=qt.nbytes + x.numel() * 2,
                     )
-                if (
-                    m == 1
-                ):  # the other M = 1 kernel than the default (gemv4/6/8.py on CUDA cores or tensor cores)
+                if m == 1 and bits == 4:  # two codes an f16x2 FMA (gemv4h.py, the half2 knob)
+                    t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits, cuda_cores=True, half2=True))
+                    name = "W4A16 GEMV on CUDA cores in f16x2, graph replay"
+                    record(name, f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
+                # the other M = 1 kernel than the default (gemv4/6/8.py on CUDA cores, or tensor cores)
+                if m == 1:
                     cuda_cores = bits not in quant_matmul_triton.CUDA_CORE_GEMV_WIDTHS
                     t = bench_graphed(gemv_calls(x, up_proj_copies(bits), bits, cuda_cores=cuda_cores))
                     name = f"W{bits}A16 GEMV on {'CUDA' if cuda_cores else 'tensor'} cores, graph replay"
@@ -656,11 +659,14 @@ def main() -> None:
         # prefetch: the next group's words loaded into registers a step ahead (168 / 127 registers at 128 /
         # 64 rows against 96 / 80: 3 / 4 programs an SM, each with a group always in flight)
         gemv_configs += [(True, block_n, None, 4, "prefetch") for block_n in (64, 128)]
+        # half2 (gemv4h.py): two codes an f16x2 FMA, 165 instructions per KB at 128 rows against 202
+        gemv_configs += [(True, block_n, None, 4, "half2") for block_n in (64, 128, 256)]
+        gemv_configs += [(True, 128, splits, 4, "half2") for splits in (5, 16)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:
             auto = quant_matmul_triton.gemv_splits(17408, 40, block_n, x.device)
-            prefetch = stages == "prefetch"
+            prefetch, half2 = stages == "prefetch", stages == "half2"
             knobs = dict(block_n=block_n, num_splits=splits or auto, num_warps=warps, prefetch=prefetch)
-            knobs["num_stages"] = 1 if prefetch else stages
+            knobs |= dict(half2=half2, num_stages=1 if prefetch or half2 else stages)
             t = bench_graphed(gemv_calls(x, copies, 4, cuda_cores=cuda_cores, **knobs))
             mark = "*" if (splits or auto) == auto else ""  # splits=N*: what gemv_splits picks
             name = (

@@ -260,20 +260,23 @@ def case_quant_matmul(
     group: int = 128,
     cuda_cores: bool | None = None,
     prefetch: bool = False,
+    half2: bool = False,
 ):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
     group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the GEMV at M = 1 on
     the CUDA cores (kernels/quant_matmul/gemv4.py, gemv6.py, gemv8.py) or the tensor-core one, else the
-    default. prefetch: gemv4.py's register prefetch knob."""
+    default. prefetch: gemv4.py's register prefetch knob; half2: gemv4h.py (two codes an f16x2 FMA)."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
     x = _randn(m, k, dtype=DTYPES[dtype])
-    op.quant_matmul(x, packed, scales, minimums, bits, group, cuda_cores=cuda_cores, prefetch=prefetch)
+    knobs = dict(cuda_cores=cuda_cores, prefetch=prefetch, half2=half2)
+    op.quant_matmul(x, packed, scales, minimums, bits, group, **knobs)
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
     if cuda_cores is None:
         cuda_cores = op.GEMV_CUDA_CORES and bits in op.CUDA_CORE_GEMV_WIDTHS
     if m == 1 and cuda_cores:
-        return {f"gemv{bits}_cuda_cores_kernel": op.cuda_core_gemv_block_n(bits, group) * row_bytes}
+        kernel = "gemv4_half2_kernel" if half2 else f"gemv{bits}_cuda_cores_kernel"
+        return {kernel: op.cuda_core_gemv_block_n(bits, group) * row_bytes}
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: each row's group
         return {"_quant_matmul_kernel": op.gemv_block_n(bits, torch.device("cpu")) * row_bytes}
 
@@ -395,6 +398,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=32, cuda_cores=False)  # (M = 2-16's kernel)
     add(case_quant_matmul, bits=6, m=1, dtype="bf16", cuda_cores=False)
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=128, cuda_cores=True, prefetch=True)  # (a knob)
+    add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=128, cuda_cores=True, prefetch=False, half2=True)
     for group in (128, 32):  # the 8-bit GEMV on the CUDA cores (a tuning knob: gemv8.py)
         add(case_quant_matmul, bits=8, m=1, dtype="bf16", group=group, cuda_cores=True)
     for bits in (4, 6, 8):

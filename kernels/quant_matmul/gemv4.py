@@ -12,9 +12,11 @@ and the offsets are paid once a word, not once a code, by starting each word's s
 
 so a code costs one AND-OR (a LOP3) and one FMA. The offsets cost precision, not instructions: the sum
 carries ~2^11 |x| where the products carry ~8 |x|, leaving ~16 of fp32's 24 bits (3e-5 relative, measured;
-bf16 / fp16 outputs keep 8 / 11). The per-word sums s then take the group's scale and minimum as two FMAs
-a word, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, into an fp32 [BLOCK_N, words] total that is
-summed across the words (and threads) once, at the end. Split-K as the tensor-core GEMV does (split_k.py's
+bf16 / fp16 outputs keep 8 / 11). The per-word sums s then take the group's scale as an FMA a word into
+an fp32 [BLOCK_N, words] total, sum_k x_k (c_k scale + min) = scale s + min sum_k x_k, and the minimum once
+a row a group (min times the group's activation sum: one reduction a step, shared by the rows; groups of
+32, where that reduction costs more than it saves, an FMA a word); the total is summed across the words
+(and threads) once, at the end. Split-K as the tensor-core GEMV does (split_k.py's
 split_k_store): partial sums added into a zeroed fp32 buffer, the tile's last slice stores.
 """
 
@@ -99,6 +101,7 @@ def gemv4_cuda_cores_kernel(
     m12 = magic_12.to(tl.uint32, bitcast=True)
     m16 = magic_16.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    row_total = tl.zeros([BLOCK_N], tl.float32)
     # STAGES > 1: the word tiles of the next STAGES - 1 groups copied asynchronously into shared memory
     # while one is computed (cp.async); 1: each group's loads wait in its own step
     rows = packed_ptr + offs_n[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
@@ -142,7 +145,10 @@ def gemv4_cuda_cores_kernel(
         s = tl.fma(_code(rot, 12, m12), x7[None, :], s)
         scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
-        if HAS_MINS:
+        if HAS_MINS:  # min sum_k x_k over the group: once a row (groups of 32: once a word, no reduction)
             minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
-            total = tl.fma((odd + even)[None, :], minimum[:, None], total)
-    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+            if WORDS >= 16:
+                row_total = tl.fma(minimum, tl.sum(odd + even, axis=0), row_total)
+            else:
+                total = tl.fma((odd + even)[None, :], minimum[:, None], total)
+    _store_rows(total + row_total[:, None] / WORDS, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -8,8 +8,9 @@ minus the offsets (2^12 for the even columns, 2^6 for the odd ones), as gemv4.py
 
     sum_k x_k c_k = sum_k x_k float(c_k << P_k | 2^(23 - P_k)) - (2^12 sum_even x + 2^6 sum_odd x)
 
-Per code one AND-OR and one FMA, per two codes one shift; per chunk the group's scale and minimum as two
-FMAs into an fp32 [BLOCK_N, chunks] total, summed once at the end; split-K through split_k.py.
+Per code one AND-OR and one FMA, per two codes one shift; per chunk the group's scale as an FMA into an
+fp32 [BLOCK_N, chunks] total, the minimum once a row a group (times the group's activation sum, as
+gemv4.py), summed once at the end; split-K through split_k.py.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def gemv6_cuda_cores_kernel(
     m11 = magic_11.to(tl.uint32, bitcast=True)
     m17 = magic_17.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, CHUNKS], tl.float32)
+    row_total = tl.zeros([BLOCK_N], tl.float32)
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
         row = packed_ptr + offs_n[:, None] * row_words + (k0 * 3 // 16 + 3 * c)[None, :]  # [BLOCK_N, CHUNKS]
@@ -103,5 +105,5 @@ def gemv6_cuda_cores_kernel(
         scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
         minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
-        total = tl.fma((even + odd)[None, :], minimum[:, None], total)
-    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+        row_total = tl.fma(minimum, tl.sum(even + odd, axis=0), row_total)  # min sum_k x_k: once a row
+    _store_rows(total + row_total[:, None] / CHUNKS, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -49,6 +49,7 @@ import triton.language as tl
 from ninfer_kernels.quant_matmul import DEQUANT_MIN_M, GEMV_MAX_M, MIN_GROUP
 from ninfer_kernels.quant_matmul.dequant import dequant_matmul
 from ninfer_kernels.quant_matmul.gemv4 import MAGIC_12, MAGIC_16, gemv4_cuda_cores_kernel
+from ninfer_kernels.quant_matmul.gemv4h import HALF_MAGIC, gemv4_half2_kernel
 from ninfer_kernels.quant_matmul.gemv6 import MAGIC_11, MAGIC_17, gemv6_cuda_cores_kernel
 from ninfer_kernels.quant_matmul.gemv8 import MAGIC_7, MAGIC_15, gemv8_cuda_cores_kernel
 from ninfer_kernels.quant_matmul.split_k import split_k_store
@@ -59,7 +60,7 @@ from ninfer_kernels.triton_codes import (
     offset_codes,
     six_bit_words,
 )
-from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision
+from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision, interpreting
 
 
 @triton.jit
@@ -372,6 +373,7 @@ def quant_matmul(
     sums_by_dot: bool | None = None,
     cuda_cores: bool | None = None,
     prefetch: bool = False,
+    half2: bool = False,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
@@ -381,8 +383,10 @@ def quant_matmul(
     Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
     sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4- and 6-bit GEMVs at M = 1 on
     the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) and prefetch (gemv4.py: the next group's
-    words loaded into registers a step ahead) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    words loaded into registers a step ahead) and half2 (gemv4h.py: two codes an f16x2 instruction, 16-bit x)
+    are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert not prefetch or bits == 4, "prefetch is a knob of the 4-bit CUDA-core GEMV (gemv4.py)"
+    assert not half2 or (bits == 4 and x.dtype != torch.float32), "half2: 4-bit weights, 16-bit x (gemv4h.py)"
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (
         f"{bits}-bit groups of {group_size}: the kernel needs {MIN_GROUP[bits]}+"
@@ -428,6 +432,9 @@ def quant_matmul(
     if cuda_cores:
         kernel, row_words, magics = CUDA_CORE_GEMVS[bits]
         widths = dict(HAS_MINS=minimums is not None, PREFETCH=prefetch) if bits == 4 else {}
+        if half2:  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated under the interpreter)
+            kernel, magics = gemv4_half2_kernel, (HALF_MAGIC,)
+            widths = dict(HAS_MINS=minimums is not None, EMULATE=interpreting())
         if bits == 8:  # (no minimums)
             weights = (packed.view(torch.int32), scales)
         kernel[grid](

@@ -204,6 +204,25 @@ def test_cuda_core_gemv_matches_naive(bits, n, k, group, num_splits, dtype):
     assert not sums.any() and not arrivals.any()
 
 
+@pytest.mark.parametrize("n,k,group", CUDA_CORE_SHAPES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
+    """The 4-bit GEMV in packed half precision (gemv4h.py, the half2 knob; its f16x2 PTX emulated under
+    the interpreter): two codes an FMA read as (16 + c, 16 + c'), activations at 2^-8, every code value at
+    every position of a word, K not a multiple of the group; fp16 partial sums cost ~3e-3 (bf16 bound)."""
+    torch.manual_seed(n + k)
+    qt = quantize(torch.randn(n, k) * 0.05, 4, group)
+    packed, scales, mins, bits, group = _operands(qt)
+    x = torch.randn(1, k, device=DEVICE).to(dtype)
+    want = naive.quant_matmul(x.float(), packed, scales, mins, bits, group)
+    knobs = dict(cuda_cores=True, half2=True, num_splits=num_splits, block_n=64)
+    got = fused.quant_matmul(x, packed, scales, mins, bits, group, **knobs)
+    assert rel_err(got, want) < 1e-2
+    with pytest.raises(AssertionError, match="16-bit x"):
+        fused.quant_matmul(x.float(), packed, scales, mins, bits, group, **knobs)
+
+
 def test_split_gemv_leaves_its_buffers_clean_for_the_next():
     """A split-K GEMV's last K slice per tile stores the tile and zeroes its partial sums and arrival
     counter: GEMVs that share them (same outputs and tiles: two layers' projections) each get their own
