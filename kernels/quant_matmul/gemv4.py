@@ -49,6 +49,19 @@ def _x(x_ptr, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _word_columns(x8, WORDS: tl.constexpr):
+    """The eight columns of x8 ([WORDS, 8]: each word's activations), [WORDS] each, split in registers."""
+    even4, odd4 = tl.split(tl.reshape(x8, [WORDS, 2, 2, 2]))  # columns 0, 2, 4, 6 and 1, 3, 5, 7
+    e04, e26 = tl.split(even4)
+    o15, o37 = tl.split(odd4)
+    x0, x4 = tl.split(e04)
+    x2, x6 = tl.split(e26)
+    x1, x5 = tl.split(o15)
+    x3, x7 = tl.split(o37)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's weight rows (offs_n [BLOCK_N] and their mask) and its K slice [k_start, k_end)."""
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,13 +137,7 @@ def gemv4_cuda_cores_kernel(
         up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)
         kk = k0 + t * 8  # [WORDS]: each word's first column
         x8 = _x(x_ptr, kk[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K)  # [WORDS, 8]
-        even4, odd4 = tl.split(tl.reshape(x8, [WORDS, 2, 2, 2]))  # nibbles 0, 2, 4, 6 and 1, 3, 5, 7
-        e04, e26 = tl.split(even4)
-        o15, o37 = tl.split(odd4)
-        x0, x4 = tl.split(e04)
-        x2, x6 = tl.split(e26)
-        x1, x5 = tl.split(o15)
-        x3, x7 = tl.split(o37)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
         # sum_e x_e (2^E_e + c_e) counts each activation 2^E_e times over: start each word's sum below zero
         # by that much (2^11 for the odd nibbles, at bit 12; 2^7 for the even ones, at 16)
         odd, even = (x1 + x3) + (x5 + x7), (x0 + x2) + (x4 + x6)  # [WORDS]

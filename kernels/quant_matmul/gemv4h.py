@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _store_rows, _x
+from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _store_rows, _word_columns, _x
 
 HALF_MAGIC = 0x4C004C00  # 16.0 in both halves; an argument, as gemv4.py's magics are
 PAIR_MASK = tl.constexpr(0x03C003C0)  # bits 6-9 of each half
@@ -128,13 +128,7 @@ def gemv4_half2_kernel(
         group = k0 // GROUP_SIZE
         word = tl.load(rows + k0 // 8, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
         x8 = _x(x_ptr, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * X_SCALE  # [WORDS, 8]
-        even4, odd4 = tl.split(tl.reshape(x8, [WORDS, 2, 2, 2]))  # columns 0, 2, 4, 6 and 1, 3, 5, 7
-        e04, e26 = tl.split(even4)
-        o15, o37 = tl.split(odd4)
-        x0, x4 = tl.split(e04)
-        x2, x6 = tl.split(e26)
-        x1, x5 = tl.split(o15)
-        x3, x7 = tl.split(o37)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
         xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: sum x'
         # nibbles j and j + 4 (bits 4j, 16 + 4j) to bits 6 and 22: left by 6, 2, right by 2, 6
         s = tl.zeros([BLOCK_N, WORDS], tl.int32)  # f16x2 (0, 0)
