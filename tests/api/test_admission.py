@@ -120,7 +120,13 @@ def test_shutdown_after_grace_ends_running_streams_with_an_error_event(tight, pa
         ("/completion", {"prompt": "Once upon a time", "n_predict": 1500}),
         (
             "/api/chat",
-            {"model": "smollm2", "messages": CHAT, "stream": False, "options": {"num_predict": 1500}},
+            # (Ollama's sampling fields live in options: the temperature beside them is not read there)
+            {
+                "model": "smollm2",
+                "messages": CHAT,
+                "stream": False,
+                "options": {"num_predict": 1500, "temperature": 0},
+            },
         ),
     ],
 )
