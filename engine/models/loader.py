@@ -55,9 +55,8 @@ def default_model_path() -> Path:
 def model_path(model: str | Path | None) -> Path:
     """The file or folder `model` names: the embedded default for None, a hub repo id's download."""
     path = default_model_path() if model is None else Path(model).expanduser()
-    if (
-        not path.exists() and not is_dummy(model) and looks_like_repo_id(str(model))
-    ):  # a hub repo id: its download on this machine
+    # a hub repo id: its download on this machine (dummy:SHAPE names no file and no repo)
+    if not path.exists() and not is_dummy(model) and looks_like_repo_id(str(model)):
         path = resolve_repo_id(str(model))
     return path
 

@@ -76,10 +76,10 @@ def _group_column(ptr, offs_n, n_mask, num_groups, group):
 
 
 @triton.jit
-def _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K: tl.constexpr):
-    """Each row's total ([BLOCK_N, words] summed across its words) stored at out_ptr ([1, N]), or added at
-    sums_ptr over the K slices (split_k.py)."""
-    acc = tl.sum(total, axis=1)[None, :]  # [1, BLOCK_N]
+def _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K: tl.constexpr):
+    """Each row's total (total [BLOCK_N, words] summed across its words, plus row_total [BLOCK_N] or 0)
+    stored at out_ptr ([1, N]), or added at sums_ptr over the K slices (split_k.py)."""
+    acc = (tl.sum(total, axis=1) + row_total)[None, :]  # [1, BLOCK_N]
     dst, sums = out_ptr + offs_n[None, :], sums_ptr + offs_n[None, :]
     split_k_store(acc, n_mask[None, :], dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)
 
@@ -158,4 +158,4 @@ def gemv4_cuda_cores_kernel(
                 row_total = tl.fma(minimum, tl.sum(odd + even, axis=0), row_total)
             else:
                 total = tl.fma((odd + even)[None, :], minimum[:, None], total)
-    _store_rows(total + row_total[:, None] / WORDS, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+    _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -17,8 +17,9 @@ s = sum_e x'_e (16 + c_e), x' = 2^-8 x:
     sum_e x_e (scale c_e + min) = 2^8 (scale s + (min - 16 scale) sum_e x'_e)
 
 Error: fp16 rounding of x' and of each word's partial sums: 2.4-3.8e-3 RMS-relative with fp16 outputs
-(gemv4.py: 3e-4), 4.6-5.7e-3 with bf16 outputs (3.4-3.9e-3: bf16's own rounding dominates). fp32 activations take gemv4.py. f16x2 arithmetic is inline PTX; under the interpreter (EMULATE) the
-same operations run on the halves unpacked to fp32 and rounded back to fp16.
+(gemv4.py: 3e-4), 4.6-5.7e-3 with bf16 outputs (3.4-3.9e-3: bf16's own rounding dominates). fp32
+activations take gemv4.py. f16x2 arithmetic is inline PTX; under the interpreter (EMULATE) the same
+operations run on the halves unpacked to fp32 and rounded back to fp16.
 """
 
 from __future__ import annotations
@@ -143,6 +144,5 @@ def gemv4_half2_kernel(
         else:
             shift = scale * -16.0
         row_total = tl.fma(shift, tl.sum(xs, axis=0), row_total)
-    _store_rows(
-        (total + row_total[:, None] / WORDS) * 256.0, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K
-    )
+    # (x' = 2^-8 x: the sums times 2^8)
+    _store_rows(total * 256.0, row_total * 256.0, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

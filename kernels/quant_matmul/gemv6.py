@@ -106,4 +106,4 @@ def gemv6_cuda_cores_kernel(
         minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
         row_total = tl.fma(minimum, tl.sum(even + odd, axis=0), row_total)  # min sum_k x_k: once a row
-    _store_rows(total + row_total[:, None] / CHUNKS, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+    _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -76,4 +76,4 @@ def gemv8_cuda_cores_kernel(
         s = tl.fma(_code8(high, 15, m15), x3[None, :], s)
         scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
-    _store_rows(total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+    _store_rows(total, 0.0, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)  # (no minimums)
