@@ -644,7 +644,7 @@ def main() -> None:
         # 2026-12-04 (second H200 lease, graph replay): the tensor-core kernel's best was its SM 9.0 default
         # (256 rows, 16 slices, 4 warps) at 40.2-40.4 us, 24% of HBM; the CUDA-core kernel's first version
         # 25.3-25.7 us at 128 rows and 4 warps (now the M = 1 default), its loop waiting for each group's
-        # loads. Here: its second version (212 instructions per KB, 96 registers: 5 programs an SM);
+        # loads. Here: its second version (198 instructions per KB, 95 registers: 5 programs an SM);
         # stages=2..4 copy the next groups' words ahead (cp.async, 1-2 groups in flight a program); 4 or 5 K
         # slices make 544 / 680 programs, about one resident wave (the default 8: 1088, a wave and a half)
         qt, _, _, _ = up_proj(4)
@@ -656,10 +656,11 @@ def main() -> None:
         gemv_configs += [(True, 128, splits, 4, st) for splits in (4, 5, 16) for st in (1, 3)]
         # 64-row tiles: fewer registers, more programs an SM, so more groups in flight without cp.async
         gemv_configs += [(True, 64, None, w, st) for w in (2, 4) for st in (1, 3)]
-        # prefetch: the next group's words loaded into registers a step ahead (168 / 127 registers at 128 /
-        # 64 rows against 96 / 80: 3 / 4 programs an SM, each with a group always in flight)
+        # prefetch: the next group's words loaded into registers a step ahead (164 registers at 128 rows
+        # against 95: 3 programs an SM instead of 5, each with a group always in flight)
         gemv_configs += [(True, block_n, None, 4, "prefetch") for block_n in (64, 128)]
-        # half2 (gemv4h.py): two codes an f16x2 FMA, 165 instructions per KB at 128 rows against 202
+        # half2 (gemv4h.py): two codes an f16x2 FMA, 144 instructions per KB at 128 rows against 198;
+        # at 256 rows 128 registers (4 programs an SM)
         gemv_configs += [(True, block_n, None, 4, "half2") for block_n in (64, 128, 256)]
         gemv_configs += [(True, 128, splits, 4, "half2") for splits in (5, 16)]
         for cuda_cores, block_n, splits, warps, stages in gemv_configs:
@@ -675,7 +676,7 @@ def main() -> None:
             )
             record(name, "M=1, 17408x5120", t, bytes_moved=qt.nbytes + x.numel() * 2)
         # groups of 32 (a GGUF's Q4 blocks, q4.6's upgrade): the CUDA-core kernel (the default since it took
-        # 233 instructions per KB at 256 rows, not yet timed) beside the tensor-core one
+        # 228 instructions per KB at 256 rows, not yet timed) beside the tensor-core one
         qt32, _, _, _ = up_proj(4, 32)
         copies32 = up_proj_copies(4, group=32)
         for cuda_cores, block_n, warps in ((False, None, 4), (True, 128, 4), (True, 256, 4), (True, 512, 8)):
@@ -686,7 +687,7 @@ def main() -> None:
             name = f"sweep W4A16 GEMV groups of 32 {kernel} block_n={block_n or 'default'} warps={warps}"
             record(name, "M=1, 17408x5120", t, bytes_moved=qt32.nbytes + x.numel() * 2)
         # 6-bit (q4.6's upgrade, a GGUF's Q5 blocks): the CUDA-core kernel (gemv6.py, the default since it
-        # took 149 instructions per KB at 128 rows, not yet timed) beside the tensor-core one (12% of HBM)
+        # took 137 instructions per KB at 128 rows, not yet timed) beside the tensor-core one (12% of HBM)
         qt6, _, _, _ = up_proj(6)
         copies6 = up_proj_copies(6)
         for cuda_cores, block_n, warps in ((False, None, 4), (True, 64, 4), (True, 128, 4), (True, 256, 8)):
@@ -696,7 +697,7 @@ def main() -> None:
             kernel = "cuda_cores" if cuda_cores else "tensor_cores"
             name = f"sweep W6A16 GEMV {kernel} block_n={block_n or 'default'} warps={warps}"
             record(name, "M=1, 17408x5120", t, bytes_moved=qt6.nbytes + x.numel() * 2)
-        # 8-bit (w8g128, a GGUF's Q8_0 blocks in groups of 32): the CUDA-core kernel (gemv8.py, a knob: 130
+        # 8-bit (w8g128, a GGUF's Q8_0 blocks in groups of 32): the CUDA-core kernel (gemv8.py, a knob: 124
         # instructions per KB at 64 rows against the tensor-core kernel's 123, which measured 59% of HBM)
         for group in (128, 32):
             qt8, _, _, _ = up_proj(8, group)

@@ -63,16 +63,19 @@ def _word_columns(x8, WORDS: tl.constexpr):
 
 @triton.jit
 def _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's weight rows (offs_n [BLOCK_N] and their mask) and its K slice [k_start, k_end)."""
+    """This program's weight rows (offs_n [BLOCK_N] and their mask), the rows it reads (offs_n, the last
+    row again past N: read, never stored, so no load of a step needs a mask) and its K slice
+    [k_start, k_end)."""
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_start = tl.program_id(2) * GROUPS_PER_SPLIT * GROUP_SIZE
-    return offs_n, offs_n < N, k_start, tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
+    k_end = tl.minimum(K, k_start + GROUPS_PER_SPLIT * GROUP_SIZE)
+    return offs_n, offs_n < N, tl.minimum(offs_n, N - 1), k_start, k_end
 
 
 @triton.jit
-def _group_column(ptr, offs_n, n_mask, num_groups, group):
+def _group_column(ptr, rows, num_groups, group):
     """A group's fp16 scale or minimum of each row ([N, G] at ptr) in fp32 ([BLOCK_N])."""
-    return tl.load(ptr + offs_n * num_groups + group, mask=n_mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + rows * num_groups + group).to(tl.float32)
 
 
 @triton.jit
@@ -109,7 +112,7 @@ def gemv4_cuda_cores_kernel(
     PREFETCH: tl.constexpr = False,  # the next group's words loaded into registers before this one's sums
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
-    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
+    offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
     m12 = magic_12.to(tl.uint32, bitcast=True)
     m16 = magic_16.to(tl.uint32, bitcast=True)
@@ -117,21 +120,17 @@ def gemv4_cuda_cores_kernel(
     row_total = tl.zeros([BLOCK_N], tl.float32)
     # STAGES > 1: the word tiles of the next STAGES - 1 groups copied asynchronously into shared memory
     # while one is computed (cp.async); 1: each group's loads wait in its own step
-    rows = packed_ptr + offs_n[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
+    rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
     if PREFETCH:  # (the bounds as [WORDS] vectors: the interpreter refuses a mask AND-ed with a scalar)
-        ahead = tl.load(
-            rows + k_start // 8, mask=n_mask[:, None] & (k_start + 0 * t < k_end)[None, :], other=0
-        )
+        ahead = tl.load(rows + k_start // 8, mask=(k_start + 0 * t < k_end)[None, :], other=0)
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
         if PREFETCH:  # this group's words came a step ago; the next group's leave now, one step to arrive
             word = ahead.to(tl.uint32, bitcast=True)
             next_k = k0 + GROUP_SIZE
-            ahead = tl.load(
-                rows + next_k // 8, mask=n_mask[:, None] & (next_k + 0 * t < k_end)[None, :], other=0
-            )
+            ahead = tl.load(rows + next_k // 8, mask=(next_k + 0 * t < k_end)[None, :], other=0)
         else:
-            word = tl.load(rows + k0 // 8, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
+            word = tl.load(rows + k0 // 8).to(tl.uint32, bitcast=True)
         # every nibble moved to bit 12 or 16 (where 2^11 or 2^7 makes its unit 1): nibbles 3, 4 are there;
         # 1, 2 a shift up by 8; 5, 6 down by 8; 7 and 0 a rotation by 16
         up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)
@@ -150,10 +149,10 @@ def gemv4_cuda_cores_kernel(
         s = tl.fma(_code(down, 12, m12), x5[None, :], s)
         s = tl.fma(_code(down, 16, m16), x6[None, :], s)
         s = tl.fma(_code(rot, 12, m12), x7[None, :], s)
-        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
+        scale = _group_column(scales_ptr, rows_in, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
         if HAS_MINS:  # min sum_k x_k over the group: once a row (groups of 32: once a word, no reduction)
-            minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
+            minimum = _group_column(mins_ptr, rows_in, num_groups, group)
             if WORDS >= 16:
                 row_total = tl.fma(minimum, tl.sum(odd + even, axis=0), row_total)
             else:

@@ -6,20 +6,25 @@ unit is 1 at bit 6 of 16.0 (0x4C00), so a nibble masked in place at bits 6-9 of 
 and OR-ed with 16.0 in both halves reads as the pair (16 + c_j, 16 + c_j+4), and one f16x2 FMA multiplies
 it by the activation pair (x_j, x_j+4). A word's nibble j sits at bit 4j and nibble j + 4 at bit 16 + 4j:
 one shift brings both to bits 6 and 22 (left by 6, 2; right by 2, 6). Per word: four shifts, four
-AND-ORs, four f16x2 FMAs, the two halves' sum in fp32 and the scale as an fp32 FMA; the minimum (less 16
-scales) once a row a group, times the group's activation sum (as gemv4.py).
+AND-ORs, four f16x2 FMAs; per two words (a row's chain of eight FMAs), the two halves' sum in fp32 and the
+scale as an fp32 FMA; the minimum (less 16 scales) once a row a group, times the group's activation sum
+(as gemv4.py).
 
-Half precision bounds it. The offset 16 is of the codes' own size (gemv4.py's 2^11 would leave fp16 nothing),
-so the products keep ~10 bits; the activations are taken at 2^-8 (exact) so that a word's four products a
-half stay below fp16's 65504 for |x| up to ~130,000, and the fp32 total is scaled back at the end. With
-s = sum_e x'_e (16 + c_e), x' = 2^-8 x:
+Half precision bounds it. The offset 16 is of the codes' own size (gemv4.py's 2^11 would leave fp16
+nothing), so the products keep ~10 bits. Each program scales its K slice's activations by the power of
+two 2^p that brings their largest magnitude into [32, 64) (from its exponent bits: one load of the slice
+and a max before the loop), so that a chain's eight products a half stay below fp16's 65504 (8 * 31 * 64)
+and small activations stay clear of fp16's subnormals, whatever their magnitude; the fp32 total is scaled
+back at the end. With s = sum_e x'_e (16 + c_e), x' = 2^p x:
 
-    sum_e x_e (scale c_e + min) = 2^8 (scale s + (min - 16 scale) sum_e x'_e)
+    sum_e x_e (scale c_e + min) = 2^-p (scale s + (min - 16 scale) sum_e x'_e)
 
-Error: fp16 rounding of x' and of each word's partial sums: 2.4-3.8e-3 RMS-relative with fp16 outputs
-(gemv4.py: 3e-4), 4.6-5.7e-3 with bf16 outputs (3.4-3.9e-3: bf16's own rounding dominates). fp32
-activations take gemv4.py. f16x2 arithmetic is inline PTX; under the interpreter (EMULATE) the same
-operations run on the halves unpacked to fp32 and rounded back to fp16.
+Error: fp16 rounding of x' and of the chains' partial sums: 3-4e-3 RMS-relative with fp16 outputs for
+activations of either sign, 7e-3 for activations all positive (the offsets' sums then grow without
+cancelling; gemv4.py: 2e-4), 3.6-5.1e-3 and 7.5e-3 with bf16 outputs (gemv4.py: 2.9-3.6e-3, bf16's own
+rounding). Chains of four words (16 products a half) would save 12 instructions a step and double the
+error. fp32 activations take gemv4.py. f16x2 arithmetic is inline PTX; under the interpreter (EMULATE) the
+same operations run on the halves unpacked to fp32 and rounded back to fp16.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _s
 
 HALF_MAGIC = 0x4C004C00  # 16.0 in both halves; an argument, as gemv4.py's magics are
 PAIR_MASK = tl.constexpr(0x03C003C0)  # bits 6-9 of each half
-X_SCALE = tl.constexpr(2.0**-8)  # (exact; undone by 256 at the end)
 
 
 @triton.jit
@@ -95,6 +99,35 @@ def _pairs(src, magic):
     return ((src & PAIR_MASK) | magic).to(tl.int32, bitcast=True)
 
 
+@triton.jit
+def _power_of_two_scale(amax):
+    """2^p and 2^-p that bring amax (fp32 >= 0) into [32, 64): p from its exponent bits alone (exact,
+    clamped to fp32's normal range: amax 0 gives 2^127)."""
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    p = tl.minimum(tl.maximum(259 - biased, 1), 254)  # 2^(5 - e) for amax = 2^e m, biased
+    return (p << 23).to(tl.float32, bitcast=True), ((254 - p) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_pairs(v, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """v [ROWS, 2 HALF] (or [2 HALF] when ROWS is 0) split into its even and odd words ([ROWS, HALF])."""
+    if ROWS == 0:
+        even, odd = tl.split(tl.reshape(v, [HALF, 2]))
+    else:
+        even, odd = tl.split(tl.reshape(v, [ROWS, HALF, 2]))
+    return even, odd
+
+
+@triton.jit
+def _word(w, p0, p1, p2, p3, s, magic, EMULATE: tl.constexpr):
+    """s plus a word's eight products: its nibbles j, j + 4 (w [BLOCK_N, HALF]) times the pairs pj [HALF]."""
+    # nibbles j and j + 4 (bits 4j, 16 + 4j) to bits 6 and 22: left by 6, 2, right by 2, 6
+    s = _hfma2(_pairs(w << 6, magic), p0[None, :], s, EMULATE)
+    s = _hfma2(_pairs(w << 2, magic), p1[None, :], s, EMULATE)
+    s = _hfma2(_pairs(w >> 2, magic), p2[None, :], s, EMULATE)
+    return _hfma2(_pairs(w >> 6, magic), p3[None, :], s, EMULATE)
+
+
 @triton.jit(do_not_specialize=["half_magic"])
 def gemv4_half2_kernel(
     x_ptr,  # [1, K] fp16 / bf16
@@ -116,33 +149,42 @@ def gemv4_half2_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
+    SLICE: tl.constexpr,  # a power of two >= GROUPS_PER_SPLIT * GROUP_SIZE: the slice's activations at once
     EMULATE: tl.constexpr,  # the interpreter: no inline PTX
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
-    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
+    offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
     magic = half_magic.to(tl.uint32, bitcast=True)
-    total = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    HALF: tl.constexpr = WORDS // 2
+    total = tl.zeros([BLOCK_N, HALF], tl.float32)
     row_total = tl.zeros([BLOCK_N], tl.float32)
-    rows = packed_ptr + offs_n[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
+    rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
+    kk = k_start + tl.arange(0, SLICE)
+    x_scale, x_unscale = _power_of_two_scale(tl.max(tl.abs(_x(x_ptr, kk, k_end, False))))
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
-        word = tl.load(rows + k0 // 8, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-        x8 = _x(x_ptr, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * X_SCALE  # [WORDS, 8]
+        word = tl.load(rows + k0 // 8).to(tl.uint32, bitcast=True)
+        x8 = _x(x_ptr, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * x_scale  # [WORDS, 8]
         x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
         xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: sum x'
-        # nibbles j and j + 4 (bits 4j, 16 + 4j) to bits 6 and 22: left by 6, 2, right by 2, 6
-        s = tl.zeros([BLOCK_N, WORDS], tl.int32)  # f16x2 (0, 0)
-        s = _hfma2(_pairs(word << 6, magic), _half2(x0, x4, EMULATE)[None, :], s, EMULATE)
-        s = _hfma2(_pairs(word << 2, magic), _half2(x1, x5, EMULATE)[None, :], s, EMULATE)
-        s = _hfma2(_pairs(word >> 2, magic), _half2(x2, x6, EMULATE)[None, :], s, EMULATE)
-        s = _hfma2(_pairs(word >> 6, magic), _half2(x3, x7, EMULATE)[None, :], s, EMULATE)
-        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
+        # a chain of eight f16x2 FMAs a row and word pair: words 2h, 2h + 1 ([BLOCK_N, HALF]) and their
+        # activation pairs (x_j, x_j+4) ([HALF] each)
+        w0, w1 = _word_pairs(word, BLOCK_N, HALF)
+        a0, b0 = _word_pairs(_half2(x0, x4, EMULATE), 0, HALF)
+        a1, b1 = _word_pairs(_half2(x1, x5, EMULATE), 0, HALF)
+        a2, b2 = _word_pairs(_half2(x2, x6, EMULATE), 0, HALF)
+        a3, b3 = _word_pairs(_half2(x3, x7, EMULATE), 0, HALF)
+        s = _word(w0, a0, a1, a2, a3, tl.zeros([BLOCK_N, HALF], tl.int32), magic, EMULATE)  # from (0, 0)
+        s = _word(w1, b0, b1, b2, b3, s, magic, EMULATE)
+        scale = _group_column(scales_ptr, rows_in, num_groups, group)
         total = tl.fma(_sum2(s, EMULATE), scale[:, None], total)  # scale sum_e x'_e (16 + c_e)
         if HAS_MINS:  # (min - 16 scale) sum_k x'_k over the group: once a row
-            shift = tl.fma(scale, -16.0, _group_column(mins_ptr, offs_n, n_mask, num_groups, group))
+            shift = tl.fma(scale, -16.0, _group_column(mins_ptr, rows_in, num_groups, group))
         else:
             shift = scale * -16.0
         row_total = tl.fma(shift, tl.sum(xs, axis=0), row_total)
-    # (x' = 2^-8 x: the sums times 2^8)
-    _store_rows(total * 256.0, row_total * 256.0, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
+    # (x' = x_scale x: the sums back)
+    _store_rows(
+        total * x_unscale, row_total * x_unscale, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K
+    )

@@ -61,7 +61,7 @@ def gemv6_cuda_cores_kernel(
     STAGES: tl.constexpr,
 ):
     CHUNKS: tl.constexpr = GROUP_SIZE // 16
-    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
+    offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     c = tl.arange(0, CHUNKS)
     m11 = magic_11.to(tl.uint32, bitcast=True)
     m17 = magic_17.to(tl.uint32, bitcast=True)
@@ -69,10 +69,10 @@ def gemv6_cuda_cores_kernel(
     row_total = tl.zeros([BLOCK_N], tl.float32)
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
-        row = packed_ptr + offs_n[:, None] * row_words + (k0 * 3 // 16 + 3 * c)[None, :]  # [BLOCK_N, CHUNKS]
-        w0 = tl.load(row, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-        w1 = tl.load(row + 1, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-        w2 = tl.load(row + 2, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
+        row = packed_ptr + rows_in[:, None] * row_words + (k0 * 3 // 16 + 3 * c)[None, :]  # [BLOCK_N, CHUNKS]
+        w0 = tl.load(row).to(tl.uint32, bitcast=True)
+        w1 = tl.load(row + 1).to(tl.uint32, bitcast=True)
+        w2 = tl.load(row + 2).to(tl.uint32, bitcast=True)
         x16 = _x(x_ptr, (k0 + 16 * c)[:, None] + tl.arange(0, 16)[None, :], K, EVEN_K)  # [CHUNKS, 16]
         # column k = 8a + 4b + 2d + e of the chunk: split from the last axis of [CHUNKS, a, b, d, e]
         ev, od = tl.split(tl.reshape(x16, [CHUNKS, 2, 2, 2, 2]))  # e = 0 / 1: the even / odd columns
@@ -102,8 +102,8 @@ def gemv6_cuda_cores_kernel(
         s = _pair(s, (w1 >> 17) | (w2 << 15), x10, x11, m11, m17)
         s = _pair(s, w2 << 3, x12, x13, m11, m17)
         s = _pair(s, w2 >> 9, x14, x15, m11, m17)
-        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
-        minimum = _group_column(mins_ptr, offs_n, n_mask, num_groups, group)
+        scale = _group_column(scales_ptr, rows_in, num_groups, group)
+        minimum = _group_column(mins_ptr, rows_in, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
         row_total = tl.fma(minimum, tl.sum(even + odd, axis=0), row_total)  # min sum_k x_k: once a row
     _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -53,16 +53,14 @@ def gemv8_cuda_cores_kernel(
     STAGES: tl.constexpr,
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 4
-    offs_n, n_mask, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
+    offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
     m7 = magic_7.to(tl.uint32, bitcast=True)
     m15 = magic_15.to(tl.uint32, bitcast=True)
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
-        word = tl.load(
-            packed_ptr + offs_n[:, None] * row_words + (k0 // 4 + t)[None, :], mask=n_mask[:, None], other=0
-        )  # [BLOCK_N, WORDS]
+        word = tl.load(packed_ptr + rows_in[:, None] * row_words + (k0 // 4 + t)[None, :])  # [BLOCK_N, WORDS]
         u = (word ^ SIGN_BITS).to(tl.uint32, bitcast=True)  # each byte c + 128
         low, high = u << 7, u >> 9  # bytes 0, 1 at bits 7, 15; bytes 2, 3 there
         x4 = _x(x_ptr, (k0 + 4 * t)[:, None] + tl.arange(0, 4)[None, :], K, EVEN_K)  # [WORDS, 4]
@@ -74,6 +72,6 @@ def gemv8_cuda_cores_kernel(
         s = tl.fma(_code8(low, 15, m15), x1[None, :], s)
         s = tl.fma(_code8(high, 7, m7), x2[None, :], s)
         s = tl.fma(_code8(high, 15, m15), x3[None, :], s)
-        scale = _group_column(scales_ptr, offs_n, n_mask, num_groups, group)
+        scale = _group_column(scales_ptr, rows_in, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
     _store_rows(total, 0.0, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)  # (no minimums)

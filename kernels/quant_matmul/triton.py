@@ -280,19 +280,19 @@ GEMV_PROGRAMS_PER_SM = 8
 # graph replay) ran the 17408 x 5120 GEMV in groups of 128 in 25.7 us so, 128 rows and 4 warps a program
 # (25.3-36.9 over 128 / 256 / 512 rows, 2 / 4 / 8 warps, 1x / 2x the K slices), against 40.2 for the
 # tensor-core kernel's best. That was its first version (270 instructions per KB, 128 registers); the
-# present one (212, 96) is not yet timed. Groups of 32 (a GGUF's Q4 blocks, q4.6's 4-bit upgrade) take it
-# too, with 256-row tiles (the activations' work a step shared by twice the rows: 233 instructions per
-# KB, 88 registers, no trip through shared memory, against the tensor-core kernel's 261 and that trip,
+# present one (198, 95) is not yet timed. Groups of 32 (a GGUF's Q4 blocks, q4.6's 4-bit upgrade) take it
+# too, with 256-row tiles (the activations' work a step shared by twice the rows: 228 instructions per
+# KB, 94 registers, no trip through shared memory, against the tensor-core kernel's 261 and that trip,
 # which the first version's timing showed to be the tensor-core GEMV's limit; not yet timed: gemv_sweep
 # times both)
-# 6-bit at M = 1 takes the CUDA cores as well (gemv6.py: 152 instructions per KB at 128 rows against the
+# 6-bit at M = 1 takes the CUDA cores as well (gemv6.py: 137 instructions per KB at 128 rows against the
 # tensor-core kernel's 210, which the H200 measured at 12% of HBM, 119.5 us; the new one not yet timed)
 GEMV_CUDA_CORES = True
 CUDA_CORE_GEMV_BLOCK_N = 128
 
 
-# 8-bit takes them only when asked (cuda_cores=True; gemv8.py: 130 instructions per KB at 64 rows against
-# the tensor-core kernel's 123, which the H200 measured at 59% of HBM, 31.9 us; groups of 32: 130 at 256
+# 8-bit takes them only when asked (cuda_cores=True; gemv8.py: 124 instructions per KB at 64 rows against
+# the tensor-core kernel's 123, which the H200 measured at 59% of HBM, 31.9 us; groups of 32: 126 at 256
 # rows against 179: gemv_sweep times both)
 CUDA_CORE_GEMV_WIDTHS = (4, 6)
 # per width: the kernel, a row's int32 words for KP columns, its exponent-bit arguments
@@ -434,7 +434,8 @@ def quant_matmul(
         widths = dict(HAS_MINS=minimums is not None, PREFETCH=prefetch) if bits == 4 else {}
         if half2:  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated under the interpreter)
             kernel, magics = gemv4_half2_kernel, (HALF_MAGIC,)
-            widths = dict(HAS_MINS=minimums is not None, EMULATE=interpreting())
+            slice_ = triton.next_power_of_2(min(per_split * group_size, k))
+            widths = dict(HAS_MINS=minimums is not None, SLICE=slice_, EMULATE=interpreting())
         if bits == 8:  # (no minimums)
             weights = (packed.view(torch.int32), scales)
         kernel[grid](

@@ -209,8 +209,9 @@ def test_cuda_core_gemv_matches_naive(bits, n, k, group, num_splits, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
     """The 4-bit GEMV in packed half precision (gemv4h.py, the half2 knob; its f16x2 PTX emulated under
-    the interpreter): two codes an FMA read as (16 + c, 16 + c'), activations at 2^-8, every code value at
-    every position of a word, K not a multiple of the group; fp16 partial sums cost ~3e-3 (bf16 bound)."""
+    the interpreter): two codes an FMA read as (16 + c, 16 + c'), every code value at every position of a
+    word, K not a multiple of the group, a row tile past N; fp16 partial sums over two words cost
+    2.5-5.2e-3 (bf16 bound)."""
     torch.manual_seed(n + k)
     qt = quantize(torch.randn(n, k) * 0.05, 4, group)
     packed, scales, mins, bits, group = _operands(qt)
@@ -221,6 +222,28 @@ def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
     assert rel_err(got, want) < 1e-2
     with pytest.raises(AssertionError, match="16-bit x"):
         fused.quant_matmul(x.float(), packed, scales, mins, bits, group, **knobs)
+
+
+@pytest.mark.parametrize(
+    "dtype,magnitude", [(torch.float16, 1e-4), (torch.bfloat16, 1e-4), (torch.bfloat16, 1e5)]
+)
+def test_half2_gemv_keeps_its_precision_at_any_activation_magnitude(dtype, magnitude):
+    """The f16x2 GEMV scales each K slice's activations by a power of two that brings their largest into
+    [32, 64) (from its exponent bits): activations of 1e-4 (fp16 subnormals at a fixed 2^-8: ~3% error) and
+    positive ones of 1e5 (bf16: a chain's eight products a half past fp16's 65504 at a fixed 2^-8, inf) keep
+    the error of activations near 1, and zero activations give zeros, not NaN."""
+    torch.manual_seed(7)
+    qt = quantize(torch.randn(96, 640) * 0.05, 4, 128)
+    packed, scales, mins, bits, group = _operands(qt)
+    x = torch.randn(1, 640, device=DEVICE) * magnitude
+    x = (x.abs() if magnitude > 1 else x).to(dtype)
+    want = naive.quant_matmul(x.float(), packed, scales, mins, bits, group)
+    for num_splits in (1, 3):
+        knobs = dict(cuda_cores=True, half2=True, num_splits=num_splits, block_n=64)
+        got = fused.quant_matmul(x, packed, scales, mins, bits, group, **knobs)
+        assert torch.isfinite(got).all() and rel_err(got, want) < 1e-2
+    zeros = fused.quant_matmul(torch.zeros_like(x), packed, scales, mins, bits, group, **knobs)
+    assert not zeros.any()
 
 
 def test_split_gemv_leaves_its_buffers_clean_for_the_next():
