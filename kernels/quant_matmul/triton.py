@@ -317,6 +317,10 @@ def cuda_core_gemv_block_n(bits: int, group_size: int) -> int:
 # shared memory, ~3% more instructions), which at 38% of HBM with one group in flight a program may be
 # what is missing: the next lease's gemv_sweep times them (stages=1..4)
 CUDA_CORE_GEMV_STAGES = 1
+# the 4-bit GEMV at M = 1 in packed half precision (gemv4h.py: 144 instructions per KB at 128 rows against
+# gemv4.py's 198, SM 9.0; 2.5-5.2e-3 RMS-relative error against 2e-4 with fp16 outputs) for 16-bit
+# activations: off until gemv_sweep times it on a GPU (its f16x2 PTX has not run on one yet)
+GEMV_HALF2 = False
 
 
 @functools.cache
@@ -373,7 +377,7 @@ def quant_matmul(
     sums_by_dot: bool | None = None,
     cuda_cores: bool | None = None,
     prefetch: bool = False,
-    half2: bool = False,
+    half2: bool | None = None,
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
@@ -383,9 +387,11 @@ def quant_matmul(
     Triton's default 3; the CUDA-core GEMV's CUDA_CORE_GEMV_STAGES), sums_by_dot (the activations' group
     sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4- and 6-bit GEMVs at M = 1 on
     the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) and prefetch (gemv4.py: the next group's
-    words loaded into registers a step ahead) and half2 (gemv4h.py: two codes an f16x2 instruction, 16-bit x)
-    are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    words loaded into registers a step ahead) and half2 (gemv4h.py: two codes an f16x2 instruction, 16-bit x;
+    default GEMV_HALF2) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert not prefetch or bits == 4, "prefetch is a knob of the 4-bit CUDA-core GEMV (gemv4.py)"
+    if half2 is None:
+        half2 = GEMV_HALF2 and bits == 4 and x.dtype != torch.float32
     assert not half2 or (bits == 4 and x.dtype != torch.float32), "half2: 4-bit weights, 16-bit x (gemv4h.py)"
     assert bits in (4, 6, 8) and x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous()
     assert group_size >= MIN_GROUP[bits], (

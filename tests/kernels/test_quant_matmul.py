@@ -224,6 +224,28 @@ def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
         fused.quant_matmul(x.float(), packed, scales, mins, bits, group, **knobs)
 
 
+def test_gemv_half2_switch_takes_the_f16x2_kernel_for_16_bit_activations(monkeypatch):
+    """GEMV_HALF2 (the default of the half2 knob) sends 4-bit M = 1 calls with 16-bit activations to gemv4h.py
+    and leaves fp32 activations, 8-bit weights and M > 1 where they were."""
+    torch.manual_seed(11)
+    qt4, qt8 = quantize(torch.randn(96, 640) * 0.05, 4, 128), quantize(torch.randn(96, 640) * 0.05, 8, 128)
+    w4, w8 = _operands(qt4), _operands(qt8)
+    x = torch.randn(1, 640, device=DEVICE).to(torch.bfloat16)
+    knobs = dict(cuda_cores=True, block_n=64)
+    half2, gemv4 = (fused.quant_matmul(x, *w4, **knobs, half2=h) for h in (True, False))
+    assert not torch.equal(half2, gemv4)  # (two kernels, two roundings)
+    monkeypatch.setattr(fused, "GEMV_HALF2", True)
+    assert torch.equal(fused.quant_matmul(x, *w4, **knobs), half2)
+    assert torch.equal(
+        fused.quant_matmul(x.float(), *w4, **knobs), fused.quant_matmul(x.float(), *w4, **knobs, half2=False)
+    )
+    assert torch.equal(fused.quant_matmul(x, *w8, **knobs), fused.quant_matmul(x, *w8, **knobs, half2=False))
+    x3 = x.repeat(3, 1)
+    assert torch.equal(
+        fused.quant_matmul(x3, *w4, **knobs), fused.quant_matmul(x3, *w4, **knobs, half2=False)
+    )
+
+
 @pytest.mark.parametrize(
     "dtype,magnitude", [(torch.float16, 1e-4), (torch.bfloat16, 1e-4), (torch.bfloat16, 1e5)]
 )
