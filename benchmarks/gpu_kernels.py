@@ -719,6 +719,16 @@ def main() -> None:
             t = bench_graphed(gemv_calls(x16, copies, 4, block_n=block_n))
             name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
             record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
+        # 2 and 4 activation rows (C2 / C4 decode, speculative verification): the tensor-core GEMV (its
+        # 16-row tile padded) beside gemv4h.py's rows in one program (a knob: half2=True; 217 / 357
+        # instructions per KB at 128 rows, SM 9.0, 128 / 254 registers)
+        for m in (2, 4):
+            xm = randn(m, 5120, device=DEVICE, dtype=bf)
+            for half2, block_n in ((False, None), (True, 64), (True, 128)):
+                t = bench_graphed(gemv_calls(xm, copies, 4, half2=half2, block_n=block_n))
+                kernel = "cuda_cores half2" if half2 else "tensor_cores"
+                name = f"sweep W4A16 GEMV M={m} {kernel} block_n={block_n or 'default'}"
+                record(name, f"M={m}, 17408x5120", t, bytes_moved=qt.nbytes + xm.numel() * 2)
 
     def sweeps():
         """Tile, split and warp choices around the defaults of the GEMM, prefill attention and Gated

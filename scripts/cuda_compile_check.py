@@ -274,7 +274,7 @@ def case_quant_matmul(
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
     if cuda_cores is None:
         cuda_cores = op.GEMV_CUDA_CORES and bits in op.CUDA_CORE_GEMV_WIDTHS
-    if m == 1 and cuda_cores:
+    if (m == 1 or half2) and cuda_cores:
         kernel = "gemv4_half2_kernel" if half2 else f"gemv{bits}_cuda_cores_kernel"
         return {kernel: op.cuda_core_gemv_block_n(bits, group) * row_bytes}
     if m <= op.GEMV_MAX_M:  # the GEMV streams its weight tile: each row's group
@@ -398,7 +398,17 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=32, cuda_cores=False)  # (M = 2-16's kernel)
     add(case_quant_matmul, bits=6, m=1, dtype="bf16", cuda_cores=False)
     add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=128, cuda_cores=True, prefetch=True)  # (a knob)
-    add(case_quant_matmul, bits=4, m=1, dtype="bf16", group=128, cuda_cores=True, prefetch=False, half2=True)
+    for m in (1, 2, 4):  # f16x2 (a knob: gemv4h.py), 1-4 activation rows a program
+        add(
+            case_quant_matmul,
+            bits=4,
+            m=m,
+            dtype="bf16",
+            group=128,
+            cuda_cores=True,
+            prefetch=False,
+            half2=True,
+        )
     for group in (128, 32):  # the 8-bit GEMV on the CUDA cores (a tuning knob: gemv8.py)
         add(case_quant_matmul, bits=8, m=1, dtype="bf16", group=group, cuda_cores=True)
     for bits in (4, 6, 8):

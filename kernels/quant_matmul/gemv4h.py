@@ -1,5 +1,5 @@
-"""The 4-bit GEMV at M = 1 in packed half precision: two codes an instruction (a knob: quant_matmul(...,
-half2=True); 16-bit activations only).
+"""The 4-bit GEMV for 1-4 activation rows in packed half precision: two codes an instruction (a knob:
+quant_matmul(..., half2=True), GEMV_HALF2; 16-bit activations only).
 
 gemv4.py spends an AND-OR and an FMA on every code. Here a pair of codes shares them: a half's mantissa
 unit is 1 at bit 6 of 16.0 (0x4C00), so a nibble masked in place at bits 6-9 of each half of a 32-bit word
@@ -8,7 +8,10 @@ it by the activation pair (x_j, x_j+4). A word's nibble j sits at bit 4j and nib
 one shift brings both to bits 6 and 22 (left by 6, 2; right by 2, 6). Per word: four shifts, four
 AND-ORs, four f16x2 FMAs; per two words (a row's chain of eight FMAs), the two halves' sum in fp32 and the
 scale as an fp32 FMA; the minimum (less 16 scales) once a row a group, times the group's activation sum
-(as gemv4.py).
+(as gemv4.py). Two or four activation rows (C2-C4 decode, speculative verification's k + 1 tokens;
+three run as four, the fourth reading the third again and storing nothing) share a program: the word
+pairs' codes are converted once and each row adds its own chains (1 / 2 / 4 rows: 145 / 217 / 357
+instructions per KB at 128 weight rows, 80 / 128 / 254 registers, SM 9.0).
 
 Half precision bounds it. The offset 16 is of the codes' own size (gemv4.py's 2^11 would leave fp16
 nothing), so the products keep ~10 bits. Each program scales its K slice's activations by the power of
@@ -32,7 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _store_rows, _word_columns, _x
+from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _word_columns, _x
+from ninfer_kernels.quant_matmul.split_k import split_k_store
 
 HALF_MAGIC = 0x4C004C00  # 16.0 in both halves; an argument, as gemv4.py's magics are
 PAIR_MASK = tl.constexpr(0x03C003C0)  # bits 6-9 of each half
@@ -128,17 +132,48 @@ def _word(w, p0, p1, p2, p3, s, magic, EMULATE: tl.constexpr):
     return _hfma2(_pairs(w >> 6, magic), p3[None, :], s, EMULATE)
 
 
+@triton.jit
+def _activation_row(
+    x_row, k0, t, K, x_scale, w0, w1, magic, WORDS: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr
+):
+    """One activation row's step over a group: its chains' sums (fp32 [BLOCK_N, WORDS / 2]: sum_e x'_e (16 +
+    c_e) over each row's word pair) and the group's activation sum sum_e x'_e (fp32), x' = x_scale x."""
+    HALF: tl.constexpr = WORDS // 2
+    x8 = _x(x_row, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * x_scale  # [WORDS, 8]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
+    xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: sum x'
+    # a chain of eight f16x2 FMAs a weight row and word pair: words 2h, 2h + 1 (w0, w1: [BLOCK_N, HALF]) and
+    # their activation pairs (x_j, x_j+4) ([HALF] each)
+    a0, b0 = _word_pairs(_half2(x0, x4, EMULATE), 0, HALF)
+    a1, b1 = _word_pairs(_half2(x1, x5, EMULATE), 0, HALF)
+    a2, b2 = _word_pairs(_half2(x2, x6, EMULATE), 0, HALF)
+    a3, b3 = _word_pairs(_half2(x3, x7, EMULATE), 0, HALF)
+    s = _word(w0, a0, a1, a2, a3, tl.zeros(w0.shape, tl.int32), magic, EMULATE)  # from (0, 0)
+    s = _word(w1, b0, b1, b2, b3, s, magic, EMULATE)
+    return _sum2(s, EMULATE), tl.sum(xs, axis=0)
+
+
+@triton.jit
+def _row_scale(x_row, k_start, k_end, SLICE: tl.constexpr):
+    """x_scale, x_unscale of an activation row's K slice (_power_of_two_scale of its largest magnitude)."""
+    kk = k_start + tl.arange(0, SLICE)
+    return _power_of_two_scale(tl.max(tl.abs(_x(x_row, kk, k_end, False))))
+
+
 @triton.jit(do_not_specialize=["half_magic"])
 def gemv4_half2_kernel(
-    x_ptr,  # [1, K] fp16 / bf16
+    x_ptr,  # [M, K] fp16 / bf16
     packed_ptr,  # int32 [N, row_words]: eight 4-bit codes a word
     scales_ptr,  # fp16 [N, G]
     mins_ptr,  # fp16 [N, G]
-    out_ptr,  # [1, N] in x's dtype
-    sums_ptr,  # SPLIT_K: fp32 [N] partial sums, zero before and after
+    out_ptr,  # [M, N] in x's dtype
+    sums_ptr,  # SPLIT_K: fp32 [M, N] partial sums, zero before and after
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
+    M,
     N,
     K,
+    stride_xm,
+    stride_om,
     row_words,  # KP / 8
     num_groups,
     GROUPS_PER_SPLIT,
@@ -147,44 +182,68 @@ def gemv4_half2_kernel(
     HAS_MINS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROWS_X: tl.constexpr,  # 1, 2 or 4 >= M: activation rows a program (past M: row M - 1 again, not stored)
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
     SLICE: tl.constexpr,  # a power of two >= GROUPS_PER_SPLIT * GROUP_SIZE: the slice's activations at once
     EMULATE: tl.constexpr,  # the interpreter: no inline PTX
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
+    HALF: tl.constexpr = WORDS // 2
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
     t = tl.arange(0, WORDS)
     magic = half_magic.to(tl.uint32, bitcast=True)
-    HALF: tl.constexpr = WORDS // 2
-    total = tl.zeros([BLOCK_N, HALF], tl.float32)
-    row_total = tl.zeros([BLOCK_N], tl.float32)
     rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a group's words at k 0
-    kk = k_start + tl.arange(0, SLICE)
-    x_scale, x_unscale = _power_of_two_scale(tl.max(tl.abs(_x(x_ptr, kk, k_end, False))))
+    # each activation row: its pointer, its slice's scale, its totals (fp32 [BLOCK_N, HALF] and [BLOCK_N])
+    x_0 = x_ptr
+    x_1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
+    x_2 = x_ptr + tl.minimum(2, M - 1) * stride_xm
+    x_3 = x_ptr + tl.minimum(3, M - 1) * stride_xm
+    scale_0, unscale_0 = _row_scale(x_0, k_start, k_end, SLICE)
+    scale_1, unscale_1 = scale_0, unscale_0
+    scale_2, unscale_2 = scale_0, unscale_0
+    scale_3, unscale_3 = scale_0, unscale_0
+    if ROWS_X >= 2:
+        scale_1, unscale_1 = _row_scale(x_1, k_start, k_end, SLICE)
+    if ROWS_X >= 4:
+        scale_2, unscale_2 = _row_scale(x_2, k_start, k_end, SLICE)
+        scale_3, unscale_3 = _row_scale(x_3, k_start, k_end, SLICE)
+    total_0 = tl.zeros([BLOCK_N, HALF], tl.float32)
+    total_1, total_2, total_3 = total_0, total_0, total_0
+    row_total_0 = tl.zeros([BLOCK_N], tl.float32)
+    row_total_1, row_total_2, row_total_3 = row_total_0, row_total_0, row_total_0
     for k0 in tl.range(k_start, k_end, GROUP_SIZE, num_stages=STAGES):
         group = k0 // GROUP_SIZE
         word = tl.load(rows + k0 // 8).to(tl.uint32, bitcast=True)
-        x8 = _x(x_ptr, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * x_scale  # [WORDS, 8]
-        x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
-        xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: sum x'
-        # a chain of eight f16x2 FMAs a row and word pair: words 2h, 2h + 1 ([BLOCK_N, HALF]) and their
-        # activation pairs (x_j, x_j+4) ([HALF] each)
-        w0, w1 = _word_pairs(word, BLOCK_N, HALF)
-        a0, b0 = _word_pairs(_half2(x0, x4, EMULATE), 0, HALF)
-        a1, b1 = _word_pairs(_half2(x1, x5, EMULATE), 0, HALF)
-        a2, b2 = _word_pairs(_half2(x2, x6, EMULATE), 0, HALF)
-        a3, b3 = _word_pairs(_half2(x3, x7, EMULATE), 0, HALF)
-        s = _word(w0, a0, a1, a2, a3, tl.zeros([BLOCK_N, HALF], tl.int32), magic, EMULATE)  # from (0, 0)
-        s = _word(w1, b0, b1, b2, b3, s, magic, EMULATE)
-        scale = _group_column(scales_ptr, rows_in, num_groups, group)
-        total = tl.fma(_sum2(s, EMULATE), scale[:, None], total)  # scale sum_e x'_e (16 + c_e)
+        w0, w1 = _word_pairs(word, BLOCK_N, HALF)  # (their pairs' codes shared by the activation rows)
+        scale = _group_column(scales_ptr, rows_in, num_groups, group)  # [BLOCK_N]
         if HAS_MINS:  # (min - 16 scale) sum_k x'_k over the group: once a row
             shift = tl.fma(scale, -16.0, _group_column(mins_ptr, rows_in, num_groups, group))
         else:
             shift = scale * -16.0
-        row_total = tl.fma(shift, tl.sum(xs, axis=0), row_total)
-    # (x' = x_scale x: the sums back)
-    _store_rows(
-        total * x_unscale, row_total * x_unscale, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K
-    )
+        s, xs = _activation_row(x_0, k0, t, K, scale_0, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+        total_0, row_total_0 = tl.fma(s, scale[:, None], total_0), tl.fma(shift, xs, row_total_0)
+        if ROWS_X >= 2:
+            s, xs = _activation_row(x_1, k0, t, K, scale_1, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            total_1, row_total_1 = tl.fma(s, scale[:, None], total_1), tl.fma(shift, xs, row_total_1)
+        if ROWS_X >= 4:
+            s, xs = _activation_row(x_2, k0, t, K, scale_2, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            total_2, row_total_2 = tl.fma(s, scale[:, None], total_2), tl.fma(shift, xs, row_total_2)
+            s, xs = _activation_row(x_3, k0, t, K, scale_3, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            total_3, row_total_3 = tl.fma(s, scale[:, None], total_3), tl.fma(shift, xs, row_total_3)
+    # each row's sums back by its x_unscale, as [ROWS_X, BLOCK_N]
+    acc_0 = (tl.sum(total_0, axis=1) + row_total_0) * unscale_0
+    acc_1 = (tl.sum(total_1, axis=1) + row_total_1) * unscale_1
+    acc_2 = (tl.sum(total_2, axis=1) + row_total_2) * unscale_2
+    acc_3 = (tl.sum(total_3, axis=1) + row_total_3) * unscale_3
+    if ROWS_X == 1:
+        acc = acc_0[None, :]
+    elif ROWS_X == 2:
+        acc = tl.trans(tl.join(acc_0, acc_1))
+    else:  # [BLOCK_N, 2, 2]: (i, j) is row 2i + j
+        acc = tl.trans(tl.reshape(tl.join(tl.join(acc_0, acc_2), tl.join(acc_1, acc_3)), [BLOCK_N, 4]))
+    offs_m = tl.arange(0, ROWS_X)
+    mask = (offs_m[:, None] < M) & n_mask[None, :]
+    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    sums = sums_ptr + offs_m[:, None] * N + offs_n[None, :]
+    split_k_store(acc, mask, dst, sums, arrivals_ptr, tl.program_id(1), SPLIT_K)

@@ -321,6 +321,9 @@ CUDA_CORE_GEMV_STAGES = 1
 # gemv4.py's 198, SM 9.0; 2.5-5.2e-3 RMS-relative error against 2e-4 with fp16 outputs) for 16-bit
 # activations: off until gemv_sweep times it on a GPU (its f16x2 PTX has not run on one yet)
 GEMV_HALF2 = False
+# activation rows gemv4h.py takes in one program (C2-C4 decode, speculative verification's k + 1 rows): each
+# word pair's codes converted once for all of them
+HALF2_MAX_M = 4
 
 
 @functools.cache
@@ -419,9 +422,11 @@ def quant_matmul(
     cuda_cores = GEMV_CUDA_CORES and bits in CUDA_CORE_GEMV_WIDTHS if cuda_cores is None else cuda_cores
     # (6-bit weights carry minimums, 8-bit ones none: engine/quant/groupwise.py)
     takes = bits == 4 or (minimums is not None) == (bits == 6)
-    cuda_cores = cuda_cores and gemv and m == 1 and takes
-    if cuda_cores:  # the GEMVs at M = 1 (gemv4.py, gemv6.py, gemv8.py)
-        block_m, block_n = 1, block_n or cuda_core_gemv_block_n(bits, group_size)
+    half2 = half2 and m <= HALF2_MAX_M
+    cuda_cores = cuda_cores and gemv and (m == 1 or half2) and takes
+    if cuda_cores:  # the GEMVs at M = 1 (gemv4.py, gemv6.py, gemv8.py) and gemv4h.py's rows in one program
+        block_m = triton.next_power_of_2(m) if half2 else 1
+        block_n = block_n or cuda_core_gemv_block_n(bits, group_size)
     elif gemv:  # split-K GEMV
         block_m, block_n = 16, block_n or gemv_block_n(bits, x.device)
     else:  # tiled GEMM, K whole in every program
@@ -435,13 +440,39 @@ def quant_matmul(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
+    if (
+        cuda_cores and half2
+    ):  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated by the interpreter)
+        gemv4_half2_kernel[grid](
+            x,
+            *weights,
+            out,
+            sums,
+            arrivals,
+            m,
+            n,
+            k,
+            x.stride(0),
+            out.stride(0),
+            kp // 8,
+            num_groups,
+            per_split,
+            HALF_MAGIC,
+            GROUP_SIZE=group_size,
+            HAS_MINS=minimums is not None,
+            SPLIT_K=split_k,
+            BLOCK_N=block_n,
+            ROWS_X=block_m,
+            EVEN_K=k % group_size == 0,
+            STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
+            SLICE=triton.next_power_of_2(min(per_split * group_size, k)),
+            EMULATE=interpreting(),
+            num_warps=num_warps,
+        )
+        return out
     if cuda_cores:
         kernel, row_words, magics = CUDA_CORE_GEMVS[bits]
         widths = dict(HAS_MINS=minimums is not None, PREFETCH=prefetch) if bits == 4 else {}
-        if half2:  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated under the interpreter)
-            kernel, magics = gemv4_half2_kernel, (HALF_MAGIC,)
-            slice_ = triton.next_power_of_2(min(per_split * group_size, k))
-            widths = dict(HAS_MINS=minimums is not None, SLICE=slice_, EMULATE=interpreting())
         if bits == 8:  # (no minimums)
             weights = (packed.view(torch.int32), scales)
         kernel[grid](

@@ -225,8 +225,8 @@ def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
 
 
 def test_gemv_half2_switch_takes_the_f16x2_kernel_for_16_bit_activations(monkeypatch):
-    """GEMV_HALF2 (the default of the half2 knob) sends 4-bit M = 1 calls with 16-bit activations to gemv4h.py
-    and leaves fp32 activations, 8-bit weights and M > 1 where they were."""
+    """GEMV_HALF2 (the default of the half2 knob) sends 4-bit calls of up to HALF2_MAX_M rows with 16-bit
+    activations to gemv4h.py and leaves fp32 activations, 8-bit weights and more rows where they were."""
     torch.manual_seed(11)
     qt4, qt8 = quantize(torch.randn(96, 640) * 0.05, 4, 128), quantize(torch.randn(96, 640) * 0.05, 8, 128)
     w4, w8 = _operands(qt4), _operands(qt8)
@@ -240,10 +240,35 @@ def test_gemv_half2_switch_takes_the_f16x2_kernel_for_16_bit_activations(monkeyp
         fused.quant_matmul(x.float(), *w4, **knobs), fused.quant_matmul(x.float(), *w4, **knobs, half2=False)
     )
     assert torch.equal(fused.quant_matmul(x, *w8, **knobs), fused.quant_matmul(x, *w8, **knobs, half2=False))
-    x3 = x.repeat(3, 1)
+    x3, x5 = x.repeat(3, 1), x.repeat(5, 1)  # up to HALF2_MAX_M rows in one program; more: the tensor cores
+    assert torch.equal(fused.quant_matmul(x3, *w4, **knobs), fused.quant_matmul(x3, *w4, **knobs, half2=True))
     assert torch.equal(
-        fused.quant_matmul(x3, *w4, **knobs), fused.quant_matmul(x3, *w4, **knobs, half2=False)
+        fused.quant_matmul(x5, *w4, **knobs), fused.quant_matmul(x5, *w4, **knobs, half2=False)
     )
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("n,k,group", [(130, 1000, 128), (70, 576, 64), (96, 96, 32)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_half2_gemv_takes_up_to_four_activation_rows(m, n, k, group, num_splits):
+    """gemv4h.py with 2-4 activation rows in one program (C2-C4 decode, speculative verification): each
+    row its own slice scale (rows 1e-7 and 1e4 apart), rows read through strides (a slice of a wider
+    tensor, an output with a wider pitch), three rows padded to four (the fourth neither read past x nor
+    stored), K slices added in the split-K buffer and left zero."""
+    torch.manual_seed(m * n + k)
+    qt = quantize(torch.randn(n, k) * 0.05, 4, group)
+    packed, scales, mins, bits, group = _operands(qt)
+    magnitudes = torch.tensor([1.0, 1e-7, 1e4, 0.5][:m], device=DEVICE)[:, None]
+    x = (torch.randn(m, k + 40, device=DEVICE) * magnitudes).to(torch.bfloat16)[:, :k]
+    wide = torch.full((m, n + 8), 7.0, device=DEVICE, dtype=torch.bfloat16)
+    want = naive.quant_matmul(x.float(), packed, scales, mins, bits, group)
+    knobs = dict(cuda_cores=True, half2=True, num_splits=num_splits, block_n=64)
+    fused.quant_matmul(x, packed, scales, mins, bits, group, wide[:, :n], **knobs)
+    for row in range(m):  # (each row against its own scale: one row 1e-7 of another would pass a joint bound)
+        assert rel_err(wide[row, :n], want[row]) < 1e-2, row
+    assert (wide[:, n:] == 7.0).all()
+    sums, arrivals = fused.split_buffers(x.device, n, -(-n // 64))
+    assert not sums.any() and not arrivals.any()
 
 
 @pytest.mark.parametrize(
