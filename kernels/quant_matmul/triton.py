@@ -41,6 +41,7 @@ weight, which bounds the fraction of HBM bandwidth an SM can keep up with (docs/
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -319,8 +320,9 @@ def cuda_core_gemv_block_n(bits: int, group_size: int) -> int:
 CUDA_CORE_GEMV_STAGES = 1
 # the 4-bit GEMV at M = 1 in packed half precision (gemv4h.py: 144 instructions per KB at 128 rows against
 # gemv4.py's 198, SM 9.0; 2.5-5.2e-3 RMS-relative error against 2e-4 with fp16 outputs) for 16-bit
-# activations: off until gemv_sweep times it on a GPU (its f16x2 PTX has not run on one yet)
-GEMV_HALF2 = False
+# activations: off until gemv_sweep times it on a GPU (its f16x2 PTX has not run on one yet);
+# NINFER_GEMV_HALF2=1 (read at import) turns it on, so a whole decode can be timed both ways
+GEMV_HALF2 = os.environ.get("NINFER_GEMV_HALF2", "0") == "1"
 # activation rows gemv4h.py takes in one program (C2-C4 decode, speculative verification's k + 1 rows): each
 # word pair's codes converted once for all of them
 HALF2_MAX_M = 4

@@ -3,6 +3,10 @@ and the engine running a .ninfer model with its weights left packed through it."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton.language as tl
@@ -222,6 +226,20 @@ def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
     assert rel_err(got, want) < 1e-2
     with pytest.raises(AssertionError, match="16-bit x"):
         fused.quant_matmul(x.float(), packed, scales, mins, bits, group, **knobs)
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("0", False), (None, False)])
+def test_gemv_half2_switch_reads_its_environment_variable(value, on, tmp_path):
+    """NINFER_GEMV_HALF2=1 at import turns GEMV_HALF2 on (gpu_check.sh's DUMMY_HALF2 times a decode both
+    ways)."""
+    env = {k: v for k, v in os.environ.items() if k != "NINFER_GEMV_HALF2"} | (
+        {"NINFER_GEMV_HALF2": value} if value else {}
+    )
+    code = "from ninfer_kernels.quant_matmul import triton; print(triton.GEMV_HALF2)"
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert run.stdout.split()[-1:] == [str(on)], run.stderr[-2000:]
 
 
 def test_gemv_half2_switch_takes_the_f16x2_kernel_for_16_bit_activations(monkeypatch):
