@@ -659,7 +659,7 @@ def main() -> None:
         # prefetch: the next group's words loaded into registers a step ahead (164 registers at 128 rows
         # against 95: 3 programs an SM instead of 5, each with a group always in flight)
         gemv_configs += [(True, block_n, None, 4, "prefetch") for block_n in (64, 128)]
-        # half2 (gemv4h.py): two codes an f16x2 FMA, 144 instructions per KB at 128 rows against 198;
+        # half2 (gemv4h.py): two codes an f16x2 FMA, 136 instructions per KB at 128 rows against 198;
         # at 256 rows 128 registers (4 programs an SM)
         gemv_configs += [(True, block_n, None, 4, "half2") for block_n in (64, 128, 256)]
         gemv_configs += [(True, 128, splits, 4, "half2") for splits in (5, 16)]
@@ -720,7 +720,7 @@ def main() -> None:
             name = f"sweep W4A16 GEMV M=16 block_n={block_n}"
             record(name, "M=16, 17408x5120", t, bytes_moved=qt.nbytes + x16.numel() * 2)
         # 2 and 4 activation rows (C2 / C4 decode, speculative verification): the tensor-core GEMV (its
-        # 16-row tile padded) beside gemv4h.py's rows in one program (a knob: half2=True; 217 / 357
+        # 16-row tile padded) beside gemv4h.py's rows in one program (a knob: half2=True; 197 / 320
         # instructions per KB at 128 rows, SM 9.0, 128 / 254 registers)
         for m in (2, 4):
             xm = randn(m, 5120, device=DEVICE, dtype=bf)

@@ -10,8 +10,11 @@ AND-ORs, four f16x2 FMAs; per two words (a row's chain of eight FMAs), the two h
 scale as an fp32 FMA; the minimum (less 16 scales) once a row a group, times the group's activation sum
 (as gemv4.py). Two or four activation rows (C2-C4 decode, speculative verification's k + 1 tokens;
 three run as four, the fourth reading the third again and storing nothing) share a program: the word
-pairs' codes are converted once and each row adds its own chains (1 / 2 / 4 rows: 145 / 217 / 357
-instructions per KB at 128 weight rows, 80 / 128 / 254 registers, SM 9.0).
+pairs' codes are converted once and each row adds its own chains (1 / 2 / 4 rows: 136 / 197 / 320
+instructions per KB at 128 weight rows, 72 / 128 / 254 registers, SM 9.0 under Triton 3.9; 150 / 220 / 360
+under 3.6). The activation pairs are loaded as flat vectors, scaled and packed there, one pair a thread,
+before they reach the words' layout (as a [words, 4] tile, Triton 3.6 had every thread load, convert
+and pack its own columns: 194 per KB at one row).
 
 Half precision bounds it. The offset 16 is of the codes' own size (gemv4.py's 2^11 would leave fp16
 nothing), so the products keep ~10 bits. Each program scales its K slice's activations by the power of
@@ -35,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _word_columns, _x
+from ninfer_kernels.quant_matmul.gemv4 import _group_column, _rows_and_slice, _x
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 
 HALF_MAGIC = 0x4C004C00  # 16.0 in both halves; an argument, as gemv4.py's magics are
@@ -68,6 +71,17 @@ def _half2(lo, hi, EMULATE: tl.constexpr):
         return _pack(lo, hi)
     return tl.inline_asm_elementwise(
         "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _half2_in_place(lo, hi, EMULATE: tl.constexpr):
+    """_half2, marked impure so the compiler packs where the values load instead of repeating it in every
+    thread that reads them."""
+    if EMULATE:
+        return _pack(lo, hi)
+    return tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=tl.int32, is_pure=False, pack=1
     )
 
 
@@ -134,23 +148,30 @@ def _word(w, p0, p1, p2, p3, s, magic, EMULATE: tl.constexpr):
 
 @triton.jit
 def _activation_row(
-    x_row, k0, t, K, x_scale, w0, w1, magic, WORDS: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr
+    x_row, k0, K, x_scale, w0, w1, magic, WORDS: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr
 ):
     """One activation row's step over a group: its chains' sums (fp32 [BLOCK_N, WORDS / 2]: sum_e x'_e (16 +
     c_e) over each row's word pair) and the group's activation sum sum_e x'_e (fp32), x' = x_scale x."""
     HALF: tl.constexpr = WORDS // 2
-    x8 = _x(x_row, (k0 + t * 8)[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K) * x_scale  # [WORDS, 8]
-    x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
-    xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))  # [WORDS]: sum x'
+    # the activation pairs (x_j, x_j+4) of each word, scaled and packed where they load ([WORDS, 4])
+    i = tl.arange(0, 4 * WORDS)  # (word i // 4, column i % 4)
+    lo = k0 + (i // 4) * 8 + i % 4
+    x_lo = _x(x_row, lo, K, EVEN_K) * x_scale
+    x_hi = _x(x_row, lo + 4, K, EVEN_K) * x_scale
+    xs = tl.sum(x_lo + x_hi, axis=0)  # sum x'
+    pairs = tl.reshape(_half2_in_place(x_lo, x_hi, EMULATE), [WORDS, 4])
+    even, odd = tl.split(tl.reshape(pairs, [WORDS, 2, 2]))  # j = 0, 2 and 1, 3
+    q0, q2 = tl.split(even)
+    q1, q3 = tl.split(odd)
     # a chain of eight f16x2 FMAs a weight row and word pair: words 2h, 2h + 1 (w0, w1: [BLOCK_N, HALF]) and
-    # their activation pairs (x_j, x_j+4) ([HALF] each)
-    a0, b0 = _word_pairs(_half2(x0, x4, EMULATE), 0, HALF)
-    a1, b1 = _word_pairs(_half2(x1, x5, EMULATE), 0, HALF)
-    a2, b2 = _word_pairs(_half2(x2, x6, EMULATE), 0, HALF)
-    a3, b3 = _word_pairs(_half2(x3, x7, EMULATE), 0, HALF)
+    # their activation pairs ([HALF] each)
+    a0, b0 = _word_pairs(q0, 0, HALF)
+    a1, b1 = _word_pairs(q1, 0, HALF)
+    a2, b2 = _word_pairs(q2, 0, HALF)
+    a3, b3 = _word_pairs(q3, 0, HALF)
     s = _word(w0, a0, a1, a2, a3, tl.zeros(w0.shape, tl.int32), magic, EMULATE)  # from (0, 0)
     s = _word(w1, b0, b1, b2, b3, s, magic, EMULATE)
-    return _sum2(s, EMULATE), tl.sum(xs, axis=0)
+    return _sum2(s, EMULATE), xs
 
 
 @triton.jit
@@ -221,15 +242,15 @@ def gemv4_half2_kernel(
             shift = tl.fma(scale, -16.0, _group_column(mins_ptr, rows_in, num_groups, group))
         else:
             shift = scale * -16.0
-        s, xs = _activation_row(x_0, k0, t, K, scale_0, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+        s, xs = _activation_row(x_0, k0, K, scale_0, w0, w1, magic, WORDS, EVEN_K, EMULATE)
         total_0, row_total_0 = tl.fma(s, scale[:, None], total_0), tl.fma(shift, xs, row_total_0)
         if ROWS_X >= 2:
-            s, xs = _activation_row(x_1, k0, t, K, scale_1, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(x_1, k0, K, scale_1, w0, w1, magic, WORDS, EVEN_K, EMULATE)
             total_1, row_total_1 = tl.fma(s, scale[:, None], total_1), tl.fma(shift, xs, row_total_1)
         if ROWS_X >= 4:
-            s, xs = _activation_row(x_2, k0, t, K, scale_2, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(x_2, k0, K, scale_2, w0, w1, magic, WORDS, EVEN_K, EMULATE)
             total_2, row_total_2 = tl.fma(s, scale[:, None], total_2), tl.fma(shift, xs, row_total_2)
-            s, xs = _activation_row(x_3, k0, t, K, scale_3, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(x_3, k0, K, scale_3, w0, w1, magic, WORDS, EVEN_K, EMULATE)
             total_3, row_total_3 = tl.fma(s, scale[:, None], total_3), tl.fma(shift, xs, row_total_3)
     # each row's sums back by its x_unscale, as [ROWS_X, BLOCK_N]
     acc_0 = (tl.sum(total_0, axis=1) + row_total_0) * unscale_0

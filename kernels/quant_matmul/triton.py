@@ -318,7 +318,7 @@ def cuda_core_gemv_block_n(bits: int, group_size: int) -> int:
 # shared memory, ~3% more instructions), which at 38% of HBM with one group in flight a program may be
 # what is missing: the next lease's gemv_sweep times them (stages=1..4)
 CUDA_CORE_GEMV_STAGES = 1
-# the 4-bit GEMV at M = 1 in packed half precision (gemv4h.py: 144 instructions per KB at 128 rows against
+# the 4-bit GEMV at M = 1 in packed half precision (gemv4h.py: 136 instructions per KB at 128 rows against
 # gemv4.py's 198, SM 9.0; 2.5-5.2e-3 RMS-relative error against 2e-4 with fp16 outputs) for 16-bit
 # activations: off until gemv_sweep times it on a GPU (its f16x2 PTX has not run on one yet);
 # NINFER_GEMV_HALF2=1 (read at import) turns it on, so a whole decode can be timed both ways
