@@ -134,8 +134,11 @@ def gemv4_cuda_cores_kernel(
         # every nibble moved to bit 12 or 16 (where 2^11 or 2^7 makes its unit 1): nibbles 3, 4 are there;
         # 1, 2 a shift up by 8; 5, 6 down by 8; 7 and 0 a rotation by 16
         up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)
-        kk = k0 + t * 8  # [WORDS]: each word's first column
-        x8 = _x(x_ptr, kk[:, None] + tl.arange(0, 8)[None, :], K, EVEN_K)  # [WORDS, 8]
+        # the group's activations as one flat vector, summed there (the minimum's term): Triton 3.6 then
+        # converts them where they load, not in each thread that reads them back
+        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K)
+        group_sum = tl.sum(x_flat, axis=0)
+        x8 = tl.reshape(x_flat, [WORDS, 8])
         x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
         # sum_e x_e (2^E_e + c_e) counts each activation 2^E_e times over: start each word's sum below zero
         # by that much (2^11 for the odd nibbles, at bit 12; 2^7 for the even ones, at 16)
@@ -154,7 +157,7 @@ def gemv4_cuda_cores_kernel(
         if HAS_MINS:  # min sum_k x_k over the group: once a row (groups of 32: once a word, no reduction)
             minimum = _group_column(mins_ptr, rows_in, num_groups, group)
             if WORDS >= 16:
-                row_total = tl.fma(minimum, tl.sum(odd + even, axis=0), row_total)
+                row_total = tl.fma(minimum, group_sum, row_total)
             else:
                 total = tl.fma((odd + even)[None, :], minimum[:, None], total)
     _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

@@ -73,7 +73,11 @@ def gemv6_cuda_cores_kernel(
         w0 = tl.load(row).to(tl.uint32, bitcast=True)
         w1 = tl.load(row + 1).to(tl.uint32, bitcast=True)
         w2 = tl.load(row + 2).to(tl.uint32, bitcast=True)
-        x16 = _x(x_ptr, (k0 + 16 * c)[:, None] + tl.arange(0, 16)[None, :], K, EVEN_K)  # [CHUNKS, 16]
+        # the group's activations as one flat vector, summed there (the minimum's term): Triton 3.6 then
+        # converts them where they load, not in each thread that reads them back
+        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K)
+        group_sum = tl.sum(x_flat, axis=0)
+        x16 = tl.reshape(x_flat, [CHUNKS, 16])
         # column k = 8a + 4b + 2d + e of the chunk: split from the last axis of [CHUNKS, a, b, d, e]
         ev, od = tl.split(tl.reshape(x16, [CHUNKS, 2, 2, 2, 2]))  # e = 0 / 1: the even / odd columns
         ev0, ev1 = tl.split(ev)
@@ -105,5 +109,5 @@ def gemv6_cuda_cores_kernel(
         scale = _group_column(scales_ptr, rows_in, num_groups, group)
         minimum = _group_column(mins_ptr, rows_in, num_groups, group)
         total = tl.fma(s, scale[:, None], total)
-        row_total = tl.fma(minimum, tl.sum(even + odd, axis=0), row_total)  # min sum_k x_k: once a row
+        row_total = tl.fma(minimum, group_sum, row_total)  # min sum_k x_k: once a row
     _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)
