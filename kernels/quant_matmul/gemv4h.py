@@ -66,18 +66,8 @@ def _pack(lo, hi):
 
 @triton.jit
 def _half2(lo, hi, EMULATE: tl.constexpr):
-    """fp32 lo, hi as one f16x2 int32 (lo in the low half)."""
-    if EMULATE:
-        return _pack(lo, hi)
-    return tl.inline_asm_elementwise(
-        "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=tl.int32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _half2_in_place(lo, hi, EMULATE: tl.constexpr):
-    """_half2, marked impure so the compiler packs where the values load instead of repeating it in every
-    thread that reads them."""
+    """fp32 lo, hi as one f16x2 int32 (lo in the low half). Marked impure, so the compiler packs where the
+    values load instead of in every thread that reads them (Triton 3.9: 307 -> 290 instructions a step)."""
     if EMULATE:
         return _pack(lo, hi)
     return tl.inline_asm_elementwise(
@@ -159,7 +149,7 @@ def _activation_row(
     x_lo = _x(x_row, lo, K, EVEN_K) * x_scale
     x_hi = _x(x_row, lo + 4, K, EVEN_K) * x_scale
     xs = tl.sum(x_lo + x_hi, axis=0)  # sum x'
-    pairs = tl.reshape(_half2_in_place(x_lo, x_hi, EMULATE), [WORDS, 4])
+    pairs = tl.reshape(_half2(x_lo, x_hi, EMULATE), [WORDS, 4])
     even, odd = tl.split(tl.reshape(pairs, [WORDS, 2, 2]))  # j = 0, 2 and 1, 3
     q0, q2 = tl.split(even)
     q1, q3 = tl.split(odd)
