@@ -152,3 +152,28 @@ def test_plan_counts_a_dummy_spec_as_its_shape_and_recipe():
     assert result.exit_code == 0 and "ninfer serve dummy:qwen3.5-27b " in result.output
     result = CliRunner().invoke(app, ["plan", "dummy:qwen3-8b", "--vram", "24G", "--recipe", "q4.6"])
     assert result.exit_code == 2 and "drop --recipe" in result.output
+
+
+@pytest.mark.skipif(
+    DEVICE == "cuda", reason="interpreted kernels: on a GPU test_quant_matmul times the f16x2 GEMV"
+)
+def test_the_f16x2_gemvs_decode_a_batch_as_the_default_ones(tmp_path, kernel_backend, monkeypatch):
+    """GEMV_HALF2 on (gemv4h.py for 16-bit activations: one sequence's decode at M = 1, two at M = 2)
+    gives a bf16 engine the greedy tokens of the default GEMVs (Triton forced, interpreted)."""
+    from ninfer_kernels.quant_matmul import triton as fused
+
+    spec = f"dummy:{_tiny_config(tmp_path, 'qwen3')}:w4g128"
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    kernel_backend("triton")
+    runs = []
+    for half2 in (False, True):
+        monkeypatch.setattr(fused, "GEMV_HALF2", half2)
+        llm = LLM(spec, weight_quant="none", max_context=64, device=DEVICE, dtype="bfloat16")
+        assert holds_packed_weights(llm.model)
+        one = llm.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=params)[0].token_ids
+        two = [
+            o.token_ids
+            for o in llm.generate(prompt_token_ids=[[9, 10, 11], [12, 13]], sampling_params=params)
+        ]
+        runs.append((one, two))
+    assert runs[0] == runs[1] and len(runs[0][1][1]) == 6
