@@ -184,12 +184,13 @@ LOG=memory step sleep 120 python3 benchmarks/sleep_wake.py --gib 8 --repeat 2 --
 # ninfer bench end to end at real shapes with random weights (dummy:SHAPE:RECIPE, engine/formats/dummy.py;
 # no checkpoint travels to a lent machine): Qwen3.5-27B and Qwen3-8B, 4-bit groups of 128, decode at 1K and
 # 32K tokens of context, one stream (the table in dummy_bench.txt; DUMMY_SHAPES="qwen3.5-27b": fewer)
-# DUMMY_HALF2=1: each shape again with the 4-bit GEMVs in f16x2 (NINFER_GEMV_HALF2=1, gemv4h.py)
+# DUMMY_HALF2=1: each shape again with the 4-bit GEMVs in f16x2 (NINFER_GEMV_HALF2=1, gemv4h.py);
+# DUMMY_CTX=1k: fewer context lengths (default 1k,32k)
 for shape in ${DUMMY_SHAPES:-qwen3.5-27b qwen3-8b}; do
   for half2 in 0 ${DUMMY_HALF2:+1}; do
     [[ "$STEPS" == "  " || "$STEPS" == *" dummy_bench "* ]] && echo "NINFER_GEMV_HALF2=$half2" >> "$OUT/dummy_bench.txt"
     NINFER_GEMV_HALF2=$half2 LOG=dummy_bench step dummy_bench 300 python3 -m ninfer_cli.main bench \
-      "dummy:$shape:w4g128" --device cuda --ctx 1k,32k --concurrency 1 --gen 128 --repeat 2
+      "dummy:$shape:w4g128" --device cuda --ctx "${DUMMY_CTX:-1k,32k}" --concurrency 1 --gen 128 --repeat 2
   done
 done
 
