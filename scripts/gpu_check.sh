@@ -188,9 +188,9 @@ LOG=memory step sleep 120 python3 benchmarks/sleep_wake.py --gib 8 --repeat 2 --
 # DUMMY_CTX=1k: fewer context lengths (default 1k,32k)
 for shape in ${DUMMY_SHAPES:-qwen3.5-27b qwen3-8b}; do
   for half2 in 0 ${DUMMY_HALF2:+1}; do
-    [[ "$STEPS" == "  " || "$STEPS" == *" dummy_bench "* ]] && echo "NINFER_GEMV_HALF2=$half2" >> "$OUT/dummy_bench.txt"
     NINFER_GEMV_HALF2=$half2 LOG=dummy_bench step dummy_bench 300 python3 -m ninfer_cli.main bench \
-      "dummy:$shape:w4g128" --device cuda --ctx "${DUMMY_CTX:-1k,32k}" --concurrency 1 --gen 128 --repeat 2
+      "dummy:$shape:w4g128" --device cuda --ctx "${DUMMY_CTX:-1k,32k}" --concurrency 1 --gen 128 --repeat 2 \
+      --label "dummy:$shape:w4g128 NINFER_GEMV_HALF2=$half2"
   done
 done
 

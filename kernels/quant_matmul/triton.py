@@ -442,37 +442,38 @@ def quant_matmul(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
-    if (
-        cuda_cores and half2
-    ):  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated by the interpreter)
-        gemv4_half2_kernel[grid](
-            x,
-            *weights,
-            out,
-            sums,
-            arrivals,
-            m,
-            n,
-            k,
-            x.stride(0),
-            out.stride(0),
-            kp // 8,
-            num_groups,
-            per_split,
-            HALF_MAGIC,
+    if cuda_cores:
+        launch = dict(
             GROUP_SIZE=group_size,
-            HAS_MINS=minimums is not None,
             SPLIT_K=split_k,
             BLOCK_N=block_n,
-            ROWS_X=block_m,
             EVEN_K=k % group_size == 0,
             STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
-            SLICE=triton.next_power_of_2(min(per_split * group_size, k)),
-            EMULATE=interpreting(),
             num_warps=num_warps,
         )
-        return out
-    if cuda_cores:
+        if half2:  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated by the interpreter)
+            gemv4_half2_kernel[grid](
+                x,
+                *weights,
+                out,
+                sums,
+                arrivals,
+                m,
+                n,
+                k,
+                x.stride(0),
+                out.stride(0),
+                kp // 8,
+                num_groups,
+                per_split,
+                HALF_MAGIC,
+                HAS_MINS=minimums is not None,
+                ROWS_X=block_m,
+                SLICE=triton.next_power_of_2(min(per_split * group_size, k)),
+                EMULATE=interpreting(),
+                **launch,
+            )
+            return out
         kernel, row_words, magics = CUDA_CORE_GEMVS[bits]
         widths = dict(HAS_MINS=minimums is not None, PREFETCH=prefetch) if bits == 4 else {}
         if bits == 8:  # (no minimums)
@@ -489,12 +490,7 @@ def quant_matmul(
             num_groups,
             per_split,
             *magics,
-            GROUP_SIZE=group_size,
-            SPLIT_K=split_k,
-            BLOCK_N=block_n,
-            EVEN_K=k % group_size == 0,
-            STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
-            num_warps=num_warps,
+            **launch,
             **widths,
         )
         return out
