@@ -273,9 +273,11 @@ def test_a_sleeping_server_is_woken_before_each_run_or_the_row_is_invalid(tmp_pa
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self._reply(body)
-            if self.path != "/tokenize" and wakes:  # a one-token request wakes it; it sleeps after the others
+            # a one-token request wakes it; it sleeps after the others (set before the reply, as a server
+            # is awake once its wake request is answered: set after, /props could still say asleep)
+            if self.path != "/tokenize" and wakes:
                 type(self).sleeping = body["max_tokens"] > 1
+            self._reply(body)
 
     _, data = _bench_stub(tmp_path, SleepyStub)
     assert {r["woke"] for r in data["records"]} == {not wakes}
