@@ -1,5 +1,6 @@
 """Other servers' spellings of our routes, taken as ours: llama-server's OpenAI paths without `/v1`
-(`/chat/completions`, `/completions`, `/embeddings`, `/models`) and its `/v1/health`. The path is
+(`/chat/completions`, `/completions`, `/models`; its `/embeddings` is its own: engine/api/llama_embedding.py)
+and its `/v1/health`. The path is
 rewritten before routing, so auth, error shapes and metrics see the route it stands for."""
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 ALIASES = {
     "/chat/completions": "/v1/chat/completions",
     "/completions": "/v1/completions",
-    "/embeddings": "/v1/embeddings",
     "/models": "/v1/models",
     "/v1/health": "/health",
 }

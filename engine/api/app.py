@@ -13,6 +13,7 @@ from engine.api import (
     completions,
     embeddings,
     llama_cpp,
+    llama_embedding,
     lora_routes,
     ollama,
     ollama_chat,
@@ -46,6 +47,7 @@ def create_app(state: ServerState) -> FastAPI:
     guarded_paths = (
         *tokens.PATHS,
         *llama_cpp.PATHS,
+        *llama_embedding.PATHS,
         *props.PATHS,
         *rerank.PATHS,
         *lora_routes.PATHS,
@@ -118,6 +120,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(response_compaction.router)
     app.include_router(tokens.router)
     app.include_router(llama_cpp.router)
+    app.include_router(llama_embedding.router)
     app.include_router(props.router)
     app.include_router(lora_routes.router)
     app.include_router(sleep_routes.router)

@@ -26,9 +26,12 @@ MAX_INPUTS = 2048  # as OpenAI's API
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
-    state: ServerState = request.app.state.ninfer
-    body = await read_json(request)
-    prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in _inputs(state, body.get("input"))]
+    return await openai_embeddings(request.app.state.ninfer, await read_json(request), request)
+
+
+async def openai_embeddings(state: ServerState, body: dict, request: Request) -> dict[str, Any]:
+    """The OpenAI reply to an embeddings body (also llama-server's routes' for an `input` body)."""
+    prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in inputs(state, body, "input")]
     encoding = field(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise ApiError(
@@ -55,15 +58,17 @@ async def embeddings(request: Request):
     }
 
 
-def _inputs(state: ServerState, value: Any) -> list[list[int]]:
-    """A string, token ids, or an array of several (strings or token-id arrays), each encoded."""
-    shape = "'input' must be a string, an array of token ids, or an array of strings or of token-id arrays"
+def inputs(state: ServerState, body: dict, name: str) -> list[list[int]]:
+    """The body's field `name`: a string, token ids, or an array of several (strings or token-id arrays),
+    each encoded."""
+    value = body.get(name)
+    shape = f"'{name}' must be a string, an array of token ids, or an array of strings or of token-id arrays"
     if isinstance(value, str) or (isinstance(value, list) and value and all(is_token_id(t) for t in value)):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise ApiError(400, shape, "input")
+        raise ApiError(400, shape, name)
     if len(value) > MAX_INPUTS:
-        raise ApiError(400, f"{len(value)} inputs in one request; at most {MAX_INPUTS}", "input")
+        raise ApiError(400, f"{len(value)} inputs in one request; at most {MAX_INPUTS}", name)
     prompts = []
     for i, item in enumerate(value):
         if isinstance(item, str) and item:
@@ -71,9 +76,9 @@ def _inputs(state: ServerState, value: Any) -> list[list[int]]:
         elif isinstance(item, list) and item and all(is_token_id(t) for t in item):
             prompts.append(list(item))
         elif item == "" or item == []:
-            raise ApiError(400, f"input {i} is empty; every input needs at least one token", "input")
+            raise ApiError(400, f"{name} {i} is empty; every input needs at least one token", name)
         else:
-            raise ApiError(400, shape, "input")
+            raise ApiError(400, shape, name)
     return prompts
 
 

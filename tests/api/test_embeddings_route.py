@@ -1,7 +1,8 @@
 """`POST /v1/embeddings` through the official OpenAI SDK, on a tiny bare Qwen3 decoder (an embedding model,
 as Qwen3-Embedding is) over the embedded tokenizer: each vector is transformers' last-token hidden state,
 normalized; base64 and float agree; `dimensions` truncates; a batch larger than --max-concurrency is
-answered whole and in order; the model makes no text; bad input is one line."""
+answered whole and in order; the model makes no text; bad input is one line. llama-server's `/embedding`
+and `/embeddings`: its reply shape and `embd_normalize` for a `content` body, OpenAI's for an `input` one."""
 
 from __future__ import annotations
 
@@ -138,3 +139,66 @@ def test_truncate_prompt_tokens_embeds_the_inputs_end(served):
 def test_an_embedding_model_does_not_rerank(served):
     r = httpx.post(f"{served[0].url}/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=60)
     assert r.status_code == 400 and "this model is not a reranker" in r.json()["error"]["message"]
+
+
+def _llama(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=60)
+
+
+@pytest.mark.parametrize("path", ["/embedding", "/embeddings"])
+def test_llama_servers_embedding_routes_answer_in_its_shape(served, path):
+    server, model = served
+    ids = [server.engine.tokenizer.encode(t) for t in TEXTS]
+    r = _llama(server, path, {"content": TEXTS})
+    assert r.status_code == 200, r.text
+    assert [item["index"] for item in r.json()] == list(range(len(TEXTS)))
+    for item, prompt in zip(r.json(), ids):
+        assert set(item) == {"index", "embedding"} and len(item["embedding"]) == 1  # one pooled vector
+        assert _close(item["embedding"][0], _reference(model, prompt))
+    one = _llama(server, path, {"content": TEXTS[1]}).json()
+    assert len(one) == 1 and _close(one[0]["embedding"][0], r.json()[1]["embedding"][0], 1e-6)
+    by_ids = _llama(server, path, {"content": ids[1]}).json()
+    assert _close(by_ids[0]["embedding"][0], r.json()[1]["embedding"][0], 1e-6)
+    # an OpenAI body (`input`) gets OpenAI's reply, as from /v1/embeddings
+    oai = _llama(server, path, {"input": TEXTS[1], "encoding_format": "float"}).json()
+    assert oai["object"] == "list" and _close(oai["data"][0]["embedding"], one[0]["embedding"][0], 1e-6)
+
+
+def test_embd_normalize_takes_llama_servers_norms(served):
+    server, _ = served
+    text = TEXTS[3]
+
+    def vector(norm: int | None) -> list[float]:
+        body = {"content": text} if norm is None else {"content": text, "embd_normalize": norm}
+        r = _llama(server, "/embedding", body)
+        assert r.status_code == 200, r.text
+        return r.json()[0]["embedding"][0]
+
+    raw = vector(-1)
+    unnormalized = _llama(server, "/v1/embeddings", {"input": text, "normalize": False})
+    assert _close(raw, unnormalized.json()["data"][0]["embedding"], 1e-6)
+    assert _close(vector(None), vector(2), 1e-7) and _close(vector(2), normalized(raw), 1e-6)
+    int16 = vector(0)
+    assert math.isclose(max(abs(v) for v in int16), 32760.0, rel_tol=1e-6)
+    assert _close([v / 32760.0 for v in int16], [v / max(abs(x) for x in raw) for v in raw], 1e-6)
+    assert math.isclose(sum(abs(v) for v in vector(1)), 1.0, rel_tol=1e-6)
+    assert math.isclose(sum(abs(v) ** 3 for v in vector(3)), 1.0, rel_tol=1e-6)
+    # a p so large that |v|^p would overflow: the p-norm tends to the largest magnitude
+    assert math.isclose(max(abs(v) for v in vector(10**6)), 1.0, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "'content' must be a string"),
+        ({"content": 5}, "'content' must be a string"),
+        ({"content": ["ok", ""]}, "content 1 is empty"),
+        ({"content": "a", "embd_normalize": -2}, "'embd_normalize' must be -1 (none), 0 (int16 range)"),
+        ({"content": "a", "embd_normalize": "2"}, "'embd_normalize'"),
+        ({"content": "word " * 300}, "This model's maximum context length is 256 tokens"),
+    ],
+)
+def test_llama_servers_routes_refuse_bad_bodies_in_one_line(served, body, message):
+    r = _llama(served[0], "/embedding", body)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"] and "\n" not in r.json()["error"]["message"]

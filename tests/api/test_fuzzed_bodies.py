@@ -55,6 +55,7 @@ ROUTES = {
         "input instructions previous_response_id max_output_tokens",
     ),
     "/v1/embeddings": ({"model": "m", "input": "hi"}, "input dimensions encoding_format"),
+    "/embedding": ({"content": "hi"}, "content embd_normalize input truncate_prompt_tokens"),
     "/tokenize": (
         {"prompt": "hi"},
         "prompt messages add_special_tokens content add_special with_pieces tools",

@@ -291,6 +291,11 @@ def test_llama_server_spellings_version_ping_and_apply_template(server):
     refused = httpx.post(f"{server.url}/apply-template", json={"prompt": "hi"}, headers=key)
     assert refused.status_code == 400 and "send 'messages'" in refused.json()["error"]["message"]
     assert httpx.post(f"{server.url}/apply-template", json={"messages": QUESTION}).status_code == 401
+    for path in ("/embedding", "/embeddings"):  # llama-server's own embeddings routes, behind the key too
+        assert httpx.post(f"{server.url}{path}", json={"content": "hi"}, timeout=60).status_code == 401
+        assert httpx.post(f"{server.url}{path}", json={"input": "hi"}, timeout=60).status_code == 401
+        r = httpx.post(f"{server.url}{path}", json={"content": "hi"}, headers=key, timeout=60)
+        assert r.status_code == 200 and r.json()[0]["index"] == 0
 
 
 def test_preemptions_are_counted_in_metrics():
