@@ -414,7 +414,8 @@ class LLM:
     def _prompt_progress(self, sched: SchedulerOutput) -> list[tuple[RequestOutput, str]]:
         """For each request that asked (return_progress) and ran a prompt chunk without getting a token (its
         prompt not yet all in the cache: the chunk that completes it gives the first token), an output
-        saying how far its prompt has come."""
+        saying how far its prompt has come. Never less than it said before: a request preempted mid-prompt
+        computes its prompt again from its cached pages, and says nothing until it is past that again."""
         progress = []
         for s in sched.scheduled:
             stream = self._streams.get(s.request_id)
@@ -423,6 +424,9 @@ class LLM:
             req = stream.request
             if req.is_finished or req.num_computed_tokens >= req.num_prompt_tokens:
                 continue
+            if req.num_computed_tokens <= stream.progress_said:
+                continue
+            stream.progress_said = req.num_computed_tokens
             out = stream.output(None)
             out.prompt_progress = (
                 req.num_prompt_tokens,

@@ -28,6 +28,7 @@ class RequestStream:
         self.emitted = 0
         self.stopped = False
         self.matched_stop: str | None = None
+        self.progress_said = 0  # return_progress: the most prompt tokens an output has said were processed
 
     def push(self, token_id: int) -> None:
         """Detokenize one new token; sets `stopped` when a stop string appears (text cut before it, or after

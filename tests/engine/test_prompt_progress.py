@@ -1,5 +1,6 @@
 """return_progress (llama-server's): a request whose prompt runs in several chunks gets an output after each
-chunk that gave no token, saying how far the prompt has come; others never see one."""
+chunk that gave no token, saying how far the prompt has come, never less than before (a preempted prompt is
+computed again); others never see one."""
 
 from __future__ import annotations
 
@@ -38,3 +39,19 @@ def test_a_cached_prefix_is_counted_and_a_prompt_of_one_chunk_has_none():
     assert [processed for _, _, processed in progress] == [128]
     short = _run(llm, {"short": (list(range(400, 420)), True)})["short"]
     assert all(p is None for p, _, _ in short)
+
+
+def test_a_prompt_preempted_midway_never_says_less_than_before():
+    # a 96-token pool: the decoding request outgrows it while the other's prompt runs, which is preempted
+    # mid-prompt (its pages freed) and computed again later
+    llm = LLM(prefill_chunk=32, max_concurrency=2, kv_capacity=96, max_context=96)
+    llm.add_request(list(range(100, 140)), SamplingParams(max_tokens=55, temperature=0, ignore_eos=True), "a")
+    params = SamplingParams(max_tokens=4, temperature=0, return_progress=True, ignore_eos=True)
+    llm.add_request(list(range(200, 286)), params, "b")
+    said = []
+    while llm.has_unfinished_requests():
+        said += [
+            out.prompt_progress[2] for out, _ in llm.step() if out.prompt_progress and out.request_id == "b"
+        ]
+    assert llm.scheduler.num_preemptions > 0
+    assert said == sorted(set(said)) and said[-1] < 86, said  # strictly more each time (it was 47 -> 32)
