@@ -77,6 +77,15 @@ def _gpu_capability(device: torch.device) -> int:
     return 10 * major + minor
 
 
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the GPU `device` is on; for CPU tensors (the compile check, the
+    interpreter) an H100's / H200's 132, what grids are sized for there."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def pipeline_stages(three_stage_bytes: int, device: torch.device) -> int:
     """Software-pipeline depth of a kernel's main loop: three stages (the next two tiles' copies in flight
     while one is computed) where the target's shared memory holds them (three_stage_bytes: the kernel's

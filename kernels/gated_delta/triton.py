@@ -27,9 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages
+from ninfer_kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages, sm_count
 
 CHUNK = 64  # tokens a chunk in the chunked form
+WIDE_SCAN_BLOCK_V = (
+    64  # value dims a scan program takes where the narrow grid is past one wave (_scan_block_v)
+)
 CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average
 
 
@@ -381,13 +384,9 @@ def _chunked(
         num_warps=8,
         **common,
     )
-    block_v = block_v or min(32, max(16, triton.next_power_of_2(head_v_dim)))
-    # a stage: [CHUNK, Dk] q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32, half
-    # operands; twice that in fp32), and the [Dk, BLOCK_V] state operand; three half-precision stages fit
-    # SM 9.0 (156-185 KB), not 99 KB consumer GPUs; fp32 operands take two stages on SM 9.0
     size = 4 if operands == tl.float32 else 2
-    stage = CHUNK * (3 * block_k + block_v) * size
-    stages = num_stages or pipeline_stages(3 * stage + block_k * block_v * size + 8192, v.device)
+    block_v = block_v or _scan_block_v(num_seqs, num_v_heads, head_v_dim, block_k, size, v.device)
+    stages = num_stages or pipeline_stages(_three_stage_bytes(block_k, block_v, size), v.device)
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,
@@ -410,3 +409,29 @@ def _chunked(
         **common,
     )
     return out
+
+
+def _three_stage_bytes(block_k: int, block_v: int, size: int) -> int:
+    """The scan's shared memory at three pipeline stages (operands of `size` bytes). A stage: [CHUNK, Dk]
+    q / k / W tiles and a [CHUNK, BLOCK_V] U tile (52 KB at Dk 128, BLOCK_V 32, half operands; twice that
+    in fp32); and the [Dk, BLOCK_V] state operand. Three half-precision stages fit SM 9.0 (156-185 KB at
+    32 value dims, 190-206 at 64), not 99 KB consumer GPUs; fp32 operands take two stages on SM 9.0."""
+    return 3 * CHUNK * (3 * block_k + block_v) * size + block_k * block_v * size + 8192
+
+
+def _scan_block_v(num_seqs: int, num_v_heads: int, head_v_dim: int, block_k: int, size: int, device) -> int:
+    """Value dims a scan program takes: 32 (16 for narrower heads); WIDE_SCAN_BLOCK_V where the 32-wide grid
+    is more than one wave of the GPU (one program an SM: 255 registers a thread at 8 warps) and the wide one
+    fits in one, and three stages of its tiles fit shared memory (SM 9.0, half-precision operands). Each
+    program reads and multiplies its chunk's q, k and W whatever its width, so a wide program costs less
+    than two narrow ones: an H200 scanned 4,096 tokens of Qwen3.5-27B's 48 value heads (one sequence: 192
+    narrow programs, 96 wide) in 1.66 ms wide against 2.02 narrow (2026-12-04, Triton 3.6, though the wide
+    tile spills 376-524 bytes); with 32 value heads the narrow grid is one wave already."""
+    narrow = min(32, max(16, triton.next_power_of_2(head_v_dim)))
+    wide = min(WIDE_SCAN_BLOCK_V, triton.next_power_of_2(head_v_dim))
+    programs = num_seqs * num_v_heads
+    sms = sm_count(device)
+    if wide <= narrow or programs * triton.cdiv(head_v_dim, narrow) <= sms:
+        return narrow
+    fits = pipeline_stages(_three_stage_bytes(block_k, wide, size), device) == 3
+    return wide if fits and programs * triton.cdiv(head_v_dim, wide) <= sms else narrow

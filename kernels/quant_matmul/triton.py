@@ -40,7 +40,6 @@ weight, which bounds the fraction of HBM bandwidth an SM can keep up with (docs/
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -61,7 +60,13 @@ from ninfer_kernels.triton_codes import (
     offset_codes,
     six_bit_words,
 )
-from ninfer_kernels.triton_config import compute_capability, dot_dtype, dot_precision, interpreting
+from ninfer_kernels.triton_config import (
+    compute_capability,
+    dot_dtype,
+    dot_precision,
+    interpreting,
+    sm_count,
+)
 
 
 @triton.jit
@@ -328,13 +333,6 @@ GEMV_HALF2 = os.environ.get("NINFER_GEMV_HALF2", "0") == "1"
 HALF2_MAX_M = 4
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # an H100 / H200: what the compile check and the interpreter size the grid for
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def gemv_block_n(bits: int, device: torch.device) -> int:
     """Weight rows a GEMV program takes by default (GEMV_BLOCK_N, WIDE_GEMV_BLOCK_N)."""
     return WIDE_GEMV_BLOCK_N if bits == 4 and compute_capability(device) >= 90 else GEMV_BLOCK_N
@@ -345,7 +343,7 @@ def gemv_splits(n: int, groups: int, block_n: int, device: torch.device) -> int:
     to the end. With one program per output tile, a 17408-row matrix in 64-row tiles is 272 programs: two
     on most of an H200's 132 SMs, three on a few, which then finish alone at a fraction of the bandwidth."""
     tiles = triton.cdiv(n, block_n)
-    return max(1, min(groups, triton.cdiv(GEMV_PROGRAMS_PER_SM * _sm_count(device), tiles)))
+    return max(1, min(groups, triton.cdiv(GEMV_PROGRAMS_PER_SM * sm_count(device), tiles)))
 
 
 _SPLIT_BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -470,3 +470,24 @@ def test_gated_delta_rule_tuning_knobs_keep_the_result(block_v, num_warps):
     gated_delta = triton_op("gated_delta")
     got = gated_delta.gated_delta_rule(q, k, v, g, beta, state, cu, idx, block_v=block_v, num_warps=num_warps)
     assert rel_err(got, want) < 1e-3 and rel_err(state, want_state) < 1e-3
+
+
+@pytest.mark.parametrize(
+    "num_seqs, num_v_heads, head_v_dim, size, shared, expected",
+    [
+        (1, 48, 128, 2, 232448, 64),  # Qwen3.5-27B, one sequence: 192 narrow programs, 96 wide (one wave)
+        (1, 32, 128, 2, 232448, 32),  # Qwen3.5-9B: 128 narrow programs, one wave already
+        (2, 48, 128, 2, 232448, 32),  # two sequences: 192 wide programs, past one wave either way
+        (1, 48, 128, 4, 232448, 32),  # fp32 operands: three wide stages do not fit
+        (1, 48, 128, 2, 101376, 32),  # a 99 KB consumer GPU: nor there
+        (1, 48, 16, 2, 232448, 16),  # 16 value dims: nothing wider to take
+    ],
+)
+def test_the_scan_takes_64_value_dims_where_the_narrow_grid_is_past_one_wave(
+    monkeypatch, num_seqs, num_v_heads, head_v_dim, size, shared, expected
+):
+    from ninfer_kernels.gated_delta import triton as gdt
+
+    monkeypatch.setattr(gdt, "sm_count", lambda device: 132)  # an H200
+    monkeypatch.setattr(gdt, "pipeline_stages", lambda need, device: 3 if need <= shared else 2)
+    assert gdt._scan_block_v(num_seqs, num_v_heads, head_v_dim, 128, size, torch.device("cpu")) == expected
