@@ -184,12 +184,15 @@ class RemoteChat:
         stats: ReplyStats | None = None,
         progress: PromptProgress | None = None,
     ) -> Iterator[str]:
-        """(`progress`: not shown for a server's prompt)"""
+        """(`progress`: shown where the server sends llama-server's prompt_progress: ninfer, llama-server)"""
         sampling: dict[str, Any] = {**self.fields, "max_tokens": params.max_tokens, **self.sampling}
         if params.seed is not None:
             sampling["seed"] = params.seed
         usage: dict[str, Any] | None = {} if stats is not None else None
-        for text in self.server.chat(_with_parts(messages, data_url_part), sampling, usage):
+        shown = progress.show if progress is not None else None
+        for text in self.server.chat(_with_parts(messages, data_url_part), sampling, usage, shown):
+            if progress is not None:
+                progress.clear()
             if stats is not None:
                 stats.arrived()
             yield text

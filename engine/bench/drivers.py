@@ -13,6 +13,7 @@ without --enable-cache-report), the difference of its prefix-cache hit counter o
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
@@ -20,7 +21,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from engine.bench.workloads import Prompt
@@ -297,14 +298,35 @@ class OverHttp:
         found = {what: next((n for n in names if n in sums), None) for what, names in COUNTERS.items()}
         return {what: sums[name] for what, name in found.items() if name is not None}
 
-    def chat(self, messages: list[dict], sampling: dict, usage: dict | None = None) -> Iterator[str]:
+    @functools.cached_property
+    def takes_progress(self) -> bool:
+        """Whether chat completions take llama-server's `return_progress` here: a server whose GET /props
+        answers as llama-server's does (llama-server, ninfer). Others are not asked (OpenAI's API refuses a
+        field it does not know)."""
+        try:
+            status, data = self._request("GET", "/props")
+        except NinferError:
+            return False
+        return status == 200 and isinstance(data.get("default_generation_settings"), dict)
+
+    def chat(
+        self,
+        messages: list[dict],
+        sampling: dict,
+        usage: dict | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[str]:
         """Stream one chat reply's text (`ninfer chat --url`): `sampling` holds the request's max_tokens,
         temperature, ... fields. A refusal raises NinferError with the server's own message; leaving the
         loop early closes the connection, which a server takes as a disconnect (ninfer frees the request).
-        `usage`: asked for (stream_options) and filled with the server's usage when it sends one."""
+        `usage`: asked for (stream_options) and filled with the server's usage when it sends one.
+        `progress(total, processed)`: called for each `prompt_progress` the server sends while it reads a
+        long prompt, where it takes `return_progress` (takes_progress)."""
         body = {"model": self.model, "messages": messages, "stream": True, **sampling}
         if usage is not None:
             body["stream_options"] = {"include_usage": True}
+        if progress is not None and self.takes_progress:
+            body["return_progress"] = True
         conn = self._conn()
         try:
             try:
@@ -329,6 +351,9 @@ class OverHttp:
                     )
                 if usage is not None and isinstance(event.get("usage"), dict):
                     usage.update(event["usage"])
+                read = event.get("prompt_progress")
+                if progress is not None and isinstance(read, dict) and read.get("total"):
+                    progress(int(read["total"]), int(read.get("processed") or 0))
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")

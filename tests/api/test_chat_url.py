@@ -3,6 +3,8 @@ the server refuses, and a server that is not there, are one line."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from server import RunningServer
 from typer.testing import CliRunner
@@ -116,7 +118,7 @@ def test_over_http_only_the_sampling_flags_given_are_sent(monkeypatch):
         def __init__(self, *args):
             pass
 
-        def chat(self, messages, sampling, usage):
+        def chat(self, messages, sampling, usage, progress=None):
             sent.append(sampling)
             yield "ok"
 
@@ -146,3 +148,32 @@ def test_sampling_overrides_reach_the_replies_both_ways(server):
     assert remote.strip() == local.strip() != plain.strip()
     code, out = _chat("--prompt", "hi", "--override-generation-config", '{"typical_p": 3}')
     assert code == 2 and out.count("\n") == 1 and "typical_p must be in (0, 1]" in out, out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_prompt_shows_its_progress_over_http():
+    """The server sends prompt_progress (return_progress) while it reads a prompt in several chunks: the
+    line shows it and is cleared as the reply begins, as in the local chat; a server that does not answer
+    /props as llama-server does is not asked."""
+    from engine import SamplingParams
+    from ninfer_cli.chat_backends import PromptProgress, RemoteChat
+
+    messages = [{"role": "user", "content": "Tell me about this list: " + ", ".join(map(str, range(60)))}]
+    params = SamplingParams(max_tokens=4, temperature=0)
+    with RunningServer(AsyncLLM(prefill_chunk=32), model_id="smollm2") as s:
+        chat = RemoteChat(s.url, None, None, sampling={"temperature": 0})
+        assert chat.server.takes_progress
+        screen = _Terminal()
+        reply = "".join(chat.reply(messages, params, progress=PromptProgress(screen)))
+        shown = screen.getvalue()
+        assert reply and "[reading the prompt: " in shown and shown.endswith("\r\x1b[K")
+        percents = [int(p.split("%")[0]) for p in shown.split("[reading the prompt: ")[1:]]
+        assert len(percents) >= 3 and percents == sorted(percents) and percents[-1] < 100
+        chat.server.takes_progress = False  # (as for vLLM or OpenAI's API: nothing asked, nothing shown)
+        screen = _Terminal()
+        assert "".join(chat.reply(messages, params, progress=PromptProgress(screen))) == reply
+        assert screen.getvalue() == ""
