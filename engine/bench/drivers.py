@@ -352,8 +352,10 @@ class OverHttp:
                 if usage is not None and isinstance(event.get("usage"), dict):
                     usage.update(event["usage"])
                 read = event.get("prompt_progress")
-                if progress is not None and isinstance(read, dict) and read.get("total"):
-                    progress(int(read["total"]), int(read.get("processed") or 0))
+                if progress is not None and isinstance(read, dict):
+                    total, processed = read.get("total"), read.get("processed")
+                    if isinstance(total, int) and isinstance(processed, int) and 0 <= processed <= total:
+                        progress(total, processed)
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
