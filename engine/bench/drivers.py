@@ -354,7 +354,7 @@ class OverHttp:
                 read = event.get("prompt_progress")
                 if progress is not None and isinstance(read, dict):
                     total, processed = read.get("total"), read.get("processed")
-                    if isinstance(total, int) and isinstance(processed, int) and 0 <= processed <= total:
+                    if isinstance(total, int) and isinstance(processed, int) and 0 <= processed <= total > 0:
                         progress(total, processed)
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
