@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import functools
 import importlib
+import inspect
 import io
 import json
 import os
@@ -444,13 +445,35 @@ def _ptxas_info(kernel, arch: int) -> tuple[int | None, int | None]:
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "k.ptx"
             src.write_text(ptx)
-            cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={target.group(1)}", str(src), "-o", f"{src}.o"]
+            cmd = [
+                get_ptxas(arch).path,
+                "-v",
+                *_triton_ptxas_options(kernel),
+                f"--gpu-name={target.group(1)}",
+            ]
+            cmd += [str(src), "-o", f"{src}.o"]
             info = _ptxas_logs[kernel.metadata.hash] = subprocess.run(
                 cmd, capture_output=True, text=True
             ).stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
     return (int(regs.group(1)) if regs else None), (max(spills) if spills else None)
+
+
+def _triton_ptxas_options(kernel) -> list[str]:
+    """The options this Triton's own ptxas run gives a kernel (its make_cubin), so that a cached variant's
+    registers and spills are reported as Triton's compile got them: line info, --fmad=false without fp
+    fusion, the kernel's ptx_options, and --regAllocOptLevel=2 where this Triton passes it (3.9 does, for
+    a ptxas 13 bug; without it, some 255-register kernels spill 8-12 bytes more)."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    meta = kernel.metadata
+    options = ["-lineinfo"]
+    if not getattr(meta, "enable_fp_fusion", True):
+        options.append("--fmad=false")
+    if "regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin):
+        options.append("--regAllocOptLevel=2")
+    return options + (getattr(meta, "ptx_options", None) or "").split()
 
 
 @functools.cache
