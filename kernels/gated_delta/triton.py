@@ -426,7 +426,7 @@ def _scan_block_v(num_seqs: int, num_v_heads: int, head_v_dim: int, block_k: int
     program reads and multiplies its chunk's q, k and W whatever its width, so a wide program costs less
     than two narrow ones: an H200 scanned 4,096 tokens of Qwen3.5-27B's 48 value heads (one sequence: 192
     narrow programs, 96 wide) in 1.66 ms wide against 2.02 narrow (2026-12-04, Triton 3.6, though the wide
-    tile spills 376-524 bytes); with 32 value heads the narrow grid is one wave already."""
+    tile spills 428-524 bytes); with 32 value heads the narrow grid is one wave already."""
     narrow = min(32, max(16, triton.next_power_of_2(head_v_dim)))
     wide = min(WIDE_SCAN_BLOCK_V, triton.next_power_of_2(head_v_dim))
     programs = num_seqs * num_v_heads
