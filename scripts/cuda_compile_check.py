@@ -445,13 +445,8 @@ def _ptxas_info(kernel, arch: int) -> tuple[int | None, int | None]:
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "k.ptx"
             src.write_text(ptx)
-            cmd = [
-                get_ptxas(arch).path,
-                "-v",
-                *_triton_ptxas_options(kernel),
-                f"--gpu-name={target.group(1)}",
-            ]
-            cmd += [str(src), "-o", f"{src}.o"]
+            options = [*_triton_ptxas_options(kernel), f"--gpu-name={target.group(1)}"]
+            cmd = [get_ptxas(arch).path, "-v", *options, str(src), "-o", f"{src}.o"]
             info = _ptxas_logs[kernel.metadata.hash] = subprocess.run(
                 cmd, capture_output=True, text=True
             ).stderr

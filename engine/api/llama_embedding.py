@@ -19,6 +19,7 @@ from engine.api.common import field, pooled, read_json, truncated_prompt
 from engine.api.embeddings import inputs, openai_embeddings
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
+from engine.pooling import normalized
 
 router = APIRouter()
 PATHS = ("/embedding", "/embeddings")  # outside /v1/: guarded by the API key all the same
@@ -42,19 +43,19 @@ async def embedding(request: Request):
         )
     prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in inputs(state, body, "content")]
     outs = await pooled(state, prompts, request)
-    return [{"index": i, "embedding": [normalized(out.embedding, norm)]} for i, out in enumerate(outs)]
+    return [{"index": i, "embedding": [embd_normalized(out.embedding, norm)]} for i, out in enumerate(outs)]
 
 
-def normalized(vector: list[float], norm: int) -> list[float]:
+def embd_normalized(vector: list[float], norm: int) -> list[float]:
     """`vector` divided by its embd_normalize norm (module docstring); a zero vector stays zero."""
     if norm == -1:
         return list(vector)
+    if norm == 2:  # as /v1/embeddings normalizes
+        return normalized(vector)
     if norm == 0:
         total = max((abs(v) for v in vector), default=0.0) / INT16_SCALE
     elif norm == 1:
         total = math.fsum(abs(v) for v in vector)
-    elif norm == 2:
-        total = math.sqrt(math.fsum(v * v for v in vector))
     else:  # from the largest magnitude, so that no power overflows however large p
         top = max((abs(v) for v in vector), default=0.0)
         total = top * math.fsum((abs(v) / top) ** norm for v in vector) ** (1.0 / norm) if top > 0 else 0.0

@@ -30,9 +30,8 @@ import triton.language as tl
 from ninfer_kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages, sm_count
 
 CHUNK = 64  # tokens a chunk in the chunked form
-WIDE_SCAN_BLOCK_V = (
-    64  # value dims a scan program takes where the narrow grid is past one wave (_scan_block_v)
-)
+# value dims a scan program takes where the narrow grid is past one wave (_scan_block_v)
+WIDE_SCAN_BLOCK_V = 64
 CHUNKED_MIN_TOKENS = 16  # the chunked form from this many tokens a sequence on average
 
 
