@@ -13,7 +13,9 @@ Admission policy (docs/architecture.md):
   running slots; one that waits longer than `pending_timeout_ms` without being admitted expires.
 * When pages run out mid-run, the most recently admitted request is preempted: its pages are freed
   (full ones stay in the prefix cache) and it is recomputed later from its prompt and the tokens it
-  already produced, usually straight from the prefix cache.
+  already produced, usually straight from the prefix cache. It is readmitted only when all those tokens
+  fit, and any request only while a page each running request stays free beside its first chunk, so
+  a request is not preempted again as soon as it is back (churn in a pool too small for both).
 * At admission the longest cached prefix of full pages is reused (hybrid models: the longest one
   that also has a recurrent-state snapshot), always leaving at least one token to compute.
 
@@ -184,7 +186,7 @@ class Scheduler:
             need = self.block_pool.blocks_needed(num_cached + n, len(hit_blocks))
             held = hit_blocks + (reuse.source_blocks if reuse is not None else [])
             reclaimed = sum(self.block_pool.ref_cnt[b] == 0 for b in dict.fromkeys(held))
-            if need > self.block_pool.num_free_blocks - reclaimed:
+            if not self._fits(req, need, len(hit_blocks), self.block_pool.num_free_blocks - reclaimed):
                 break
             self.waiting.popleft()
             self.block_pool.touch(hit_blocks)
@@ -406,6 +408,15 @@ class Scheduler:
             if req.rolling_snapshot is not None:
                 self.state_pool.drop_snapshot(req.rolling_snapshot)
             req.rolling_snapshot = prefix_hash
+
+    def _fits(self, req: Request, need: int, num_hit_pages: int, free: int) -> bool:
+        """Whether a waiting request is admitted with `need` new pages for its first chunk, `free` pages being
+        free: a page each running request stays free beside them (so the next page one of them fills does not
+        preempt the newcomer at once), and a preempted request waits until all its known tokens fit (its
+        recomputation would otherwise be preempted again midway, and again at each readmission)."""
+        if req.admitted:
+            need = max(need, self.block_pool.blocks_needed(req.num_tokens, num_hit_pages))
+        return need + len(self.running) <= free
 
     def _grow(self, req: Request, num_tokens: int) -> bool:
         need = self.block_pool.blocks_needed(num_tokens, len(req.block_ids))

@@ -223,7 +223,7 @@ def test_drafts_under_preemption_keep_greedy_output(tmp_path, arch):
     prompts = [_prompt(30 + 7 * i, 50 + i) for i in range(5)]
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     want = LLM(path, max_concurrency=5).generate(prompt_token_ids=prompts, sampling_params=params)
-    llm = LLM(path, max_concurrency=5, kv_capacity=160, prefill_chunk=64, spec="ngram")
+    llm = LLM(path, max_concurrency=5, kv_capacity=128, prefill_chunk=32, spec="ngram")
     full = {f"req-{i}": p + w.token_ids for i, (p, w) in enumerate(zip(prompts, want))}
     llm.scheduler.proposer = ScriptedDrafts(full, 3, 3)
     pool, states = llm.scheduler.block_pool, llm.scheduler.state_pool

@@ -153,9 +153,9 @@ def test_a_prediction_drafts_before_the_draft_model(target, plain, other_draft):
 
 
 def test_preemptions_recompute_the_drafts_kv(target, plain):
-    """A pool of 10 pages of 8 for three requests of up to 46 tokens: they preempt each other."""
+    """A pool of 8 pages of 8 for three requests of up to 46 tokens: they preempt each other."""
     _, path = target
-    llm = _spec(path, path, max_concurrency=3, kv_capacity=80, enable_prefix_caching=False)
+    llm = _spec(path, path, max_concurrency=3, kv_capacity=64, enable_prefix_caching=False)
     got = [out.token_ids for out in llm.generate(None, GREEDY, PROMPTS)]
     assert got == plain and llm.scheduler.num_preemptions > 0
     assert llm.scheduler.num_accepted_tokens >= 0.9 * llm.scheduler.num_draft_tokens

@@ -90,7 +90,7 @@ def test_preempted_requests_keep_one_value_per_prompt_token(pair):
     prompts = [_prompt(30 + 7 * i, 50 + i) for i in range(5)]
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
     want = LLM(path, max_concurrency=5).generate(prompt_token_ids=prompts, sampling_params=params)
-    llm = LLM(path, max_concurrency=5, kv_capacity=160, prefill_chunk=16)
+    llm = LLM(path, max_concurrency=5, kv_capacity=128, prefill_chunk=16)
     preempt, mid_prompt = llm.scheduler._preempt, []
 
     def preempt_and_note(req):  # some preemptions should land before a prompt's values are all in

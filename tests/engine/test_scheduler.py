@@ -120,13 +120,13 @@ def test_abort_frees_at_once():
 
 
 def test_preemption_when_pages_run_out_then_recompute():
-    s = make(num_blocks=4, block_size=4, budget=64)  # 16 token slots in all
+    s = make(num_blocks=5, block_size=4, budget=64)  # 20 token slots in all
     a, b = req("a", 7, max_tokens=20), req("b", 7, max_tokens=20)
     s.add_request(a)
     s.add_request(b)
-    run_step(s)  # each holds 2 blocks (8 slots) after prefill
+    run_step(s)  # each holds 2 blocks (8 slots) after prefill; one stays free for a (admission headroom)
     run_step(s)  # token 8 fits in the second block
-    out = run_step(s)  # token 9 needs a third block for a: b is preempted
+    out = run_step(s)  # token 9 takes the free block for a; b has none for its own: b is preempted
     assert list(out.num_scheduled_tokens) == ["a"]
     assert b.num_computed_tokens == 0 and b.block_ids == [] and s.num_preemptions == 1
     assert "b" in out.finished_request_ids
@@ -134,6 +134,31 @@ def test_preemption_when_pages_run_out_then_recompute():
     out = run_step(s)
     # b is recomputed from its prompt plus the tokens it had produced
     assert out.num_scheduled_tokens == {"b": 7 + 2}
+
+
+def test_admission_leaves_a_page_per_running_request():
+    s = make(num_blocks=4, block_size=4, budget=64)
+    a, b = req("a", 7, max_tokens=20), req("b", 7, max_tokens=20)
+    s.add_request(a)
+    s.add_request(b)
+    out = run_step(s)  # b's 2 pages would leave none for a's next: b waits instead of being preempted soon
+    assert list(out.num_scheduled_tokens) == ["a"] and b.status.name == "WAITING"
+    s.finish_request("a", "abort")
+    assert run_step(s).num_scheduled_tokens == {"b": 7}
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_a_preempted_request_waits_until_all_its_tokens_fit(prefix_caching):
+    # 64 token slots for 50 + 42 tokens: b is preempted once, then waits for a to finish instead of being
+    # readmitted chunk by chunk and preempted again midway through its recomputation (it was 8 times)
+    s = make(num_blocks=16, block_size=4, budget=8, prefix_caching=prefix_caching)
+    a, b = req("a", 10, max_tokens=40), req("b", 12, max_tokens=30)
+    s.add_request(a)
+    s.add_request(b)
+    while s.has_unfinished_requests():
+        run_step(s)
+    assert s.num_preemptions == 1
+    assert len(a.output_token_ids) == 40 and len(b.output_token_ids) == 30
 
 
 def test_context_limit_and_empty_prompt():
