@@ -7,6 +7,8 @@ turn. Function and custom tools (engine/api/custom_tools.py), which the client r
 refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
 `custom_tool_call`) per call. With `store` (the default) a response is kept in memory, the
 latest 256 (engine/api/response_store.py), so `previous_response_id` continues its conversation and GET returns it.
+A last `compaction_trigger` item, or `context_management`'s threshold, compacts the conversation first
+(engine/api/response_compaction.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
 from engine.api.response_background import EventLog
-from engine.api.response_compaction import compaction_text
+from engine.api.response_compaction import (
+    carries_all_before,
+    compact_threshold,
+    compaction_text,
+    conversation_items,
+    start_summary,
+)
 from engine.api.response_history import ITEMS as HOSTED_ITEMS
 from engine.api.response_history import hosted_item_text
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
@@ -96,7 +104,8 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
     origins: list[str] = []
     # the item before (reasoning aside) was a hosted tool's: an assistant message after it joins its turn
     after_hosted = False
-    for i, item in enumerate(items):
+    first = _latest_whole_compaction(items)  # the items before it are what it summarises
+    for i, item in enumerate(items[first:], first):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ApiError(400, f"{where} must be an object", "input")
@@ -144,13 +153,13 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
             out.append({"role": "user", "content": compaction_text(item)})
             origins.append(where)
         elif kind == "compaction_trigger":
-            raise ApiError(
-                400,
-                f"{where} is a compaction_trigger (in-band compaction), which this server does not serve; "
-                "compact with POST /v1/responses/compact, or give Codex a custom model provider "
-                "(docs/codex.md) so that it compacts by itself",
-                "input",
-            )
+            if i != len(items) - 1:
+                raise ApiError(
+                    400,
+                    f"{where} is a compaction_trigger, which goes last in the input (what it compacts is "
+                    "before it)",
+                    "input",
+                )
         elif kind != "reasoning":
             raise ApiError(
                 400,
@@ -162,6 +171,21 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
         if kind != "reasoning":
             after_hosted = kind in HOSTED_ITEMS
     return out, origins
+
+
+def _latest_whole_compaction(items: list) -> int:
+    """The index of the input's latest compaction item that stands for everything before it (0: none)."""
+    return max((i for i, item in enumerate(items) if carries_all_before(item)), default=0)
+
+
+def ends_with_trigger(given: Any) -> bool:
+    """Whether the input asks for in-band compaction: a `compaction_trigger` item last."""
+    return (
+        isinstance(given, list)
+        and bool(given)
+        and isinstance(given[-1], dict)
+        and (given[-1].get("type") == "compaction_trigger")
+    )
 
 
 def _add_to_assistant_turn(out: list[dict[str, Any]], origins: list[str], content: Any, where: str) -> None:
@@ -292,6 +316,8 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
     if body.get("input") is None:
         raise ApiError(400, "'input' is required", "input")
     given = state.responses.resolve_references(body["input"])
+    if isinstance(given, list) and any(carries_all_before(item) for item in given):
+        history = []  # a compaction item of this server's stands for the previous conversation too
     new_turns, origins = _chat_messages(given)
     turns = history + new_turns
     instructions = field(body, "instructions", str)
@@ -341,10 +367,9 @@ async def create(request: Request):
             "store",
         )
     p = responses_prompt(state, body)
-    previous, turns, given = p.previous, p.turns, p.given
-    instructions, truncation, tools, custom = p.instructions, p.truncation, p.tools, p.custom
-    images, prompt_text, ids = p.images, p.text, p.ids
-    in_reasoning = prompt_text.rstrip().endswith("<think>")
+    previous, given, instructions, truncation = p.previous, p.given, p.instructions, p.truncation
+    tools, custom = p.tools, p.custom
+    trigger, threshold = ends_with_trigger(given), compact_threshold(body)
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
     top_logprobs = logprobs_setting(body)
     params = sampling_params(
@@ -356,16 +381,29 @@ async def create(request: Request):
         grammar=grammar,
         logprobs=top_logprobs,
     )
-    engine_stream = await start(state, ids, params, await preprocess_images(state, images))
+    images = await preprocess_images(state, p.images)
+    summary = None  # a compaction asked for: its summary is written first (engine/api/response_compaction.py)
+    if trigger or (threshold is not None and len(state.with_images(p.ids, images)) >= threshold):
+        summary = await start_summary(state, body, given[:-1] if trigger else conversation_items(given))
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
-    message_logprobs = (
-        MessageLogprobs(
-            token_names(state, body), params, state.engine.llm.eos_token_ids, in_reasoning, tools, max_calls
-        )
-        if top_logprobs is not None
-        else None
-    )
+    run = _Run(p, None)
+
+    async def launch(prompt: ResponsesPrompt, prompt_images) -> None:
+        """Start the reply to `prompt` (the request's, or the compacted conversation's)."""
+        run.prompt, run.in_reasoning = prompt, prompt.text.rstrip().endswith("<think>")
+        run.stream = await start(state, prompt.ids, params, prompt_images)
+        if top_logprobs is not None:
+            eos = state.engine.llm.eos_token_ids
+            names = token_names(state, body)
+            run.logprobs = MessageLogprobs(names, params, eos, run.in_reasoning, tools, max_calls)
+
+    async def compacted() -> None:
+        """The compaction done: the reply is written from its item, the instructions and the tools."""
+        await launch(run.prompt, await preprocess_images(state, run.prompt.images))
+
+    if summary is None:
+        await launch(p, images)
 
     def response(status: str, output: list[dict[str, Any]], usage: dict | None, out=None) -> dict[str, Any]:
         incomplete = out is not None and out.finish_reason == "length"
@@ -397,71 +435,144 @@ async def create(request: Request):
             "user": body.get("user"),
         }
 
-    def finish(out: RequestOutput, output: list[dict[str, Any]]) -> dict[str, Any]:
-        final = response("completed", output, response_usage(state, out, in_reasoning), out)
+    def finish(out: RequestOutput | None, output: list[dict[str, Any]]) -> dict[str, Any]:
+        """The completed response: the reply's `out` (None: a trigger's, the compaction alone)."""
+        usage = None if out is None else response_usage(state, out, run.in_reasoning)
+        if run.summary_out is not None:  # the compaction's tokens count too
+            usage = _added(response_usage(state, run.summary_out, summary.in_reasoning), usage)
+        final = response("completed", output, usage, out)
         if store:
-            state.responses.put(final, turns + [_history_turn(output)], input_items(given))
+            turns = run.prompt.turns + ([] if out is None else [_history_turn(output)])
+            state.responses.put(final, turns, input_items(given))
         return final
 
+    def compaction_item(out: RequestOutput) -> dict[str, Any]:
+        """The compaction's item, from its summary; the conversation from here on is the item alone."""
+        run.summary_out = out
+        item = summary.whole_item(state, out)
+        run.prompt = responses_prompt(state, {**body, "previous_response_id": None, "input": [item]})
+        return item
+
     async def reply(waiting: Request | None, seen=None) -> dict[str, Any]:  # the whole (stored) response
+        output = []
+        if summary is not None:
+            out = (await complete(state, summary.stream, waiting, summary.in_reasoning, None, None, seen))[0]
+            output.append(compaction_item(out))
+            if trigger:
+                return finish(None, output)
+            await compacted()
         out, reasoning, content, calls = await complete(
-            state, engine_stream, waiting, in_reasoning, tools, max_calls, seen
+            state, run.stream, waiting, run.in_reasoning, tools, max_calls, seen
         )
-        logprobs = message_logprobs.feed(out) if message_logprobs else None
-        return finish(out, output_items(reasoning, content, calls, custom, logprobs))
+        logprobs = run.logprobs.feed(out) if run.logprobs else None
+        return finish(out, output + output_items(reasoning, content, calls, custom, logprobs))
 
     if background and not streamed:  # answered at once; stored when done (engine/api/response_background.py)
 
-        async def run(began) -> None:
+        async def run_in_background(began) -> None:
             await reply(None, lambda out: out.token_ids and began())
 
         queued = response("queued", [], None)
-        state.background.start(queued, turns, input_items(given), run)
+        state.background.start(queued, p.turns, input_items(given), run_in_background)
         return JSONResponse(queued)
     if not streamed:
         return JSONResponse(await reply(request))
 
-    parser, stream = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True), OutputEvents(custom)
+    stream = OutputEvents(custom)
     failed_with: list[str] = []  # the engine's sentence (or a bug's, in the background), when it failed
 
-    async def events(began=None):
-        """The stream's events; `began()` (background) is called once the first token is out."""
-        out = None
-        ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
+    def failed(message: str) -> str:
+        failed_response = response("failed", stream.output, None)
+        failed_response["error"] = {"code": "server_error", "message": message}
+        failed_with.append(message)
+        return stream.event("response.failed", response=failed_response)
+
+    async def outputs(engine_stream):
+        """The engine stream's outputs, a None whenever they keep silent (a keep-alive is sent), then a
+        failure's event as a string, if the request failed."""
+        ticks = with_keepalive(engine_stream)
         try:
-            created = response("queued" if background else "in_progress", [], None)
-            yield stream.event("response.created", response=created)
-            if background:
-                yield stream.event("response.queued", response=created)
-            yield stream.event("response.in_progress", response=response("in_progress", [], None))
             async for item in ticks:
-                if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
-                    yield SSE_KEEPALIVE
-                    continue
-                out, delta = item
-                failure = stream_failure(state, out)
-                if failure is not None:
-                    failed = response("failed", stream.output, None)
-                    failed["error"] = {"code": "server_error", "message": failure}
-                    failed_with.append(failure)
-                    yield stream.event("response.failed", response=failed)
+                if item is not None and stream_failure(state, item[0]) is not None:
+                    yield failed(stream_failure(state, item[0]))
                     return
-                if began is not None and out.token_ids:
-                    began()
-                state.metrics.token(out)
-                if message_logprobs:
-                    stream.add_logprobs(message_logprobs.feed(out))
-                for kind, piece in parser.feed(delta, final=out.finished):
-                    for e in stream.piece(kind, piece):
-                        yield e
-            for e in stream.finish():
-                yield e
-            state.metrics.finished(out)
-            final = finish(out, stream.output)
-            yield stream.event(f"response.{final['status']}", response=final)
+                yield item
         finally:
             engine_stream.abort()  # the client went away mid-stream (not in the background): free its KV now
             await ticks.aclose()
+
+    async def compaction_events(began):
+        """A compaction's item added, `compacting` as its summary is sampled, done; then the reply's start
+        (a failure's event instead, and nothing after it)."""
+        added = {"type": "compaction", "id": summary.item_id}
+        yield stream.event("response.output_item.added", output_index=0, item=added)
+        out = None
+        async for item in outputs(summary.stream):
+            if isinstance(item, str):
+                yield item
+                return
+            if item is None:
+                yield SSE_KEEPALIVE
+            else:
+                out = item[0]
+                if began is not None and out.token_ids:
+                    began()
+                state.metrics.token(out)
+                if item[1]:  # more of the summary sampled (the event carries none of it)
+                    yield stream.event(
+                        "response.compaction.compacting", item_id=summary.item_id, output_index=0
+                    )
+        if out is None or not out.finished:
+            return
+        state.metrics.finished(out)
+        item = compaction_item(out)
+        stream.output.append(item)
+        yield stream.event("response.output_item.done", output_index=0, item=item)
+        if not trigger:
+            try:
+                await compacted()
+            except ApiError as e:  # the compacted prompt refused (the summary alone past the context)
+                yield failed(e.message)
+
+    async def events(began=None):
+        """The stream's events; `began()` (background) is called once the first token is out."""
+        created = response("queued" if background else "in_progress", [], None)
+        yield stream.event("response.created", response=created)
+        if background:
+            yield stream.event("response.queued", response=created)
+        yield stream.event("response.in_progress", response=response("in_progress", [], None))
+        if summary is not None:
+            async for event in compaction_events(began):
+                yield event
+            if failed_with or run.summary_out is None:
+                return
+            if trigger:
+                final = finish(None, stream.output)
+                yield stream.event(f"response.{final['status']}", response=final)
+                return
+        parser = ReplyParser(run.in_reasoning, tools, max_calls, stream_calls=True)
+        out = None
+        async for item in outputs(run.stream):
+            if isinstance(item, str):
+                yield item
+                return
+            if item is None:  # nothing yet (a long prompt prefilling): keep the connection alive
+                yield SSE_KEEPALIVE
+                continue
+            out, delta = item
+            if began is not None and out.token_ids:
+                began()
+            state.metrics.token(out)
+            if run.logprobs:
+                stream.add_logprobs(run.logprobs.feed(out))
+            for kind, piece in parser.feed(delta, final=out.finished):
+                for e in stream.piece(kind, piece):
+                    yield e
+        for e in stream.finish():
+            yield e
+        state.metrics.finished(out)
+        final = finish(out, stream.output)
+        yield stream.event(f"response.{final['status']}", response=final)
 
     def error_event(message: str) -> str:
         return stream.event("error", code="server_error", message=message, param=None)
@@ -482,8 +593,38 @@ async def create(request: Request):
         if failed_with:
             raise ApiError(500, failed_with[0])  # stored as failed
 
-    state.background.start(response("queued", [], None), turns, input_items(given), write, written)
+    state.background.start(response("queued", [], None), p.turns, input_items(given), write, written)
     return StreamingResponse(following(written, -1), media_type="text/event-stream")
+
+
+@dataclass
+class _Run:
+    """What a create's reply runs on, set when it starts: after the compaction where one was asked for."""
+
+    prompt: ResponsesPrompt
+    stream: Any  # the reply's AsyncStream
+    in_reasoning: bool = False
+    logprobs: MessageLogprobs | None = None
+    summary_out: RequestOutput | None = None  # the compaction's summary, when one was written
+
+
+def _added(a: dict[str, Any], b: dict[str, Any] | None) -> dict[str, Any]:
+    """Two passes' usage as one (a compaction's and the reply's)."""
+    if b is None:
+        return a
+    return {
+        "input_tokens": a["input_tokens"] + b["input_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": a["input_tokens_details"]["cached_tokens"]
+            + b["input_tokens_details"]["cached_tokens"]
+        },
+        "output_tokens": a["output_tokens"] + b["output_tokens"],
+        "output_tokens_details": {
+            "reasoning_tokens": a["output_tokens_details"]["reasoning_tokens"]
+            + b["output_tokens_details"]["reasoning_tokens"]
+        },
+        "total_tokens": a["total_tokens"] + b["total_tokens"],
+    }
 
 
 async def following(events: EventLog, after: int) -> AsyncIterator[str]:

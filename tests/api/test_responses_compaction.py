@@ -1,10 +1,15 @@
-"""POST /v1/responses/compact (engine/api/response_compaction.py): the conversation to go on with, its
-latest user messages as they were and one compaction item the served model summarised the rest into; a
-later request reads that item as the summary; another server's item is named as unreadable, not refused."""
+"""The Responses API's compaction (engine/api/response_compaction.py). POST /v1/responses/compact: the
+conversation to go on with, its latest user messages as they were and one compaction item the served model
+summarised the rest into; a later request reads that item as the summary; another server's item is named as
+unreadable, not refused. A compaction_trigger input item: the response is one compaction item that carries
+the conversation alone. context_management's compact_threshold: past it, the reply comes from the compacted
+context, after its compaction item."""
 
 from __future__ import annotations
 
 import base64
+import json
+import time
 
 import openai
 import pytest
@@ -105,11 +110,171 @@ def test_what_cannot_be_compacted_is_refused_in_a_sentence(body, message):
         assert r.status_code in (400, 404) and message in r.json()["error"]["message"]
 
 
-def test_in_band_compaction_is_refused_with_what_to_do_instead():
-    with (
-        RunningServer(ScriptedEngine(["x"])) as s,
-        pytest.raises(
-            openai.BadRequestError, match=r"input\[1\] is a compaction_trigger .* POST /v1/responses/compact"
+def _decoded(item) -> dict:
+    tag = "ninfer-compaction-v1:"
+    assert item.type == "compaction" and item.encrypted_content.startswith(tag)
+    return json.loads(base64.b64decode(item.encrypted_content[len(tag) :]))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_compaction_trigger_gets_one_compaction_item_and_the_next_turn_goes_on_from_it(streamed):
+    engine = ScriptedEngine(
+        ["Fixing parser.py's empty input; IndexError found.", "Found the fix.", "Still on it."]
+    )
+    with RunningServer(engine) as s:
+        client = _client(s)
+        asked = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "store": True}
+        if streamed:
+            events = list(client.responses.create(**asked, stream=True))
+            kinds = [e.type for e in events]
+            assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+            assert kinds[-2:] == ["response.output_item.done", "response.completed"]
+            assert set(kinds[3:-2]) == {"response.compaction.compacting"}
+            assert events[2].item.type == "compaction" and events[2].item.id == events[-2].item.id
+            response = events[-1].response
+        else:
+            response = client.responses.create(**asked)
+        assert len(engine.prompts) == 1  # the summary, and no reply besides
+        assert "Write a summary that lets you go on" in engine.prompts[0] and "pytest -x" in engine.prompts[0]
+        assert [i.type for i in response.output] == ["compaction"] and response.status == "completed"
+        assert response.usage.output_tokens > 0
+        whole = _decoded(response.output[0])
+        assert whole["summary"] == "Fixing parser.py's empty input; IndexError found."
+        assert whole["user"] == ["Fix the failing test in parser.py.", "Go on, and keep the old behaviour."]
+        # a stateless client sends it all back: what the item stands for is not read again
+        item = response.output[0].model_dump(exclude_none=True)
+        client.responses.create(model="m", input=[*HISTORY, item, {"role": "user", "content": "Found it?"}])
+        assert (
+            "IndexError found." in engine.prompts[1]
+            and "Go on, and keep the old behaviour." in engine.prompts[1]
+        )
+        assert "pytest -x" not in engine.prompts[1] and "Found it?" in engine.prompts[1]
+        # chained by id, the stored conversation is the compacted one
+        client.responses.create(model="m", previous_response_id=response.id, input="And now?")
+        assert "IndexError found." in engine.prompts[2] and "pytest -x" not in engine.prompts[2]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_past_the_compact_threshold_the_reply_is_written_from_the_compacted_context(streamed):
+    engine = ScriptedEngine(["Fixing parser.py; IndexError on empty input.", "Done: guarded the empty case."])
+    with RunningServer(engine) as s:
+        client = _client(s)
+        asked = {
+            "model": "m",
+            "input": HISTORY,
+            "context_management": [{"type": "compaction", "compact_threshold": 20}],
+        }
+        if streamed:
+            events = list(client.responses.create(**asked, stream=True))
+            done = [e for e in events if e.type == "response.output_item.done"]
+            assert [(e.output_index, e.item.type) for e in done] == [(0, "compaction"), (1, "message")]
+            deltas = [e for e in events if e.type == "response.output_text.delta"]
+            assert deltas and all(e.output_index == 1 for e in deltas)
+            response = events[-1].response
+        else:
+            response = client.responses.create(**asked)
+        assert [i.type for i in response.output] == ["compaction", "message"]
+        assert response.output[1].content[0].text == "Done: guarded the empty case."
+        assert "pytest -x" in engine.prompts[0] and "pytest -x" not in engine.prompts[1]
+        assert (
+            "IndexError on empty input." in engine.prompts[1]
+            and "keep the old behaviour" in engine.prompts[1]
+        )
+        # both passes are counted
+        prompt_tokens = [len(s.engine.tokenizer.encode(p, False)) for p in engine.prompts]
+        assert response.usage.input_tokens >= sum(prompt_tokens) - 2
+        assert response.usage.output_tokens >= 2
+
+
+def test_under_the_compact_threshold_nothing_is_compacted():
+    engine = ScriptedEngine(["Done."])
+    with RunningServer(engine) as s:
+        response = _client(s).responses.create(
+            model="m",
+            input=HISTORY,
+            context_management=[{"type": "compaction", "compact_threshold": 100_000}],
+        )
+    assert [i.type for i in response.output] == ["message"] and len(engine.prompts) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"input": [{"type": "compaction_trigger"}, HISTORY[0]]},
+            "input[0] is a compaction_trigger, which goes last",
         ),
-    ):
-        _client(s).responses.create(model="m", input=[HISTORY[0], {"type": "compaction_trigger"}])
+        (
+            {"input": "x", "context_management": {"type": "compaction"}},
+            "'context_management' must be an array",
+        ),
+        ({"input": "x", "context_management": [{"type": "clear"}]}, "context_management[0] has type 'clear'"),
+        (
+            {"input": "x", "context_management": [{"type": "compaction", "compact_threshold": 0}]},
+            "context_management[0].compact_threshold must be a positive whole number",
+        ),
+    ],
+)
+def test_what_cannot_compact_is_refused_in_a_sentence(body, message):
+    import httpx2 as httpx
+
+    engine = ScriptedEngine(["x"])
+    with RunningServer(engine) as s:
+        r = httpx.post(f"{s.url}/v1/responses", json={"model": "m", **body})
+    assert r.status_code == 400 and message in r.json()["error"]["message"] and not engine.prompts
+
+
+def test_a_real_model_compacts_in_band():
+    with RunningServer(AsyncLLM()) as s:
+        client = _client(s)
+        asked = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "max_output_tokens": 16}
+        events = list(client.responses.create(**asked, stream=True))
+        response = events[-1].response
+        assert [i.type for i in response.output] == ["compaction"] and _decoded(response.output[0])["summary"]
+        follow = client.responses.create(
+            model="m",
+            previous_response_id=response.id,
+            input="Next?",
+            max_output_tokens=4,
+            context_management=[{"type": "compaction", "compact_threshold": 10}],
+        )
+        assert [i.type for i in follow.output][:1] == ["compaction"] and follow.status in (
+            "completed",
+            "incomplete",
+        )
+        s.wait_idle()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_background_response_compacts_past_its_threshold(streamed):
+    engine = ScriptedEngine(["Fixing parser.py; IndexError.", "Done."])
+    with RunningServer(engine) as s:
+        client = _client(s)
+        threshold = [{"type": "compaction", "compact_threshold": 20}]
+        asked = {"model": "m", "input": HISTORY, "background": True, "context_management": threshold}
+        if streamed:
+            rid = list(client.responses.create(**asked, stream=True))[-1].response.id
+        else:
+            rid = client.responses.create(**asked).id
+        deadline = time.monotonic() + 60
+        while (response := client.responses.retrieve(rid)).status in ("queued", "in_progress"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert response.status == "completed" and [i.type for i in response.output] == ["compaction", "message"]
+    assert _decoded(response.output[0])["summary"] == "Fixing parser.py; IndexError."
+
+
+def test_compacting_again_keeps_the_user_messages_the_last_compaction_carried():
+    engine = ScriptedEngine(["First summary.", "Second summary."])
+    with RunningServer(engine) as s:
+        client = _client(s)
+        trigger = {"type": "compaction_trigger"}
+        first = client.responses.create(model="m", input=[*HISTORY, trigger]).output[0]
+        again = [first.model_dump(exclude_none=True), {"role": "user", "content": "Now the docs."}, trigger]
+        second = _decoded(client.responses.create(model="m", input=again).output[0])
+    assert second["summary"] == "Second summary." and "First summary." in engine.prompts[1]
+    assert second["user"] == [
+        "Fix the failing test in parser.py.",
+        "Go on, and keep the old behaviour.",
+        "Now the docs.",
+    ]
