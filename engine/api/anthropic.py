@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api import context_editing
+from engine.api import anthropic_compaction, context_editing
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
@@ -151,14 +152,25 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array")
-    for i, m in enumerate(messages):
+    # the latest compaction block stands for everything before it (engine/api/anthropic_compaction.py)
+    first, first_block = anthropic_compaction.latest(messages) or (0, 0)
+    for i, m in enumerate(messages[first:], first):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ApiError(400, f"{where}.role must be 'user' or 'assistant'")
         texts: list[str | dict[str, str]] = []
         calls = []
-        for j, block in enumerate(_blocks(m.get("content"), where)):
+        only_compaction = False  # the message held a compaction block and nothing else of its own
+        blocks = _blocks(m.get("content"), where)
+        skip = first_block if i == first else 0
+        for j, block in enumerate(blocks[skip:], skip):
             kind, bw = block["type"], f"{where}.content[{j}]"
+            if kind == "compaction":
+                if block.get("content") is not None:  # (null: a failed compaction, passed over)
+                    out.append({"role": "user", "content": anthropic_compaction.block_text(block, bw)})
+                only_compaction = not texts and not calls
+                continue
+            only_compaction = False
             if kind == "text":
                 if not isinstance(block.get("text"), str):
                     raise ApiError(400, f"{bw}.text must be a string")
@@ -196,6 +208,8 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
                 continue  # earlier reasoning is not fed back (as the Qwen templates drop it)
             else:
                 raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
+        if only_compaction:
+            continue
         if texts or calls or not any(o.get("role") == "tool" for o in out[-1:]):
             msg: dict[str, Any] = {"role": m["role"], "content": template_content(texts)}
             if calls:
@@ -287,8 +301,10 @@ async def _prepare(state: ServerState, body: dict):
 
     def render(b: dict):  # (text, ids, images); an image counts as its placeholder token in len(ids)
         messages, images = template_messages(b, declared)
-        # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does)
-        prefill = b["messages"][-1].get("role") == "assistant"
+        # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does), unless it
+        # ends in a compaction block (a paused turn sent back to go on)
+        last = b["messages"][-1]
+        prefill = last.get("role") == "assistant" and not anthropic_compaction.ends_with_block(b["messages"])
         return (*state.render(messages, listed, kwargs, continue_final=prefill), images)
 
     (text, ids, images), applied, original = context_editing.apply(body, edits, render)
@@ -325,9 +341,9 @@ async def messages(request: Request):
     max_tokens = field(body, "max_tokens", int, required=True)
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
+    compaction = anthropic_compaction.requested(body)
     prompt_text, ids, tools, images, applied, _ = await _prepare(state, body)
     edited = {PARAM: {"applied_edits": applied}} if PARAM in body else {}
-    in_reasoning = prompt_text.rstrip().endswith("<think>")
     grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(
         state,
@@ -343,37 +359,141 @@ async def messages(request: Request):
     max_calls = (
         1 if (field(body, "tool_choice", dict) or {}).get("disable_parallel_tool_use") is True else None
     )
-    engine_stream = await start(state, ids, params, images)
+    run = _Run()
+    summary = None  # a compaction due: its summary is written first (engine/api/anthropic_compaction.py)
+    resumed = anthropic_compaction.ends_with_block(body["messages"])  # a paused turn back: just compacted
+    if compaction is not None and compaction.due(len(state.with_images(ids, images)), resumed):
+        summary = await anthropic_compaction.start_summary(state, body, compaction, _prepare)
+    else:
+        run.in_reasoning = prompt_text.rstrip().endswith("<think>")
+        run.stream = await start(state, ids, params, images)
+    only_block = summary is not None and (compaction.trigger is None or compaction.pause)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
+
+    def compacted(out: RequestOutput) -> dict[str, Any]:
+        """The compaction's block, from its summary (content null: the model wrote none, a failed
+        compaction)."""
+        run.summary_out = out
+        tokenizer = state.text_tokenizer()
+        user = anthropic_compaction.latest_user_texts(
+            body["messages"], lambda t: len(tokenizer.encode(t, False))
+        )
+        return anthropic_compaction.block(summary.text(out) or None, user)
+
+    async def go_on(block: dict[str, Any]) -> None:
+        """The reply to the compacted conversation: the system prompt and tools, then the block (a failed
+        compaction's: the conversation as it was)."""
+        if block["content"] is None:
+            run.in_reasoning = prompt_text.rstrip().endswith("<think>")
+            run.stream = await start(state, ids, params, images)
+            return
+        text, compact_ids, _, compact_images, _, _ = await _prepare(
+            state, {**body, "messages": [{"role": "assistant", "content": [block]}]}
+        )
+        run.in_reasoning = text.rstrip().endswith("<think>")
+        run.stream = await start(state, compact_ids, params, compact_images)
+
+    def usage(out: RequestOutput | None) -> dict[str, Any]:
+        """The reply's usage; with a compaction, its pass in `iterations` (the parameter's, the only pass, in the
+        top-level counts too; an edit's, as Anthropic's API counts it, not)."""
+        if run.summary_out is None:
+            return _usage(out)
+        passes = [{"type": "compaction", **_usage(run.summary_out)}]
+        if out is not None:
+            passes.append({"type": "message", **_usage(out)})
+        top = _usage(out if out is not None else run.summary_out)
+        if out is None and compaction.trigger is not None:  # paused after an edit's compaction
+            top = {k: 0 for k in top}
+        return {**top, "iterations": passes}
+
+    def message(content: list[dict[str, Any]], stop_reason: str, out: RequestOutput | None) -> dict[str, Any]:
+        return {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": state.reply_model(params),
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": out.stop_string if out is not None else None,
+            "usage": usage(out),
+            **edited,
+        }
+
     if not stream:
-        out, reasoning, content, calls = await complete(
-            state, engine_stream, request, in_reasoning, tools, max_calls
+        content = []
+        if summary is not None:
+            out = (await complete(state, summary.stream, request, summary.in_reasoning, None))[0]
+            content.append(compacted(out))
+            if only_block:
+                return JSONResponse(message(content, "compaction", None))
+            await go_on(content[0])
+        out, reasoning, answer, calls = await complete(
+            state, run.stream, request, run.in_reasoning, tools, max_calls
         )
-        blocks = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
-        if content or not calls:
-            blocks.append({"type": "text", "text": content})
-        blocks += [_tool_use(c) for c in calls]
-        return JSONResponse(
-            {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "model": state.reply_model(params),
-                "content": blocks,
-                "stop_reason": _stop_reason(out, bool(calls)),
-                "stop_sequence": out.stop_string,
-                "usage": _usage(out),
-                **edited,
-            }
-        )
+        if reasoning:
+            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        if answer or not calls:
+            content.append({"type": "text", "text": answer})
+        content += [_tool_use(c) for c in calls]
+        return JSONResponse(message(content, _stop_reason(out, bool(calls)), out))
 
     def event(kind: str, data: dict[str, Any]) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
+    def failure(out: RequestOutput) -> str | None:
+        """The error event of a request that ended without its reply (None: it goes on)."""
+        if out.finish_reason in ("expired", "error"):
+            kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
+            return event("error", {"error": {"type": kind, "message": out.error}})
+        if state.ending:
+            return event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
+        return None
+
+    async def outputs(engine_stream):
+        """The engine stream's outputs, a None whenever they keep silent (a ping is sent), then an error
+        event as a string, if the request failed."""
+        ticks = with_keepalive(engine_stream)
+        try:
+            async for item in ticks:
+                if item is not None and failure(item[0]) is not None:
+                    yield failure(item[0])
+                    return
+                yield item
+        finally:
+            engine_stream.abort()  # the client went away mid-stream: free its KV now
+            await ticks.aclose()
+
+    async def compaction_events():
+        """The compaction block, its one delta (the whole summary) once written; then the reply's start. An
+        error event instead, and the stream ends."""
+        yield event(
+            "content_block_start", {"index": 0, "content_block": {"type": "compaction", "content": None}}
+        )
+        out = None
+        async for item in outputs(summary.stream):
+            if isinstance(item, str):
+                yield item
+                return
+            if item is None:
+                yield event("ping", {})
+            else:
+                out = item[0]
+                state.metrics.token(out)
+        if out is None or not out.finished:
+            return
+        state.metrics.finished(out)
+        block = compacted(out)
+        delta = {"type": "compaction_delta", **{k: block[k] for k in ("content", "encrypted_content")}}
+        yield event("content_block_delta", {"index": 0, "delta": delta})
+        yield event("content_block_stop", {"index": 0})
+        if not only_block:
+            try:
+                await go_on(block)
+            except ApiError as e:  # the compacted prompt refused
+                yield event("error", {"error": {"type": "invalid_request_error", "message": e.message}})
+
     async def events():
-        parser = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True)
         called = streaming = False
-        ticks = with_keepalive(engine_stream)  # the outputs, and a None whenever they keep silent
         block = {"index": -1, "type": None}
 
         def switch(kind: str):
@@ -390,103 +510,118 @@ async def messages(request: Request):
             )
             yield event("content_block_start", {"index": block["index"], "content_block": empty})
 
+        start_usage = {
+            "input_tokens": len(ids),
+            "output_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        }
+        yield event(
+            "message_start",
+            {
+                "message": {
+                    "id": mid,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": state.reply_model(params),
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                }
+            },
+        )
+        yield event("ping", {})
+        if summary is not None:
+            async for e in compaction_events():
+                yield e
+                if e.startswith("event: error"):
+                    return
+            if run.summary_out is None:
+                return
+            if only_block:
+                delta = {"stop_reason": "compaction", "stop_sequence": None}
+                yield event("message_delta", {"delta": delta, "usage": usage(None), **edited})
+                yield event("message_stop", {})
+                return
+            block["index"] = 0  # the reply's blocks follow the compaction's
+        parser = ReplyParser(run.in_reasoning, tools, max_calls, stream_calls=True)
         out = None
-        try:
-            start_usage = {
-                "input_tokens": len(ids),
-                "output_tokens": 0,
-                "cache_read_input_tokens": 0,
-                "cache_creation_input_tokens": 0,
-            }
-            yield event(
-                "message_start",
-                {
-                    "message": {
-                        "id": mid,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": state.reply_model(params),
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": start_usage,
-                    }
-                },
-            )
-            yield event("ping", {})
-            async for item in ticks:
-                if item is None:  # nothing yet (a long prompt prefilling): Anthropic's keep-alive
-                    yield event("ping", {})
-                    continue
-                out, delta = item
-                if out.finish_reason in ("expired", "error"):
-                    kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
-                    yield event("error", {"error": {"type": kind, "message": out.error}})
-                    return
-                if state.ending:
-                    yield event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
-                    return
-                state.metrics.token(out)
-                for kind, piece in parser.feed(delta, final=out.finished):
-                    if kind == "reasoning":
-                        for e in switch("thinking"):
-                            yield e
-                        delta_block = {"type": "thinking_delta", "thinking": piece}
-                        yield event("content_block_delta", {"index": block["index"], "delta": delta_block})
-                    elif kind in ("tool_call_start", "tool_call"):
-                        # a call opens its tool_use block as its name is read (its input then streams), or
-                        # whole when it came unstreamed
-                        called = called or kind == "tool_call"
-                        if kind == "tool_call" and streaming:
-                            streaming = False  # its input is all sent: the block closes with the next one
-                            continue
-                        if block["type"] is not None:
-                            yield event("content_block_stop", {"index": block["index"]})
-                        use = _tool_use(piece) if kind == "tool_call" else _tool_use(ToolCall(piece, {}))
-                        block["index"] += 1
-                        block["type"] = "tool_use"
-                        start_block = {**use, "input": {}}
-                        yield event(
-                            "content_block_start", {"index": block["index"], "content_block": start_block}
-                        )
-                        if kind == "tool_call":
-                            partial = {
-                                "type": "input_json_delta",
-                                "partial_json": arguments_json(use["input"]),
-                            }
-                            yield event("content_block_delta", {"index": block["index"], "delta": partial})
-                        streaming = kind == "tool_call_start"
-                    elif kind == "tool_call_args":
-                        partial = {"type": "input_json_delta", "partial_json": piece}
+        async for item in outputs(run.stream):
+            if isinstance(item, str):
+                yield item
+                return
+            if item is None:  # nothing yet (a long prompt prefilling): Anthropic's keep-alive
+                yield event("ping", {})
+                continue
+            out, delta = item
+            state.metrics.token(out)
+            for kind, piece in parser.feed(delta, final=out.finished):
+                if kind == "reasoning":
+                    for e in switch("thinking"):
+                        yield e
+                    delta_block = {"type": "thinking_delta", "thinking": piece}
+                    yield event("content_block_delta", {"index": block["index"], "delta": delta_block})
+                elif kind in ("tool_call_start", "tool_call"):
+                    # a call opens its tool_use block as its name is read (its input then streams), or
+                    # whole when it came unstreamed
+                    called = called or kind == "tool_call"
+                    if kind == "tool_call" and streaming:
+                        streaming = False  # its input is all sent: the block closes with the next one
+                        continue
+                    if block["type"] is not None:
+                        yield event("content_block_stop", {"index": block["index"]})
+                    use = _tool_use(piece) if kind == "tool_call" else _tool_use(ToolCall(piece, {}))
+                    block["index"] += 1
+                    block["type"] = "tool_use"
+                    start_block = {**use, "input": {}}
+                    yield event(
+                        "content_block_start", {"index": block["index"], "content_block": start_block}
+                    )
+                    if kind == "tool_call":
+                        partial = {
+                            "type": "input_json_delta",
+                            "partial_json": arguments_json(use["input"]),
+                        }
                         yield event("content_block_delta", {"index": block["index"], "delta": partial})
-                    elif kind == "tool_call_end":  # cut short: the block closes as it is
-                        streaming = False
-                    else:
-                        for e in switch("text"):
-                            yield e
-                        yield event(
-                            "content_block_delta",
-                            {"index": block["index"], "delta": {"type": "text_delta", "text": piece}},
-                        )
-            if block["type"] is None:
-                for e in switch("text"):
-                    yield e
-            yield event("content_block_stop", {"index": block["index"]})
-            state.metrics.finished(out)
-            yield event(
-                "message_delta",
-                {
-                    "delta": {"stop_reason": _stop_reason(out, called), "stop_sequence": out.stop_string},
-                    "usage": _usage(out),
-                    **edited,
-                },
-            )
-            yield event("message_stop", {})
-        finally:
-            engine_stream.abort()
-            await ticks.aclose()
+                    streaming = kind == "tool_call_start"
+                elif kind == "tool_call_args":
+                    partial = {"type": "input_json_delta", "partial_json": piece}
+                    yield event("content_block_delta", {"index": block["index"], "delta": partial})
+                elif kind == "tool_call_end":  # cut short: the block closes as it is
+                    streaming = False
+                else:
+                    for e in switch("text"):
+                        yield e
+                    yield event(
+                        "content_block_delta",
+                        {"index": block["index"], "delta": {"type": "text_delta", "text": piece}},
+                    )
+        if block["type"] is None:
+            for e in switch("text"):
+                yield e
+        yield event("content_block_stop", {"index": block["index"]})
+        state.metrics.finished(out)
+        yield event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": _stop_reason(out, called), "stop_sequence": out.stop_string},
+                "usage": usage(out),
+                **edited,
+            },
+        )
+        yield event("message_stop", {})
 
     def error_event(message: str) -> str:
         return event("error", {"error": {"type": "api_error", "message": message}})
 
     return StreamingResponse(guarded(events(), error_event), media_type="text/event-stream")
+
+
+@dataclass
+class _Run:
+    """What a request's reply runs on, set when it starts: after the compaction where one is due."""
+
+    stream: Any = None  # the reply's AsyncStream
+    in_reasoning: bool = False
+    summary_out: RequestOutput | None = None  # the compaction's summary, when one was written

@@ -9,7 +9,8 @@ list of tool names) also empties the calls' inputs. The prompt is rendered again
 counted exactly; fewer than `clear_at_least` and the edit is not applied (each clearing breaks the
 prefix cache from the first cleared result on, so it should be worth it). `clear_thinking_20251015`
 (listed first when both are) is checked and has nothing to do: earlier turns' thinking never reaches the
-prompt here (the Qwen chat templates drop it).
+prompt here (the Qwen chat templates drop it). `compact_20260112` is compaction, after these edits
+(engine/api/anthropic_compaction.py).
 
 The response names what was applied: `context_management.applied_edits` (`cleared_tool_uses`,
 `cleared_input_tokens`), in the final `message_delta` when streamed; count_tokens answers the edited
@@ -26,6 +27,7 @@ from engine.api.errors import ApiError
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
+COMPACT = "compact_20260112"  # compaction: engine/api/anthropic_compaction.py
 PLACEHOLDER = "[This tool result was cleared from the context to save space.]"
 PARAM = "context_management"
 
@@ -106,10 +108,11 @@ def parse(body: dict) -> list[ClearToolUses]:
     edits = cm.get("edits", [])
     kinds = [e.get("type") if isinstance(e, dict) else None for e in edits]
     for k, kind in enumerate(kinds):
-        if kind not in (CLEAR_TOOL_USES, CLEAR_THINKING):
+        if kind not in (CLEAR_TOOL_USES, CLEAR_THINKING, COMPACT):
             raise ApiError(
                 400,
-                f"{PARAM}.edits[{k}].type must be '{CLEAR_TOOL_USES}' or '{CLEAR_THINKING}' (got {kind!r})",
+                f"{PARAM}.edits[{k}].type must be '{CLEAR_TOOL_USES}', '{CLEAR_THINKING}' or '{COMPACT}' "
+                f"(got {kind!r})",
                 PARAM,
             )
     both = CLEAR_THINKING in kinds and CLEAR_TOOL_USES in kinds
@@ -118,6 +121,8 @@ def parse(body: dict) -> list[ClearToolUses]:
     out = []
     for k, edit in enumerate(edits):
         where = f"{PARAM}.edits[{k}]"
+        if edit["type"] == COMPACT:
+            continue  # engine/api/anthropic_compaction.py
         if edit["type"] == CLEAR_THINKING:
             keep = edit.get("keep", "all")
             if keep != "all":

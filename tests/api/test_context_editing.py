@@ -130,7 +130,7 @@ def test_nothing_changes_below_the_trigger_or_when_too_little_would_go(server):
 @pytest.mark.parametrize(
     "edits, message",
     [
-        ([{"type": "compact_20260112"}], "edits[0].type must be 'clear_tool_uses_20250919' or"),
+        ([{"type": "clear_everything"}], "edits[0].type must be 'clear_tool_uses_20250919', "),
         ([CLEAR, {"type": "clear_thinking_20251015"}], "'clear_thinking_20251015' must be listed first"),
         (
             [{**CLEAR, "keep": {"type": "tool_uses", "value": -1}}],
