@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.errors import NinferError
 from engine.llm import LLM
-from engine.request import RequestOutput, SamplingParams
+from engine.request import Request, RequestOutput, SamplingParams
 from engine.scheduler.step_tokens import StepTokens
 from engine.vision.image import ImageInput
 
@@ -304,6 +304,11 @@ class AsyncLLM:
             return sorted({name for r in list(requests) for name, _ in r.sampling_params.adapter_mix})
 
         return names(sched.running), names(sched.waiting)
+
+    def running_requests(self) -> list[Request]:
+        """The requests admitted to the engine now, in admission order (for GET /slots; read without locking,
+        from a copy of the list: a request's counts may be a step behind)."""
+        return list(self.llm.scheduler.running)
 
     def info(self) -> dict[str, str]:
         """How the engine runs, as allocated (for /metrics' ninfer_engine_info): device and dtype, the KV

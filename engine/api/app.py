@@ -24,6 +24,7 @@ from engine.api import (
     response_compaction,
     responses,
     sleep_routes,
+    slots,
     tokens,
 )
 from engine.api.auth import AuthMiddleware
@@ -49,6 +50,7 @@ def create_app(state: ServerState) -> FastAPI:
         *llama_cpp.PATHS,
         *llama_embedding.PATHS,
         *props.PATHS,
+        *slots.PATHS,
         *rerank.PATHS,
         *lora_routes.PATHS,
         *sleep_routes.PATHS,
@@ -122,6 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(llama_cpp.router)
     app.include_router(llama_embedding.router)
     app.include_router(props.router)
+    app.include_router(slots.router)
     app.include_router(lora_routes.router)
     app.include_router(sleep_routes.router)
     app.include_router(ollama.router)

@@ -37,7 +37,7 @@ async def props(request: Request) -> dict[str, Any]:
         "bos_token": (tok.bos_token or "") if tok is not None else "",
         "eos_token": (tok.eos_token or "") if tok is not None else "",
         "build_info": f"ninfer {ninfer_version()}",
-        "endpoint_slots": False,
+        "endpoint_slots": True,
         "endpoint_props": True,
         "endpoint_metrics": True,
         "is_sleeping": bool(llm.sleep_level),  # --sleep-idle-seconds, POST /sleep
