@@ -28,6 +28,7 @@ from engine.api.context_editing import PARAM
 from engine.api.documents import file_text
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
+from engine.api.response_compaction import kept_user_budget
 from engine.api.state import ServerState
 from engine.api.structured import anthropic_grammar
 from engine.parsers.call_stream import arguments_json
@@ -376,7 +377,7 @@ async def messages(request: Request):
         run.summary_out = out
         tokenizer = state.text_tokenizer()
         user = anthropic_compaction.latest_user_texts(
-            body["messages"], lambda t: len(tokenizer.encode(t, False))
+            body["messages"], lambda t: len(tokenizer.encode(t, False)), kept_user_budget(state.max_context)
         )
         return anthropic_compaction.block(summary.text(out) or None, user)
 

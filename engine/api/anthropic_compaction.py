@@ -28,7 +28,7 @@ from typing import Any
 from engine.api.common import sampling_params, start
 from engine.api.context_editing import COMPACT, PARAM
 from engine.api.errors import ApiError
-from engine.api.response_compaction import INSTRUCTION, KEPT_USER_TOKENS, SUMMARY_TOKENS
+from engine.api.response_compaction import INSTRUCTION, SUMMARY_TOKENS
 from engine.api.state import ServerState
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput
@@ -138,8 +138,8 @@ def _text(content: Any) -> str:
     )
 
 
-def latest_user_texts(messages: list, count_tokens) -> list[str]:
-    """The latest user messages' words, up to KEPT_USER_TOKENS tokens in all (a message that would pass it
+def latest_user_texts(messages: list, count_tokens, budget: int) -> list[str]:
+    """The latest user messages' words, up to `budget` tokens in all (a message that would pass it
     is left out, with those before it), in order; an earlier compaction's carried ones come before the
     messages after it."""
     texts: list[str] = []
@@ -154,7 +154,6 @@ def latest_user_texts(messages: list, count_tokens) -> list[str]:
         if isinstance(m, dict) and m.get("role") == "user" and (t := _text(m.get("content")))
     ]
     kept: list[str] = []
-    budget = KEPT_USER_TOKENS
     for text in reversed(texts):
         budget -= count_tokens(text)
         if budget < 0:

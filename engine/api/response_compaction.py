@@ -6,8 +6,9 @@
 * A `compaction_trigger` item, last in an ordinary create's input (Codex's in-band compaction): the
   response's one output item is a `compaction` item for the conversation before the trigger.
 * `context_management: [{"type": "compaction", "compact_threshold": N}]` on a create: when the rendered
-  prompt is N tokens or more, the conversation is compacted first (its `compaction` item is the first
-  output item) and the reply is written from the compacted context.
+  prompt is N tokens or more (without N: when it would not fit the context beside the reply's
+  max_output_tokens), the conversation is compacted first (its `compaction` item is the first output
+  item) and the reply is written from the compacted context.
 
 Here the served model writes the summary (thinking off, tools not offered). A `compaction` item's
 `encrypted_content` is a tag and base64: nothing is encrypted on one's own server. The endpoint's item
@@ -44,6 +45,14 @@ WHOLE_TAG = "ninfer-compaction-v1:"  # a trigger's or a threshold's: JSON {summa
 # the summary's length at most (and half the context), unless the request's max_output_tokens says less
 SUMMARY_TOKENS = 4096
 KEPT_USER_TOKENS = 20_000  # the latest user messages kept as they were, up to this many tokens
+
+
+def kept_user_budget(max_context: int) -> int:
+    """The latest user messages' tokens a compaction keeps as they were: KEPT_USER_TOKENS, and at most a
+    quarter of the context (so the compacted conversation leaves room to go on)."""
+    return min(KEPT_USER_TOKENS, max_context // 4)
+
+
 INSTRUCTION = (
     "Your context is nearly full, so this conversation is being compacted. Write a summary that lets you "
     "go on with the task from it alone: the user's goals and requirements, what has been done and found "
@@ -114,8 +123,9 @@ def compaction_text(item: dict[str, Any]) -> str:
     )
 
 
-def compact_threshold(body: dict) -> int | None:
-    """`context_management`'s compaction threshold in prompt tokens (None: not asked for)."""
+def compact_threshold(body: dict, fits: int) -> int | None:
+    """`context_management`'s compaction threshold in prompt tokens (None: not asked for); an entry without
+    `compact_threshold` compacts a prompt that would not fit: `fits` tokens and more."""
     entries = body.get("context_management")
     if entries is None:
         return None
@@ -131,8 +141,8 @@ def compact_threshold(body: dict) -> int | None:
             )
         value = entry.get("compact_threshold")
         if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            value = fits
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ApiError(
                 400,
                 f"{where}.compact_threshold must be a positive whole number of tokens",
@@ -149,10 +159,10 @@ def _text(content: Any) -> str:
 
 
 def kept_user_messages(state: ServerState, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input items' user messages to keep as they were: the latest ones, up to KEPT_USER_TOKENS tokens
+    """The input items' user messages to keep as they were: the latest ones, up to kept_user_budget tokens
     (a message that would pass it is left out, and so are those before it), in their order."""
     kept: list[dict[str, Any]] = []
-    budget = KEPT_USER_TOKENS
+    budget = kept_user_budget(state.max_context)
     tokenizer = state.text_tokenizer()
     for item in reversed(given):
         if item.get("type", "message") != "message" or item.get("role") != "user":

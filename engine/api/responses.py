@@ -369,7 +369,11 @@ async def create(request: Request):
     p = responses_prompt(state, body)
     previous, given, instructions, truncation = p.previous, p.given, p.instructions, p.truncation
     tools, custom = p.tools, p.custom
-    trigger, threshold = ends_with_trigger(given), compact_threshold(body)
+    reply_tokens = field(body, "max_output_tokens", int) or state.default_max_tokens()
+    trigger, threshold = (
+        ends_with_trigger(given),
+        compact_threshold(body, max(1, state.max_context - reply_tokens)),
+    )
     grammar = responses_grammar(body, tools, state.engine.tokenizer)
     top_logprobs = logprobs_setting(body)
     params = sampling_params(

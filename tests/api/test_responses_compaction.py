@@ -278,3 +278,27 @@ def test_compacting_again_keeps_the_user_messages_the_last_compaction_carried():
         "Go on, and keep the old behaviour.",
         "Now the docs.",
     ]
+
+
+def test_without_a_threshold_a_prompt_that_would_not_fit_is_compacted_instead_of_refused():
+    engine = ScriptedEngine(["Summary of a long paste.", "Done.", "Hello."])
+    engine.llm.max_context = 400  # (an instance's own: the class's stays for the other tests)
+    long = []
+    for turn in range(8):  # ~1,300 tokens: the summary is written from the latest turns that fit
+        long.append(
+            {"role": "user", "content": f"Part {turn}: " + " ".join(f"w{turn}x{i}" for i in range(40))}
+        )
+        long.append({"role": "assistant", "content": f"Noted part {turn}."})
+    long.append({"role": "user", "content": "Now sum it up."})
+    with RunningServer(engine) as s:
+        client = _client(s)
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.responses.create(model="m", input=long, max_output_tokens=50)
+        response = client.responses.create(
+            model="m", input=long, max_output_tokens=50, context_management=[{"type": "compaction"}]
+        )
+        short = client.responses.create(
+            model="m", input="Hi", max_output_tokens=50, context_management=[{"type": "compaction"}]
+        )
+    assert [i.type for i in response.output] == ["compaction", "message"]
+    assert [i.type for i in short.output] == ["message"]
