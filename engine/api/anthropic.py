@@ -363,7 +363,8 @@ async def messages(request: Request):
     run = _Run()
     summary = None  # a compaction due: its summary is written first (engine/api/anthropic_compaction.py)
     resumed = anthropic_compaction.ends_with_block(body["messages"])  # a paused turn back: just compacted
-    if compaction is not None and compaction.due(len(state.with_images(ids, images)), resumed):
+    fits = max(1, state.max_context - max_tokens)  # a prompt this long would be refused
+    if compaction is not None and compaction.due(len(state.with_images(ids, images)), resumed, fits):
         summary = await anthropic_compaction.start_summary(state, body, compaction, _prepare)
     else:
         run.in_reasoning = prompt_text.rstrip().endswith("<think>")

@@ -5,7 +5,8 @@
   of the messages it summarises. Not with `context_management`.
 * `context_management.edits` `compact_20260112` (`trigger`: input tokens, default 150,000;
   `pause_after_compaction`; `instructions`): once the prompt (after the other edits) reaches the trigger,
-  the conversation is compacted first; the reply is then written from the compacted context after the
+  or would not fit the context beside the reply (compacted rather than refused), the conversation is
+  compacted first; the reply is then written from the compacted context after the
   block, or, paused, the reply is the block alone (stop_reason `compaction`) and the client sends it back
   to have the turn go on.
 
@@ -46,12 +47,13 @@ class Compaction:
     instructions: str
     pause: bool
 
-    def due(self, input_tokens: int, resumed: bool) -> bool:
-        """Whether to compact a prompt of `input_tokens`; `resumed`: the request ends in a compaction block (a
-        paused turn sent back to go on), which an edit does not compact again."""
+    def due(self, input_tokens: int, resumed: bool, fits: int) -> bool:
+        """Whether to compact a prompt of `input_tokens`: past the trigger, or `fits` tokens or more (it would
+        not fit the context beside the reply: compacted rather than refused); `resumed`: the request ends in
+        a compaction block (a paused turn sent back to go on), which an edit does not compact again."""
         if self.trigger is None:
             return True
-        return not resumed and input_tokens >= self.trigger
+        return not resumed and input_tokens >= min(self.trigger, fits)
 
 
 def _instructions(value: Any, where: str) -> str:

@@ -224,3 +224,24 @@ def test_a_real_model_compacts_and_goes_on():
         assert reply.content[0].type == "compaction" and reply.usage.iterations[0].type == "compaction"
         assert reply.stop_reason in ("end_turn", "max_tokens")
         s.wait_idle()
+
+
+def test_a_prompt_that_would_not_fit_is_compacted_before_its_trigger():
+    engine = ScriptedEngine(["Summary of a long paste.", "Done."])
+    engine.llm.max_context = 400
+    messages = []
+    for turn in range(8):
+        messages.append(
+            {"role": "user", "content": f"Part {turn}: " + " ".join(f"w{turn}x{i}" for i in range(40))}
+        )
+        messages.append({"role": "assistant", "content": f"Noted part {turn}."})
+    messages.append({"role": "user", "content": "Now sum it up."})
+    with RunningServer(engine) as s:
+        client = _client(s)
+        with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+            client.messages.create(model="m", max_tokens=50, messages=messages)
+        reply = client.beta.messages.create(
+            model="m", max_tokens=50, messages=messages, extra_body={"context_management": _edit(150_000)}
+        )
+    assert [b.type for b in reply.content] == ["compaction", "text"] and reply.content[1].text == "Done."
+    assert "Now sum it up." in engine.prompts[1] and "w0x1 " not in engine.prompts[1]
