@@ -22,7 +22,7 @@ from engine.api.common import (
     read_json,
     sampling_params,
     start,
-    with_keepalive,
+    until_failed,
 )
 from engine.api.context_editing import PARAM
 from engine.api.documents import file_text
@@ -451,20 +451,6 @@ async def messages(request: Request):
             return event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
         return None
 
-    async def outputs(engine_stream):
-        """The engine stream's outputs, a None whenever they keep silent (a ping is sent), then an error
-        event as a string, if the request failed."""
-        ticks = with_keepalive(engine_stream)
-        try:
-            async for item in ticks:
-                if item is not None and failure(item[0]) is not None:
-                    yield failure(item[0])
-                    return
-                yield item
-        finally:
-            engine_stream.abort()  # the client went away mid-stream: free its KV now
-            await ticks.aclose()
-
     async def compaction_events():
         """The compaction block, its one delta (the whole summary) once written; then the reply's start. An
         error event instead, and the stream ends."""
@@ -472,7 +458,7 @@ async def messages(request: Request):
             "content_block_start", {"index": 0, "content_block": {"type": "compaction", "content": None}}
         )
         out = None
-        async for item in outputs(summary.stream):
+        async for item in until_failed(summary.stream, failure):
             if isinstance(item, str):
                 yield item
                 return
@@ -549,7 +535,7 @@ async def messages(request: Request):
             block["index"] = 0  # the reply's blocks follow the compaction's
         parser = ReplyParser(run.in_reasoning, tools, max_calls, stream_calls=True)
         out = None
-        async for item in outputs(run.stream):
+        async for item in until_failed(run.stream, failure):
             if isinstance(item, str):
                 yield item
                 return

@@ -291,6 +291,25 @@ async def guarded(events: AsyncIterator[str], error_event: Callable[[str], str])
         )
 
 
+async def until_failed(
+    engine_stream: AsyncStream, failure: Callable[[RequestOutput], str | None]
+) -> AsyncIterator[Any]:
+    """A streamed reply's engine outputs, a None whenever they keep silent (the route sends a keep-alive),
+    and, when `failure(output)` says the request failed, that event (a string) last. Leaving early (the
+    client went away) aborts the request, so its KV is freed at once."""
+    ticks = with_keepalive(engine_stream)
+    try:
+        async for item in ticks:
+            event = failure(item[0]) if item is not None else None
+            if event is not None:
+                yield event
+                return
+            yield item
+    finally:
+        engine_stream.abort()
+        await ticks.aclose()
+
+
 def check_failed(out: RequestOutput) -> None:
     """A request that ended without its reply: expired waiting for admission (503), or the engine step
     running it failed (500)."""

@@ -35,8 +35,8 @@ from engine.api.common import (
     sampling_params,
     start,
     stream_failure,
+    until_failed,
     with_effort,
-    with_keepalive,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_names
 from engine.api.errors import ApiError
@@ -491,19 +491,9 @@ async def create(request: Request):
         failed_with.append(message)
         return stream.event("response.failed", response=failed_response)
 
-    async def outputs(engine_stream):
-        """The engine stream's outputs, a None whenever they keep silent (a keep-alive is sent), then a
-        failure's event as a string, if the request failed."""
-        ticks = with_keepalive(engine_stream)
-        try:
-            async for item in ticks:
-                if item is not None and stream_failure(state, item[0]) is not None:
-                    yield failed(stream_failure(state, item[0]))
-                    return
-                yield item
-        finally:
-            engine_stream.abort()  # the client went away mid-stream (not in the background): free its KV now
-            await ticks.aclose()
+    def failure(out: RequestOutput) -> str | None:
+        message = stream_failure(state, out)
+        return failed(message) if message is not None else None
 
     async def compaction_events(began):
         """A compaction's item added, `compacting` as its summary is sampled, done; then the reply's start
@@ -511,7 +501,7 @@ async def create(request: Request):
         added = {"type": "compaction", "id": summary.item_id}
         yield stream.event("response.output_item.added", output_index=0, item=added)
         out = None
-        async for item in outputs(summary.stream):
+        async for item in until_failed(summary.stream, failure):
             if isinstance(item, str):
                 yield item
                 return
@@ -556,7 +546,7 @@ async def create(request: Request):
                 return
         parser = ReplyParser(run.in_reasoning, tools, max_calls, stream_calls=True)
         out = None
-        async for item in outputs(run.stream):
+        async for item in until_failed(run.stream, failure):
             if isinstance(item, str):
                 yield item
                 return
