@@ -245,3 +245,29 @@ def test_a_prompt_that_would_not_fit_is_compacted_before_its_trigger():
         )
     assert [b.type for b in reply.content] == ["compaction", "text"] and reply.content[1].text == "Done."
     assert "Now sum it up." in engine.prompts[1] and "w0x1 " not in engine.prompts[1]
+
+
+def test_a_streamed_pause_ends_after_the_block():
+    engine = ScriptedEngine([SUMMARY])
+    with RunningServer(engine) as s:
+        asked = {
+            "model": "m",
+            "max_tokens": 64,
+            "messages": MESSAGES,
+            "stream": True,
+            "context_management": _edit(20, pause_after_compaction=True),
+        }
+        r = httpx.post(f"{s.url}/v1/messages", json=asked, timeout=30)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events if e["type"] != "ping"]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    final = events[-2]
+    assert final["delta"]["stop_reason"] == "compaction" and final["usage"]["output_tokens"] == 0
+    assert final["usage"]["iterations"][0]["type"] == "compaction" and len(engine.prompts) == 1
