@@ -29,7 +29,8 @@ from ninfer_cli.vision_option import Mmproj, Vision
 CHAT_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # greedy, unless the model or a flag says
 HELP_LINE = (
     "Type a message and press Enter (end a line with \\ to go on, or put several lines between lines of "
-    '"""). Commands: /reset (or /clear) clears the conversation, /undo takes back the last exchange, /retry '
+    '"""). Commands: /reset (or /clear) clears the conversation, /compact has the model summarise it (the '
+    "summary replaces the turns), /undo takes back the last exchange, /retry "
     "asks for the last reply again, /system TEXT sets the system message, /save FILE and /load FILE keep a "
     "conversation (JSON), /exit quits (or Ctrl-D), /help shows this. Start a line with a space to send it as "
     "it is."
@@ -240,6 +241,15 @@ def chat(
             convo.clear()
             console.print("conversation cleared")
             continue
+        elif word == "/compact" and word == text:  # the turns replaced by the model's summary of them
+            try:
+                request = convo.compact_request()
+                console.print("[dim]summarising the conversation:[/dim]")
+                summary = _stream_reply(backend, request, params, out, verbose)
+                console.print(convo.compacted(summary))
+            except NinferError as e:
+                console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            continue
         elif word in ("/help", "/?") and word == text:
             console.print(help_line)
             continue
@@ -283,7 +293,7 @@ def chat(
                 convo.unask()
             else:
                 convo.put_back(retried)
-            console.print(f"[red]error:[/red] {escape(str(e))} (try /reset)", soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(e))} (try /compact or /reset)", soft_wrap=True)
             continue
         convo.answered(reply)
 

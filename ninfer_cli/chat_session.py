@@ -1,5 +1,6 @@
 """`ninfer chat`'s conversation: the system message, the turns, the pictures waiting for the next message,
-and the REPL commands that change them (/system, /undo, /retry, /save, /load; /reset and /image in chat.py).
+and the REPL commands that change them (/system, /undo, /retry, /compact, /save, /load; /reset and /image in
+chat.py).
 
 Saved conversations are OpenAI chat messages in a JSON array (the system message first, pictures as
 `image_url` data URLs), so a file can also be sent to any OpenAI-compatible server, or written by hand and
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.compaction import INSTRUCTION
 from engine.errors import NinferError
 from ninfer_cli.chat_backends import data_url_part
 
@@ -56,6 +58,26 @@ class Conversation:
         if not self.turns or self.turns[-1]["role"] != "assistant":
             raise NinferError("there is no reply to retry yet; type a message")
         return self.turns.pop()
+
+    def compact_request(self) -> list[dict[str, Any]]:
+        """What the model is sent to summarise the conversation (for /compact)."""
+        if not self.turns:
+            raise NinferError("there is nothing to compact yet; type a message")
+        return [*self.messages(), {"role": "user", "content": INSTRUCTION}]
+
+    def compacted(self, summary: str) -> str:
+        """The turns replaced by the model's summary of them (the system message and attached pictures
+        stay); what it did, in a line."""
+        if not summary.strip():
+            raise NinferError("the model wrote no summary; the conversation is left as it was")
+        count = len(self.turns)
+        self.turns = [
+            {
+                "role": "user",
+                "content": f"Summary of our conversation so far (it was compacted):\n{summary.strip()}",
+            }
+        ]
+        return f"the conversation is compacted: {count} turns into the summary above"
 
     def put_back(self, reply: dict[str, Any]) -> None:
         """A reply taken by `retry` restored (asking again failed)."""

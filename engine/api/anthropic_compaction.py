@@ -29,8 +29,9 @@ from typing import Any
 from engine.api.common import sampling_params, start
 from engine.api.context_editing import COMPACT, PARAM
 from engine.api.errors import ApiError
-from engine.api.response_compaction import INSTRUCTION, SUMMARY_TOKENS
+from engine.api.response_compaction import SUMMARY_TOKENS
 from engine.api.state import ServerState
+from engine.compaction import INSTRUCTION
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput
 

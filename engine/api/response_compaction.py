@@ -37,6 +37,7 @@ from engine.api.images import preprocess_images
 from engine.api.response_items import input_items
 from engine.api.state import ServerState
 from engine.async_llm import AsyncStream
+from engine.compaction import INSTRUCTION
 
 router = APIRouter()
 
@@ -51,14 +52,6 @@ def kept_user_budget(max_context: int) -> int:
     """The latest user messages' tokens a compaction keeps as they were: KEPT_USER_TOKENS, and at most a
     quarter of the context (so the compacted conversation leaves room to go on)."""
     return min(KEPT_USER_TOKENS, max_context // 4)
-
-
-INSTRUCTION = (
-    "Your context is nearly full, so this conversation is being compacted. Write a summary that lets you "
-    "go on with the task from it alone: the user's goals and requirements, what has been done and found "
-    "(files, commands, results, decisions and why), what is left to do and the next step, and anything "
-    "else that must not be lost. Write only the summary."
-)
 
 
 def _item_id() -> str:

@@ -197,6 +197,23 @@ def test_undo_retry_and_the_system_message_change_what_is_sent(monkeypatch):
     ]
 
 
+def test_compact_replaces_the_turns_with_the_models_summary(monkeypatch):
+    typed = "/compact\n/system Be terse.\nfirst\nsecond\n/compact\nthird\n/undo\n/exit\n"
+    result = _typed_into_chat(monkeypatch, _Numbered, typed)
+    assert result.exit_code == 0, result.output
+    assert "there is nothing to compact yet" in result.output
+    assert "the conversation is compacted: 4 turns into the summary above" in result.output
+    first, second, summarised, third = _Recorder.sent
+    assert [m["role"] for m in summarised] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert summarised[-1]["content"].startswith("Your context is nearly full")
+    assert third == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Summary of our conversation so far (it was compacted):\nreply 3"},
+        {"role": "user", "content": "third"},
+    ]
+    assert "the last exchange is undone" in result.output  # third and its reply; the summary stays
+
+
 def test_a_conversation_saved_loads_back_pictures_included(monkeypatch, tmp_path):
     picture = tmp_path / "dot.png"
     Image.new("RGB", (4, 4), "red").save(picture)
