@@ -68,6 +68,7 @@ class Conversation:
     def compacted(self, summary: str) -> str:
         """The turns replaced by the model's summary of them (the system message and attached pictures
         stay); what it did, in a line."""
+        summary = summary.rpartition("</think>")[2]  # a thinking model's reasoning is not the summary
         if not summary.strip():
             raise NinferError("the model wrote no summary; the conversation is left as it was")
         count = len(self.turns)

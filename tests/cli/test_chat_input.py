@@ -214,6 +214,23 @@ def test_compact_replaces_the_turns_with_the_models_summary(monkeypatch):
     assert "the last exchange is undone" in result.output  # third and its reply; the summary stays
 
 
+def test_a_summary_is_kept_without_the_reasoning_before_it():
+    from engine.errors import NinferError
+    from ninfer_cli.chat_session import Conversation
+
+    convo = Conversation(None)
+    convo.ask("hi")
+    convo.answered("hello")
+    assert convo.compacted("<think>\nWhat matters here?\n</think>\n\nThey said hi.").startswith(
+        "the conversation"
+    )
+    assert convo.turns == [
+        {"role": "user", "content": "Summary of our conversation so far (it was compacted):\nThey said hi."}
+    ]
+    with pytest.raises(NinferError, match="wrote no summary"):
+        convo.compacted("<think>hmm</think>  ")
+
+
 def test_a_conversation_saved_loads_back_pictures_included(monkeypatch, tmp_path):
     picture = tmp_path / "dot.png"
     Image.new("RGB", (4, 4), "red").save(picture)
