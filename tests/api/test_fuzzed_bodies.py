@@ -35,7 +35,8 @@ ROUTES = {
     ),
     "/v1/messages": (
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-        "messages max_tokens system stop_sequences stream temperature top_p top_k tools tool_choice thinking",
+        "messages max_tokens system stop_sequences stream temperature top_p top_k tools tool_choice thinking "
+        "context_management compaction",
     ),
     "/v1/messages/count_tokens": (
         {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -44,7 +45,8 @@ ROUTES = {
     "/v1/responses": (
         {"model": "m", "input": "hi", "max_output_tokens": 3},
         "input instructions max_output_tokens temperature top_p stream tools tool_choice text reasoning "
-        "previous_response_id store include top_logprobs parallel_tool_calls background truncation",
+        "previous_response_id store include top_logprobs parallel_tool_calls background truncation "
+        "context_management",
     ),
     "/v1/responses/input_tokens": (
         {"model": "m", "input": "hi"},
@@ -94,8 +96,10 @@ ROUTES = {
 }
 WORDS = ["", "x", "user", "assistant", "tool", "text", "image", "function", "auto", "required", "none"]
 WORDS += ["tool_use", "tool_result", "image_url", "json_schema", "content", "enabled"]
+WORDS += ["compaction", "compaction_trigger", "compact_20260112", "summarize", "input_tokens"]
 KEYS = ["role", "content", "type", "text", "name", "arguments", "function", "tool_calls", "tool_call_id"]
 KEYS += ["id", "input", "tool_use_id", "source", "image_url", "url", "schema", "parameters", "budget_tokens"]
+KEYS += ["edits", "trigger", "value", "compact_threshold", "pause_after_compaction", "encrypted_content"]
 
 
 def _value(rng: random.Random, depth: int = 0):
