@@ -32,6 +32,7 @@ from engine.api.custom_tools import custom_arguments, custom_function, custom_in
 from engine.api.documents import openai_file_text
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
+from engine.api.model_capabilities import anthropic_capabilities
 from engine.api.prompt_logprobs import prompt_logprobs_field, vllm_prompt_logprobs
 from engine.api.state import ServerState
 from engine.api.stream_usage import stream_usage
@@ -301,8 +302,8 @@ def _logprobs_content(names: TokenNames, out: RequestOutput, top: int, start: in
 
 def _model_card(state: ServerState, model_id: str | None = None) -> dict[str, Any]:
     """A served model in OpenAI's shape (id, object, created, owned_by), vLLM's (max_model_len; a LoRA
-    adapter's root and parent) and Anthropic's (type, display_name, created_at), so either SDK's models API
-    reads it. `model_id`: one of the LoRA adapters; None: the base model."""
+    adapter's root and parent) and Anthropic's (type, display_name, created_at, max_input_tokens, max_tokens,
+    lifecycle, capabilities: engine/api/model_capabilities.py), so either SDK's models API reads it. `model_id`: one of the LoRA adapters; None: the base model."""
     card = {
         "id": model_id or state.model_id,
         "object": "model",
@@ -312,6 +313,10 @@ def _model_card(state: ServerState, model_id: str | None = None) -> dict[str, An
         "type": "model",
         "display_name": model_id or state.model_id,
         "created_at": datetime.fromtimestamp(state.started, timezone.utc).isoformat().replace("+00:00", "Z"),
+        "max_input_tokens": state.max_context,  # Anthropic's: the context window
+        "max_tokens": state.max_context - 1,  # and the most max_tokens a request may ask for
+        "lifecycle": "active",
+        "capabilities": anthropic_capabilities(state),
     }
     if model_id is not None:
         card.update(root=state.engine.llm.adapters.paths[model_id], parent=state.model_id)

@@ -55,6 +55,16 @@ def test_openai_chat_and_stream(oai, server):
     assert models[0].model_extra["max_model_len"] == server.engine.llm.max_context
 
 
+def test_the_model_card_says_what_is_served_in_anthropics_shape(server, claude):
+    card = claude.beta.models.retrieve("smollm2")
+    assert card.max_input_tokens == server.engine.llm.max_context and card.lifecycle == "active"
+    caps = card.capabilities
+    assert caps.context_management.compact_20260112.supported and caps.compaction.summarize.supported
+    assert caps.structured_outputs.supported and not caps.server_tools.supported
+    assert not caps.image_input.supported  # the embedded model has no vision tower
+    assert not caps.thinking.supported and caps.thinking.types.disabled.supported  # SmolLM2 does not think
+
+
 def test_openai_completions(oai):
     r = oai.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, **GREEDY)
     assert r.choices[0].text and r.usage.prompt_tokens == 5 or r.usage.prompt_tokens > 0
