@@ -41,6 +41,7 @@ def test_each_slot_shows_the_request_it_runs_and_keeps_its_number():
                 background=True,
                 max_output_tokens=3000,
                 temperature=temperature,
+                extra_body={"ignore_eos": True},  # runs until cancelled
             )
 
         first = start(0.5)
