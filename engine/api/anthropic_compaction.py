@@ -105,8 +105,11 @@ def requested(body: dict) -> Compaction | None:
 
 def summary_body(body: dict, compaction: Compaction, default_max_tokens: int) -> dict:
     """The request that writes the summary: the conversation, then the summary's instructions as the user's
-    turn; thinking off, no tool calls, no other edits."""
+    turn; thinking off, no tool calls, no other edits. Its length: SUMMARY_TOKENS at most, and a compaction
+    request's (the parameter's: the summary is its reply) max_tokens."""
     limit = min(SUMMARY_TOKENS, default_max_tokens)
+    if compaction.trigger is None and isinstance(body.get("max_tokens"), int):
+        limit = max(1, min(limit, body["max_tokens"]))
     asked = {
         k: v
         for k, v in body.items()

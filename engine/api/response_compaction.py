@@ -202,14 +202,17 @@ def conversation_items(given: Any) -> list[dict[str, Any]]:
     return given
 
 
-async def start_summary(state: ServerState, body: dict, given: list[dict[str, Any]]) -> Summary:
+async def start_summary(
+    state: ServerState, body: dict, given: list[dict[str, Any]], the_reply: bool = True
+) -> Summary:
     """Start writing the summary of the conversation: `body`'s previous response's and `given` (the input
-    items, references resolved), with the instructions and tools `body` has."""
+    items, references resolved), with the instructions and tools `body` has. `the_reply`: the summary is the
+    response (the endpoint's, a trigger's), so max_output_tokens bounds it too; a threshold's is not (that
+    bounds the reply after it)."""
     from engine.api.responses import responses_prompt  # (responses.py imports this module)
 
-    limit = min(
-        field(body, "max_output_tokens", int) or SUMMARY_TOKENS, SUMMARY_TOKENS, state.default_max_tokens()
-    )
+    asked_tokens = field(body, "max_output_tokens", int) if the_reply else None
+    limit = min(asked_tokens or SUMMARY_TOKENS, SUMMARY_TOKENS, state.default_max_tokens())
     asked = {
         **body,
         "input": [*given, {"type": "message", "role": "user", "content": INSTRUCTION}],

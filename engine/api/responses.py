@@ -388,7 +388,8 @@ async def create(request: Request):
     images = await preprocess_images(state, p.images)
     summary = None  # a compaction asked for: its summary is written first (engine/api/response_compaction.py)
     if trigger or (threshold is not None and len(state.with_images(p.ids, images)) >= threshold):
-        summary = await start_summary(state, body, given[:-1] if trigger else conversation_items(given))
+        conversation = given[:-1] if trigger else conversation_items(given)
+        summary = await start_summary(state, body, conversation, the_reply=trigger)
     rid, created = f"resp_{uuid.uuid4().hex[:24]}", now()
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     run = _Run(p, None)

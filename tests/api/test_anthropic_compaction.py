@@ -216,13 +216,17 @@ def test_what_cannot_compact_is_refused_in_a_sentence(extra, message):
 
 
 def test_a_real_model_compacts_and_goes_on():
-    with RunningServer(AsyncLLM()) as s:
+    with RunningServer(AsyncLLM(max_context=512)) as s:  # (a summary of 256 tokens at most)
         client = _client(s)
         reply = client.beta.messages.create(
             model="m", max_tokens=8, messages=MESSAGES, extra_body={"context_management": _edit(10)}
         )
         assert reply.content[0].type == "compaction" and reply.usage.iterations[0].type == "compaction"
         assert reply.stop_reason in ("end_turn", "max_tokens")
+        alone = client.beta.messages.create(
+            model="m", max_tokens=6, messages=MESSAGES, extra_body={"compaction": {"type": "summarize"}}
+        )
+        assert alone.stop_reason == "compaction" and alone.usage.output_tokens <= 6
         s.wait_idle()
 
 

@@ -225,7 +225,7 @@ def test_what_cannot_compact_is_refused_in_a_sentence(body, message):
 
 
 def test_a_real_model_compacts_in_band():
-    with RunningServer(AsyncLLM()) as s:
+    with RunningServer(AsyncLLM(max_context=512)) as s:  # (a threshold's summary: 256 tokens at most)
         client = _client(s)
         asked = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "max_output_tokens": 16}
         # greedy and past EOS: a summary of some words whatever the model's first token
