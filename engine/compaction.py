@@ -8,3 +8,11 @@ INSTRUCTION = (
     "(files, commands, results, decisions and why), what is left to do and the next step, and anything "
     "else that must not be lost. Write only the summary."
 )
+
+
+def summary_text(summary: str, user: list[str] | tuple[str, ...] = ()) -> str:
+    """A compaction as the words the model reads in place of the conversation it stands for: the summary,
+    then the latest user messages it carries, as they were."""
+    said = "".join(f"\n\n{u}" for u in user)
+    latest = f"\n\nThe user's latest messages, as they were:{said}" if said else ""
+    return f"Summary of the conversation before this point (it was compacted):\n{summary}{latest}"

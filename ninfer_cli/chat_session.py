@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.compaction import INSTRUCTION
+from engine.compaction import INSTRUCTION, summary_text
 from engine.errors import NinferError
 from ninfer_cli.chat_backends import data_url_part
 
@@ -72,12 +72,7 @@ class Conversation:
         if not summary.strip():
             raise NinferError("the model wrote no summary; the conversation is left as it was")
         count = len(self.turns)
-        self.turns = [
-            {
-                "role": "user",
-                "content": f"Summary of our conversation so far (it was compacted):\n{summary.strip()}",
-            }
-        ]
+        self.turns = [{"role": "user", "content": summary_text(summary.strip())}]
         return f"the conversation is compacted: {count} turns into the summary above"
 
     def put_back(self, reply: dict[str, Any]) -> None:

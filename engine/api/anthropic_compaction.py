@@ -31,7 +31,7 @@ from engine.api.context_editing import COMPACT, PARAM
 from engine.api.errors import ApiError
 from engine.api.response_compaction import SUMMARY_TOKENS
 from engine.api.state import ServerState
-from engine.compaction import INSTRUCTION
+from engine.compaction import INSTRUCTION, summary_text
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput
 
@@ -194,9 +194,7 @@ def block_text(block: dict, where: str) -> str:
     content = block.get("content")
     if not isinstance(content, str) or not content:
         raise ApiError(400, f"{where}.content must be the summary (a non-empty string) or null")
-    said = "".join(f"\n\n{u}" for u in carried(block))
-    latest_said = f"\n\nThe user's latest messages, as they were:{said}" if said else ""
-    return f"Summary of the conversation before this point (it was compacted):\n{content}{latest_said}"
+    return summary_text(content, carried(block))
 
 
 def latest(messages: Any) -> tuple[int, int] | None:

@@ -37,7 +37,7 @@ from engine.api.images import preprocess_images
 from engine.api.response_items import input_items
 from engine.api.state import ServerState
 from engine.async_llm import AsyncStream
-from engine.compaction import INSTRUCTION
+from engine.compaction import INSTRUCTION, summary_text
 
 router = APIRouter()
 
@@ -102,14 +102,10 @@ def compaction_text(item: dict[str, Any]) -> str:
     """A `compaction` input item as the text the model reads in its place."""
     whole = _whole(item)
     if whole is not None:
-        said = "".join(f"\n\n{u}" for u in whole["user"])
-        latest = f"\n\nThe user's latest messages, as they were:{said}" if said else ""
-        return (
-            f"Summary of the conversation before this point (it was compacted):\n{whole['summary']}{latest}"
-        )
+        return summary_text(whole["summary"], whole["user"])
     summary = _decoded(item.get("encrypted_content"), TAG)
     if summary is not None:
-        return f"Summary of the conversation before this point (it was compacted):\n{summary}"
+        return summary_text(summary)
     return (
         "(The conversation before this point was compacted by another server; its summary cannot be read "
         "here.)"

@@ -208,7 +208,10 @@ def test_compact_replaces_the_turns_with_the_models_summary(monkeypatch):
     assert summarised[-1]["content"].startswith("Your context is nearly full")
     assert third == [
         {"role": "system", "content": "Be terse."},
-        {"role": "user", "content": "Summary of our conversation so far (it was compacted):\nreply 3"},
+        {
+            "role": "user",
+            "content": "Summary of the conversation before this point (it was compacted):\nreply 3",
+        },
         {"role": "user", "content": "third"},
     ]
     assert "the last exchange is undone" in result.output  # third and its reply; the summary stays
@@ -225,7 +228,10 @@ def test_a_summary_is_kept_without_the_reasoning_before_it():
         "the conversation"
     )
     assert convo.turns == [
-        {"role": "user", "content": "Summary of our conversation so far (it was compacted):\nThey said hi."}
+        {
+            "role": "user",
+            "content": "Summary of the conversation before this point (it was compacted):\nThey said hi.",
+        }
     ]
     with pytest.raises(NinferError, match="wrote no summary"):
         convo.compacted("<think>hmm</think>  ")
