@@ -39,9 +39,12 @@ COMMAND = re.compile(r"/[A-Za-z?]+")  # a line of one such word is a command, ne
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
-def _stream_reply(backend, messages, params, out, verbose: bool = False) -> str:
+def _stream_reply(backend, messages, params, out, verbose: bool = False, in_repl: bool = True) -> str:
+    """The reply, streamed to `out`; after it, with `verbose` its stats, and in the REPL a note when the
+    conversation nears the context (where the backend knows it)."""
     reply = []
-    stats = ReplyStats(time.perf_counter()) if verbose else None
+    limit = getattr(backend, "context_limit", None) if in_repl else None
+    stats = ReplyStats(time.perf_counter()) if verbose or limit else None
     progress = PromptProgress(sys.stderr)
     try:
         for delta in backend.reply(messages, params, stats, progress):
@@ -53,8 +56,11 @@ def _stream_reply(backend, messages, params, out, verbose: bool = False) -> str:
         out.write(" [interrupted]")
     out.write("\n")
     out.flush()
-    if stats is not None:
+    if verbose:
         Console(stderr=True).print(f"[dim]{stats.line()}[/dim]", highlight=False)
+    note = stats.context_note(limit) if stats is not None else None
+    if note is not None:
+        Console(stderr=True).print(f"[dim]{note}[/dim]", highlight=False)
     return "".join(reply)
 
 
@@ -207,7 +213,7 @@ def chat(
     if prompt is not None:
         convo.pending = [_read_image(backend, path)[0] for path in image or ()]
         convo.ask(prompt)
-        _stream_reply(backend, convo.messages(), params, out, verbose)
+        _stream_reply(backend, convo.messages(), params, out, verbose, in_repl=False)
         return
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")

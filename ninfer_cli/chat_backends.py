@@ -75,6 +75,18 @@ class ReplyStats:
         self.first = self.first or self.last
         self.chunks += 1
 
+    def context_note(self, limit: int | None) -> str | None:
+        """A line when the conversation (this prompt and reply) takes 3/4 of the context `limit` or more."""
+        if limit is None or self.prompt_tokens is None:
+            return None
+        used = self.prompt_tokens + (self.completion_tokens or 0)
+        if used * 4 < limit * 3:
+            return None
+        return (
+            f"the conversation takes {used:,} of the {limit:,}-token context ({100 * used // limit}%); "
+            "/compact has the model summarise it, /reset clears it"
+        )
+
     def line(self) -> str:
         n = self.completion_tokens if self.completion_tokens is not None else self.chunks
         parts = []
@@ -116,6 +128,7 @@ class LocalChat:
     def __init__(self, llm):
         self.llm = llm
         self.description = llm.description
+        self.context_limit = llm.max_context  # (the REPL says when a conversation nears it)
 
     def attach(self, data: bytes) -> str:
         return f"attached ({self.llm.image(data).num_tokens} tokens)"
@@ -170,6 +183,7 @@ class RemoteChat:
         self.fields = fields or {}  # more request fields (a response_format, ...)
         self.sampling = dict(sampling or {})  # the sampling flags given (and --override-generation-config)
         self.description = f"{url} (model {self.server.model})"
+        self.context_limit = None  # (a server's usage is asked for with --verbose only)
 
     def attach(self, data: bytes) -> str:
         from engine.vision.image import decode_image

@@ -344,3 +344,26 @@ def test_a_long_prompt_shows_how_far_it_has_been_read_on_a_terminal_only():
     quiet = PromptProgress(pipe)
     list(backend.reply([{"role": "user", "content": "Again: " + message[0]["content"]}], params, None, quiet))
     assert pipe.getvalue() == ""
+
+
+def test_a_conversation_near_the_context_is_said_to_be_with_what_to_do():
+    """The local engine's REPL: a reply that takes the conversation to 3/4 of the context or more is
+    followed by a line saying so (and /compact); one well below it is not."""
+    typed = "Hi\n" + "Tell me more about the capital of France and its history. " * 9 + "\n/exit\n"
+    result = CliRunner().invoke(app, ["chat", "--max-tokens", "8", "--max-context", "200"], input=typed)
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "-token context" in line]
+    assert len(notes) == 1, result.output  # the first exchange is short; the second passes 150 tokens
+    assert "of the 200-token context" in notes[0] and "/compact" in " ".join(result.output.split())
+
+
+def test_the_context_note_counts_the_prompt_and_the_reply():
+    from ninfer_cli.chat_backends import ReplyStats
+
+    stats = ReplyStats(0.0, prompt_tokens=140, completion_tokens=10)
+    assert stats.context_note(200) == (
+        "the conversation takes 150 of the 200-token context (75%); /compact has the model summarise it, "
+        "/reset clears it"
+    )
+    assert ReplyStats(0.0, prompt_tokens=100, completion_tokens=49).context_note(200) is None
+    assert stats.context_note(None) is None and ReplyStats(0.0).context_note(200) is None
