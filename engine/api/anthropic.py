@@ -15,13 +15,13 @@ from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import (
-    SHUTDOWN,
     complete,
     field,
     guarded,
     read_json,
     sampling_params,
     start,
+    stream_failure,
     until_failed,
 )
 from engine.api.context_editing import PARAM
@@ -304,8 +304,8 @@ async def _prepare(state: ServerState, body: dict):
         messages, images = template_messages(b, declared)
         # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does), unless it
         # ends in a compaction block (a paused turn sent back to go on)
-        last = b["messages"][-1]
-        prefill = last.get("role") == "assistant" and not anthropic_compaction.ends_with_block(b["messages"])
+        last_role = b["messages"][-1].get("role")
+        prefill = last_role == "assistant" and not anthropic_compaction.ends_with_block(b["messages"])
         return (*state.render(messages, listed, kwargs, continue_final=prefill), images)
 
     (text, ids, images), applied, original = context_editing.apply(body, edits, render)
@@ -364,11 +364,16 @@ async def messages(request: Request):
     summary = None  # a compaction due: its summary is written first (engine/api/anthropic_compaction.py)
     resumed = anthropic_compaction.ends_with_block(body["messages"])  # a paused turn back: just compacted
     fits = max(1, state.max_context - max_tokens)  # a prompt this long would be refused
+
+    async def launch(text: str, prompt_ids: list[int], prompt_images) -> None:
+        """Start the reply to a rendered prompt (the request's, or the compacted conversation's)."""
+        run.in_reasoning = text.rstrip().endswith("<think>")
+        run.stream = await start(state, prompt_ids, params, prompt_images)
+
     if compaction is not None and compaction.due(len(state.with_images(ids, images)), resumed, fits):
         summary = await anthropic_compaction.start_summary(state, body, compaction, _prepare)
     else:
-        run.in_reasoning = prompt_text.rstrip().endswith("<think>")
-        run.stream = await start(state, ids, params, images)
+        await launch(prompt_text, ids, images)
     only_block = summary is not None and (compaction.trigger is None or compaction.pause)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
 
@@ -386,14 +391,12 @@ async def messages(request: Request):
         """The reply to the compacted conversation: the system prompt and tools, then the block (a failed
         compaction's: the conversation as it was)."""
         if block["content"] is None:
-            run.in_reasoning = prompt_text.rstrip().endswith("<think>")
-            run.stream = await start(state, ids, params, images)
+            await launch(prompt_text, ids, images)
             return
         text, compact_ids, _, compact_images, _, _ = await _prepare(
             state, {**body, "messages": [{"role": "assistant", "content": [block]}]}
         )
-        run.in_reasoning = text.rstrip().endswith("<think>")
-        run.stream = await start(state, compact_ids, params, compact_images)
+        await launch(text, compact_ids, compact_images)
 
     def usage(out: RequestOutput | None) -> dict[str, Any]:
         """The reply's usage; with a compaction, its pass in `iterations` (the parameter's, the only pass, in the
@@ -444,12 +447,11 @@ async def messages(request: Request):
 
     def failure(out: RequestOutput) -> str | None:
         """The error event of a request that ended without its reply (None: it goes on)."""
-        if out.finish_reason in ("expired", "error"):
-            kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
-            return event("error", {"error": {"type": kind, "message": out.error}})
-        if state.ending:
-            return event("error", {"error": {"type": "api_error", "message": SHUTDOWN}})
-        return None
+        message = stream_failure(state, out)
+        if message is None:
+            return None
+        kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
+        return event("error", {"error": {"type": kind, "message": message}})
 
     async def compaction_events():
         """The compaction block, its one delta (the whole summary) once written; then the reply's start. An

@@ -31,7 +31,7 @@ from engine.api.context_editing import COMPACT, PARAM
 from engine.api.errors import ApiError
 from engine.api.response_compaction import SUMMARY_TOKENS
 from engine.api.state import ServerState
-from engine.compaction import INSTRUCTION, summary_text
+from engine.compaction import INSTRUCTION, latest_within, summary_text
 from engine.parsers.reply import parse_reply
 from engine.request import RequestOutput
 
@@ -159,13 +159,7 @@ def latest_user_texts(messages: list, count_tokens, budget: int) -> list[str]:
         for m in messages
         if isinstance(m, dict) and m.get("role") == "user" and (t := _text(m.get("content")))
     ]
-    kept: list[str] = []
-    for text in reversed(texts):
-        budget -= count_tokens(text)
-        if budget < 0:
-            break
-        kept.append(text)
-    return kept[::-1]
+    return latest_within(texts, count_tokens, budget)
 
 
 def block(summary: str | None, user: list[str]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from engine.api.images import preprocess_images
 from engine.api.response_items import input_items
 from engine.api.state import ServerState
 from engine.async_llm import AsyncStream
-from engine.compaction import INSTRUCTION, summary_text
+from engine.compaction import INSTRUCTION, latest_within, summary_text
 
 router = APIRouter()
 
@@ -150,17 +150,16 @@ def _text(content: Any) -> str:
 def kept_user_messages(state: ServerState, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The input items' user messages to keep as they were: the latest ones, up to kept_user_budget tokens
     (a message that would pass it is left out, and so are those before it), in their order."""
-    kept: list[dict[str, Any]] = []
-    budget = kept_user_budget(state.max_context)
     tokenizer = state.text_tokenizer()
-    for item in reversed(given):
-        if item.get("type", "message") != "message" or item.get("role") != "user":
-            continue
-        budget -= len(tokenizer.encode(_text(item.get("content")), False))
-        if budget < 0:
-            break
-        kept.append({"type": "message", "role": "user", "content": item.get("content")})
-    return input_items(kept[::-1])  # (content as input_text parts, ids)
+    user = [
+        {"type": "message", "role": "user", "content": item.get("content")}
+        for item in given
+        if item.get("type", "message") == "message" and item.get("role") == "user"
+    ]
+    kept = latest_within(
+        user, lambda m: len(tokenizer.encode(_text(m["content"]), False)), kept_user_budget(state.max_context)
+    )
+    return input_items(kept)  # (content as input_text parts, ids)
 
 
 @dataclass
@@ -181,7 +180,7 @@ class Summary:
         """The compaction item of a trigger or a threshold: the summary and the latest user messages."""
         given: list[dict[str, Any]] = []
         for item in self.given:  # an earlier compaction's user messages count as said before what follows
-            whole = _whole(item) if carries_all_before(item) else None
+            whole = _whole(item) if isinstance(item, dict) and item.get("type") == "compaction" else None
             if whole is not None:
                 given = [{"type": "message", "role": "user", "content": u} for u in whole["user"]]
             else:
