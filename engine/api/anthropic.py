@@ -23,6 +23,7 @@ from engine.api.common import (
     start,
     stream_failure,
     until_failed,
+    written_unseen,
 )
 from engine.api.context_editing import PARAM
 from engine.api.documents import file_text
@@ -460,18 +461,13 @@ async def messages(request: Request):
             "content_block_start", {"index": 0, "content_block": {"type": "compaction", "content": None}}
         )
         out = None
-        async for item in until_failed(summary.stream, failure):
+        async for item in written_unseen(state, summary.stream, failure, event("ping", {})):
             if isinstance(item, str):
                 yield item
-                return
-            if item is None:
-                yield event("ping", {})
             else:
-                out = item[0]
-                state.metrics.token(out)
-        if out is None or not out.finished:
+                out = item
+        if out is None:
             return
-        state.metrics.finished(out)
         block = compacted(out)
         delta = {"type": "compaction_delta", **{k: block[k] for k in ("content", "encrypted_content")}}
         yield event("content_block_delta", {"index": 0, "delta": delta})

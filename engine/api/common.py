@@ -310,6 +310,33 @@ async def until_failed(
         await ticks.aclose()
 
 
+async def written_unseen(
+    state,
+    engine_stream: AsyncStream,
+    failure: Callable[[RequestOutput], str | None],
+    keepalive: str,
+    progress: Callable[[RequestOutput, str], list[str]] | None = None,
+) -> AsyncIterator[str | RequestOutput]:
+    """A request whose text the client does not see as it is written (a compaction's summary): the events
+    to send while it runs (`keepalive` at each silence, `progress(output, delta)`'s, a failure's last), then
+    its finished output as the last item, counted in the metrics (none when it failed or was left)."""
+    out = None
+    async for item in until_failed(engine_stream, failure):
+        if isinstance(item, str):
+            yield item
+            return
+        if item is None:
+            yield keepalive
+            continue
+        out = item[0]
+        state.metrics.token(out)
+        for event in progress(*item) if progress is not None else ():
+            yield event
+    if out is not None and out.finished:
+        state.metrics.finished(out)
+        yield out
+
+
 def check_failed(out: RequestOutput) -> None:
     """A request that ended without its reply: expired waiting for admission (503), or the engine step
     running it failed (500)."""

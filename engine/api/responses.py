@@ -37,6 +37,7 @@ from engine.api.common import (
     stream_failure,
     until_failed,
     with_effort,
+    written_unseen,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_names
 from engine.api.errors import ApiError
@@ -501,25 +502,23 @@ async def create(request: Request):
         (a failure's event instead, and nothing after it)."""
         added = {"type": "compaction", "id": summary.item_id}
         yield stream.event("response.output_item.added", output_index=0, item=added)
+
+        def sampled(out: RequestOutput, delta: str) -> list[str]:
+            if began is not None and out.token_ids:
+                began()
+            if not delta:
+                return []
+            # more of the summary sampled (the event carries none of it)
+            return [stream.event("response.compaction.compacting", item_id=summary.item_id, output_index=0)]
+
         out = None
-        async for item in until_failed(summary.stream, failure):
-            if isinstance(item, str):
-                yield item
-                return
-            if item is None:
-                yield SSE_KEEPALIVE
+        async for event in written_unseen(state, summary.stream, failure, SSE_KEEPALIVE, sampled):
+            if isinstance(event, str):
+                yield event
             else:
-                out = item[0]
-                if began is not None and out.token_ids:
-                    began()
-                state.metrics.token(out)
-                if item[1]:  # more of the summary sampled (the event carries none of it)
-                    yield stream.event(
-                        "response.compaction.compacting", item_id=summary.item_id, output_index=0
-                    )
-        if out is None or not out.finished:
+                out = event
+        if out is None:
             return
-        state.metrics.finished(out)
         item = compaction_item(out)
         stream.output.append(item)
         yield stream.event("response.output_item.done", output_index=0, item=item)
