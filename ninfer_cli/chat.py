@@ -39,11 +39,11 @@ COMMAND = re.compile(r"/[A-Za-z?]+")  # a line of one such word is a command, ne
 IMAGE_HELP = "/image PATH attaches a picture to your next message."
 
 
-def _stream_reply(backend, messages, params, out, verbose: bool = False, in_repl: bool = True) -> str:
-    """The reply, streamed to `out`; after it, with `verbose` its stats, and in the REPL a note when the
-    conversation nears the context (where the backend knows it)."""
+def _stream_reply(backend, messages, params, out, verbose: bool = False, note_context: bool = True) -> str:
+    """The reply, streamed to `out`; after it, with `verbose` its stats, and with `note_context` a note when
+    the conversation nears the context (where the backend knows it)."""
     reply = []
-    limit = getattr(backend, "context_limit", None) if in_repl else None
+    limit = getattr(backend, "context_limit", None) if note_context else None
     stats = ReplyStats(time.perf_counter()) if verbose or limit else None
     progress = PromptProgress(sys.stderr)
     try:
@@ -213,7 +213,7 @@ def chat(
     if prompt is not None:
         convo.pending = [_read_image(backend, path)[0] for path in image or ()]
         convo.ask(prompt)
-        _stream_reply(backend, convo.messages(), params, out, verbose, in_repl=False)
+        _stream_reply(backend, convo.messages(), params, out, verbose, note_context=False)  # one-shot
         return
     if image:
         raise NinferError("--image goes with --prompt; in the conversation, attach pictures with /image PATH")
@@ -251,7 +251,7 @@ def chat(
             try:
                 request = convo.compact_request()
                 console.print("[dim]summarising the conversation:[/dim]")
-                summary = _stream_reply(backend, request, params, out, verbose)
+                summary = _stream_reply(backend, request, params, out, verbose, note_context=False)
                 console.print(convo.compacted(summary))
             except NinferError as e:
                 console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
