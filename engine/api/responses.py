@@ -105,7 +105,7 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
     origins: list[str] = []
     # the item before (reasoning aside) was a hosted tool's: an assistant message after it joins its turn
     after_hosted = False
-    first = _latest_whole_compaction(items)  # the items before it are what it summarises
+    first = _latest_whole_compaction(items) or 0  # the items before it are what it summarises
     for i, item in enumerate(items[first:], first):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -174,9 +174,11 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return out, origins
 
 
-def _latest_whole_compaction(items: list) -> int:
-    """The index of the input's latest compaction item that stands for everything before it (0: none)."""
-    return max((i for i, item in enumerate(items) if carries_all_before(item)), default=0)
+def _latest_whole_compaction(items: Any) -> int | None:
+    """The index of the input's latest compaction item that stands for everything before it (None: none)."""
+    if not isinstance(items, list):
+        return None
+    return max((i for i, item in enumerate(items) if carries_all_before(item)), default=None)
 
 
 def ends_with_trigger(given: Any) -> bool:
@@ -317,7 +319,7 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
     if body.get("input") is None:
         raise ApiError(400, "'input' is required", "input")
     given = state.responses.resolve_references(body["input"])
-    if isinstance(given, list) and any(carries_all_before(item) for item in given):
+    if _latest_whole_compaction(given) is not None:
         history = []  # a compaction item of this server's stands for the previous conversation too
     new_turns, origins = _chat_messages(given)
     turns = history + new_turns
