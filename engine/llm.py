@@ -405,6 +405,8 @@ class LLM:
                     break
             if stream.stopped and not req.is_finished:
                 self.scheduler.finish_request(req.request_id, "stop")
+            if req.is_finished:
+                stream.flush()
             delta = stream.take_delta(req.is_finished)
             results.append((stream.output(req.finish_reason), delta))
             if req.is_finished:

@@ -38,7 +38,15 @@ class RequestStream:
         self.num_pushed += 1
         if token_id in self.end_ids:
             return
-        delta = self.detok.push(token_id)
+        self._add(self.detok.push(token_id))
+
+    def flush(self) -> None:
+        """At the end of the output: the text the detokenizer held back (bytes of a character no token
+        completed, as U+FFFD), unless a stop string ended the text."""
+        if self.detok is not None and not self.stopped:
+            self._add(self.detok.flush())
+
+    def _add(self, delta: str) -> None:
         if not delta:
             return
         search_from = max(0, len(self.text) - self.holdback)

@@ -152,7 +152,8 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas without re-decoding everything each step.
 
-    Holds back a delta that ends in an incomplete UTF-8 sequence until the next token completes it.
+    Holds back a delta that ends in an incomplete UTF-8 sequence until the next token completes it;
+    `flush` at the end gives what is held back, an incomplete sequence as U+FFFD (as llama-server does).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
@@ -174,6 +175,16 @@ class IncrementalDetokenizer:
         # keep a few tokens of context so merges across the boundary decode correctly
         self.prefix_offset = max(self.read_offset - 4, 0)
         self.read_offset = len(self.token_ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """The text held back at the end of the output: bytes no token completed, each as U+FFFD."""
+        decode = self.tokenizer.decode
+        prefix = decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
+        full = decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
+        self.prefix_offset = self.read_offset = len(self.token_ids)
+        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
         self.text += delta
         return delta
 

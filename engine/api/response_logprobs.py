@@ -62,6 +62,8 @@ class MessageLogprobs:
         for i in range(self.seen, count):
             token, last = out.token_ids[i], out.finished and i == count - 1
             text = "" if token in self.end_ids else self.detok.push(token)
+            if last:  # what the detokenizer held back ends the reply too (engine/output_processor.py)
+                text += self.detok.flush()
             if token not in self.end_ids:
                 self.spans.append((i, len(self.raw), len(self.raw) + len(text)))
                 self.raw += text

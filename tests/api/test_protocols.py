@@ -501,6 +501,18 @@ def test_stream_options_are_checked(oai):
             create(model="m", max_tokens=2, stream_options={"include_usage": True}, **kwargs)
 
 
+def test_a_length_stop_inside_a_character_sends_a_replacement_character(oai, server):
+    """The emoji is two tokens; three tokens end with half of the second one, sent as U+FFFD (llama-server's
+    way), streamed or not, its logprobs' bytes still the token's own."""
+    kwargs = dict(model="m", messages=QUESTION, max_tokens=3, logprobs=True, **GREEDY)
+    body = dict(**kwargs, extra_body={"guided_regex": "🙂{4}"})
+    reply = oai.chat.completions.create(**body).choices[0]
+    assert (reply.message.content, reply.finish_reason) == ("🙂\ufffd", "length")
+    assert b"".join(bytes(item.bytes) for item in reply.logprobs.content) == "🙂".encode() + "🙂".encode()[:2]
+    chunks = list(oai.chat.completions.create(stream=True, **body))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "🙂\ufffd"
+
+
 def test_logprobs_carry_each_tokens_bytes_and_names_by_id_on_request(oai, server):
     """Chat logprobs give each token's raw bytes (OpenAI's `bytes`): a token holding part of a character
     reads as U+FFFD, and the bytes joined are the reply. vLLM's return_tokens_as_token_ids names tokens

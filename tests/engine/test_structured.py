@@ -55,6 +55,18 @@ def llm():
     return LLM()
 
 
+@pytest.mark.parametrize("max_tokens", [1, 2, 3])
+def test_an_output_cut_inside_a_character_ends_in_a_replacement_character(llm, max_tokens):
+    """The emoji is two tokens: a length stop after the first gives its bytes as U+FFFD (llama-server's
+    way) rather than dropping them, streamed or not."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, grammar=grammars.regex("🙂{4}"))
+    want = "🙂" * (max_tokens // 2) + "\ufffd" * (max_tokens % 2)
+    smile = [{"role": "user", "content": "Smile."}]
+    out = llm.chat(smile, params)
+    assert (out.text, out.finish_reason) == (want, "length")
+    assert "".join(delta for delta, _ in llm.stream_chat(smile, params)) == want
+
+
 def test_json_schema_regex_and_choice_on_the_default_model(llm):
     out = llm.chat(QUESTION, SamplingParams(**GREEDY, grammar=grammars.json_schema(SCHEMA)))
     assert out.finish_reason == "stop" and valid(out.text), out.text

@@ -46,6 +46,19 @@ def test_incremental_detokenizer_equals_full_decode(default_tokenizer, text):
     assert all("\ufffd" not in p for p in pieces)
 
 
+def test_flush_gives_the_bytes_no_token_completed_as_replacement_characters(default_tokenizer):
+    first, second = default_tokenizer.encode(
+        "🙂", add_special_tokens=False
+    )  # the emoji's bytes in two tokens
+    detok = IncrementalDetokenizer(default_tokenizer)
+    assert detok.push(default_tokenizer.encode("Hi", add_special_tokens=False)[0]) == "Hi"
+    assert detok.push(first) == ""  # held back: the next token may complete the character
+    assert detok.flush() == "\ufffd" and detok.text == "Hi\ufffd"
+    assert detok.flush() == ""  # nothing is given twice
+    whole = IncrementalDetokenizer(default_tokenizer)
+    assert [whole.push(first), whole.push(second), whole.flush()] == ["", "🙂", ""]
+
+
 def test_hidden_token_ids_are_those_decoding_leaves_out(default_tokenizer, fim_tokenizer):
     assert default_tokenizer.hidden_token_id("<|im_end|>") == 2
     assert default_tokenizer.hidden_token_id("<|endoftext|>") == 0
