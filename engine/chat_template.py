@@ -56,3 +56,42 @@ def render_chat_template(
         )
     except jinja2.exceptions.TemplateError as e:
         raise NinferError(f"the chat template refused these messages: {e}") from e
+
+
+# variables the renderer sets itself: a default for one of them would be ignored or clash
+RENDER_VARIABLES = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+)
+
+
+def parse_template_kwargs(value: Any) -> tuple[tuple[str, Any], ...]:
+    """`--chat-template-kwargs` (vLLM's --default-chat-template-kwargs, llama-server's --chat-template-kwargs):
+    a JSON object (or a dict) of chat template variables every request renders with unless its own
+    chat_template_kwargs (or thinking switch) says otherwise, e.g. {"enable_thinking": false}; kept as
+    (name, value) pairs."""
+    if value is None or value == ():
+        return ()
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise NinferError(
+                f"--chat-template-kwargs is not JSON ({e}); write e.g. '{{\"enable_thinking\": false}}'"
+            ) from None
+    if not isinstance(value, dict):
+        raise NinferError("--chat-template-kwargs takes a JSON object, e.g. '{\"enable_thinking\": false}'")
+    clash = [name for name in value if name in RENDER_VARIABLES]
+    if clash:
+        raise NinferError(
+            f"--chat-template-kwargs sets {', '.join(clash)}, which the renderer sets itself from the request "
+            "and the tokenizer; drop it"
+        )
+    return tuple(value.items())

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.cache.kv_layout import resolve_kv_dtype
+from engine.chat_template import parse_template_kwargs
 from engine.errors import NinferError
 from engine.lora.spec import lora_modules
 from engine.rope_scaling import (
@@ -380,6 +381,9 @@ class EngineConfig:
     # or a dict, e.g. {"temperature": 0.6}; kept as (field, value) pairs
     override_generation_config: Any = ()
     chat_template: str | None = None  # a Jinja file replacing the checkpoint's chat template
+    # chat template variables every render takes unless the request gives its own (vLLM's
+    # --default-chat-template-kwargs): a JSON object or a dict, e.g. {"enable_thinking": false}; kept as pairs
+    chat_template_kwargs: Any = ()
     max_concurrency: int = 8  # requests running at once
     max_pending: int | None = None  # requests waiting for admission; beyond, add_request is refused
     pending_timeout_ms: float | None = None  # a request waiting longer than this expires
@@ -579,6 +583,7 @@ class EngineConfig:
         object.__setattr__(
             self, "override_generation_config", parse_overrides(self.override_generation_config)
         )
+        object.__setattr__(self, "chat_template_kwargs", parse_template_kwargs(self.chat_template_kwargs))
         utilization = self.gpu_memory_utilization
         if utilization is not None and (
             isinstance(utilization, bool)

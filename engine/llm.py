@@ -32,7 +32,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.sizes import format_bytes
 from engine.spec.draft_model import load_draft_model, open_draft_model
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
-from engine.tokenizer import with_chat_template
+from engine.tokenizer import with_chat_template, with_template_kwargs
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
@@ -88,7 +88,9 @@ class LLM:
                 f"--cache-reuse shifts cached keys to new positions; {source.description} also keeps a "
                 "recurrent state (Gated DeltaNet layers), which cannot be shifted: leave --cache-reuse out"
             )
-        self.tokenizer = with_chat_template(source.tokenizer, config.chat_template)
+        self.tokenizer = with_template_kwargs(
+            with_chat_template(source.tokenizer, config.chat_template), config.chat_template_kwargs
+        )
         # what a server request's left-out sampling fields default to
         checkpoint = self.tokenizer.sampling_defaults if self.tokenizer is not None else {}
         self.sampling_defaults = {

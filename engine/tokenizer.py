@@ -33,6 +33,8 @@ class Tokenizer:
     extra_eos_token_ids: tuple[int, ...] = ()
     # the checkpoint's recommended sampling (generation_config.json; engine/sampling_defaults.py)
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    # chat template variables a render leaves out take these (--chat-template-kwargs), e.g. enable_thinking
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -99,7 +101,7 @@ class Tokenizer:
             eos_token=self.eos_token or "",
             pad_token=self.pad_token or "",
             unk_token=self.unk_token or "",
-            **kwargs,
+            **{**self.template_kwargs, **kwargs},
         )
 
     def encode_chat(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> list[int]:
@@ -201,9 +203,28 @@ def with_chat_template(tokenizer: Tokenizer | None, path: str | None) -> Tokeniz
         template = file.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise NinferError(f"--chat-template {path}: cannot read it ({e.__class__.__name__}: {e})") from None
-    replaced = replace(tokenizer, chat_template=template)
+    return _rendering(
+        replace(tokenizer, chat_template=template), f"--chat-template {path} does not render a conversation"
+    )
+
+
+def with_template_kwargs(tokenizer: Tokenizer | None, pairs: tuple[tuple[str, Any], ...]) -> Tokenizer | None:
+    """The tokenizer whose chat template renders with these variables unless a request gives its own
+    (--chat-template-kwargs), checked by rendering a conversation; unchanged without any."""
+    if not pairs:
+        return tokenizer
+    if tokenizer is None or not tokenizer.chat_template:
+        raise NinferError("--chat-template-kwargs needs a chat template, and this model has none")
+    return _rendering(
+        replace(tokenizer, template_kwargs=dict(pairs)),
+        "--chat-template-kwargs: the chat template does not render a conversation with them",
+    )
+
+
+def _rendering(tokenizer: Tokenizer, failure: str) -> Tokenizer:
+    """`tokenizer`, once its chat template has rendered a conversation (else `failure`: Jinja's reason)."""
     try:
-        replaced.apply_chat_template([{"role": "user", "content": "hi"}])
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     except Exception as e:  # noqa: BLE001 - Jinja's own message says where the template is wrong
-        raise NinferError(f"--chat-template {path} does not render a conversation: {e}") from None
-    return replaced
+        raise NinferError(f"{failure}: {e}") from None
+    return tokenizer

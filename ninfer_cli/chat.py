@@ -22,7 +22,13 @@ from ninfer_cli.chat_session import COMMANDS as SESSION_COMMANDS
 from ninfer_cli.chat_session import Conversation
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
+from ninfer_cli.model_options import (
+    ChatTemplate,
+    ChatTemplateKwargs,
+    GenerationConfig,
+    OverrideGenerationConfig,
+    RopeScaling,
+)
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Mmproj, Vision
 
@@ -122,6 +128,7 @@ def chat(
     mmproj: Mmproj = None,
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     generation_config: GenerationConfig = "auto",
     override_generation_config: OverrideGenerationConfig = None,
     lora: Annotated[
@@ -154,6 +161,7 @@ def chat(
 ):
     """Chat with a model in the terminal (streaming)."""
     from engine import LLM, SamplingParams
+    from engine.chat_template import parse_template_kwargs
     from engine.lora.spec import lora_modules
     from engine.sampling_defaults import parse_overrides
 
@@ -172,6 +180,9 @@ def chat(
         )
     adapters = lora_modules(lora) if lora is not None else ()  # a folder that is not there: said at once
     grammar, request_fields = structured_output(json_schema, grammar_file)
+    template_kwargs = dict(parse_template_kwargs(chat_template_kwargs))  # a bad one is said before loading
+    if template_kwargs:  # (with --url the request carries them; here the engine renders with them)
+        request_fields["chat_template_kwargs"] = template_kwargs
     flags = (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
     # the sampling flags given, over --override-generation-config's fields (checked here, before loading)
     given = {**dict(parse_overrides(override_generation_config)), **{k: v for k, v in flags if v is not None}}
@@ -197,6 +208,7 @@ def chat(
                 mmproj=mmproj,
                 rope_scaling=rope_scaling,
                 chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs,
                 generation_config=generation_config,
                 lora_modules=adapters,
             )

@@ -221,6 +221,7 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
     llama_server = any(arg.partition("=")[0] in LLAMA_SERVER for arg in args)
     applied: list[str] = []  # llama-server's adapters, each NAME=SCALE: applied to every request
     without_apply = False  # --lora-init-without-apply: they load at scale 0 instead
+    thinking_off = False  # --reasoning-budget 0
     i = 0
 
     def value(flag: str) -> str:
@@ -279,6 +280,27 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             if _number(flag, size) > 0:
                 raise NinferError(f"{flag} {size}: ninfer keeps the whole model on the GPU; drop {flag}")
             notes.append(f"{flag} {size} dropped: the whole model is on the GPU")
+        elif flag == "--reasoning-budget":  # llama-server's: -1 unrestricted, 0 thinking off
+            budget = value(flag)
+            if budget not in ("-1", "0"):
+                raise NinferError(
+                    f"{flag} {budget}: it takes -1 (think freely) or 0 (thinking off); a request's "
+                    "thinking_budget (Anthropic's thinking.budget_tokens) caps the reasoning at N tokens"
+                )
+            if budget == "0":
+                thinking_off = True
+            else:
+                notes.append(
+                    f"{flag} -1 dropped: the template's thinking is on unless a request turns it off"
+                )
+        elif flag == "--reasoning-format":
+            kind = value(flag)
+            if kind not in ("auto", "deepseek"):
+                raise NinferError(
+                    f"{flag} {kind}: ninfer always takes <think> out of the reply as reasoning_content (thinking "
+                    f"blocks on Anthropic's API); drop {flag}"
+                )
+            notes.append(f"{flag} {kind} dropped: <think> is always parsed into reasoning_content")
         elif flag in ("--block-size", "--pooling"):
             given, kept = value(flag), "16" if flag == "--block-size" else "last"
             if given != kept:
@@ -349,6 +371,9 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             + ", ".join(applied)
             + " (--lora-default)"
         )
+    if thinking_off:
+        out = _thinking_off(out)
+        notes.append("--reasoning-budget 0 as --chat-template-kwargs with enable_thinking false")
     if gpu is not None and "--device" not in out:
         out += ["--device", "cuda" if gpu else "cpu"]
     return _model_argument(out), notes
@@ -356,6 +381,8 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
 
 FOREIGN = {
     *RENAMED,
+    "--reasoning-budget",
+    "--reasoning-format",
     *REFUSED,
     "--cpu-offload-gb",
     "--block-size",
@@ -378,6 +405,24 @@ FOREIGN = {
     "--lora-scaled",
     "--api-key",  # llama-server's --api-key=K1,K2 split like its spaced form
 }
+
+
+def _thinking_off(args: list[str]) -> list[str]:
+    """`args` with enable_thinking false in their --chat-template-kwargs (added when there is none; its
+    other keys kept, and a JSON error in it left for the option to say)."""
+    names = ("--chat-template-kwargs", "--default-chat-template-kwargs")
+    given = [i for i, arg in enumerate(args) if arg in names and i + 1 < len(args)]
+    kwargs: dict = {}
+    if given:
+        try:
+            kwargs = json.loads(args[given[-1] + 1])
+        except json.JSONDecodeError:
+            return args
+        if not isinstance(kwargs, dict):
+            return args
+    kwargs["enable_thinking"] = False
+    rest = [arg for i, arg in enumerate(args) if not any(i in (at, at + 1) for at in given)]
+    return [*rest, "--chat-template-kwargs", json.dumps(kwargs)]
 
 
 def _split_inline_values(args: list[str]) -> list[str]:

@@ -17,6 +17,15 @@ ChatTemplate = Annotated[
     str | None,
     typer.Option(help="A Jinja chat template file to use instead of the checkpoint's."),
 ]
+ChatTemplateKwargs = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        "--default-chat-template-kwargs",
+        help="Chat template variables as JSON, for every request that does not set them itself: "
+        "'{\"enable_thinking\": false}' serves a Qwen3 with thinking off unless a request turns it on.",
+    ),
+]
 GenerationConfig = Annotated[
     str,
     typer.Option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -18,7 +19,13 @@ from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.listen import bind
 from ninfer_cli.loading import answering_while_loading
-from ninfer_cli.model_options import ChatTemplate, GenerationConfig, OverrideGenerationConfig, RopeScaling
+from ninfer_cli.model_options import (
+    ChatTemplate,
+    ChatTemplateKwargs,
+    GenerationConfig,
+    OverrideGenerationConfig,
+    RopeScaling,
+)
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Mmproj, Vision
 
@@ -173,6 +180,7 @@ def serve(
     mmproj: Mmproj = None,
     rope_scaling: RopeScaling = None,
     chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     generation_config: GenerationConfig = "auto",
     rerank: Annotated[
         bool,
@@ -268,6 +276,7 @@ def serve(
         mmproj=mmproj,
         rope_scaling=rope_scaling,
         chat_template=chat_template,
+        chat_template_kwargs=chat_template_kwargs,
         generation_config=generation_config,
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
@@ -364,6 +373,11 @@ def serve(
             "ninfer's own)",
             describe(engine.llm.sampling_defaults),
             generation_config,
+        )
+    if config.chat_template_kwargs:
+        log.info(
+            "chat template variables for the requests that leave them out: %s (--chat-template-kwargs)",
+            ", ".join(f"{name}={json.dumps(value)}" for name, value in config.chat_template_kwargs),
         )
     _Server = _server_class()
     config = uvicorn.Config(

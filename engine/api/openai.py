@@ -282,6 +282,16 @@ def token_logprobs(
     ]
 
 
+def template_kwargs(body: dict) -> dict[str, Any]:
+    """What a chat completion's template hears from the request: its chat_template_kwargs, over what its
+    reasoning_effort says (the server's --chat-template-kwargs lie under both)."""
+    return with_effort(
+        field(body, "chat_template_kwargs", dict, {}),
+        field(body, "reasoning_effort", str),
+        "reasoning_effort",
+    )
+
+
 def template_options(body: dict) -> tuple[bool, bool]:
     """vLLM's `continue_final_message` (the reply continues the last, assistant, message: a prefill) and
     `add_generation_prompt` (default true; with a continued message it does not apply)."""
@@ -396,11 +406,7 @@ async def chat_completions(request: Request):
     tools, custom = chat_tools(body), custom_names(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
-    kwargs = with_effort(
-        field(body, "chat_template_kwargs", dict, {}),
-        field(body, "reasoning_effort", str),
-        "reasoning_effort",
-    )
+    kwargs = template_kwargs(body)
     stream = field(body, "stream", bool, False)
     top_logprobs = _logprobs_settings(body)
     names = token_names(state, body)

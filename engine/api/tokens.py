@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from engine.api.common import field, is_token_id, read_json
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
-from engine.api.openai import chat_tools, template_messages, template_options
+from engine.api.openai import chat_tools, template_kwargs, template_messages, template_options
 from engine.api.state import ServerState
 
 router = APIRouter()
@@ -25,7 +25,7 @@ async def tokenize(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
     if body.get("messages") is not None:
-        kwargs = field(body, "chat_template_kwargs", dict, {})
+        kwargs = template_kwargs(body)
         messages, images = template_messages(body.get("messages"))
         _, ids = state.render(messages, chat_tools(body), kwargs, *template_options(body))
         ids = state.with_images(ids, await preprocess_images(state, images))
@@ -47,12 +47,12 @@ async def tokenize(request: Request):
 @router.post("/apply-template")
 async def apply_template(request: Request):
     """llama-server's: the prompt the chat template makes of `messages` (and `tools`,
-    `chat_template_kwargs`), as chat completions would run it, without running it."""
+    `chat_template_kwargs`, `reasoning_effort`), as chat completions would run it, without running it."""
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
     if body.get("messages") is None:
         raise ApiError(400, "send 'messages' (chat) to render with the chat template", "messages")
-    kwargs = field(body, "chat_template_kwargs", dict, {})
+    kwargs = template_kwargs(body)
     messages, _ = template_messages(body.get("messages"))
     prompt, _ = state.render(messages, chat_tools(body), kwargs, *template_options(body))
     return {"prompt": prompt}

@@ -4,6 +4,7 @@ the server refuses, and a server that is not there, are one line."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from server import RunningServer
@@ -127,6 +128,10 @@ def test_over_http_only_the_sampling_flags_given_are_sent(monkeypatch):
         ((), {"max_tokens": 16}),
         (("--temperature", "0.7", "--top-k", "20"), {"max_tokens": 16, "temperature": 0.7, "top_k": 20}),
         (("--top-p", "0.9", "--seed", "3"), {"max_tokens": 16, "top_p": 0.9, "seed": 3}),
+        (
+            ("--chat-template-kwargs", '{"enable_thinking": false}'),
+            {"max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}},
+        ),
     ):
         sent.clear()
         result = runner.invoke(app, ["chat", "--url", "http://x:1", "--max-tokens", "16", "-p", "hi", *flags])
@@ -148,6 +153,25 @@ def test_sampling_overrides_reach_the_replies_both_ways(server):
     assert remote.strip() == local.strip() != plain.strip()
     code, out = _chat("--prompt", "hi", "--override-generation-config", '{"typical_p": 3}')
     assert code == 2 and out.count("\n") == 1 and "typical_p must be in (0, 1]" in out, out
+
+
+def test_template_kwargs_reach_the_local_template(tmp_path):
+    """--chat-template-kwargs: variables the chat template renders with (its own check before loading)."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n{{ opening | default('') }}"
+    )
+    replies = {}
+    for opening in (None, "Sure! The city is"):
+        kwargs = () if opening is None else ("--chat-template-kwargs", json.dumps({"opening": opening}))
+        code, out = _chat("--chat-template", str(template), *kwargs, "--prompt", QUESTION)
+        assert code == 0, out
+        replies[opening] = out.strip()
+    assert replies[None] != replies["Sure! The city is"]
+    code, out = _chat("--chat-template-kwargs", '{"messages": []}', "--prompt", "hi")
+    assert code == 2 and out.count("\n") == 1, out
+    assert "--chat-template-kwargs sets messages, which the renderer sets itself" in out
 
 
 class _Terminal(io.StringIO):

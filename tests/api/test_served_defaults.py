@@ -76,3 +76,52 @@ def test_props_reports_the_served_defaults_context_and_template(server):
     assert props["modalities"] == {"vision": False, "audio": False}
     assert props["build_info"].startswith("ninfer")
     assert httpx.post(f"{server.url}/props", json={}, timeout=30).status_code == 405
+
+
+# Qwen3's way: thinking on unless enable_thinking is false
+THINKING = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}"
+    "{{ greeting | default('') }}"
+)
+
+
+@pytest.fixture(scope="module")
+def thinking_off(tmp_path_factory):
+    """serve --chat-template-kwargs '{"enable_thinking": false, "greeting": "Hi. "}' over a template that
+    thinks by default."""
+    d = tmp_path_factory.mktemp("kwargs")
+    (d / "template.jinja").write_text(THINKING)
+    engine = AsyncLLM(
+        chat_template=str(d / "template.jinja"),
+        chat_template_kwargs='{"enable_thinking": false, "greeting": "Hi. "}',
+    )
+    with RunningServer(engine) as s:
+        yield s
+
+
+def test_served_template_kwargs_apply_unless_a_request_says_otherwise(thinking_off):
+    url = thinking_off.url
+
+    def prompt(**body) -> str:
+        r = httpx.post(f"{url}/apply-template", json={"messages": ASK, **body}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["prompt"]
+
+    assert prompt().endswith("<|im_start|>assistant\nHi. ")  # the served defaults
+    assert prompt(chat_template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\nHi. ")
+    assert prompt(reasoning_effort="high").endswith("assistant\n<think>\nHi. ")  # as chat completions
+    assert prompt(chat_template_kwargs={"greeting": ""}).endswith("assistant\n")  # key by key
+
+    def counted(**body) -> int:
+        r = httpx.post(
+            f"{url}/v1/messages/count_tokens", json={"model": "m", "messages": ASK, **body}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+
+    # Anthropic: no thinking field is the served default (off here), as "disabled" is; "enabled" opens <think>
+    assert counted() == counted(thinking={"type": "disabled"}) < counted(thinking={"type": "enabled"})
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    reply = oai.chat.completions.create(model="m", messages=ASK, max_tokens=4, temperature=0)
+    assert reply.usage.prompt_tokens == len(thinking_off.engine.tokenizer.encode(prompt(), False))

@@ -136,6 +136,16 @@ def test_checkpoint_overrides_are_checked_in_one_line(command, tmp_path):
     assert "cannot read it" in out and "Traceback" not in out
     code, out = _run(command, "--generation-config", "nowhere.json", *args)
     assert code == 2 and "error: --generation-config nowhere.json: no such file" in out
+    code, out = _run(command, "--chat-template-kwargs", "{enable_thinking: false}", *args)
+    assert code == 2 and out.count("\n") == 1 and "error: --chat-template-kwargs is not JSON" in out, out
+    template = tmp_path / "strict.jinja"
+    template.write_text("{% if greeting is defined %}{{ raise_exception('no greeting here') }}{% endif %}x")
+    code, out = _run(
+        command, "--chat-template", str(template), "--default-chat-template-kwargs", '{"greeting": 1}', *args
+    )
+    assert code == 2 and out.count("\n") == 1, out
+    assert "error: --chat-template-kwargs: the chat template does not render a conversation with them" in out
+    assert "no greeting here" in out
 
 
 def test_serve_refuses_a_port_in_use_or_a_foreign_host_before_loading(monkeypatch):

@@ -195,6 +195,32 @@ def test_more_of_what_vllm_and_llama_server_take():
     assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
 
 
+def test_reasoning_flags_turn_thinking_off_by_the_template_kwargs():
+    """llama-server's --reasoning-budget 0 is enable_thinking false in --chat-template-kwargs (merged with
+    one given, in either spelling), -1 is the default; --reasoning-format deepseek / auto is what ninfer
+    does. vLLM's --default-chat-template-kwargs is ninfer's own option."""
+    args, notes = translate(shlex.split("-m /q.gguf --reasoning-budget 0 --reasoning-format deepseek"))
+    assert args == ["/q.gguf", "--chat-template-kwargs", '{"enable_thinking": false}']
+    assert "--reasoning-budget 0 as --chat-template-kwargs with enable_thinking false" in notes
+    assert "--reasoning-format deepseek dropped: <think> is always parsed into reasoning_content" in notes
+    given = ["/m", "--default-chat-template-kwargs", '{"greeting": "hi"}', "--reasoning-budget=0"]
+    assert translate(given)[0] == [
+        "/m",
+        "--chat-template-kwargs",
+        '{"greeting": "hi", "enable_thinking": false}',
+    ]
+    assert translate(["/m", "--reasoning-budget", "-1"])[0] == ["/m"]
+    bad = ["/m", "--chat-template-kwargs", "{x", "--reasoning-budget", "0"]
+    assert translate(bad)[0] == bad[:3]  # left for the option to say what is wrong with it
+    bad[1] = "--default-chat-template-kwargs"
+    assert translate(bad)[0] == bad[:3]
+    assert translate(["/m", "--default-chat-template-kwargs", "{}"])[0] == [
+        "/m",
+        "--default-chat-template-kwargs",
+        "{}",
+    ]
+
+
 def test_llama_servers_tls_and_key_list():
     """llama-server's --ssl-key-file / --ssl-cert-file are ninfer's --ssl-keyfile / --ssl-certfile; its
     comma-separated --api-key is one --api-key each; vLLM's spellings are ninfer's own."""
@@ -254,6 +280,8 @@ def test_llama_servers_mmproj_is_ninfers():
         (["--temp", "warm"], "--temp takes a number (got 'warm')"),
         (["--rope-scaling", "yarn"], "--rope-scaling yarn needs its factor: add --rope-scale F"),
         (["-c"], "-c needs a value"),
+        (["--reasoning-budget", "512"], "--reasoning-budget 512: it takes -1 (think freely) or 0"),
+        (["--reasoning-format", "none"], "--reasoning-format none: ninfer always takes <think> out"),
     ],
 )
 def test_what_cannot_be_taken_is_refused(args, message):

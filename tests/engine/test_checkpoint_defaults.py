@@ -16,13 +16,14 @@ from conftest import byte_tokenizer, save_tiny, tiny_hf_model
 from engine import LLM
 from engine.api.common import sampling_params
 from engine.api.errors import ApiError
+from engine.chat_template import parse_template_kwargs
 from engine.config import EngineConfig
 from engine.errors import NinferError
 from engine.formats import gguf as gguf_format
 from engine.formats.container import tokenizer_from_json, tokenizer_to_json
 from engine.models.loader import default_model_path, open_source
 from engine.sampling_defaults import from_generation_config, resolve
-from engine.tokenizer import with_chat_template
+from engine.tokenizer import with_chat_template, with_template_kwargs
 
 QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [2, 3]}
 
@@ -120,3 +121,17 @@ def test_a_chat_template_file_replaces_the_checkpoints(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(NinferError, match="--chat-template nowhere.jinja: cannot read it"):
         with_chat_template(tok, "nowhere.jinja")
+
+
+def test_template_kwargs_lie_under_a_renders_own(tmp_path):
+    tok = open_source(default_model_path()).tokenizer
+    assert with_template_kwargs(tok, ()) is tok
+    file = tmp_path / "t.jinja"
+    file.write_text("{{ a | default('-') }} {{ b | default('-') }}")
+    mine = with_template_kwargs(with_chat_template(tok, str(file)), parse_template_kwargs('{"a": 1, "b": 2}'))
+    assert mine.apply_chat_template([]) == "1 2" and mine.apply_chat_template([], b=3) == "1 3"
+    assert tok.template_kwargs == {}  # the checkpoint's tokenizer is unchanged
+    with pytest.raises(NinferError, match="--chat-template-kwargs needs a chat template"):
+        with_template_kwargs(replace(tok, chat_template=None), (("a", 1),))
+    with pytest.raises(NinferError, match="sets bos_token, which the renderer sets itself"):
+        parse_template_kwargs({"bos_token": "<s>"})
