@@ -7,19 +7,31 @@ Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.config import ModelConfig
 from engine.memory import kv_bytes_per_token
 
-# name fragment -> (bytes/s, FLOP/s)
+# name fragment (as NVML names the card) -> (bytes/s, dense FP16/BF16 tensor FLOP/s with FP32 accumulate);
+# the first fragment the name holds wins, so a variant stands before its family
 PEAKS = {
     "H200": (4.8e12, 989e12),
-    "H100": (3.35e12, 989e12),
-    "A100": (2.04e12, 312e12),
+    "H100 PCIe": (2.0e12, 756e12),
+    "H100 NVL": (3.9e12, 835e12),
+    "H100": (3.35e12, 989e12),  # SXM (NVML: "NVIDIA H100 80GB HBM3")
+    "A100-SXM4-40GB": (1.555e12, 312e12),
+    "A100-PCIE-40GB": (1.555e12, 312e12),
+    "A100 80GB PCIe": (1.935e12, 312e12),
+    "A100": (2.039e12, 312e12),  # SXM4 80GB
     "L40S": (0.864e12, 362e12),
+    "RTX 6000 Ada": (0.96e12, 364.2e12),
+    "RTX A6000": (0.768e12, 154.8e12),
+    "A10": (0.6e12, 125e12),
+    "L4": (0.3e12, 121e12),
     "RTX 5090": (1.792e12, 209.5e12),
     "RTX 4090": (1.008e12, 165.2e12),
+    "RTX 3090 Ti": (1.008e12, 80e12),
     "RTX 3090": (0.936e12, 71e12),
 }
 
@@ -33,9 +45,14 @@ class Peaks:
 
 def peaks_for(gpu_name: str | None, bandwidth: float | None = None, flops: float | None = None) -> Peaks:
     """The table's entry for `gpu_name`, each value overridable (--peak-bw, --peak-tflops)."""
-    known = next((v for k, v in PEAKS.items() if gpu_name and k.lower() in gpu_name.lower()), (None, None))
+    known = next((v for k, v in PEAKS.items() if gpu_name and _names(gpu_name, k)), (None, None))
     source = "given" if bandwidth or flops else (f"table: {gpu_name}" if known[0] else "unknown")
     return Peaks(bandwidth or known[0], flops or known[1], source)
+
+
+def _names(gpu_name: str, fragment: str) -> bool:
+    """Whether `fragment` stands in `gpu_name` as whole words ("A10" is not in "A10G" or "A100")."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(fragment)}(?![a-z0-9])", gpu_name, re.IGNORECASE) is not None
 
 
 @dataclass(frozen=True)

@@ -489,3 +489,27 @@ def test_an_embedding_model_is_refused_in_one_line(tmp_path, default_tokenizer):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": default_tokenizer.eos_token}))
     code, out = _run("bench", str(tmp_path), "--ctx", "256", "--gen", "8")
     assert code == 2 and "this model makes no text (an embedding model" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    "name, bandwidth",
+    [
+        ("NVIDIA H100 80GB HBM3", 3.35e12),
+        ("NVIDIA H100 PCIe", 2.0e12),
+        ("NVIDIA A100-SXM4-40GB", 1.555e12),
+        ("NVIDIA A100-SXM4-80GB", 2.039e12),
+        ("NVIDIA GeForce RTX 3090 Ti", 1.008e12),
+        ("NVIDIA GeForce RTX 3090", 0.936e12),
+        ("NVIDIA L40S", 0.864e12),
+        ("NVIDIA A10", 0.6e12),
+        ("NVIDIA A10G", None),  # not the A10's figures: a word of its own
+        ("NVIDIA L40", None),  # not the L4's
+    ],
+)
+def test_the_peak_table_names_each_card_by_whole_words(name, bandwidth):
+    from engine.bench.roofline import peaks_for
+
+    peaks = peaks_for(name)
+    assert peaks.bandwidth == bandwidth
+    assert peaks.source == (f"table: {name}" if bandwidth else "unknown")
+    assert peaks_for(name, bandwidth=1e12).bandwidth == 1e12
