@@ -433,15 +433,15 @@ async def messages(request: Request):
             if only_block:
                 return JSONResponse(message(content, "compaction", None))
             await go_on(content[0])
-        out, reasoning, answer, calls = await complete(
-            state, run.stream, request, run.in_reasoning, tools, max_calls
-        )
+        out, reasoning, parts = await complete(state, run.stream, request, run.in_reasoning, tools, max_calls)
         if reasoning:
             content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-        if answer or not calls:
-            content.append({"type": "text", "text": answer})
-        content += [_tool_use(c) for c in calls]
-        return JSONResponse(message(content, _stop_reason(out, bool(calls)), out))
+        # text and calls in the order written, as streamed (a call the reply ended inside: its whole members)
+        content += [{"type": "text", "text": p} if isinstance(p, str) else _tool_use(p) for p in parts]
+        if not parts:
+            content.append({"type": "text", "text": ""})
+        finished_calls = any(isinstance(p, ToolCall) and p.partial is None for p in parts)
+        return JSONResponse(message(content, _stop_reason(out, finished_calls), out))
 
     def event(kind: str, data: dict[str, Any]) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"

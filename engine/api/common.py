@@ -17,7 +17,7 @@ from engine.api.documents import PDF_BASE64, read_ahead
 from engine.api.errors import ApiError, ContextExceeded
 from engine.async_llm import AsyncStream
 from engine.errors import DeviceMemoryBusy, EngineOverloaded, NinferError, PromptTooLong
-from engine.parsers.reply import parse_reply
+from engine.parsers.reply import reply_parts
 from engine.pooling import POOLED
 from engine.request import LLAMA_CPP_FIELDS, RequestOutput, SamplingParams
 from engine.vision.image import ImageInput
@@ -410,9 +410,11 @@ async def pooled(
 async def complete(
     state, stream: AsyncStream, request: Request | None, in_reasoning: bool, tools, max_calls=None, seen=None
 ):
-    """A non-streamed reply: (output, reasoning, answer text, tool calls, at most max_calls of them)."""
+    """A non-streamed reply: (output, reasoning, the answer's text pieces and tool calls in the order
+    written: at most max_calls calls, one the reply ended inside with its `partial` arguments, as a stream
+    sends it)."""
     (out,) = await collect_choices(state, [stream], request, seen)
-    return (out, *parse_reply(out.text, in_reasoning, tools, max_calls))
+    return (out, *reply_parts(out.text, in_reasoning, tools, max_calls, cut_calls=True))
 
 
 def reasoning_tokens(tokenizer, out: RequestOutput, in_reasoning: bool) -> int:

@@ -245,7 +245,8 @@ def _call_id() -> str:
 
 
 def _tool_call_json(call: ToolCall, custom: frozenset[str]) -> dict[str, Any]:
-    """A call as chat completions' tool_calls entry (a custom tool's: its input string)."""
+    """A call as chat completions' tool_calls entry (a custom tool's: its input string; one the reply
+    ended inside: its arguments as far as they were written)."""
     cid = _call_id()
     if call.name in custom:
         return {
@@ -253,11 +254,8 @@ def _tool_call_json(call: ToolCall, custom: frozenset[str]) -> dict[str, Any]:
             "type": "custom",
             "custom": {"name": call.name, "input": custom_input(call.arguments)},
         }
-    return {
-        "id": cid,
-        "type": "function",
-        "function": {"name": call.name, "arguments": arguments_json(call.arguments)},
-    }
+    arguments = call.partial if call.partial is not None else arguments_json(call.arguments)
+    return {"id": cid, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 
 
 def finish_reason(out: RequestOutput) -> str | None:
@@ -452,7 +450,9 @@ async def chat_completions(request: Request):
         outs = await collect_choices(state, streams, request, clock.token if n == 1 else None)
         choices = []
         for index, out in enumerate(outs):
-            reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls)
+            reasoning, content, calls = parse_reply(out.text, in_reasoning, tools, max_calls, cut_calls=True)
+            # a call the reply ended inside is sent as the stream sends it (a custom tool's not at all)
+            calls = [c for c in calls if c.partial is None or c.name not in custom]
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": content if content or not calls else None,
@@ -461,10 +461,11 @@ async def chat_completions(request: Request):
                 message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [_tool_call_json(c, custom) for c in calls]
+            finished_calls = any(c.partial is None for c in calls)
             choice: dict[str, Any] = {
                 "index": index,
                 "message": message,
-                "finish_reason": "tool_calls" if calls else finish_reason(out),
+                "finish_reason": "tool_calls" if finished_calls else finish_reason(out),
                 "logprobs": None,
             }
             if top_logprobs is not None:

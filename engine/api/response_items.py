@@ -40,38 +40,46 @@ def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
 
 
 def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """A call's item: a custom_tool_call (its input the string) where `custom` names the tool."""
+    """A call's item: a custom_tool_call (its input the string) where `custom` names the tool. One the reply
+    ended inside is incomplete, its arguments (or input) as far as written, as a stream sends it."""
+    cut = call.partial is not None
+    status = "incomplete" if cut else "completed"
     if call.name in custom:
         return {
             "type": "custom_tool_call",
             "id": _id("ctc"),
             "call_id": _id("call"),
             "name": call.name,
-            "input": custom_input(call.arguments),
-            "status": "completed",
+            "input": InputStream().feed(call.partial) if cut else custom_input(call.arguments),
+            "status": status,
         }
     return {
         "type": "function_call",
         "id": _id("fc"),
         "call_id": _id("call"),
         "name": call.name,
-        "arguments": arguments_json(call.arguments),
-        "status": "completed",
+        "arguments": call.partial if cut else arguments_json(call.arguments),
+        "status": status,
     }
 
 
 def output_items(
     reasoning: str,
-    content: str,
-    calls: list[ToolCall],
+    parts: list[str | ToolCall],
     custom: frozenset[str] = frozenset(),
     logprobs: list | None = None,
 ) -> list[dict[str, Any]]:
-    """A whole reply's items: its reasoning (if any), its message (unless it is only calls), its calls."""
+    """A whole reply's items: its reasoning (if any), then a message for each text piece and its calls, in
+    the order written (an empty message when there is neither). The text's logprobs go with the first
+    message."""
     items = [reasoning_item(reasoning)] if reasoning else []
-    if content or not calls:
-        items.append(message_item(content, logprobs=logprobs))
-    return items + [call_item(c, custom) for c in calls]
+    for part in parts or [""]:
+        if isinstance(part, ToolCall):
+            items.append(call_item(part, custom))
+        else:
+            items.append(message_item(part, logprobs=logprobs))
+            logprobs = None
+    return items
 
 
 _ID_PREFIX = {

@@ -469,11 +469,11 @@ async def create(request: Request):
             if trigger:
                 return finish(None, output)
             await compacted()
-        out, reasoning, content, calls = await complete(
+        out, reasoning, parts = await complete(
             state, run.stream, waiting, run.in_reasoning, tools, max_calls, seen
         )
         logprobs = run.logprobs.feed(out) if run.logprobs else None
-        return finish(out, output + output_items(reasoning, content, calls, custom, logprobs))
+        return finish(out, output + output_items(reasoning, parts, custom, logprobs))
 
     if background and not streamed:  # answered at once; stored when done (engine/api/response_background.py)
 

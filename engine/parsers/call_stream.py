@@ -59,6 +59,58 @@ def arguments_json(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
+def partial_arguments(text: str) -> dict[str, Any]:
+    """The members that are whole in the start of a JSON object (a call's arguments as far as they were
+    written): a string, number or literal is taken once it ends, a key without its value is left out, open
+    objects and arrays are closed. `{"city": "Paris", "days": ` -> {"city": "Paris"}."""
+    stack: list[str] = []  # the open containers' closing characters
+    cut, closers = 0, ""  # the last point where a value ended, and what closes the containers open there
+    in_string = escaped = is_key = False
+    expect_key = False  # inside an object, the next string is a key
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if not is_key:
+                    cut, closers = i + 1, "".join(reversed(stack))
+        elif c == '"':
+            in_string, is_key = True, expect_key
+        elif c in "{[":
+            stack.append("}" if c == "{" else "]")
+            expect_key = c == "{"
+            cut, closers = i + 1, "".join(reversed(stack))
+        elif c in "}]":
+            if not stack:
+                break
+            stack.pop()
+            expect_key = False
+            cut, closers = i + 1, "".join(reversed(stack))
+        elif c == ",":
+            expect_key = bool(stack) and stack[-1] == "}"
+        elif c == ":":
+            expect_key = False
+        elif not c.isspace():  # a number or literal: whole once a delimiter follows it
+            end = i
+            while end < len(text) and text[end] not in ",}] \t\r\n":
+                end += 1
+            if end < len(text):
+                cut, closers = end, "".join(reversed(stack))
+            i = end
+            continue
+        i += 1
+    try:
+        value = json.loads(text[:cut] + closers)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _escaped(text: str) -> str:
     """`text` as the inside of a JSON string, escaped as json.dumps escapes (character by character)."""
     return json.dumps(text, ensure_ascii=False)[1:-1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.parsers.call_stream import partial_arguments
 from engine.parsers.reasoning import ReasoningSplitter
 from engine.parsers.tool_calls import CallArgs, CallEnd, CallStart, ToolCall, ToolCallParser
 
@@ -54,11 +55,44 @@ class ReplyParser:
         return pieces
 
 
-def parse_reply(
-    text: str, starts_in_reasoning: bool, tools: list[dict[str, Any]] | None, max_calls: int | None = None
-):
-    """(reasoning, answer text, tool calls) of a whole reply."""
-    pieces = ReplyParser(starts_in_reasoning, tools, max_calls).feed(text, final=True)
+def reply_parts(
+    text: str,
+    starts_in_reasoning: bool,
+    tools: list[dict[str, Any]] | None,
+    max_calls: int | None = None,
+    cut_calls: bool = False,
+) -> tuple[str, list[str | ToolCall]]:
+    """(reasoning, the answer as written: its text pieces and tool calls in order) of a whole reply.
+    `cut_calls`: a call the reply ended inside (or that left the form) once its name was written is a call
+    with `partial` arguments, as a stream sends it (stream_calls), not text given back."""
+    pieces = ReplyParser(starts_in_reasoning, tools, max_calls, stream_calls=cut_calls).feed(text, final=True)
     reasoning = "".join(v for k, v in pieces if k == "reasoning")
-    content = "".join(v for k, v in pieces if k == "text")
-    return reasoning, content, [v for k, v in pieces if k == "tool_call"]
+    parts: list[str | ToolCall] = []
+    name, written = None, ""  # the call being written, and its arguments so far
+    for kind, value in pieces:
+        if kind == "text" and parts and isinstance(parts[-1], str):
+            parts[-1] += value
+        elif kind == "text":
+            parts.append(value)
+        elif kind == "tool_call_start":
+            name, written = value, ""
+        elif kind == "tool_call_args":
+            written += value
+        elif kind == "tool_call":
+            parts.append(value)
+        elif kind == "tool_call_end":
+            parts.append(ToolCall(name, partial_arguments(written), partial=written))
+    return reasoning, parts
+
+
+def parse_reply(
+    text: str,
+    starts_in_reasoning: bool,
+    tools: list[dict[str, Any]] | None,
+    max_calls: int | None = None,
+    cut_calls: bool = False,
+) -> tuple[str, str, list[ToolCall]]:
+    """(reasoning, answer text, tool calls) of a whole reply (`cut_calls`: as reply_parts)."""
+    reasoning, parts = reply_parts(text, starts_in_reasoning, tools, max_calls, cut_calls)
+    text_parts = [p for p in parts if isinstance(p, str)]
+    return reasoning, "".join(text_parts), [p for p in parts if isinstance(p, ToolCall)]

@@ -8,8 +8,8 @@ A call is emitted once complete (and, with `stream`, also as it is written: engi
 The JSON form is scanned as JSON (a string holding `</tool_call>` does not end it), the XML form parameter by
 parameter. Text outside calls passes through; a partial `<tool_call>` tag at the end of a delta is held
 back, so no tag leaks into the text. A call that never completes or does not parse is given back as text at
-the end (streaming, one whose start went out ends instead). Whitespace between calls, or after the last, is
-no text.
+the end (streaming, one whose start went out ends instead: engine/parsers/reply.py reads a whole reply that
+way too, for the routes that do not stream). Whitespace between calls, or after the last, is no text.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ log = logging.getLogger("ninfer")
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    # a call the reply ended inside (parse_reply(cut_calls=True)): its arguments' JSON as far as it was
+    # written (what a stream sent), `arguments` the members of it that are whole; None for a finished call
+    partial: str | None = None
 
 
 # with streaming on (ToolCallParser(stream=True)), a call also comes as it is written: its start (the name),

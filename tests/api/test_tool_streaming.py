@@ -130,3 +130,56 @@ def test_a_call_cut_short_ends_without_its_text():
         with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=tools) as s:
             message = s.get_final_message()
         assert [b.type for b in message.content] == ["text", "tool_use"] and message.stop_reason == "end_turn"
+
+
+def test_a_reply_without_streaming_is_what_the_stream_gives():
+    """A call the reply ends inside is, without streaming too, the call as streamed (its arguments as far as
+    written; Anthropic's input its whole members; a Responses item incomplete) rather than `<tool_call>`
+    text; text after a call stays after it. Each protocol's stream and reply, assembled by its SDK, agree."""
+    cut = JSON[: JSON.index('"mode"') + 8]  # ..., "mode": 6
+    after = JSON + "\nDone."
+    replies = [cut, after]
+    tools = [{"type": "function", "function": WRITE}]
+    with RunningServer(ScriptedEngine([cut] * 6 + [after] * 6)) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        for reply in replies:
+            whole = client.chat.completions.create(model="m", messages=ASK, tools=tools).choices[0]
+            chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=tools, stream=True))
+            (call,) = streamed_tool_calls(chunks)
+            (got,) = whole.message.tool_calls
+            assert (got.function.name, got.function.arguments) == (
+                call.function.name,
+                call.function.arguments,
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert (whole.message.content or "") == text == ("" if reply == cut else "\nDone.")
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert [whole.finish_reason] == finish == (["stop"] if reply == cut else ["tool_calls"])
+
+            specs = [{"name": "write_file", "input_schema": WRITE["parameters"]}]
+            message = claude.messages.create(model="m", max_tokens=2000, messages=ASK, tools=specs)
+            with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=specs) as s:
+                streamed = s.get_final_message()
+            shape = [(b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in message.content]
+            assert shape == [
+                (b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in streamed.content
+            ]
+            assert message.stop_reason == streamed.stop_reason
+            if reply == cut:
+                assert shape == [("tool_use", None, {"path": "src/a.py", "content": CONTENT})]
+                assert message.stop_reason == "end_turn"
+            else:
+                assert [kind for kind, _, _ in shape] == ["tool_use", "text"] and shape[1][1] == "\nDone."
+
+            body = {"model": "m", "input": "Write src/a.py", "tools": [{"type": "function", **WRITE}]}
+            items = httpx.post(f"{server.url}/v1/responses", json=body, timeout=30).json()["output"]
+            with httpx.stream("POST", f"{server.url}/v1/responses", json={**body, "stream": True}) as r:
+                done = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")][-1]
+            streamed_items = done["response"]["output"]
+            assert [(i["type"], i.get("arguments"), i["status"]) for i in items] == [
+                (i["type"], i.get("arguments"), i["status"]) for i in streamed_items
+            ]
+            if reply == cut:
+                assert [(i["type"], i["status"]) for i in items] == [("function_call", "incomplete")]
+                assert items[0]["arguments"] == call.function.arguments

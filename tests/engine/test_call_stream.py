@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from engine.parsers.call_stream import arguments_json
-from engine.parsers.reply import ReplyParser, parse_reply
+from engine.parsers.call_stream import arguments_json, partial_arguments
+from engine.parsers.reply import ReplyParser, parse_reply, reply_parts
 from engine.parsers.tool_calls import CLOSE, OPEN
 
 SCHEMA = {
@@ -157,6 +157,51 @@ def test_other_layouts_come_whole_and_cut_calls_end():
     assert [k for k, _ in pieces][-1] == "tool_call_end"
     # without streaming the cut call is given back as text, as before
     assert parse_reply(f"{OPEN}\n<function=f>\n<parameter=s>\nabc", False, TOOLS)[1].startswith(OPEN)
+
+
+@pytest.mark.parametrize(
+    "written, whole",
+    [
+        ('{"city": "Paris", "days": ', {"city": "Paris"}),
+        ('{"city": "Par', {}),
+        ("{", {}),
+        ("", {}),
+        ('{"a": {"b": 1, "c": "x', {"a": {"b": 1}}),
+        ('{"a": [1, 2', {"a": [1]}),  # 2 may go on (20)
+        ('{"a": [1, 2, "x"', {"a": [1, 2, "x"]}),
+        (
+            '{"s": "say \\"hi\\"", "t": true, "n": null, "x": -1.5e3}',
+            {"s": 'say "hi"', "t": True, "n": None, "x": -1500.0},
+        ),
+        ('{"k": "}]"', {"k": "}]"}),
+    ],
+)
+def test_partial_arguments_keep_the_whole_members(written, whole):
+    assert partial_arguments(written) == whole
+
+
+def test_a_reply_cut_inside_a_call_parses_as_the_stream_sent_it():
+    """cut_calls: the call the reply ended inside, as streamed (arguments so far), not text given back; the
+    parts in the order written."""
+    rng = random.Random(5)
+    for text in (
+        f'Hi.{OPEN}\n{{"name": "f", "arguments": {{"s": "abc", "n": 4',
+        f"Hi.{OPEN}\n<function=f>\n<parameter=s>\nabc\n</parameter>\n<parameter=n>\n4",
+    ):
+        sent = "".join(v for k, v in _streamed(text, rng) if k == "tool_call_args")
+        reasoning, parts = reply_parts(text, False, TOOLS, cut_calls=True)
+        assert reasoning == "" and parts[0] == "Hi." and len(parts) == 2
+        assert (parts[1].name, parts[1].partial, parts[1].arguments) == ("f", sent, {"s": "abc"})
+        assert parse_reply(text, False, TOOLS)[1] == text  # without cut_calls: given back as text
+    whole = f'{OPEN}\n{{"name": "f", "arguments": {{"n": 1}}}}\n{CLOSE}'
+    parts = reply_parts(f"Calling.{whole}\nThen more.{whole}", False, TOOLS, cut_calls=True)[1]
+    assert [p if isinstance(p, str) else p.arguments for p in parts] == [
+        "Calling.",
+        {"n": 1},
+        "\nThen more.",
+        {"n": 1},
+    ]
+    assert all(p.partial is None for p in parts if not isinstance(p, str))
 
 
 def test_calls_past_max_calls_stream_nothing():
