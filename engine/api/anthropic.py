@@ -438,7 +438,7 @@ async def messages(request: Request):
             content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
         # text and calls in the order written, as streamed (a call the reply ended inside: its whole members)
         content += [{"type": "text", "text": p} if isinstance(p, str) else _tool_use(p) for p in parts]
-        if not parts:
+        if not reasoning and not parts:  # neither thinking nor an answer: an empty text block, as streamed
             content.append({"type": "text", "text": ""})
         finished_calls = any(isinstance(p, ToolCall) and p.partial is None for p in parts)
         return JSONResponse(message(content, _stop_reason(out, finished_calls), out))

@@ -134,6 +134,24 @@ def test_thinking_is_split_in_both_protocols():
         assert m.content[0].thinking == "Let me think.\n" and m.content[1].text == "Four."
 
 
+def test_a_reply_cut_while_thinking_is_its_thinking_block_alone_both_ways():
+    """The reply ends inside the reasoning: the thinking block alone (no empty text block), streamed or not."""
+    engine = ScriptedEngine(["Let me think about"] * 2)
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        kwargs = dict(
+            model="m",
+            max_tokens=50,
+            messages=[{"role": "user", "content": "2+2?"}],
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+        whole = claude.messages.create(**kwargs)
+        with claude.messages.stream(**kwargs) as s:
+            streamed = s.get_final_message()
+        for m in (whole, streamed):
+            assert [(b.type, b.thinking) for b in m.content] == [("thinking", "Let me think about")]
+
+
 def test_anthropic_text_documents_are_read_and_others_refused_in_one_line():
     engine = ScriptedEngine([FINAL, FINAL])
     with RunningServer(engine) as server:
