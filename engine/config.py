@@ -495,6 +495,17 @@ class EngineConfig:
             )
         if isinstance(self.kv_capacity, int) and self.kv_capacity <= 0:
             raise NinferError(f"kv_capacity must be positive (got {self.kv_capacity})")
+        pool = (
+            math.ceil(self.kv_capacity / self.block_size) * self.block_size
+            if isinstance(self.kv_capacity, int)
+            else None
+        )
+        if pool is not None and self.max_context is not None and pool < self.max_context:
+            raise NinferError(
+                f"--kv-capacity {self.kv_capacity} holds fewer tokens than --max-context {self.max_context}, so a "
+                f"request as long as the context could never run; raise --kv-capacity to {self.max_context} or "
+                f"more (ninfer plan shows what fits), or lower --max-context to {pool}"
+            )
         if self.host_cache < 0:
             raise NinferError(f"host_cache must be 0 (off) or a number of bytes (got {self.host_cache})")
         if self.host_cache and not self.enable_prefix_caching:

@@ -120,7 +120,16 @@ def size_kv_pool(
         if pool >= max(context, config.block_size):
             return context, pool
     else:
-        dep = dep.with_(kv_capacity=config.resolved_kv_capacity(model_config))
+        pool = config.resolved_kv_capacity(model_config)
+        if pool < context:  # a --kv-capacity below the model's positions (below --max-context: refused)
+            context = pool
+            log.info(
+                "max context %d (what --kv-capacity holds; the model has %d positions): set --max-context to "
+                "choose",
+                context,
+                limit,
+            )
+        dep = dep.with_(context=context, kv_capacity=pool)
         if fits(dep, budget):
             return context, dep.pool_tokens
     raise _refusal(dep, budget, config)

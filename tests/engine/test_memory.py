@@ -159,6 +159,21 @@ def test_every_preset_plans():
         assert best.context > 0
 
 
+def test_a_kv_pool_smaller_than_the_context_sets_the_context_or_is_refused(tiny_dir, caplog):
+    """--kv-capacity below the context: without --max-context the context is what the pool holds (said in
+    the log), so a prompt past it gets the context error clients know; with one, refused in one line."""
+    with caplog.at_level("INFO", logger="ninfer"):
+        llm = LLM(tiny_dir, kv_capacity=50)  # 4 pages of 16
+    assert llm.max_context == 64 < llm.model_config.position_limit
+    assert "max context 64 (what --kv-capacity holds" in caplog.text
+    with pytest.raises(NinferError) as e:
+        LLM(tiny_dir, kv_capacity=64, max_context=128)
+    assert str(e.value) == (
+        "--kv-capacity 64 holds fewer tokens than --max-context 128, so a request as long as the context could "
+        "never run; raise --kv-capacity to 128 or more (ninfer plan shows what fits), or lower --max-context to 64"
+    )
+
+
 def test_serve_auto_fills_free_memory_and_refuses_what_does_not_fit(tiny_dir, monkeypatch):
     gib = GIB
     monkeypatch.setattr(runtime, "device_memory", lambda device: (64 * gib, 4 * gib))
