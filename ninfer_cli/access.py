@@ -14,7 +14,11 @@ from engine.errors import NinferError
 def api_keys(keys: list[str] | None, key_file: str | None) -> tuple[str, ...]:
     """Every key a request may offer: those given on the command line, then the file's (one a line; blank
     lines and lines starting with # skipped)."""
-    out = [k for k in keys or () if k]
+    if any(not k.strip() for k in keys or ()):  # `--api-key "$KEY"` with KEY unset: not an open server
+        raise NinferError(
+            "--api-key is empty (an unset variable?); give the key, or drop the flag to serve without one"
+        )
+    out = list(keys or ())
     if key_file is not None:
         path = Path(key_file).expanduser()
         try:

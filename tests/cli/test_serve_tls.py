@@ -27,6 +27,8 @@ def test_keys_come_from_the_flags_and_the_file(tmp_path):
     keys.write_text("# team keys\nalpha\n\n  beta  \nalpha\n")
     assert api_keys(["gamma"], str(keys)) == ("gamma", "alpha", "beta")
     assert api_keys(None, None) == () and api_keys(["k"], None) == ("k",)
+    with pytest.raises(NinferError, match=r"--api-key is empty \(an unset variable\?\); give the key"):
+        api_keys(["k", ""], None)
     (tmp_path / "empty.txt").write_text("# none yet\n\n")
     with pytest.raises(NinferError, match="holds no key"):
         api_keys(None, str(tmp_path / "empty.txt"))
