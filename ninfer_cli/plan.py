@@ -93,6 +93,10 @@ def plan(
     if kv == "fp32":
         raise NinferError("fp32 KV is for tests; use bf16, fp16, fp8, int8 or k8v4")
     target = parse_size(context, "--context") if context else None
+    if target is not None and target < 1:
+        raise NinferError(
+            f"--context must be 1 token or more (got {context}); leave it out for the most that fits"
+        )
     spec_on = spec != "none"
     vision = vision or bool(mmproj)
     planned = resolve(model, preset_name, recipe, bits, mtp=spec == "mtp", vision=vision, mmproj=mmproj)

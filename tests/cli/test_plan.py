@@ -198,6 +198,10 @@ def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
         (["--model", "qwen3-8b", "--vram", "24"], "--vram 24 is 24 bytes, under 1 GiB; write the unit"),
         (["--model", "qwen3-8b", "--vram", "0"], "--vram 0 is 0 bytes"),
         (
+            ["--model", "qwen3-8b", "--vram", "24G", "--context", "0"],
+            "--context must be 1 token or more (got 0)",
+        ),
+        (
             ["--model", "qwen3-8b", "--vram", "24G", "--spec", "ngram", "--draft-tokens", "100"],
             "--spec ngram takes --draft-tokens 1 to 16 (got 100)",
         ),
