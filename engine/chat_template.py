@@ -12,6 +12,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import NinferError
+from engine.flag_json import json_object
 
 
 def _raise_exception(message: str):
@@ -79,15 +80,7 @@ def parse_template_kwargs(value: Any) -> tuple[tuple[str, Any], ...]:
         return ()
     if isinstance(value, tuple):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise NinferError(
-                f"--chat-template-kwargs is not JSON ({e}); write e.g. '{{\"enable_thinking\": false}}'"
-            ) from None
-    if not isinstance(value, dict):
-        raise NinferError("--chat-template-kwargs takes a JSON object, e.g. '{\"enable_thinking\": false}'")
+    value = json_object(value, "--chat-template-kwargs", '{"enable_thinking": false}')
     clash = [name for name in value if name in RENDER_VARIABLES]
     if clash:
         raise NinferError(

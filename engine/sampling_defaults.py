@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import NinferError
+from engine.flag_json import json_object
 from engine.request import LLAMA_CPP_FIELDS, SamplingParams
 
 # the SamplingParams fields a generation_config.json may set (under the same names): vLLM's, then llama.cpp's
@@ -84,15 +85,7 @@ def parse_overrides(value: Any) -> tuple[tuple[str, Any], ...]:
         return ()
     if isinstance(value, tuple):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise NinferError(
-                f"--override-generation-config is not JSON ({e}); write e.g. '{{\"temperature\": 0.6}}'"
-            ) from None
-    if not isinstance(value, dict):
-        raise NinferError("--override-generation-config takes a JSON object, e.g. '{\"temperature\": 0.6}'")
+    value = json_object(value, "--override-generation-config", '{"temperature": 0.6}')
     unknown = sorted(set(value) - set(FIELDS))
     if unknown:
         raise NinferError(
