@@ -9,7 +9,8 @@ The JSON form is scanned as JSON (a string holding `</tool_call>` does not end i
 parameter. Text outside calls passes through; a partial `<tool_call>` tag at the end of a delta is held
 back, so no tag leaks into the text. A call that never completes or does not parse is given back as text at
 the end (streaming, one whose start went out ends instead: engine/parsers/reply.py reads a whole reply that
-way too, for the routes that do not stream). Whitespace between calls, or after the last, is no text.
+way too, for the routes that do not stream). Whitespace between calls, or after the last, is no text, nor is the
+start of a `<tool_call>` tag that ends the reply after a call (one cut short).
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ class ToolCallParser:
                 body = self.buffer.lstrip()
                 if body.startswith(OPEN):
                     self.buffer, self.after_call = body, False
-                elif not body or (not final and OPEN.startswith(body)):
-                    self.buffer = "" if final else self.buffer  # held until what follows is known
+                elif not body or OPEN.startswith(body):
+                    # held until what follows is known; at the end, the start of a call cut short: no text
+                    self.buffer = "" if final else self.buffer
                     break
                 else:
                     self.after_call = False  # text follows the call: it keeps its whitespace

@@ -103,9 +103,12 @@ def test_untyped_xml_values_stay_strings():
 
 @pytest.mark.parametrize("piece", [1, 3, 1000])
 def test_whitespace_between_and_after_calls_is_no_text(piece):
-    """Qwen writes parallel calls one per line: the newlines are not content; text after a call is."""
+    """Qwen writes parallel calls one per line: the newlines are not content; text after a call is. The
+    start of a tag that ends the reply after a call is a call cut short (max_tokens): no text, as a cut call
+    gives none."""
     reply = "\n".join([JSON_REPLY[len("Let me check.\n") :]] * 2) + "\n"
-    for text, want in ((reply, ""), (reply + "\nDone.", "\n\nDone."), (reply + "<tool", "\n<tool")):
+    cases = ((reply, ""), (reply + "\nDone.", "\n\nDone."), (reply + "<tool", ""), (reply + "a <", "\na <"))
+    for text, want in cases:
         parser, events = ToolCallParser(TOOLS), []
         for i in range(0, len(text), piece):
             events += parser.feed(text[i : i + piece])
