@@ -22,8 +22,13 @@ FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     *LLAMA_CPP_FIELDS,  # dry_sequence_breakers among them: a list of strings, the one that is not a number
+    "thinking_budget",  # ninfer's: reasoning tokens before </think> (llama-server's --reasoning-budget N)
 )
-WHOLE_NUMBERS = ("top_k", *(name for name, kind in LLAMA_CPP_FIELDS.items() if kind is int))
+WHOLE_NUMBERS = (
+    "top_k",
+    "thinking_budget",
+    *(name for name, kind in LLAMA_CPP_FIELDS.items() if kind is int),
+)
 # SamplingParams field <- GGUF key
 GGUF_KEYS = {
     "temperature": "general.sampling.temp",

@@ -280,15 +280,15 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             if _number(flag, size) > 0:
                 raise NinferError(f"{flag} {size}: ninfer keeps the whole model on the GPU; drop {flag}")
             notes.append(f"{flag} {size} dropped: the whole model is on the GPU")
-        elif flag == "--reasoning-budget":  # llama-server's: -1 unrestricted, 0 thinking off
-            budget = value(flag)
-            if budget not in ("-1", "0"):
-                raise NinferError(
-                    f"{flag} {budget}: it takes -1 (think freely) or 0 (thinking off); a request's "
-                    "thinking_budget (Anthropic's thinking.budget_tokens) caps the reasoning at N tokens"
-                )
-            if budget == "0":
+        elif flag == "--reasoning-budget":  # llama-server's: -1 unrestricted, 0 thinking off, N tokens
+            given = value(flag)
+            budget = _number(flag, given)
+            if budget < -1 or budget != int(budget):
+                raise NinferError(f"{flag} {given}: it takes -1 (think freely), 0 (thinking off) or N tokens")
+            if budget == 0:
                 thinking_off = True
+            elif budget > 0:  # a request without a budget of its own reasons N tokens at most
+                sampling["thinking_budget"] = int(budget)
             else:
                 notes.append(
                     f"{flag} -1 dropped: the template's thinking is on unless a request turns it off"

@@ -127,8 +127,10 @@ def sampling_params(
     (`--generation-config`), then ninfer's own."""
     defaults = state.sampling_defaults
     max_tokens = field(body, max_tokens_field, int, default_max_tokens)
-    # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>
-    extra.setdefault("thinking_budget", field(body, "thinking_budget", int))
+    # ninfer's own field (Anthropic's thinking.budget_tokens comes in `extra`): reasoning tokens, then </think>;
+    # a request that gives none takes the served default (--override-generation-config's thinking_budget)
+    if extra.get("thinking_budget") is None:
+        extra["thinking_budget"] = field(body, "thinking_budget", int, defaults.get("thinking_budget"))
     if field(body, "use_beam_search", bool, False):
         raise ApiError(
             400,

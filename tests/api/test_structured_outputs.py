@@ -429,3 +429,30 @@ def test_thinking_budget_over_both_protocols(thinking_server):
     assert (
         r.status_code == 400 and "budget_tokens' must be a positive integer" in r.json()["error"]["message"]
     )
+
+
+def test_a_served_thinking_budget_caps_requests_without_their_own(tmp_path, thinking_tokenizer):
+    """--override-generation-config '{"thinking_budget": N}' (llama-server's --reasoning-budget N): a request
+    that gives no budget reasons N tokens at most; one with its own budget keeps it."""
+    path = save_thinking_mtp_model(tmp_path / "think", thinking_tokenizer, think=True)
+    engine = AsyncLLM(path, max_concurrency=2, override_generation_config='{"thinking_budget": 4}')
+    with RunningServer(engine) as server:
+        tok = server.engine.tokenizer
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        ask = [{"role": "user", "content": "b c"}]
+
+        def reasoning(**extra) -> str:
+            r = oai.chat.completions.create(model="m", messages=ask, max_tokens=30, temperature=0, **extra)
+            return r.choices[0].message.reasoning_content or ""
+
+        capped = reasoning()
+        assert 1 <= len(tok.encode(capped, add_special_tokens=False)) <= 4
+        assert reasoning(extra_body={"thinking_budget": 10}) != capped  # its own budget
+        adaptive = claude.messages.create(
+            model="m",
+            max_tokens=30,
+            messages=ask,
+            extra_body={"thinking": {"type": "adaptive"}, "temperature": 0},
+        )
+        assert adaptive.content[0].type == "thinking" and adaptive.content[0].thinking == capped

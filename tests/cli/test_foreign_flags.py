@@ -197,8 +197,8 @@ def test_more_of_what_vllm_and_llama_server_take():
 
 def test_reasoning_flags_turn_thinking_off_by_the_template_kwargs():
     """llama-server's --reasoning-budget 0 is enable_thinking false in --chat-template-kwargs (merged with
-    one given, in either spelling), -1 is the default; --reasoning-format deepseek / auto is what ninfer
-    does. vLLM's --default-chat-template-kwargs is ninfer's own option."""
+    one given, in either spelling), N a served thinking_budget, -1 the default; --reasoning-format deepseek
+    / auto is what ninfer does. vLLM's --default-chat-template-kwargs is ninfer's own option."""
     args, notes = translate(shlex.split("-m /q.gguf --reasoning-budget 0 --reasoning-format deepseek"))
     assert args == ["/q.gguf", "--chat-template-kwargs", '{"enable_thinking": false}']
     assert "--reasoning-budget 0 as --chat-template-kwargs with enable_thinking false" in notes
@@ -210,6 +210,11 @@ def test_reasoning_flags_turn_thinking_off_by_the_template_kwargs():
         '{"greeting": "hi", "enable_thinking": false}',
     ]
     assert translate(["/m", "--reasoning-budget", "-1"])[0] == ["/m"]
+    assert translate(["/m", "--reasoning-budget", "2048"])[0] == [
+        "/m",
+        "--override-generation-config",
+        '{"thinking_budget": 2048}',
+    ]
     bad = ["/m", "--chat-template-kwargs", "{x", "--reasoning-budget", "0"]
     assert translate(bad)[0] == bad[:3]  # left for the option to say what is wrong with it
     bad[1] = "--default-chat-template-kwargs"
@@ -280,7 +285,12 @@ def test_llama_servers_mmproj_is_ninfers():
         (["--temp", "warm"], "--temp takes a number (got 'warm')"),
         (["--rope-scaling", "yarn"], "--rope-scaling yarn needs its factor: add --rope-scale F"),
         (["-c"], "-c needs a value"),
-        (["--reasoning-budget", "512"], "--reasoning-budget 512: it takes -1 (think freely) or 0"),
+        (
+            ["--reasoning-budget", "-5"],
+            "--reasoning-budget -5: it takes -1 (think freely), 0 (thinking off) or N",
+        ),
+        (["--reasoning-budget", "1.5"], "--reasoning-budget 1.5: it takes -1"),
+        (["--reasoning-budget", "lots"], "--reasoning-budget takes a number (got 'lots')"),
         (["--reasoning-format", "none"], "--reasoning-format none: ninfer always takes <think> out"),
     ],
 )
