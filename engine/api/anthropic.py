@@ -162,6 +162,7 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
             raise ApiError(400, f"{where}.role must be 'user' or 'assistant'")
         texts: list[str | dict[str, str]] = []
         calls = []
+        thoughts: list[str] = []  # an assistant turn's thinking: the template's reasoning for the turn
         only_compaction = False  # the message held a compaction block and nothing else of its own
         blocks = _blocks(m.get("content"), where)
         skip = first_block if i == first else 0
@@ -206,8 +207,12 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
                 )
             elif kind in SERVER_BLOCKS and m["role"] == "assistant":
                 texts.append(server_block_text(block, bw))  # what Anthropic's servers ran in that turn
-            elif kind in ("thinking", "redacted_thinking"):
-                continue  # earlier reasoning is not fed back (as the Qwen templates drop it)
+            elif kind == "thinking" and m["role"] == "assistant":
+                if not isinstance(block.get("thinking"), str):
+                    raise ApiError(400, f"{bw}.thinking must be a string")
+                thoughts.append(block["thinking"])
+            elif kind == "redacted_thinking" and m["role"] == "assistant":
+                continue  # encrypted by Anthropic's servers: nothing to read
             else:
                 raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
         if only_compaction:
@@ -216,6 +221,8 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
             msg: dict[str, Any] = {"role": m["role"], "content": template_content(texts)}
             if calls:
                 msg["tool_calls"] = calls
+            if "".join(thoughts):  # kept by the template for the turns since the last user message
+                msg["reasoning_content"] = "\n\n".join(t for t in thoughts if t)
             out.append(msg)
     return out, images
 

@@ -8,12 +8,13 @@ placeholder, oldest first, those of `exclude_tools` left as they are; `clear_too
 list of tool names) also empties the calls' inputs. The prompt is rendered again and the tokens it lost
 counted exactly; fewer than `clear_at_least` and the edit is not applied (each clearing breaks the
 prefix cache from the first cleared result on, so it should be worth it). `clear_thinking_20251015`
-(listed first when both are) is checked and has nothing to do: earlier turns' thinking never reaches the
-prompt here (the Qwen chat templates drop it). `compact_20260112` is compaction, after these edits
-(engine/api/anthropic_compaction.py).
+(listed first when both are) drops the thinking blocks of all but the latest `keep` assistant turns that
+have any ("all", the default here, keeps them): the chat template reads an assistant turn's thinking as its
+reasoning, and the Qwen templates keep it for the turns since the last user message (a tool loop) only.
+`compact_20260112` is compaction, after these edits (engine/api/anthropic_compaction.py).
 
-The response names what was applied: `context_management.applied_edits` (`cleared_tool_uses`,
-`cleared_input_tokens`), in the final `message_delta` when streamed; count_tokens answers the edited
+The response names what was applied: `context_management.applied_edits` (`cleared_tool_uses` or
+`cleared_thinking_turns`, and `cleared_input_tokens`), in the final `message_delta` when streamed; count_tokens answers the edited
 count with `context_management.original_input_tokens`.
 """
 
@@ -71,6 +72,50 @@ class ClearToolUses:
             cleared += done
         return (edited, cleared) if cleared else None
 
+    def applied(self, cleared: int, tokens: int) -> dict[str, Any]:
+        return {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared, "cleared_input_tokens": tokens}
+
+
+@dataclass(frozen=True)
+class ClearThinking:
+    """`clear_thinking_20251015`: the thinking blocks of all but the latest `keep` assistant turns that have
+    any (None: all kept) are dropped. What the model read of them: the chat template's reasoning of the
+    turns since the last user message (a tool loop), so older turns' thinking clears no tokens."""
+
+    keep: int | None = None
+    clear_at_least: int = 0
+
+    def triggered(self, input_tokens: int, tool_uses: int) -> bool:
+        return True
+
+    def clear(self, body: dict) -> tuple[dict, int] | None:
+        """The body without the older turns' thinking blocks, and how many turns; None when none is."""
+        turns = [
+            i
+            for i, m in enumerate(body.get("messages") or [])
+            if isinstance(m, dict)
+            and m.get("role") == "assistant"
+            and isinstance(m.get("content"), list)
+            and any(_is_thinking(b) for b in m["content"])
+        ]
+        older = turns[: max(0, len(turns) - self.keep)] if self.keep is not None else []
+        if not older:
+            return None
+        messages = list(body["messages"])
+        for i in older:
+            messages[i] = {
+                **messages[i],
+                "content": [b for b in messages[i]["content"] if not _is_thinking(b)],
+            }
+        return {**body, "messages": messages}, len(older)
+
+    def applied(self, cleared: int, tokens: int) -> dict[str, Any]:
+        return {"type": CLEAR_THINKING, "cleared_thinking_turns": cleared, "cleared_input_tokens": tokens}
+
+
+def _is_thinking(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
+
 
 def tool_uses(body: dict) -> list[tuple[int, int, str, Any]]:
     """(message index, block index, tool name, id) of every tool_use block, in order."""
@@ -97,8 +142,8 @@ def result_blocks(body: dict) -> dict[Any, dict]:
     return out
 
 
-def parse(body: dict) -> list[ClearToolUses]:
-    """The request's tool-use clearing edits (none without `context_management`); a malformed one is a
+def parse(body: dict) -> list[ClearThinking | ClearToolUses]:
+    """The request's clearing edits, in order (none without `context_management`); a malformed one is a
     400 naming the field."""
     cm = body.get(PARAM)
     if cm is None:
@@ -125,8 +170,8 @@ def parse(body: dict) -> list[ClearToolUses]:
             continue  # engine/api/anthropic_compaction.py
         if edit["type"] == CLEAR_THINKING:
             keep = edit.get("keep", "all")
-            if keep != "all":
-                _amount(keep, "thinking_turns", f"{where}.keep", minimum=1)
+            kept = None if keep == "all" else _amount(keep, "thinking_turns", f"{where}.keep", minimum=1)
+            out.append(ClearThinking(kept))
             continue
         trigger = edit.get("trigger") or {"type": "input_tokens", "value": 100_000}
         kind = trigger.get("type") if isinstance(trigger, dict) else None
@@ -168,7 +213,7 @@ def _amount(value: Any, kind: str, where: str, minimum: int = 0) -> int:
     return n
 
 
-def apply(body: dict, edits: list[ClearToolUses], render) -> tuple[tuple, list[dict], int]:
+def apply(body: dict, edits: list[ClearThinking | ClearToolUses], render) -> tuple[tuple, list[dict], int]:
     """(the rendering of the body as the model sees it, the applied edits, the input tokens before them).
     `render(body)` is the rendered prompt: a tuple whose second item is its token ids."""
     rendered = render(body)
@@ -180,17 +225,11 @@ def apply(body: dict, edits: list[ClearToolUses], render) -> tuple[tuple, list[d
         result = edit.clear(body)
         if result is None:
             continue
-        edited, cleared_uses = result
+        edited, cleared = result
         candidate = render(edited)
         tokens = len(candidate[1])
         if current - tokens < edit.clear_at_least:
             continue  # not worth breaking the prefix cache for
-        applied.append(
-            {
-                "type": CLEAR_TOOL_USES,
-                "cleared_tool_uses": cleared_uses,
-                "cleared_input_tokens": current - tokens,
-            }
-        )
+        applied.append(edit.applied(cleared, current - tokens))
         body, rendered, current = edited, candidate, tokens
     return rendered, applied, original

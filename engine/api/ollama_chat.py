@@ -267,7 +267,8 @@ async def _embeddings(state, request, texts: list[str], body: dict) -> tuple[lis
 
 def _messages(value: Any) -> Any:
     """Ollama's messages as OpenAI's: base64 `images` as image parts after the text, tool calls' object
-    arguments as JSON text, a tool reply's `tool_name` dropped (the template follows the order)."""
+    arguments as JSON text, an assistant's `thinking` as its reasoning, a tool reply's `tool_name` dropped
+    (the template follows the order)."""
     if not isinstance(value, list):
         return value  # refused by template_messages, in its words
     out = []
@@ -276,6 +277,8 @@ def _messages(value: Any) -> Any:
             out.append(m)
             continue
         msg = {k: v for k, v in m.items() if k not in ("images", "tool_calls", "thinking", "tool_name")}
+        if m.get("thinking") is not None and m.get("role") == "assistant":  # as chat completions' reasoning
+            msg["reasoning_content"] = m["thinking"]
         images = m.get("images") or []
         if not isinstance(images, list) or not all(isinstance(b, str) for b in images):
             raise ApiError(400, f"messages[{i}].images must be an array of base64 strings", "messages")

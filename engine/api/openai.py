@@ -41,7 +41,7 @@ from engine.api.timings import Clock, with_progress
 from engine.api.token_ids import TokenIds
 from engine.api.token_ids import asked as token_ids_asked
 from engine.api.token_names import TokenNames, token_names
-from engine.parsers.call_stream import arguments_json
+from engine.parsers.call_stream import arguments_json, partial_arguments
 from engine.parsers.reply import ReplyParser, parse_reply
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
@@ -98,6 +98,10 @@ def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImage
             "role": "system" if role == "developer" else role,
             "content": _content(m.get("content"), where, images),
         }
+        if role == "assistant":
+            reasoning = _reasoning(m, where)
+            if reasoning:  # the template keeps it for the turns after the last user message (a tool loop)
+                msg["reasoning_content"] = reasoning
         if role == "assistant" and m.get("tool_calls"):
             calls = m["tool_calls"]
             if not isinstance(calls, list):
@@ -109,6 +113,19 @@ def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImage
             msg["tool_call_id"] = m.get("tool_call_id")
         out.append(msg)
     return out, images
+
+
+def _reasoning(message: dict[str, Any], where: str) -> str | None:
+    """An assistant message's reasoning as a client sends it back: `reasoning_content` (vLLM's and
+    DeepSeek's field, what replies here carry) or `reasoning` (newer vLLM's, OpenRouter's)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ApiError(400, f"{where}.{name} must be a string", "messages")
+        return value
+    return None
 
 
 def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
@@ -129,7 +146,11 @@ def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
     try:
         parsed = json.loads(args) if isinstance(args, str) else args
     except json.JSONDecodeError as e:
-        raise ApiError(400, f"{where}.function.arguments is not valid JSON ({e.msg})", "messages") from e
+        # a call a reply ended inside (max_tokens), sent back as it came: its members that are whole
+        cut_short = e.msg.startswith("Unterminated string") or e.pos >= len(args.rstrip())
+        if not (cut_short and args.lstrip().startswith("{")):
+            raise ApiError(400, f"{where}.function.arguments is not valid JSON ({e.msg})", "messages") from e
+        parsed = partial_arguments(args.lstrip())
     return {"type": "function", "id": call.get("id"), "function": {"name": fn["name"], "arguments": parsed}}
 
 

@@ -2,7 +2,8 @@
 
 The input items become chat messages (the chat completions route's validation, images included): messages,
 `function_call`s and `custom_tool_call`s (an assistant turn's tool calls) and their outputs (tool results);
-reasoning items are not fed back, as the Qwen templates drop earlier reasoning. `instructions` is the system
+a reasoning item's text is the next assistant turn's reasoning_content (the Qwen templates keep it for the
+turns since the last user message, a tool loop, and drop it before). `instructions` is the system
 turn. Function and custom tools (engine/api/custom_tools.py), which the client runs; built-in ones are
 refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
 `custom_tool_call`) per call. With `store` (the default) a response is kept in memory, the
@@ -105,6 +106,7 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
     origins: list[str] = []
     # the item before (reasoning aside) was a hosted tool's: an assistant message after it joins its turn
     after_hosted = False
+    reasoning = ""  # reasoning items' text, for the assistant turn they came before
     first = _latest_whole_compaction(items) or 0  # the items before it are what it summarises
     for i, item in enumerate(items[first:], first):
         where = f"input[{i}]"
@@ -169,9 +171,24 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 "(web_search_call, local_shell_call, mcp_call, ...)",
                 "input",
             )
-        if kind != "reasoning":
+        if kind == "reasoning":
+            reasoning += _reasoning_text(item, where)
+        else:
             after_hosted = kind in HOSTED_ITEMS
+            turn = out[-1] if out else None
+            if reasoning and turn is not None and turn.get("role") == "assistant":
+                # the template keeps it for the turns after the last user message (a tool loop)
+                turn.setdefault("reasoning_content", reasoning)
+            reasoning = ""
     return out, origins
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's text as sent back (ours carry `content` reasoning_text parts; else its summary)."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise ApiError(400, f"{where}.content must be an array of reasoning_text parts", "input")
+    return "".join(p.get("text") for p in parts if isinstance(p.get("text"), str))
 
 
 def _latest_whole_compaction(items: Any) -> int | None:
@@ -272,6 +289,9 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
         if i["type"] in CALLS
     ]
     turn: dict[str, Any] = {"role": "assistant", "content": text or None}
+    reasoning = "".join(c["text"] for item in output if item["type"] == "reasoning" for c in item["content"])
+    if reasoning:  # the template keeps it for the turns after the last user message (a tool loop)
+        turn["reasoning_content"] = reasoning
     if calls:
         turn["tool_calls"] = calls
     return turn

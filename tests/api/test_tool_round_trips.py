@@ -697,3 +697,126 @@ def test_custom_tools_round_trip_in_chat_completions(stream):
         with pytest.raises(openai.BadRequestError, match=r"tools\[0\].custom.format must be"):
             client.chat.completions.create(model="m", messages=messages[:1], tools=[bad])
     assert json.dumps(PATCH) in engine.prompts[1]
+
+
+# Qwen3's rule in small: an assistant turn's reasoning is written for the turns after the last user message
+KEEPS_LOOP_REASONING = (
+    "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.role == 'assistant' and loop.index0 > ns.last and m.reasoning_content %}"
+    "<think>{{ m.reasoning_content }}</think>{%- endif %}{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}"
+    "</tool_call>{%- endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+)
+
+
+def test_reasoning_sent_back_reaches_the_template_in_every_protocol():
+    """A tool loop's reasoning, sent back in each protocol's shape, is the assistant turn's reasoning_content
+    (here written for the turns after the last user message, as Qwen's templates do); the earlier turn's is
+    dropped by the template. A call sent back with its arguments cut short is read as far as whole."""
+    from dataclasses import replace
+
+    engine = ScriptedEngine(["ok"] * 8)
+    engine.tokenizer = replace(engine.tokenizer, chat_template=KEEPS_LOOP_REASONING)
+    with RunningServer(engine) as server:
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Par'},
+        }
+        for field in ("reasoning_content", "reasoning"):
+            messages = [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", field: "R0"},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, field: "R1", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ]
+            oai.chat.completions.create(
+                model="m", messages=messages, tools=[{"type": "function", "function": WEATHER}]
+            )
+        for prompt in engine.prompts[-2:]:
+            assert "<think>R1</think><tool_call>get_weather {}</tool_call>" in prompt and "R0" not in prompt
+
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]
+        messages = [
+            {"role": "user", "content": "Hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "R0", "signature": ""},
+                    {"type": "text", "text": "Hello"},
+                ],
+            },
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "R1", "signature": ""},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
+        ]
+        claude.messages.create(model="m", max_tokens=20, messages=messages, tools=tools)
+        assert '<think>R1</think><tool_call>get_weather {"city": "Paris"}</tool_call>' in engine.prompts[-1]
+        assert "R0" not in engine.prompts[-1] and "opaque" not in engine.prompts[-1]
+        # clear_thinking keeping 1 turn: the older turn's thinking goes (not in the prompt either way here)
+        edit = {
+            "edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]
+        }
+        r = claude.beta.messages.create(
+            model="m",
+            max_tokens=20,
+            messages=messages,
+            tools=tools,
+            context_management=edit,
+            betas=["context-management-2025-06-27"],
+        )
+        assert r.context_management.applied_edits[0].model_dump() == {
+            "type": "clear_thinking_20251015",
+            "cleared_thinking_turns": 1,
+            "cleared_input_tokens": 0,
+        }
+        assert "<think>R1</think>" in engine.prompts[-1]
+
+        items = [
+            {"type": "message", "role": "user", "content": "Weather?"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "R1"}],
+            },
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ]
+        oai.responses.create(model="m", input=items, tools=[{"type": "function", **WEATHER}])
+        assert '<think>R1</think><tool_call>get_weather {"city": "Paris"}</tool_call>' in engine.prompts[-1]
+
+        import httpx2 as httpx
+
+        ollama = [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "thinking": "R1",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "content": "sunny"},
+        ]
+        r = httpx.post(
+            f"{server.url}/api/chat", json={"model": "m", "messages": ollama, "stream": False}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        assert '<think>R1</think><tool_call>get_weather {"city": "Paris"}</tool_call>' in engine.prompts[-1]
