@@ -65,23 +65,19 @@ def partial_arguments(text: str) -> dict[str, Any]:
     objects and arrays are closed. `{"city": "Paris", "days": ` -> {"city": "Paris"}."""
     stack: list[str] = []  # the open containers' closing characters
     cut, closers = 0, ""  # the last point where a value ended, and what closes the containers open there
-    in_string = escaped = is_key = False
     expect_key = False  # inside an object, the next string is a key
     i = 0
     while i < len(text):
         c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-                if not is_key:
-                    cut, closers = i + 1, "".join(reversed(stack))
-        elif c == '"':
-            in_string, is_key = True, expect_key
-        elif c in "{[":
+        if c == '"':
+            end = string_end(text, i)
+            if end < 0:  # a string the text ends inside
+                break
+            if not expect_key:
+                cut, closers = end, "".join(reversed(stack))
+            i = end
+            continue
+        if c in "{[":
             stack.append("}" if c == "{" else "]")
             expect_key = c == "{"
             cut, closers = i + 1, "".join(reversed(stack))
@@ -109,6 +105,20 @@ def partial_arguments(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def string_end(text: str, start: int) -> int:
+    """Past the closing quote of the JSON string whose opening quote is at `start`; -1 if the text ends
+    inside it."""
+    i = start + 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == '"':
+            return i + 1
+        else:
+            i += 1
+    return -1
 
 
 def _escaped(text: str) -> str:

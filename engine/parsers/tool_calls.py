@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.parsers.call_stream import CallStream, arguments_json, typed_value
+from engine.parsers.call_stream import CallStream, arguments_json, string_end, typed_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
@@ -227,20 +227,14 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 def _close_after_json(text: str, start: int) -> int:
     """Malformed JSON: the end of the first </tool_call> outside any JSON string, or -1 if not seen yet."""
-    in_string = escaped = False
     i = start
     while i < len(text):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif text.startswith(CLOSE, i):
+        if text[i] == '"':
+            i = string_end(text, i)
+            if i < 0:
+                return -1
+            continue
+        if text.startswith(CLOSE, i):
             return i + len(CLOSE)
         i += 1
     return -1
