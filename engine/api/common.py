@@ -220,7 +220,9 @@ async def start(
     max_context = state.max_context
     if params.max_tokens >= max_context:
         raise ApiError(
-            400, f"max_tokens {params.max_tokens} is beyond the context limit {max_context} (--max-context)"
+            400,
+            f"max_tokens {params.max_tokens} is beyond the context limit {max_context} (--max-context); ask for "
+            f"{max_context - 1} at most (the prompt takes its share of the context too)",
         )
     if len(ids) + 1 > max_context:  # (with images, the engine counts their tokens and refuses below)
         raise ContextExceeded(len(ids), max_context)

@@ -88,7 +88,9 @@ async def infill(request: Request):
     n_predict = _n_predict(body)
     if n_predict >= state.max_context:
         raise ApiError(
-            400, f"n_predict {n_predict} is beyond the context limit {state.max_context} (--max-context)"
+            400,
+            f"n_predict {n_predict} is beyond the context limit {state.max_context} (--max-context); ask for "
+            f"{state.max_context - 1} at most (the prompt takes its share of the context too)",
         )
     reserve = n_predict if n_predict > 0 else state.default_max_tokens()
     try:

@@ -54,6 +54,7 @@ def test_refusals_are_one_line(server, tmp_path):
     assert code == 2 and "give a MODEL or --url, not both" in out
     code, out = _chat("--url", server.url, "--prompt", "hi", "--max-tokens", "100000")
     assert code == 2 and "the server answered 400: max_tokens 100000 is beyond the context limit" in out
+    assert "ask for 8191 at most" in out
     assert "Traceback" not in out
 
 
