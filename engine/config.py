@@ -495,11 +495,7 @@ class EngineConfig:
             )
         if isinstance(self.kv_capacity, int) and self.kv_capacity <= 0:
             raise NinferError(f"kv_capacity must be positive (got {self.kv_capacity})")
-        pool = (
-            math.ceil(self.kv_capacity / self.block_size) * self.block_size
-            if isinstance(self.kv_capacity, int)
-            else None
-        )
+        pool = self.whole_pages(self.kv_capacity) if isinstance(self.kv_capacity, int) else None
         if pool is not None and self.max_context is not None and pool < self.max_context:
             raise NinferError(
                 f"--kv-capacity {self.kv_capacity} holds fewer tokens than --max-context {self.max_context}, so a "
@@ -633,6 +629,10 @@ class EngineConfig:
         """KV pool size in tokens, a whole number of blocks."""
         tokens = self.kv_capacity if isinstance(self.kv_capacity, int) else None
         tokens = tokens or self.resolved_max_context(model_config) * min(self.max_concurrency, 2)
+        return self.whole_pages(tokens)
+
+    def whole_pages(self, tokens: int) -> int:
+        """`tokens` rounded up to whole KV pages."""
         return math.ceil(tokens / self.block_size) * self.block_size
 
     @property

@@ -168,9 +168,7 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         self.token_ids.append(token_id)
-        decode = self.tokenizer.decode
-        prefix = decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
-        full = decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
+        prefix, full = self._unread()
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         delta = full[len(prefix) :]
@@ -182,13 +180,17 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """The text held back at the end of the output: bytes no token completed, each as U+FFFD."""
-        decode = self.tokenizer.decode
-        prefix = decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
-        full = decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
+        prefix, full = self._unread()
         self.prefix_offset = self.read_offset = len(self.token_ids)
         delta = full[len(prefix) :] if len(full) > len(prefix) else ""
         self.text += delta
         return delta
+
+    def _unread(self) -> tuple[str, str]:
+        """(the text of the context tokens kept before the unread ones, that text with the unread ones)."""
+        decode = self.tokenizer.decode
+        prefix = decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
+        return prefix, decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
 
 
 def with_chat_template(tokenizer: Tokenizer | None, path: str | None) -> Tokenizer | None:

@@ -181,7 +181,7 @@ def chat(
     adapters = lora_modules(lora) if lora is not None else ()  # a folder that is not there: said at once
     grammar, request_fields = structured_output(json_schema, grammar_file)
     template_kwargs = dict(parse_template_kwargs(chat_template_kwargs))  # a bad one is said before loading
-    if template_kwargs:  # (with --url the request carries them; here the engine renders with them)
+    if template_kwargs:  # with --url the requests carry them (the local engine takes them below)
         request_fields["chat_template_kwargs"] = template_kwargs
     flags = (("temperature", temperature), ("top_p", top_p), ("top_k", top_k))
     # the sampling flags given, over --override-generation-config's fields (checked here, before loading)
@@ -208,7 +208,7 @@ def chat(
                 mmproj=mmproj,
                 rope_scaling=rope_scaling,
                 chat_template=chat_template,
-                chat_template_kwargs=chat_template_kwargs,
+                chat_template_kwargs=template_kwargs,
                 generation_config=generation_config,
                 lora_modules=adapters,
             )

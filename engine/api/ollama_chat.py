@@ -278,6 +278,8 @@ def _messages(value: Any) -> Any:
             continue
         msg = {k: v for k, v in m.items() if k not in ("images", "tool_calls", "thinking", "tool_name")}
         if m.get("thinking") is not None and m.get("role") == "assistant":  # as chat completions' reasoning
+            if not isinstance(m["thinking"], str):
+                raise ApiError(400, f"messages[{i}].thinking must be a string", "messages")
             msg["reasoning_content"] = m["thinking"]
         images = m.get("images") or []
         if not isinstance(images, list) or not all(isinstance(b, str) for b in images):

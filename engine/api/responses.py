@@ -289,7 +289,7 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
         if i["type"] in CALLS
     ]
     turn: dict[str, Any] = {"role": "assistant", "content": text or None}
-    reasoning = "".join(c["text"] for item in output if item["type"] == "reasoning" for c in item["content"])
+    reasoning = "".join(_reasoning_text(item, "output") for item in output if item["type"] == "reasoning")
     if reasoning:  # the template keeps it for the turns after the last user message (a tool loop)
         turn["reasoning_content"] = reasoning
     if calls:
