@@ -67,18 +67,18 @@ def output_items(
     reasoning: str,
     parts: list[str | ToolCall],
     custom: frozenset[str] = frozenset(),
-    logprobs: list | None = None,
+    logprobs: list[list] | None = None,
 ) -> list[dict[str, Any]]:
     """A whole reply's items: its reasoning (if any), then a message for each text piece and its calls, in
-    the order written (an empty message when there is neither). The text's logprobs go with the first
-    message."""
+    the order written (an empty message when there is neither). `logprobs`: each text piece's entries, in
+    order (MessageLogprobs.groups)."""
     items = [reasoning_item(reasoning)] if reasoning else []
+    groups = iter(logprobs or ())
     for part in parts or [""]:
         if isinstance(part, ToolCall):
             items.append(call_item(part, custom))
         else:
-            items.append(message_item(part, logprobs=logprobs))
-            logprobs = None
+            items.append(message_item(part, logprobs=next(groups, None)))
     return items
 
 

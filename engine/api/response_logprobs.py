@@ -31,10 +31,12 @@ def logprobs_setting(body: dict) -> int | None:
 
 
 class MessageLogprobs:
-    """feed(out) -> the logprob entries of the message tokens newly told apart, in order. The reply parser
-    gives its pieces verbatim (it drops tags, the newlines after </think> and tool calls): each text piece
-    is found in the raw text from where the previous piece ended, and a token whose characters overlap a
-    text piece is the message's."""
+    """feed(out) -> the logprob entries of the message tokens newly told apart, in order; `groups`: all of
+    them so far, one list for each text part of the reply (a call between two parts starts the next, as
+    reply_parts and the streamed items part them). The reply parser gives its text pieces verbatim (it
+    drops tags, the newlines after </think> and tool calls): each is found in the raw text from where the
+    previous piece ended, and a token whose characters overlap a text piece is the message's. Calls are
+    parsed as a stream parses them (a call cut short is a call, not text)."""
 
     def __init__(
         self,
@@ -47,7 +49,7 @@ class MessageLogprobs:
     ):
         self.names, self.top = names, params.logprobs or 0
         self.detok = IncrementalDetokenizer(names.tokenizer, params.skip_special_tokens)
-        self.parser = ReplyParser(in_reasoning, tools, max_calls)
+        self.parser = ReplyParser(in_reasoning, tools, max_calls, stream_calls=True)
         # a token that ends the reply adds no text (engine/output_processor.py)
         self.end_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         self.raw = ""  # the reply's text as fed
@@ -55,9 +57,11 @@ class MessageLogprobs:
         self.cursor = 0  # raw text up to here is matched to the parser's pieces
         self.seen = 0  # output positions fed
         self.next_span = 0  # spans before this one are told apart
+        self.groups: list[list[dict[str, Any]]] = []  # entries by text part
+        self._call_since_text = True  # the next text starts a part
 
     def feed(self, out: RequestOutput) -> list[dict[str, Any]]:
-        positions: list[int] = []
+        entries: list[dict[str, Any]] = []
         count = len(out.logprobs or ())
         for i in range(self.seen, count):
             token, last = out.token_ids[i], out.finished and i == count - 1
@@ -68,17 +72,28 @@ class MessageLogprobs:
                 self.spans.append((i, len(self.raw), len(self.raw) + len(text)))
                 self.raw += text
             for start, end in self._text_ranges(self.parser.feed(text, last)):
-                positions += self._tokens_over(start, end)
+                told = [self._entry(out, i) for i in self._tokens_over(start, end)]
+                if self._call_since_text:
+                    self.groups.append([])
+                    self._call_since_text = False
+                self.groups[-1] += told
+                entries += told
         self.seen = count
-        return [self._entry(out, i) for i in positions]
+        return entries
 
     def _text_ranges(self, pieces: list[tuple[str, Any]]) -> list[tuple[int, int]]:
         """The raw text's character ranges of the pieces that are message text."""
         ranges = []
         for kind, value in pieces:
-            if kind == "tool_call":  # the call's text ends at its closing tag
+            if kind in ("tool_call_start", "tool_call_args"):  # (arguments come re-written, not verbatim)
+                continue
+            if kind in (
+                "tool_call",
+                "tool_call_end",
+            ):  # the call's text ends at its closing tag, or the reply
                 end = self.raw.find(CALL_CLOSE, self.cursor)
-                self.cursor = end + len(CALL_CLOSE) if end >= 0 else self.cursor
+                self.cursor = end + len(CALL_CLOSE) if end >= 0 else len(self.raw)
+                self._call_since_text = True
                 continue
             at = self.raw.find(value, self.cursor)
             if at < 0:  # NOTE: the parser gives its pieces verbatim, in order

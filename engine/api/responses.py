@@ -492,7 +492,9 @@ async def create(request: Request):
         out, reasoning, parts = await complete(
             state, run.stream, waiting, run.in_reasoning, tools, max_calls, seen
         )
-        logprobs = run.logprobs.feed(out) if run.logprobs else None
+        if run.logprobs:
+            run.logprobs.feed(out)
+        logprobs = run.logprobs.groups if run.logprobs else None
         return finish(out, output + output_items(reasoning, parts, custom, logprobs))
 
     if background and not streamed:  # answered at once; stored when done (engine/api/response_background.py)

@@ -9,8 +9,10 @@ import pytest
 from scripted_engine import _tokenizer
 
 from engine.api.errors import ApiError
+from engine.api.response_items import output_items
 from engine.api.response_logprobs import MessageLogprobs, logprobs_setting
 from engine.api.token_names import TokenNames
+from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput, SamplingParams
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -60,6 +62,8 @@ def _message_text(reply: str, in_reasoning: bool, step: int, top: int = 1) -> li
         ('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>', False, ""),
         ('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\nDone.', False, "\nDone."),
         ("all of it thought, never closed", True, ""),
+        # a call the reply ended inside is a call (as streamed and not), not text
+        ('Look.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci', False, "Look.\n"),
     ],
 )
 def test_only_the_message_texts_tokens(reply, in_reasoning, message, step):
@@ -67,6 +71,18 @@ def test_only_the_message_texts_tokens(reply, in_reasoning, message, step):
     assert "".join(e["token"] for e in entries) == message
     assert all(e["logprob"] == -0.5 and len(e["top_logprobs"]) == 1 for e in entries)
     assert all(e["bytes"] == list(e["token"].encode()) for e in entries)
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_each_text_part_has_its_own_entries(step):
+    """Text, a call, text: two message items, each with its own tokens (a non-streamed reply's items)."""
+    tokenizer = _tokenizer()
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    ids = tokenizer.encode(f"First.\n{call}\nThen this.") + [EOS]
+    tracker = MessageLogprobs(TokenNames(tokenizer), SamplingParams(logprobs=0), (EOS,), False, TOOLS, None)
+    for upto in range(step, len(ids) + step, step):
+        tracker.feed(_output(ids, min(upto, len(ids)), upto >= len(ids)))
+    assert ["".join(e["token"] for e in group) for group in tracker.groups] == ["First.\n", "\nThen this."]
 
 
 def test_top_logprobs_are_ranked_and_capped():
@@ -104,3 +120,13 @@ def test_bad_settings_are_said(body, words):
     with pytest.raises(ApiError) as e:
         logprobs_setting(body)
     assert words in e.value.message
+
+
+def test_a_whole_replys_items_take_their_own_groups():
+    """output_items (the reply without streaming): each message item its text part's entries, in order."""
+    call = ToolCall("get_weather", {})
+    first, second = [{"token": "A"}], [{"token": "B"}]
+    items = output_items("", ["A", call, "B"], logprobs=[first, second])
+    assert [i["type"] for i in items] == ["message", "function_call", "message"]
+    assert [items[0]["content"][0]["logprobs"], items[2]["content"][0]["logprobs"]] == [first, second]
+    assert output_items("", ["A"])[0]["content"][0]["logprobs"] == []
