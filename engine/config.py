@@ -39,6 +39,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3NextForCausalLM",
     "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
 )
 # the Qwen3.5 hybrid's layout (Gated DeltaNet layers, every full_attention_interval-th one full attention,
 # 0.25 of each head rotary); Qwen3-Next's checkpoints split their fused projections as they load
@@ -154,6 +155,7 @@ class ModelConfig:
             "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
             "Qwen3NextForCausalLM": "qwen3_5",
             "Qwen3VLForConditionalGeneration": "qwen3",
+            "Qwen3VLMoeForConditionalGeneration": "qwen3",  # Qwen3-MoE's layers
         }[self.architecture]
 
     def is_sparse_layer(self, layer: int) -> bool:
@@ -264,8 +266,9 @@ class ModelConfig:
             num_experts=int(text.get("num_experts", text.get("num_local_experts", 0)) or 0),
             num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0),
-            # Qwen3.5-MoE always renormalises (its config has no such key)
-            norm_topk_prob=bool(text.get("norm_topk_prob", arch.startswith(("Qwen3_5Moe", "Qwen3Next")))),
+            # Qwen3.5-MoE's config has no such key; Qwen3-VL-MoE's router renormalises whatever it says
+            norm_topk_prob=arch.startswith("Qwen3VLMoe")
+            or bool(text.get("norm_topk_prob", arch.startswith(("Qwen3_5Moe", "Qwen3Next")))),
             decoder_sparse_step=int(text.get("decoder_sparse_step", 1) or 1),
             mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0) or 0),
@@ -321,6 +324,7 @@ def _arch_from_model_type(model_type: str) -> str:
         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
         "qwen3_next": "Qwen3NextForCausalLM",
         "qwen3_vl": "Qwen3VLForConditionalGeneration",
+        "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     }.get(model_type, model_type or "<none>")
 
 

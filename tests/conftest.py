@@ -247,7 +247,8 @@ def tiny_vl_model(
     and the three after it (video, vision start, vision end). arch qwen3_5: Qwen3_5ForConditionalGeneration,
     the tiny hybrid text model with M-RoPE (rotary 8 of 16 dims: sections 2, 1, 1 interleaved); qwen3_vl:
     Qwen3VLForConditionalGeneration, a 3-layer Qwen3 (rotary 16 dims: sections 4, 2, 2 interleaved) and
-    deepstack levels from vision blocks 0 and 1."""
+    deepstack levels from vision blocks 0 and 1; qwen3_vl_moe: Qwen3VLMoeForConditionalGeneration, that
+    model with layers 0 and 2 mixtures of 8 experts (2 a token), layer 1 dense (mlp_only_layers)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -261,6 +262,10 @@ def tiny_vl_model(
         rope = {"mrope_section": [4, 2, 2]}
         vision["deepstack_visual_indexes"] = [0, 1]
         wrapper, model_class = tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration
+        if arch == "qwen3_vl_moe":
+            moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=[1])
+            text = {**text, **moe, "tie_word_embeddings": False}
+            wrapper, model_class = tf.Qwen3VLMoeConfig, tf.Qwen3VLMoeForConditionalGeneration
     text.update(overrides)
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_interleaved": True, **rope}
     cfg = wrapper(

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import qwen3_next
+from engine.formats import qwen3_next, stacked_experts
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -137,6 +137,8 @@ def load_hf_dir(path: Path) -> ModelSource:
     def weights() -> WeightIterator:
         if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
             return qwen3_next.as_qwen3_5(tensors(), config)
+        if config.architecture == stacked_experts.ARCHITECTURE:  # its experts stored transposed
+            return stacked_experts.as_held(tensors(), config)
         return tensors()
 
     return ModelSource(config, Tokenizer.from_hf_dir(path), weights, f"{path} ({len(shards)} shard(s))")

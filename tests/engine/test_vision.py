@@ -1,6 +1,7 @@
 """Images in the prompt: preprocessing, the vision tower, M-RoPE positions and image embeddings through
 the engine, against transformers' Qwen3.5 (Qwen3_5ForConditionalGeneration and its PIL image processor) and
-Qwen3-VL (Qwen3VLForConditionalGeneration: a Qwen3 text model, deepstack levels from the tower)."""
+Qwen3-VL (Qwen3VLForConditionalGeneration: a Qwen3 text model, deepstack levels from the tower) and
+Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration: Qwen3-MoE's layers)."""
 
 from __future__ import annotations
 
@@ -190,6 +191,36 @@ def test_qwen3_vl_matches_transformers(qwen3_vl):
     assert_matches(run(llm, prompt, images), hf_reference(model, prompt, images))
 
 
+def save_vl_moe(model, path, layout: str):
+    """The tiny Qwen3-VL-MoE saved as transformers 5 saves it ([E, 2I, H], [E, H, I] experts), or
+    `published`: its stacked experts transposed, as the published checkpoints store them."""
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_vl(model, path)
+    if layout == "published":
+        file = path / "model.safetensors"
+        tensors = load_file(file)
+        experts = [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        assert len(experts) == 4  # layers 0 and 2
+        save_file(
+            {n: t.transpose(1, 2).contiguous() if n in experts else t for n, t in tensors.items()}, file
+        )
+    return path
+
+
+@pytest.mark.parametrize("layout", ["as_saved", "published"])
+def test_qwen3_vl_moe_matches_transformers(tmp_path, layout):
+    """Qwen3-VL-MoE: Qwen3-VL with mixture-of-experts layers (layer 1 dense). Its experts load as
+    transformers 5 saves them and as the published checkpoints store them, each transposed; two images,
+    the second cut by the prefill chunks."""
+    model = tiny_vl_model(arch="qwen3_vl_moe")
+    llm = LLM(save_vl_moe(model, tmp_path / "qwen3_vl_moe", layout), vision=True, prefill_chunk=16)
+    assert [llm.model_config.is_sparse_layer(i) for i in range(3)] == [True, False, True]
+    prompt = [4, START, PAD, END, 19, 21, START, PAD, END, 300, 7]
+    images = [png(64, 40, seed=16), png(33, 60, seed=17)]
+    assert_matches(run(llm, prompt, images), hf_reference(model, prompt, images))
+
+
 def test_image_split_across_prompt_chunks(vl_dir, vl_model):
     """A 6-token prefill budget cuts the 16-token image into pieces: each chunk takes its own rows."""
     chunked = LLM(vl_dir, vision=True, prefill_chunk=6, max_concurrency=2)
@@ -316,6 +347,26 @@ def test_a_converted_artifact_keeps_the_tower_in_16_bits(vl_dir, tmp_path):
     a, b = run(artifact, prompt, images), run(source, prompt, images)
     assert a.token_ids[:3] == b.token_ids[:3]
     assert abs(a.logprobs[0][a.token_ids[0]] - b.logprobs[0][a.token_ids[0]]) < 0.05
+
+
+def test_qwen3_vl_moe_converts_from_the_published_layout(tmp_path):
+    """`ninfer convert` of a published Qwen3-VL-MoE checkpoint: the experts quantized in the engine's layout
+    (8-bit, within a code of the source's weights), the tower in bf16; it answers an image as its source."""
+    from engine.quant.convert import convert
+
+    source_dir = save_vl_moe(tiny_vl_model(arch="qwen3_vl_moe"), tmp_path / "src", "published")
+    out = tmp_path / "vl-moe-w8.ninfer"
+    convert(source_dir, out, "w8g128", method="rtn")
+    artifact, source = LLM(out, vision=True), LLM(source_dir, vision=True)
+    ours, theirs = artifact.model.model.layers[2].mlp.experts, source.model.model.layers[2].mlp.experts
+    for name in ("gate_up_proj", "down_proj"):
+        a, b = getattr(ours, name), getattr(theirs, name)  # [E, 2I, H] and [E, H, I]
+        assert a.shape == b.shape
+        assert (a - b).abs().max() <= b.abs().amax(dim=-1, keepdim=True).max() / 127
+    prompt = [4, 80, START, PAD, END, 19]
+    images = [png(48, 64, seed=11)]
+    a, b = run(artifact, prompt, images), run(source, prompt, images)
+    assert abs(a.logprobs[0][b.token_ids[0]] - b.logprobs[0][b.token_ids[0]]) < 0.05
 
 
 def test_plan_counts_an_artifacts_tower_only_with_vision(vl_dir, tmp_path):

@@ -1,0 +1,31 @@
+"""Qwen3-VL-MoE's stacked experts read as the engine holds them (transformers' own layout): gate_up_proj
+[E, 2I, H] (gate rows, then up rows), down_proj [E, H, I]. The published checkpoints store each transposed,
+[E, H, 2I] and [E, I, H] (the original code multiplied the activations by them on the right); one saved by
+transformers 5 stores them as held. Either is read: a tensor is transposed where its shape is the transposed
+one and not the held one (a square one, H = 2I or I = H, is taken as held, as transformers takes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from engine.config import ModelConfig
+
+ARCHITECTURE = "Qwen3VLMoeForConditionalGeneration"
+
+
+def as_held(
+    tensors: Iterator[tuple[str, torch.Tensor]], config: ModelConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    held = {".mlp.experts.gate_up_proj": (e, 2 * i, h), ".mlp.experts.down_proj": (e, h, i)}
+    for name, tensor in tensors:
+        shape = next((s for suffix, s in held.items() if name.endswith(suffix)), None)
+        if (
+            shape is not None
+            and tuple(tensor.shape) != shape
+            and tuple(tensor.shape) == (e, shape[2], shape[1])
+        ):
+            tensor = tensor.transpose(1, 2).contiguous()
+        yield name, tensor
