@@ -6,12 +6,13 @@ import json
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import qwen3_next, stacked_experts
+from engine.formats import hf_quant, qwen3_next, stacked_experts
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -60,6 +61,26 @@ def _shard_files(path: Path) -> list[Path]:
     if not shards:
         raise NinferError(f"no *.safetensors weights in {path}; point ninfer at a complete checkpoint")
     return shards
+
+
+def _reader(shards: list[Path]):
+    """read(name): a tensor of the checkpoint by name, from whichever shard holds it (None: none does)."""
+    where = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            where.update(dict.fromkeys(f.keys(), shard))
+
+    handles: dict[Path, Any] = {}  # each shard opened once, as its first scale is read
+
+    def read(name: str):
+        if name not in where:
+            return None
+        shard = where[name]
+        if shard not in handles:
+            handles[shard] = safe_open(str(shard), framework="pt")
+        return handles[shard].get_tensor(name)
+
+    return read
 
 
 def _read_json(file: Path) -> dict:
@@ -115,7 +136,9 @@ def load_hf_dir(path: Path) -> ModelSource:
         raise NinferError(
             f"{path} has no config.json; point ninfer at an HF checkpoint directory or a GGUF file"
         )
-    config = ModelConfig.from_hf_dict(_read_json(config_file))
+    raw = _read_json(config_file)
+    config = ModelConfig.from_hf_dict(raw)
+    fp8 = hf_quant.checkpoint_quantization(raw, str(path))
     preprocessor = path / "preprocessor_config.json"
     if config.vision_config and preprocessor.is_file():  # the vision tower's image preprocessing
         settings = _read_json(preprocessor)
@@ -128,11 +151,14 @@ def load_hf_dir(path: Path) -> ModelSource:
     for shard in shards:
         check_safetensors_header(shard)
 
-    def tensors() -> WeightIterator:
+    def stored() -> WeightIterator:
         for shard in shards:
             with safe_open(str(shard), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                     yield name, f.get_tensor(name)
+
+    def tensors() -> WeightIterator:
+        return stored() if fp8 is None else hf_quant.dequantized(stored(), _reader(shards), fp8)
 
     def weights() -> WeightIterator:
         if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout

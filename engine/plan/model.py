@@ -11,6 +11,7 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.dummy import is_dummy
 from engine.formats.dummy import parse as parse_dummy
+from engine.formats.hf_quant import checkpoint_quantization
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import artifact_weight_bytes, held_weight_bytes, recipe_weight_bytes
@@ -89,7 +90,9 @@ def resolve(
         cfg_path = path / "config.json" if path.is_dir() else path
         if not cfg_path.is_file():
             raise NinferError(f"{path} has no config.json; pass an HF checkpoint directory")
-        config = ModelConfig.from_hf_dict(json.loads(cfg_path.read_text()))
+        raw = json.loads(cfg_path.read_text())
+        config = ModelConfig.from_hf_dict(raw)
+        checkpoint_quantization(raw, str(path))  # (FP8 loads as the bf16 it was made from: counted so)
         serve_arg = str(cfg_path.parent)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)

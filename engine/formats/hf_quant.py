@@ -1,0 +1,114 @@
+"""An HF checkpoint another tool quantized, as its config.json's `quantization_config` says.
+
+FP8 is read: Qwen's (and DeepSeek's) `-FP8` releases (`quant_method: fp8`, e4m3 codes in blocks of
+`weight_block_size`, 128 x 128, each block's `weight_scale_inv` to multiply by), and llm-compressor's
+float8 (`quant_method: compressed-tensors`, format `float-quantized`: a `weight_scale` per tensor, per output
+channel or per block). Each FP8 matrix is dequantized as the tensors stream (its scale read from whichever
+shard holds it), so what loads, converts and quantizes is the bf16 checkpoint the FP8 one was made from,
+within FP8's rounding; the activation scales are not needed (activations stay 16-bit). A matrix the tool
+left unquantized (lm_head, the router, norms) streams as it is. Every other method (AWQ, GPTQ, bitsandbytes,
+compressed-tensors' integer formats) is refused in one sentence, before any weight is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import NinferError
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# tensors of a quantized checkpoint the engine does not load: the activations' (static) scales, an FP8 KV
+# cache's scales
+_UNUSED_SUFFIXES = (".input_scale", ".activation_scale", ".k_scale", ".v_scale", ".kv_scale")
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    # the scale's name after its weight's: `weight_scale_inv` (the fp8 method; it multiplies, as
+    # compressed-tensors' `weight_scale` does)
+    scale_suffix: str
+    block: tuple[int, int] | None  # (rows, columns) of a scale's block; None: per tensor or per output row
+
+
+def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | None:
+    """The FP8 scheme of a config.json dict (None for an unquantized checkpoint); a quantization ninfer does
+    not read is refused, saying what to give instead."""
+    quant = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    if not quant:
+        return None
+    method = str(quant.get("quant_method", "?"))
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        return Fp8Scheme("_scale_inv", _block(block, where) if block else None)
+    if method == "compressed-tensors" and quant.get("format") in ("float-quantized", "naive-quantized"):
+        groups = list((quant.get("config_groups") or {}).values())
+        weights = [g.get("weights") or {} for g in groups]
+        if weights and all(w.get("type") == "float" and w.get("num_bits") == 8 for w in weights):
+            blocks = {tuple(w["block_structure"]) for w in weights if w.get("block_structure")}
+            if len(blocks) > 1:
+                raise NinferError(
+                    f"{where}: its FP8 groups use different blocks {sorted(blocks)}; ninfer reads one"
+                )
+            return Fp8Scheme("_scale", _block(list(blocks.pop()), where) if blocks else None)
+        method = f"compressed-tensors {quant.get('format')}"
+    elif method == "compressed-tensors":
+        method = f"compressed-tensors {quant.get('format', '?')}"
+    raise NinferError(
+        f"{where} was quantized by another tool (quantization_config: {method}), which ninfer does not read; "
+        "give the model's bf16 checkpoint (or its FP8 release, or a GGUF file) and quantize it with "
+        "`ninfer convert --recipe q4.6|w4g128|w8g128`"
+    )
+
+
+def _block(block: Any, where: str) -> tuple[int, int]:
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise NinferError(f"{where}: its FP8 block size {block!r} is not two positive integers")
+    return block[0], block[1]
+
+
+def dequantized(
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    read: Callable[[str], torch.Tensor | None],
+    scheme: Fp8Scheme,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors with every FP8 matrix dequantized to bf16 (`read(name)`: any tensor of the
+    checkpoint by name, None where it has none); the scales themselves are not passed on."""
+    for name, tensor in tensors:
+        if name.endswith(scheme.scale_suffix) or name.endswith(_UNUSED_SUFFIXES):
+            continue
+        if tensor.dtype in FP8_DTYPES:
+            scale = read(name + scheme.scale_suffix)
+            if scale is None:
+                raise NinferError(
+                    f"{name} is FP8 but the checkpoint has no {name + scheme.scale_suffix}; download it again"
+                )
+            tensor = dequantize_fp8(tensor, scale, scheme.block, name)
+        yield name, tensor
+
+
+def dequantize_fp8(
+    codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, name: str = "the matrix"
+) -> torch.Tensor:
+    """codes [..., N, K] (FP8) times their scale: per block [..., ceil(N / bn), ceil(K / bk)], per output row
+    [..., N, 1] / [..., N], or one for the tensor; in fp32, returned as bf16."""
+    *lead, n, k = codes.shape
+    s = scale.float()
+    if block is not None:
+        rows, cols = -(-n // block[0]), -(-k // block[1])
+        if tuple(s.shape) != (*lead, rows, cols):
+            raise NinferError(
+                f"{name}: its scale is {tuple(s.shape)}, but {block[0]} x {block[1]} blocks of a "
+                f"{tuple(codes.shape)} matrix need {(*lead, rows, cols)}"
+            )
+        s = s.repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)[..., :k]
+    elif s.numel() == 1:
+        s = s.reshape([1] * codes.dim())
+    elif s.numel() == codes.numel() // k:  # one a row
+        s = s.reshape(*lead, n, 1)
+    else:
+        raise NinferError(f"{name}: its scale {tuple(scale.shape)} fits neither the tensor nor its rows")
+    return (codes.float() * s).to(torch.bfloat16)

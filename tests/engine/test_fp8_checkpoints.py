@@ -1,0 +1,195 @@
+"""HF checkpoints another tool quantized (engine/formats/hf_quant.py): FP8 ones (Qwen's -FP8 releases in
+128 x 128 blocks with `weight_scale_inv`; llm-compressor's float8 with `weight_scale`) load dequantized and
+match transformers run on the same dequantized weights; other methods are refused in a sentence."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import hf_logprobs, save_tiny, tiny_hf_model
+from safetensors.torch import load_file, save_file
+
+from engine import LLM
+from engine.errors import NinferError
+from engine.quant.calibration import sequence_logprobs
+from engine.quant.convert import convert
+
+PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
+FP8_METHOD = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+
+
+def _quantized(name: str) -> bool:
+    return name.endswith("proj.weight")  # attention and MLP matrices (and each expert's); not the router
+
+
+def fp8_blocks(w: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, scale per block, the weights they stand for) of w [N, K], block by block."""
+    n, k = w.shape
+    scale = torch.empty(-(-n // rows), -(-k // cols))
+    codes = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            block = w[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]
+            scale[i, j] = block.abs().max().clamp(min=1e-12) / 448
+            codes[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols] = (block / scale[i, j]).to(
+                codes.dtype
+            )
+    held = torch.empty_like(w)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            part = codes[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols].float() * scale[i, j]
+            held[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols] = part.to(torch.bfloat16).float()
+    return codes, scale, held
+
+
+def fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, scale per output row [N, 1], the weights they stand for)."""
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448
+    codes = (w / scale).to(torch.float8_e4m3fn)
+    return codes, scale, (codes.float() * scale).to(torch.bfloat16).float()
+
+
+def save_fp8(model, path, quantization: dict, quantize, scale_name: str, split: bool = False, extra=None):
+    """`model` saved, then its matrices rewritten as FP8 codes with `scale_name` tensors beside them; the
+    model's own matrices become the weights the codes stand for (the reference). `split`: the scales in a
+    second shard, named in an index."""
+    save_tiny(model, path)
+    tensors = load_file(path / "model.safetensors")
+    codes, scales, held = {}, {}, {}
+    for name, w in tensors.items():
+        if _quantized(name):
+            codes[name], scales[name + scale_name], held[name] = quantize(w)
+        else:
+            codes[name] = w
+    scales.update(extra or {})
+    (path / "model.safetensors").unlink()
+    if split:
+        first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+        save_file(codes, path / first)
+        save_file(scales, path / second)
+        weight_map = {**dict.fromkeys(codes, first), **dict.fromkeys(scales, second)}
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    else:
+        save_file({**codes, **scales}, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    _hold(model, held)
+    return path
+
+
+def _hold(model, held: dict[str, torch.Tensor]) -> None:
+    """The model's matrices set to `held`, named as the checkpoint names them (each expert's matrix a slice
+    of transformers' stacked experts: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in held.items():
+            expert = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
+            if expert is None:
+                params[name].copy_(w)
+                continue
+            base, e, kind = expert.groups()
+            stack = params[f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"][int(e)]
+            rows = w.shape[0]
+            (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split):
+    """Blocks of 24 x 40 (rows and columns not multiples of them), scales in the weights' shard or in
+    another: the engine's logprobs are transformers' on the dequantized weights."""
+    model = tiny_hf_model(arch, tied=False, seed=3)
+    quantization = {**FP8_METHOD, "weight_block_size": [24, 40]}
+    path = save_fp8(
+        model, tmp_path / arch, quantization, lambda w: fp8_blocks(w, 24, 40), "_scale_inv", split
+    )
+    llm = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_compressed_tensors_float8_per_row(tmp_path):
+    """llm-compressor's FP8: a `weight_scale` per output row; the activations' `input_scale`s are not
+    needed (activations stay 16-bit) and are passed over."""
+    model = tiny_hf_model("qwen3", tied=False, seed=4)
+    quantization = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    extra = {"model.layers.0.self_attn.q_proj.input_scale": torch.tensor([0.5])}
+    path = save_fp8(model, tmp_path / "ct", quantization, fp8_rows, "_scale", extra=extra)
+    llm = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_an_fp8_checkpoint_converts(tmp_path):
+    """`ninfer convert` reads the FP8 checkpoint as the bf16 one it stands for: converted, it is what that
+    checkpoint converts to, recipe by recipe."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
+    path = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    held = save_tiny(model, tmp_path / "held")  # the weights the codes stand for, as a plain checkpoint
+    for recipe in ("bf16", "w8g128"):
+        logprobs = []
+        for source in (path, held):
+            out = tmp_path / f"{source.name}-{recipe}.ninfer"
+            convert(source, out, recipe, method="rtn")
+            logprobs.append(sequence_logprobs(LLM(out, weight_quant="none"), PROMPT))
+        assert torch.equal(logprobs[0], logprobs[1]), recipe
+
+
+def test_a_missing_or_misshapen_scale_is_named(tmp_path):
+    model = tiny_hf_model("qwen3", tied=False)
+    quantization = {**FP8_METHOD, "weight_block_size": [24, 40]}
+    path = save_fp8(model, tmp_path / "m", quantization, lambda w: fp8_blocks(w, 24, 40), "_scale_inv")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    save_file({k: v for k, v in tensors.items() if k != name + "_scale_inv"}, path / "model.safetensors")
+    with pytest.raises(NinferError, match=f"{name} is FP8 but the checkpoint has no {name}_scale_inv"):
+        LLM(path)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [32, 32]
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(
+        NinferError, match=r"its scale is \(3, 4\), but 32 x 32 blocks of a \(64, 128\) matrix need \(2, 4\)"
+    ):
+        LLM(path)
+
+
+@pytest.mark.parametrize(
+    "quantization, named",
+    [
+        ({"quant_method": "awq", "bits": 4}, "awq"),
+        ({"quant_method": "gptq", "bits": 4}, "gptq"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
+        (
+            {"quant_method": "compressed-tensors", "format": "pack-quantized"},
+            "compressed-tensors pack-quantized",
+        ),
+    ],
+)
+def test_other_quantizations_are_refused_before_loading(tmp_path, quantization, named):
+    path = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path / "q")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    message = f"was quantized by another tool (quantization_config: {named}), which ninfer does not read"
+    with pytest.raises(NinferError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LLM(path)
+    for command in (["plan", str(path), "--vram", "24G"], ["serve", str(path)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ninfer_cli.main", *command], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert named in done.stderr and "ninfer convert" in done.stderr
