@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import hf_quant, qwen3_next, stacked_experts
+from engine.formats import hf_int4, hf_quant, qwen3_next, stacked_experts
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -46,7 +48,7 @@ def check_safetensors_header(path: Path) -> list[str]:
     return [k for k in header if k != "__metadata__"]
 
 
-def _shard_files(path: Path) -> list[Path]:
+def shard_files(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
@@ -63,14 +65,15 @@ def _shard_files(path: Path) -> list[Path]:
     return shards
 
 
-def _reader(shards: list[Path]):
-    """read(name): a tensor of the checkpoint by name, from whichever shard holds it (None: none does)."""
+def _reader(shards: list[Path]) -> tuple[list[str], Callable[[str], torch.Tensor | None]]:
+    """(every tensor name, shard by shard; read(name): that tensor, from whichever shard holds it, None where
+    none does), each shard opened once."""
     where = {}
     for shard in shards:
         with safe_open(str(shard), framework="pt") as f:
             where.update(dict.fromkeys(f.keys(), shard))
 
-    handles: dict[Path, Any] = {}  # each shard opened once, as its first scale is read
+    handles: dict[Path, Any] = {}
 
     def read(name: str):
         if name not in where:
@@ -80,7 +83,7 @@ def _reader(shards: list[Path]):
             handles[shard] = safe_open(str(shard), framework="pt")
         return handles[shard].get_tensor(name)
 
-    return read
+    return list(where), read
 
 
 def _read_json(file: Path) -> dict:
@@ -138,7 +141,7 @@ def load_hf_dir(path: Path) -> ModelSource:
         )
     raw = _read_json(config_file)
     config = ModelConfig.from_hf_dict(raw)
-    fp8 = hf_quant.checkpoint_quantization(raw, str(path))
+    scheme = hf_quant.checkpoint_quantization(raw, str(path))
     preprocessor = path / "preprocessor_config.json"
     if config.vision_config and preprocessor.is_file():  # the vision tower's image preprocessing
         settings = _read_json(preprocessor)
@@ -147,7 +150,7 @@ def load_hf_dir(path: Path) -> ModelSource:
         config = replace(config, embedding_model=True)
     if not config.rerank and config.architecture == "Qwen3ForCausalLM" and _is_qwen3_reranker(path):
         config = replace(config, rerank="yes_no")
-    shards = _shard_files(path)
+    shards = shard_files(path)
     for shard in shards:
         check_safetensors_header(shard)
 
@@ -157,8 +160,15 @@ def load_hf_dir(path: Path) -> ModelSource:
                 for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                     yield name, f.get_tensor(name)
 
+    description = f"{path} ({len(shards)} shard(s))"
+    tokenizer = Tokenizer.from_hf_dir(path)
+    if isinstance(scheme, hf_int4.Int4Scheme):  # its 4-bit layers kept as they are
+        return hf_int4.load(config, tokenizer, *_reader(shards), scheme, description)
+
     def tensors() -> WeightIterator:
-        return stored() if fp8 is None else hf_quant.dequantized(stored(), _reader(shards), fp8)
+        if isinstance(scheme, hf_quant.Fp8Scheme):
+            return hf_quant.dequantized(stored(), _reader(shards)[1], scheme)
+        return stored()
 
     def weights() -> WeightIterator:
         if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
@@ -167,4 +177,4 @@ def load_hf_dir(path: Path) -> ModelSource:
             return stacked_experts.as_held(tensors(), config)
         return tensors()
 
-    return ModelSource(config, Tokenizer.from_hf_dir(path), weights, f"{path} ({len(shards)} shard(s))")
+    return ModelSource(config, tokenizer, weights, description)

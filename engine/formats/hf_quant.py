@@ -6,8 +6,9 @@ float8 (`quant_method: compressed-tensors`, format `float-quantized`: a `weight_
 channel or per block). Each FP8 matrix is dequantized as the tensors stream (its scale read from whichever
 shard holds it), so what loads, converts and quantizes is the bf16 checkpoint the FP8 one was made from,
 within FP8's rounding; the activation scales are not needed (activations stay 16-bit). A matrix the tool
-left unquantized (lm_head, the router, norms) streams as it is. Every other method (AWQ, GPTQ, bitsandbytes,
-compressed-tensors' integer formats) is refused in one sentence, before any weight is read.
+left unquantized (lm_head, the router, norms) streams as it is. Every other method (bitsandbytes,
+compressed-tensors' integer formats) is refused in one sentence, before any weight is read; AWQ and
+GPTQ 4-bit checkpoints are read as they are (engine/formats/hf_int4.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from engine.errors import NinferError
+from engine.formats.hf_int4 import Int4Scheme, int4_scheme
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # tensors of a quantized checkpoint the engine does not load: the activations' (static) scales, an FP8 KV
@@ -34,13 +36,16 @@ class Fp8Scheme:
     block: tuple[int, int] | None  # (rows, columns) of a scale's block; None: per tensor or per output row
 
 
-def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | None:
-    """The FP8 scheme of a config.json dict (None for an unquantized checkpoint); a quantization ninfer does
-    not read is refused, saying what to give instead."""
+def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | Int4Scheme | None:
+    """How a config.json dict's checkpoint is quantized: FP8, AWQ / GPTQ 4-bit (engine/formats/hf_int4.py),
+    or None for an unquantized one; a quantization ninfer does not read is refused, saying what to give
+    instead."""
     quant = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
     if not quant:
         return None
-    method = str(quant.get("quant_method", "?"))
+    method = str(quant.get("quant_method", "?")).lower()
+    if method in ("awq", "gptq"):
+        return int4_scheme(quant, method, (cfg.get("architectures") or ["?"])[0], where)
     if method == "fp8":
         block = quant.get("weight_block_size")
         return Fp8Scheme("_scale_inv", _block(block, where) if block else None)
@@ -59,8 +64,8 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | None
         method = f"compressed-tensors {quant.get('format', '?')}"
     raise NinferError(
         f"{where} was quantized by another tool (quantization_config: {method}), which ninfer does not read; "
-        "give the model's bf16 checkpoint (or its FP8 release, or a GGUF file) and quantize it with "
-        "`ninfer convert --recipe q4.6|w4g128|w8g128`"
+        "give the model's bf16 checkpoint (or its FP8, AWQ or GPTQ-Int4 release, or a GGUF file); ninfer "
+        "quantizes with `ninfer convert --recipe q4.6|w4g128|w8g128`"
     )
 
 

@@ -11,10 +11,16 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.dummy import is_dummy
 from engine.formats.dummy import parse as parse_dummy
+from engine.formats.hf_int4 import Int4Scheme
 from engine.formats.hf_quant import checkpoint_quantization
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
-from engine.plan.weights import artifact_weight_bytes, held_weight_bytes, recipe_weight_bytes
+from engine.plan.weights import (
+    artifact_weight_bytes,
+    held_weight_bytes,
+    int4_checkpoint_weight_bytes,
+    recipe_weight_bytes,
+)
 from engine.quant.recipes import stored_bits
 
 
@@ -92,8 +98,15 @@ def resolve(
             raise NinferError(f"{path} has no config.json; pass an HF checkpoint directory")
         raw = json.loads(cfg_path.read_text())
         config = ModelConfig.from_hf_dict(raw)
-        checkpoint_quantization(raw, str(path))  # (FP8 loads as the bf16 it was made from: counted so)
+        scheme = checkpoint_quantization(raw, str(path))  # (FP8 loads as the bf16 it was made from)
         serve_arg = str(cfg_path.parent)
+        if isinstance(scheme, Int4Scheme) and not (recipe or bits) and path.is_dir():
+            shapes = checkpoint_shapes(path)
+            weights = int4_checkpoint_weight_bytes(
+                shapes, scheme.method, scheme.group_size, config, dtype_bytes, mtp, vision
+            )
+            label = f"{scheme.method.upper()} 4-bit (as stored)"
+            return PlannedModel(path.name, config, weights, label, serve_arg, True)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)
     else:
@@ -156,3 +169,17 @@ def _label(recipe: str, bits: float | None) -> str:
 
 def _packed(recipe: str, bits: float | None) -> bool:
     return bits < 16 if bits is not None else recipe != "bf16"
+
+
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in an HF checkpoint directory, from its safetensors headers (no data read)."""
+    from safetensors import safe_open
+
+    from engine.formats.hf_dir import shard_files
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shard_files(path):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes

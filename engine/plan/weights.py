@@ -133,6 +133,38 @@ def artifact_weight_bytes(
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
 
 
+def int4_checkpoint_weight_bytes(
+    shapes: dict[str, tuple[int, ...]],
+    method: str,
+    group_size: int,
+    config: ModelConfig,
+    dtype_bytes: int = 2,
+    mtp: bool = False,
+    vision: bool = False,
+) -> dict[str, int]:
+    """Bytes per kind of an AWQ / GPTQ checkpoint (`shapes`: its tensors', from the file headers) as the CUDA
+    loader holds it (engine/formats/hf_int4.py): each 4-bit layer packed at ninfer's layout (codes, fp16
+    scales and minimums per group) where the kernel takes its group, the rest in the model dtype."""
+    layers = {name.rpartition(".")[0] for name in shapes if name.endswith(".qweight")}
+    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
+    matrices: dict[str, tuple[int, int]] = {}
+    for prefix in layers:  # AWQ's qweight is [K, N / 8], GPTQ's [K / 8, N]; scales [K / G, N]
+        rows, n = shapes[f"{prefix}.qweight"][0], shapes[f"{prefix}.scales"][1]
+        matrices[f"{prefix}.weight"] = (n, rows if method == "awq" else 8 * rows)
+    layouts: dict[str, set] = defaultdict(set)
+    for name, (_, k) in matrices.items():
+        if (expert := expert_shard(name)) is not None:
+            layouts[expert[0]].add((4, group_size if group_size > 0 else k, k))
+    for name, (n, k) in matrices.items():
+        group = group_size if group_size > 0 else k
+        expert = expert_shard(name)
+        packed = fused_kernel_takes(4, group) if expert is None else stack_stays_packed(layouts[expert[0]])
+        tensors.append((name, (n, k), stored_nbytes((n, k), 4, group) if packed else None))
+    parts = (".qweight", ".qzeros", ".scales", ".g_idx")
+    tensors += [(name, shape, None) for name, shape in shapes.items() if not name.endswith(parts)]
+    return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
+
+
 def held_weight_bytes(
     tensors: list[tuple[str, tuple[int, ...], int | None]],
     config: ModelConfig,

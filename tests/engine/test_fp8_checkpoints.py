@@ -171,8 +171,8 @@ def test_a_missing_or_misshapen_scale_is_named(tmp_path):
 @pytest.mark.parametrize(
     "quantization, named",
     [
-        ({"quant_method": "awq", "bits": 4}, "awq"),
-        ({"quant_method": "gptq", "bits": 4}, "gptq"),
+        ({"quant_method": "hqq", "nbits": 4}, "hqq"),
+        ({"quant_method": "quanto", "weights": "int4"}, "quanto"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
         (
             {"quant_method": "compressed-tensors", "format": "pack-quantized"},

@@ -1,0 +1,174 @@
+"""AWQ and GPTQ 4-bit HF checkpoints (Qwen's `-AWQ` and `-GPTQ-Int4` releases, AutoAWQ's and GPTQModel's
+output) read as ninfer's own 4-bit groups, so the fused W4A16 kernels multiply them as they are.
+
+Both store a linear layer's W [N, K] as `qweight` (int32 words of eight 4-bit codes), `qzeros` (the
+groups' zero points, packed the same way) and fp16 `scales` [K / G, N], groups of G input columns:
+w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
+* AWQ (`version: gemm`): qweight [K, N / 8] packed along the output dimension in AutoAWQ's order (the
+  word's nibble i holds column 8 c + (0, 2, 4, 6, 1, 3, 5, 7)[i]), qzeros [K / G, N / 8] alike.
+* GPTQ: qweight [K / 8, N] packed along the input dimension (nibble i of word r holds row 8 r + i), qzeros
+  [K / G, N / 8] along the output one; the original format (`checkpoint_format: gptq`) stores each zero
+  point minus one, `gptq_v2` as it is. `g_idx` must give contiguous groups: act-order checkpoints
+  (desc_act, where rows of a group are scattered) are refused.
+ninfer's groups (engine/quant/groupwise.py) hold w = q * scale + minimum: the codes and scales are the
+checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step). Matrices the tool left in
+16 bits (lm_head, embeddings, a router) stream as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import NinferError
+from engine.formats.source import ModelSource, WeightIterator
+from engine.quant.groupwise import QuantizedTensor, dequantize, pack
+from engine.tokenizer import Tokenizer
+
+PARTS = ("qweight", "qzeros", "scales", "g_idx")
+AWQ_COLUMNS = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word's eight is its nibble AWQ_COLUMNS[j]
+
+
+@dataclass(frozen=True)
+class Int4Scheme:
+    method: str  # "awq" or "gptq"
+    group_size: int  # input columns a group (-1: the whole row)
+    zero_offset: int  # added to a stored zero point (GPTQ's original format stores it minus one)
+
+
+def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: str) -> Int4Scheme:
+    """The scheme of an AWQ / GPTQ quantization_config, or a one-line refusal of what ninfer cannot read."""
+    bits, group = quant.get("bits", quant.get("w_bit")), quant.get("group_size", quant.get("q_group_size"))
+    if bits != 4:
+        raise NinferError(
+            f"{where} is {method} at {bits} bits; ninfer reads 4-bit {method.upper()} checkpoints"
+        )
+    if not isinstance(group, int) or not (group == -1 or group > 0):
+        raise NinferError(f"{where}: its {method} group_size {group!r} is not a positive whole number or -1")
+    if architecture == "Qwen3NextForCausalLM":
+        raise NinferError(
+            f"{where}: a Qwen3-Next checkpoint quantized by {method} is not read (its fused projections would "
+            "need splitting in their packed form); give the bf16 checkpoint or a GGUF file"
+        )
+    if method == "awq":
+        version = str(quant.get("version", "gemm")).lower()
+        if version != "gemm" or quant.get("zero_point", True) is not True:
+            raise NinferError(
+                f"{where} is AWQ {version}{'' if quant.get('zero_point', True) else ' without zero points'}; "
+                "ninfer reads AWQ's gemm layout with zero points (AutoAWQ's default)"
+            )
+        return Int4Scheme("awq", group, 0)
+    if quant.get("desc_act"):
+        raise NinferError(
+            f"{where} is GPTQ with act-order (desc_act), whose groups are not contiguous rows; use a GPTQ "
+            "checkpoint made without desc_act, an AWQ one, or the bf16 checkpoint with `ninfer convert`"
+        )
+    fmt = str(quant.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise NinferError(f"{where} is GPTQ in the {fmt} format; ninfer reads the gptq and gptq_v2 formats")
+    return Int4Scheme("gptq", group, 1 if fmt == "gptq" else 0)
+
+
+def _nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., W] -> codes [..., 8 W] (uint8): nibble i of word w at 8 w + i."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    return ((words.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF).flatten(-2).to(torch.uint8)
+
+
+def _awq_columns(words: torch.Tensor) -> torch.Tensor:
+    """AWQ's words [R, N / 8] -> codes [R, N], columns in order."""
+    codes = _nibbles(words)
+    return codes.view(*codes.shape[:-1], -1, 8)[..., list(AWQ_COLUMNS)].flatten(-2)
+
+
+def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
+    """One linear layer's qweight / qzeros / scales (/ g_idx) as a 4-bit QuantizedTensor of W [N, K]."""
+    missing = [p for p in PARTS[:3] if p not in parts]
+    if missing:
+        raise NinferError(f"{name}: the checkpoint lacks its {', '.join(missing)}; download it again")
+    scales = parts["scales"]  # [K / G, N]
+    groups, n = scales.shape
+    if scheme.method == "awq":
+        codes = _awq_columns(parts["qweight"])  # [K, N]
+        zeros = _awq_columns(parts["qzeros"])  # [K / G, N]
+    else:
+        codes = _nibbles(parts["qweight"].t()).t()  # [K, N]
+        zeros = _nibbles(parts["qzeros"])  # [K / G, N]
+    k = codes.shape[0]
+    group = k if scheme.group_size == -1 else scheme.group_size
+    if codes.shape[1] != n or zeros.shape != (groups, n) or groups * group != k:
+        raise NinferError(
+            f"{name}: qweight {tuple(parts['qweight'].shape)}, qzeros {tuple(parts['qzeros'].shape)} and "
+            f"scales {tuple(scales.shape)} do not make one matrix in groups of {group}; download it again"
+        )
+    g_idx = parts.get("g_idx")
+    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
+        raise NinferError(
+            f"{name}: its g_idx orders rows out of their groups (act-order), which ninfer does not read"
+        )
+    zeros = zeros.to(torch.int32) + scheme.zero_offset
+    s = scales.t().float()  # [N, K / G]
+    return QuantizedTensor(
+        bits=4,
+        group_size=group,
+        shape=(n, k),
+        packed=pack(codes.t(), 4),
+        scales=s.half(),
+        minimums=(-zeros.t().float() * s).half(),
+    )
+
+
+def _split(names: list[str]) -> tuple[list[str], list[str]]:
+    """(the quantized layers' prefixes, in order, the other tensors' names)."""
+    layers: dict[str, None] = {}
+    rest = []
+    for name in names:
+        prefix, _, part = name.rpartition(".")
+        if part in PARTS:
+            layers[prefix] = None
+        else:
+            rest.append(name)
+    return list(layers), rest
+
+
+def load(
+    config: ModelConfig,
+    tokenizer: Tokenizer | None,
+    names: list[str],
+    read: Callable[[str], torch.Tensor],
+    scheme: Int4Scheme,
+    description: str,
+) -> ModelSource:
+    """A ModelSource over an AWQ / GPTQ checkpoint (`names`: its tensors', `read(name)` one of them): its 4-bit
+    layers as QuantizedTensors (the GPU keeps them packed), the rest as stored; weights() gives every matrix
+    dequantized (the CPU, `ninfer convert`)."""
+    layers, rest = _split(names)
+    present = set(names)
+
+    def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
+        for prefix in layers:
+            parts = {p: read(f"{prefix}.{p}") for p in PARTS if f"{prefix}.{p}" in present}
+            yield f"{prefix}.weight", to_groupwise(parts, scheme, prefix)
+
+    def unquantized() -> WeightIterator:
+        for name in rest:
+            yield name, read(name)
+
+    def weights() -> WeightIterator:
+        yield from unquantized()
+        for name, qt in quantized():
+            yield name, dequantize(qt)
+
+    return ModelSource(
+        config,
+        tokenizer,
+        weights,
+        f"{description}, {scheme.method.upper()} 4-bit",
+        {f"{prefix}.weight": 4 for prefix in layers},
+        quantized_weights=quantized,
+        unquantized_weights=unquantized,
+    )

@@ -1,0 +1,218 @@
+"""AWQ and GPTQ 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as AutoAWQ and AutoGPTQ pack
+them, from codes, scales and zero points chosen so that every weight they stand for is exact in fp32 and
+each -zero x scale exact in fp16; the engine reads them as those weights (dense on the CPU, packed through
+the fused kernels when Triton runs), matching transformers run on the same weights; what it cannot read
+is refused in a sentence."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import hf_logprobs, save_tiny, tiny_hf_model
+from safetensors.torch import load_file, save_file
+
+from engine import LLM
+from engine.errors import NinferError
+from engine.quant.calibration import sequence_logprobs
+from engine.quant.convert import convert
+from engine.quant.cpu import CpuInt4Weight
+
+PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+AUTOAWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ packs column 8 c + ORDER[i] into nibble i of word c
+
+
+def _words(nibbles: torch.Tensor) -> torch.Tensor:
+    """[..., W, 8] codes -> [..., W] int32 words, code i in bits 4 i .. 4 i + 3."""
+    word = sum(nibbles[..., i].long() << (4 * i) for i in range(8))
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).contiguous()
+
+
+def awq_pack(codes: torch.Tensor) -> torch.Tensor:
+    """codes [R, N] -> [R, N / 8] as AutoAWQ's gemm pack writes them."""
+    r, n = codes.shape
+    return _words(codes.view(r, n // 8, 8)[..., list(AUTOAWQ_ORDER)])
+
+
+def gptq_pack_rows(codes: torch.Tensor) -> torch.Tensor:
+    """codes [K, N] -> [K / 8, N]: row 8 r + i in nibble i of word r (AutoGPTQ's qweight)."""
+    k, n = codes.shape
+    return _words(codes.view(k // 8, 8, n).permute(0, 2, 1))
+
+
+def gptq_pack_columns(codes: torch.Tensor) -> torch.Tensor:
+    """codes [G, N] -> [G, N / 8]: column 8 c + i in nibble i of word c (AutoGPTQ's qzeros)."""
+    g, n = codes.shape
+    return _words(codes.view(g, n // 8, 8))
+
+
+def quantize_exactly(w: torch.Tensor, group: int, min_zero: int = 0):
+    """(codes [K, N], zeros [K / G, N], scales [K / G, N] fp16, the weight [N, K] they stand for) of W [N, K]:
+    scales multiples of 1 / 256 (so (q - z) s and -z s are exact)."""
+    n, k = w.shape
+    g = w.t().reshape(k // group, group, n)  # [G, group, N]
+    lo, hi = g.amin(1).clamp(max=0), g.amax(1).clamp(min=0)
+    scales = (torch.ceil((hi - lo) / 15 * 256).clamp(min=1) / 256).half()
+    zeros = torch.round(-lo / scales.float()).clamp(min_zero, 15)
+    codes = torch.round(g / scales.float()[:, None] + zeros[:, None]).clamp(0, 15)
+    held = ((codes - zeros[:, None]) * scales.float()[:, None]).reshape(k, n).t()
+    return codes.reshape(k, n).to(torch.uint8), zeros.to(torch.uint8), scales, held.contiguous()
+
+
+def _quantized(name: str) -> bool:
+    return name.endswith("proj.weight")  # attention and MLP matrices (each expert's); not the router
+
+
+def save_int4(model, path, method: str, group: int = 32, fmt: str = "gptq", extra_config=None):
+    """`model` saved as an AWQ or GPTQ checkpoint; the model's own matrices become the weights it stands for."""
+    save_tiny(model, path)
+    tensors, held = load_file(path / "model.safetensors"), {}
+    out = {}
+    for name, w in tensors.items():
+        if not _quantized(name):
+            out[name] = w
+            continue
+        prefix = name[: -len(".weight")]
+        codes, zeros, scales, held[name] = quantize_exactly(w, group, min_zero=1 if fmt == "gptq" else 0)
+        out[f"{prefix}.scales"] = scales
+        if method == "awq":
+            out[f"{prefix}.qweight"], out[f"{prefix}.qzeros"] = awq_pack(codes), awq_pack(zeros)
+        else:
+            stored = zeros - (1 if fmt == "gptq" else 0)  # the original format stores zero - 1
+            out[f"{prefix}.qweight"], out[f"{prefix}.qzeros"] = (
+                gptq_pack_rows(codes),
+                gptq_pack_columns(stored),
+            )
+            out[f"{prefix}.g_idx"] = torch.arange(w.shape[1], dtype=torch.int32) // group
+    save_file(out, path / "model.safetensors")
+    quant = {"quant_method": method, "bits": 4, "group_size": group}
+    quant.update(
+        {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": False, "sym": False}
+    )
+    if method == "gptq":
+        quant["checkpoint_format"] = fmt
+    quant.update(extra_config or {})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
+    _hold(model, held)
+    return path
+
+
+def _hold(model, held: dict[str, torch.Tensor]) -> None:
+    """The model's matrices set to `held` (each expert's a slice of transformers' stacked experts)."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in held.items():
+            expert = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
+            if expert is None:
+                params[name].copy_(w)
+                continue
+            base, e, kind = expert.groups()
+            stack = params[f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"][int(e)]
+            rows = w.shape[0]
+            (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
+
+
+CASES = [("awq", "gptq"), ("gptq", "gptq"), ("gptq", "gptq_v2")]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("method, fmt", CASES)
+def test_read_as_the_weights_they_stand_for(tmp_path, arch, method, fmt):
+    model = tiny_hf_model(arch, tied=False, seed=3)
+    path = save_int4(model, tmp_path / method, method, fmt=fmt)
+    llm = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("method, fmt", CASES[:2])
+def test_packed_through_the_fused_kernels(tmp_path, kernel_backend, method, fmt):
+    """Where the GPU keeps 4-bit weights packed (Triton forced here), the layers multiply the checkpoint's
+    codes as they are: every projection a packed weight, the log-probs transformers'."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int4(model, tmp_path / method, method, fmt=fmt)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
+    layer = llm.model.model.layers[0]
+    assert layer.self_attn.qkv_proj.qweight is not None and layer.self_attn.qkv_proj.weight is None
+    assert layer.mlp.down_proj.qweight is not None
+    got = sequence_logprobs(llm, PROMPT).cpu()
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
+
+
+def test_cpu_int4_and_conversion(tmp_path):
+    """On the CPU `weight_quant auto` runs the 4-bit layers in int4, as the checkpoint stores them; `ninfer
+    convert` takes the checkpoint as the weights it stands for (its bf16 recipe: what the same weights
+    stored plainly convert to)."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int4(model, tmp_path / "awq", "awq")
+    auto = LLM(path)
+    assert isinstance(auto.model.model.layers[0].mlp.down_proj.qweight, CpuInt4Weight)
+    assert (sequence_logprobs(auto, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 0.1
+    held = save_tiny(model, tmp_path / "held")
+    got = []
+    for source in (path, held):
+        convert(source, tmp_path / f"{source.name}.ninfer", "bf16", method="rtn")
+        got.append(sequence_logprobs(LLM(tmp_path / f"{source.name}.ninfer", weight_quant="none"), PROMPT))
+    assert torch.equal(got[0], got[1])
+
+
+def test_plan_counts_the_layers_packed(tmp_path):
+    """`ninfer plan` on an AWQ checkpoint: its 4-bit layers at ninfer's packed bytes (codes, fp16 scales and
+    minimums per group), not at 16 bits."""
+    from engine.plan.model import resolve
+
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int4(model, tmp_path / "awq", "awq")
+    planned = resolve(str(path), None, None, None, False, False)
+    assert planned.packed_weights and planned.recipe == "AWQ 4-bit (as stored)"
+    mlp = sum(
+        w.numel() // 2 + w.numel() // 32 * 4
+        for n, w in model.named_parameters()
+        if ".mlp." in n and n.endswith("proj.weight")
+    )
+    assert planned.weights["mlp"] == mlp
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"bits": 8}, "gptq at 8 bits; ninfer reads 4-bit GPTQ checkpoints"),
+        ({"desc_act": True}, "GPTQ with act-order (desc_act)"),
+        ({"checkpoint_format": "marlin"}, "GPTQ in the marlin format"),
+        ({"group_size": "x"}, "group_size 'x' is not a positive whole number or -1"),
+    ],
+)
+def test_what_is_not_read_is_refused_before_loading(tmp_path, change, words):
+    path = save_int4(tiny_hf_model("qwen3", tied=False), tmp_path / "q", "gptq", extra_config=change)
+    with pytest.raises(NinferError, match=re.escape(words)):
+        LLM(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "ninfer_cli.main", "serve", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
+    path = save_int4(
+        tiny_hf_model("qwen3", tied=False), tmp_path / "a", "awq", extra_config={"version": "gemv"}
+    )
+    with pytest.raises(NinferError, match="AWQ gemv; ninfer reads AWQ's gemm layout"):
+        LLM(path)
+    path = save_int4(tiny_hf_model("qwen3", tied=False), tmp_path / "g", "gptq")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(
+        NinferError, match="model.layers.0.mlp.up_proj: its g_idx orders rows out of their groups"
+    ):
+        LLM(path)
