@@ -1,8 +1,9 @@
-"""AWQ and GPTQ 4-bit HF checkpoints (Qwen's `-AWQ` and `-GPTQ-Int4` releases, AutoAWQ's and GPTQModel's
-output) read as ninfer's own 4-bit groups, so the fused W4A16 kernels multiply them as they are.
+"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (Qwen's `-AWQ` and `-GPTQ-Int4` releases,
+AutoAWQ's, GPTQModel's and llm-compressor's W4A16 output) read as ninfer's own 4-bit groups, so the fused
+W4A16 kernels multiply them as they are.
 
-Both store a linear layer's W [N, K] as `qweight` (int32 words of eight 4-bit codes), `qzeros` (the
-groups' zero points, packed the same way) and fp16 `scales` [K / G, N], groups of G input columns:
+AWQ and GPTQ store a linear layer's W [N, K] as `qweight` (int32 words of eight 4-bit codes), `qzeros`
+(the groups' zero points, packed the same way) and fp16 `scales` [K / G, N], groups of G input columns:
 w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
 * AWQ (`version: gemm`): qweight [K, N / 8] packed along the output dimension in AutoAWQ's order (the
   word's nibble i holds column 8 c + (0, 2, 4, 6, 1, 3, 5, 7)[i]), qzeros [K / G, N / 8] alike.
@@ -10,6 +11,10 @@ w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
   [K / G, N / 8] along the output one; the original format (`checkpoint_format: gptq`) stores each zero
   point minus one, `gptq_v2` as it is. `g_idx` must give contiguous groups: act-order checkpoints
   (desc_act, where rows of a group are scattered) are refused.
+* compressed-tensors (`format: pack-quantized`, 4-bit int weights, group or channel strategy):
+  `weight_packed` [N, K / 8] packed along the input dimension (nibble i of word c holds column 8 c + i),
+  each code stored plus 8; `weight_scale` [N, K / G]; `weight_zero_point` [N / 8, K / G] packed along
+  the output dimension, plus 8 too (asymmetric schemes; a symmetric one has none: 8); `weight_shape` (N, K).
 ninfer's groups (engine/quant/groupwise.py) hold w = q * scale + minimum: the codes and scales are the
 checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step). Matrices the tool left in
 16 bits (lm_head, embeddings, a router) stream as they are.
@@ -29,15 +34,31 @@ from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor, dequantize, pack
 from engine.tokenizer import Tokenizer
 
-PARTS = ("qweight", "qzeros", "scales", "g_idx")
+# a layer's tensors, by method: (codes, zero points, scales, group index, shape)
+PARTS = {
+    "awq": ("qweight", "qzeros", "scales", "g_idx"),
+    "gptq": ("qweight", "qzeros", "scales", "g_idx"),
+    "compressed-tensors": (
+        "weight_packed",
+        "weight_zero_point",
+        "weight_scale",
+        "weight_g_idx",
+        "weight_shape",
+    ),
+}
+CT = "compressed-tensors"
 AWQ_COLUMNS = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word's eight is its nibble AWQ_COLUMNS[j]
 
 
 @dataclass(frozen=True)
 class Int4Scheme:
-    method: str  # "awq" or "gptq"
+    method: str  # "awq", "gptq" or "compressed-tensors"
     group_size: int  # input columns a group (-1: the whole row)
     zero_offset: int  # added to a stored zero point (GPTQ's original format stores it minus one)
+
+    @property
+    def label(self) -> str:
+        return {"awq": "AWQ", "gptq": "GPTQ"}.get(self.method, self.method) + " 4-bit"
 
 
 def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: str) -> Int4Scheme:
@@ -54,6 +75,8 @@ def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: st
             f"{where}: a Qwen3-Next checkpoint quantized by {method} is not read (its fused projections would "
             "need splitting in their packed form); give the bf16 checkpoint or a GGUF file"
         )
+    if method == CT:
+        return Int4Scheme(CT, group, 0)
     if method == "awq":
         version = str(quant.get("version", "gemm")).lower()
         if version != "gemm" or quant.get("zero_point", True) is not True:
@@ -73,6 +96,23 @@ def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: st
     return Int4Scheme("gptq", group, 1 if fmt == "gptq" else 0)
 
 
+def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: str) -> Int4Scheme | None:
+    """The scheme of a compressed-tensors `pack-quantized` config whose weights are all 4-bit integers in
+    one group size (None where they are not: refused by the caller)."""
+    weights = [g.get("weights") or {} for g in (quant.get("config_groups") or {}).values()]
+    if not weights or any(w.get("type") != "int" or w.get("num_bits") != 4 for w in weights):
+        return None
+    if any(w.get("actorder") not in (None, False) for w in weights):
+        raise NinferError(
+            f"{where} is compressed-tensors W4A16 with act-order, whose groups are not contiguous columns; "
+            "ninfer does not read it (use one made without actorder, or the bf16 checkpoint)"
+        )
+    groups = {w.get("group_size") if w.get("strategy") == "group" else -1 for w in weights}
+    if len(groups) != 1 or any(w.get("strategy") not in ("group", "channel") for w in weights):
+        raise NinferError(f"{where}: its 4-bit groups mix strategies or sizes ({sorted(map(str, groups))})")
+    return int4_scheme({"bits": 4, "group_size": groups.pop()}, CT, architecture, where)
+
+
 def _nibbles(words: torch.Tensor) -> torch.Tensor:
     """int32 [..., W] -> codes [..., 8 W] (uint8): nibble i of word w at 8 w + i."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int32)
@@ -86,10 +126,13 @@ def _awq_columns(words: torch.Tensor) -> torch.Tensor:
 
 
 def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
-    """One linear layer's qweight / qzeros / scales (/ g_idx) as a 4-bit QuantizedTensor of W [N, K]."""
-    missing = [p for p in PARTS[:3] if p not in parts]
+    """One linear layer's tensors (PARTS, by their last names) as a 4-bit QuantizedTensor of W [N, K]."""
+    needed = ("weight_packed", "weight_scale") if scheme.method == CT else PARTS[scheme.method][:3]
+    missing = [p for p in needed if p not in parts]
     if missing:
         raise NinferError(f"{name}: the checkpoint lacks its {', '.join(missing)}; download it again")
+    if scheme.method == CT:
+        return _compressed_tensors(parts, scheme, name)
     scales = parts["scales"]  # [K / G, N]
     groups, n = scales.shape
     if scheme.method == "awq":
@@ -122,13 +165,44 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) 
     )
 
 
-def _split(names: list[str]) -> tuple[list[str], list[str]]:
+def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
+    scales = parts["weight_scale"].float()  # [N, K / G]
+    codes = _nibbles(parts["weight_packed"])  # [N, 8 ceil(K / 8)]
+    n, groups = scales.shape
+    shape = parts.get("weight_shape")
+    k = int(shape[1]) if shape is not None else codes.shape[1]
+    group = k if scheme.group_size == -1 else scheme.group_size
+    zero_point = parts.get("weight_zero_point")  # [N / 8, K / G]
+    zeros = torch.full((n, groups), 8) if zero_point is None else _nibbles(zero_point.t()).t()[:n]
+    if codes.shape[0] != n or codes.shape[1] < k or zeros.shape != (n, groups) or -(-k // group) != groups:
+        raise NinferError(
+            f"{name}: weight_packed {tuple(parts['weight_packed'].shape)}, weight_scale {tuple(scales.shape)} "
+            f"and its zero points do not make one {n} x {k} matrix in groups of {group}; download it again"
+        )
+    g_idx = parts.get("weight_g_idx")
+    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
+        raise NinferError(
+            f"{name}: its weight_g_idx orders columns out of their groups (act-order), which ninfer does not read"
+        )
+    kp = groups * group  # codes past K (a padded last word, a last group cut short) are zero
+    codes = torch.nn.functional.pad(codes[:, :k], (0, kp - k))
+    return QuantizedTensor(
+        bits=4,
+        group_size=group,
+        shape=(n, k),
+        packed=pack(codes, 4),
+        scales=scales.half(),
+        minimums=(-zeros.float() * scales).half(),
+    )
+
+
+def _split(names: list[str], parts: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(the quantized layers' prefixes, in order, the other tensors' names)."""
     layers: dict[str, None] = {}
     rest = []
     for name in names:
         prefix, _, part = name.rpartition(".")
-        if part in PARTS:
+        if part in parts:
             layers[prefix] = None
         else:
             rest.append(name)
@@ -146,12 +220,12 @@ def load(
     """A ModelSource over an AWQ / GPTQ checkpoint (`names`: its tensors', `read(name)` one of them): its 4-bit
     layers as QuantizedTensors (the GPU keeps them packed), the rest as stored; weights() gives every matrix
     dequantized (the CPU, `ninfer convert`)."""
-    layers, rest = _split(names)
+    layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for prefix in layers:
-            parts = {p: read(f"{prefix}.{p}") for p in PARTS if f"{prefix}.{p}" in present}
+            parts = {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
             yield f"{prefix}.weight", to_groupwise(parts, scheme, prefix)
 
     def unquantized() -> WeightIterator:
@@ -167,7 +241,7 @@ def load(
         config,
         tokenizer,
         weights,
-        f"{description}, {scheme.method.upper()} 4-bit",
+        f"{description}, {scheme.label}",
         {f"{prefix}.weight": 4 for prefix in layers},
         quantized_weights=quantized,
         unquantized_weights=unquantized,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from engine.errors import NinferError
-from engine.formats.hf_int4 import Int4Scheme, int4_scheme
+from engine.formats.hf_int4 import Int4Scheme, compressed_tensors_scheme, int4_scheme
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # tensors of a quantized checkpoint the engine does not load: the activations' (static) scales, an FP8 KV
@@ -44,8 +44,13 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | Int4
     if not quant:
         return None
     method = str(quant.get("quant_method", "?")).lower()
+    architecture = (cfg.get("architectures") or ["?"])[0]
     if method in ("awq", "gptq"):
-        return int4_scheme(quant, method, (cfg.get("architectures") or ["?"])[0], where)
+        return int4_scheme(quant, method, architecture, where)
+    if method == "compressed-tensors" and quant.get("format") == "pack-quantized":
+        scheme = compressed_tensors_scheme(quant, architecture, where)
+        if scheme is not None:
+            return scheme
     if method == "fp8":
         block = quant.get("weight_block_size")
         return Fp8Scheme("_scale_inv", _block(block, where) if block else None)

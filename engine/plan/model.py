@@ -105,7 +105,7 @@ def resolve(
             weights = int4_checkpoint_weight_bytes(
                 shapes, scheme.method, scheme.group_size, config, dtype_bytes, mtp, vision
             )
-            label = f"{scheme.method.upper()} 4-bit (as stored)"
+            label = f"{scheme.label} (as stored)"
             return PlannedModel(path.name, config, weights, label, serve_arg, True)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)

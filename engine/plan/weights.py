@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.hf_int4 import PARTS
 from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
 from engine.quant.groupwise import stored_nbytes
@@ -142,15 +143,23 @@ def int4_checkpoint_weight_bytes(
     mtp: bool = False,
     vision: bool = False,
 ) -> dict[str, int]:
-    """Bytes per kind of an AWQ / GPTQ checkpoint (`shapes`: its tensors', from the file headers) as the CUDA
-    loader holds it (engine/formats/hf_int4.py): each 4-bit layer packed at ninfer's layout (codes, fp16
-    scales and minimums per group) where the kernel takes its group, the rest in the model dtype."""
-    layers = {name.rpartition(".")[0] for name in shapes if name.endswith(".qweight")}
+    """Bytes per kind of an AWQ / GPTQ / compressed-tensors 4-bit checkpoint (`shapes`: its tensors', from
+    the file headers) as the CUDA loader holds it (engine/formats/hf_int4.py): each 4-bit layer packed at
+    ninfer's layout (codes, fp16 scales and minimums per group) where the kernel takes its group, the rest
+    in the model dtype."""
+    parts = PARTS[method]
+    layers = {name.rpartition(".")[0] for name in shapes if name.endswith(f".{parts[0]}")}
     tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     matrices: dict[str, tuple[int, int]] = {}
-    for prefix in layers:  # AWQ's qweight is [K, N / 8], GPTQ's [K / 8, N]; scales [K / G, N]
-        rows, n = shapes[f"{prefix}.qweight"][0], shapes[f"{prefix}.scales"][1]
-        matrices[f"{prefix}.weight"] = (n, rows if method == "awq" else 8 * rows)
+    for (
+        prefix
+    ) in layers:  # AWQ's qweight is [K, N / 8], GPTQ's [K / 8, N] (scales [K / G, N]); CT's [N, K / 8]
+        rows, cols = shapes[f"{prefix}.{parts[0]}"]
+        if method == "compressed-tensors":
+            matrices[f"{prefix}.weight"] = (rows, 8 * cols)
+        else:
+            n = shapes[f"{prefix}.scales"][1]
+            matrices[f"{prefix}.weight"] = (n, rows if method == "awq" else 8 * rows)
     layouts: dict[str, set] = defaultdict(set)
     for name, (_, k) in matrices.items():
         if (expert := expert_shard(name)) is not None:
@@ -160,8 +169,8 @@ def int4_checkpoint_weight_bytes(
         expert = expert_shard(name)
         packed = fused_kernel_takes(4, group) if expert is None else stack_stays_packed(layouts[expert[0]])
         tensors.append((name, (n, k), stored_nbytes((n, k), 4, group) if packed else None))
-    parts = (".qweight", ".qzeros", ".scales", ".g_idx")
-    tensors += [(name, shape, None) for name, shape in shapes.items() if not name.endswith(parts)]
+    suffixes = tuple(f".{p}" for p in parts)
+    tensors += [(name, shape, None) for name, shape in shapes.items() if not name.endswith(suffixes)]
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
 
 

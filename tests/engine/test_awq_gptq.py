@@ -1,4 +1,4 @@
-"""AWQ and GPTQ 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as AutoAWQ and AutoGPTQ pack
+"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as AutoAWQ and AutoGPTQ pack
 them, from codes, scales and zero points chosen so that every weight they stand for is exact in fp32 and
 each -zero x scale exact in fp16; the engine reads them as those weights (dense on the CPU, packed through
 the fused kernels when Triton runs), matching transformers run on the same weights; what it cannot read
@@ -23,6 +23,7 @@ from engine.quant.convert import convert
 from engine.quant.cpu import CpuInt4Weight
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
+CT = "compressed-tensors"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 AUTOAWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ packs column 8 c + ORDER[i] into nibble i of word c
 
@@ -51,14 +52,15 @@ def gptq_pack_columns(codes: torch.Tensor) -> torch.Tensor:
     return _words(codes.view(g, n // 8, 8))
 
 
-def quantize_exactly(w: torch.Tensor, group: int, min_zero: int = 0):
+def quantize_exactly(w: torch.Tensor, group: int, min_zero: int = 0, symmetric: bool = False):
     """(codes [K, N], zeros [K / G, N], scales [K / G, N] fp16, the weight [N, K] they stand for) of W [N, K]:
-    scales multiples of 1 / 256 (so (q - z) s and -z s are exact)."""
+    scales multiples of 1 / 256 (so (q - z) s and -z s are exact); `symmetric`: every zero point 8."""
     n, k = w.shape
     g = w.t().reshape(k // group, group, n)  # [G, group, N]
     lo, hi = g.amin(1).clamp(max=0), g.amax(1).clamp(min=0)
-    scales = (torch.ceil((hi - lo) / 15 * 256).clamp(min=1) / 256).half()
-    zeros = torch.round(-lo / scales.float()).clamp(min_zero, 15)
+    span = torch.maximum(-lo / 8, hi / 7) if symmetric else (hi - lo) / 15
+    scales = (torch.ceil(span * 256).clamp(min=1) / 256).half()
+    zeros = torch.full_like(lo, 8) if symmetric else torch.round(-lo / scales.float()).clamp(min_zero, 15)
     codes = torch.round(g / scales.float()[:, None] + zeros[:, None]).clamp(0, 15)
     held = ((codes - zeros[:, None]) * scales.float()[:, None]).reshape(k, n).t()
     return codes.reshape(k, n).to(torch.uint8), zeros.to(torch.uint8), scales, held.contiguous()
@@ -68,8 +70,11 @@ def _quantized(name: str) -> bool:
     return name.endswith("proj.weight")  # attention and MLP matrices (each expert's); not the router
 
 
-def save_int4(model, path, method: str, group: int = 32, fmt: str = "gptq", extra_config=None):
-    """`model` saved as an AWQ or GPTQ checkpoint; the model's own matrices become the weights it stands for."""
+def save_int4(
+    model, path, method: str, group: int = 32, fmt: str = "gptq", extra_config=None, symmetric=False
+):
+    """`model` saved as an AWQ, GPTQ or compressed-tensors checkpoint; the model's own matrices become the
+    weights it stands for."""
     save_tiny(model, path)
     tensors, held = load_file(path / "model.safetensors"), {}
     out = {}
@@ -78,7 +83,15 @@ def save_int4(model, path, method: str, group: int = 32, fmt: str = "gptq", extr
             out[name] = w
             continue
         prefix = name[: -len(".weight")]
-        codes, zeros, scales, held[name] = quantize_exactly(w, group, min_zero=1 if fmt == "gptq" else 0)
+        min_zero = 1 if fmt == "gptq" and method == "gptq" else 0
+        codes, zeros, scales, held[name] = quantize_exactly(w, group, min_zero, symmetric)
+        if method == CT:  # each code and zero point stored plus 8 (stored as is: they are offset already)
+            out[f"{prefix}.weight_packed"] = gptq_pack_columns(codes.t().contiguous())  # [N, K / 8]
+            out[f"{prefix}.weight_scale"] = scales.t().contiguous()  # [N, K / G]
+            if not symmetric:  # [N / 8, K / G], packed along the output dimension
+                out[f"{prefix}.weight_zero_point"] = gptq_pack_columns(zeros.contiguous()).t().contiguous()
+            out[f"{prefix}.weight_shape"] = torch.tensor(list(w.shape))
+            continue
         out[f"{prefix}.scales"] = scales
         if method == "awq":
             out[f"{prefix}.qweight"], out[f"{prefix}.qzeros"] = awq_pack(codes), awq_pack(zeros)
@@ -96,6 +109,16 @@ def save_int4(model, path, method: str, group: int = 32, fmt: str = "gptq", extr
     )
     if method == "gptq":
         quant["checkpoint_format"] = fmt
+    if method == CT:
+        weights = {
+            "num_bits": 4,
+            "type": "int",
+            "symmetric": symmetric,
+            "strategy": "group",
+            "group_size": group,
+        }
+        group_0 = {"targets": ["Linear"], "weights": weights}
+        quant = {"quant_method": CT, "format": "pack-quantized", "config_groups": {"group_0": group_0}}
     quant.update(extra_config or {})
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
@@ -118,24 +141,24 @@ def _hold(model, held: dict[str, torch.Tensor]) -> None:
             (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
 
 
-CASES = [("awq", "gptq"), ("gptq", "gptq"), ("gptq", "gptq_v2")]
+CASES = [("awq", "gptq"), ("gptq", "gptq"), ("gptq", "gptq_v2"), (CT, "asymmetric"), (CT, "symmetric")]
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 @pytest.mark.parametrize("method, fmt", CASES)
 def test_read_as_the_weights_they_stand_for(tmp_path, arch, method, fmt):
     model = tiny_hf_model(arch, tied=False, seed=3)
-    path = save_int4(model, tmp_path / method, method, fmt=fmt)
+    path = save_int4(model, tmp_path / method, method, fmt=fmt, symmetric=fmt == "symmetric")
     llm = LLM(path, weight_quant="none")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("method, fmt", CASES[:2])
+@pytest.mark.parametrize("method, fmt", CASES[:2] + CASES[4:])
 def test_packed_through_the_fused_kernels(tmp_path, kernel_backend, method, fmt):
     """Where the GPU keeps 4-bit weights packed (Triton forced here), the layers multiply the checkpoint's
     codes as they are: every projection a packed weight, the log-probs transformers'."""
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    path = save_int4(model, tmp_path / method, method, fmt=fmt)
+    path = save_int4(model, tmp_path / method, method, fmt=fmt, symmetric=fmt == "symmetric")
     kernel_backend("triton")
     llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
     layer = llm.model.model.layers[0]
@@ -216,3 +239,21 @@ def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
         NinferError, match="model.layers.0.mlp.up_proj: its g_idx orders rows out of their groups"
     ):
         LLM(path)
+
+
+@pytest.mark.parametrize(
+    "weights, words",
+    [
+        ({"actorder": "group"}, "compressed-tensors W4A16 with act-order"),
+        ({"strategy": "tensor"}, "its 4-bit groups mix strategies or sizes"),
+        ({"num_bits": 8}, "quantization_config: compressed-tensors pack-quantized"),
+    ],
+)
+def test_compressed_tensors_that_is_not_read_is_refused(tmp_path, weights, words):
+    from engine.formats.hf_quant import checkpoint_quantization
+
+    base = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+    groups = {"group_0": {"targets": ["Linear"], "weights": {**base, **weights}}}
+    quant = {"quant_method": CT, "format": "pack-quantized", "config_groups": groups}
+    with pytest.raises(NinferError, match=re.escape(words)):
+        checkpoint_quantization({"architectures": ["Qwen3ForCausalLM"], "quantization_config": quant}, "m")
