@@ -1,8 +1,8 @@
-"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as AutoAWQ and AutoGPTQ pack
-them, from codes, scales and zero points chosen so that every weight they stand for is exact in fp32 and
-each -zero x scale exact in fp16; the engine reads them as those weights (dense on the CPU, packed through
-the fused kernels when Triton runs), matching transformers run on the same weights; what it cannot read
-is refused in a sentence."""
+"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as
+AutoAWQ, AutoGPTQ and llm-compressor pack them, from codes, scales and zero points chosen so that every
+weight they stand for is exact in fp32 and each -zero x scale exact in fp16; the engine reads them as those
+weights (dense on the CPU, packed through the fused kernels when Triton runs), matching transformers run
+on the same weights; what it cannot read is refused in a sentence."""
 
 from __future__ import annotations
 
