@@ -412,6 +412,24 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
+def hold_weights(model, held: dict[str, torch.Tensor]) -> None:
+    """A transformers model's matrices set to `held`, named as a checkpoint names them (each expert's matrix
+    a slice of transformers' stacked experts: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+    import re
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in held.items():
+            expert = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
+            if expert is None:
+                params[name].copy_(w)
+                continue
+            base, e, kind = expert.groups()
+            stack = params[f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"][int(e)]
+            rows = w.shape[0]
+            (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
+
+
 def save_tiny_with_tokenizer(path: Path, tokenizer, seed: int = 5) -> Path:
     """A tiny Qwen3 of `tokenizer`'s vocabulary saved with its tokenizer.json: prompts and outputs as text."""
     model = tiny_hf_model("qwen3", tied=False, seed=seed, vocab_size=tokenizer.vocab_size)

@@ -148,21 +148,9 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) 
             f"{name}: qweight {tuple(parts['qweight'].shape)}, qzeros {tuple(parts['qzeros'].shape)} and "
             f"scales {tuple(scales.shape)} do not make one matrix in groups of {group}; download it again"
         )
-    g_idx = parts.get("g_idx")
-    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
-        raise NinferError(
-            f"{name}: its g_idx orders rows out of their groups (act-order), which ninfer does not read"
-        )
+    _check_groups(parts.get("g_idx"), k, group, f"{name}.g_idx")
     zeros = zeros.to(torch.int32) + scheme.zero_offset
-    s = scales.t().float()  # [N, K / G]
-    return QuantizedTensor(
-        bits=4,
-        group_size=group,
-        shape=(n, k),
-        packed=pack(codes.t(), 4),
-        scales=s.half(),
-        minimums=(-zeros.t().float() * s).half(),
-    )
+    return _groupwise(codes.t(), scales.t(), zeros.t(), group, (n, k))
 
 
 def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
@@ -179,17 +167,28 @@ def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name
             f"{name}: weight_packed {tuple(parts['weight_packed'].shape)}, weight_scale {tuple(scales.shape)} "
             f"and its zero points do not make one {n} x {k} matrix in groups of {group}; download it again"
         )
-    g_idx = parts.get("weight_g_idx")
+    _check_groups(parts.get("weight_g_idx"), k, group, f"{name}.weight_g_idx")
+    kp = groups * group  # codes past K (a padded last word, a last group cut short) are zero
+    return _groupwise(torch.nn.functional.pad(codes[:, :k], (0, kp - k)), scales, zeros, group, (n, k))
+
+
+def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> None:
+    """A group index must put the input columns in their groups in order (act-order scatters them)."""
     if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
         raise NinferError(
-            f"{name}: its weight_g_idx orders columns out of their groups (act-order), which ninfer does not read"
+            f"{name} orders input columns out of their groups (act-order), which ninfer does not read"
         )
-    kp = groups * group  # codes past K (a padded last word, a last group cut short) are zero
-    codes = torch.nn.functional.pad(codes[:, :k], (0, kp - k))
+
+
+def _groupwise(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, shape: tuple[int, int]
+) -> QuantizedTensor:
+    """codes [N, Kp], scales and zero points [N, Kp / group] -> ninfer's 4-bit groups (minimum -z s)."""
+    scales = scales.float()
     return QuantizedTensor(
         bits=4,
         group_size=group,
-        shape=(n, k),
+        shape=shape,
         packed=pack(codes, 4),
         scales=scales.half(),
         minimums=(-zeros.float() * scales).half(),

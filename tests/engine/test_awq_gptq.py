@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import hf_logprobs, save_tiny, tiny_hf_model
+from conftest import hf_logprobs, hold_weights, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
 from engine import LLM
@@ -122,23 +122,8 @@ def save_int4(
     quant.update(extra_config or {})
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
-    _hold(model, held)
+    hold_weights(model, held)
     return path
-
-
-def _hold(model, held: dict[str, torch.Tensor]) -> None:
-    """The model's matrices set to `held` (each expert's a slice of transformers' stacked experts)."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, w in held.items():
-            expert = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
-            if expert is None:
-                params[name].copy_(w)
-                continue
-            base, e, kind = expert.groups()
-            stack = params[f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"][int(e)]
-            rows = w.shape[0]
-            (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
 
 
 CASES = [("awq", "gptq"), ("gptq", "gptq"), ("gptq", "gptq_v2"), (CT, "asymmetric"), (CT, "symmetric")]
@@ -236,7 +221,7 @@ def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
     tensors[name] = tensors[name].flip(0).contiguous()
     save_file(tensors, path / "model.safetensors")
     with pytest.raises(
-        NinferError, match="model.layers.0.mlp.up_proj: its g_idx orders rows out of their groups"
+        NinferError, match="model.layers.0.mlp.up_proj.g_idx orders input columns out of their groups"
     ):
         LLM(path)
 

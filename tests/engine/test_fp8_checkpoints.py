@@ -5,13 +5,12 @@ match transformers run on the same dequantized weights; other methods are refuse
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import hf_logprobs, save_tiny, tiny_hf_model
+from conftest import hf_logprobs, hold_weights, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
 from engine import LLM
@@ -78,24 +77,8 @@ def save_fp8(model, path, quantization: dict, quantize, scale_name: str, split: 
         save_file({**codes, **scales}, path / "model.safetensors")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
-    _hold(model, held)
+    hold_weights(model, held)
     return path
-
-
-def _hold(model, held: dict[str, torch.Tensor]) -> None:
-    """The model's matrices set to `held`, named as the checkpoint names them (each expert's matrix a slice
-    of transformers' stacked experts: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, w in held.items():
-            expert = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
-            if expert is None:
-                params[name].copy_(w)
-                continue
-            base, e, kind = expert.groups()
-            stack = params[f"{base}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"][int(e)]
-            rows = w.shape[0]
-            (stack if kind == "down" else stack[:rows] if kind == "gate" else stack[rows:]).copy_(w)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
