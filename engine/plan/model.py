@@ -98,7 +98,7 @@ def resolve(
             raise NinferError(f"{path} has no config.json; pass an HF checkpoint directory")
         raw = json.loads(cfg_path.read_text())
         config = ModelConfig.from_hf_dict(raw)
-        scheme = checkpoint_quantization(raw, str(path))  # (FP8 loads as the bf16 it was made from)
+        scheme = checkpoint_quantization(raw, str(path))
         serve_arg = str(cfg_path.parent)
         if isinstance(scheme, Int4Scheme) and not (recipe or bits) and path.is_dir():
             shapes = checkpoint_shapes(path)
@@ -107,6 +107,10 @@ def resolve(
             )
             label = f"{scheme.label} (as stored)"
             return PlannedModel(path.name, config, weights, label, serve_arg, True)
+        if scheme is not None and not (recipe or bits):  # FP8: held as the bf16 it was made from
+            weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
+            label = "FP8 held as bf16, dequantized as it loads"
+            return PlannedModel(path.name, config, weights, label, serve_arg, False)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)
     else:

@@ -176,3 +176,15 @@ def test_other_quantizations_are_refused_before_loading(tmp_path, quantization, 
         )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert named in done.stderr and "ninfer convert" in done.stderr
+
+
+def test_plan_counts_an_fp8_checkpoint_as_the_bf16_it_loads_as(tmp_path):
+    from engine.plan.model import resolve
+
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    plain = save_tiny(model, tmp_path / "plain")
+    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
+    fp8 = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    planned, bf16 = (resolve(str(p), None, None, None, False, False) for p in (fp8, plain))
+    assert planned.weights == bf16.weights and not planned.packed_weights
+    assert planned.recipe == "FP8 held as bf16, dequantized as it loads"
