@@ -22,6 +22,7 @@ checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -113,10 +114,17 @@ def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: s
     return int4_scheme({"bits": 4, "group_size": groups.pop()}, CT, architecture, where)
 
 
+def _bytes(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., W] -> uint8 [..., 4 W]: byte j of word w (bits 8 j .. 8 j + 7, little-endian) at 4 w + j.
+    Its two nibbles are codes 2 j and 2 j + 1 of the word: ninfer's packing of an (even, odd) pair."""
+    assert sys.byteorder == "little"
+    return words.to(torch.int32).contiguous().view(torch.uint8)
+
+
 def _nibbles(words: torch.Tensor) -> torch.Tensor:
     """int32 [..., W] -> codes [..., 8 W] (uint8): nibble i of word w at 8 w + i."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    return ((words.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF).flatten(-2).to(torch.uint8)
+    b = _bytes(words)
+    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
 
 
 def _awq_columns(words: torch.Tensor) -> torch.Tensor:
@@ -135,41 +143,50 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) 
         return _compressed_tensors(parts, scheme, name)
     scales = parts["scales"]  # [K / G, N]
     groups, n = scales.shape
-    if scheme.method == "awq":
-        codes = _awq_columns(parts["qweight"])  # [K, N]
+    qweight = parts["qweight"]
+    if scheme.method == "awq":  # [K, N / 8]
+        k, columns = qweight.shape[0], 8 * qweight.shape[1]
         zeros = _awq_columns(parts["qzeros"])  # [K / G, N]
-    else:
-        codes = _nibbles(parts["qweight"].t()).t()  # [K, N]
+    else:  # [K / 8, N]: each word's bytes are ninfer's packed pairs of its eight rows already
+        k, columns = 8 * qweight.shape[0], qweight.shape[1]
         zeros = _nibbles(parts["qzeros"])  # [K / G, N]
-    k = codes.shape[0]
     group = k if scheme.group_size == -1 else scheme.group_size
-    if codes.shape[1] != n or zeros.shape != (groups, n) or groups * group != k:
+    if columns != n or zeros.shape != (groups, n) or groups * group != k:
         raise NinferError(
             f"{name}: qweight {tuple(parts['qweight'].shape)}, qzeros {tuple(parts['qzeros'].shape)} and "
             f"scales {tuple(scales.shape)} do not make one matrix in groups of {group}; download it again"
         )
     _check_groups(parts.get("g_idx"), k, group, f"{name}.g_idx")
+    if scheme.method == "awq":
+        packed = pack(_awq_columns(qweight).t(), 4)
+    else:
+        packed = _bytes(qweight).view(k // 8, n, 4).permute(1, 0, 2).reshape(n, k // 2)
     zeros = zeros.to(torch.int32) + scheme.zero_offset
-    return _groupwise(codes.t(), scales.t(), zeros.t(), group, (n, k))
+    return _groupwise(packed, scales.t(), zeros.t(), group, (n, k))
 
 
 def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
     scales = parts["weight_scale"].float()  # [N, K / G]
-    codes = _nibbles(parts["weight_packed"])  # [N, 8 ceil(K / 8)]
+    words = parts["weight_packed"]  # [N, ceil(K / 8)]
     n, groups = scales.shape
+    width = 8 * words.shape[1]
     shape = parts.get("weight_shape")
-    k = int(shape[1]) if shape is not None else codes.shape[1]
+    k = int(shape[1]) if shape is not None else width
     group = k if scheme.group_size == -1 else scheme.group_size
     zero_point = parts.get("weight_zero_point")  # [N / 8, K / G]
     zeros = torch.full((n, groups), 8) if zero_point is None else _nibbles(zero_point.t()).t()[:n]
-    if codes.shape[0] != n or codes.shape[1] < k or zeros.shape != (n, groups) or -(-k // group) != groups:
+    if words.shape[0] != n or width < k or zeros.shape != (n, groups) or -(-k // group) != groups:
         raise NinferError(
             f"{name}: weight_packed {tuple(parts['weight_packed'].shape)}, weight_scale {tuple(scales.shape)} "
             f"and its zero points do not make one {n} x {k} matrix in groups of {group}; download it again"
         )
     _check_groups(parts.get("weight_g_idx"), k, group, f"{name}.weight_g_idx")
-    kp = groups * group  # codes past K (a padded last word, a last group cut short) are zero
-    return _groupwise(torch.nn.functional.pad(codes[:, :k], (0, kp - k)), scales, zeros, group, (n, k))
+    kp = groups * group
+    if width == k == kp:  # each word's bytes are ninfer's packed pairs of its eight columns already
+        packed = _bytes(words)
+    else:  # codes past K (a padded last word, a last group cut short) are zero
+        packed = pack(torch.nn.functional.pad(_nibbles(words)[:, :k], (0, kp - k)), 4)
+    return _groupwise(packed, scales, zeros, group, (n, k))
 
 
 def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> None:
@@ -181,15 +198,16 @@ def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> 
 
 
 def _groupwise(
-    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, shape: tuple[int, int]
+    packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, shape: tuple[int, int]
 ) -> QuantizedTensor:
-    """codes [N, Kp], scales and zero points [N, Kp / group] -> ninfer's 4-bit groups (minimum -z s)."""
+    """packed codes [N, Kp / 2] (ninfer's layout), scales and zero points [N, Kp / group] -> ninfer's 4-bit
+    groups (minimum -z s)."""
     scales = scales.float()
     return QuantizedTensor(
         bits=4,
         group_size=group,
         shape=shape,
-        packed=pack(codes, 4),
+        packed=packed,
         scales=scales.half(),
         minimums=(-zeros.float() * scales).half(),
     )

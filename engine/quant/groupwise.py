@@ -136,9 +136,10 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Codes [N, Kp] (float or int) -> packed storage (see the module docstring)."""
     if bits == 8:
         return codes.to(torch.int8)
-    c = codes.to(torch.int32)
-    if bits == 4:
+    if bits == 4:  # (uint8 codes pair up as they are: a code is at most 15)
+        c = codes if codes.dtype == torch.uint8 else codes.to(torch.int32)
         return (c[:, 0::2] | (c[:, 1::2] << 4)).to(torch.uint8)
+    c = codes.to(torch.int32)
     word = c[:, 0::4] | (c[:, 1::4] << 6) | (c[:, 2::4] << 12) | (c[:, 3::4] << 18)  # 24-bit words
     return (
         torch.stack([word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF], dim=-1).flatten(1).to(torch.uint8)
