@@ -114,6 +114,9 @@ def dequantize_fp8(
                 f"{name}: its scale is {tuple(s.shape)}, but {block[0]} x {block[1]} blocks of a "
                 f"{tuple(codes.shape)} matrix need {(*lead, rows, cols)}"
             )
+        if n % block[0] == 0 and k % block[1] == 0:  # whole blocks: one broadcast multiply, no expanded scale
+            blocks = codes.view(*lead, rows, block[0], cols, block[1]).float()
+            return blocks.mul_(s[..., :, None, :, None]).to(torch.bfloat16).view(codes.shape)
         s = s.repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)[..., :k]
     elif s.numel() == 1:
         s = s.reshape([1] * codes.dim())

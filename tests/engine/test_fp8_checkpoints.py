@@ -82,14 +82,14 @@ def save_fp8(model, path, quantization: dict, quantize, scale_name: str, split: 
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("split", [False, True])
-def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split):
-    """Blocks of 24 x 40 (rows and columns not multiples of them), scales in the weights' shard or in
-    another: the engine's logprobs are transformers' on the dequantized weights."""
+@pytest.mark.parametrize("split, block", [(False, (24, 40)), (True, (24, 40)), (False, (16, 32))])
+def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split, block):
+    """Blocks of 24 x 40 (rows and columns not multiples of them) or 16 x 32 (whole blocks), scales in the
+    weights' shard or in another: the engine's logprobs are transformers' on the dequantized weights."""
     model = tiny_hf_model(arch, tied=False, seed=3)
-    quantization = {**FP8_METHOD, "weight_block_size": [24, 40]}
+    quantization = {**FP8_METHOD, "weight_block_size": list(block)}
     path = save_fp8(
-        model, tmp_path / arch, quantization, lambda w: fp8_blocks(w, 24, 40), "_scale_inv", split
+        model, tmp_path / arch, quantization, lambda w: fp8_blocks(w, *block), "_scale_inv", split
     )
     llm = LLM(path, weight_quant="none")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
