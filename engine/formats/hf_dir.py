@@ -160,21 +160,22 @@ def load_hf_dir(path: Path) -> ModelSource:
                 for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                     yield name, f.get_tensor(name)
 
+    def arranged(tensors: WeightIterator) -> WeightIterator:
+        """The tensors in the layout the engine holds (an architecture's own storage undone)."""
+        if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
+            return qwen3_next.as_qwen3_5(tensors, config)
+        if config.architecture == stacked_experts.ARCHITECTURE:  # its experts stored transposed
+            return stacked_experts.as_held(tensors, config)
+        return tensors
+
     description = f"{path} ({len(shards)} shard(s))"
     tokenizer = Tokenizer.from_hf_dir(path)
-    if isinstance(scheme, hf_int4.Int4Scheme):  # its 4-bit layers kept as they are
-        return hf_int4.load(config, tokenizer, *_reader(shards), scheme, description)
-
-    def tensors() -> WeightIterator:
-        if isinstance(scheme, hf_quant.Fp8Scheme):
-            return hf_quant.dequantized(stored(), _reader(shards)[1], scheme)
-        return stored()
+    if isinstance(scheme, hf_int4.Int4Scheme):  # its 4-bit layers kept as they are, the rest arranged
+        return hf_int4.load(config, tokenizer, *_reader(shards), scheme, description, arranged)
 
     def weights() -> WeightIterator:
-        if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
-            return qwen3_next.as_qwen3_5(tensors(), config)
-        if config.architecture == stacked_experts.ARCHITECTURE:  # its experts stored transposed
-            return stacked_experts.as_held(tensors(), config)
-        return tensors()
+        if isinstance(scheme, hf_quant.Fp8Scheme):
+            return arranged(hf_quant.dequantized(stored(), _reader(shards)[1], scheme))
+        return arranged(stored())
 
     return ModelSource(config, tokenizer, weights, description)

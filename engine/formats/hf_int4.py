@@ -233,10 +233,11 @@ def load(
     read: Callable[[str], torch.Tensor],
     scheme: Int4Scheme,
     description: str,
+    arranged: Callable[[WeightIterator], WeightIterator] = lambda tensors: tensors,
 ) -> ModelSource:
-    """A ModelSource over an AWQ / GPTQ checkpoint (`names`: its tensors', `read(name)` one of them): its 4-bit
-    layers as QuantizedTensors (the GPU keeps them packed), the rest as stored; weights() gives every matrix
-    dequantized (the CPU, `ninfer convert`)."""
+    """A ModelSource over a 4-bit checkpoint (`names`: its tensors', `read(name)` one of them): its 4-bit
+    layers as QuantizedTensors (the GPU keeps them packed), the rest as stored (`arranged`); weights() gives
+    every matrix dequantized (the CPU, `ninfer convert`)."""
     layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
 
@@ -245,9 +246,8 @@ def load(
             parts = {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
             yield f"{prefix}.weight", to_groupwise(parts, scheme, prefix)
 
-    def unquantized() -> WeightIterator:
-        for name in rest:
-            yield name, read(name)
+    def unquantized() -> WeightIterator:  # (`arranged`: in the layout the engine holds, as hf_dir streams)
+        return arranged((name, read(name)) for name in rest)
 
     def weights() -> WeightIterator:
         yield from unquantized()

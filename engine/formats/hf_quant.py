@@ -6,9 +6,9 @@ float8 (`quant_method: compressed-tensors`, format `float-quantized`: a `weight_
 channel or per block). Each FP8 matrix is dequantized as the tensors stream (its scale read from whichever
 shard holds it), so what loads, converts and quantizes is the bf16 checkpoint the FP8 one was made from,
 within FP8's rounding; the activation scales are not needed (activations stay 16-bit). A matrix the tool
-left unquantized (lm_head, the router, norms) streams as it is. Every other method (bitsandbytes,
-compressed-tensors' integer formats) is refused in one sentence, before any weight is read; AWQ and
-GPTQ 4-bit checkpoints are read as they are (engine/formats/hf_int4.py).
+left unquantized (lm_head, the router, norms) streams as it is. AWQ, GPTQ and compressed-tensors 4-bit
+checkpoints are read as they are (engine/formats/hf_int4.py). Every other method (bitsandbytes,
+compressed-tensors' other integer schemes, ...) is refused in one sentence, before any weight is read.
 """
 
 from __future__ import annotations

@@ -67,9 +67,9 @@ def quantize_exactly(w: torch.Tensor, group: int, min_zero: int = 0, symmetric: 
 
 
 def _quantized(name: str, w: torch.Tensor) -> bool:
-    """Attention, linear-attention and MLP matrices (each expert's), not the router; as the tools, none whose
-    output width is not whole words (the tiny hybrid's 4-head in_proj_b / in_proj_a)."""
-    return name.endswith("proj.weight") and w.shape[0] % 8 == 0
+    """Attention, linear-attention and MLP matrices (each expert's), not the router nor a vision tower's; as
+    the tools, none whose output width is not whole words (the tiny hybrid's 4-head in_proj_b / in_proj_a)."""
+    return name.endswith("proj.weight") and w.dim() == 2 and w.shape[0] % 8 == 0 and ".visual." not in name
 
 
 def save_int4(
@@ -244,3 +244,21 @@ def test_compressed_tensors_that_is_not_read_is_refused(tmp_path, weights, words
     quant = {"quant_method": CT, "format": "pack-quantized", "config_groups": groups}
     with pytest.raises(NinferError, match=re.escape(words)):
         checkpoint_quantization({"architectures": ["Qwen3ForCausalLM"], "quantization_config": quant}, "m")
+
+
+def test_the_rest_is_arranged_as_its_architecture_stores_it(tmp_path):
+    """A Qwen3-VL-MoE AWQ checkpoint whose stacked experts were left 16-bit, stored transposed as published:
+    the 4-bit layers packed, the experts arranged as the engine holds them (engine/formats/stacked_experts.py)."""
+    from conftest import tiny_vl_model
+
+    model = tiny_vl_model(arch="qwen3_vl_moe")
+    path = save_int4(model, tmp_path / "vl_moe", "awq")
+    tensors = load_file(path / "model.safetensors")
+    experts = [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert experts and "model.language_model.layers.0.self_attn.q_proj.qweight" in tensors
+    save_file(
+        {n: t.transpose(1, 2).contiguous() if n in experts else t for n, t in tensors.items()},
+        path / "model.safetensors",
+    )
+    llm = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
