@@ -174,7 +174,7 @@ def load_hf_dir(path: Path) -> ModelSource:
         return hf_int4.load(config, tokenizer, *_reader(shards), scheme, description, arranged)
 
     def weights() -> WeightIterator:
-        if isinstance(scheme, hf_quant.Fp8Scheme):
+        if isinstance(scheme, hf_quant.ScaledScheme):
             return arranged(hf_quant.dequantized(stored(), _reader(shards)[1], scheme))
         return arranged(stored())
 

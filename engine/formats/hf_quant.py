@@ -29,15 +29,24 @@ _UNUSED_SUFFIXES = (".input_scale", ".activation_scale", ".k_scale", ".v_scale",
 
 
 @dataclass(frozen=True)
-class Fp8Scheme:
+class ScaledScheme:
+    """Codes times their scales, dequantized as the tensors stream (FP8; compressed-tensors' int8)."""
+
+    kind: str  # "FP8" or "INT8", as `plan` names it
     # the scale's name after its weight's: `weight_scale_inv` (the fp8 method; it multiplies, as
     # compressed-tensors' `weight_scale` does)
     scale_suffix: str
     block: tuple[int, int] | None  # (rows, columns) of a scale's block; None: per tensor or per output row
 
+    @property
+    def codes(self) -> tuple[torch.dtype, ...]:
+        """The dtypes of the matrices stored as codes (others stream as they are)."""
+        return FP8_DTYPES if self.kind == "FP8" else (torch.int8,)
 
-def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | Int4Scheme | None:
-    """How a config.json dict's checkpoint is quantized: FP8, AWQ / GPTQ 4-bit (engine/formats/hf_int4.py),
+
+def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | Int4Scheme | None:
+    """How a config.json dict's checkpoint is quantized: FP8 or int8 codes times scales (dequantized as they
+    stream), AWQ / GPTQ / compressed-tensors 4-bit (engine/formats/hf_int4.py),
     or None for an unquantized one; a quantization ninfer does not read is refused, saying what to give
     instead."""
     quant = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
@@ -53,17 +62,15 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | Int4
             return scheme
     if method == "fp8":
         block = quant.get("weight_block_size")
-        return Fp8Scheme("_scale_inv", _block(block, where) if block else None)
-    if method == "compressed-tensors" and quant.get("format") in ("float-quantized", "naive-quantized"):
-        groups = list((quant.get("config_groups") or {}).values())
-        weights = [g.get("weights") or {} for g in groups]
-        if weights and all(w.get("type") == "float" and w.get("num_bits") == 8 for w in weights):
-            blocks = {tuple(w["block_structure"]) for w in weights if w.get("block_structure")}
-            if len(blocks) > 1:
-                raise NinferError(
-                    f"{where}: its FP8 groups use different blocks {sorted(blocks)}; ninfer reads one"
-                )
-            return Fp8Scheme("_scale", _block(list(blocks.pop()), where) if blocks else None)
+        return ScaledScheme("FP8", "_scale_inv", _block(block, where) if block else None)
+    if method == "compressed-tensors" and quant.get("format") in (
+        "float-quantized",
+        "int-quantized",
+        "naive-quantized",
+    ):
+        scheme = _scaled_8bit(quant, where)
+        if scheme is not None:
+            return scheme
         method = f"compressed-tensors {quant.get('format')}"
     elif method == "compressed-tensors":
         method = f"compressed-tensors {quant.get('format', '?')}"
@@ -71,6 +78,38 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> Fp8Scheme | Int4
         f"{where} was quantized by another tool (quantization_config: {method}), which ninfer does not read; "
         "give the model's bf16 checkpoint (or its FP8, AWQ or GPTQ-Int4 release, or a GGUF file); ninfer "
         "quantizes with `ninfer convert --recipe q4.6|w4g128|w8g128`"
+    )
+
+
+def _scaled_8bit(quant: dict[str, Any], where: str) -> ScaledScheme | None:
+    """compressed-tensors' float8 or symmetric int8 weights (one kind, one block shape: a block, a group of
+    one row's columns, a row or the tensor), or None for anything else."""
+    weights = [g.get("weights") or {} for g in (quant.get("config_groups") or {}).values()]
+    kinds = {w.get("type") for w in weights}
+    if (
+        not weights
+        or len(kinds) != 1
+        or not kinds <= {"float", "int"}
+        or any(w.get("num_bits") != 8 for w in weights)
+    ):
+        return None
+    if kinds == {"int"} and not all(w.get("symmetric", True) for w in weights):
+        return None  # (zero points: not read)
+    blocks = set()
+    for w in weights:
+        if w.get("block_structure"):
+            blocks.add(tuple(w["block_structure"]))
+        elif w.get("strategy") == "group":
+            blocks.add((1, w.get("group_size")))
+        else:
+            blocks.add(None)
+    if len(blocks) > 1:
+        raise NinferError(
+            f"{where}: its 8-bit groups use different blocks {sorted(map(str, blocks))}; ninfer reads one"
+        )
+    block = blocks.pop()
+    return ScaledScheme(
+        "FP8" if kinds == {"float"} else "INT8", "_scale", _block(list(block), where) if block else None
     )
 
 
@@ -83,18 +122,19 @@ def _block(block: Any, where: str) -> tuple[int, int]:
 def dequantized(
     tensors: Iterator[tuple[str, torch.Tensor]],
     read: Callable[[str], torch.Tensor | None],
-    scheme: Fp8Scheme,
+    scheme: ScaledScheme,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors with every FP8 matrix dequantized to bf16 (`read(name)`: any tensor of the
-    checkpoint by name, None where it has none); the scales themselves are not passed on."""
+    """The checkpoint's tensors with every matrix of codes (FP8, int8) dequantized to bf16 (`read(name)`: any
+    tensor of the checkpoint by name, None where it has none); the scales themselves are not passed on."""
     for name, tensor in tensors:
         if name.endswith(scheme.scale_suffix) or name.endswith(_UNUSED_SUFFIXES):
             continue
-        if tensor.dtype in FP8_DTYPES:
+        if tensor.dtype in scheme.codes:
             scale = read(name + scheme.scale_suffix)
             if scale is None:
                 raise NinferError(
-                    f"{name} is FP8 but the checkpoint has no {name + scheme.scale_suffix}; download it again"
+                    f"{name} is {scheme.kind} but the checkpoint has no {name + scheme.scale_suffix}; download "
+                    "it again"
                 )
             tensor = dequantize_fp8(tensor, scale, scheme.block, name)
         yield name, tensor

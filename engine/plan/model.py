@@ -107,9 +107,9 @@ def resolve(
             )
             label = f"{scheme.label} (as stored)"
             return PlannedModel(path.name, config, weights, label, serve_arg, True)
-        if scheme is not None and not (recipe or bits):  # FP8: held as the bf16 it was made from
+        if scheme is not None and not (recipe or bits):  # FP8 / int8: held as the bf16 it was made from
             weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-            label = "FP8 held as bf16, dequantized as it loads"
+            label = f"{scheme.kind} held as bf16, dequantized as it loads"
             return PlannedModel(path.name, config, weights, label, serve_arg, False)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)
