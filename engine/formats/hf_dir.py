@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import hf_int4, hf_quant, qwen3_next, stacked_experts
+from engine.formats import hf_intq, hf_quant, qwen3_next, stacked_experts
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -170,8 +170,8 @@ def load_hf_dir(path: Path) -> ModelSource:
 
     description = f"{path} ({len(shards)} shard(s))"
     tokenizer = Tokenizer.from_hf_dir(path)
-    if isinstance(scheme, hf_int4.Int4Scheme):  # its 4-bit layers kept as they are, the rest arranged
-        return hf_int4.load(config, tokenizer, *_reader(shards), scheme, description, arranged)
+    if isinstance(scheme, hf_intq.IntScheme):  # its 4-bit layers kept as they are, the rest arranged
+        return hf_intq.load(config, tokenizer, *_reader(shards), scheme, description, arranged)
 
     def weights() -> WeightIterator:
         if isinstance(scheme, hf_quant.ScaledScheme):

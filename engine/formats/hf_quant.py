@@ -6,8 +6,8 @@ float8 (`quant_method: compressed-tensors`, format `float-quantized`: a `weight_
 channel or per block). Each FP8 matrix is dequantized as the tensors stream (its scale read from whichever
 shard holds it), so what loads, converts and quantizes is the bf16 checkpoint the FP8 one was made from,
 within FP8's rounding; the activation scales are not needed (activations stay 16-bit). A matrix the tool
-left unquantized (lm_head, the router, norms) streams as it is. AWQ, GPTQ and compressed-tensors 4-bit
-checkpoints are read as they are (engine/formats/hf_int4.py). Every other method (bitsandbytes,
+left unquantized (lm_head, the router, norms) streams as it is. AWQ, GPTQ and compressed-tensors 4- and 8-bit
+checkpoints are read as they are (engine/formats/hf_intq.py). Every other method (bitsandbytes,
 compressed-tensors' other integer schemes, ...) is refused in one sentence, before any weight is read.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from engine.errors import NinferError
-from engine.formats.hf_int4 import Int4Scheme, compressed_tensors_scheme, int4_scheme
+from engine.formats.hf_intq import IntScheme, compressed_tensors_scheme, int_scheme
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # tensors of a quantized checkpoint the engine does not load: the activations' (static) scales, an FP8 KV
@@ -44,9 +44,9 @@ class ScaledScheme:
         return FP8_DTYPES if self.kind == "FP8" else (torch.int8,)
 
 
-def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | Int4Scheme | None:
+def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | IntScheme | None:
     """How a config.json dict's checkpoint is quantized: FP8 or int8 codes times scales (dequantized as they
-    stream), AWQ / GPTQ / compressed-tensors 4-bit (engine/formats/hf_int4.py),
+    stream), AWQ / GPTQ / compressed-tensors 4-bit (engine/formats/hf_intq.py),
     or None for an unquantized one; a quantization ninfer does not read is refused, saying what to give
     instead."""
     quant = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
@@ -55,8 +55,8 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | I
     method = str(quant.get("quant_method", "?")).lower()
     architecture = (cfg.get("architectures") or ["?"])[0]
     if method in ("awq", "gptq"):
-        return int4_scheme(quant, method, architecture, where)
-    if method == "compressed-tensors" and quant.get("format") == "pack-quantized":
+        return int_scheme(quant, method, architecture, where)
+    if method == "compressed-tensors" and quant.get("format") in ("pack-quantized", "int-quantized"):
         scheme = compressed_tensors_scheme(quant, architecture, where)
         if scheme is not None:
             return scheme

@@ -11,14 +11,14 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.dummy import is_dummy
 from engine.formats.dummy import parse as parse_dummy
-from engine.formats.hf_int4 import Int4Scheme
+from engine.formats.hf_intq import IntScheme
 from engine.formats.hf_quant import checkpoint_quantization
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import (
     artifact_weight_bytes,
     held_weight_bytes,
-    int4_checkpoint_weight_bytes,
+    int_checkpoint_weight_bytes,
     recipe_weight_bytes,
 )
 from engine.quant.recipes import stored_bits
@@ -100,11 +100,9 @@ def resolve(
         config = ModelConfig.from_hf_dict(raw)
         scheme = checkpoint_quantization(raw, str(path))
         serve_arg = str(cfg_path.parent)
-        if isinstance(scheme, Int4Scheme) and not (recipe or bits) and path.is_dir():
+        if isinstance(scheme, IntScheme) and not (recipe or bits) and path.is_dir():
             shapes = checkpoint_shapes(path)
-            weights = int4_checkpoint_weight_bytes(
-                shapes, scheme.method, scheme.group_size, config, dtype_bytes, mtp, vision
-            )
+            weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
             label = f"{scheme.label} (as stored)"
             return PlannedModel(path.name, config, weights, label, serve_arg, True)
         if scheme is not None and not (recipe or bits):  # FP8 / int8: held as the bf16 it was made from

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats.hf_int4 import PARTS
+from engine.formats.hf_intq import PARTS, ROW_GROUP, IntScheme
 from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
-from engine.quant.groupwise import stored_nbytes
+from engine.quant.groupwise import fitting_group, stored_nbytes
 from engine.quant.layer import fused_kernel_takes
 from engine.quant.recipes import GROUP_SIZE, Q46_TARGET_BITS, RECIPES, is_quantizable, is_tower
 
@@ -134,43 +134,48 @@ def artifact_weight_bytes(
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
 
 
-def int4_checkpoint_weight_bytes(
+def int_checkpoint_weight_bytes(
     shapes: dict[str, tuple[int, ...]],
-    method: str,
-    group_size: int,
+    scheme: IntScheme,
     config: ModelConfig,
     dtype_bytes: int = 2,
     mtp: bool = False,
     vision: bool = False,
 ) -> dict[str, int]:
-    """Bytes per kind of an AWQ / GPTQ / compressed-tensors 4-bit checkpoint (`shapes`: its tensors', from
-    the file headers) as the CUDA loader holds it (engine/formats/hf_int4.py): each 4-bit layer packed at
-    ninfer's layout (codes, fp16 scales and minimums per group) where the kernel takes its group, the rest
-    in the model dtype."""
-    parts = PARTS[method]
-    layers = {name.rpartition(".")[0] for name in shapes if name.endswith(f".{parts[0]}")}
-    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
+    """Bytes per kind of an integer-quantized checkpoint (`shapes`: its tensors', from the file headers) as
+    the CUDA loader holds it (engine/formats/hf_intq.py): each 4- or 8-bit layer packed at ninfer's layout
+    (codes, fp16 scales, and minimums at 4 bits, a group) where the kernel takes its group, the rest in the
+    model dtype."""
+    parts, bits, words = PARTS[scheme.method], scheme.bits, 32 // scheme.bits
+    layers = {name.rpartition(".")[0] for name in shapes if name.rpartition(".")[2] == parts[0]}
     matrices: dict[str, tuple[int, int]] = {}
-    for (
-        prefix
-    ) in layers:  # AWQ's qweight is [K, N / 8], GPTQ's [K / 8, N] (scales [K / G, N]); CT's [N, K / 8]
-        rows, cols = shapes[f"{prefix}.{parts[0]}"]
-        if method == "compressed-tensors":
-            matrices[f"{prefix}.weight"] = (rows, 8 * cols)
-        else:
-            n = shapes[f"{prefix}.scales"][1]
-            matrices[f"{prefix}.weight"] = (n, rows if method == "awq" else 8 * rows)
+    for prefix in layers:
+        if scheme.method == "int8":  # the int8 weight [N, K] itself
+            n, k = shapes[f"{prefix}.weight"]
+        elif scheme.method == "compressed-tensors":  # weight_packed [N, K / words]
+            n, k = shapes[f"{prefix}.weight_packed"][0], words * shapes[f"{prefix}.weight_packed"][1]
+        else:  # AWQ's qweight [K, N / 8], GPTQ's [K / words, N]; scales [K / G, N]
+            rows, n = shapes[f"{prefix}.qweight"][0], shapes[f"{prefix}.scales"][1]
+            k = rows if scheme.method == "awq" else words * rows
+        matrices[f"{prefix}.weight"] = (n, k)
+
+    def group_of(k: int) -> int:  # (8-bit scales a row are spread over groups of 128, as the loader does)
+        if scheme.group_size > 0:
+            return scheme.group_size
+        return fitting_group(k, ROW_GROUP) if bits == 8 else k
+
     layouts: dict[str, set] = defaultdict(set)
     for name, (_, k) in matrices.items():
         if (expert := expert_shard(name)) is not None:
-            layouts[expert[0]].add((4, group_size if group_size > 0 else k, k))
+            layouts[expert[0]].add((bits, group_of(k), k))
+    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     for name, (n, k) in matrices.items():
-        group = group_size if group_size > 0 else k
         expert = expert_shard(name)
-        packed = fused_kernel_takes(4, group) if expert is None else stack_stays_packed(layouts[expert[0]])
-        tensors.append((name, (n, k), stored_nbytes((n, k), 4, group) if packed else None))
-    suffixes = tuple(f".{p}" for p in parts)
-    tensors += [(name, shape, None) for name, shape in shapes.items() if not name.endswith(suffixes)]
+        takes = fused_kernel_takes(bits, group_of(k))
+        packed = takes if expert is None else stack_stays_packed(layouts[expert[0]])
+        tensors.append((name, (n, k), stored_nbytes((n, k), bits, group_of(k)) if packed else None))
+    held = {f"{prefix}.{part}" for prefix in layers for part in parts}
+    tensors += [(name, shape, None) for name, shape in shapes.items() if name not in held]
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
 
 

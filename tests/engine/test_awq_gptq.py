@@ -1,4 +1,4 @@
-"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (engine/formats/hf_int4.py): written here as
+"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (engine/formats/hf_intq.py): written here as
 AutoAWQ, AutoGPTQ and llm-compressor pack them, from codes, scales and zero points chosen so that every
 weight they stand for is exact in fp32 and each -zero x scale exact in fp16; the engine reads them as those
 weights (dense on the CPU, packed through the fused kernels when Triton runs), matching transformers run
@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM
 from engine.errors import NinferError
+from engine.plan.model import resolve
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 from engine.quant.cpu import CpuInt4Weight
@@ -175,7 +176,6 @@ def test_cpu_int4_and_conversion(tmp_path):
 def test_plan_counts_the_layers_packed(tmp_path):
     """`ninfer plan` on an AWQ checkpoint: its 4-bit layers at ninfer's packed bytes (codes, fp16 scales and
     minimums per group), not at 16 bits."""
-    from engine.plan.model import resolve
 
     model = tiny_hf_model("qwen3", tied=False, seed=3)
     path = save_int4(model, tmp_path / "awq", "awq")
@@ -192,7 +192,8 @@ def test_plan_counts_the_layers_packed(tmp_path):
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"bits": 8}, "gptq at 8 bits; ninfer reads 4-bit GPTQ checkpoints"),
+        ({"bits": 3}, "gptq at 3 bits; ninfer reads 4 and 8-bit GPTQ checkpoints"),
+        ({"bits": 8}, "is asymmetric 8-bit GPTQ; ninfer reads 8-bit GPTQ made with sym: true"),
         ({"desc_act": True}, "GPTQ with act-order (desc_act)"),
         ({"checkpoint_format": "marlin"}, "GPTQ in the marlin format"),
         ({"group_size": "x"}, "group_size 'x' is not a positive whole number or -1"),
@@ -233,7 +234,8 @@ def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
     [
         ({"actorder": "group"}, "compressed-tensors W4A16 with act-order"),
         ({"strategy": "tensor"}, "its 4-bit groups mix strategies or sizes"),
-        ({"num_bits": 8}, "quantization_config: compressed-tensors pack-quantized"),
+        ({"num_bits": 8, "symmetric": False}, "quantization_config: compressed-tensors pack-quantized"),
+        ({"num_bits": 2}, "quantization_config: compressed-tensors pack-quantized"),
     ],
 )
 def test_compressed_tensors_that_is_not_read_is_refused(tmp_path, weights, words):
@@ -262,3 +264,81 @@ def test_the_rest_is_arranged_as_its_architecture_stores_it(tmp_path):
     )
     llm = LLM(path, weight_quant="none")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2"):
+    """`model` saved as a symmetric 8-bit checkpoint: GPTQ (`fmt` gptq: zero points stored as 127),
+    compressed-tensors pack-quantized or int-quantized (W8A8; group -1: a scale a row); scales multiples of
+    1 / 4096, so the weights they stand for are exact. The model's matrices become those weights."""
+    save_tiny(model, path)
+    tensors, held, out = load_file(path / "model.safetensors"), {}, {}
+    for name, w in tensors.items():
+        if not _quantized(name, w):
+            out[name] = w
+            continue
+        prefix, (n, k) = name[: -len(".weight")], w.shape
+        g = k if group == -1 else group
+        rows = w.reshape(n, k // g, g)
+        scales = (torch.ceil(rows.abs().amax(-1) / 127 * 4096).clamp(min=1) / 4096).half()  # [N, K / g]
+        codes = torch.round(rows / scales.float()[..., None]).clamp(-127, 127).reshape(n, k)
+        held[name] = (codes.reshape(n, k // g, g) * scales.float()[..., None]).reshape(n, k)
+        stored = (codes + 128).to(torch.uint8)  # [N, K]
+        if method == "gptq":  # qweight [K / 4, N]: a byte a row; qzeros [K / G, N / 4]
+            out[f"{prefix}.qweight"] = (
+                stored.t().reshape(k // 4, 4, n).permute(0, 2, 1).contiguous().view(torch.int32)[..., 0]
+            )
+            zeros = torch.full((k // g, n), 127 if fmt == "gptq" else 128, dtype=torch.uint8)
+            out[f"{prefix}.qzeros"] = zeros.view(k // g, n // 4, 4).contiguous().view(torch.int32)[..., 0]
+            out[f"{prefix}.scales"] = scales.t().contiguous()
+            out[f"{prefix}.g_idx"] = torch.arange(k, dtype=torch.int32) // g
+        elif method == CT:  # weight_packed [N, K / 4]: a byte a column
+            out[f"{prefix}.weight_packed"] = stored.view(n, k // 4, 4).contiguous().view(torch.int32)[..., 0]
+            out[f"{prefix}.weight_scale"] = scales
+        else:  # int-quantized: the int8 weight itself
+            out[f"{prefix}.weight"] = codes.to(torch.int8)
+            out[f"{prefix}.weight_scale"] = scales
+    save_file(out, path / "model.safetensors")
+    if method == "gptq":
+        quant = {
+            "quant_method": "gptq",
+            "bits": 8,
+            "group_size": group,
+            "sym": True,
+            "checkpoint_format": fmt,
+        }
+    else:
+        strategy = {"strategy": "channel"} if group == -1 else {"strategy": "group", "group_size": group}
+        weights = {"num_bits": 8, "type": "int", "symmetric": True, **strategy}
+        fmt_name = "pack-quantized" if method == CT else "int-quantized"
+        quant = {"quant_method": CT, "format": fmt_name, "config_groups": {"g": {"weights": weights}}}
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
+    hold_weights(model, held)
+    return path
+
+
+EIGHT_BIT = [("gptq", "gptq", 32), ("gptq", "gptq_v2", -1), (CT, "", 32), ("int8", "", -1), ("int8", "", 32)]
+
+
+@pytest.mark.parametrize("method, fmt, group", EIGHT_BIT)
+def test_eight_bit_read_as_the_weights_they_stand_for(tmp_path, method, fmt, group):
+    """Symmetric 8-bit GPTQ and compressed-tensors (packed W8A16, int8 W8A8; a scale a group or a row):
+    ninfer's 8-bit groups, the CPU's int8 and the packed kernels all give transformers' logprobs."""
+    model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
+    path = save_int8(model, tmp_path / "m", method, group, fmt)
+    dense = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(dense, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    planned = resolve(str(path), None, None, None, False, False)
+    assert planned.packed_weights and planned.recipe.endswith("8-bit (as stored)")
+
+
+@pytest.mark.parametrize("method, fmt, group", EIGHT_BIT[::2])
+def test_eight_bit_packed_through_the_fused_kernels(tmp_path, kernel_backend, method, fmt, group):
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int8(model, tmp_path / "m", method, group, fmt)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
+    weight = llm.model.model.layers[0].mlp.down_proj.qweight
+    assert weight is not None and weight.bits == 8
+    got = sequence_logprobs(llm, PROMPT).cpu()
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3

@@ -96,39 +96,29 @@ def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split, bl
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
-def int8_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 codes, scale per row's group of `group` columns [N, K / group], the weights they stand for):
-    symmetric, -128..127, as llm-compressor's W8A8 writes them (group = K: one scale a row)."""
-    n, k = w.shape
-    g = w.reshape(n, k // group, group)
-    scale = g.abs().amax(-1).clamp(min=1e-12) / 127
-    codes = torch.round(g / scale[..., None]).clamp(-128, 127).to(torch.int8)
-    held = (codes.float() * scale[..., None]).to(torch.bfloat16).float().reshape(n, k)
-    return codes.reshape(n, k), scale, held
+def test_compressed_tensors_int8_per_tensor(tmp_path):
+    """llm-compressor's int8 with one scale a tensor (`int-quantized`, strategy tensor) loads as the weights
+    it stands for, dequantized (a scale a row or a group stays 8-bit: engine/formats/hf_intq.py)."""
+    from engine.plan.model import resolve
 
-
-@pytest.mark.parametrize("strategy", ["channel", "group"])
-def test_compressed_tensors_int8(tmp_path, strategy):
-    """llm-compressor's W8A8 int8 (`int-quantized`): int8 codes with a `weight_scale` per row or per group
-    of a row's columns, read as the weights they stand for (activations stay 16-bit)."""
     model = tiny_hf_model("qwen3", tied=False, seed=4)
-    weights = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy}
-    weights.update({"group_size": 32} if strategy == "group" else {})
+    weights = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor"}
     quantization = {
         "quant_method": "compressed-tensors",
         "format": "int-quantized",
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
     }
-    quantize = lambda w: int8_groups(w, 32 if strategy == "group" else w.shape[1])  # noqa: E731
-    path = save_fp8(model, tmp_path / "w8a8", quantization, quantize, "_scale")
+
+    def per_tensor(w):
+        scale = w.abs().max() / 127
+        codes = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
+        return codes, scale.reshape(1), (codes.float() * scale).to(torch.bfloat16).float()
+
+    path = save_fp8(model, tmp_path / "w8a8", quantization, per_tensor, "_scale")
     llm = LLM(path, weight_quant="none")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
-    from engine.plan.model import resolve
-
-    assert (
-        resolve(str(path), None, None, None, False, False).recipe
-        == "INT8 held as bf16, dequantized as it loads"
-    )
+    planned = resolve(str(path), None, None, None, False, False)
+    assert planned.recipe == "INT8 held as bf16, dequantized as it loads"
 
 
 def test_compressed_tensors_float8_per_row(tmp_path):

@@ -1,6 +1,7 @@
-"""AWQ, GPTQ and compressed-tensors 4-bit HF checkpoints (Qwen's `-AWQ` and `-GPTQ-Int4` releases,
-AutoAWQ's, GPTQModel's and llm-compressor's W4A16 output) read as ninfer's own 4-bit groups, so the fused
-W4A16 kernels multiply them as they are.
+"""Integer-quantized HF checkpoints read as ninfer's own groups, so the fused W4A16 / W8A16 kernels multiply
+them as they are: AWQ, GPTQ and compressed-tensors at 4 bits (Qwen's `-AWQ` and `-GPTQ-Int4` releases,
+AutoAWQ's, GPTQModel's and llm-compressor's W4A16), and symmetric 8-bit GPTQ and compressed-tensors
+(`-GPTQ-Int8`, llm-compressor's W8A16 and W8A8, whose int8 activations are not needed: they stay 16-bit).
 
 AWQ and GPTQ store a linear layer's W [N, K] as `qweight` (int32 words of eight 4-bit codes), `qzeros`
 (the groups' zero points, packed the same way) and fp16 `scales` [K / G, N], groups of G input columns:
@@ -15,6 +16,11 @@ w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
   `weight_packed` [N, K / 8] packed along the input dimension (nibble i of word c holds column 8 c + i),
   each code stored plus 8; `weight_scale` [N, K / G]; `weight_zero_point` [N / 8, K / G] packed along
   the output dimension, plus 8 too (asymmetric schemes; a symmetric one has none: 8); `weight_shape` (N, K).
+* 8 bits, symmetric only (ninfer's 8-bit groups are q * scale): GPTQ's qweight [K / 4, N] holds a byte a row
+  (byte i of word r: row 4 r + i), each code plus 128 (its zero point, stored as 127 in the original
+  format); compressed-tensors' `weight_packed` [N, K / 4] a byte a column, plus 128; its `int-quantized`
+  format (W8A8) the int8 `weight` itself with a `weight_scale` per row or per group (a row's scale is
+  repeated over ninfer's groups of 128).
 ninfer's groups (engine/quant/groupwise.py) hold w = q * scale + minimum: the codes and scales are the
 checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step). Matrices the tool left in
 16 bits (lm_head, embeddings, a router) stream as they are.
@@ -32,10 +38,11 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.source import ModelSource, WeightIterator
-from engine.quant.groupwise import QuantizedTensor, dequantize, pack
+from engine.quant.groupwise import QuantizedTensor, dequantize, fitting_group, pack
 from engine.tokenizer import Tokenizer
 
-# a layer's tensors, by method: (codes, zero points, scales, group index, shape)
+# a layer's tensors, by method, the first the one every quantized layer has: (codes, zero points, scales,
+# group index, shape); W8A8's codes are its `weight`, so its layers are found by their scale
 PARTS = {
     "awq": ("qweight", "qzeros", "scales", "g_idx"),
     "gptq": ("qweight", "qzeros", "scales", "g_idx"),
@@ -46,28 +53,35 @@ PARTS = {
         "weight_g_idx",
         "weight_shape",
     ),
+    "int8": ("weight_scale", "weight", "weight_zero_point", "weight_g_idx"),
 }
 CT = "compressed-tensors"
+INT8 = "int8"  # compressed-tensors' int-quantized format
+ROW_GROUP = 128  # the group a scale per row is spread over
 AWQ_COLUMNS = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word's eight is its nibble AWQ_COLUMNS[j]
 
 
 @dataclass(frozen=True)
-class Int4Scheme:
-    method: str  # "awq", "gptq" or "compressed-tensors"
+class IntScheme:
+    method: str  # "awq", "gptq", "compressed-tensors" or "int8"
     group_size: int  # input columns a group (-1: the whole row)
     zero_offset: int  # added to a stored zero point (GPTQ's original format stores it minus one)
+    bits: int = 4
 
     @property
     def label(self) -> str:
-        return {"awq": "AWQ", "gptq": "GPTQ"}.get(self.method, self.method) + " 4-bit"
+        name = {"awq": "AWQ", "gptq": "GPTQ", INT8: "compressed-tensors"}.get(self.method, self.method)
+        return f"{name} {self.bits}-bit"
 
 
-def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: str) -> Int4Scheme:
+def int_scheme(quant: dict[str, Any], method: str, architecture: str, where: str) -> IntScheme:
     """The scheme of an AWQ / GPTQ quantization_config, or a one-line refusal of what ninfer cannot read."""
     bits, group = quant.get("bits", quant.get("w_bit")), quant.get("group_size", quant.get("q_group_size"))
-    if bits != 4:
+    widths = (4,) if method == "awq" else (4, 8)
+    if bits not in widths:
         raise NinferError(
-            f"{where} is {method} at {bits} bits; ninfer reads 4-bit {method.upper()} checkpoints"
+            f"{where} is {method} at {bits} bits; ninfer reads {' and '.join(map(str, widths))}-bit "
+            f"{method.upper()} checkpoints"
         )
     if not isinstance(group, int) or not (group == -1 or group > 0):
         raise NinferError(f"{where}: its {method} group_size {group!r} is not a positive whole number or -1")
@@ -76,8 +90,8 @@ def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: st
             f"{where}: a Qwen3-Next checkpoint quantized by {method} is not read (its fused projections would "
             "need splitting in their packed form); give the bf16 checkpoint or a GGUF file"
         )
-    if method == CT:
-        return Int4Scheme(CT, group, 0)
+    if method in (CT, INT8):
+        return IntScheme(method, group, 0, bits)
     if method == "awq":
         version = str(quant.get("version", "gemm")).lower()
         if version != "gemm" or quant.get("zero_point", True) is not True:
@@ -85,7 +99,7 @@ def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: st
                 f"{where} is AWQ {version}{'' if quant.get('zero_point', True) else ' without zero points'}; "
                 "ninfer reads AWQ's gemm layout with zero points (AutoAWQ's default)"
             )
-        return Int4Scheme("awq", group, 0)
+        return IntScheme("awq", group, 0)
     if quant.get("desc_act"):
         raise NinferError(
             f"{where} is GPTQ with act-order (desc_act), whose groups are not contiguous rows; use a GPTQ "
@@ -94,24 +108,39 @@ def int4_scheme(quant: dict[str, Any], method: str, architecture: str, where: st
     fmt = str(quant.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
         raise NinferError(f"{where} is GPTQ in the {fmt} format; ninfer reads the gptq and gptq_v2 formats")
-    return Int4Scheme("gptq", group, 1 if fmt == "gptq" else 0)
+    if bits == 8 and quant.get("sym") is False:
+        raise NinferError(f"{where} is asymmetric 8-bit GPTQ; ninfer reads 8-bit GPTQ made with sym: true")
+    return IntScheme("gptq", group, 1 if fmt == "gptq" else 0, bits)
 
 
-def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: str) -> Int4Scheme | None:
-    """The scheme of a compressed-tensors `pack-quantized` config whose weights are all 4-bit integers in
-    one group size (None where they are not: refused by the caller)."""
+def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: str) -> IntScheme | None:
+    """The scheme of a compressed-tensors config (`pack-quantized`: 4- or symmetric 8-bit integers;
+    `int-quantized`: symmetric 8-bit) whose weights are all one width in one group size (None where they are
+    not: refused by the caller)."""
+    packed = quant.get("format") == "pack-quantized"
     weights = [g.get("weights") or {} for g in (quant.get("config_groups") or {}).values()]
-    if not weights or any(w.get("type") != "int" or w.get("num_bits") != 4 for w in weights):
+    widths = {w.get("num_bits") for w in weights}
+    if not weights or any(w.get("type") != "int" for w in weights) or len(widths) != 1:
+        return None
+    bits = widths.pop()
+    if bits not in ((4, 8) if packed else (8,)) or (
+        bits == 8 and not all(w.get("symmetric") for w in weights)
+    ):
         return None
     if any(w.get("actorder") not in (None, False) for w in weights):
         raise NinferError(
-            f"{where} is compressed-tensors W4A16 with act-order, whose groups are not contiguous columns; "
-            "ninfer does not read it (use one made without actorder, or the bf16 checkpoint)"
+            f"{where} is compressed-tensors W{bits}A16 with act-order, whose groups are not contiguous "
+            "columns; ninfer does not read it (use one made without actorder, or the bf16 checkpoint)"
         )
+    if not packed and any(w.get("strategy") not in ("group", "channel") for w in weights):
+        return None  # (int8 per tensor: dequantized as it streams, engine/formats/hf_quant.py)
     groups = {w.get("group_size") if w.get("strategy") == "group" else -1 for w in weights}
     if len(groups) != 1 or any(w.get("strategy") not in ("group", "channel") for w in weights):
-        raise NinferError(f"{where}: its 4-bit groups mix strategies or sizes ({sorted(map(str, groups))})")
-    return int4_scheme({"bits": 4, "group_size": groups.pop()}, CT, architecture, where)
+        raise NinferError(
+            f"{where}: its {bits}-bit groups mix strategies or sizes ({sorted(map(str, groups))})"
+        )
+    method = CT if packed else INT8
+    return int_scheme({"bits": bits, "group_size": groups.pop()}, method, architecture, where)
 
 
 def _bytes(words: torch.Tensor) -> torch.Tensor:
@@ -133,12 +162,14 @@ def _awq_columns(words: torch.Tensor) -> torch.Tensor:
     return codes.view(*codes.shape[:-1], -1, 8)[..., list(AWQ_COLUMNS)].flatten(-2)
 
 
-def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
-    """One linear layer's tensors (PARTS, by their last names) as a 4-bit QuantizedTensor of W [N, K]."""
-    needed = ("weight_packed", "weight_scale") if scheme.method == CT else PARTS[scheme.method][:3]
-    missing = [p for p in needed if p not in parts]
+def to_groupwise(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> QuantizedTensor:
+    """One linear layer's tensors (PARTS, by their last names) as a QuantizedTensor of W [N, K]."""
+    needed = {CT: ("weight_packed", "weight_scale"), INT8: ("weight", "weight_scale")}
+    missing = [p for p in needed.get(scheme.method, PARTS[scheme.method][:3]) if p not in parts]
     if missing:
         raise NinferError(f"{name}: the checkpoint lacks its {', '.join(missing)}; download it again")
+    if scheme.bits == 8:
+        return _eight_bit(parts, scheme, name)
     if scheme.method == CT:
         return _compressed_tensors(parts, scheme, name)
     scales = parts["scales"]  # [K / G, N]
@@ -165,7 +196,7 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) 
     return _groupwise(packed, scales.t(), zeros.t(), group, (n, k))
 
 
-def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name: str) -> QuantizedTensor:
+def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> QuantizedTensor:
     scales = parts["weight_scale"].float()  # [N, K / G]
     words = parts["weight_packed"]  # [N, ceil(K / 8)]
     n, groups = scales.shape
@@ -187,6 +218,54 @@ def _compressed_tensors(parts: dict[str, torch.Tensor], scheme: Int4Scheme, name
     else:  # codes past K (a padded last word, a last group cut short) are zero
         packed = pack(torch.nn.functional.pad(_nibbles(words)[:, :k], (0, kp - k)), 4)
     return _groupwise(packed, scales, zeros, group, (n, k))
+
+
+def _eight_bit(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> QuantizedTensor:
+    """A symmetric 8-bit layer as ninfer's 8-bit groups: int8 codes [N, Kp] and a scale a group."""
+    if scheme.method == "gptq":  # qweight [K / 4, N], a byte a row; qzeros [K / G, N / 4]; scales [K / G, N]
+        qweight, scales = parts["qweight"], parts["scales"].t()
+        k, n = 4 * qweight.shape[0], qweight.shape[1]
+        codes = _bytes(qweight).view(k // 4, n, 4).permute(1, 0, 2).reshape(n, k)
+        zeros = _bytes(parts["qzeros"]).view(parts["qzeros"].shape[0], -1).int() + scheme.zero_offset
+        if zeros.shape != (scales.shape[1], n) or bool((zeros != 128).any()):
+            raise NinferError(
+                f"{name}: its zero points are not all 128 (asymmetric), which ninfer does not read"
+            )
+        g_idx = parts.get("g_idx")
+    elif scheme.method == CT:  # weight_packed [N, K / 4], a byte a column; weight_scale [N, K / G]
+        words, scales = parts["weight_packed"], parts["weight_scale"]
+        codes = _bytes(words).view(words.shape[0], -1)
+        shape = parts.get("weight_shape")
+        n, k = codes.shape[0], int(shape[1]) if shape is not None else codes.shape[1]
+        codes, g_idx = codes[:, :k], parts.get("weight_g_idx")
+    else:  # int-quantized: the int8 weight [N, K]; weight_scale [N, K / G], [N, 1] or one
+        codes, scales, g_idx = parts["weight"], parts["weight_scale"], parts.get("weight_g_idx")
+        n, k = codes.shape
+    if codes.dtype == torch.uint8:  # stored plus 128
+        codes = (codes ^ 0x80).view(torch.int8)
+    scales = (
+        scales.float().reshape(n, -1) if scales.numel() > 1 else scales.float().reshape(1, 1).expand(n, 1)
+    )
+    stored_group = k if scheme.group_size == -1 else scheme.group_size
+    if codes.dtype != torch.int8 or scales.shape[0] != n or scales.shape[1] != -(-k // stored_group):
+        raise NinferError(
+            f"{name}: its codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not make one {n} x {k} "
+            f"matrix in groups of {stored_group}; download it again"
+        )
+    _check_groups(g_idx, k, stored_group, f"{name} group index")
+    group = stored_group
+    if scales.shape[1] == 1:  # a scale a row, spread over groups the kernels take
+        group = fitting_group(k, ROW_GROUP)
+        scales = scales.expand(n, -(-k // group))
+    kp = scales.shape[1] * group
+    return QuantizedTensor(
+        bits=8,
+        group_size=group,
+        shape=(n, k),
+        packed=torch.nn.functional.pad(codes, (0, kp - k)).contiguous(),
+        scales=scales.half().contiguous(),
+        minimums=None,
+    )
 
 
 def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> None:
@@ -214,15 +293,9 @@ def _groupwise(
 
 
 def _split(names: list[str], parts: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(the quantized layers' prefixes, in order, the other tensors' names)."""
-    layers: dict[str, None] = {}
-    rest = []
-    for name in names:
-        prefix, _, part = name.rpartition(".")
-        if part in parts:
-            layers[prefix] = None
-        else:
-            rest.append(name)
+    """(the quantized layers' prefixes, in order: those with parts[0]; the other tensors' names)."""
+    layers = {name.rpartition(".")[0]: None for name in names if name.rpartition(".")[2] == parts[0]}
+    rest = [n for n in names if not (n.rpartition(".")[0] in layers and n.rpartition(".")[2] in parts)]
     return list(layers), rest
 
 
@@ -231,7 +304,7 @@ def load(
     tokenizer: Tokenizer | None,
     names: list[str],
     read: Callable[[str], torch.Tensor],
-    scheme: Int4Scheme,
+    scheme: IntScheme,
     description: str,
     arranged: Callable[[WeightIterator], WeightIterator] = lambda tensors: tensors,
 ) -> ModelSource:
@@ -259,7 +332,7 @@ def load(
         tokenizer,
         weights,
         f"{description}, {scheme.label}",
-        {f"{prefix}.weight": 4 for prefix in layers},
+        {f"{prefix}.weight": scheme.bits for prefix in layers},
         quantized_weights=quantized,
         unquantized_weights=unquantized,
     )
