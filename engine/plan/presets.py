@@ -106,6 +106,35 @@ _CONFIGS = {
         moe_intermediate_size=768,
         norm_topk_prob=True,
     ),
+    # Qwen3-VL-30B-A3B (Instruct, Thinking): Qwen3-30B-A3B's layers with M-RoPE, and a vision tower whose
+    # blocks 8, 16 and 24 feed deepstack levels into the first three layers (--vision)
+    "qwen3-vl-30b-a3b": {
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+        "model_type": "qwen3_vl_moe",
+        "tie_word_embeddings": False,
+        "vision_config": {**_QWEN35_VISION, "out_hidden_size": 2048, "deepstack_visual_indexes": [8, 16, 24]},
+        "text_config": {
+            "hidden_size": 2048,
+            "num_hidden_layers": 48,
+            "intermediate_size": 6144,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768,
+            "vocab_size": 151936,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            "rope_scaling": {
+                "rope_type": "default",
+                "mrope_section": [24, 20, 20],
+                "mrope_interleaved": True,
+            },
+            "rope_theta": 5e6,
+            "dtype": "bfloat16",
+        },
+    },
     # Qwen3-Next-80B-A3B (Instruct, Thinking; Qwen3-Coder-Next has its shapes): the hybrid of Qwen3.5 with 512
     # experts of width 512 a layer, 10 a token, and a shared expert; an MTP head
     "qwen3-next-80b-a3b": {

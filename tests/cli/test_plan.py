@@ -81,6 +81,21 @@ def test_moe_preset_counts_every_expert():
     assert plan["context"] >= 32768 and "--max-concurrency" in plan["serve"]
 
 
+def test_qwen3_vl_moe_preset_holds_its_tower_only_with_vision():
+    """Qwen3-VL-30B-A3B: Qwen3-30B-A3B's text model (~16 GiB at q4.6), and with --vision its tower in bf16
+    (~1 GiB, deepstack mergers included)."""
+    rows = {}
+    for flags in ((), ("--vision",)):
+        code, out = _run(
+            "plan", "--model", "qwen3-vl-30b-a3b", "--vram", "24G", "--sm", "86", "--json", *flags
+        )
+        assert code == 0, out
+        rows[flags] = {r["component"]: r["bytes"] for r in json.loads(out)["plan"]["ledger"]}
+    text = sum(b for c, b in rows[()].items() if c.startswith("weights"))
+    assert 16.0 < text / 2**30 < 17.5 and rows[()].get("weights: vision tower", 0) == 0
+    assert 0.9 < rows[("--vision",)]["weights: vision tower"] / 2**30 < 1.2
+
+
 def test_qwen3_next_preset_fits_an_80_gib_card_at_180k():
     """Qwen3-Next-80B-A3B: 512 experts a layer held (~80B weights, ~43 GiB at q4.6); its 12 attention layers
     of 2 KV heads keep 180K at C2 in a few GiB of KV."""
