@@ -10,8 +10,7 @@ w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
   word's nibble i holds column 8 c + (0, 2, 4, 6, 1, 3, 5, 7)[i]), qzeros [K / G, N / 8] alike.
 * GPTQ: qweight [K / 8, N] packed along the input dimension (nibble i of word r holds row 8 r + i), qzeros
   [K / G, N / 8] along the output one; the original format (`checkpoint_format: gptq`) stores each zero
-  point minus one, `gptq_v2` as it is. `g_idx` must give contiguous groups: act-order checkpoints
-  (desc_act, where rows of a group are scattered) are refused.
+  point minus one, `gptq_v2` as it is; `g_idx` gives each row's group.
 * compressed-tensors (`format: pack-quantized`, 4-bit int weights, group or channel strategy):
   `weight_packed` [N, K / 8] packed along the input dimension (nibble i of word c holds column 8 c + i),
   each code stored plus 8; `weight_scale` [N, K / G]; `weight_zero_point` [N / 8, K / G] packed along
@@ -23,14 +22,17 @@ w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
   repeated over ninfer's groups of 128).
 ninfer's groups (engine/quant/groupwise.py) hold w = q * scale + minimum: the codes and scales are the
 checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step). Matrices the tool left in
-16 bits (lm_head, embeddings, a router) stream as they are.
+16 bits (lm_head, embeddings, a router) stream as they are. An act-order checkpoint (GPTQ's desc_act,
+compressed-tensors' actorder) scatters each group over the input columns, which the packed kernels cannot
+follow: its layers load dequantized, as the 16-bit weights they stand for (`ninfer convert` packs them
+again, at a recipe).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,11 +69,12 @@ class IntScheme:
     group_size: int  # input columns a group (-1: the whole row)
     zero_offset: int  # added to a stored zero point (GPTQ's original format stores it minus one)
     bits: int = 4
+    act_order: bool = False  # groups scattered over the input columns (g_idx): the layers load dequantized
 
     @property
     def label(self) -> str:
         name = {"awq": "AWQ", "gptq": "GPTQ", INT8: "compressed-tensors"}.get(self.method, self.method)
-        return f"{name} {self.bits}-bit"
+        return f"{name} {self.bits}-bit" + (" act-order" if self.act_order else "")
 
 
 def int_scheme(quant: dict[str, Any], method: str, architecture: str, where: str) -> IntScheme:
@@ -100,17 +103,12 @@ def int_scheme(quant: dict[str, Any], method: str, architecture: str, where: str
                 "ninfer reads AWQ's gemm layout with zero points (AutoAWQ's default)"
             )
         return IntScheme("awq", group, 0)
-    if quant.get("desc_act"):
-        raise NinferError(
-            f"{where} is GPTQ with act-order (desc_act), whose groups are not contiguous rows; use a GPTQ "
-            "checkpoint made without desc_act, an AWQ one, or the bf16 checkpoint with `ninfer convert`"
-        )
     fmt = str(quant.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
         raise NinferError(f"{where} is GPTQ in the {fmt} format; ninfer reads the gptq and gptq_v2 formats")
     if bits == 8 and quant.get("sym") is False:
         raise NinferError(f"{where} is asymmetric 8-bit GPTQ; ninfer reads 8-bit GPTQ made with sym: true")
-    return IntScheme("gptq", group, 1 if fmt == "gptq" else 0, bits)
+    return IntScheme("gptq", group, 1 if fmt == "gptq" else 0, bits, bool(quant.get("desc_act")))
 
 
 def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: str) -> IntScheme | None:
@@ -127,11 +125,6 @@ def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: s
         bits == 8 and not all(w.get("symmetric") for w in weights)
     ):
         return None
-    if any(w.get("actorder") not in (None, False) for w in weights):
-        raise NinferError(
-            f"{where} is compressed-tensors W{bits}A16 with act-order, whose groups are not contiguous "
-            "columns; ninfer does not read it (use one made without actorder, or the bf16 checkpoint)"
-        )
     if not packed and any(w.get("strategy") not in ("group", "channel") for w in weights):
         return None  # (int8 per tensor: dequantized as it streams, engine/formats/hf_quant.py)
     groups = {w.get("group_size") if w.get("strategy") == "group" else -1 for w in weights}
@@ -140,7 +133,9 @@ def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: s
             f"{where}: its {bits}-bit groups mix strategies or sizes ({sorted(map(str, groups))})"
         )
     method = CT if packed else INT8
-    return int_scheme({"bits": bits, "group_size": groups.pop()}, method, architecture, where)
+    scheme = int_scheme({"bits": bits, "group_size": groups.pop()}, method, architecture, where)
+    act_order = any(w.get("actorder") not in (None, False) for w in weights)
+    return replace(scheme, act_order=act_order)
 
 
 def _bytes(words: torch.Tensor) -> torch.Tensor:
@@ -268,6 +263,38 @@ def _eight_bit(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> 
     )
 
 
+def dense_act_order(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> torch.Tensor:
+    """An act-order layer as the weight [N, K] it stands for: w[n, k] = (q - z) * s of the group its group
+    index gives column k."""
+    index = "g_idx" if scheme.method == "gptq" else "weight_g_idx"
+    if index not in parts:
+        raise NinferError(f"{name}: an act-order layer without its {index}; download it again")
+    g = parts[index].long()  # [K]
+    if scheme.method == "gptq":  # qweight [K / per, N], qzeros [G, N / per], scales [G, N]
+        qweight = parts["qweight"]
+        if scheme.bits == 4:
+            codes, zeros = _nibbles(qweight.t()), _nibbles(parts["qzeros"]).t()  # [N, K], [N, G]
+        else:
+            k, n = 4 * qweight.shape[0], qweight.shape[1]
+            codes = _bytes(qweight).view(k // 4, n, 4).permute(1, 0, 2).reshape(n, k)
+            zeros = _bytes(parts["qzeros"]).view(parts["qzeros"].shape[0], -1).t()
+        zeros, scales = zeros.int() + scheme.zero_offset, parts["scales"].float().t()
+    else:  # compressed-tensors: weight_packed [N, K / per], weight_scale [N, G], weight_zero_point [N / per, G]
+        words, scales = parts["weight_packed"], parts["weight_scale"].float()
+        codes = _nibbles(words) if scheme.bits == 4 else _bytes(words).view(words.shape[0], -1)
+        zero_point = parts.get("weight_zero_point")
+        if zero_point is None:
+            zeros = torch.full(scales.shape, 8 if scheme.bits == 4 else 128)
+        else:
+            zeros = _nibbles(zero_point.t()).t()[: scales.shape[0]]
+    codes = codes[:, : g.numel()]
+    if codes.shape[0] != scales.shape[0] or int(g.max()) >= scales.shape[1] or zeros.shape != scales.shape:
+        raise NinferError(
+            f"{name}: its codes, scales and group index do not make one matrix; download it again"
+        )
+    return (codes.int() - zeros[:, g]).float() * scales[:, g]
+
+
 def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> None:
     """A group index must put the input columns in their groups in order (act-order scatters them)."""
     if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
@@ -313,6 +340,18 @@ def load(
     every matrix dequantized (the CPU, `ninfer convert`)."""
     layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
+    tensor_bits = {f"{prefix}.weight": scheme.bits for prefix in layers}
+    if scheme.act_order:  # the layers dequantized (the packed kernels take contiguous groups only)
+
+        def dense() -> WeightIterator:
+            yield from arranged((name, read(name)) for name in rest)
+            for prefix in layers:
+                parts = {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
+                yield f"{prefix}.weight", dense_act_order(parts, scheme, prefix)
+
+        return ModelSource(
+            config, tokenizer, dense, f"{description}, {scheme.label} (dequantized)", tensor_bits
+        )
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for prefix in layers:
@@ -332,7 +371,7 @@ def load(
         tokenizer,
         weights,
         f"{description}, {scheme.label}",
-        {f"{prefix}.weight": scheme.bits for prefix in layers},
+        tensor_bits,
         quantized_weights=quantized,
         unquantized_weights=unquantized,
     )

@@ -100,6 +100,10 @@ def resolve(
         config = ModelConfig.from_hf_dict(raw)
         scheme = checkpoint_quantization(raw, str(path))
         serve_arg = str(cfg_path.parent)
+        if isinstance(scheme, IntScheme) and scheme.act_order and not (recipe or bits):
+            weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
+            label = f"{scheme.label} held as bf16 (its groups are scattered), dequantized as it loads"
+            return PlannedModel(path.name, config, weights, label, serve_arg, False)
         if isinstance(scheme, IntScheme) and not (recipe or bits) and path.is_dir():
             shapes = checkpoint_shapes(path)
             weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)

@@ -74,10 +74,17 @@ def _quantized(name: str, w: torch.Tensor) -> bool:
 
 
 def save_int4(
-    model, path, method: str, group: int = 32, fmt: str = "gptq", extra_config=None, symmetric=False
+    model,
+    path,
+    method: str,
+    group: int = 32,
+    fmt: str = "gptq",
+    extra_config=None,
+    symmetric=False,
+    act_order=False,
 ):
     """`model` saved as an AWQ, GPTQ or compressed-tensors checkpoint; the model's own matrices become the
-    weights it stands for."""
+    weights it stands for. `act_order`: each group is columns scattered by a fixed permutation (g_idx)."""
     save_tiny(model, path)
     tensors, held = load_file(path / "model.safetensors"), {}
     out = {}
@@ -87,13 +94,22 @@ def save_int4(
             continue
         prefix = name[: -len(".weight")]
         min_zero = 1 if fmt == "gptq" and method == "gptq" else 0
-        codes, zeros, scales, held[name] = quantize_exactly(w, group, min_zero, symmetric)
+        k = w.shape[1]
+        order = (
+            torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
+        )
+        place = torch.argsort(order)  # column k is the place[k]-th quantized
+        codes, zeros, scales, held_in_order = quantize_exactly(w[:, order], group, min_zero, symmetric)
+        codes, held[name] = codes[place].contiguous(), held_in_order[:, place]
+        g_idx = (place // group).to(torch.int32)
         if method == CT:  # each code and zero point stored plus 8 (stored as is: they are offset already)
             out[f"{prefix}.weight_packed"] = gptq_pack_columns(codes.t().contiguous())  # [N, K / 8]
             out[f"{prefix}.weight_scale"] = scales.t().contiguous()  # [N, K / G]
             if not symmetric:  # [N / 8, K / G], packed along the output dimension
                 out[f"{prefix}.weight_zero_point"] = gptq_pack_columns(zeros.contiguous()).t().contiguous()
             out[f"{prefix}.weight_shape"] = torch.tensor(list(w.shape))
+            if act_order:
+                out[f"{prefix}.weight_g_idx"] = g_idx
             continue
         out[f"{prefix}.scales"] = scales
         if method == "awq":
@@ -104,11 +120,11 @@ def save_int4(
                 gptq_pack_rows(codes),
                 gptq_pack_columns(stored),
             )
-            out[f"{prefix}.g_idx"] = torch.arange(w.shape[1], dtype=torch.int32) // group
+            out[f"{prefix}.g_idx"] = g_idx
     save_file(out, path / "model.safetensors")
     quant = {"quant_method": method, "bits": 4, "group_size": group}
     quant.update(
-        {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": False, "sym": False}
+        {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": act_order, "sym": False}
     )
     if method == "gptq":
         quant["checkpoint_format"] = fmt
@@ -119,6 +135,7 @@ def save_int4(
             "symmetric": symmetric,
             "strategy": "group",
             "group_size": group,
+            "actorder": "group" if act_order else None,
         }
         group_0 = {"targets": ["Linear"], "weights": weights}
         quant = {"quant_method": CT, "format": "pack-quantized", "config_groups": {"group_0": group_0}}
@@ -194,7 +211,6 @@ def test_plan_counts_the_layers_packed(tmp_path):
     [
         ({"bits": 3}, "gptq at 3 bits; ninfer reads 4 and 8-bit GPTQ checkpoints"),
         ({"bits": 8}, "is asymmetric 8-bit GPTQ; ninfer reads 8-bit GPTQ made with sym: true"),
-        ({"desc_act": True}, "GPTQ with act-order (desc_act)"),
         ({"checkpoint_format": "marlin"}, "GPTQ in the marlin format"),
         ({"group_size": "x"}, "group_size 'x' is not a positive whole number or -1"),
     ],
@@ -232,7 +248,6 @@ def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "weights, words",
     [
-        ({"actorder": "group"}, "compressed-tensors W4A16 with act-order"),
         ({"strategy": "tensor"}, "its 4-bit groups mix strategies or sizes"),
         ({"num_bits": 8, "symmetric": False}, "quantization_config: compressed-tensors pack-quantized"),
         ({"num_bits": 2}, "quantization_config: compressed-tensors pack-quantized"),
@@ -266,10 +281,11 @@ def test_the_rest_is_arranged_as_its_architecture_stores_it(tmp_path):
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
-def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2"):
-    """`model` saved as a symmetric 8-bit checkpoint: GPTQ (`fmt` gptq: zero points stored as 127),
-    compressed-tensors pack-quantized or int-quantized (W8A8; group -1: a scale a row); scales multiples of
-    1 / 4096, so the weights they stand for are exact. The model's matrices become those weights."""
+def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_order: bool = False):
+    """`model` saved as a symmetric 8-bit checkpoint: GPTQ (`fmt` gptq: zero points stored as 127;
+    `act_order`: groups of columns scattered by a fixed permutation), compressed-tensors pack-quantized or
+    int-quantized (W8A8; group -1: a scale a row); scales multiples of 1 / 4096, so the weights they stand
+    for are exact. The model's matrices become those weights."""
     save_tiny(model, path)
     tensors, held, out = load_file(path / "model.safetensors"), {}, {}
     for name, w in tensors.items():
@@ -278,10 +294,15 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2"):
             continue
         prefix, (n, k) = name[: -len(".weight")], w.shape
         g = k if group == -1 else group
-        rows = w.reshape(n, k // g, g)
+        order = (
+            torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
+        )
+        place = torch.argsort(order)  # column k is the place[k]-th quantized
+        rows = w[:, order].reshape(n, k // g, g)
         scales = (torch.ceil(rows.abs().amax(-1) / 127 * 4096).clamp(min=1) / 4096).half()  # [N, K / g]
-        codes = torch.round(rows / scales.float()[..., None]).clamp(-127, 127).reshape(n, k)
-        held[name] = (codes.reshape(n, k // g, g) * scales.float()[..., None]).reshape(n, k)
+        codes = torch.round(rows / scales.float()[..., None]).clamp(-127, 127)
+        held[name] = (codes * scales.float()[..., None]).reshape(n, k)[:, place]
+        codes = codes.reshape(n, k)[:, place]
         stored = (codes + 128).to(torch.uint8)  # [N, K]
         if method == "gptq":  # qweight [K / 4, N]: a byte a row; qzeros [K / G, N / 4]
             out[f"{prefix}.qweight"] = (
@@ -290,7 +311,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2"):
             zeros = torch.full((k // g, n), 127 if fmt == "gptq" else 128, dtype=torch.uint8)
             out[f"{prefix}.qzeros"] = zeros.view(k // g, n // 4, 4).contiguous().view(torch.int32)[..., 0]
             out[f"{prefix}.scales"] = scales.t().contiguous()
-            out[f"{prefix}.g_idx"] = torch.arange(k, dtype=torch.int32) // g
+            out[f"{prefix}.g_idx"] = (place // g).to(torch.int32)
         elif method == CT:  # weight_packed [N, K / 4]: a byte a column
             out[f"{prefix}.weight_packed"] = stored.view(n, k // 4, 4).contiguous().view(torch.int32)[..., 0]
             out[f"{prefix}.weight_scale"] = scales
@@ -305,6 +326,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2"):
             "group_size": group,
             "sym": True,
             "checkpoint_format": fmt,
+            "desc_act": act_order,
         }
     else:
         strategy = {"strategy": "channel"} if group == -1 else {"strategy": "group", "group_size": group}
@@ -342,3 +364,34 @@ def test_eight_bit_packed_through_the_fused_kernels(tmp_path, kernel_backend, me
     assert weight is not None and weight.bits == 8
     got = sequence_logprobs(llm, PROMPT).cpu()
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("method, fmt", [("gptq", "gptq"), (CT, "symmetric"), (CT, "asymmetric")])
+def test_act_order_layers_load_dequantized(tmp_path, method, fmt):
+    """GPTQ's desc_act / compressed-tensors' actorder scatter each group over the input columns (g_idx),
+    which the packed kernels cannot follow: those layers load as the weights they stand for, 16-bit, and
+    `plan` counts them so."""
+    model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
+    path = save_int4(model, tmp_path / "m", method, fmt=fmt, symmetric=fmt == "symmetric", act_order=True)
+    llm = LLM(path, weight_quant="none")
+    assert llm.description.endswith("4-bit act-order (dequantized)")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    planned = resolve(str(path), None, None, None, False, False)
+    assert not planned.packed_weights and "act-order held as bf16" in planned.recipe
+
+
+def test_act_order_layers_are_not_packed_where_the_kernels_run(tmp_path, kernel_backend):
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int4(model, tmp_path / "m", "gptq", act_order=True)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
+    assert all(getattr(m, "qweight", None) is None for m in llm.model.modules())
+    got = sequence_logprobs(llm, PROMPT).cpu()
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
+
+
+def test_eight_bit_act_order_loads_dequantized(tmp_path):
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    llm = LLM(save_int8(model, tmp_path / "m", "gptq", 32, "gptq", act_order=True), weight_quant="none")
+    assert llm.description.endswith("8-bit act-order (dequantized)")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
