@@ -73,6 +73,12 @@ def _quantized(name: str, w: torch.Tensor) -> bool:
     return name.endswith("proj.weight") and w.dim() == 2 and w.shape[0] % 8 == 0 and ".visual." not in name
 
 
+def column_order(k: int, act_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the order columns are quantized in, each column's place in it): a fixed permutation for act-order."""
+    order = torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
+    return order, torch.argsort(order)
+
+
 def save_int4(
     model,
     path,
@@ -95,10 +101,7 @@ def save_int4(
         prefix = name[: -len(".weight")]
         min_zero = 1 if fmt == "gptq" and method == "gptq" else 0
         k = w.shape[1]
-        order = (
-            torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
-        )
-        place = torch.argsort(order)  # column k is the place[k]-th quantized
+        order, place = column_order(k, act_order)
         codes, zeros, scales, held_in_order = quantize_exactly(w[:, order], group, min_zero, symmetric)
         codes, held[name] = codes[place].contiguous(), held_in_order[:, place]
         g_idx = (place // group).to(torch.int32)
@@ -294,10 +297,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_or
             continue
         prefix, (n, k) = name[: -len(".weight")], w.shape
         g = k if group == -1 else group
-        order = (
-            torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
-        )
-        place = torch.argsort(order)  # column k is the place[k]-th quantized
+        order, place = column_order(k, act_order)
         rows = w[:, order].reshape(n, k // g, g)
         scales = (torch.ceil(rows.abs().amax(-1) / 127 * 4096).clamp(min=1) / 4096).half()  # [N, K / g]
         codes = torch.round(rows / scales.float()[..., None]).clamp(-127, 127)
