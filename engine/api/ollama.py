@@ -7,6 +7,7 @@ engine/api/ollama_chat.py's. Errors: Ollama's `{"error"}`.
 
 from __future__ import annotations
 
+import json
 import math
 import weakref
 from datetime import datetime, timezone
@@ -160,7 +161,8 @@ def _parameter_size(count: int) -> str:
 
 
 def _quantization(llm) -> str:
-    """What the weights are stored as: the GGUF's file type, the .ninfer's recipe, else the dtype."""
+    """What the weights are stored as: the GGUF's file type, the .ninfer's recipe, a checkpoint's
+    quantization (AWQ_4-BIT, GPTQ_8-BIT, FP8, ...), else the dtype."""
     model = str(_model_file(llm))
     if model.endswith(".gguf"):
         import gguf
@@ -177,6 +179,13 @@ def _quantization(llm) -> str:
         from engine.formats.container import read_header
 
         return str(read_header(Path(model))["__metadata__"].get("recipe", "?")).upper()
+    config = Path(model) / "config.json"
+    if config.is_file():
+        from engine.formats.hf_quant import checkpoint_quantization
+
+        scheme = checkpoint_quantization(json.loads(config.read_text()), model)
+        if scheme is not None:
+            return scheme.label.upper().replace(" ", "_")
     return str(llm.engine_config.torch_dtype).removeprefix("torch.").upper().replace("FLOAT", "F")
 
 

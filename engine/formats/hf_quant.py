@@ -39,6 +39,10 @@ class ScaledScheme:
     block: tuple[int, int] | None  # (rows, columns) of a scale's block; None: per tensor or per output row
 
     @property
+    def label(self) -> str:
+        return self.kind
+
+    @property
     def codes(self) -> tuple[torch.dtype, ...]:
         """The dtypes of the matrices stored as codes (others stream as they are)."""
         return FP8_DTYPES if self.kind == "FP8" else (torch.int8,)

@@ -395,3 +395,18 @@ def test_eight_bit_act_order_loads_dequantized(tmp_path):
     llm = LLM(save_int8(model, tmp_path / "m", "gptq", 32, "gptq", act_order=True), weight_quant="none")
     assert llm.description.endswith("8-bit act-order (dequantized)")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_ollama_names_the_quantization(tmp_path):
+    """/api/show's quantization_level for a quantized checkpoint folder: what its quantization_config says."""
+    from types import SimpleNamespace
+
+    from engine.api.ollama import _quantization
+
+    def level(path):
+        return _quantization(SimpleNamespace(engine_config=SimpleNamespace(model=str(path))))
+
+    model = tiny_hf_model("qwen3", tied=False)
+    assert level(save_int4(model, tmp_path / "a", "awq")) == "AWQ_4-BIT"
+    assert level(save_int4(model, tmp_path / "g", "gptq", act_order=True)) == "GPTQ_4-BIT_ACT-ORDER"
+    assert level(save_int8(model, tmp_path / "w", "int8", -1)) == "COMPRESSED-TENSORS_8-BIT"
