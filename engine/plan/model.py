@@ -104,14 +104,19 @@ def resolve(
             weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
             label = f"{scheme.label} held as bf16 (its groups are scattered), dequantized as it loads"
             return PlannedModel(path.name, config, weights, label, serve_arg, False)
-        if isinstance(scheme, IntScheme) and not (recipe or bits) and path.is_dir():
-            shapes = checkpoint_shapes(path)
-            weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
-            label = f"{scheme.label} (as stored)"
+        if isinstance(scheme, IntScheme) and not (recipe or bits):
+            try:
+                shapes = checkpoint_shapes(cfg_path.parent)
+            except NinferError:  # a config.json alone: its shapes at the width in groups of 128
+                weights = recipe_weight_bytes(config, f"w{scheme.bits}g128", dtype_bytes, None, mtp, vision)
+                label = f"{scheme.label} (estimated from config.json)"
+            else:
+                weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
+                label = f"{scheme.label} (as stored)"
             return PlannedModel(path.name, config, weights, label, serve_arg, True)
         if scheme is not None and not (recipe or bits):  # FP8 / int8: held as the bf16 it was made from
             weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-            label = f"{scheme.kind} held as bf16, dequantized as it loads"
+            label = f"{scheme.label} held as bf16, dequantized as it loads"
             return PlannedModel(path.name, config, weights, label, serve_arg, False)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)

@@ -195,7 +195,9 @@ def test_cpu_int4_and_conversion(tmp_path):
 
 def test_plan_counts_the_layers_packed(tmp_path):
     """`ninfer plan` on an AWQ checkpoint: its 4-bit layers at ninfer's packed bytes (codes, fp16 scales and
-    minimums per group), not at 16 bits."""
+    minimums per group), not at 16 bits; named by its config.json, the same; a config.json alone, estimated
+    at 4 bits in groups of 128."""
+    import shutil
 
     model = tiny_hf_model("qwen3", tied=False, seed=3)
     path = save_int4(model, tmp_path / "awq", "awq")
@@ -207,6 +209,11 @@ def test_plan_counts_the_layers_packed(tmp_path):
         if ".mlp." in n and n.endswith("proj.weight")
     )
     assert planned.weights["mlp"] == mlp
+    assert resolve(str(path / "config.json"), None, None, None, False, False).weights == planned.weights
+    (tmp_path / "alone").mkdir()
+    shutil.copy(path / "config.json", tmp_path / "alone" / "config.json")
+    alone = resolve(str(tmp_path / "alone" / "config.json"), None, None, None, False, False)
+    assert alone.recipe == "AWQ 4-bit (estimated from config.json)" and alone.weights["mlp"] < 2 * mlp
 
 
 @pytest.mark.parametrize(
