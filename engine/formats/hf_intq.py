@@ -134,7 +134,9 @@ def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: s
         )
     method = CT if packed else INT8
     scheme = int_scheme({"bits": bits, "group_size": groups.pop()}, method, architecture, where)
-    act_order = any(w.get("actorder") not in (None, False) for w in weights)
+    # (actorder "group" stores each column's group; "weight" / "static" only ordered the quantization:
+    # their groups are contiguous)
+    act_order = any(w.get("actorder") in ("group", True) for w in weights)
     return replace(scheme, act_order=act_order)
 
 
@@ -279,6 +281,9 @@ def dense_act_order(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str
             codes = _bytes(qweight).view(k // 4, n, 4).permute(1, 0, 2).reshape(n, k)
             zeros = _bytes(parts["qzeros"]).view(parts["qzeros"].shape[0], -1).t()
         zeros, scales = zeros.int() + scheme.zero_offset, parts["scales"].float().t()
+    elif scheme.method == INT8:  # the int8 weight [N, K], weight_scale [N, G]
+        codes, scales = parts["weight"], parts["weight_scale"].float()
+        zeros = torch.zeros(scales.shape, dtype=torch.int32)
     else:  # compressed-tensors: weight_packed [N, K / per], weight_scale [N, G], weight_zero_point [N / per, G]
         words, scales = parts["weight_packed"], parts["weight_scale"].float()
         codes = _nibbles(words) if scheme.bits == 4 else _bytes(words).view(words.shape[0], -1)

@@ -325,6 +325,8 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_or
         else:  # int-quantized: the int8 weight itself
             out[f"{prefix}.weight"] = codes.to(torch.int8)
             out[f"{prefix}.weight_scale"] = scales
+        if method != "gptq" and act_order:
+            out[f"{prefix}.weight_g_idx"] = (place // g).to(torch.int32)
     save_file(out, path / "model.safetensors")
     if method == "gptq":
         quant = {
@@ -338,6 +340,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_or
     else:
         strategy = {"strategy": "channel"} if group == -1 else {"strategy": "group", "group_size": group}
         weights = {"num_bits": 8, "type": "int", "symmetric": True, **strategy}
+        weights["actorder"] = "group" if act_order else None
         fmt_name = "pack-quantized" if method == CT else "int-quantized"
         quant = {"quant_method": CT, "format": fmt_name, "config_groups": {"g": {"weights": weights}}}
     config = json.loads((path / "config.json").read_text())
@@ -397,9 +400,10 @@ def test_act_order_layers_are_not_packed_where_the_kernels_run(tmp_path, kernel_
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
 
 
-def test_eight_bit_act_order_loads_dequantized(tmp_path):
+@pytest.mark.parametrize("method, fmt", [("gptq", "gptq"), (CT, ""), ("int8", "")])
+def test_eight_bit_act_order_loads_dequantized(tmp_path, method, fmt):
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    llm = LLM(save_int8(model, tmp_path / "m", "gptq", 32, "gptq", act_order=True), weight_quant="none")
+    llm = LLM(save_int8(model, tmp_path / "m", method, 32, fmt, act_order=True), weight_quant="none")
     assert llm.description.endswith("8-bit act-order (dequantized)")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
