@@ -24,7 +24,9 @@ FP8_METHOD = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynami
 
 
 def _quantized(name: str) -> bool:
-    return name.endswith("proj.weight")  # attention and MLP matrices (and each expert's); not the router
+    """Attention and MLP matrices (each expert's), Qwen3-Next's fused linear-attention projections; not the
+    router."""
+    return name.endswith(("proj.weight", "in_proj_qkvz.weight", "in_proj_ba.weight"))
 
 
 def fp8_blocks(w: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -82,8 +84,17 @@ def save_fp8(model, path, quantization: dict, quantize, scale_name: str, split: 
     return path
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("split, block", [(False, (24, 40)), (True, (24, 40)), (False, (16, 32))])
+@pytest.mark.parametrize(
+    "arch, split, block",
+    [
+        ("qwen3", False, (24, 40)),
+        ("qwen3", True, (24, 40)),
+        ("qwen3", False, (16, 32)),
+        ("qwen3_moe", False, (24, 40)),
+        ("qwen3_moe", True, (16, 32)),
+        ("qwen3_next", False, (24, 40)),  # its fused projections dequantized, then split
+    ],
+)
 def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split, block):
     """Blocks of 24 x 40 (rows and columns not multiples of them) or 16 x 32 (whole blocks), scales in the
     weights' shard or in another: the engine's logprobs are transformers' on the dequantized weights."""
