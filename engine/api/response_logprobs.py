@@ -87,10 +87,7 @@ class MessageLogprobs:
         for kind, value in pieces:
             if kind in ("tool_call_start", "tool_call_args"):  # (arguments come re-written, not verbatim)
                 continue
-            if kind in (
-                "tool_call",
-                "tool_call_end",
-            ):  # the call's text ends at its closing tag, or the reply
+            if kind in ("tool_call", "tool_call_end"):  # its text ends at its closing tag, or the reply
                 end = self.raw.find(CALL_CLOSE, self.cursor)
                 self.cursor = end + len(CALL_CLOSE) if end >= 0 else len(self.raw)
                 self._call_since_text = True

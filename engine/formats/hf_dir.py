@@ -65,14 +65,10 @@ def shard_files(path: Path) -> list[Path]:
     return shards
 
 
-def _reader(shards: list[Path]) -> tuple[list[str], Callable[[str], torch.Tensor | None]]:
+def _reader(names: dict[Path, list[str]]) -> tuple[list[str], Callable[[str], torch.Tensor | None]]:
     """(every tensor name, shard by shard; read(name): that tensor, from whichever shard holds it, None where
-    none does), each shard opened once."""
-    where = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            where.update(dict.fromkeys(f.keys(), shard))
-
+    none does) over each shard's tensor names (check_safetensors_header's), each shard opened once."""
+    where = {name: shard for shard, shard_names in names.items() for name in shard_names}
     handles: dict[Path, Any] = {}
 
     def read(name: str):
@@ -84,6 +80,16 @@ def _reader(shards: list[Path]) -> tuple[list[str], Callable[[str], torch.Tensor
         return handles[shard].get_tensor(name)
 
     return list(where), read
+
+
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in an HF checkpoint directory, from its safetensors headers (no data read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shard_files(path):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
 
 
 def _read_json(file: Path) -> dict:
@@ -151,8 +157,7 @@ def load_hf_dir(path: Path) -> ModelSource:
     if not config.rerank and config.architecture == "Qwen3ForCausalLM" and _is_qwen3_reranker(path):
         config = replace(config, rerank="yes_no")
     shards = shard_files(path)
-    for shard in shards:
-        check_safetensors_header(shard)
+    names = {shard: check_safetensors_header(shard) for shard in shards}
 
     def stored() -> WeightIterator:
         for shard in shards:
@@ -171,11 +176,11 @@ def load_hf_dir(path: Path) -> ModelSource:
     description = f"{path} ({len(shards)} shard(s))"
     tokenizer = Tokenizer.from_hf_dir(path)
     if isinstance(scheme, hf_intq.IntScheme):  # its 4-bit layers kept as they are, the rest arranged
-        return hf_intq.load(config, tokenizer, *_reader(shards), scheme, description, arranged)
+        return hf_intq.load(config, tokenizer, *_reader(names), scheme, description, arranged)
 
     def weights() -> WeightIterator:
         if isinstance(scheme, hf_quant.ScaledScheme):
-            return arranged(hf_quant.dequantized(stored(), _reader(shards)[1], scheme))
+            return arranged(hf_quant.dequantized(stored(), _reader(names)[1], scheme))
         return arranged(stored())
 
     return ModelSource(config, tokenizer, weights, description)

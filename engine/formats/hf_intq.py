@@ -147,6 +147,13 @@ def _bytes(words: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32).contiguous().view(torch.uint8)
 
 
+def _row_bytes(qweight: torch.Tensor) -> torch.Tensor:
+    """GPTQ's qweight [R, N], words packed along the input dimension -> uint8 [N, 4 R]: each column's bytes
+    in row order (at 4 bits ninfer's packed pairs, at 8 the codes)."""
+    rows, n = qweight.shape
+    return _bytes(qweight).view(rows, n, 4).permute(1, 0, 2).reshape(n, 4 * rows)
+
+
 def _nibbles(words: torch.Tensor) -> torch.Tensor:
     """int32 [..., W] -> codes [..., 8 W] (uint8): nibble i of word w at 8 w + i."""
     b = _bytes(words)
@@ -188,7 +195,7 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -
     if scheme.method == "awq":
         packed = pack(_awq_columns(qweight).t(), 4)
     else:
-        packed = _bytes(qweight).view(k // 8, n, 4).permute(1, 0, 2).reshape(n, k // 2)
+        packed = _row_bytes(qweight)
     zeros = zeros.to(torch.int32) + scheme.zero_offset
     return _groupwise(packed, scales.t(), zeros.t(), group, (n, k))
 
@@ -221,8 +228,8 @@ def _eight_bit(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> 
     """A symmetric 8-bit layer as ninfer's 8-bit groups: int8 codes [N, Kp] and a scale a group."""
     if scheme.method == "gptq":  # qweight [K / 4, N], a byte a row; qzeros [K / G, N / 4]; scales [K / G, N]
         qweight, scales = parts["qweight"], parts["scales"].t()
-        k, n = 4 * qweight.shape[0], qweight.shape[1]
-        codes = _bytes(qweight).view(k // 4, n, 4).permute(1, 0, 2).reshape(n, k)
+        codes = _row_bytes(qweight)
+        n, k = codes.shape
         zeros = _bytes(parts["qzeros"]).view(parts["qzeros"].shape[0], -1).int() + scheme.zero_offset
         if zeros.shape != (scales.shape[1], n) or bool((zeros != 128).any()):
             raise NinferError(
@@ -277,8 +284,7 @@ def dense_act_order(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str
         if scheme.bits == 4:
             codes, zeros = _nibbles(qweight.t()), _nibbles(parts["qzeros"]).t()  # [N, K], [N, G]
         else:
-            k, n = 4 * qweight.shape[0], qweight.shape[1]
-            codes = _bytes(qweight).view(k // 4, n, 4).permute(1, 0, 2).reshape(n, k)
+            codes = _row_bytes(qweight)
             zeros = _bytes(parts["qzeros"]).view(parts["qzeros"].shape[0], -1).t()
         zeros, scales = zeros.int() + scheme.zero_offset, parts["scales"].float().t()
     elif scheme.method == INT8:  # the int8 weight [N, K], weight_scale [N, G]
@@ -340,19 +346,26 @@ def load(
     description: str,
     arranged: Callable[[WeightIterator], WeightIterator] = lambda tensors: tensors,
 ) -> ModelSource:
-    """A ModelSource over a 4-bit checkpoint (`names`: its tensors', `read(name)` one of them): its 4-bit
-    layers as QuantizedTensors (the GPU keeps them packed), the rest as stored (`arranged`); weights() gives
-    every matrix dequantized (the CPU, `ninfer convert`)."""
+    """A ModelSource over a 4- or 8-bit checkpoint (`names`: its tensors', `read(name)` one of them): its
+    quantized layers as QuantizedTensors (the GPU keeps them packed), the rest as stored (`arranged`);
+    weights() gives every matrix dequantized (the CPU, `ninfer convert`). An act-order checkpoint's layers
+    come dequantized only."""
     layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
     tensor_bits = {f"{prefix}.weight": scheme.bits for prefix in layers}
+
+    def layer_parts(prefix: str) -> dict[str, torch.Tensor]:
+        return {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
+
+    def unquantized() -> WeightIterator:  # (`arranged`: in the layout the engine holds, as hf_dir streams)
+        return arranged((name, read(name)) for name in rest)
+
     if scheme.act_order:  # the layers dequantized (the packed kernels take contiguous groups only)
 
         def dense() -> WeightIterator:
-            yield from arranged((name, read(name)) for name in rest)
+            yield from unquantized()
             for prefix in layers:
-                parts = {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
-                yield f"{prefix}.weight", dense_act_order(parts, scheme, prefix)
+                yield f"{prefix}.weight", dense_act_order(layer_parts(prefix), scheme, prefix)
 
         return ModelSource(
             config, tokenizer, dense, f"{description}, {scheme.label} (dequantized)", tensor_bits
@@ -360,11 +373,7 @@ def load(
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for prefix in layers:
-            parts = {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
-            yield f"{prefix}.weight", to_groupwise(parts, scheme, prefix)
-
-    def unquantized() -> WeightIterator:  # (`arranged`: in the layout the engine holds, as hf_dir streams)
-        return arranged((name, read(name)) for name in rest)
+            yield f"{prefix}.weight", to_groupwise(layer_parts(prefix), scheme, prefix)
 
     def weights() -> WeightIterator:
         yield from unquantized()

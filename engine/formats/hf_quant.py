@@ -32,20 +32,16 @@ _UNUSED_SUFFIXES = (".input_scale", ".activation_scale", ".k_scale", ".v_scale",
 class ScaledScheme:
     """Codes times their scales, dequantized as the tensors stream (FP8; compressed-tensors' int8)."""
 
-    kind: str  # "FP8" or "INT8", as `plan` names it
+    label: str  # "FP8" or "INT8", as `plan` and the Ollama routes name it
     # the scale's name after its weight's: `weight_scale_inv` (the fp8 method; it multiplies, as
     # compressed-tensors' `weight_scale` does)
     scale_suffix: str
     block: tuple[int, int] | None  # (rows, columns) of a scale's block; None: per tensor or per output row
 
     @property
-    def label(self) -> str:
-        return self.kind
-
-    @property
     def codes(self) -> tuple[torch.dtype, ...]:
         """The dtypes of the matrices stored as codes (others stream as they are)."""
-        return FP8_DTYPES if self.kind == "FP8" else (torch.int8,)
+        return FP8_DTYPES if self.label == "FP8" else (torch.int8,)
 
 
 def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | IntScheme | None:
@@ -119,7 +115,7 @@ def _scaled_8bit(quant: dict[str, Any], where: str) -> ScaledScheme | None:
 
 def _block(block: Any, where: str) -> tuple[int, int]:
     if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise NinferError(f"{where}: its FP8 block size {block!r} is not two positive integers")
+        raise NinferError(f"{where}: its scales' block size {block!r} is not two positive integers")
     return block[0], block[1]
 
 
@@ -137,17 +133,17 @@ def dequantized(
             scale = read(name + scheme.scale_suffix)
             if scale is None:
                 raise NinferError(
-                    f"{name} is {scheme.kind} but the checkpoint has no {name + scheme.scale_suffix}; download "
+                    f"{name} is {scheme.label} but the checkpoint has no {name + scheme.scale_suffix}; download "
                     "it again"
                 )
-            tensor = dequantize_fp8(tensor, scale, scheme.block, name)
+            tensor = dequantize_scaled(tensor, scale, scheme.block, name)
         yield name, tensor
 
 
-def dequantize_fp8(
+def dequantize_scaled(
     codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, name: str = "the matrix"
 ) -> torch.Tensor:
-    """codes [..., N, K] (FP8) times their scale: per block [..., ceil(N / bn), ceil(K / bk)], per output row
+    """codes [..., N, K] (FP8 or int8) times their scale: per block [..., ceil(N / bn), ceil(K / bk)], per output row
     [..., N, 1] / [..., N], or one for the tensor; in fp32, returned as bf16."""
     *lead, n, k = codes.shape
     s = scale.float()

@@ -11,6 +11,7 @@ from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats.dummy import is_dummy
 from engine.formats.dummy import parse as parse_dummy
+from engine.formats.hf_dir import checkpoint_shapes
 from engine.formats.hf_intq import IntScheme
 from engine.formats.hf_quant import checkpoint_quantization
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
@@ -100,24 +101,9 @@ def resolve(
         config = ModelConfig.from_hf_dict(raw)
         scheme = checkpoint_quantization(raw, str(path))
         serve_arg = str(cfg_path.parent)
-        if isinstance(scheme, IntScheme) and scheme.act_order and not (recipe or bits):
-            weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-            label = f"{scheme.label} held as bf16 (its groups are scattered), dequantized as it loads"
-            return PlannedModel(path.name, config, weights, label, serve_arg, False)
-        if isinstance(scheme, IntScheme) and not (recipe or bits):
-            try:
-                shapes = checkpoint_shapes(cfg_path.parent)
-            except NinferError:  # a config.json alone: its shapes at the width in groups of 128
-                weights = recipe_weight_bytes(config, f"w{scheme.bits}g128", dtype_bytes, None, mtp, vision)
-                label = f"{scheme.label} (estimated from config.json)"
-            else:
-                weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
-                label = f"{scheme.label} (as stored)"
-            return PlannedModel(path.name, config, weights, label, serve_arg, True)
-        if scheme is not None and not (recipe or bits):  # FP8 / int8: held as the bf16 it was made from
-            weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-            label = f"{scheme.label} held as bf16, dequantized as it loads"
-            return PlannedModel(path.name, config, weights, label, serve_arg, False)
+        if scheme is not None and not (recipe or bits):
+            weights, label, packed = _as_quantized(scheme, cfg_path, config, dtype_bytes, mtp, vision)
+            return PlannedModel(path.name, config, weights, label, serve_arg, packed)
     elif path.suffix == ".gguf":
         return _from_gguf(path, path.name, str(path), recipe, bits, mtp, vision, dtype_bytes, mmproj)
     else:
@@ -127,6 +113,25 @@ def resolve(
     how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
     weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
     return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
+
+
+def _as_quantized(
+    scheme, cfg_path: Path, config: ModelConfig, dtype_bytes: int, mtp: bool, vision: bool
+) -> tuple[dict[str, int], str, bool]:
+    """(weight bytes, label, held packed) of a checkpoint another tool quantized, as the loader holds it:
+    FP8 / int8 and act-order layers dequantized, 4- / 8-bit layers packed (counted from the headers of the
+    config's folder; a config.json alone, estimated at the width in groups of 128)."""
+    if not isinstance(scheme, IntScheme) or scheme.act_order:
+        why = " (its groups are scattered)" if isinstance(scheme, IntScheme) else ""
+        weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
+        return weights, f"{scheme.label} held as bf16{why}, dequantized as it loads", False
+    try:
+        shapes = checkpoint_shapes(cfg_path.parent)
+    except NinferError:  # no weights beside the config.json
+        weights = recipe_weight_bytes(config, f"w{scheme.bits}g128", dtype_bytes, None, mtp, vision)
+        return weights, f"{scheme.label} (estimated from config.json)", True
+    weights = int_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
+    return weights, f"{scheme.label} (as stored)", True
 
 
 def _dummy(
@@ -180,17 +185,3 @@ def _label(recipe: str, bits: float | None) -> str:
 
 def _packed(recipe: str, bits: float | None) -> bool:
     return bits < 16 if bits is not None else recipe != "bf16"
-
-
-def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape in an HF checkpoint directory, from its safetensors headers (no data read)."""
-    from safetensors import safe_open
-
-    from engine.formats.hf_dir import shard_files
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for shard in shard_files(path):
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
