@@ -35,6 +35,8 @@ def _layouts(n: int, k: int) -> dict[str, tuple[int, Callable[[], object]]]:
     scales_kn, scales_nk = torch.rand(g, n).half(), torch.rand(n, g).half()
     awq = {"qweight": _words(k, n // 8), "qzeros": _words(g, n // 8), "scales": scales_kn}
     gptq = {"qweight": _words(k // 8, n), "qzeros": _words(g, n // 8), "scales": scales_kn}
+    scattered = torch.argsort(torch.randperm(k)) // GROUP  # act-order: each column's group, scattered
+    gptq_act_order = {**gptq, "g_idx": scattered.to(torch.int32)}
     ct4 = {"weight_packed": _words(n, k // 8), "weight_scale": scales_nk}
     zeros128 = torch.full((g, n // 4), 0x80808080 - 2**32, dtype=torch.int32)  # every zero point 128
     gptq8 = {"qweight": _words(k // 4, n), "qzeros": zeros128, "scales": scales_kn}
@@ -44,6 +46,10 @@ def _layouts(n: int, k: int) -> dict[str, tuple[int, Callable[[], object]]]:
     return {
         "AWQ 4-bit": (4, lambda: to_groupwise(awq, IntScheme("awq", GROUP, 0), "w")),
         "GPTQ 4-bit": (4, lambda: to_groupwise(gptq, IntScheme("gptq", GROUP, 1), "w")),
+        "GPTQ 4-bit act-order (columns sorted by group)": (
+            4,
+            lambda: to_groupwise(gptq_act_order, IntScheme("gptq", GROUP, 1, act_order=True), "w"),
+        ),
         "compressed-tensors 4-bit": (4, lambda: to_groupwise(ct4, IntScheme(CT, GROUP, 0), "w")),
         "GPTQ 8-bit": (8, lambda: to_groupwise(gptq8, IntScheme("gptq", GROUP, 0, 8), "w")),
         "compressed-tensors W8A8 (a scale a row)": (

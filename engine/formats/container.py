@@ -109,6 +109,7 @@ def write_container(
 
         for name, t in tensors:
             if isinstance(t, QuantizedTensor):
+                assert t.columns is None, f"{name}: a container stores a matrix's columns in order"
                 quant[name] = {"bits": t.bits, "group_size": t.group_size, "shape": list(t.shape)}
                 put(f"{name}.qpacked", t.packed)
                 put(f"{name}.qscales", t.scales)

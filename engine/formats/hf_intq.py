@@ -23,9 +23,10 @@ w[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n].
 ninfer's groups (engine/quant/groupwise.py) hold w = q * scale + minimum: the codes and scales are the
 checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step). Matrices the tool left in
 16 bits (lm_head, embeddings, a router) stream as they are. An act-order checkpoint (GPTQ's desc_act,
-compressed-tensors' actorder) scatters each group over the input columns, which the packed kernels cannot
-follow: its layers load dequantized, as the 16-bit weights they stand for (`ninfer convert` packs them
-again, at a recipe).
+compressed-tensors' actorder "group") scatters each group over the input columns (`g_idx`: each column's
+group): its columns are stored sorted by group, so the groups are contiguous as the kernels take them, with
+the order kept (QuantizedTensor.columns): the layer gathers its input columns in that order before the
+multiply (engine/quant/layer.py), and dequantizing puts them back.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class IntScheme:
     group_size: int  # input columns a group (-1: the whole row)
     zero_offset: int  # added to a stored zero point (GPTQ's original format stores it minus one)
     bits: int = 4
-    act_order: bool = False  # groups scattered over the input columns (g_idx): the layers load dequantized
+    act_order: bool = False  # groups scattered over the input columns (g_idx): stored sorted by group
 
     @property
     def label(self) -> str:
@@ -172,6 +173,9 @@ def to_groupwise(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -
     missing = [p for p in needed.get(scheme.method, PARTS[scheme.method][:3]) if p not in parts]
     if missing:
         raise NinferError(f"{name}: the checkpoint lacks its {', '.join(missing)}; download it again")
+    g_idx = parts.get("g_idx" if scheme.method == "gptq" else "weight_g_idx")
+    if scheme.method != "awq" and g_idx is not None and bool((g_idx[1:] < g_idx[:-1]).any()):  # act-order
+        return _act_order(parts, scheme, name, g_idx.long())
     if scheme.bits == 8:
         return _eight_bit(parts, scheme, name)
     if scheme.method == CT:
@@ -272,13 +276,11 @@ def _eight_bit(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> 
     )
 
 
-def dense_act_order(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str) -> torch.Tensor:
-    """An act-order layer as the weight [N, K] it stands for: w[n, k] = (q - z) * s of the group its group
-    index gives column k."""
-    index = "g_idx" if scheme.method == "gptq" else "weight_g_idx"
-    if index not in parts:
-        raise NinferError(f"{name}: an act-order layer without its {index}; download it again")
-    g = parts[index].long()  # [K]
+def _act_order(
+    parts: dict[str, torch.Tensor], scheme: IntScheme, name: str, g: torch.Tensor
+) -> QuantizedTensor:
+    """An act-order layer (w[n, k] = (q - z) * s of group g[k]) as ninfer's groups of its columns sorted by
+    group, their order in `columns`."""
     if scheme.method == "gptq":  # qweight [K / per, N], qzeros [G, N / per], scales [G, N]
         qweight = parts["qweight"]
         if scheme.bits == 4:
@@ -298,20 +300,41 @@ def dense_act_order(parts: dict[str, torch.Tensor], scheme: IntScheme, name: str
             zeros = torch.full(scales.shape, 8 if scheme.bits == 4 else 128)
         else:
             zeros = _nibbles(zero_point.t()).t()[: scales.shape[0]]
-    codes = codes[:, : g.numel()]
-    if codes.shape[0] != scales.shape[0] or int(g.max()) >= scales.shape[1] or zeros.shape != scales.shape:
+    n, k = codes.shape[0], g.numel()
+    if (
+        codes.shape[1] < k
+        or scales.shape[0] != n
+        or int(g.min()) < 0
+        or int(g.max()) >= scales.shape[1]
+        or zeros.shape != scales.shape
+    ):
         raise NinferError(
             f"{name}: its codes, scales and group index do not make one matrix; download it again"
         )
-    return (codes.int() - zeros[:, g]).float() * scales[:, g]
+    group = k if scheme.group_size == -1 else scheme.group_size
+    columns = torch.argsort(g, stable=True)  # [K]: the input column of each stored one
+    if not torch.equal(g[columns], torch.arange(k) // group) or scales.shape[1] != -(-k // group):
+        raise NinferError(
+            f"{name}'s group index does not give each group {group} columns, which ninfer does not read"
+        )
+    kp = scales.shape[1] * group
+    codes = torch.nn.functional.pad(codes[:, columns], (0, kp - k))  # [N, Kp] as stored, groups in order
+    if scheme.bits == 4:
+        qt = _groupwise(pack(codes, 4), scales, zeros, group, (n, k))
+    else:  # ninfer's 8-bit groups are symmetric (q * s): unsigned codes stored plus 128, signed as they are
+        if bool((zeros != (128 if codes.dtype == torch.uint8 else 0)).any()):
+            raise NinferError(
+                f"{name}: its zero points are not all 128 (asymmetric), which ninfer does not read"
+            )
+        codes = (codes ^ 0x80).view(torch.int8) if codes.dtype == torch.uint8 else codes
+        qt = QuantizedTensor(8, group, (n, k), codes.contiguous(), scales.half().contiguous(), None)
+    return replace(qt, columns=columns.to(torch.int32))
 
 
 def _check_groups(g_idx: torch.Tensor | None, k: int, group: int, name: str) -> None:
-    """A group index must put the input columns in their groups in order (act-order scatters them)."""
+    """A group index in order must put `group` input columns in each group (act-order's: _act_order)."""
     if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
-        raise NinferError(
-            f"{name} orders input columns out of their groups (act-order), which ninfer does not read"
-        )
+        raise NinferError(f"{name} does not give each group {group} columns, which ninfer does not read")
 
 
 def _groupwise(
@@ -348,8 +371,7 @@ def load(
 ) -> ModelSource:
     """A ModelSource over a 4- or 8-bit checkpoint (`names`: its tensors', `read(name)` one of them): its
     quantized layers as QuantizedTensors (the GPU keeps them packed), the rest as stored (`arranged`);
-    weights() gives every matrix dequantized (the CPU, `ninfer convert`). An act-order checkpoint's layers
-    come dequantized only."""
+    weights() gives every matrix dequantized (the CPU, `ninfer convert`)."""
     layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
     tensor_bits = {f"{prefix}.weight": scheme.bits for prefix in layers}
@@ -359,17 +381,6 @@ def load(
 
     def unquantized() -> WeightIterator:  # (`arranged`: in the layout the engine holds, as hf_dir streams)
         return arranged((name, read(name)) for name in rest)
-
-    if scheme.act_order:  # the layers dequantized (the packed kernels take contiguous groups only)
-
-        def dense() -> WeightIterator:
-            yield from unquantized()
-            for prefix in layers:
-                yield f"{prefix}.weight", dense_act_order(layer_parts(prefix), scheme, prefix)
-
-        return ModelSource(
-            config, tokenizer, dense, f"{description}, {scheme.label} (dequantized)", tensor_bits
-        )
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for prefix in layers:

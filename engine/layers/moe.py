@@ -122,6 +122,8 @@ def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device
         return False
     if not stack_stays_packed({(q.bits, q.group_size, q.shape[1]) for q in shards.values()}):
         return False
+    if any(q.columns is not None for q in shards.values()):  # act-order experts: dequantized into the stack
+        return False
     first = next(iter(shards.values()))
     kinds = ("down",) if attr == "down_proj" else ("gate", "up")
     per_expert: list[list[QuantizedTensor]] = [

@@ -181,7 +181,7 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
             and isinstance(users[0], Linear)
             and set(shards) == set(order)
             and all(qt.bits == 4 and qt.group_size == INT4_GROUP for qt in shards.values())
-            and all(qt.padded_k == qt.shape[1] for qt in shards.values())
+            and all(qt.padded_k == qt.shape[1] and qt.columns is None for qt in shards.values())
             and not pname.startswith("visual.")
         )
         if not whole:
@@ -267,10 +267,12 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         takers = [m for m in users if isinstance(m, (Linear, Embedding))]
         merged = [m for m in takers if isinstance(m, MergedLinear)]
         order = list(merged[0].offsets) if merged else [None]
+        gathered = any(qt.columns is not None for qt in shards.values())  # (act-order: x's columns gathered)
         packable = (
             takers
             and set(shards) == set(order)
             and all(fused_kernel_takes(qt.bits, qt.group_size) for qt in shards.values())
+            and not (gathered and any(isinstance(m, Embedding) for m in takers))
         )
         if packable:  # shards of different widths stay packed apart (engine/quant/layer.ConcatenatedWeights)
             weight = packed_weight([shards[s] for s in order], device)

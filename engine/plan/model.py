@@ -119,12 +119,11 @@ def _as_quantized(
     scheme, cfg_path: Path, config: ModelConfig, dtype_bytes: int, mtp: bool, vision: bool
 ) -> tuple[dict[str, int], str, bool]:
     """(weight bytes, label, held packed) of a checkpoint another tool quantized, as the loader holds it:
-    FP8 / int8 and act-order layers dequantized, 4- / 8-bit layers packed (counted from the headers of the
-    config's folder; a config.json alone, estimated at the width in groups of 128)."""
-    if not isinstance(scheme, IntScheme) or scheme.act_order:
-        why = " (its groups are scattered)" if isinstance(scheme, IntScheme) else ""
+    FP8 / int8 layers dequantized, 4- / 8-bit layers packed (counted from the headers of the config's
+    folder; a config.json alone, estimated at the width in groups of 128)."""
+    if not isinstance(scheme, IntScheme):
         weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-        return weights, f"{scheme.label} held as bf16{why}, dequantized as it loads", False
+        return weights, f"{scheme.label} held as bf16, dequantized as it loads", False
     try:
         shapes = checkpoint_shapes(cfg_path.parent)
     except NinferError:  # no weights beside the config.json

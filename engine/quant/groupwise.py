@@ -34,6 +34,9 @@ class QuantizedTensor:
     packed: torch.Tensor  # uint8 [N, Kp / 2] (4-bit), [N, 3 Kp / 4] (6-bit), int8 [N, Kp] (8-bit)
     scales: torch.Tensor  # fp16 [N, Kp / group_size]
     minimums: torch.Tensor | None  # fp16 [N, Kp / group_size] (4 and 6 bits)
+    # int32 [K]: stored column j holds input column columns[j], so that groups scattered over the input
+    # (an act-order GPTQ checkpoint's) are contiguous as stored (W[:, columns] = the stored matrix); None: in order
+    columns: torch.Tensor | None = None
 
     @property
     def padded_k(self) -> int:
@@ -42,6 +45,7 @@ class QuantizedTensor:
     @property
     def nbytes(self) -> int:
         extra = self.minimums.numel() * 2 if self.minimums is not None else 0
+        extra += self.columns.numel() * self.columns.element_size() if self.columns is not None else 0
         return self.packed.numel() * self.packed.element_size() + self.scales.numel() * 2 + extra
 
     @property
@@ -149,4 +153,6 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight [N, K] the quantized tensor stands for (the fused kernel's naive twin does the arithmetic)."""
     w = dequantize_weight(qt.packed, qt.scales, qt.minimums, qt.bits, qt.group_size, qt.shape[1])
+    if qt.columns is not None:  # back to the input's order
+        w = torch.empty_like(w).index_copy_(1, qt.columns.long(), w)
     return w.to(dtype)

@@ -31,15 +31,15 @@ class GroupwiseWeight:
     # --int8-prefill: from this many rows of x on, x is quantized to int8 per (token, group) and multiplied
     # on the int8 tensor cores (kernels/int8_matmul); 0 = always 16-bit activations
     int8_min_rows: int = 0
+    # int32 [K]: the input column each stored column holds (an act-order checkpoint's groups gathered;
+    # QuantizedTensor.columns): x's columns are gathered in this order first. None: in order
+    columns: torch.Tensor | None = None
 
     @staticmethod
     def from_shards(shards: list[QuantizedTensor], device: torch.device | str) -> GroupwiseWeight:
         """One weight from checkpoint tensors fused along the output dim (q|k|v, gate|up): rows concatenated."""
         first = shards[0]
-        assert all(
-            (s.bits, s.group_size, s.shape[1]) == (first.bits, first.group_size, first.shape[1])
-            for s in shards
-        )
+        assert all(same_layout(s, first) for s in shards)
 
         def cat(ts):
             return torch.cat(ts, dim=0).to(device).contiguous()
@@ -51,6 +51,7 @@ class GroupwiseWeight:
             packed=cat([s.packed for s in shards]),
             scales=cat([s.scales for s in shards]),
             minimums=cat([s.minimums for s in shards]) if first.minimums is not None else None,
+            columns=None if first.columns is None else first.columns.to(device),
         )
 
     @property
@@ -64,7 +65,7 @@ class GroupwiseWeight:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.packed, self.scales, self.minimums]
+        tensors = [self.packed, self.scales, self.minimums, self.columns]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def takes_int8(self, x: torch.Tensor) -> bool:
@@ -79,18 +80,23 @@ class GroupwiseWeight:
     def __call__(
         self, x: torch.Tensor, out: torch.Tensor | None = None, xq: QuantizedActivations | None = None
     ) -> torch.Tensor:
-        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given); xq: x quantized
-        # for this weight's group size already (a fused projection's parts share it)
+        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given); xq: x (gathered)
+        # quantized for this weight's group size already (a fused projection's parts share it)
         args = (self.packed, self.scales, self.minimums, self.bits, self.group_size)
         if not self.takes_int8(x):
-            return kernels.quant_matmul(x, *args, out)
-        xq = xq or kernels.quantize_act(x, self.group_size)
+            return kernels.quant_matmul(self.gathered(x), *args, out)
+        xq = xq or kernels.quantize_act(self.gathered(x), self.group_size)
         return kernels.int8_matmul(
             *xq, *args, x.new_empty((x.shape[0], self.out_features)) if out is None else out
         )
 
+    def gathered(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] with its columns in the stored order (x itself where that is the input's)."""
+        return x if self.columns is None else x.index_select(1, self.columns)
+
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of the matrix as an embedding table ([T] -> [T, K] in dtype), dequantized on lookup."""
+        assert self.columns is None, "an embedding table is stored with its columns in order"
         args = (self.packed, self.scales, self.minimums, self.bits, self.group_size, self.k, dtype)
         return kernels.quant_embedding(ids, *args)
 
@@ -98,8 +104,8 @@ class GroupwiseWeight:
 @dataclass
 class ConcatenatedWeights:
     """A fused projection (q|k|v, gate|up) whose checkpoint shards were quantized at different widths or
-    groups (q4.6 chooses per tensor): one GroupwiseWeight per run of equal (bits, group) shards, a kernel
-    call each, writing its own columns of the output."""
+    groups (q4.6 chooses per tensor), or act-order column orders: one GroupwiseWeight per run of shards of
+    one layout (same_layout), a kernel call each, writing its own columns of the output."""
 
     parts: list[GroupwiseWeight]
 
@@ -110,14 +116,16 @@ class ConcatenatedWeights:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, sum of the parts' N]: each part's kernel writes its own columns (no concatenation)
         out = x.new_empty((x.shape[0], sum(p.out_features for p in self.parts)))
-        quantized: dict[int, QuantizedActivations] = {}  # --int8-prefill: x's codes once per group size
+        # --int8-prefill: x's codes once per group size and column order
+        quantized: dict[tuple[int, int | None], QuantizedActivations] = {}
         start = 0
         for part in self.parts:
             xq = None
             if part.takes_int8(x):
-                if part.group_size not in quantized:
-                    quantized[part.group_size] = kernels.quantize_act(x, part.group_size)
-                xq = quantized[part.group_size]
+                key = (part.group_size, None if part.columns is None else id(part.columns))
+                if key not in quantized:
+                    quantized[key] = kernels.quantize_act(part.gathered(x), part.group_size)
+                xq = quantized[key]
             part(x, out[:, start : start + part.out_features], xq)
             start += part.out_features
         return out
@@ -125,15 +133,24 @@ class ConcatenatedWeights:
 
 def packed_weight(shards: list[QuantizedTensor], device) -> GroupwiseWeight | ConcatenatedWeights:
     """The packed weight of a (fused) parameter from its shards in output order: one GroupwiseWeight where
-    every shard has the same width and group, else one per run of equal ones."""
+    every shard has the same width, group and column order, else one per run of equal ones."""
     runs: list[list[QuantizedTensor]] = []
     for shard in shards:
-        if runs and (runs[-1][0].bits, runs[-1][0].group_size) == (shard.bits, shard.group_size):
+        if runs and same_layout(runs[-1][0], shard):
             runs[-1].append(shard)
         else:
             runs.append([shard])
     parts = [GroupwiseWeight.from_shards(run, device) for run in runs]
     return parts[0] if len(parts) == 1 else ConcatenatedWeights(parts)
+
+
+def same_layout(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Whether two shards concatenate into one packed weight: one width, group, K and column order."""
+    if (a.bits, a.group_size, a.shape[1]) != (b.bits, b.group_size, b.shape[1]):
+        return False
+    if a.columns is None or b.columns is None:
+        return a.columns is None and b.columns is None
+    return a.columns is b.columns or torch.equal(a.columns, b.columns)
 
 
 def fused_kernel_takes(bits: int, group_size: int) -> bool:

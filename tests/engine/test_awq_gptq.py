@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -73,9 +74,14 @@ def _quantized(name: str, w: torch.Tensor) -> bool:
     return name.endswith("proj.weight") and w.dim() == 2 and w.shape[0] % 8 == 0 and ".visual." not in name
 
 
-def column_order(k: int, act_order: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the order columns are quantized in, each column's place in it): a fixed permutation for act-order."""
-    order = torch.randperm(k, generator=torch.Generator().manual_seed(7)) if act_order else torch.arange(k)
+def column_order(k: int, act_order: bool | str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the order columns are quantized in, each column's place in it): for act-order a fixed permutation,
+    one for every matrix of K columns (as the tools quantize layers of one input alike), or with
+    act_order "own" one for each matrix."""
+    if not act_order:
+        return torch.arange(k), torch.arange(k)
+    seed = zlib.crc32(name.encode()) if act_order == "own" else 7
+    order = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
     return order, torch.argsort(order)
 
 
@@ -87,7 +93,7 @@ def save_int4(
     fmt: str = "gptq",
     extra_config=None,
     symmetric=False,
-    act_order=False,
+    act_order: bool | str = False,
 ):
     """`model` saved as an AWQ, GPTQ or compressed-tensors checkpoint; the model's own matrices become the
     weights it stands for. `act_order`: each group is columns scattered by a fixed permutation (g_idx)."""
@@ -101,7 +107,7 @@ def save_int4(
         prefix = name[: -len(".weight")]
         min_zero = 1 if fmt == "gptq" and method == "gptq" else 0
         k = w.shape[1]
-        order, place = column_order(k, act_order)
+        order, place = column_order(k, act_order, name)
         codes, zeros, scales, held_in_order = quantize_exactly(w[:, order], group, min_zero, symmetric)
         codes, held[name] = codes[place].contiguous(), held_in_order[:, place]
         g_idx = (place // group).to(torch.int32)
@@ -127,7 +133,9 @@ def save_int4(
     save_file(out, path / "model.safetensors")
     quant = {"quant_method": method, "bits": 4, "group_size": group}
     quant.update(
-        {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": act_order, "sym": False}
+        {"version": "gemm", "zero_point": True}
+        if method == "awq"
+        else {"desc_act": bool(act_order), "sym": False}
     )
     if method == "gptq":
         quant["checkpoint_format"] = fmt
@@ -244,15 +252,17 @@ def test_awq_other_layouts_and_scattered_groups_are_refused(tmp_path):
     )
     with pytest.raises(NinferError, match="AWQ gemv; ninfer reads AWQ's gemm layout"):
         LLM(path)
-    path = save_int4(tiny_hf_model("qwen3", tied=False), tmp_path / "g", "gptq")
-    tensors = load_file(path / "model.safetensors")
-    name = "model.layers.0.mlp.up_proj.g_idx"
-    tensors[name] = tensors[name].flip(0).contiguous()
-    save_file(tensors, path / "model.safetensors")
-    with pytest.raises(
-        NinferError, match="model.layers.0.mlp.up_proj.g_idx orders input columns out of their groups"
-    ):
-        LLM(path)
+    # a group index (in order, or scattered as act-order's) whose groups are not all group_size columns
+    for where, act_order in ((-1, False), (0, True)):
+        path = save_int4(
+            tiny_hf_model("qwen3", tied=False), tmp_path / f"g{where}", "gptq", act_order=act_order
+        )
+        tensors = load_file(path / "model.safetensors")
+        name = "model.layers.0.mlp.up_proj.g_idx"
+        tensors[name][where] = (tensors[name][where] + 1) % 2
+        save_file(tensors, path / "model.safetensors")
+        with pytest.raises(NinferError, match=r"up_proj.* does not give each group 32 columns"):
+            LLM(path)
 
 
 @pytest.mark.parametrize(
@@ -291,7 +301,7 @@ def test_the_rest_is_arranged_as_its_architecture_stores_it(tmp_path):
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
-def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_order: bool = False):
+def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_order: bool | str = False):
     """`model` saved as a symmetric 8-bit checkpoint: GPTQ (`fmt` gptq: zero points stored as 127;
     `act_order`: groups of columns scattered by a fixed permutation), compressed-tensors pack-quantized or
     int-quantized (W8A8; group -1: a scale a row); scales multiples of 1 / 4096, so the weights they stand
@@ -304,7 +314,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_or
             continue
         prefix, (n, k) = name[: -len(".weight")], w.shape
         g = k if group == -1 else group
-        order, place = column_order(k, act_order)
+        order, place = column_order(k, act_order, name)
         rows = w[:, order].reshape(n, k // g, g)
         scales = (torch.ceil(rows.abs().amax(-1) / 127 * 4096).clamp(min=1) / 4096).half()  # [N, K / g]
         codes = torch.round(rows / scales.float()[..., None]).clamp(-127, 127)
@@ -335,7 +345,7 @@ def save_int8(model, path, method: str, group: int, fmt: str = "gptq_v2", act_or
             "group_size": group,
             "sym": True,
             "checkpoint_format": fmt,
-            "desc_act": act_order,
+            "desc_act": bool(act_order),
         }
     else:
         strategy = {"strategy": "channel"} if group == -1 else {"strategy": "group", "group_size": group}
@@ -377,34 +387,100 @@ def test_eight_bit_packed_through_the_fused_kernels(tmp_path, kernel_backend, me
 
 
 @pytest.mark.parametrize("method, fmt", [("gptq", "gptq"), (CT, "symmetric"), (CT, "asymmetric")])
-def test_act_order_layers_load_dequantized(tmp_path, method, fmt):
-    """GPTQ's desc_act / compressed-tensors' actorder scatter each group over the input columns (g_idx),
-    which the packed kernels cannot follow: those layers load as the weights they stand for, 16-bit, and
-    `plan` counts them so."""
+def test_act_order_layers_read_as_the_weights_they_stand_for(tmp_path, method, fmt):
+    """GPTQ's desc_act / compressed-tensors' actorder scatter each group over the input columns (g_idx): the
+    layers are held as groups of their columns sorted by group, with that order; dequantized (the CPU) they
+    are the weights the checkpoint stands for. `plan` counts them packed, plus their order (int32 a
+    column); the experts at 16 bits (the grouped kernel takes no column order)."""
     model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
     path = save_int4(model, tmp_path / "m", method, fmt=fmt, symmetric=fmt == "symmetric", act_order=True)
     llm = LLM(path, weight_quant="none")
-    assert llm.description.endswith("4-bit act-order (dequantized)")
+    assert llm.description.endswith("4-bit act-order")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
     planned = resolve(str(path), None, None, None, False, False)
-    assert not planned.packed_weights and "act-order held as bf16" in planned.recipe
+    assert (
+        planned.packed_weights
+        and planned.recipe == f"{'GPTQ' if method == 'gptq' else CT} 4-bit act-order (as stored)"
+    )
+    attention = sum(
+        w.numel() // 2 + w.numel() // 32 * 4 + 4 * w.shape[1]
+        for n, w in model.named_parameters()
+        if ".self_attn." in n and n.endswith("proj.weight")
+    )
+    assert planned.weights["attention"] == attention
+    experts = sum(2 * w.numel() for n, w in model.named_parameters() if ".experts." in n)
+    assert planned.weights["mlp"] >= experts
 
 
-def test_act_order_layers_are_not_packed_where_the_kernels_run(tmp_path, kernel_backend):
+@pytest.mark.parametrize(
+    "method, fmt, bits, orders",
+    [
+        ("gptq", "gptq", 4, "shared"),
+        ("gptq", "gptq_v2", 4, "own"),
+        (CT, "asymmetric", 4, "own"),
+        ("gptq", "gptq", 8, "shared"),
+        ("int8", "", 8, "own"),
+    ],
+)
+def test_act_order_layers_packed_through_the_fused_kernels(
+    tmp_path, kernel_backend, method, fmt, bits, orders
+):
+    """Where the GPU keeps weights packed (Triton forced here), an act-order layer multiplies the checkpoint's
+    codes with its input columns gathered in their stored order: every projection packed, the log-probs
+    transformers'. `orders` own: each matrix its own column order, so a fused projection's shards (q | k | v,
+    gate | up) are packed apart, each gathering x its way."""
+    from engine.quant.layer import ConcatenatedWeights
+
     model = tiny_hf_model("qwen3", tied=False, seed=3)
+    act_order = True if orders == "shared" else "own"
+    if bits == 4:
+        path = save_int4(model, tmp_path / "m", method, fmt=fmt, act_order=act_order)
+    else:
+        path = save_int8(model, tmp_path / "m", method, 32, fmt, act_order=act_order)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
+    attn, mlp = llm.model.model.layers[0].self_attn, llm.model.model.layers[0].mlp
+    assert attn.qkv_proj.weight is None and mlp.down_proj.weight is None
+    assert mlp.down_proj.qweight.columns is not None and mlp.down_proj.qweight.bits == bits
+    assert isinstance(attn.qkv_proj.qweight, ConcatenatedWeights) == (orders == "own")
+    got = sequence_logprobs(llm, PROMPT).cpu()
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
+
+
+def test_act_order_prompt_chunks_take_int8_activations(tmp_path, kernel_backend):
+    """--int8-prefill over act-order layers: x's columns gathered before they are quantized per group, so
+    the int8 products are near the 16-bit ones (as for any packed weight: tests/engine/test_int8_prefill)."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_int4(model, tmp_path / "m", "gptq", act_order="own")
+    kernel_backend("triton")
+    options = dict(device=DEVICE, weight_quant="none", dtype="float32")
+    prompt = list(range(40, 80))
+    want = sequence_logprobs(LLM(path, **options), prompt)
+    got = sequence_logprobs(LLM(path, **options, int8_prefill=True, max_concurrency=9), prompt)
+    kl = (want.exp() * (want - got)).sum(-1)  # [T]
+    assert kl.mean() < 2e-2 and kl.max() < 0.1, kl
+
+
+def test_act_order_experts_load_dequantized_where_the_kernels_run(tmp_path, kernel_backend):
+    """The grouped expert kernel takes no column order: act-order experts are dequantized into their stack,
+    the attention stays packed."""
+    model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
     path = save_int4(model, tmp_path / "m", "gptq", act_order=True)
     kernel_backend("triton")
     llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
-    assert all(getattr(m, "qweight", None) is None for m in llm.model.modules())
+    layer = llm.model.model.layers[0]
+    assert layer.self_attn.o_proj.qweight.columns is not None
+    experts = layer.mlp.experts  # (down_proj's K is one group: no order to keep, so it stays packed)
+    assert "gate_up_proj" not in experts.packed and experts.gate_up_proj is not None
     got = sequence_logprobs(llm, PROMPT).cpu()
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
 
 
 @pytest.mark.parametrize("method, fmt", [("gptq", "gptq"), (CT, ""), ("int8", "")])
-def test_eight_bit_act_order_loads_dequantized(tmp_path, method, fmt):
+def test_eight_bit_act_order_read_as_the_weights_they_stand_for(tmp_path, method, fmt):
     model = tiny_hf_model("qwen3", tied=False, seed=3)
     llm = LLM(save_int8(model, tmp_path / "m", method, 32, fmt, act_order=True), weight_quant="none")
-    assert llm.description.endswith("8-bit act-order (dequantized)")
+    assert llm.description.endswith("8-bit act-order")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
 
 
