@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -14,6 +16,8 @@ from engine.layers.moe import expert_shard
 from engine.vision.config import VisionConfig
 from engine.vision.tower import VisionTower
 from engine.worker.forward_context import current_forward_context
+
+log = logging.getLogger("ninfer")
 
 
 class DecoderModel(Module):
@@ -141,6 +145,23 @@ class CausalLM(Module):
         # input_ids, positions: [T] -> hidden: [T, hidden]
         return self.model(input_ids, positions)
 
+    def _unplaced(self, ckpt_name: str, name: str, tensor: torch.Tensor, ignored: list[str]) -> None:
+        """A checkpoint tensor this model has no parameter for. Expected: a tied head stored anyway, a
+        classifier's score head (read by engine/rerank.py), rotary buffers of old checkpoints, zero biases (AutoGPTQ saves one for every layer). A bias that is not
+        zero is refused (the layer would run without it: wrong output); anything else is named in one
+        warning after the load."""
+        if name in ("lm_head.weight", "score.weight") or "rotary_emb." in name:
+            return
+        if name.endswith(".bias"):
+            if bool(tensor.any()):
+                raise NinferError(
+                    f"tensor {ckpt_name} is a bias this {self.config.architecture} config has no place for "
+                    "(its config.json says attention_bias false, or the layer never has one); the "
+                    "checkpoint and its config.json disagree"
+                )
+            return
+        ignored.append(ckpt_name)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [B, hidden] -> [B, vocab] fp32
         return self.lm_head(hidden).float()
@@ -160,6 +181,7 @@ class CausalLM(Module):
         params = dict(self.named_parameters())
         expected = {(n, s) for n, p in params.items() for s in (p.shard_names or (None,))}
         loaded: set[tuple[str, str | None]] = set(provided or ())
+        ignored: list[str] = []  # checkpoint tensors with no parameter here (_unplaced)
         for ckpt_name, tensor in weights:
             self.headless |= ckpt_name.startswith(BARE_DECODER)
             mapped = self.param_for(ckpt_name)
@@ -168,7 +190,8 @@ class CausalLM(Module):
             name, shard = mapped
             param = params.get(name)
             if param is None:
-                continue  # e.g. a tied lm_head stored anyway, or rotary buffers of old checkpoints
+                self._unplaced(ckpt_name, name, tensor, ignored)
+                continue
             try:
                 param.weight_loader(param, tensor, shard) if shard else param.weight_loader(param, tensor)
             except ValueError as e:
@@ -182,6 +205,15 @@ class CausalLM(Module):
             )
             bits, prev = tensor_bits.get(ckpt_name), self.weight_bits.get(name, 0)
             self.weight_bits[name] = None if bits is None or prev is None else max(prev, bits)
+        if ignored:
+            more = f" and {len(ignored) - 3} more" if len(ignored) > 3 else ""
+            log.warning(
+                "ignored %d checkpoint tensor(s) this %s model has no place for: %s%s",
+                len(ignored),
+                self.config.architecture,
+                ", ".join(ignored[:3]),
+                more,
+            )
         if self.headless and ("lm_head.weight", None) in expected - loaded:
             self.lm_head.weight = self.model.embed_tokens.weight  # no head: the embedding stands in
             loaded.add(("lm_head.weight", None))

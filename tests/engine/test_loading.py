@@ -53,6 +53,32 @@ def test_missing_tensor_is_named(qwen35_dir, tmp_path):
         LLM(tmp_path)
 
 
+def test_tensors_with_no_place_are_named_and_a_real_bias_refused(qwen35_dir, tmp_path, caplog):
+    """A checkpoint tensor the model has no parameter for: a zero bias (AutoGPTQ saves one for every layer)
+    is dropped quietly; one that is not zero is refused (the layer would run without it); anything else is
+    named in one warning, the rest loaded as ever."""
+    tensors = load_file(str(qwen35_dir / "model.safetensors"))
+    (tmp_path / "config.json").write_text((qwen35_dir / "config.json").read_text())
+    out = {**tensors, "model.layers.0.mlp.down_proj.bias": torch.zeros(64)}
+    out["model.layers.1.mlp.extra_scale"] = torch.ones(64)
+    save_file(out, str(tmp_path / "model.safetensors"))
+    with caplog.at_level("WARNING", logger="ninfer"):
+        llm = LLM(tmp_path)
+    warned = [r.getMessage() for r in caplog.records if "no place for" in r.getMessage()]
+    assert warned == [
+        "ignored 1 checkpoint tensor(s) this Qwen3_5ForCausalLM model has no place for: "
+        "model.layers.1.mlp.extra_scale"
+    ]
+    want = LLM(qwen35_dir).generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0].token_ids
+    assert llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0].token_ids == want
+    out["model.layers.0.mlp.down_proj.bias"] = torch.full((64,), 0.5)
+    save_file(out, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        NinferError, match=r"model\.layers\.0\.mlp\.down_proj\.bias is a bias this .* config has no"
+    ):
+        LLM(tmp_path)
+
+
 def test_wrong_shape_says_config_and_checkpoint_disagree(qwen35_dir, tmp_path):
     cfg = json.loads((qwen35_dir / "config.json").read_text())
     cfg["intermediate_size"] = 96
