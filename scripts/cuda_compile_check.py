@@ -315,9 +315,12 @@ def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 512
     _op("int8_matmul").int8_matmul(codes, x_scales, x_sums, packed, scales, minimums, bits, group, out)
 
 
-def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 128, k: int = 8):
+def case_fused_moe(
+    bits: int, tokens: int, dtype: str = "bf16", experts: int = 128, k: int = 8, act_order: bool = False
+):
     """Qwen3-30B-A3B's sparse MLP (H 2048, I 768, 8 of 128 experts): dense (bits 16) or packed experts, a
-    decode step (1 token: 16-assignment blocks) or a prompt chunk (64-assignment blocks)."""
+    decode step (1 token: 16-assignment blocks) or a prompt chunk (64-assignment blocks); `act_order`: each
+    expert's columns in an order of its own (x gathered)."""
     hidden, inter = 2048, 768
     moe = _op("fused_moe")
     packed_experts = importlib.import_module("ninfer_kernels.fused_moe.naive").PackedExperts
@@ -325,7 +328,8 @@ def case_fused_moe(bits: int, tokens: int, dtype: str = "bf16", experts: int = 1
     def experts_of(n, kk):
         if bits == 16:
             return _randn(experts, n, kk, dtype=DTYPES[dtype])
-        return packed_experts(*zero_packed(experts, n, k=kk, bits=bits), bits, 128, kk)
+        columns = _randn(experts, kk, dtype=torch.int32) if act_order else None
+        return packed_experts(*zero_packed(experts, n, k=kk, bits=bits), bits, 128, kk, columns)
 
     ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k)
@@ -427,6 +431,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     for bits in (16, 4, 6, 8):
         for tokens in (1, 256):
             add(case_fused_moe, bits=bits, tokens=tokens)
+    for tokens in (1, 256):  # act-order experts (GPTQ desc_act)
+        add(case_fused_moe, bits=4, tokens=tokens, act_order=True)
     return out
 
 

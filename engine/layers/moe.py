@@ -111,6 +111,19 @@ class SparseMoE(Module):
         return out
 
 
+def _expert_columns(per_expert: list[list[QuantizedTensor]], k: int) -> torch.Tensor | None | bool:
+    """The column orders of act-order experts, int32 [E, K] (an expert in order: arange), None where every
+    expert is in order, False where an expert's gate and up differ in order (then dequantized: the kernel
+    gathers x once for an expert's concatenated rows)."""
+    if all(q.columns is None for qs in per_expert for q in qs):
+        return None
+    in_order = torch.arange(k, dtype=torch.int32)
+    orders = [[in_order if q.columns is None else q.columns for q in qs] for qs in per_expert]
+    if any(not torch.equal(o, os[0]) for os in orders for o in os[1:]):
+        return False
+    return torch.stack([os[0] for os in orders])
+
+
 def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device) -> bool:
     """Keep a stacked experts parameter packed (load_keeping_quantized): when every expert's matrix (every
     shard) is quantized at one width and group the kernel takes, stack them into a PackedExperts on the
@@ -122,13 +135,14 @@ def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device
         return False
     if not stack_stays_packed({(q.bits, q.group_size, q.shape[1]) for q in shards.values()}):
         return False
-    if any(q.columns is not None for q in shards.values()):  # act-order experts: dequantized into the stack
-        return False
     first = next(iter(shards.values()))
     kinds = ("down",) if attr == "down_proj" else ("gate", "up")
     per_expert: list[list[QuantizedTensor]] = [
         [shards[f"{k}:{e}"] for k in kinds] for e in range(module.num_experts)
     ]
+    columns = _expert_columns(per_expert, first.shape[1])
+    if columns is False:
+        return False
 
     def stack(field: str) -> torch.Tensor:
         return torch.stack([torch.cat([getattr(q, field) for q in qs]) for qs in per_expert]).to(device)
@@ -140,6 +154,7 @@ def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device
         first.bits,
         first.group_size,
         first.shape[1],
+        None if columns is None else columns.to(device),
     )
     setattr(module, attr, None)
     return True

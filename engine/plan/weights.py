@@ -145,8 +145,7 @@ def int_checkpoint_weight_bytes(
     """Bytes per kind of an integer-quantized checkpoint (`shapes`: its tensors', from the file headers) as
     the CUDA loader holds it (engine/formats/hf_intq.py): each 4- or 8-bit layer packed at ninfer's layout
     (codes, fp16 scales, and minimums at 4 bits, a group) where the kernel takes its group, the rest in the
-    model dtype. Act-order layers add their column order (int32 a column); act-order experts load
-    dequantized (the grouped kernel takes no column order)."""
+    model dtype. Act-order layers add their column order (int32 a column)."""
     parts, bits, words = PARTS[scheme.method], scheme.bits, 32 // scheme.bits
     layers = {name.rpartition(".")[0] for name in shapes if name.rpartition(".")[2] == parts[0]}
     matrices: dict[str, tuple[int, int]] = {}
@@ -173,10 +172,7 @@ def int_checkpoint_weight_bytes(
     for name, (n, k) in matrices.items():
         expert = expert_shard(name)
         takes = fused_kernel_takes(bits, group_of(k))
-        if expert is None:
-            packed = takes
-        else:
-            packed = stack_stays_packed(layouts[expert[0]]) and not scheme.act_order
+        packed = takes if expert is None else stack_stays_packed(layouts[expert[0]])
         held_bytes = stored_nbytes((n, k), bits, group_of(k)) + (4 * k if scheme.act_order else 0)
         tensors.append((name, (n, k), held_bytes if packed else None))
     held = {f"{prefix}.{part}" for prefix in layers for part in parts}

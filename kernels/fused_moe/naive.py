@@ -9,7 +9,9 @@ from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 class PackedExperts(NamedTuple):
     """Every expert's matrix [N, K] group-wise quantized alike (engine/quant/groupwise.py's layout),
-    stacked: packed [E, N, ...], scales / minimums [E, N, G]."""
+    stacked: packed [E, N, ...], scales / minimums [E, N, G]. `columns` int32 [E, K] (act-order
+    checkpoints): expert e's stored column j holds input column columns[e, j] (its groups gathered from
+    scattered columns); None: in order."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -17,6 +19,7 @@ class PackedExperts(NamedTuple):
     bits: int
     group_size: int
     k: int
+    columns: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -24,20 +27,15 @@ class PackedExperts(NamedTuple):
         return self.scales.shape[0], self.scales.shape[1], self.k
 
     def dequantize(self) -> torch.Tensor:
-        """fp32 [E, N, K]."""
-        return torch.stack(
-            [
-                dequantize_weight(
-                    self.packed[e],
-                    self.scales[e],
-                    None if self.minimums is None else self.minimums[e],
-                    self.bits,
-                    self.group_size,
-                    self.k,
-                )
-                for e in range(self.packed.shape[0])
-            ]
-        )
+        """fp32 [E, N, K], columns in the input's order."""
+        out = []
+        for e in range(self.packed.shape[0]):
+            mins = None if self.minimums is None else self.minimums[e]
+            w = dequantize_weight(self.packed[e], self.scales[e], mins, self.bits, self.group_size, self.k)
+            if self.columns is not None:
+                w = torch.empty_like(w).index_copy_(1, self.columns[e].long(), w)
+            out.append(w)
+        return torch.stack(out)
 
 
 def moe_route(

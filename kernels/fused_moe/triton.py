@@ -142,6 +142,7 @@ def _moe_matmul_kernel(
     block_expert_ptr,
     num_padded_ptr,
     weights_ptr,  # fp32 [T k]: routing weights (MUL_WEIGHTS)
+    columns_ptr,  # int32 [E, K]: the input column of each stored one (HAS_COLUMNS: act-order experts)
     num_assignments,
     N,
     K,
@@ -155,6 +156,7 @@ def _moe_matmul_kernel(
     BITS: tl.constexpr,  # 4 / 6 / 8: packed; 16: dense
     GROUP_SIZE: tl.constexpr,  # packed: the weight's group; dense: K a step
     HAS_MINS: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -173,8 +175,12 @@ def _moe_matmul_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, KP, GROUP_SIZE):
         kk = k0 + tl.arange(0, GROUP_SIZE)
+        if HAS_COLUMNS:  # x's columns gathered in the expert's stored order
+            xk = tl.load(columns_ptr + expert * K + kk, mask=kk < K, other=0)
+        else:
+            xk = kk
         x = tl.load(
-            x_ptr + rows[:, None] * stride_xm + kk[None, :],
+            x_ptr + rows[:, None] * stride_xm + xk[None, :],
             mask=valid[:, None] & (kk < K)[None, :],
             other=0.0,
         )
@@ -205,9 +211,9 @@ def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, blo
     if isinstance(experts, PackedExperts):
         w = experts.packed.view(torch.int32) if experts.bits == 6 else experts.packed
         bits, group, scales, mins = experts.bits, experts.group_size, experts.scales, experts.minimums
-        kp = scales.shape[2] * group
+        kp, columns = scales.shape[2] * group, experts.columns
     else:
-        w, bits, group, scales, mins = experts, 16, DENSE_BLOCK_K, experts, None
+        w, bits, group, scales, mins, columns = experts, 16, DENSE_BLOCK_K, experts, None, None
         kp = triton.cdiv(k, group) * group
     assert w.is_contiguous() and x.stride(1) == 1 and x.shape[1] == k
     grid = (sorted_ids.numel() // block_m, triton.cdiv(n, block_n))
@@ -221,6 +227,7 @@ def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, blo
         block_expert,
         num_padded,
         weights if weights is not None else scales,
+        columns if columns is not None else scales,
         out.shape[0],
         n,
         k,
@@ -234,6 +241,7 @@ def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, blo
         BITS=bits,
         GROUP_SIZE=group,
         HAS_MINS=mins is not None,
+        HAS_COLUMNS=columns is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         PRECISION=dot_precision(x.dtype),

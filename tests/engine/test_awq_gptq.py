@@ -391,7 +391,7 @@ def test_act_order_layers_read_as_the_weights_they_stand_for(tmp_path, method, f
     """GPTQ's desc_act / compressed-tensors' actorder scatter each group over the input columns (g_idx): the
     layers are held as groups of their columns sorted by group, with that order; dequantized (the CPU) they
     are the weights the checkpoint stands for. `plan` counts them packed, plus their order (int32 a
-    column); the experts at 16 bits (the grouped kernel takes no column order)."""
+    column), the experts too."""
     model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
     path = save_int4(model, tmp_path / "m", method, fmt=fmt, symmetric=fmt == "symmetric", act_order=True)
     llm = LLM(path, weight_quant="none")
@@ -408,8 +408,7 @@ def test_act_order_layers_read_as_the_weights_they_stand_for(tmp_path, method, f
         if ".self_attn." in n and n.endswith("proj.weight")
     )
     assert planned.weights["attention"] == attention
-    experts = sum(2 * w.numel() for n, w in model.named_parameters() if ".experts." in n)
-    assert planned.weights["mlp"] >= experts
+    assert planned.weights["mlp"] < sum(w.numel() for n, w in model.named_parameters() if ".mlp." in n)
 
 
 @pytest.mark.parametrize(
@@ -461,17 +460,23 @@ def test_act_order_prompt_chunks_take_int8_activations(tmp_path, kernel_backend)
     assert kl.mean() < 2e-2 and kl.max() < 0.1, kl
 
 
-def test_act_order_experts_load_dequantized_where_the_kernels_run(tmp_path, kernel_backend):
-    """The grouped expert kernel takes no column order: act-order experts are dequantized into their stack,
-    the attention stays packed."""
+@pytest.mark.parametrize("orders", ["shared", "own"])
+def test_act_order_experts_packed_where_the_kernels_run(tmp_path, kernel_backend, orders):
+    """Act-order experts stay packed, the grouped kernel gathering x's columns in each expert's order
+    (PackedExperts.columns); where an expert's gate and up were quantized in different orders (`own`: each
+    matrix its own) that stack is dequantized instead (the kernel gathers x once for both)."""
     model = tiny_hf_model("qwen3_moe", tied=False, seed=3)
-    path = save_int4(model, tmp_path / "m", "gptq", act_order=True)
+    path = save_int4(model, tmp_path / "m", "gptq", act_order=True if orders == "shared" else "own")
     kernel_backend("triton")
     llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
     layer = llm.model.model.layers[0]
     assert layer.self_attn.o_proj.qweight.columns is not None
-    experts = layer.mlp.experts  # (down_proj's K is one group: no order to keep, so it stays packed)
-    assert "gate_up_proj" not in experts.packed and experts.gate_up_proj is not None
+    experts = layer.mlp.experts  # (down_proj's K is one group here: in order, no columns)
+    assert experts.packed["down_proj"].columns is None
+    if orders == "shared":
+        assert experts.packed["gate_up_proj"].columns.shape == (experts.num_experts, 64)
+    else:
+        assert "gate_up_proj" not in experts.packed and experts.gate_up_proj is not None
     got = sequence_logprobs(llm, PROMPT).cpu()
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
 

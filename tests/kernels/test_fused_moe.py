@@ -53,14 +53,19 @@ def test_one_kernel_aligns_decode_steps_as_the_torch_ops_do(tokens, k, experts, 
         assert g.dtype == w.dtype == torch.int32 and torch.equal(g, w)
 
 
-def _experts(e, n, k, bits, group, dtype):
+def _experts(e, n, k, bits, group, dtype, scattered=False):
+    """Random experts [E, N, K]: dense, or packed; `scattered`: each expert's columns stored in an order of
+    its own (act-order checkpoints: PackedExperts.columns)."""
     w = torch.randn(e, n, k) * 0.1
     if bits == 16:
         return w.to(dtype).to(DEVICE)
     qts = [quantize(w[i], bits, group, False) for i in range(e)]
     mins = torch.stack([q.minimums for q in qts]).to(DEVICE) if qts[0].minimums is not None else None
     stack = [torch.stack([getattr(q, a) for q in qts]).to(DEVICE) for a in ("packed", "scales")]
-    return naive.PackedExperts(*stack, mins, bits, qts[0].group_size, k)
+    columns = (
+        torch.stack([torch.randperm(k) for _ in range(e)]).to(torch.int32).to(DEVICE) if scattered else None
+    )
+    return naive.PackedExperts(*stack, mins, bits, qts[0].group_size, k, columns)
 
 
 @pytest.mark.parametrize("bits,group", [(16, 0), (4, 128), (4, 32), (6, 64), (8, 128)])
@@ -80,3 +85,23 @@ def test_fused_moe_matches_naive(bits, group, tokens, dtype):
     want = naive.fused_moe(x, gate_up, down, weights, ids)
     assert got.shape == (tokens, hidden) and got.dtype == dtype
     assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 128)])
+@pytest.mark.parametrize("tokens", [1, 19])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_act_order_experts_gather_their_columns(bits, group, tokens, dtype):
+    """Each expert's columns stored in an order of its own (PackedExperts.columns): the kernel reads x's
+    columns in that order, as the naive twin's dequantized experts (columns put back) multiply x; K = 96
+    padded to a group of 128 too."""
+    torch.manual_seed(bits + tokens)
+    experts, k, hidden, inter = 6, 2, 96, 64
+    gate_up = _experts(experts, 2 * inter, hidden, bits, group, dtype, scattered=True)
+    down = _experts(experts, hidden, inter, bits, min(group, 64), dtype, scattered=True)
+    x = torch.randn(tokens, hidden).to(dtype).to(DEVICE)
+    weights, ids = naive.moe_route(torch.randn(tokens, experts, device=DEVICE), k, True)
+    got = moe.fused_moe(x, gate_up, down, weights, ids)
+    want = naive.fused_moe(x, gate_up, down, weights, ids)
+    in_order = naive.fused_moe(x, gate_up._replace(columns=None), down._replace(columns=None), weights, ids)
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
+    assert rel_err(in_order, want) > 0.3  # (the orders matter)
