@@ -29,3 +29,24 @@ def as_held(
         ):
             tensor = tensor.transpose(1, 2).contiguous()
         yield name, tensor
+
+
+_STACKS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+
+def per_expert(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stacked experts as held ([E, 2I, H] / [E, H, I]) as each expert's matrices, named as a per-expert
+    checkpoint names them (`...experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`), which the engine
+    loads into the same stack: what `ninfer convert` quantizes matrix by matrix. Other tensors pass."""
+    for name, tensor in tensors:
+        if not (name.endswith(_STACKS) and tensor.dim() == 3):
+            yield name, tensor
+            continue
+        base, _, kind = name.rpartition(".")
+        for e, matrix in enumerate(tensor):
+            if kind == "down_proj":
+                yield f"{base}.{e}.down_proj.weight", matrix
+            else:
+                rows = matrix.shape[0] // 2
+                yield f"{base}.{e}.gate_proj.weight", matrix[:rows]
+                yield f"{base}.{e}.up_proj.weight", matrix[rows:]

@@ -12,6 +12,7 @@ import torch
 from engine.errors import NinferError
 from engine.formats.container import SUFFIX, write_container
 from engine.formats.gguf_mmproj import with_mmproj
+from engine.formats.stacked_experts import per_expert
 from engine.models.loader import model_path, open_source
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.groupwise import QuantizedTensor, dequantize, quantize
@@ -75,7 +76,7 @@ def measure_sensitivity(
     base = logprobs()
     params = dict(model.named_parameters())
     source = open_source(src)
-    names = [(name, t) for name, t in source.weights() if is_quantizable(name, t.shape)]
+    names = [(name, t) for name, t in per_expert(source.weights()) if is_quantizable(name, t.shape)]
     sensitivity, numel, errors, costs = {}, {}, {}, {}
     for i, (name, tensor) in enumerate(names):
         mapped = model.param_for(name)
@@ -160,7 +161,7 @@ def convert(
     state = {"done": 0}
 
     def stored():
-        for name, tensor in source.weights():
+        for name, tensor in per_expert(source.weights()):  # (stacked experts: each expert's matrices)
             kept = plan.quantize(name, tensor, hessian_for(name))
             row = summary[_kind(name)]
             row["tensors"] += 1
