@@ -368,8 +368,10 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU (resolve_dtype)
     kv_dtype: str = "auto"  # auto = the model dtype; see engine/cache/kv_layout.py
-    # CPU weight-only quantization of linear layers (engine/quant/cpu.py): none, int8, int4, or auto =
-    # keep the checkpoint's own precision (a 4-bit GGUF tensor runs as int4, an 8-bit one as int8)
+    # weight-only quantization of linear layers: auto = as the checkpoint stores them (on the CPU a 4-bit
+    # GGUF tensor runs as int4, an 8-bit one as int8), none, int8 or int4: on the CPU its int8 / int4 kernels
+    # (engine/quant/cpu.py); where the fused kernels run (a GPU), a 16-bit checkpoint quantized at load
+    # into packed 8- / 4-bit groups of 128 (engine/quant/on_load.py)
     weight_quant: str = "auto"
     # KV pool in tokens; None: room for min(max_concurrency, 2) full contexts; "auto": sized from the memory
     # free after loading (engine/plan/runtime.py)
@@ -466,11 +468,6 @@ class EngineConfig:
         if self.weight_quant not in WEIGHT_QUANT_MODES:
             raise NinferError(
                 f"unknown weight_quant '{self.weight_quant}'; use one of {', '.join(WEIGHT_QUANT_MODES)}"
-            )
-        if self.weight_quant in ("int8", "int4") and self.device != "cpu":
-            raise NinferError(
-                f"weight_quant {self.weight_quant} runs on the CPU only; use weight_quant none (or auto) on "
-                f"{self.device}"
             )
         # sizes as the CLI writes them ("180k", "32G") are taken from the Python API too
         for name in ("max_context", "kv_capacity", "host_cache"):

@@ -18,7 +18,7 @@ from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
 from engine.formats.gguf_mmproj import with_mmproj
 from engine.lora.adapters import Adapters
-from engine.models.loader import load_model, model_path, open_source
+from engine.models.loader import load_model, model_path, open_source, quantized_at_load
 from engine.output_processor import RequestStream
 from engine.plan.runtime import size_kv_pool
 from engine.pooling import POOLED, normalized
@@ -80,6 +80,7 @@ class LLM:
         if config.mmproj:  # a GGUF model's vision tower, in its own file
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
+        source = quantized_at_load(source, config)  # --weight-quant int8 / int4 on a GPU
         self.model_config = source.config
         if (
             config.cache_reuse and self.model_config.num_linear_attention_layers

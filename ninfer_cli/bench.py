@@ -64,7 +64,9 @@ def bench(
         ),
     ] = "auto",
     kv_dtype: Annotated[str, typer.Option(help="In process: auto, bf16, fp16, fp8, int8, k8v4.")] = "auto",
-    weight_quant: Annotated[str, typer.Option(help="In process, CPU: auto, none, int8, int4.")] = "auto",
+    weight_quant: Annotated[
+        str, typer.Option(help="In process: auto, none, int8, int4 (as serve's --weight-quant).")
+    ] = "auto",
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,

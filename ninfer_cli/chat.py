@@ -117,7 +117,10 @@ def chat(
         str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")
     ] = "auto",
     weight_quant: Annotated[
-        str, typer.Option(help="CPU linear weights: auto (as the checkpoint stores them), none, int8, int4.")
+        str,
+        typer.Option(
+            help="Linear weights: auto (as the checkpoint stores them), none, int8, int4 (CPU: its int8 / int4 kernels; GPU: a 16-bit checkpoint quantized at load into packed groups of 128)."
+        ),
     ] = "auto",
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,

@@ -136,7 +136,11 @@ def plan(
         raise typer.Exit(2) from None
     rows = ledger(chosen, device.total_bytes)
     line = serve_line(
-        planned.serve_arg, chosen, rope_scaling, draft.serve_arg if draft is not None else None, mmproj
+        planned.serve_arg + planned.serve_flags,
+        chosen,
+        rope_scaling,
+        draft.serve_arg if draft is not None else None,
+        mmproj,
     )
     if as_json:
         print(json.dumps(_json(planned, device, (chosen, rows, line), table, None), indent=2))
@@ -218,6 +222,9 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
     )
     console.print(t)
     _print_frontier(console, table)
+    if planned.prepare:
+        console.print("convert it first:")
+        console.print(planned.prepare, soft_wrap=True, highlight=False, markup=False)
     console.print("serve it:")
     console.print(line, soft_wrap=True, highlight=False, markup=False)
 
@@ -277,6 +284,8 @@ def _json(planned, device, result, table, refusal) -> dict:
             "total_bytes": rows.total,
             "serve": line,
         }
+        if planned.prepare:
+            out["plan"]["prepare"] = planned.prepare
     if refusal:
         out["refusal"] = {
             "message": str(refusal),

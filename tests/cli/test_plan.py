@@ -292,3 +292,33 @@ def test_a_draft_of_another_vocabulary_is_refused_by_plan_as_by_serve(tmp_path):
     assert code == 2 and "has 600 token ids, the model 512" in out and "Traceback" not in out
     code, out = _run(*base, str(same))
     assert code == 0, out
+
+
+def test_a_checkpoint_planned_at_a_recipe_is_served_so(tmp_path):
+    """`plan DIR --recipe R` counts the weights at R; the serve line holds them so: w4g128 / w8g128 of a
+    16-bit checkpoint quantized as it loads (--weight-quant int4 / int8), another recipe (or a checkpoint
+    quantized already) converted first, the artifact served."""
+    model = tiny_hf_model("qwen3", tied=False)
+    src = save_tiny(model, tmp_path / "m")
+
+    def plan(path, recipe):
+        code, out = _run("plan", str(path), "--vram", "24G", "--recipe", recipe, "--json")
+        assert code == 0, out
+        return json.loads(out)["plan"]
+
+    for recipe, flag in (("w4g128", "int4"), ("w8g128", "int8")):
+        got = plan(src, recipe)
+        assert got["serve"].startswith(f"ninfer serve {src} --weight-quant {flag} --device cuda")
+        assert "prepare" not in got
+    assert "--weight-quant" not in plan(src, "bf16")["serve"]
+    got = plan(src, "q4.6")
+    assert got["prepare"] == f"ninfer convert {src} {src}-q4.6.ninfer --recipe q4.6"
+    assert got["serve"].startswith(f"ninfer serve {src}-q4.6.ninfer --device cuda")
+    awq = save_tiny(model, tmp_path / "awq")  # (a recipe's bytes come from the config: the weights unread)
+    config = json.loads((awq / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}
+    (awq / "config.json").write_text(json.dumps(config))
+    got = plan(awq, "w4g128")
+    assert got["prepare"] == f"ninfer convert {awq} {awq}-w4g128.ninfer --recipe w4g128"
+    code, out = _run("plan", str(src), "--vram", "24G", "--recipe", "q4.6")
+    assert code == 0 and "convert it first:" in out and "serve it:" in out
