@@ -126,6 +126,8 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         if not packed:  # (held packed: the matrices left dense are those no recipe quantizes)
             quantize_linear_weights(model, engine_config.weight_quant)
         store_weights_column_major(model)  # the matrices left dense
+    if str(engine_config.device).startswith("cuda"):  # the load's scratch back to the driver: the KV pool
+        torch.cuda.empty_cache()  # is sized from the memory free after this
     return model.eval()
 
 
