@@ -183,4 +183,6 @@ def load_hf_dir(path: Path) -> ModelSource:
             return arranged(hf_quant.dequantized(stored(), _reader(names)[1], scheme))
         return arranged(stored())
 
+    if isinstance(scheme, hf_quant.ScaledScheme):
+        return ModelSource(config, tokenizer, weights, f"{description}, {scheme.label}", stored_bits=8)
     return ModelSource(config, tokenizer, weights, description)

@@ -133,16 +133,18 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
 
 def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: bool = True) -> ModelSource:
     """--weight-quant int8 / int4 where the fused kernels run (a GPU): the source whose matrices are
-    quantized as they load (engine/quant/on_load.py). A source quantized already is refused (`strict`) or
-    kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the source as it is: the CPU
-    quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
-    if engine_config.weight_quant not in BITS or not kernels.use_triton(
-        torch.empty(0, device=engine_config.device)
-    ):
+    quantized as they load (engine/quant/on_load.py); so is an FP8 checkpoint's under auto, at 8 bits (no
+    FP8 weight kernel: 8-bit groups hold what bf16 would in half the bytes). A source quantized already is
+    refused (`strict`) or kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the
+    source as it is: the CPU quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
+    mode = engine_config.weight_quant
+    if mode == "auto" and source.stored_bits == 8:
+        mode = "int8"
+    if mode not in BITS or not kernels.use_triton(torch.empty(0, device=engine_config.device)):
         return source
     if source.quantized_weights is not None and not strict:
         return source
-    return quantizing_on_load(source, engine_config.weight_quant, engine_config.device)
+    return quantizing_on_load(source, mode, engine_config.device)
 
 
 def _no_int8_prefill(why: str) -> str:

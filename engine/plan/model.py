@@ -121,12 +121,16 @@ def resolve(
 
 def _held_as(planned: PlannedModel, recipe: str | None, bits: float | None, scheme) -> PlannedModel:
     """A checkpoint directory planned at a recipe: the serve line that holds it so. w4g128 / w8g128 of a
-    16-bit (or FP8) checkpoint: quantized as it loads (--weight-quant int4 / int8); another recipe, or a
-    checkpoint quantized already: converted first, the artifact served. --bits alone names no recipe:
-    the line serves the checkpoint as it is."""
-    if recipe in (None, "bf16") or bits is not None:
+    16-bit (or FP8) checkpoint: quantized as it loads (--weight-quant int4 / int8); bf16: as it is (an FP8
+    one with --weight-quant none, which keeps it from 8 bits); another recipe, or a checkpoint quantized
+    by AWQ / GPTQ: converted first, the artifact served. --bits alone names no recipe: the line serves the
+    checkpoint as it is."""
+    if recipe is None or bits is not None:
         return planned
-    if recipe in ("w4g128", "w8g128") and not isinstance(scheme, IntScheme):
+    packed_already = isinstance(scheme, IntScheme)
+    if recipe == "bf16" and not packed_already:
+        return replace(planned, serve_flags=" --weight-quant none") if scheme is not None else planned
+    if recipe in ("w4g128", "w8g128") and not packed_already:
         return replace(planned, serve_flags=f" --weight-quant int{recipe[1]}")
     artifact = f"{planned.serve_arg.rstrip('/')}-{recipe}.ninfer"
     command = f"ninfer convert {shlex.quote(planned.serve_arg)} {shlex.quote(artifact)} --recipe {recipe}"
@@ -137,11 +141,12 @@ def _as_quantized(
     scheme, cfg_path: Path, config: ModelConfig, dtype_bytes: int, mtp: bool, vision: bool
 ) -> tuple[dict[str, int], str, bool]:
     """(weight bytes, label, held packed) of a checkpoint another tool quantized, as the loader holds it:
-    FP8 / int8 layers dequantized, 4- / 8-bit layers packed (counted from the headers of the config's
-    folder; a config.json alone, estimated at the width in groups of 128)."""
+    FP8 / int8-a-tensor matrices quantized as they load into 8-bit groups of 128 (w8g128's bytes), 4- / 8-bit
+    layers packed (counted from the headers of the config's folder; a config.json alone, estimated at the
+    width in groups of 128)."""
     if not isinstance(scheme, IntScheme):
-        weights = recipe_weight_bytes(config, "bf16", dtype_bytes, None, mtp, vision)
-        return weights, f"{scheme.label} held as bf16, dequantized as it loads", False
+        weights = recipe_weight_bytes(config, "w8g128", dtype_bytes, None, mtp, vision)
+        return weights, f"{scheme.label} held as 8-bit groups of 128, quantized as it loads", True
     try:
         shapes = checkpoint_shapes(cfg_path.parent)
     except NinferError:  # no weights beside the config.json

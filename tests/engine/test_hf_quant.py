@@ -19,6 +19,8 @@ from engine.errors import NinferError
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
 FP8_METHOD = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
 
@@ -109,7 +111,8 @@ def test_fp8_blocks_load_as_the_weights_they_stand_for(tmp_path, arch, split, bl
 
 def test_compressed_tensors_int8_per_tensor(tmp_path):
     """llm-compressor's int8 with one scale a tensor (`int-quantized`, strategy tensor) loads as the weights
-    it stands for, dequantized (a scale a row or a group stays 8-bit: engine/formats/hf_intq.py)."""
+    it stands for, dequantized (where the fused kernels run, 8-bit groups of 128 quantized as it loads; a
+    scale a row or a group is read as 8-bit groups as stored: engine/formats/hf_intq.py)."""
     from engine.plan.model import resolve
 
     model = tiny_hf_model("qwen3", tied=False, seed=4)
@@ -129,7 +132,7 @@ def test_compressed_tensors_int8_per_tensor(tmp_path):
     llm = LLM(path, weight_quant="none")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
     planned = resolve(str(path), None, None, None, False, False)
-    assert planned.recipe == "INT8 held as bf16, dequantized as it loads"
+    assert planned.recipe == "INT8 held as 8-bit groups of 128, quantized as it loads"
 
 
 def test_compressed_tensors_float8_per_row(tmp_path):
@@ -223,13 +226,38 @@ def test_other_quantizations_are_refused_before_loading(tmp_path, quantization, 
         assert named in done.stderr and "ninfer convert" in done.stderr
 
 
-def test_plan_counts_an_fp8_checkpoint_as_the_bf16_it_loads_as(tmp_path):
+def test_plan_counts_an_fp8_checkpoint_at_the_8_bits_it_loads_as(tmp_path):
+    """Where the fused kernels run, an FP8 checkpoint's matrices are quantized as they load into 8-bit groups
+    (weight_quant auto): `plan` counts them as the plain checkpoint at w8g128; planned at bf16, its serve
+    line keeps them so (--weight-quant none)."""
     from engine.plan.model import resolve
 
     model = tiny_hf_model("qwen3", tied=False, seed=3)
     plain = save_tiny(model, tmp_path / "plain")
     quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
     fp8 = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
-    planned, bf16 = (resolve(str(p), None, None, None, False, False) for p in (fp8, plain))
-    assert planned.weights == bf16.weights and not planned.packed_weights
-    assert planned.recipe == "FP8 held as bf16, dequantized as it loads"
+    planned = resolve(str(fp8), None, None, None, False, False)
+    w8 = resolve(str(plain), None, "w8g128", None, False, False)
+    assert planned.weights == w8.weights and planned.packed_weights
+    assert planned.recipe == "FP8 held as 8-bit groups of 128, quantized as it loads"
+    assert resolve(str(fp8), None, "bf16", None, False, False).serve_flags == " --weight-quant none"
+
+
+def test_fp8_held_at_8_bits_where_the_kernels_run(tmp_path, kernel_backend):
+    """weight_quant auto holds an FP8 checkpoint's matrices as 8-bit groups of 128 (quantized as they load
+    from the weights the codes stand for): what the plain checkpoint converts to at w8g128 (rtn), exactly;
+    none keeps them 16-bit; the CPU's own path is unchanged."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
+    fp8 = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    w8 = tmp_path / "w8.ninfer"
+    convert(save_tiny(model, tmp_path / "plain"), w8, "w8g128", method="rtn")
+    kernel_backend("triton")
+    options = dict(device=DEVICE, dtype="float32")
+    auto = LLM(fp8, **options)
+    assert auto.description.endswith(", FP8, quantized at load to 8-bit groups of 128")
+    assert auto.model.model.layers[0].mlp.down_proj.qweight.bits == 8
+    want = sequence_logprobs(LLM(w8, weight_quant="none", **options), PROMPT)
+    assert torch.equal(sequence_logprobs(auto, PROMPT), want)
+    dense = LLM(fp8, weight_quant="none", **options)
+    assert dense.model.model.layers[0].mlp.down_proj.qweight is None
