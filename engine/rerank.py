@@ -111,9 +111,10 @@ def classifier_head(weight: torch.Tensor, bias: torch.Tensor | None, labels: Seq
 
 
 def _rows(tensor: torch.Tensor | QuantizedTensor, ids: list[int]) -> torch.Tensor:
-    """Rows `ids` of a checkpoint matrix, dense or quantized (only those rows dequantized), fp32."""
+    """Rows `ids` of a checkpoint matrix, dense or quantized (only those rows dequantized), fp32 on the CPU
+    (a matrix quantized as it loads is on the GPU already)."""
     if isinstance(tensor, QuantizedTensor):
-        index = torch.tensor(ids)
+        index = torch.tensor(ids, device=tensor.packed.device)
 
         def rows(t):
             return None if t is None else t.index_select(0, index)
@@ -125,8 +126,8 @@ def _rows(tensor: torch.Tensor | QuantizedTensor, ids: list[int]) -> torch.Tenso
             scales=rows(tensor.scales),
             minimums=rows(tensor.minimums),
         )
-        return dequantize(picked)
-    return tensor[ids].float()
+        return dequantize(picked).cpu()
+    return tensor[ids].float().cpu()
 
 
 class HeadTap:

@@ -234,3 +234,19 @@ def test_the_head_rows_of_a_quantized_lm_head_are_its_dequantized_rows(causal, d
     assert [name for name, _ in wrapped.unquantized_weights()] == ["model.norm.weight"]
     rows = [default_tokenizer.token_to_id(a) for a in ("no", "yes")]
     assert torch.equal(tap.head().weight, dequantize(head)[rows])
+
+
+def test_a_reranker_quantized_as_it_loads(causal, default_tokenizer, expected, tmp_path, kernel_backend):
+    """--weight-quant int8 where the fused kernels run: lm_head is quantized as it loads, and the head's
+    yes / no rows are those of the packed matrix, dequantized (on the CPU, beside the pooled rows)."""
+    from engine.quant.convert import convert
+
+    src = _save(causal, default_tokenizer, tmp_path)
+    convert(src, tmp_path / "w8.ninfer", "w8g128", method="rtn")
+    kernel_backend("triton")
+    llm = LLM(src, weight_quant="int8", dtype="float32")
+    assert llm.model.lm_head.qweight is not None and llm.rerank_head.weight.device.type == "cpu"
+    got = llm.rerank(QUERY, DOCS)
+    artifact = LLM(tmp_path / "w8.ninfer", dtype="float32")  # the same codes, stored
+    assert artifact.rerank_head is not None and _all_close(got, artifact.rerank(QUERY, DOCS), tol=1e-6)
+    assert sorted(range(3), key=got.__getitem__) == sorted(range(3), key=expected.__getitem__)
