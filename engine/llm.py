@@ -20,7 +20,8 @@ from engine.formats.gguf_mmproj import with_mmproj
 from engine.lora.adapters import Adapters
 from engine.models.loader import load_model, model_path, open_source, quantized_at_load
 from engine.output_processor import RequestStream
-from engine.plan.runtime import size_kv_pool
+from engine.plan.preload import check_weights_fit
+from engine.plan.runtime import device_memory, size_kv_pool
 from engine.pooling import POOLED, normalized
 from engine.quant.layer import holds_packed_weights
 from engine.request import Request, RequestOutput, SamplingParams
@@ -80,6 +81,8 @@ class LLM:
         if config.mmproj:  # a GGUF model's vision tower, in its own file
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
+        if config.device.startswith("cuda"):  # the weights against the memory free, before any of them loads
+            check_weights_fit(source, config, device_memory(config.device)[1])
         source = quantized_at_load(source, config)  # --weight-quant int8 / int4 on a GPU
         self.model_config = source.config
         if (
