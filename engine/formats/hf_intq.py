@@ -26,7 +26,8 @@ checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step
 compressed-tensors' actorder "group") scatters each group over the input columns (`g_idx`: each column's
 group): its columns are stored sorted by group, so the groups are contiguous as the kernels take them, with
 the order kept (QuantizedTensor.columns): the layer gathers its input columns in that order before the
-multiply (engine/quant/layer.py), and dequantizing puts them back.
+multiply (engine/quant/layer.py), and dequantizing puts them back. Qwen3-Next's fused input projections
+(in_proj_qkvz, in_proj_ba), quantized whole, are split into Qwen3.5's parts by rows, still packed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats import qwen3_next
+from engine.formats.gguf_blocks import select
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor, dequantize, fitting_group, pack
 from engine.tokenizer import Tokenizer
@@ -89,11 +92,6 @@ def int_scheme(quant: dict[str, Any], method: str, architecture: str, where: str
         )
     if not isinstance(group, int) or not (group == -1 or group > 0):
         raise NinferError(f"{where}: its {method} group_size {group!r} is not a positive whole number or -1")
-    if architecture == "Qwen3NextForCausalLM":
-        raise NinferError(
-            f"{where}: a Qwen3-Next checkpoint quantized by {method} is not read (its fused projections would "
-            "need splitting in their packed form); give the bf16 checkpoint or a GGUF file"
-        )
     if method in (CT, INT8):
         return IntScheme(method, group, 0, bits)
     if method == "awq":
@@ -145,7 +143,8 @@ def _bytes(words: torch.Tensor) -> torch.Tensor:
     """int32 [..., W] -> uint8 [..., 4 W]: byte j of word w (bits 8 j .. 8 j + 7, little-endian) at 4 w + j.
     Its two nibbles are codes 2 j and 2 j + 1 of the word: ninfer's packing of an (even, odd) pair."""
     assert sys.byteorder == "little"
-    return words.to(torch.int32).contiguous().view(torch.uint8)
+    w = words.to(torch.int32)  # (flattened first: a [R, 1] transpose is "contiguous" with a stride of R)
+    return w.reshape(-1).contiguous().view(torch.uint8).reshape(*w.shape[:-1], 4 * w.shape[-1])
 
 
 def _row_bytes(qweight: torch.Tensor) -> torch.Tensor:
@@ -360,6 +359,15 @@ def _split(names: list[str], parts: tuple[str, ...]) -> tuple[list[str], list[st
     return list(layers), rest
 
 
+def _held_names(name: str, config: ModelConfig) -> list[str]:
+    """The names a quantized layer's weight loads as: its own, or a Qwen3-Next fused projection's parts."""
+    fused = qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
+    if fused is None:
+        return [name]
+    head = name.split(f".{fused}.")[0]
+    return [f"{head}.{part}.weight" for part in qwen3_next.PARTS[fused]]
+
+
 def load(
     config: ModelConfig,
     tokenizer: Tokenizer | None,
@@ -374,7 +382,7 @@ def load(
     weights() gives every matrix dequantized (the CPU, `ninfer convert`)."""
     layers, rest = _split(names, PARTS[scheme.method])
     present = set(names)
-    tensor_bits = {f"{prefix}.weight": scheme.bits for prefix in layers}
+    tensor_bits = {name: scheme.bits for prefix in layers for name in _held_names(f"{prefix}.weight", config)}
 
     def layer_parts(prefix: str) -> dict[str, torch.Tensor]:
         return {p: read(f"{prefix}.{p}") for p in PARTS[scheme.method] if f"{prefix}.{p}" in present}
@@ -384,7 +392,17 @@ def load(
 
     def quantized() -> Iterator[tuple[str, QuantizedTensor]]:
         for prefix in layers:
-            yield f"{prefix}.weight", to_groupwise(layer_parts(prefix), scheme, prefix)
+            qt = to_groupwise(layer_parts(prefix), scheme, prefix)
+            name = f"{prefix}.weight"
+            fused = (
+                qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
+            )
+            if fused is None:
+                yield name, qt
+                continue
+            # Qwen3-Next's fused input projections: each part's rows, still packed (as Qwen3.5's layout)
+            for part, rows in zip(_held_names(name, config), qwen3_next.part_rows(fused, config)):
+                yield part, select(qt, 0, rows)
 
     def weights() -> WeightIterator:
         yield from unquantized()

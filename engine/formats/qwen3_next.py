@@ -75,9 +75,8 @@ def as_qwen3_5(
         prefix, suffix = name.split(f".{fused}.")
         if suffix != "weight":
             raise NinferError(
-                f"{name}: a Qwen3-Next checkpoint quantized by another tool is not read (its fused projections "
-                "would need splitting in their packed form); give the bf16 checkpoint (ninfer quantizes it at "
-                "load, or with ninfer convert)"
+                f"{name}: a quantized layer's tensor, but the checkpoint's config.json names no quantization "
+                "(quantization_config) to read it by; download the checkpoint again, with its config.json"
             )
         for part, weight in zip(PARTS[fused], SPLITS[fused](tensor, config)):
             yield f"{prefix}.{part}.weight", weight

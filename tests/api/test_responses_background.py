@@ -58,7 +58,11 @@ def test_a_background_response_is_queued_then_polled_to_its_end(server, client):
 
 def test_cancelling_a_running_background_response_aborts_it(server, client):
     queued = client.responses.create(
-        model="m", input="Count to a thousand.", background=True, max_output_tokens=3000
+        model="m",
+        input="Count to a thousand.",
+        background=True,
+        max_output_tokens=3000,
+        extra_body={"ignore_eos": True},  # (runs until cancelled: no sampled end first)
     )
     _poll(client, queued.id, until=("in_progress",))
     cancelled = client.responses.cancel(queued.id)
@@ -70,7 +74,11 @@ def test_cancelling_a_running_background_response_aborts_it(server, client):
 
 def test_deleting_a_running_background_response_aborts_it(server, client):
     queued = client.responses.create(
-        model="m", input="Count to a thousand.", background=True, max_output_tokens=3000
+        model="m",
+        input="Count to a thousand.",
+        background=True,
+        max_output_tokens=3000,
+        extra_body={"ignore_eos": True},  # (runs until cancelled: no sampled end first)
     )
     _poll(client, queued.id, until=("in_progress",))
     client.responses.delete(queued.id)
@@ -81,7 +89,11 @@ def test_deleting_a_running_background_response_aborts_it(server, client):
 
 def test_a_follow_up_on_a_running_response_and_cancelling_a_foreground_one_are_refused(server, client):
     queued = client.responses.create(
-        model="m", input="Count to a thousand.", background=True, max_output_tokens=3000
+        model="m",
+        input="Count to a thousand.",
+        background=True,
+        max_output_tokens=3000,
+        extra_body={"ignore_eos": True},  # (runs until cancelled: no sampled end first)
     )
     with pytest.raises(openai.BadRequestError, match="is still running in the background"):
         client.responses.create(model="m", input="next", previous_response_id=queued.id)
@@ -215,8 +227,13 @@ def test_only_a_streamed_background_response_can_be_followed(server, client):
 
 
 def test_cancelling_a_streamed_background_response_ends_its_followers(server, client):
-    stream = client.responses.create(
-        model="m", input="Count to a thousand.", background=True, stream=True, max_output_tokens=3000
+    stream = client.responses.create(  # (ignore_eos: no sampled end comes before the cancel)
+        model="m",
+        input="Count to a thousand.",
+        background=True,
+        stream=True,
+        max_output_tokens=3000,
+        extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
     _poll(client, first.response.id, until=("in_progress",))

@@ -71,7 +71,10 @@ def quantize_exactly(w: torch.Tensor, group: int, min_zero: int = 0, symmetric: 
 def _quantized(name: str, w: torch.Tensor) -> bool:
     """Attention, linear-attention and MLP matrices (each expert's), not the router nor a vision tower's; as
     the tools, none whose output width is not whole words (the tiny hybrid's 4-head in_proj_b / in_proj_a)."""
-    return name.endswith("proj.weight") and w.dim() == 2 and w.shape[0] % 8 == 0 and ".visual." not in name
+    matrix = name.endswith(
+        ("proj.weight", "in_proj_qkvz.weight", "in_proj_ba.weight")
+    )  # (Qwen3-Next's fused)
+    return matrix and w.dim() == 2 and w.shape[0] % 8 == 0 and ".visual." not in name
 
 
 def column_order(k: int, act_order: bool | str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +104,7 @@ def save_int4(
     tensors, held = load_file(path / "model.safetensors"), {}
     out = {}
     for name, w in tensors.items():
-        if not _quantized(name, w):
+        if not _quantized(name, w) or w.shape[1] % group:  # (the tools take whole groups)
             out[name] = w
             continue
         prefix = name[: -len(".weight")]
@@ -160,7 +163,7 @@ def save_int4(
 CASES = [("awq", "gptq"), ("gptq", "gptq"), ("gptq", "gptq_v2"), (CT, "asymmetric"), (CT, "symmetric")]
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "qwen3_5", "qwen3_next"])
 @pytest.mark.parametrize("method, fmt", CASES)
 def test_read_as_the_weights_they_stand_for(tmp_path, arch, method, fmt):
     model = tiny_hf_model(arch, tied=False, seed=3)
@@ -180,6 +183,27 @@ def test_packed_through_the_fused_kernels(tmp_path, kernel_backend, method, fmt)
     layer = llm.model.model.layers[0]
     assert layer.self_attn.qkv_proj.qweight is not None and layer.self_attn.qkv_proj.weight is None
     assert layer.mlp.down_proj.qweight is not None
+    got = sequence_logprobs(llm, PROMPT).cpu()
+    assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("method, act_order", [("awq", False), ("gptq", True), (CT, False)])
+def test_qwen3_next_fused_projections_split_packed(tmp_path, kernel_backend, method, act_order):
+    """Qwen3-Next's fused in_proj_qkvz / in_proj_ba, quantized whole: split into Qwen3.5's four projections
+    row by row with their codes still packed (act-order's column order kept), so the kernels multiply them
+    as stored."""
+    model = tiny_hf_model("qwen3_next", tied=False, seed=3)
+    path = save_int4(model, tmp_path / method, method, act_order=act_order)
+    kernel_backend("triton")
+    llm = LLM(path, weight_quant="none", device=DEVICE, dtype="float32")
+    proj = llm.model.model.layers[0].linear_attn.in_proj  # the four parts' rows, one packed weight
+    assert proj.weight is None and proj.qweight.bits == 4
+    assert (proj.qweight.columns is not None) == act_order
+    # `plan` counts the fused projections packed, as held: less than at 16 bits, at least the parts' bytes
+    planned = resolve(str(path), None, None, None, False, False).weights["linear attention"]
+    plain = resolve(str(save_tiny(model, tmp_path / "plain")), None, None, None, False, False)
+    layers = [m.linear_attn for m in llm.model.model.layers if hasattr(m, "linear_attn")]
+    assert sum(a.in_proj.qweight.nbytes for a in layers) <= planned < plain.weights["linear attention"]
     got = sequence_logprobs(llm, PROMPT).cpu()
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
 
