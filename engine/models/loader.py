@@ -276,10 +276,8 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     users_of = _weight_users(model)
-    for pname in list(by_param):
-        shards = by_param.pop(
-            pname
-        )  # (its tensors freed once placed: quantized at load, they are the device's)
+    for pname in list(by_param):  # (each parameter's shards dropped once placed: quantized at load, they
+        shards = by_param.pop(pname)  # are on the device already)
         param = params.get(pname)
         if param is None:
             continue
