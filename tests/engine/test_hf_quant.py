@@ -86,6 +86,12 @@ def save_fp8(model, path, quantization: dict, quantize, scale_name: str, split: 
     return path
 
 
+def save_fp8_blocks(model, path):
+    """`model` saved as a Qwen `-FP8` release stores it: 128 x 128 blocks, a `weight_scale_inv` each."""
+    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
+    return save_fp8(model, path, quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+
+
 @pytest.mark.parametrize(
     "arch, split, block",
     [
@@ -160,8 +166,7 @@ def test_an_fp8_checkpoint_converts(tmp_path):
     """`ninfer convert` reads the FP8 checkpoint as the bf16 one it stands for: converted, it is what that
     checkpoint converts to, recipe by recipe."""
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
-    path = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    path = save_fp8_blocks(model, tmp_path / "fp8")
     held = save_tiny(model, tmp_path / "held")  # the weights the codes stand for, as a plain checkpoint
     for recipe in ("bf16", "w8g128"):
         logprobs = []
@@ -234,8 +239,7 @@ def test_plan_counts_an_fp8_checkpoint_at_the_8_bits_it_loads_as(tmp_path):
 
     model = tiny_hf_model("qwen3", tied=False, seed=3)
     plain = save_tiny(model, tmp_path / "plain")
-    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
-    fp8 = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    fp8 = save_fp8_blocks(model, tmp_path / "fp8")
     planned = resolve(str(fp8), None, None, None, False, False)
     w8 = resolve(str(plain), None, "w8g128", None, False, False)
     assert planned.weights == w8.weights and planned.packed_weights
@@ -248,8 +252,7 @@ def test_fp8_held_at_8_bits_where_the_kernels_run(tmp_path, kernel_backend):
     from the weights the codes stand for): what the plain checkpoint converts to at w8g128 (rtn), exactly;
     none keeps them 16-bit; the CPU's own path is unchanged."""
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    quantization = {**FP8_METHOD, "weight_block_size": [128, 128]}
-    fp8 = save_fp8(model, tmp_path / "fp8", quantization, lambda w: fp8_blocks(w, 128, 128), "_scale_inv")
+    fp8 = save_fp8_blocks(model, tmp_path / "fp8")
     w8 = tmp_path / "w8.ninfer"
     convert(save_tiny(model, tmp_path / "plain"), w8, "w8g128", method="rtn")
     kernel_backend("triton")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import save_tiny, tiny_hf_model, tiny_vl_model
 from test_awq_gptq import save_int4
-from test_hf_quant import FP8_METHOD, fp8_blocks, save_fp8
+from test_hf_quant import save_fp8_blocks
 
 from engine import LLM
 from engine.errors import NinferError
@@ -55,13 +55,7 @@ def test_stacked_experts_and_fp8_checkpoints(tmp_path, kernel_backend):
     llm = LLM(vl_dir, weight_quant="int4", **OPTIONS)
     assert llm.model.model.layers[0].mlp.experts.packed["gate_up_proj"].bits == 4
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    path = save_fp8(
-        model,
-        tmp_path / "fp8",
-        {**FP8_METHOD, "weight_block_size": [128, 128]},
-        lambda w: fp8_blocks(w, 128, 128),
-        "_scale_inv",
-    )
+    path = save_fp8_blocks(model, tmp_path / "fp8")
     held = save_tiny(model, tmp_path / "held")  # the weights the codes stand for, stored plainly
     got = [sequence_logprobs(LLM(p, weight_quant="int8", **OPTIONS), PROMPT) for p in (path, held)]
     assert torch.equal(got[0], got[1])

@@ -64,16 +64,10 @@ def test_an_artifact_is_counted_as_stored(checkpoint, tmp_path):
 
 
 def test_an_fp8_checkpoint_counts_at_the_width_it_loads_at(tmp_path):
-    from test_hf_quant import FP8_METHOD, fp8_blocks, save_fp8
+    from test_hf_quant import save_fp8_blocks
 
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    fp8 = save_fp8(
-        model,
-        tmp_path / "fp8",
-        {**FP8_METHOD, "weight_block_size": [128, 128]},
-        lambda w: fp8_blocks(w, 128, 128),
-        "_scale_inv",
-    )
+    fp8 = save_fp8_blocks(model, tmp_path / "fp8")
     source = load_hf_dir(fp8)
     assert load_recipe(source, "auto") is None and load_recipe(source, "none") == "bf16"
     assert load_recipe(source, "int4") == "w4g128"
