@@ -83,7 +83,12 @@ class LLM:
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
         if config.device.startswith("cuda"):  # the weights against the memory free, before any of them loads
             check_weights_fit(source, config, device_memory(config.device)[1])
-        source = quantized_at_load(source, config)  # --weight-quant int8 / int4 on a GPU
+        held = quantized_at_load(source, config)  # --weight-quant int8 / int4 (FP8: auto) on a GPU
+        # what the matrices are held as where they were quantized as they loaded (W4G128, W8G128), else None
+        self.quantized_at_load = None
+        if held is not source:
+            self.quantized_at_load = "W4G128" if config.weight_quant == "int4" else "W8G128"
+        source = held
         self.model_config = source.config
         if (
             config.cache_reuse and self.model_config.num_linear_attention_layers

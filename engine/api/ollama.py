@@ -161,8 +161,10 @@ def _parameter_size(count: int) -> str:
 
 
 def _quantization(llm) -> str:
-    """What the weights are stored as: the GGUF's file type, the .ninfer's recipe, a checkpoint's
-    quantization (AWQ_4-BIT, GPTQ_8-BIT, FP8, ...), else the dtype."""
+    """What the weights are held as: quantized as they loaded (W4G128, W8G128), the GGUF's file type, the
+    .ninfer's recipe, a checkpoint's quantization (AWQ_4-BIT, GPTQ_8-BIT, ...), else the dtype."""
+    if getattr(llm, "quantized_at_load", None):
+        return llm.quantized_at_load
     model = str(_model_file(llm))
     if model.endswith(".gguf"):
         import gguf

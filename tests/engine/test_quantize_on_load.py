@@ -11,6 +11,7 @@ from test_awq_gptq import save_int4
 from test_hf_quant import save_fp8_blocks
 
 from engine import LLM
+from engine.api.ollama import _quantization
 from engine.errors import NinferError
 from engine.quant import on_load
 from engine.quant.calibration import sequence_logprobs
@@ -36,6 +37,7 @@ def test_held_as_the_recipe_converts_them(tmp_path, kernel_backend, monkeypatch,
     monkeypatch.setattr(on_load, "SLICE_BYTES", 4096)
     llm = LLM(src, weight_quant=mode, **OPTIONS)
     assert llm.description.endswith(f"quantized at load to {mode[3:]}-bit groups of 128")
+    assert _quantization(llm) == recipe.upper()  # Ollama's quantization_level: as held
     layer = llm.model.model.layers[0]
     assert isinstance(llm.model.model.embed_tokens.qweight, GroupwiseWeight)
     assert all(w.bits == int(mode[3:]) for w in packed_weights(llm.model))
