@@ -124,7 +124,10 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
         if not packed:  # (held packed: the matrices left dense are those no recipe quantizes)
-            quantize_linear_weights(model, engine_config.weight_quant)
+            mode = engine_config.weight_quant
+            if mode == "auto" and source.stored_bits == 8:  # FP8 (no kernel of its own): the CPU's int8
+                mode = "int8"
+            quantize_linear_weights(model, mode)
         store_weights_column_major(model)  # the matrices left dense
     if str(engine_config.device).startswith("cuda"):  # the load's scratch back to the driver: the KV pool
         torch.cuda.empty_cache()  # is sized from the memory free after this

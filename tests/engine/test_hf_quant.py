@@ -264,3 +264,10 @@ def test_fp8_held_at_8_bits_where_the_kernels_run(tmp_path, kernel_backend):
     assert torch.equal(sequence_logprobs(auto, PROMPT), want)
     dense = LLM(fp8, weight_quant="none", **options)
     assert dense.model.model.layers[0].mlp.down_proj.qweight is None
+    kernel_backend("naive")  # the CPU: its int8 kernels, as for an 8-bit checkpoint
+    from engine.quant.cpu import CpuInt8Weight
+
+    cpu = LLM(fp8)
+    assert isinstance(cpu.model.model.layers[0].mlp.down_proj.qweight, CpuInt8Weight)
+    plain = LLM(tmp_path / "plain", weight_quant="int8")  # the same weights, stored plainly
+    assert torch.equal(sequence_logprobs(cpu, PROMPT), sequence_logprobs(plain, PROMPT))
