@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats import hf_intq, hf_quant, qwen3_next, stacked_experts
+from engine.formats import hf_fp4, hf_intq, hf_quant, qwen3_next, stacked_experts
 from engine.formats.source import ModelSource, WeightIterator
 from engine.tokenizer import Tokenizer
 
@@ -181,8 +181,11 @@ def load_hf_dir(path: Path) -> ModelSource:
     def weights() -> WeightIterator:
         if isinstance(scheme, hf_quant.ScaledScheme):
             return arranged(hf_quant.dequantized(stored(), _reader(names)[1], scheme))
+        if isinstance(scheme, hf_fp4.Fp4Scheme):
+            return arranged(hf_fp4.dequantized(stored(), _reader(names)[1], scheme))
         return arranged(stored())
 
-    if isinstance(scheme, hf_quant.ScaledScheme):
-        return ModelSource(config, tokenizer, weights, f"{description}, {scheme.label}", stored_bits=8)
+    if isinstance(scheme, (hf_quant.ScaledScheme, hf_fp4.Fp4Scheme)):  # dequantized as they stream
+        bits = 4 if isinstance(scheme, hf_fp4.Fp4Scheme) else 8
+        return ModelSource(config, tokenizer, weights, f"{description}, {scheme.label}", stored_bits=bits)
     return ModelSource(config, tokenizer, weights, description)

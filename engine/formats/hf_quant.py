@@ -7,7 +7,8 @@ channel or per block). Each FP8 matrix is dequantized as the tensors stream (its
 shard holds it), so what loads, converts and quantizes is the bf16 checkpoint the FP8 one was made from,
 within FP8's rounding; the activation scales are not needed (activations stay 16-bit). A matrix the tool
 left unquantized (lm_head, the router, norms) streams as it is. AWQ, GPTQ and compressed-tensors 4- and 8-bit
-checkpoints are read as they are (engine/formats/hf_intq.py). Every other method (bitsandbytes,
+checkpoints are read as they are (engine/formats/hf_intq.py), NVFP4 ones dequantized as they stream
+(engine/formats/hf_fp4.py), Model Optimizer's FP8 as FP8 (a scale a tensor). Every other method (bitsandbytes,
 compressed-tensors' other integer schemes, ...) is refused in one sentence, before any weight is read.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from engine.errors import NinferError
+from engine.formats.hf_fp4 import Fp4Scheme, fp4_scheme
 from engine.formats.hf_intq import IntScheme, compressed_tensors_scheme, int_scheme
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -44,9 +46,10 @@ class ScaledScheme:
         return FP8_DTYPES if self.label == "FP8" else (torch.int8,)
 
 
-def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | IntScheme | None:
+def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | IntScheme | Fp4Scheme | None:
     """How a config.json dict's checkpoint is quantized: FP8 or int8 codes times scales (dequantized as they
-    stream), AWQ / GPTQ / compressed-tensors 4-bit (engine/formats/hf_intq.py),
+    stream), NVFP4 (engine/formats/hf_fp4.py, dequantized too), AWQ / GPTQ / compressed-tensors 4-bit
+    (engine/formats/hf_intq.py),
     or None for an unquantized one; a quantization ninfer does not read is refused, saying what to give
     instead."""
     quant = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
@@ -56,6 +59,11 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | I
     architecture = (cfg.get("architectures") or ["?"])[0]
     if method in ("awq", "gptq"):
         return int_scheme(quant, method, architecture, where)
+    if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":  # a scale a tensor
+        return ScaledScheme("FP8", "_scale", None)
+    fp4 = fp4_scheme(quant, where)
+    if fp4 is not None:
+        return fp4
     if method == "compressed-tensors" and quant.get("format") in ("pack-quantized", "int-quantized"):
         scheme = compressed_tensors_scheme(quant, architecture, where)
         if scheme is not None:

@@ -28,7 +28,7 @@ class ModelSource:
     # loaders that keep weights quantized (the fused dequant kernels); weights() yields everything dequantized
     quantized_weights: Callable[[], Iterator[tuple[str, Any]]] | None = None
     unquantized_weights: Callable[[], WeightIterator] | None = None
-    # the width its matrices are stored at where weights() streams them dequantized (FP8, int8 a tensor:
-    # no kernel of their own): where the fused kernels run, weight_quant auto holds them at 8 bits
+    # the width its matrices are stored at where weights() streams them dequantized (FP8, NVFP4, int8 a
+    # tensor: no kernel of their own): weight_quant auto holds them at 8 bits (GPU groups, CPU int8)
     # (engine/quant/on_load.py)
     stored_bits: int | None = None

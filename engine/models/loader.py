@@ -125,7 +125,7 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     if engine_config.device == "cpu":
         if not packed:  # (held packed: the matrices left dense are those no recipe quantizes)
             mode = engine_config.weight_quant
-            if mode == "auto" and source.stored_bits == 8:  # FP8 (no kernel of its own): the CPU's int8
+            if mode == "auto" and source.stored_bits is not None:  # FP8 / FP4 (no kernel): the CPU's int8
                 mode = "int8"
             quantize_linear_weights(model, mode)
         store_weights_column_major(model)  # the matrices left dense
@@ -141,7 +141,7 @@ def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: 
     refused (`strict`) or kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the
     source as it is: the CPU quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
     mode = engine_config.weight_quant
-    if mode == "auto" and source.stored_bits == 8:
+    if mode == "auto" and source.stored_bits is not None:
         mode = "int8"
     if mode not in BITS or not kernels.use_triton(torch.empty(0, device=engine_config.device)):
         return source
