@@ -271,3 +271,20 @@ def test_fp8_held_at_8_bits_where_the_kernels_run(tmp_path, kernel_backend):
     assert isinstance(cpu.model.model.layers[0].mlp.down_proj.qweight, CpuInt8Weight)
     plain = LLM(tmp_path / "plain", weight_quant="int8")  # the same weights, stored plainly
     assert torch.equal(sequence_logprobs(cpu, PROMPT), sequence_logprobs(plain, PROMPT))
+
+
+def test_model_optimizer_fp8_reads_as_fp8(tmp_path):
+    """NVIDIA Model Optimizer's FP8 (`quant_algo: FP8`): e4m3 codes and one `weight_scale` a tensor that
+    multiplies."""
+
+    def per_tensor(w):
+        scale = w.abs().max().clamp(min=1e-12) / 448
+        codes = (w / scale).to(torch.float8_e4m3fn)
+        return codes, scale.reshape(()), (codes.float() * scale).to(torch.bfloat16).float()
+
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    quantization = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    path = save_fp8(model, tmp_path / "m", quantization, per_tensor, "_scale")
+    llm = LLM(path, weight_quant="none")
+    assert llm.description.endswith(", FP8")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
