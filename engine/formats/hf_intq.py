@@ -110,6 +110,26 @@ def int_scheme(quant: dict[str, Any], method: str, architecture: str, where: str
     return IntScheme("gptq", group, 1 if fmt == "gptq" else 0, bits, bool(quant.get("desc_act")))
 
 
+AUTO_ROUND_GPTQ = ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "gptq")
+AUTO_ROUND_AWQ = ("auto_round:auto_awq", "auto_awq", "awq")
+
+
+def auto_round_scheme(quant: dict[str, Any], architecture: str, where: str) -> IntScheme:
+    """Intel AutoRound's integer checkpoints: packed as AutoGPTQ packs them (`packing_format`
+    `auto_round:auto_gptq`, the default: GPTQ's original format, zero points stored minus one) or as AutoAWQ
+    does (`auto_round:auto_awq`); read as those."""
+    packing = str(quant.get("packing_format") or "auto_round:auto_gptq").lower()
+    data_type = str(quant.get("data_type") or "int").lower()
+    if data_type != "int" or packing not in AUTO_ROUND_GPTQ + AUTO_ROUND_AWQ:
+        raise NinferError(
+            f"{where} is AutoRound {data_type} packed as {packing}; ninfer reads AutoRound's integer checkpoints "
+            "packed auto_round:auto_gptq or auto_round:auto_awq"
+        )
+    if packing in AUTO_ROUND_AWQ:
+        return int_scheme({**quant, "version": "gemm", "zero_point": True}, "awq", architecture, where)
+    return int_scheme({**quant, "checkpoint_format": "gptq"}, "gptq", architecture, where)
+
+
 def compressed_tensors_scheme(quant: dict[str, Any], architecture: str, where: str) -> IntScheme | None:
     """The scheme of a compressed-tensors config (`pack-quantized`: 4- or symmetric 8-bit integers;
     `int-quantized`: symmetric 8-bit) whose weights are all one width in one group size (None where they are

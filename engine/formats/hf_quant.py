@@ -22,7 +22,7 @@ import torch
 
 from engine.errors import NinferError
 from engine.formats.hf_fp4 import Fp4Scheme, fp4_scheme
-from engine.formats.hf_intq import IntScheme, compressed_tensors_scheme, int_scheme
+from engine.formats.hf_intq import IntScheme, auto_round_scheme, compressed_tensors_scheme, int_scheme
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # tensors of a quantized checkpoint the engine does not load: the activations' (static) scales, an FP8 KV
@@ -59,6 +59,8 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str) -> ScaledScheme | I
     architecture = (cfg.get("architectures") or ["?"])[0]
     if method in ("awq", "gptq"):
         return int_scheme(quant, method, architecture, where)
+    if method in ("auto-round", "autoround", "intel/auto-round"):
+        return auto_round_scheme(quant, architecture, where)
     if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":  # a scale a tensor
         return ScaledScheme("FP8", "_scale", None)
     fp4 = fp4_scheme(quant, where)

@@ -208,6 +208,24 @@ def test_qwen3_next_fused_projections_split_packed(tmp_path, kernel_backend, met
     assert (got - hf_logprobs(model, PROMPT)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_auto_round_reads_as_the_packing_it_names(tmp_path, method):
+    """Intel AutoRound's checkpoints (`quant_method: auto-round`): packed as AutoGPTQ (the default, zero
+    points stored minus one) or AutoAWQ packs them; what else it writes is refused in one line."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    auto_round = {"quant_method": "auto-round", "packing_format": f"auto_round:auto_{method}", "sym": True}
+    path = save_int4(model, tmp_path / method, method, extra_config=auto_round)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"].pop("checkpoint_format", None)  # (AutoRound writes none)
+    (path / "config.json").write_text(json.dumps(config))
+    llm = LLM(path, weight_quant="none")
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    config["quantization_config"]["packing_format"] = "auto_round:llm_compressor"
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NinferError, match="AutoRound int packed as auto_round:llm_compressor; ninfer reads"):
+        LLM(path)
+
+
 def test_cpu_int4_and_conversion(tmp_path):
     """On the CPU `weight_quant auto` runs the 4-bit layers in int4, as the checkpoint stores them; `ninfer
     convert` takes the checkpoint as the weights it stands for (its bf16 recipe: what the same weights
