@@ -18,12 +18,13 @@ from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
 from engine.formats.gguf_mmproj import with_mmproj
 from engine.lora.adapters import Adapters
-from engine.models.loader import load_model, model_path, open_source, quantized_at_load
+from engine.models.loader import load_model, model_path, open_source, quantized_at_load, weight_quant_for
 from engine.output_processor import RequestStream
 from engine.plan.preload import check_weights_fit
 from engine.plan.runtime import device_memory, size_kv_pool
 from engine.pooling import POOLED, normalized
 from engine.quant.layer import holds_packed_weights
+from engine.quant.on_load import BITS
 from engine.request import Request, RequestOutput, SamplingParams
 from engine.rerank import NOT_A_RERANKER, HeadTap, RerankHead, pair_prompt
 from engine.sample.dry import BreakerMasks
@@ -87,7 +88,7 @@ class LLM:
         # what the matrices are held as where they were quantized as they loaded (W4G128, W8G128), else None
         self.quantized_at_load = None
         if held is not source:
-            self.quantized_at_load = "W4G128" if config.weight_quant == "int4" else "W8G128"
+            self.quantized_at_load = f"W{BITS[weight_quant_for(source, config.weight_quant)]}G128"
         source = held
         self.model_config = source.config
         if (

@@ -379,9 +379,14 @@ def _split(names: list[str], parts: tuple[str, ...]) -> tuple[list[str], list[st
     return list(layers), rest
 
 
+def _fused(name: str, config: ModelConfig) -> str | None:
+    """The Qwen3-Next fused projection a layer's weight is (qwen3_next.PARTS' key), else None."""
+    return qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
+
+
 def _held_names(name: str, config: ModelConfig) -> list[str]:
     """The names a quantized layer's weight loads as: its own, or a Qwen3-Next fused projection's parts."""
-    fused = qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
+    fused = _fused(name, config)
     if fused is None:
         return [name]
     head = name.split(f".{fused}.")[0]
@@ -414,9 +419,7 @@ def load(
         for prefix in layers:
             qt = to_groupwise(layer_parts(prefix), scheme, prefix)
             name = f"{prefix}.weight"
-            fused = (
-                qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
-            )
+            fused = _fused(name, config)
             if fused is None:
                 yield name, qt
                 continue

@@ -124,14 +124,17 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         model.build_draft_head(engine_config.lm_head_draft)
     if engine_config.device == "cpu":
         if not packed:  # (held packed: the matrices left dense are those no recipe quantizes)
-            mode = engine_config.weight_quant
-            if mode == "auto" and source.stored_bits is not None:  # FP8 / FP4 (no kernel): the CPU's int8
-                mode = "int8"
-            quantize_linear_weights(model, mode)
+            quantize_linear_weights(model, weight_quant_for(source, engine_config.weight_quant))
         store_weights_column_major(model)  # the matrices left dense
     if str(engine_config.device).startswith("cuda"):  # the load's scratch back to the driver: the KV pool
         torch.cuda.empty_cache()  # is sized from the memory free after this
     return model.eval()
+
+
+def weight_quant_for(source: ModelSource, weight_quant: str) -> str:
+    """The weight_quant a source loads under: auto holds a source streamed dequantized from codes with no
+    kernel of their own (FP8, NVFP4: stored_bits) at 8 bits (GPU groups, the CPU's int8)."""
+    return "int8" if weight_quant == "auto" and source.stored_bits is not None else weight_quant
 
 
 def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: bool = True) -> ModelSource:
@@ -140,9 +143,7 @@ def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: 
     FP8 weight kernel: 8-bit groups hold what bf16 would in half the bytes). A source quantized already is
     refused (`strict`) or kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the
     source as it is: the CPU quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
-    mode = engine_config.weight_quant
-    if mode == "auto" and source.stored_bits is not None:
-        mode = "int8"
+    mode = weight_quant_for(source, engine_config.weight_quant)
     if mode not in BITS or not kernels.use_triton(torch.empty(0, device=engine_config.device)):
         return source
     if source.quantized_weights is not None and not strict:
