@@ -82,14 +82,12 @@ class LLM:
         if config.mmproj:  # a GGUF model's vision tower, in its own file
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
-        if config.device.startswith("cuda"):  # the weights against the memory free, before any of them loads
-            check_weights_fit(source, config, device_memory(config.device)[1])
         held = quantized_at_load(source, config)  # --weight-quant int8 / int4 (FP8: auto) on a GPU
         # what the matrices are held as where they were quantized as they loaded (W4G128, W8G128), else None
         self.quantized_at_load = None
         if held is not source:
             self.quantized_at_load = f"W{BITS[weight_quant_for(source, config.weight_quant)]}G128"
-        source = held
+        stored, source = source, held
         self.model_config = source.config
         if (
             config.cache_reuse and self.model_config.num_linear_attention_layers
@@ -115,6 +113,8 @@ class LLM:
         draft_source = (
             open_draft_model(config, self.model_config, self.tokenizer) if config.spec == "draft" else None
         )
+        if config.device.startswith("cuda"):  # the weights against the memory free, before any of them loads
+            check_weights_fit(stored, config, device_memory(config.device)[1], draft_source)
         self.model = load_model(tap.wrap(source), config)
         self.rerank_head: RerankHead | None = tap.head()
         self.draft_model = load_draft_model(draft_source, config) if draft_source is not None else None

@@ -76,3 +76,31 @@ def test_an_fp8_checkpoint_counts_at_the_width_it_loads_at(tmp_path):
     with pytest.raises(NinferError, match=r"\(bf16\).*--weight-quant int8"):
         check_weights_fit(source, EngineConfig(model=str(fp8), dtype="bfloat16", weight_quant="none"), eight)
     assert eight < sixteen
+
+
+def test_a_draft_model_is_counted_beside_the_model(checkpoint, tmp_path):
+    from engine.spec.draft_model import open_draft_model
+
+    draft_dir = save_tiny(tiny_hf_model("qwen3", tied=True, seed=5, hidden_size=32), tmp_path / "d")
+    config = EngineConfig(model=str(checkpoint), dtype="bfloat16", spec="draft", draft_model=str(draft_dir))
+    source = load_hf_dir(checkpoint)
+    draft = open_draft_model(config, source.config, source.tokenizer)
+    need = _bytes(checkpoint) + _bytes(draft_dir)
+    assert _bytes(draft_dir) > 0
+    check_weights_fit(source, config, need, draft)  # both fit exactly
+    check_weights_fit(source, config, _bytes(checkpoint))  # (the model alone fits what both do not)
+    with pytest.raises(NinferError) as caught:
+        check_weights_fit(source, config, need - 1, draft)
+    message = str(caught.value)
+    assert f"take {need / 2**30:.2f} GiB as they load (bf16; draft model bf16)" in message
+    assert "--weight-quant int8" in message and message.endswith(
+        f"or a smaller draft model (`ninfer plan {checkpoint}` shows the whole ledger)"
+    )
+    # held at 4 bits as they load: both counted so
+    four = _bytes(checkpoint, "w4g128") + _bytes(draft_dir, "w4g128")
+    int4 = EngineConfig(
+        model=str(checkpoint), dtype="bfloat16", weight_quant="int4", spec="draft", draft_model=str(draft_dir)
+    )
+    check_weights_fit(source, int4, four, draft)
+    with pytest.raises(NinferError, match=r"\(w4g128; draft model w4g128\)"):
+        check_weights_fit(source, int4, four - 1, draft)
