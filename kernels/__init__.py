@@ -167,9 +167,9 @@ def paged_attention(
     )
 
 
-def quant_matmul(x, packed, scales, minimums, bits, group_size, out=None):
+def quant_matmul(x, packed, scales, minimums, bits, group_size, out=None, columns=None):
     impl = _triton("quant_matmul") if use_triton(x) else _quant_matmul_naive
-    return impl.quant_matmul(x, packed, scales, minimums, bits, group_size, out)
+    return impl.quant_matmul(x, packed, scales, minimums, bits, group_size, out, columns=columns)
 
 
 def quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype):

@@ -262,16 +262,19 @@ def case_quant_matmul(
     cuda_cores: bool | None = None,
     prefetch: bool = False,
     half2: bool = False,
+    act_order: bool = False,
 ):
     """engine/quant/groupwise.py's layout: 4-bit asymmetric (codes two per byte, scale and minimum per
     group), 6-bit asymmetric (four codes per 3 bytes), 8-bit symmetric. cuda_cores: the GEMV at M = 1 on
     the CUDA cores (kernels/quant_matmul/gemv4.py, gemv6.py, gemv8.py) or the tensor-core one, else the
-    default. prefetch: gemv4.py's register prefetch knob; half2: gemv4h.py (two codes an f16x2 FMA)."""
+    default. prefetch: gemv4.py's register prefetch knob; half2: gemv4h.py (two codes an f16x2 FMA);
+    act_order: x's columns loaded through a column order (an act-order checkpoint's)."""
     packed, scales, minimums = zero_packed(n, k=k, bits=bits, group=group)
     op = _op("quant_matmul")
     x = _randn(m, k, dtype=DTYPES[dtype])
     knobs = dict(cuda_cores=cuda_cores, prefetch=prefetch, half2=half2)
-    op.quant_matmul(x, packed, scales, minimums, bits, group, **knobs)
+    columns = torch.randperm(k).to(torch.int32) if act_order else None
+    op.quant_matmul(x, packed, scales, minimums, bits, group, **knobs, columns=columns)
     row_bytes = group * bits // 8 + 2 + 2 * (minimums is not None)  # codes, scale and minimum of a group
     if cuda_cores is None:
         cuda_cores = op.GEMV_CUDA_CORES and bits in op.CUDA_CORE_GEMV_WIDTHS
@@ -416,6 +419,11 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         )
     for group in (128, 32):  # the 8-bit GEMV on the CUDA cores (a tuning knob: gemv8.py)
         add(case_quant_matmul, bits=8, m=1, dtype="bf16", group=group, cuda_cores=True)
+    # an act-order checkpoint's column order, loaded with x: each GEMV at M = 1, M = 4's, the GEMM's
+    for bits, m in ((4, 1), (6, 1), (4, 4), (8, 1), (4, 40)):
+        add(case_quant_matmul, bits=bits, m=m, dtype="bf16", act_order=True)
+    add(case_quant_matmul, bits=4, m=2, dtype="bf16", cuda_cores=True, half2=True, act_order=True)
+    add(case_quant_matmul, bits=8, m=1, dtype="bf16", cuda_cores=True, act_order=True)
     for bits in (4, 6, 8):
         add(case_quant_embedding, bits=bits, dtype="bf16")
         add(case_dequantize, bits=bits, dtype="bf16")

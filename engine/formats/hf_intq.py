@@ -25,8 +25,8 @@ checkpoint's, the minimum -z * s (rounded once to fp16: within 1% of a code step
 16 bits (lm_head, embeddings, a router) stream as they are. An act-order checkpoint (GPTQ's desc_act,
 compressed-tensors' actorder "group") scatters each group over the input columns (`g_idx`: each column's
 group): its columns are stored sorted by group, so the groups are contiguous as the kernels take them, with
-the order kept (QuantizedTensor.columns): the layer gathers its input columns in that order before the
-multiply (engine/quant/layer.py), and dequantizing puts them back. Qwen3-Next's fused input projections
+the order kept (QuantizedTensor.columns): the matmul kernels load the input's columns in that order
+(kernels/quant_matmul's `columns`), and dequantizing puts them back. Qwen3-Next's fused input projections
 (in_proj_qkvz, in_proj_ba), quantized whole, are split into Qwen3.5's parts by rows, still packed.
 """
 

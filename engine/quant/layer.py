@@ -83,8 +83,8 @@ class GroupwiseWeight:
         # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given); xq: x (gathered)
         # quantized for this weight's group size already (a fused projection's parts share it)
         args = (self.packed, self.scales, self.minimums, self.bits, self.group_size)
-        if not self.takes_int8(x):
-            return kernels.quant_matmul(self.gathered(x), *args, out)
+        if not self.takes_int8(x):  # (an act-order weight's column order: x gathered as the kernels load it)
+            return kernels.quant_matmul(x, *args, out, columns=self.columns)
         xq = xq or kernels.quantize_act(self.gathered(x), self.group_size)
         return kernels.int8_matmul(
             *xq, *args, x.new_empty((x.shape[0], self.out_features)) if out is None else out

@@ -41,11 +41,17 @@ def _code(src, P: tl.constexpr, magic):
 
 
 @triton.jit
-def _x(x_ptr, kk, K, EVEN_K: tl.constexpr):
-    """x[kk] in fp32 (EVEN_K: K is whole groups, no mask)."""
+def _x(x_ptr, kk, K, EVEN_K: tl.constexpr, columns_ptr, HAS_COLUMNS: tl.constexpr):
+    """x[kk] in fp32 (EVEN_K: K is whole groups, no mask); HAS_COLUMNS (an act-order weight): x[columns[kk]],
+    the input column each stored column holds (int32 [K] at columns_ptr), gathered as it loads."""
     if EVEN_K:
+        if HAS_COLUMNS:
+            kk = tl.load(columns_ptr + kk)
         return tl.load(x_ptr + kk).to(tl.float32)
-    return tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    inside = kk < K
+    if HAS_COLUMNS:
+        kk = tl.load(columns_ptr + kk, mask=inside, other=0)
+    return tl.load(x_ptr + kk, mask=inside, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -96,6 +102,7 @@ def gemv4_cuda_cores_kernel(
     out_ptr,  # [1, N] in x's dtype
     sums_ptr,  # SPLIT_K: fp32 [N] partial sums, zero before and after
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
+    columns_ptr,  # HAS_COLUMNS: int32 [K], the input column each stored column holds (act-order)
     N,
     K,
     row_words,  # KP / 8 (an argument of its own: a multiple of 16 lets the words load 16 bytes at a time)
@@ -109,6 +116,7 @@ def gemv4_cuda_cores_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
     PREFETCH: tl.constexpr = False,  # the next group's words loaded into registers before this one's sums
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
@@ -136,7 +144,7 @@ def gemv4_cuda_cores_kernel(
         up, down, rot = word << 8, word >> 8, (word << 16) | (word >> 16)
         # the group's activations as one flat vector, summed there (the minimum's term): Triton 3.6 then
         # converts them where they load, not in each thread that reads them back
-        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K)
+        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K, columns_ptr, HAS_COLUMNS)
         group_sum = tl.sum(x_flat, axis=0)
         x8 = tl.reshape(x_flat, [WORDS, 8])
         x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)

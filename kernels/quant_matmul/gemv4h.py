@@ -138,7 +138,18 @@ def _word(w, p0, p1, p2, p3, s, magic, EMULATE: tl.constexpr):
 
 @triton.jit
 def _activation_row(
-    x_row, k0, K, x_scale, w0, w1, magic, WORDS: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr
+    x_row,
+    k0,
+    K,
+    x_scale,
+    w0,
+    w1,
+    magic,
+    columns_ptr,
+    WORDS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """One activation row's step over a group: its chains' sums (fp32 [BLOCK_N, WORDS / 2]: sum_e x'_e (16 +
     c_e) over each row's word pair) and the group's activation sum sum_e x'_e (fp32), x' = x_scale x."""
@@ -146,8 +157,8 @@ def _activation_row(
     # the activation pairs (x_j, x_j+4) of each word, scaled and packed where they load ([WORDS, 4])
     i = tl.arange(0, 4 * WORDS)  # (word i // 4, column i % 4)
     lo = k0 + (i // 4) * 8 + i % 4
-    x_lo = _x(x_row, lo, K, EVEN_K) * x_scale
-    x_hi = _x(x_row, lo + 4, K, EVEN_K) * x_scale
+    x_lo = _x(x_row, lo, K, EVEN_K, columns_ptr, HAS_COLUMNS) * x_scale
+    x_hi = _x(x_row, lo + 4, K, EVEN_K, columns_ptr, HAS_COLUMNS) * x_scale
     xs = tl.sum(x_lo + x_hi, axis=0)  # sum x'
     pairs = tl.reshape(_half2(x_lo, x_hi, EMULATE), [WORDS, 4])
     even, odd = tl.split(tl.reshape(pairs, [WORDS, 2, 2]))  # j = 0, 2 and 1, 3
@@ -165,10 +176,10 @@ def _activation_row(
 
 
 @triton.jit
-def _row_scale(x_row, k_start, k_end, SLICE: tl.constexpr):
+def _row_scale(x_row, k_start, k_end, columns_ptr, SLICE: tl.constexpr, HAS_COLUMNS: tl.constexpr):
     """x_scale, x_unscale of an activation row's K slice (_power_of_two_scale of its largest magnitude)."""
     kk = k_start + tl.arange(0, SLICE)
-    return _power_of_two_scale(tl.max(tl.abs(_x(x_row, kk, k_end, False))))
+    return _power_of_two_scale(tl.max(tl.abs(_x(x_row, kk, k_end, False, columns_ptr, HAS_COLUMNS))))
 
 
 @triton.jit(do_not_specialize=["half_magic"])
@@ -180,6 +191,7 @@ def gemv4_half2_kernel(
     out_ptr,  # [M, N] in x's dtype
     sums_ptr,  # SPLIT_K: fp32 [M, N] partial sums, zero before and after
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
+    columns_ptr,  # HAS_COLUMNS: int32 [K], the input column each stored column holds (act-order)
     M,
     N,
     K,
@@ -198,6 +210,7 @@ def gemv4_half2_kernel(
     STAGES: tl.constexpr,
     SLICE: tl.constexpr,  # a power of two >= GROUPS_PER_SPLIT * GROUP_SIZE: the slice's activations at once
     EMULATE: tl.constexpr,  # the interpreter: no inline PTX
+    HAS_COLUMNS: tl.constexpr,
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 8
     HALF: tl.constexpr = WORDS // 2
@@ -210,15 +223,15 @@ def gemv4_half2_kernel(
     x_1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
     x_2 = x_ptr + tl.minimum(2, M - 1) * stride_xm
     x_3 = x_ptr + tl.minimum(3, M - 1) * stride_xm
-    scale_0, unscale_0 = _row_scale(x_0, k_start, k_end, SLICE)
+    scale_0, unscale_0 = _row_scale(x_0, k_start, k_end, columns_ptr, SLICE, HAS_COLUMNS)
     scale_1, unscale_1 = scale_0, unscale_0
     scale_2, unscale_2 = scale_0, unscale_0
     scale_3, unscale_3 = scale_0, unscale_0
     if ROWS_X >= 2:
-        scale_1, unscale_1 = _row_scale(x_1, k_start, k_end, SLICE)
+        scale_1, unscale_1 = _row_scale(x_1, k_start, k_end, columns_ptr, SLICE, HAS_COLUMNS)
     if ROWS_X >= 4:
-        scale_2, unscale_2 = _row_scale(x_2, k_start, k_end, SLICE)
-        scale_3, unscale_3 = _row_scale(x_3, k_start, k_end, SLICE)
+        scale_2, unscale_2 = _row_scale(x_2, k_start, k_end, columns_ptr, SLICE, HAS_COLUMNS)
+        scale_3, unscale_3 = _row_scale(x_3, k_start, k_end, columns_ptr, SLICE, HAS_COLUMNS)
     total_0 = tl.zeros([BLOCK_N, HALF], tl.float32)
     total_1, total_2, total_3 = total_0, total_0, total_0
     row_total_0 = tl.zeros([BLOCK_N], tl.float32)
@@ -232,15 +245,23 @@ def gemv4_half2_kernel(
             shift = tl.fma(scale, -16.0, _group_column(mins_ptr, rows_in, num_groups, group))
         else:
             shift = scale * -16.0
-        s, xs = _activation_row(x_0, k0, K, scale_0, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+        s, xs = _activation_row(
+            x_0, k0, K, scale_0, w0, w1, magic, columns_ptr, WORDS, EVEN_K, HAS_COLUMNS, EMULATE
+        )
         total_0, row_total_0 = tl.fma(s, scale[:, None], total_0), tl.fma(shift, xs, row_total_0)
         if ROWS_X >= 2:
-            s, xs = _activation_row(x_1, k0, K, scale_1, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(
+                x_1, k0, K, scale_1, w0, w1, magic, columns_ptr, WORDS, EVEN_K, HAS_COLUMNS, EMULATE
+            )
             total_1, row_total_1 = tl.fma(s, scale[:, None], total_1), tl.fma(shift, xs, row_total_1)
         if ROWS_X >= 4:
-            s, xs = _activation_row(x_2, k0, K, scale_2, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(
+                x_2, k0, K, scale_2, w0, w1, magic, columns_ptr, WORDS, EVEN_K, HAS_COLUMNS, EMULATE
+            )
             total_2, row_total_2 = tl.fma(s, scale[:, None], total_2), tl.fma(shift, xs, row_total_2)
-            s, xs = _activation_row(x_3, k0, K, scale_3, w0, w1, magic, WORDS, EVEN_K, EMULATE)
+            s, xs = _activation_row(
+                x_3, k0, K, scale_3, w0, w1, magic, columns_ptr, WORDS, EVEN_K, HAS_COLUMNS, EMULATE
+            )
             total_3, row_total_3 = tl.fma(s, scale[:, None], total_3), tl.fma(shift, xs, row_total_3)
     # each row's sums back by its x_unscale, as [ROWS_X, BLOCK_N]
     acc_0 = (tl.sum(total_0, axis=1) + row_total_0) * unscale_0

@@ -47,6 +47,7 @@ def gemv6_cuda_cores_kernel(
     out_ptr,  # [1, N] in x's dtype
     sums_ptr,  # SPLIT_K: fp32 [N] partial sums, zero before and after
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
+    columns_ptr,  # HAS_COLUMNS: int32 [K], the input column each stored column holds (act-order)
     N,
     K,
     row_words,  # 3 KP / 16
@@ -59,6 +60,7 @@ def gemv6_cuda_cores_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
 ):
     CHUNKS: tl.constexpr = GROUP_SIZE // 16
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
@@ -75,7 +77,7 @@ def gemv6_cuda_cores_kernel(
         w2 = tl.load(row + 2).to(tl.uint32, bitcast=True)
         # the group's activations as one flat vector, summed there (the minimum's term): Triton 3.6 then
         # converts them where they load, not in each thread that reads them back
-        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K)
+        x_flat = _x(x_ptr, k0 + tl.arange(0, GROUP_SIZE), K, EVEN_K, columns_ptr, HAS_COLUMNS)
         group_sum = tl.sum(x_flat, axis=0)
         x16 = tl.reshape(x_flat, [CHUNKS, 16])
         # column k = 8a + 4b + 2d + e of the chunk: split from the last axis of [CHUNKS, a, b, d, e]

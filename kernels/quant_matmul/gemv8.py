@@ -39,6 +39,7 @@ def gemv8_cuda_cores_kernel(
     out_ptr,  # [1, N] in x's dtype
     sums_ptr,  # SPLIT_K: fp32 [N] partial sums, zero before and after
     arrivals_ptr,  # SPLIT_K: int32 per tile, zero before and after
+    columns_ptr,  # HAS_COLUMNS: int32 [K], the input column each stored column holds (act-order)
     N,
     K,
     row_words,  # KP / 4
@@ -51,6 +52,7 @@ def gemv8_cuda_cores_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_K: tl.constexpr,  # K a multiple of GROUP_SIZE
     STAGES: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
 ):
     WORDS: tl.constexpr = GROUP_SIZE // 4
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, GROUPS_PER_SPLIT, GROUP_SIZE, BLOCK_N)
@@ -63,7 +65,8 @@ def gemv8_cuda_cores_kernel(
         word = tl.load(packed_ptr + rows_in[:, None] * row_words + (k0 // 4 + t)[None, :])  # [BLOCK_N, WORDS]
         u = (word ^ SIGN_BITS).to(tl.uint32, bitcast=True)  # each byte c + 128
         low, high = u << 7, u >> 9  # bytes 0, 1 at bits 7, 15; bytes 2, 3 there
-        x4 = _x(x_ptr, (k0 + 4 * t)[:, None] + tl.arange(0, 4)[None, :], K, EVEN_K)  # [WORDS, 4]
+        kk = (k0 + 4 * t)[:, None] + tl.arange(0, 4)[None, :]
+        x4 = _x(x_ptr, kk, K, EVEN_K, columns_ptr, HAS_COLUMNS)  # [WORDS, 4]
         even, odd = tl.split(tl.reshape(x4, [WORDS, 2, 2]))  # bytes 0, 2 and 1, 3
         x0, x2 = tl.split(even)
         x1, x3 = tl.split(odd)

@@ -40,9 +40,14 @@ def quant_matmul(
     bits: int,
     group_size: int,
     out: torch.Tensor | None = None,  # [M, N] in x's dtype, unit column stride
+    columns: torch.Tensor | None = None,  # int32 [K]: the input column each stored column holds
 ) -> torch.Tensor:
     """y = x W^T for a 4-, 6- or 8-bit group-wise quantized W [N, K]: [M, N] in x's dtype, fp32 accumulation.
-    With `out` (a column view of a wider output, say), y is written there and out returned."""
+    With `out` (a column view of a wider output, say), y is written there and out returned. With `columns`
+    (an act-order checkpoint's groups gathered from scattered input columns), W's column j multiplies x's
+    column columns[j]: y = x[:, columns] W^T."""
+    if columns is not None:
+        x = x.index_select(1, columns)
     w = dequantize_weight(packed, scales, minimums, bits, group_size, x.shape[1])
     y = (x.float() @ w.t()).to(x.dtype)
     return y if out is None else out.copy_(y)

@@ -122,6 +122,7 @@ def _tile_product(
     packed_ptr,
     scales_ptr,
     mins_ptr,
+    columns_ptr,
     offs_m,
     offs_n,
     k0,
@@ -139,8 +140,10 @@ def _tile_product(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     SUMS_BY_DOT: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
 ):
-    """x[offs_m, k0:k0+GROUP_SIZE] @ W[offs_n, k0:k0+GROUP_SIZE]^T as [BLOCK_M, BLOCK_N] fp32."""
+    """x[offs_m, k0:k0+GROUP_SIZE] @ W[offs_n, k0:k0+GROUP_SIZE]^T as [BLOCK_M, BLOCK_N] fp32 (HAS_COLUMNS:
+    x's columns columns[k0:k0+GROUP_SIZE], an act-order weight's stored order)."""
     m_mask = offs_m < M
     n_mask = offs_n < N
     group = k0 // GROUP_SIZE
@@ -150,8 +153,10 @@ def _tile_product(
     else:
         minimum = tl.zeros_like(scale)
     kk = k0 + tl.arange(0, GROUP_SIZE)
+    inside = kk < K
+    xk = tl.load(columns_ptr + kk, mask=inside, other=0) if HAS_COLUMNS else kk
     x = tl.load(
-        x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & (kk[None, :] < K), other=0.0
+        x_ptr + offs_m[:, None] * stride_xm + xk[None, :], mask=m_mask[:, None] & inside[None, :], other=0.0
     )
     if BITS == 4 and GROUP_SIZE >= 64:  # the packed row read as int32 words of eight codes (columns 8t..8t+7)
         EIGHTH: tl.constexpr = GROUP_SIZE // 8
@@ -216,6 +221,7 @@ def _quant_matmul_kernel(
     out_ptr,  # [M, N] in x's dtype
     sums_ptr,  # SPLIT_K: fp32 partial sums [M, N], zero before and after the kernel
     arrivals_ptr,  # SPLIT_K: int32 per output tile, the K slices done so far; zero before and after
+    columns_ptr,  # HAS_COLUMNS: int32 [K], the input column each stored column holds (act-order)
     M,
     N,
     K,
@@ -233,6 +239,7 @@ def _quant_matmul_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    HAS_COLUMNS: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,6 +253,7 @@ def _quant_matmul_kernel(
             packed_ptr,
             scales_ptr,
             mins_ptr,
+            columns_ptr,
             offs_m,
             offs_n,
             k0,
@@ -263,6 +271,7 @@ def _quant_matmul_kernel(
             PRECISION,
             DOT_DTYPE,
             SUMS_BY_DOT,
+            HAS_COLUMNS,
         )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -382,6 +391,7 @@ def quant_matmul(
     prefetch: bool = False,
     half2: bool | None = None,
     dequant: bool | None = None,
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See kernels/quant_matmul/naive.py. From DEQUANT_MIN_M rows of x on, the weight is dequantized by
     slices and multiplied by cuBLAS (dequant.py); `dequant` forces that path or the fused kernels. block_m
@@ -391,7 +401,9 @@ def quant_matmul(
     sums from the tensor cores; default: in the GEMV) and cuda_cores (the 4- and 6-bit GEMVs at M = 1 on
     the CUDA cores, gemv4.py / gemv6.py; default GEMV_CUDA_CORES) and prefetch (gemv4.py: the next group's
     words loaded into registers a step ahead) and half2 (gemv4h.py: two codes an f16x2 instruction, 16-bit x;
-    default GEMV_HALF2) are tuning knobs for benchmarks/gpu_kernels.py's sweeps."""
+    default GEMV_HALF2) are tuning knobs for benchmarks/gpu_kernels.py's sweeps. columns (int32 [K], an
+    act-order weight's stored order): the fused kernels load x's columns through it; the dequantized
+    slices' path gathers x first."""
     assert not prefetch or bits == 4, "prefetch is a knob of the 4-bit CUDA-core GEMV (gemv4.py)"
     if half2 is None:
         half2 = GEMV_HALF2 and bits == 4 and x.dtype != torch.float32
@@ -407,7 +419,9 @@ def quant_matmul(
     out = x.new_empty((m, n)) if out is None else out
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
     long_chunk = m >= DEQUANT_MIN_M if dequant is None else dequant
+    assert columns is None or (columns.dtype == torch.int32 and columns.shape == (k,))
     if long_chunk:
+        x = x if columns is None else x.index_select(1, columns)
         return dequant_matmul(x, packed, scales, minimums, bits, group_size, out)
     common = dict(
         BITS=bits,
@@ -440,6 +454,9 @@ def quant_matmul(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(groups, per_split))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
     weights = (packed.view(torch.int32) if bits in (4, 6) else packed, scales, mins)
+    # (a tensor for the pointer where there is no column order: never read)
+    order = dict(HAS_COLUMNS=columns is not None)
+    columns = columns if columns is not None else scales
     if cuda_cores:
         launch = dict(
             GROUP_SIZE=group_size,
@@ -448,6 +465,7 @@ def quant_matmul(
             EVEN_K=k % group_size == 0,
             STAGES=num_stages or CUDA_CORE_GEMV_STAGES,
             num_warps=num_warps,
+            **order,
         )
         if half2:  # two codes an f16x2 instruction (gemv4h.py; inline PTX, emulated by the interpreter)
             gemv4_half2_kernel[grid](
@@ -456,6 +474,7 @@ def quant_matmul(
                 out,
                 sums,
                 arrivals,
+                columns,
                 m,
                 n,
                 k,
@@ -482,6 +501,7 @@ def quant_matmul(
             out,
             sums,
             arrivals,
+            columns,
             n,
             k,
             row_words(kp),
@@ -498,6 +518,7 @@ def quant_matmul(
         out,
         sums,
         arrivals,
+        columns,
         m,
         n,
         k,
@@ -513,5 +534,6 @@ def quant_matmul(
         num_warps=num_warps,
         num_stages=num_stages or 3,
         **common,
+        **order,
     )
     return out

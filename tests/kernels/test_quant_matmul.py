@@ -228,6 +228,70 @@ def test_half2_gemv_matches_naive(n, k, group, num_splits, dtype):
         fused.quant_matmul(x.float(), packed, scales, mins, bits, group, **knobs)
 
 
+ACT_ORDER_PATHS = {  # every kernel quant_matmul has: (rows of x, knobs)
+    "gemv_cuda_cores": (1, dict(cuda_cores=True)),
+    "half2": (3, dict(cuda_cores=True, half2=True)),
+    "gemv_tensor_cores": (5, dict(cuda_cores=False)),
+    "gemm": (40, dict(dequant=False)),
+    "dequantized_slices": (40, dict(dequant=True)),
+}
+
+
+ACT_ORDER_SHAPES = [(4, 130, 1000, 128), (4, 96, 96, 32), (6, 70, 576, 64), (8, 64, 200, 64)]
+
+
+@pytest.mark.parametrize(
+    "path,bits,n,k,group",
+    [
+        (path, *shape)
+        for path in ACT_ORDER_PATHS
+        for shape in ACT_ORDER_SHAPES
+        if path != "half2" or shape[0] == 4
+    ],
+)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_act_order_columns_are_gathered_as_x_loads(path, bits, n, k, group, num_splits):
+    """An act-order weight (stored column j holds input column columns[j]: its groups gathered from scattered
+    columns): every kernel loads x through the order, as x[:, columns] @ W^T, on every path (K padded
+    past the last group, K sliced, rows past N); without the order the result is another."""
+    torch.manual_seed(n + k + bits)
+    qt = quantize(torch.randn(n, k) * 0.05, bits, group)
+    packed, scales, mins, bits, group = _operands(qt)
+    columns = torch.randperm(k, generator=torch.Generator().manual_seed(k)).to(torch.int32).to(DEVICE)
+    m, knobs = ACT_ORDER_PATHS[path]
+    dtype = torch.bfloat16 if path == "half2" else torch.float32
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    want = naive.quant_matmul(x[:, columns.long()].float(), packed, scales, mins, bits, group)
+    assert torch.equal(
+        want, naive.quant_matmul(x.float(), packed, scales, mins, bits, group, columns=columns)
+    )
+    splits = dict(num_splits=num_splits) if "gemv" in path or path == "half2" else {}
+    got = fused.quant_matmul(x, packed, scales, mins, bits, group, columns=columns, **knobs, **splits)
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 1e-2)
+    assert rel_err(fused.quant_matmul(x, packed, scales, mins, bits, group, **knobs, **splits), want) > 0.1
+
+
+def test_an_act_order_layer_hands_its_order_to_the_kernel(kernel_backend, monkeypatch):
+    """GroupwiseWeight passes x as it is and its column order to quant_matmul (no gather launched before
+    the kernel on the 16-bit path) and gets what the gathered input gives."""
+    import ninfer_kernels
+
+    kernel_backend("triton")
+    torch.manual_seed(3)
+    qt = quantize(torch.randn(96, 256) * 0.05, 4, 128)
+    weight = GroupwiseWeight.from_shards([qt], "cpu")
+    weight.columns = torch.randperm(256).to(torch.int32)
+    x = torch.randn(2, 256)
+    want = naive.quant_matmul(x[:, weight.columns.long()], qt.packed, qt.scales, qt.minimums, 4, 128)
+    calls, kernel = [], ninfer_kernels.quant_matmul
+    monkeypatch.setattr(
+        ninfer_kernels, "quant_matmul", lambda *a, **kw: calls.append((a, kw)) or kernel(*a, **kw)
+    )
+    got = weight(x)
+    assert len(calls) == 1 and calls[0][0][0] is x and calls[0][1]["columns"] is weight.columns
+    assert rel_err(got, want) < 1e-3
+
+
 @pytest.mark.parametrize("value,on", [("1", True), ("0", False), (None, False)])
 def test_gemv_half2_switch_reads_its_environment_variable(value, on, tmp_path):
     """NINFER_GEMV_HALF2=1 at import turns GEMV_HALF2 on (gpu_check.sh's DUMMY_HALF2 times a decode both
