@@ -45,64 +45,72 @@ MX_CONFIG = {
 }
 
 
-def _nvfp4(w: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed uint8 [N, K / 2], e4m3 scales [N, K / 16], the weights they stand for before the global
-    scale): random codes, each group's scale a power of two near the group's size in w."""
+def _fp4_codes(w: torch.Tensor, group: int, generator: torch.Generator):
+    """(packed uint8 [N, K / 2], each group's exponent [N, K / group], the e2m1 values [N, K]): random codes,
+    each group's scale the power of two nearest the group's size in w."""
     n, k = w.shape
     codes = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
     values = E2M1[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
-    group = w.abs().reshape(n, k // 16, 16).amax(-1).clamp(min=1e-6) / 6
-    scale = torch.exp2(torch.round(torch.log2(group))).to(torch.float8_e4m3fn)  # exact in e4m3
-    held = values * scale.float().repeat_interleave(16, dim=1)
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, held
+    size = w.abs().reshape(n, k // group, group).amax(-1).clamp(min=1e-6) / 6
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), torch.round(torch.log2(size)), values
 
 
-def save_nvfp4(model, path, tool: str):
-    """`model` saved as `tool` ("compressed-tensors" / "modelopt") stores NVFP4; its matrices become the
-    weights the codes stand for."""
+def save_fp4(model, path, tool: str):
+    """`model` saved as `tool` stores it: "compressed-tensors" / "modelopt" NVFP4, "mxfp4" llm-compressor's
+    MXFP4; its matrices become the weights the codes stand for."""
     save_tiny(model, path)
+    group = 32 if tool == "mxfp4" else 16
     tensors, out, held = load_file(path / "model.safetensors"), {}, {}
     generator = torch.Generator().manual_seed(5)
     for name, w in tensors.items():
-        if not (name.endswith("proj.weight") and w.dim() == 2 and w.shape[1] % 16 == 0):
+        if not (name.endswith("proj.weight") and w.dim() == 2 and w.shape[1] % group == 0):
             out[name] = w
             continue
         layer = name[: -len(".weight")]
-        packed, scale, held_before = _nvfp4(w, generator)
-        out[f"{layer}.weight_scale"] = scale
+        packed, exponent, values = _fp4_codes(w, group, generator)
+        scale = torch.exp2(exponent)  # (exact in e4m3 and as an e8m0 exponent)
+        held[name] = values * scale.repeat_interleave(group, dim=1)
+        if tool == "mxfp4":  # e8m0: the exponent plus 127, no tensor scale
+            out[f"{layer}.weight_packed"], out[f"{layer}.weight_scale"] = (
+                packed,
+                (exponent + 127).to(torch.uint8),
+            )
+            continue
+        out[f"{layer}.weight_scale"] = scale.to(torch.float8_e4m3fn)
         if tool == "compressed-tensors":  # the global scale divides
             out[f"{layer}.weight_packed"], out[f"{layer}.weight_global_scale"] = packed, torch.tensor([4.0])
-            held[name] = held_before / 4
+            held[name] = held[name] / 4
         else:  # the second scale multiplies
             out[f"{layer}.weight"], out[f"{layer}.weight_scale_2"] = packed, torch.tensor(0.25)
-            held[name] = held_before * 0.25
+            held[name] = held[name] * 0.25
         out[f"{layer}.input_scale"] = torch.tensor(1.0)
     save_file(out, path / "model.safetensors")
     config = json.loads((path / "config.json").read_text())
-    quant = CT_CONFIG if tool == "compressed-tensors" else MODELOPT_CONFIG
+    quant = {"compressed-tensors": CT_CONFIG, "modelopt": MODELOPT_CONFIG, "mxfp4": MX_CONFIG}[tool]
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     hold_weights(model, held)
     return path
 
 
-@pytest.mark.parametrize("tool", ["compressed-tensors", "modelopt"])
+@pytest.mark.parametrize("tool", ["compressed-tensors", "modelopt", "mxfp4"])
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_read_as_the_weights_they_stand_for(tmp_path, tool, arch):
     model = tiny_hf_model(arch, tied=False, seed=3)
-    path = save_nvfp4(model, tmp_path / "m", tool)
+    path = save_fp4(model, tmp_path / "m", tool)
+    label = "MXFP4" if tool == "mxfp4" else "NVFP4"
     llm = LLM(path, weight_quant="none")
-    assert llm.description.endswith(", NVFP4")
+    assert llm.description.endswith(f", {label}")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
     # no FP4 weight kernel: held as 8-bit groups on a GPU, the CPU's int8 kernels here (auto)
     planned = resolve(str(path), None, None, None, False, False)
-    assert planned.recipe == "NVFP4 held as 8-bit groups of 128, quantized as it loads"
+    assert planned.recipe == f"{label} held as 8-bit groups of 128, quantized as it loads"
     auto = LLM(path)
     assert isinstance(auto.model.model.layers[0].self_attn.o_proj.qweight, CpuInt8Weight)
 
 
 def test_what_is_missing_or_not_read_is_named(tmp_path):
     model = tiny_hf_model("qwen3", tied=False, seed=3)
-    path = save_nvfp4(model, tmp_path / "m", "modelopt")
+    path = save_fp4(model, tmp_path / "m", "modelopt")
     tensors = load_file(path / "model.safetensors")
     del tensors["model.layers.1.mlp.up_proj.weight_scale_2"]
     save_file(tensors, path / "model.safetensors")
@@ -117,48 +125,9 @@ def test_what_is_missing_or_not_read_is_named(tmp_path):
         LLM(path)
 
 
-def save_mxfp4(model, path):
-    """`model` saved as llm-compressor stores MXFP4 (e2m1 codes, an e8m0 exponent a group of 32); its
-    matrices become the weights the codes stand for."""
-    save_tiny(model, path)
-    tensors, out, held = load_file(path / "model.safetensors"), {}, {}
-    generator = torch.Generator().manual_seed(6)
-    for name, w in tensors.items():
-        if not (name.endswith("proj.weight") and w.dim() == 2 and w.shape[1] % 32 == 0):
-            out[name] = w
-            continue
-        layer = name[: -len(".weight")]
-        n, k = w.shape
-        codes = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
-        values = E2M1[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
-        group = w.abs().reshape(n, k // 32, 32).amax(-1).clamp(min=1e-6) / 6
-        exponent = torch.round(torch.log2(group)).clamp(-127, 127)
-        out[f"{layer}.weight_packed"] = codes[:, 0::2] | (codes[:, 1::2] << 4)
-        out[f"{layer}.weight_scale"] = (exponent + 127).to(torch.uint8)
-        held[name] = values * torch.exp2(exponent).repeat_interleave(32, dim=1)
-    save_file(out, path / "model.safetensors")
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "quantization_config": MX_CONFIG}))
-    hold_weights(model, held)
-    return path
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-def test_mxfp4_reads_as_the_weights_it_stands_for(tmp_path, arch):
-    model = tiny_hf_model(arch, tied=False, seed=4)
-    path = save_mxfp4(model, tmp_path / "m")
-    llm = LLM(path, weight_quant="none")
-    assert llm.description.endswith(", MXFP4")
-    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
-    planned = resolve(str(path), None, None, None, False, False)
-    assert planned.recipe == "MXFP4 held as 8-bit groups of 128, quantized as it loads"
-    auto = LLM(path)
-    assert isinstance(auto.model.model.layers[0].self_attn.o_proj.qweight, CpuInt8Weight)
-
-
 def test_mxfp4_damage_and_other_layouts_are_named(tmp_path):
     model = tiny_hf_model("qwen3", tied=False, seed=4)
-    path = save_mxfp4(model, tmp_path / "m")
+    path = save_fp4(model, tmp_path / "m", "mxfp4")
     tensors = load_file(path / "model.safetensors")
     scale = tensors["model.layers.0.mlp.down_proj.weight_scale"]
     scale[0, 0] = 255
