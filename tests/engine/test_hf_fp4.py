@@ -68,15 +68,14 @@ def save_fp4(model, path, tool: str):
             continue
         layer = name[: -len(".weight")]
         packed, exponent, values = _fp4_codes(w, group, generator)
-        scale = torch.exp2(exponent)  # (exact in e4m3 and as an e8m0 exponent)
-        held[name] = values * scale.repeat_interleave(group, dim=1)
         if tool == "mxfp4":  # e8m0: the exponent plus 127, no tensor scale
-            out[f"{layer}.weight_packed"], out[f"{layer}.weight_scale"] = (
-                packed,
-                (exponent + 127).to(torch.uint8),
-            )
+            held[name] = values * torch.exp2(exponent).repeat_interleave(group, dim=1)
+            out[f"{layer}.weight_packed"] = packed
+            out[f"{layer}.weight_scale"] = (exponent + 127).to(torch.uint8)
             continue
-        out[f"{layer}.weight_scale"] = scale.to(torch.float8_e4m3fn)
+        scale = torch.exp2(exponent).to(torch.float8_e4m3fn)  # (a power of two: exact where e4m3 has it)
+        held[name] = values * scale.float().repeat_interleave(group, dim=1)
+        out[f"{layer}.weight_scale"] = scale
         if tool == "compressed-tensors":  # the global scale divides
             out[f"{layer}.weight_packed"], out[f"{layer}.weight_global_scale"] = packed, torch.tensor([4.0])
             held[name] = held[name] / 4
