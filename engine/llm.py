@@ -417,6 +417,10 @@ class LLM:
                     break
             if stream.stopped and not req.is_finished:
                 self.scheduler.finish_request(req.request_id, "stop")
+            elif stream.stopped and req.finish_reason == "length":
+                # the stop string came at or before the token that reached max_tokens (several accepted
+                # drafts in one step; or the last token itself): it ended the output, as without drafts
+                req.finish_reason = "stop"
             if req.is_finished:
                 stream.flush()
             delta = stream.take_delta(req.is_finished)

@@ -310,3 +310,43 @@ def test_prefix_cache_hits_after_drafting_runs_keep_output(model_dir):
     cold = _generate(LLM(model_dir, enable_prefix_caching=False), params, follow)[0]
     assert again.num_cached_tokens > 0 and again.token_ids == cold.token_ids
     assert llm.scheduler.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("same_token", [True, False])
+def test_a_stop_string_inside_an_accepted_run_that_reaches_the_token_limit_is_the_stop(same_token):
+    """A stop string completed by token i of a run of accepted drafts that also reaches max_tokens (a later
+    token of the run) ends the output as a stop (the tokens after it dropped), as without drafts; so does
+    one completed by the very token that reaches the limit (same_token), as vLLM says it."""
+    prompt = "Repeat exactly:\ndef area(w, h):\n    return w * h\n\n"
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    plain = LLM().generate([prompt], SamplingParams(max_tokens=16, **greedy))[0]
+    tok = LLM().tokenizer
+    pieces = [tok.decode(plain.token_ids[: i + 1]) for i in range(len(plain.token_ids))]
+
+    def run_end(i: int) -> int:  # the last token of i's step: the prompt's gives token 0, then runs of 5
+        return 5 * ((i - 1) // 5) + 5
+
+    # a token not the last of its run that completes a string not seen before it
+    i, stop = next(
+        (i, new)
+        for i in range(1, len(pieces))
+        if (new := pieces[i][len(pieces[i - 1]) :]).strip() and new not in pieces[i - 1] and i < run_end(i)
+    )
+    params = SamplingParams(max_tokens=(i if same_token else run_end(i)) + 1, stop=[stop], **greedy)
+    reference = LLM().generate([prompt], params)[0]
+    assert (reference.finish_reason, reference.stop_string, reference.token_ids) == (
+        "stop",
+        stop,
+        plain.token_ids[: i + 1],
+    )
+    llm = LLM(spec="ngram", draft_tokens=4)
+    full = {"req-0": plain.prompt_token_ids + plain.token_ids}
+    llm.scheduler.proposer = ScriptedDrafts(full, 1000, 4)  # every draft right: runs of 5 tokens
+    got = llm.generate([prompt], params)[0]
+    assert (got.token_ids, got.text, got.finish_reason, got.stop_string) == (
+        reference.token_ids,
+        reference.text,
+        "stop",
+        stop,
+    )
+    assert same_token or llm.scheduler.num_accepted_tokens > 0  # (the run case: the stop among drafts)
