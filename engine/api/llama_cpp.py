@@ -292,8 +292,9 @@ class _Run:
         self.cut = False  # ended by n_indent or t_max_predict_ms
 
     async def __aiter__(self) -> AsyncIterator[tuple[RequestOutput, str]]:
-        sent = 0
-        async for out, _ in self.stream:
+        sent = released = 0  # released: the text the engine let go (a tail that may become a stop string
+        async for out, new in self.stream:  # is held until it cannot)
+            released += len(new)
             if out.prompt_progress is not None:  # between prompt chunks: passed on as it is
                 yield out, ""
                 continue
@@ -311,7 +312,7 @@ class _Run:
                 if not out.finished:
                     self.stream.abort()
                 out = replace(out, text=out.text if at is None else out.text[:at], finish_reason="length")
-            end = len(out.text) if out.finished else self.limits.sendable(out.text)
+            end = len(out.text) if out.finished else min(self.limits.sendable(out.text), released)
             delta, sent = out.text[sent:end], max(sent, end)
             yield out, delta
             if out.finished:
