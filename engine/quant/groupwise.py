@@ -152,7 +152,5 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight [N, K] the quantized tensor stands for (the fused kernel's naive twin does the arithmetic)."""
-    w = dequantize_weight(qt.packed, qt.scales, qt.minimums, qt.bits, qt.group_size, qt.shape[1])
-    if qt.columns is not None:  # back to the input's order
-        w = torch.empty_like(w).index_copy_(1, qt.columns.long(), w)
+    w = dequantize_weight(qt.packed, qt.scales, qt.minimums, qt.bits, qt.group_size, qt.shape[1], qt.columns)
     return w.to(dtype)

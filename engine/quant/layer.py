@@ -32,7 +32,8 @@ class GroupwiseWeight:
     # on the int8 tensor cores (kernels/int8_matmul); 0 = always 16-bit activations
     int8_min_rows: int = 0
     # int32 [K]: the input column each stored column holds (an act-order checkpoint's groups gathered;
-    # QuantizedTensor.columns): x's columns are gathered in this order first. None: in order
+    # QuantizedTensor.columns): the kernels load x's columns in this order (the int8 path gathers them
+    # first, `gathered`). None: in order
     columns: torch.Tensor | None = None
 
     @staticmethod

@@ -31,9 +31,10 @@ class PackedExperts(NamedTuple):
         out = []
         for e in range(self.packed.shape[0]):
             mins = None if self.minimums is None else self.minimums[e]
-            w = dequantize_weight(self.packed[e], self.scales[e], mins, self.bits, self.group_size, self.k)
-            if self.columns is not None:
-                w = torch.empty_like(w).index_copy_(1, self.columns[e].long(), w)
+            columns = None if self.columns is None else self.columns[e]
+            w = dequantize_weight(
+                self.packed[e], self.scales[e], mins, self.bits, self.group_size, self.k, columns
+            )
             out.append(w)
         return torch.stack(out)
 

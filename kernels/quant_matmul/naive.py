@@ -22,14 +22,17 @@ def dequantize_weight(
     bits: int,
     group_size: int,
     k: int,
+    columns: torch.Tensor | None = None,  # int32 [K]: the input column each stored column holds (act-order)
 ) -> torch.Tensor:
-    """The fp32 weight [N, K] of a group-wise quantized matrix (engine/quant/groupwise.py's layout)."""
+    """The fp32 weight [N, K] of a group-wise quantized matrix (engine/quant/groupwise.py's layout), its
+    columns in the input's order (`columns`: an act-order matrix's stored order, put back)."""
     codes = unpack(packed, bits).float()
     n = codes.shape[0]
     w = codes.view(n, -1, group_size) * scales.float()[..., None]
     if minimums is not None:
         w = w + minimums.float()[..., None]
-    return w.reshape(n, -1)[:, :k]
+    w = w.reshape(n, -1)[:, :k]
+    return w if columns is None else torch.empty_like(w).index_copy_(1, columns.long(), w)
 
 
 def quant_matmul(
