@@ -147,9 +147,9 @@ class CausalLM(Module):
 
     def _unplaced(self, ckpt_name: str, name: str, tensor: torch.Tensor, ignored: list[str]) -> None:
         """A checkpoint tensor this model has no parameter for. Expected: a tied head stored anyway, a
-        classifier's score head (read by engine/rerank.py), rotary buffers of old checkpoints, zero biases (AutoGPTQ saves one for every layer). A bias that is not
-        zero is refused (the layer would run without it: wrong output); anything else is named in one
-        warning after the load."""
+        classifier's score head (read by engine/rerank.py), rotary buffers of old checkpoints, zero biases
+        (AutoGPTQ saves one for every layer). A bias that is not zero is refused (the layer would run
+        without it: wrong output); anything else is named in one warning after the load."""
         if name in ("lm_head.weight", "score.weight") or "rotary_emb." in name:
             return
         if name.endswith(".bias"):
