@@ -155,12 +155,17 @@ class BlockPool:
         """The leading run of `hashes` the host tier holds (none without one)."""
         return self.host.lookup(hashes) if self.host is not None else []
 
-    def take_from_host(self, hashes: list[bytes], block_ids: list[int]) -> None:
-        """Bring host-tier pages back into freshly allocated `block_ids` (copied at the step's start) and
-        name them in the GPU prefix cache."""
-        for h, block_id in zip(hashes, block_ids):
-            self.swap_in.append((self.host.take(h), block_id))
+    def allocate_with_host(self, n: int, host_hashes: list[bytes]) -> list[int]:
+        """`n` fresh pages, the first len(`host_hashes`) of them holding those host-tier pages (copied back
+        at the step's start) and named in the GPU prefix cache."""
+        # NOTE: their host slots are taken before allocating: the pages it evicts go to the host tier, whose
+        # least recently used slots (these among them, when it is full) make room for them
+        slots = [self.host.take(h) for h in host_hashes]
+        block_ids = self.allocate(n)
+        for h, slot, block_id in zip(host_hashes, slots, block_ids):
+            self.swap_in.append((slot, block_id))
             self.register(block_id, h)
+        return block_ids
 
     def drain_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """This step's copies, (swap_out, swap_in); the host tier's slots taken last step are free again."""

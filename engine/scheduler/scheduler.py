@@ -193,8 +193,7 @@ class Scheduler:
             if reuse is not None:  # held for this step, so no allocation evicts them before they are read
                 self.block_pool.touch(reuse.source_blocks)
                 self._pinned += reuse.source_blocks
-            new_blocks = self.block_pool.allocate(need)
-            self.block_pool.take_from_host(host_hits, new_blocks)  # the first new pages: copied back
+            new_blocks = self.block_pool.allocate_with_host(need, host_hits)  # the first ones: copied back
             req.block_ids = hit_blocks + new_blocks
             req.num_computed_tokens = num_cached
             if reuse is not None:

@@ -51,6 +51,23 @@ def test_an_evicted_page_is_copied_out_only_when_it_named_its_prefix():
     assert pool.lookup_host([b"pa"]) == [b"pa"]
 
 
+def test_pages_taken_back_from_a_full_host_tier_are_not_pushed_out_by_the_allocation():
+    pool = BlockPool(2, 4, host_slots=1)
+    a, b = pool.allocate(2)
+    pool.register(a, b"pa")
+    pool.register(b, b"pb")
+    pool.free([a, b])
+    (c,) = pool.allocate(1)  # b's page is evicted: pb goes to the tier's one slot
+    assert pool.drain_swaps()[0] == [(b, 0)] and pool.lookup([b"pa"]) == [a]
+    pool.free([c])
+    pool.begin_step()
+    # a request finds pb in the tier; its two new pages evict a's (pa), which would push pb out of it
+    assert pool.allocate_with_host(2, [b"pb"]) == [c, a]
+    swap_out, swap_in = pool.drain_swaps()
+    assert swap_in == [(0, c)] and swap_out == []  # the slot is read this step: pa is not copied over it
+    assert pool.lookup([b"pb"]) == [c] and pool.lookup_host([b"pa", b"pb"]) == []
+
+
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     return save_tiny(
