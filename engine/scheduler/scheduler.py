@@ -128,9 +128,10 @@ class Scheduler:
         max_pending = self.config.max_pending
         if max_pending is not None:
             free_running = max(0, self.config.max_concurrency - len(self.running))
-            if len(self.waiting) - free_running >= max_pending:
+            queued = len(self.waiting) - free_running  # those the next step cannot admit
+            if queued >= max_pending:
                 raise EngineOverloaded(
-                    f"overloaded: {len(self.waiting)} requests are already waiting for admission "
+                    f"overloaded: {queued} requests are already waiting for admission "
                     f"(max_pending={max_pending}); retry later or raise max_pending"
                 )
         self.requests[request.request_id] = request
