@@ -65,6 +65,9 @@ class SchedulerOutput(NamedTuple):
     # --cache-reuse, copied after the host tier's: (source slot, destination slot, shift) per token, the key
     # rotated by the shift (engine/cache/kv_shift.py)
     kv_shifts: list[tuple[int, int, int]] = []
+    # preempted since the last step: the runner drops what it can compute again (their images' embeddings)
+    # and keeps their sampling state (a seeded request's generator, Mirostat's surprise target)
+    preempted_request_ids: list[str] = []
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

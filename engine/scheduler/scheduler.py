@@ -74,6 +74,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
+        self._preempted_ids: list[str] = []
         self.expired: list[Request] = []  # ended while waiting; the front end reports them
         self.num_preemptions = 0
         k = config.num_draft_tokens
@@ -221,10 +222,11 @@ class Scheduler:
         if self.state_pool is not None:
             self.state_pool.end_step()
         finished, self._finished_ids = self._finished_ids, []
+        preempted, self._preempted_ids = self._preempted_ids, []
         swap_out, swap_in = self.block_pool.drain_swaps()
         if scheduled:
             self.step_tokens.observe(sum(len(r.token_ids) for r in scheduled))
-        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in, kv_shifts)
+        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in, kv_shifts, preempted)
 
     def _plan_reuse(self, req: Request, num_hit_pages: int):
         """--cache-reuse's plan for a request being admitted past its `num_hit_pages` cached pages (None: off,
@@ -462,7 +464,7 @@ class Scheduler:
         if self.proposer is not None:
             self.proposer.forget(req.request_id)
         self.waiting.appendleft(req)
-        self._finished_ids.append(req.request_id)  # the runner drops its per-request state
+        self._preempted_ids.append(req.request_id)  # the runner drops what it computes again
         self.num_preemptions += 1
 
     def _expire_waiting(self) -> None:
@@ -581,6 +583,7 @@ class Scheduler:
         runner at the next step, and the prefix cache is forgotten when the step was to fill some of it
         (pages copied to or from the host tier, state snapshots), as those may be half-written."""
         self._finished_ids[:0] = sched.finished_request_ids
+        self._preempted_ids[:0] = sched.preempted_request_ids
         if sched.swap_out or sched.swap_in or sched.state_saves:
             self.reset_prefix_cache()
             log.warning("the prefix cache was forgotten: the failed step was filling some of it")

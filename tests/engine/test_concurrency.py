@@ -236,6 +236,24 @@ def test_drafts_under_preemption_keep_greedy_output(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_seeded_sampling_draws_on_after_a_preemption(tmp_path, arch):
+    """A preempted request recomputes its KV, not its draws: seeded sampled tokens (Mirostat's surprise
+    target too) are the ones a pool with room for every request gives."""
+    path = save_tiny(tiny_hf_model(arch, tied=False, seed=3), tmp_path)
+    prompts = [_prompt(30 + 7 * i, 60 + i) for i in range(5)]
+    params = [SamplingParams(max_tokens=20, temperature=1.0, seed=i, ignore_eos=True) for i in range(4)]
+    params.append(SamplingParams(max_tokens=20, temperature=1.0, seed=9, mirostat=2, ignore_eos=True))
+    roomy = LLM(path, max_concurrency=5, prefill_chunk=32)
+    want = roomy.generate(prompt_token_ids=prompts, sampling_params=params)
+    llm = LLM(path, max_concurrency=5, kv_capacity=128, prefill_chunk=32)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    assert llm.scheduler.num_preemptions > 0
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    llm.step()  # an idle step hands the last finished ids to the runner
+    assert llm.runner.sampler.num_live_generators == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
 def test_choices_after_a_twin_start_from_its_prompt_in_the_cache(tmp_path, arch):
     """n > 1 choices: the others wait while the first runs the shared prompt, then take its pages (and a
     hybrid model's state snapshot) from the prefix cache; each samples as it would alone."""

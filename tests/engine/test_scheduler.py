@@ -129,7 +129,7 @@ def test_preemption_when_pages_run_out_then_recompute():
     out = run_step(s)  # token 9 takes the free block for a; b has none for its own: b is preempted
     assert list(out.num_scheduled_tokens) == ["a"]
     assert b.num_computed_tokens == 0 and b.block_ids == [] and s.num_preemptions == 1
-    assert "b" in out.finished_request_ids
+    assert out.preempted_request_ids == ["b"] and "b" not in out.finished_request_ids
     s.finish_request("a", "abort")
     out = run_step(s)
     # b is recomputed from its prompt plus the tokens it had produced
