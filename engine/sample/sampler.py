@@ -1,8 +1,17 @@
 """Token sampling: greedy or drawn (engine/sample/filters.py: temperature, top-k, top-p, ...), per-request
 seeds, speculative drafts verified; penalties and DRY first (engine/sample/penalties.py); logprobs of the raw
-distribution."""
+distribution.
+
+A drawn token's randomness is a function of the request's seed (a random one when it has none) and the
+position the token takes, not of how many draws came before: a seeded request samples the same tokens with
+drafts or without, however many of them were accepted, padded or cut for spare pages, and when preempted
+and recomputed."""
 
 from __future__ import annotations
+
+import hashlib
+import os
+import struct
 
 import torch
 
@@ -59,29 +68,37 @@ def _read_back(
     return [int(t) for t in ids], flags, surprises
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed for the token a request with `seed` samples at sequence `position` (64 bits; a
+    negative seed as its two's complement)."""
+    digest = hashlib.blake2b(struct.pack("<QQ", seed % 2**64, position), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
 class Sampler:
     def __init__(self):
-        self._generators: dict[str, torch.Generator] = {}
+        self._seeds: dict[str, int] = {}  # request id -> its seed (a random one when it gave none)
         self._mirostat_mu: dict[str, float] = {}  # a Mirostat request's target surprise now (bits)
+        self._generators: dict[torch.device, torch.Generator] = {}  # one a device, seeded for each row
 
     @property
-    def num_live_generators(self) -> int:
-        return len(self._generators)
+    def num_live_seeds(self) -> int:
+        return len(self._seeds)
 
     def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+        self._seeds.pop(request_id, None)
         self._mirostat_mu.pop(request_id, None)
 
-    def _generator(self, request_id: str, params: SamplingParams, device: torch.device) -> torch.Generator:
-        gen = self._generators.get(request_id)
+    def _generator(self, request_id: str, params: SamplingParams, position: int, device) -> torch.Generator:
+        """The device's generator, seeded for the token `request_id` samples at `position`."""
+        seed = self._seeds.get(request_id)
+        if seed is None:
+            seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
+            self._seeds[request_id] = seed
+        gen = self._generators.get(device)
         if gen is None:
-            gen = torch.Generator(device=device)
-            if params.seed is not None:
-                gen.manual_seed(params.seed % 2**64)  # (a negative seed as its two's complement)
-            else:
-                gen.seed()
-            self._generators[request_id] = gen
-        return gen
+            gen = self._generators[device] = torch.Generator(device=device)
+        return gen.manual_seed(position_seed(seed, position))
 
     def __call__(
         self,
@@ -92,14 +109,17 @@ class Sampler:
         draft_ids: list[int] | None = None,
         token_masks: torch.Tensor | None = None,  # [R, ceil(V / 32)] int32: allowed tokens (structured)
         banned: list[tuple[int, ...]] | None = None,  # per row: token ids it may not be (min_tokens)
+        positions: list[int]
+        | None = None,  # per row: the sequence position of the token it samples (None: 0)
     ) -> list[SampledToken]:
         """One token per row. All on the device; the only host sync is reading the results back.
 
         A row with a draft token (`draft_ids[i] >= 0`, speculative decoding) verifies it: greedy rows
-        accept it when it is the argmax; sampled rows accept it with the target probability p(draft) and
-        otherwise draw from p with the draft removed, which leaves every emitted token distributed as p
-        (a draft is one token, not a distribution). The row's token is then the draft itself when
-        accepted, and `SampledToken.accepted` says so. `token_masks` (structured outputs) leave each row
+        accept it when it is the argmax; sampled rows draw from p as they would without it and accept it
+        when the draw is the draft. That is speculative sampling's rule for a draft that is one token, not a
+        distribution: accepted with probability p(draft), and otherwise a token from p without the draft;
+        and it emits the very token the row draws without drafts. `SampledToken.accepted` says which rows
+        accepted. `token_masks` (structured outputs) leave each row
         only the tokens its grammar allows, and `banned` takes those ids from its row (a request's EOS
         before min_tokens); a draft outside what is left is rejected."""
         num_rows, vocab = logits.shape
@@ -127,20 +147,19 @@ class Sampler:
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
             row_params = [params[i] for i in sampled_rows]
-            # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws from its own
-            # generator over the whole vocabulary, so a seeded request's draws do not depend on the batch
+            # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws over the whole
+            # vocabulary from a generator seeded for its request and position, so a seeded request's draws
+            # depend neither on the batch nor on the steps that came before
             noise = torch.empty((len(sampled_rows), vocab), device=device)
-            uniform = torch.ones(len(sampled_rows), device=device)  # [S]; 1 never accepts
             xtc_rows = None  # [S] bool: the rows whose XTC coin came up
             for j, i in enumerate(sampled_rows):
-                gen = self._generator(request_ids[i], params[i], device)
+                position = positions[i] if positions is not None else 0
+                gen = self._generator(request_ids[i], params[i], position, device)
                 if params[i].xtc_probability > 0 and not params[i].mirostat:
                     if xtc_rows is None:
                         xtc_rows = torch.zeros(len(sampled_rows), dtype=torch.bool, device=device)
                     xtc_rows[j] = torch.rand((), generator=gen, device=device) < params[i].xtc_probability
                 noise[j].exponential_(generator=gen)
-                if drafts is not None and draft_ids[i] >= 0:
-                    uniform[j] = torch.rand((), generator=gen, device=device)
             # Mirostat's state (mu starts at 2 tau) steers its rows; each draws one token (no drafts)
             mu = {
                 i: self._mirostat_mu.get(request_ids[i], 2 * params[i].mirostat_tau)
@@ -150,14 +169,9 @@ class Sampler:
             steered = list(mu)
             mus = [mu.get(i, 0.0) for i in sampled_rows] if mu else None
             probs = sampling_probs(logits[rows], row_params, xtc_rows, mus)  # [S, V]
-            if drafts is not None:
-                row_drafts = drafts[rows].clamp(min=0).unsqueeze(1)  # [S, 1]
-                p_draft = probs.gather(1, row_drafts).squeeze(1)  # [S]
-                accepted = accepted.index_copy(0, rows, uniform < p_draft)
-                # a rejected draft is redrawn from p without it
-                has_draft = (drafts[rows] >= 0).unsqueeze(1)
-                probs = probs.scatter(1, row_drafts, torch.where(has_draft, 0.0, p_draft.unsqueeze(1)))
             drawn = (probs / noise).argmax(dim=-1)  # [S]
+            if drafts is not None:  # (a row without a draft has -1: never drawn)
+                accepted = accepted.index_copy(0, rows, drawn == drafts[rows])
             token_ids = token_ids.index_copy(0, rows, drawn)
             if steered:  # under the distribution each row drew from
                 picked = -torch.log2(probs.gather(1, drawn.unsqueeze(1)).squeeze(1)).double()

@@ -431,10 +431,11 @@ class ModelRunner:
         the first that is not an accepted draft. A hybrid request that rejects a draft gets its state
         back as it was before the step (the scheduler recomputes from start_pos)."""
         # logits: [rows, V]; per request 1 + len(draft_token_ids) rows
-        request_ids, params, histories, draft_ids, banned = [], [], [], [], []
+        request_ids, params, histories, draft_ids, banned, positions = [], [], [], [], [], []
         for r in sampling:
             for k in range(len(r.draft_token_ids) + 1):
                 request_ids.append(r.request_id)
+                positions.append(r.start_pos + r.num_known_tokens + k)  # where the row's token goes
                 params.append(r.sampling_params)
                 # penalties at a draft row count the drafts before it as generated
                 drafted = list(r.draft_token_ids[:k])
@@ -451,6 +452,7 @@ class ModelRunner:
             draft_ids,
             self._token_masks(sampling, len(request_ids)),
             banned if any(banned) else None,
+            positions,
         )
         out, restores, i = {}, [], 0
         for r in sampling:

@@ -206,7 +206,7 @@ def test_no_leaks_under_random_aborts(tmp_path, arch, spec):
     assert all(c == 0 for c in pool.ref_cnt)
     if states:
         assert states.num_free_slots == free_slots
-    assert llm.runner.sampler.num_live_generators == 0
+    assert llm.runner.sampler.num_live_seeds == 0
     assert llm.scheduler.num_preemptions > 0, "the KV pool was meant to run short"
     if spec != "none":  # (how many random drafts are accepted depends on the unseeded requests' draws)
         assert llm.scheduler.num_draft_tokens > llm.scheduler.num_accepted_tokens
@@ -250,7 +250,7 @@ def test_seeded_sampling_draws_on_after_a_preemption(tmp_path, arch):
     assert llm.scheduler.num_preemptions > 0
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     llm.step()  # an idle step hands the last finished ids to the runner
-    assert llm.runner.sampler.num_live_generators == 0
+    assert llm.runner.sampler.num_live_seeds == 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5"])

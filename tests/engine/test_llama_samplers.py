@@ -291,9 +291,9 @@ def test_mirostat_steers_the_surprise_toward_tau():
     surprise = -math.log2(kept[token].item())
     assert sampler._mirostat_mu["r"] == pytest.approx(6.0 - 0.1 * (surprise - 3.0), rel=1e-5)
     surprises = []
-    for _ in range(600):
+    for position in range(1, 601):
         mu = sampler._mirostat_mu["r"]
-        token = sampler(logits, ["r"], [params])[0].token_id
+        token = sampler(logits, ["r"], [params], positions=[position])[0].token_id
         kept = logits[0].masked_fill(-torch.log2(logits[0].softmax(-1)) > mu, float("-inf")).softmax(-1)
         surprises.append(-math.log2(kept[token].item()))
     assert abs(sum(surprises[100:]) / 500 - 3.0) < 0.3

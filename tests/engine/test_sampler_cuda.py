@@ -57,7 +57,7 @@ def test_a_sampler_call_with_all_of_them_on_cuda():
     torch.manual_seed(2)
     logits = (torch.randn(len(PARAMS), 4096) * 3).cuda()
     ids = [f"r{i}" for i in range(len(PARAMS))]
-    for _ in range(3):
-        out = sampler(logits, ids, PARAMS, _histories(4096))
+    for position in range(3):
+        out = sampler(logits, ids, PARAMS, _histories(4096), positions=[position] * len(PARAMS))
         assert len(out) == len(PARAMS) and all(0 <= t.token_id < 4096 for t in out)
     assert set(sampler._mirostat_mu) == {"r3", "r4"}

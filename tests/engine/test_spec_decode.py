@@ -159,11 +159,21 @@ def test_padded_drafts_keep_greedy_output_and_one_query_count(model_dir):
     assert llm.scheduler.num_accepted_tokens <= llm.scheduler.num_draft_tokens == real.proposed
 
 
-def test_seeded_sampling_with_drafts_is_reproducible(model_dir):
-    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=11)
-    reference = _generate(LLM(model_dir), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    runs = [_generate(_with_drafts(model_dir, reference, 3), params) for _ in range(2)]
-    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+@pytest.mark.parametrize("wrong_every", [1, 3, 1000])
+def test_seeded_sampling_draws_the_same_tokens_with_drafts_as_without(model_dir, wrong_every):
+    """A sampled row accepts its draft when its own draw is the draft: right drafts, wrong ones and none
+    emit the same seeded tokens (each request's draw a position is keyed by its seed and that position)."""
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=11),
+        SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=-5, xtc_probability=0.5),
+    ]
+    reference = _generate(LLM(model_dir), params)
+    llm = _with_drafts(model_dir, reference, wrong_every)
+    assert [o.token_ids for o in _generate(llm, params)] == [o.token_ids for o in reference]
+    drafted, accepted = llm.scheduler.num_draft_tokens, llm.scheduler.num_accepted_tokens
+    assert drafted > 0 and (accepted == 0 if wrong_every == 1 else accepted > 0)
+    if wrong_every == 1000:
+        assert accepted == drafted
 
 
 def test_rejection_sampling_keeps_the_target_distribution():
