@@ -109,8 +109,7 @@ class Sampler:
         draft_ids: list[int] | None = None,
         token_masks: torch.Tensor | None = None,  # [R, ceil(V / 32)] int32: allowed tokens (structured)
         banned: list[tuple[int, ...]] | None = None,  # per row: token ids it may not be (min_tokens)
-        positions: list[int]
-        | None = None,  # per row: the sequence position of the token it samples (None: 0)
+        positions: list[int] | None = None,  # per row: the position of the token it samples (None: 0)
     ) -> list[SampledToken]:
         """One token per row. All on the device; the only host sync is reading the results back.
 
@@ -119,9 +118,9 @@ class Sampler:
         when the draw is the draft. That is speculative sampling's rule for a draft that is one token, not a
         distribution: accepted with probability p(draft), and otherwise a token from p without the draft;
         and it emits the very token the row draws without drafts. `SampledToken.accepted` says which rows
-        accepted. `token_masks` (structured outputs) leave each row
-        only the tokens its grammar allows, and `banned` takes those ids from its row (a request's EOS
-        before min_tokens); a draft outside what is left is rejected."""
+        accepted. `token_masks` (structured outputs) leave each row only the tokens its grammar allows,
+        and `banned` takes those ids from its row (a request's EOS before min_tokens); a draft outside what
+        is left is rejected."""
         num_rows, vocab = logits.shape
         device = logits.device
         raw = logits

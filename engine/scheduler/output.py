@@ -66,7 +66,7 @@ class SchedulerOutput(NamedTuple):
     # rotated by the shift (engine/cache/kv_shift.py)
     kv_shifts: list[tuple[int, int, int]] = []
     # preempted since the last step: the runner drops what it can compute again (their images' embeddings)
-    # and keeps their sampling state (a seeded request's generator, Mirostat's surprise target)
+    # and keeps their sampling state (their seeds, Mirostat's surprise target)
     preempted_request_ids: list[str] = []
 
     @property
