@@ -259,7 +259,8 @@ class LLM:
                 "or 2 (weights held, KV pool and prefix cache dropped)"
             )
         if self._sleep_level:
-            return f"already asleep (level {self._sleep_level})"
+            deeper = "; wake it first to sleep at level 2" if level > self._sleep_level else ""
+            return f"already asleep (level {self._sleep_level}){deeper}"
         sched = self.scheduler
         busy = len(sched.running) + len(sched.waiting)
         if busy:

@@ -28,11 +28,13 @@ async def sleep(request: Request):
             "held, KV pool and prefix cache dropped)",
             "level",
         )
+    engine = _state(request).engine
     try:
-        message = await _state(request).engine.sleep(int(raw))
+        message = await engine.sleep(int(raw))
     except NinferError as e:  # requests in flight, or host memory short
         raise ApiError(409, str(e)) from e
-    return {"is_sleeping": True, "level": int(raw), "message": message}
+    # the level it sleeps at (an earlier one's when it was asleep already)
+    return {"is_sleeping": True, "level": engine.llm.sleep_level, "message": message}
 
 
 @router.post("/wake_up")

@@ -40,6 +40,12 @@ def test_sleep_then_a_request_wakes_the_server_with_its_prefix_cache(server):
     assert _sleeping(server) and httpx.get(f"{server.url}/props", headers=AUTH).json()["is_sleeping"] is True
     assert "ninfer_sleep_level 1.0" in httpx.get(f"{server.url}/metrics").text
     assert httpx.get(f"{server.url}/health").status_code == 200  # answered asleep, without waking
+    r = httpx.post(f"{server.url}/sleep?level=2", headers=AUTH)  # already asleep: the level it sleeps at
+    assert r.json() == {
+        "is_sleeping": True,
+        "level": 1,
+        "message": "already asleep (level 1); wake it first to sleep at level 2",
+    }
     assert _sleeping(server)
     again = _ask(server)
     assert not _sleeping(server)

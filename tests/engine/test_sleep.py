@@ -99,7 +99,7 @@ def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
     )
     assert all(p.untyped_storage().nbytes() == 0 for p in llm.model.parameters())
     assert all(c.k_data.untyped_storage().nbytes() == 0 for c in llm.runner.kv_caches)
-    assert llm.sleep(2) == "already asleep (level 1)"
+    assert llm.sleep(2) == "already asleep (level 1); wake it first to sleep at level 2"
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the request wakes it
     assert llm.sleep_level == 0 and again.num_cached_tokens == 64 and _same(again, first)
     llm.sleep(2)
