@@ -345,6 +345,8 @@ def _sampling_fields(body: dict) -> dict[str, Any]:
     # (Ollama's clients add the default tag to a bare name: an adapter is named without it)
     fields: dict[str, Any] = {"model": model.removesuffix(":latest") if isinstance(model, str) else model}
     for name, value in options.items():
+        if name == "seed" and isinstance(value, int) and value < 0:
+            continue  # Ollama's -1 (its default) is a random seed
         if name in OPTIONS:
             fields[OPTIONS[name]] = value
     return fields

@@ -107,6 +107,15 @@ def test_thinking_options_and_format_are_read():
         assert engine.params[-1].grammar is not None
 
 
+def test_a_negative_seed_is_a_random_one_as_in_ollama():
+    engine = ScriptedEngine(["a", "b"])
+    with RunningServer(engine) as server:
+        for seed, want in ((-1, None), (7, 7)):
+            body = {"model": "m", "prompt": "Hi", "options": {"seed": seed}, "stream": False}
+            assert post(server, "/api/generate", body).status_code == 200
+            assert engine.params[-1].seed == want
+
+
 def test_generate_templates_the_prompt_unless_raw():
     engine = ScriptedEngine(["Paris.", " Paris.", "x"])
     with RunningServer(engine) as server:
