@@ -260,7 +260,7 @@ class ModelRunner:
         for request_id in sched.finished_request_ids:
             self.sampler.forget(request_id)
             self.images.forget(request_id)
-        for request_id in sched.preempted_request_ids:  # their draws go on where they were
+        for request_id in sched.preempted_request_ids:  # (their seeds and Mirostat state stay)
             self.images.forget(request_id)
         if not sched.scheduled:
             return RunnerOutput({})
