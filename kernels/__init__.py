@@ -34,6 +34,7 @@ from ninfer_kernels.paged_attention import naive as _paged_attention_naive
 from ninfer_kernels.paged_attention import native as _paged_attention_native
 from ninfer_kernels.quant_embedding import naive as _quant_embedding_naive
 from ninfer_kernels.quant_matmul import naive as _quant_matmul_naive
+from ninfer_kernels.race_noise import naive as _race_noise_naive
 from ninfer_kernels.rmsnorm import naive as _rmsnorm_naive
 from ninfer_kernels.rmsnorm import native as _rmsnorm_native
 from ninfer_kernels.rope import naive as _rope_naive
@@ -52,6 +53,7 @@ __all__ = [
     "quant_embedding",
     "quant_matmul",
     "quantize_act",
+    "race_noise",
     "rmsnorm",
     "rmsnorm_gated",
     "rope",
@@ -194,3 +196,9 @@ def moe_route(router_logits, top_k, renormalize):
 def fused_moe(x, gate_up, down, topk_weights, topk_ids):
     impl = _triton("fused_moe") if use_triton(x) else _fused_moe_naive
     return impl.fused_moe(x, gate_up, down, topk_weights, topk_ids)
+
+
+def race_noise(keys, vocab):
+    # keys [R] int64 -> [R, vocab] fp32 Exp(1) noise of token ids 0 .. vocab - 1 (kernels/race_noise/naive.py)
+    impl = _triton("race_noise") if use_triton(keys) else _race_noise_naive
+    return impl.race_noise(keys, vocab)

@@ -347,6 +347,11 @@ def case_quant_embedding(bits: int, dtype: str, vocab: int = 1000, dim: int = 51
     _op("quant_embedding").quant_embedding(ids, packed, scales, minimums, bits, 128, dim, DTYPES[dtype])
 
 
+def case_race_noise(vocab: int):
+    """The race's noise for a sampler's rows (or a drafter's) over a model's vocabulary."""
+    _op("race_noise").race_noise(torch.tensor([0, -1, 2**62]), vocab)
+
+
 def cases() -> list[tuple[str, callable, dict, int]]:
     """(name, function, arguments, lowest capability it applies to)."""
     out = []
@@ -364,6 +369,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_silu_mul, dtype=dtype, inter=17408)
         for model, rotary in (("smollm2", 64), ("qwen3", 128), ("qwen3.5", 64)):
             add(case_rope, dtype=dtype, model=model, rotary_dim=rotary)
+    for vocab in (49152, 151936):
+        add(case_race_noise, vocab=vocab)
     for kv in KV_DTYPES:
         min_arch = FP8_MIN_ARCH if kv == "fp8" else 0
         for model in ("smollm2", "qwen3", "qwen3.5"):

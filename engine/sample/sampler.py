@@ -3,24 +3,28 @@ seeds, speculative drafts verified; penalties and DRY first (engine/sample/penal
 distribution.
 
 A drawn token's randomness is a function of the request's seed (a random one when it has none) and the
-position the token takes, not of how many draws came before: a seeded request samples the same tokens with
-drafts or without, however many of them were accepted, padded or cut for spare pages, and when preempted
-and recomputed."""
+position the token takes, not of how many draws came before (engine/sample/race.py): a seeded request
+samples the same tokens with drafts or without, however many of them were accepted, padded or cut for spare
+pages, and when preempted and recomputed; and a drafter can race its own distribution against the noise a
+draft's position will meet."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import struct
 
 import torch
 
 from engine.request import SamplingParams, TokenHistory
 from engine.sample.filters import sampling_probs
 from engine.sample.penalties import penalize
+from engine.sample.race import NOT_RACED, race_key, race_params
 from engine.scheduler.output import SampledToken
 from engine.structured.matcher import apply_token_bitmask
 from engine.transfer import to_device
+from ninfer_kernels import race_noise
+from ninfer_kernels.race_noise.naive import race_uniform
+
+XTC_INDEX = 2**32 - 1  # the XTC coin's uniform: the race's hash at an index past every vocabulary
 
 
 def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -68,18 +72,10 @@ def _read_back(
     return [int(t) for t in ids], flags, surprises
 
 
-def position_seed(seed: int, position: int) -> int:
-    """The generator seed for the token a request with `seed` samples at sequence `position` (64 bits; a
-    negative seed as its two's complement)."""
-    digest = hashlib.blake2b(struct.pack("<QQ", seed % 2**64, position), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
 class Sampler:
     def __init__(self):
         self._seeds: dict[str, int] = {}  # request id -> its seed (a random one when it gave none)
         self._mirostat_mu: dict[str, float] = {}  # a Mirostat request's target surprise now (bits)
-        self._generators: dict[torch.device, torch.Generator] = {}  # one a device, seeded for each row
 
     @property
     def num_live_seeds(self) -> int:
@@ -89,16 +85,23 @@ class Sampler:
         self._seeds.pop(request_id, None)
         self._mirostat_mu.pop(request_id, None)
 
-    def _generator(self, request_id: str, params: SamplingParams, position: int, device) -> torch.Generator:
-        """The device's generator, seeded for the token `request_id` samples at `position`."""
+    def _seed(self, request_id: str, params: SamplingParams) -> int:
         seed = self._seeds.get(request_id)
         if seed is None:
             seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
             self._seeds[request_id] = seed
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = self._generators[device] = torch.Generator(device=device)
-        return gen.manual_seed(position_seed(seed, position))
+        return seed
+
+    def draft_race(
+        self, request_id: str, params: SamplingParams, first_position: int, count: int
+    ) -> tuple[tuple[float, ...], list[int]]:
+        """What a drafter races for a request's drafts at `first_position` onwards (engine/sample/race.py):
+        (its race parameters, the race keys of its `count` positions); a greedy request's say greedy."""
+        race = race_params(params)
+        if race == NOT_RACED:
+            return race, [0] * count
+        seed = self._seed(request_id, params)
+        return race, [race_key(seed, first_position + k) for k in range(count)]
 
     def __call__(
         self,
@@ -146,19 +149,21 @@ class Sampler:
         if sampled_rows:
             rows = to_device(sampled_rows, torch.long, device)
             row_params = [params[i] for i in sampled_rows]
-            # exponential race: argmax(p / E) with E ~ Exp(1) samples from p; each row draws over the whole
-            # vocabulary from a generator seeded for its request and position, so a seeded request's draws
-            # depend neither on the batch nor on the steps that came before
-            noise = torch.empty((len(sampled_rows), vocab), device=device)
-            xtc_rows = None  # [S] bool: the rows whose XTC coin came up
-            for j, i in enumerate(sampled_rows):
-                position = positions[i] if positions is not None else 0
-                gen = self._generator(request_ids[i], params[i], position, device)
-                if params[i].xtc_probability > 0 and not params[i].mirostat:
-                    if xtc_rows is None:
-                        xtc_rows = torch.zeros(len(sampled_rows), dtype=torch.bool, device=device)
-                    xtc_rows[j] = torch.rand((), generator=gen, device=device) < params[i].xtc_probability
-                noise[j].exponential_(generator=gen)
+            # exponential race (engine/sample/race.py): argmax(p / E) with E ~ Exp(1) samples from p; a row's
+            # noise is a hash of its request's seed, its position and the token id, so a seeded request's
+            # draws depend neither on the batch nor on the steps that came before
+            keys = [
+                race_key(self._seed(request_ids[i], params[i]), positions[i] if positions is not None else 0)
+                for i in sampled_rows
+            ]
+            noise = race_noise(to_device(keys, torch.int64, device), vocab)  # [S, V]
+            coins = [
+                params[i].xtc_probability > 0
+                and not params[i].mirostat
+                and race_uniform(key, XTC_INDEX) < params[i].xtc_probability
+                for i, key in zip(sampled_rows, keys)
+            ]
+            xtc_rows = to_device(coins, torch.bool, device) if any(coins) else None  # [S]: XTC's coin came up
             # Mirostat's state (mu starts at 2 tau) steers its rows; each draws one token (no drafts)
             mu = {
                 i: self._mirostat_mu.get(request_ids[i], 2 * params[i].mirostat_tau)

@@ -5,6 +5,7 @@ for quantized KV, against the naive twin on the same quantized cache."""
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from ninfer_kernels.conv1d import naive as conv1d_naive
 from ninfer_kernels.gated_delta import naive as gated_delta_naive
 from ninfer_kernels.kv_store import naive as kv_store_naive
 from ninfer_kernels.paged_attention import naive as attention_naive
+from ninfer_kernels.race_noise import naive as race_noise_naive
 from ninfer_kernels.rmsnorm import naive as rmsnorm_naive
 from ninfer_kernels.rope import naive as rope_naive
 from ninfer_kernels.silu_mul import naive as silu_mul_naive
@@ -55,6 +57,18 @@ def test_rmsnorm(dtype, rows, dim, residual, zero_centered):
         assert rel_err(got[1], want[1]) < TOL[dtype]
         got, want = got[0], want[0]
     assert got.dtype == dtype and rel_err(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("vocab", [1, 1000, 1025, 49152])
+def test_race_noise(vocab):
+    """The same uniforms as the twin (the noise to fp32 rounding of the log), for keys of every sign and both
+    extremes; no noise of 0 (a U of 1) and none past -log(2^-24)."""
+    keys = torch.tensor([0, 1, -1, 2**62 + 12345, -(2**63), 2**63 - 1, 987654321987], device=DEVICE)
+    got = triton_op("race_noise").race_noise(keys, vocab)
+    want = race_noise_naive.race_noise(keys, vocab)
+    assert got.shape == (7, vocab) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert want.min() > 0 and want.max() <= 24 * math.log(2) + 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
