@@ -5,9 +5,11 @@ each such step is the MTP head's layer, its norm and the draft head (about twent
 draft model and its head (a few hundred), over one token a request, k - 1 times a step; at that size the
 launches, not the GPU, set the pace. Each batch bucket (and, for a head of several layers, each layer) is
 captured once over static buffers, as the decode graphs are (engine/worker/cuda_graphs.py): the step's
-inputs (the drafts just made, the MTP head's last hidden states, positions, slots) are copied in, the
-graph replays, and its outputs (hidden states, drafts) feed the next step without leaving the device.
-Padding rows write no KV (slot -1) and read page 0.
+inputs (the drafts just made, the MTP head's last hidden states, positions, slots; for sampled requests the
+race keys and parameters of their drafts, engine/sample/race.py) are copied in, the graph replays, and its
+outputs (hidden states, drafts) feed the next step without leaving the device. Padding rows write no KV
+(slot -1) and read page 0. A step with a sampled request replays the raced graph (captured beside the
+greedy one), so a greedy batch pays nothing for the race.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from collections.abc import Callable
 import torch
 
 from engine.memory import graph_buckets
+from engine.sample.race import NOT_RACED
+from engine.spec.race import Race
 from engine.worker.cuda_graphs import capture_graph, stage_block_table
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 log = logging.getLogger("ninfer.graphs")
 
-# one chained step: (drafts [b] int64, hidden states [b, H] or None, positions [b], variant) ->
+# one chained step: (drafts [b] int64, hidden states [b, H] or None, positions [b], variant, race) ->
 # (hidden states [b, H], the next drafts [b])
 ChainStep = Callable[
-    [torch.Tensor, torch.Tensor | None, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]
+    [torch.Tensor, torch.Tensor | None, torch.Tensor, int, Race], tuple[torch.Tensor, torch.Tensor]
 ]
 
 
@@ -67,22 +71,26 @@ class ChainGraphs:
             None if hidden_size is None else torch.zeros(size, hidden_size, dtype=dtype, device=device)
         )
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)
+        self.race_keys = torch.zeros(size, dtype=torch.int64, device=device)
+        self.race_params = torch.tensor([NOT_RACED] * size, dtype=torch.float32, device=device)  # [size, 4]
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, variant) -> graph
+        self.graphs: dict[
+            tuple[int, int, bool], torch.cuda.CUDAGraph
+        ] = {}  # (bucket, variant, raced) -> graph
         self._staged_rows: list | None = None  # the block rows the table holds (kept alive, so `is` is safe)
         self.outputs: dict[
-            tuple[int, int], tuple[torch.Tensor, torch.Tensor]
+            tuple[int, int, bool], tuple[torch.Tensor, torch.Tensor]
         ] = {}  # hidden [b, H], drafts [b]
 
     @property
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def _forward(self, b: int, variant: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: int, variant: int, raced: bool) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = ForwardContext(
             cu_seqlens_q=self.cu_seqlens_q[: b + 1],
             seq_lens=self.seq_lens[:b],
@@ -93,18 +101,20 @@ class ChainGraphs:
         )
         hidden = None if self.hidden is None else self.hidden[:b]
         with set_forward_context(ctx):
-            return self.step(self.ids[:b], hidden, self.positions[:b], variant)
+            race = (self.race_keys[:b], self.race_params[:b]) if raced else None
+            return self.step(self.ids[:b], hidden, self.positions[:b], variant, race)
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for variant in range(self.num_variants):
-            for b in reversed(self.buckets):
-                graph, self.outputs[b, variant] = capture_graph(
-                    lambda b=b, variant=variant: self._forward(b, variant), pool
-                )
-                pool = graph.pool()
-                self.graphs[b, variant] = graph
+            for raced in (False, True):
+                for b in reversed(self.buckets):
+                    graph, self.outputs[b, variant, raced] = capture_graph(
+                        lambda b=b, variant=variant, raced=raced: self._forward(b, variant, raced), pool
+                    )
+                    pool = graph.pool()
+                    self.graphs[b, variant, raced] = graph
         torch.cuda.synchronize()
         log.info(
             "captured %s draft-chain CUDA graphs for batch sizes %s",
@@ -127,6 +137,7 @@ class ChainGraphs:
         slots: list[int],
         block_rows: list[list[int]],
         rope_positions: list[int] | None = None,
+        race: Race = None,  # keys [n], race parameters [n, 4] on the device
     ) -> int:
         """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket.
         The block table is staged only for a new `block_rows` object: a chain passes the same one while
@@ -137,6 +148,9 @@ class ChainGraphs:
         self.ids[:n].copy_(tokens)
         if self.hidden is not None:
             self.hidden[:n].copy_(hidden)
+        if race is not None:  # (a padding row's draft is cut, whatever it races)
+            self.race_keys[:n].copy_(race[0])
+            self.race_params[:n].copy_(race[1])
         # the rotary positions: behind the index after an image (engine/vision/mrope.py)
         rope = positions if rope_positions is None else rope_positions
         host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
@@ -148,14 +162,15 @@ class ChainGraphs:
             self._staged_rows = block_rows
         return b
 
-    def replay(self, n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The staged chain step through its graph: (hidden [n, H], drafts [n])."""
-        key = (self.bucket_for(n), step % self.num_variants)
+    def replay(self, n: int, step: int, raced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The staged chain step through its graph (`raced`: the one that races, for a step with a sampled
+        request): (hidden [n, H], drafts [n])."""
+        key = (self.bucket_for(n), step % self.num_variants, raced)
         self.graphs[key].replay()
         h, drafts = self.outputs[key]
         return h[:n], drafts[:n]
 
-    def run_eager(self, n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_eager(self, n: int, step: int, raced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The staged step through the same buffers without a graph (the path a graph records; for tests)."""
-        h, drafts = self._forward(self.bucket_for(n), step % self.num_variants)
+        h, drafts = self._forward(self.bucket_for(n), step % self.num_variants, raced)
         return h[:n], drafts[:n]

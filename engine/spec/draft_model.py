@@ -13,8 +13,9 @@ target's. After a step, two things run:
    KV goes to positions the target has not run; when those tokens stand, their step's pass writes them
    again (a request's chain stops where its pages end).
 
-The drafts are the draft model's greedy tokens; the target verifies them as it verifies any drafts, so the
-output is the target's own. All on the device; the drafts are read back once, at the end. On CUDA the
+The drafts are the draft model's greedy tokens, or for a sampled request its winners of the race the sampler
+will run at their positions (engine/sample/race.py); the target verifies them as it verifies any drafts, so
+the output is the target's own. All on the device; the drafts are read back once, at the end. On CUDA the
 chained steps replay captured graphs (engine/spec/chain_graphs.py), as the MTP head's do.
 """
 
@@ -30,6 +31,7 @@ from engine.formats.source import ModelSource
 from engine.models.base import CausalLM
 from engine.models.loader import load_model, open_source, quantized_at_load
 from engine.scheduler.output import SampledToken, SchedulerOutput
+from engine.spec.race import DraftRaces, Race, pick
 from engine.spec.stored import per_request
 from engine.tokenizer import Tokenizer
 from engine.transfer import to_device
@@ -44,16 +46,19 @@ class DraftModelDrafter:
         self.model, self.num_draft_tokens = model, num_draft_tokens
         self.block_size, self.device, self.vocab_size = block_size, device, vocab_size
         self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
+        self.races = None  # the sampler's draft races (engine/spec/race.py); None: every draft greedy
 
-    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [n, H] -> the draft model's greedy tokens [n]
-        return self.model.compute_logits(hidden)[:, : self.vocab_size].argmax(-1)
+    def drafts(self, hidden: torch.Tensor, race: Race) -> torch.Tensor:
+        # hidden: [n, H] -> the draft model's drafts [n]: greedy, or raced for sampled rows
+        return pick(self.model.compute_logits(hidden)[:, : self.vocab_size], race)
 
-    def chain_step(self, tokens, hidden, positions, variant: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def chain_step(
+        self, tokens, hidden, positions, variant: int, race: Race = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained step under the step's forward context, as engine/spec/chain_graphs.py captures it:
         tokens [n], positions [n] -> (hidden [n, H], the next drafts [n]); `hidden` and `variant` unused."""
         h = self.model(tokens, positions)
-        return h, self.greedy(h)
+        return h, self.drafts(h, race)
 
     def _run(self, tokens, positions, cu_seqlens, seq_lens, slots, tables) -> torch.Tensor:
         """The draft model over `tokens` (host ids, or [T] on the device; KV written at `slots`): its
@@ -105,8 +110,12 @@ class DraftModelDrafter:
         if not chains:
             return {}
         active = list(range(len(chains)))  # chains still drafting
-        steps = [(active, self.greedy(out[to_device([row for _, row in chains], torch.int64, self.device)]))]
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        races = DraftRaces.of(
+            self.races, [r for r, _ in chains], first_pos, self.num_draft_tokens, self.device
+        )
+        last = out[to_device([row for _, row in chains], torch.int64, self.device)]
+        steps = [(active, self.drafts(last, races.step(0)))]
         blocks_of = [r.block_ids for r, _ in chains]  # the same list while the same requests chain
         for step in range(1, self.num_draft_tokens):
             pos = [first_pos[c] + step - 1 for c in active]  # the previous draft's position
@@ -115,24 +124,28 @@ class DraftModelDrafter:
                 break
             drafts = steps[-1][1]
             if len(fits) < len(active):
-                drafts = drafts[to_device(fits, torch.int64, self.device)]
+                keep = to_device(fits, torch.int64, self.device)
+                drafts, races = drafts[keep], races.keep(keep)
                 active, pos, blocks_of = (
                     [active[i] for i in fits],
                     [pos[i] for i in fits],
                     [blocks_of[i] for i in fits],
                 )
-            steps.append((active, self._chain_step(drafts, pos, blocks_of)))
+            steps.append((active, self._chain_step(drafts, pos, blocks_of, races.step(step))))
         return per_request([r.request_id for r, _ in chains], steps)  # the one read back
 
-    def _chain_step(self, drafts: torch.Tensor, pos: list[int], blocks_of: list[list[int]]) -> torch.Tensor:
+    def _chain_step(
+        self, drafts: torch.Tensor, pos: list[int], blocks_of: list[list[int]], race: Race
+    ) -> torch.Tensor:
         """One chained draft a request (`drafts` [n] on the device, each at its `pos`): the next drafts [n]."""
         slots = [slot_of(b, p, self.block_size) for b, p in zip(blocks_of, pos)]
         if self.graphs is not None and len(pos) <= self.graphs.max_batch:
-            self.graphs.stage(drafts, None, pos, slots, blocks_of)
-            return self.graphs.replay(len(pos), 0)[1].clone()  # the next replay rewrites the graph's outputs
+            self.graphs.stage(drafts, None, pos, slots, blocks_of, race=race)
+            drafts = self.graphs.replay(len(pos), 0, raced=race is not None)[1]
+            return drafts.clone()  # the next replay rewrites the graph's outputs
         cu = list(range(len(pos) + 1))  # one token a request
         h = self._run(drafts, pos, cu, [p + 1 for p in pos], slots, blocks_of)  # [n, H]
-        return self.greedy(h)
+        return self.drafts(h, race)
 
 
 def open_draft_model(

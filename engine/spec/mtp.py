@@ -12,7 +12,9 @@ token at p + 1, the token at p + 2. After a step, two things run:
    goes to positions the model has not run yet; the next step's pass writes those again with the model's
    own hidden states. On CUDA these steps replay captured graphs (engine/spec/chain_graphs.py).
 
-All on the device; the drafts are read back once, at the end.
+A sampled request's drafts are its winners of the race the sampler will run at their positions, raced over
+the head's distribution at the request's temperature (engine/sample/race.py); a greedy request's are the
+head's argmax. All on the device; the drafts are read back once, at the end.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from engine.scheduler.output import SampledToken, SchedulerOutput
+from engine.spec.race import DraftRaces, Race, pick
 from engine.spec.stored import per_request
 from engine.transfer import to_device
 from engine.worker.forward_context import ForwardContext, paged_context, set_forward_context, slot_of
@@ -30,6 +33,7 @@ class MTPDrafter:
         self.model, self.num_draft_tokens = model, num_draft_tokens
         self.block_size, self.device = block_size, device
         self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
+        self.races = None  # the sampler's draft races (engine/spec/race.py); None: every draft greedy
 
     def _tensor(self, x, dtype):
         return to_device(x, dtype, self.device)
@@ -40,26 +44,30 @@ class MTPDrafter:
     def _slot(self, block_ids: list[int], pos: int) -> int:
         return slot_of(block_ids, pos, self.block_size)
 
-    def _chain_step(self, step: int, tokens, h, pos: list[int], blocks: list[list[int]], rope: list[int]):
+    def _chain_step(
+        self, step: int, tokens, h, pos: list[int], blocks: list[list[int]], rope: list[int], race: Race
+    ):
         """One chained draft a request: (the head's hidden states [n, H], the drafts [n]). `blocks` is the
         same list object for as long as the same requests chain (the graph stages its table once); `rope`:
         the rotary position of each `pos` (behind it after an image)."""
         slots = [self._slot(b, p) for b, p in zip(blocks, pos)]
         if self.graphs is not None and len(pos) <= self.graphs.max_batch:
-            self.graphs.stage(tokens, h, pos, slots, blocks, rope)
-            h, drafts = self.graphs.replay(len(pos), step)
+            self.graphs.stage(tokens, h, pos, slots, blocks, rope, race)
+            h, drafts = self.graphs.replay(len(pos), step, raced=race is not None)
             return h, drafts.clone()  # the next replay rewrites the graph's outputs
         ctx = self._context(list(range(len(pos) + 1)), [p + 1 for p in pos], slots, blocks)
         with set_forward_context(ctx):
-            return self.head_step(tokens, h, self._tensor(rope, torch.int64), step)
+            return self.head_step(tokens, h, self._tensor(rope, torch.int64), step, race)
 
-    def head_step(self, tokens, hidden, positions, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def head_step(
+        self, tokens, hidden, positions, layer: int, race: Race = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained step of the head under the step's forward context (run eagerly, or captured by
         engine/spec/chain_graphs.py): tokens [n], hidden [n, H], positions [n] -> (hidden [n, H], drafts
         [n])."""
         model = self.model
         h = model.mtp(positions, model.model.embed_tokens(tokens), hidden, layer)
-        return h, model.draft_logits(h).argmax(-1)
+        return h, pick(model.draft_logits(h), race)
 
     @torch.inference_mode()
     def draft(
@@ -113,8 +121,14 @@ class MTPDrafter:
         last = self._tensor([row for _, row in chains], torch.int64)
         h = out[last]  # [C, H]
         active = list(range(len(chains)))  # chains still drafting
-        steps = [(active, model.draft_logits(h).argmax(-1))]  # (chains, their drafts [len(chains)])
-        first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        # the head's first chained row: the last emitted token's position (its first draft is the token after)
+        first_pos = [positions[row] + 1 for _, row in chains]
+        drafted_at = [p + 1 for p in first_pos]  # each request's first draft's position
+        races = DraftRaces.of(
+            self.races, [r for r, _ in chains], drafted_at, self.num_draft_tokens, self.device
+        )
+        # (chains, their drafts [len(chains)])
+        steps = [(active, pick(model.draft_logits(h), races.step(0)))]
         chain_delta = [deltas[row] for _, row in chains]
         for step in range(1, self.num_draft_tokens):
             # one position further; a request stops where its pages end
@@ -127,9 +141,10 @@ class MTPDrafter:
                 keep = self._tensor(fits, torch.int64)
                 h, tokens = h[keep], tokens[keep]
                 active, pos = [active[i] for i in fits], [pos[i] for i in fits]
+                races = races.keep(keep)
             if step == 1 or len(fits) < len(steps[-1][0]):  # a new set of requests: their pages
                 blocks = [chains[c][0].block_ids for c in active]
             rope = [p + chain_delta[c] for p, c in zip(pos, active)]
-            h, drafts = self._chain_step(step, tokens, h, pos, blocks, rope)
+            h, drafts = self._chain_step(step, tokens, h, pos, blocks, rope, races.step(step))
             steps.append((active, drafts))
         return per_request([r.request_id for r, _ in chains], steps)  # the one read back

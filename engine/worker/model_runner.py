@@ -97,6 +97,8 @@ class ModelRunner:
         elif draft_model is not None:
             vocab = model_config.vocab_size
             self.drafter = DraftModelDrafter(draft_model, k, self.block_size, self.device, vocab)
+        if self.drafter is not None:  # a sampled request's drafts race the noise its draws will meet
+            self.drafter.races = self.sampler.draft_race
         self.images = ImageEmbeddings(model.visual, self.device)
         self.adapters = adapters  # the served LoRA adapters (engine/lora)
         self.graphs: DecodeGraphs | None = None

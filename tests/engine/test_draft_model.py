@@ -141,6 +141,21 @@ def test_draft_model_chain_on_cuda_with_graphs(target, other_draft):
     assert outs["cuda"] == outs["cpu"]
 
 
+@pytest.mark.gpu
+def test_raced_chains_on_cuda_with_graphs(target):
+    """On a GPU a sampled request's chained drafts replay the raced graphs: a draft that is the target sees
+    them accepted, and the output is the request's seeded tokens without drafts."""
+    _, path = target
+    sampled = SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=11, ignore_eos=True)
+    params = [sampled, GREEDY, dataclasses.replace(sampled, top_p=0.9, seed=3)]
+    cuda = dict(max_concurrency=4, device="cuda", dtype="float32")
+    plain = [o.token_ids for o in LLM(path, **cuda).generate(None, params, PROMPTS)]
+    llm = _spec(path, path, **cuda)
+    assert llm.runner.drafter.graphs is not None
+    assert [o.token_ids for o in llm.generate(None, params, PROMPTS)] == plain
+    assert llm.scheduler.num_accepted_tokens >= 0.9 * llm.scheduler.num_draft_tokens
+
+
 def test_a_prediction_drafts_before_the_draft_model(target, plain, other_draft):
     """Predicted Outputs under spec draft: the prediction's drafts (right, then edited) run where the draft
     model's would, and its KV still covers every token that stands: the output is the target's."""
@@ -226,3 +241,47 @@ def test_the_host_tier_carries_the_drafts_kv(target, plain):
     assert again.num_cached_tokens == 16 and again.token_ids == first.token_ids == plain[0]
     drafted, accepted = sched.num_draft_tokens - before[0], sched.num_accepted_tokens - before[1]
     assert drafted > 0 and accepted >= 0.9 * drafted
+
+
+def test_a_sampled_request_races_its_drafts(target):
+    """A sampled request's drafts are the draft model's winners of the race the sampler runs at their
+    positions (engine/sample/race.py): a draft that is the target sees them accepted as a greedy request's
+    are, where argmax drafts are accepted only as often as the target draws its argmax; the output is the
+    request's seeded tokens without drafts either way."""
+    _, path = target
+    sampled = SamplingParams(max_tokens=24, temperature=1.0, seed=11, ignore_eos=True)
+    mixed = [sampled, GREEDY, dataclasses.replace(sampled, temperature=0.6, top_k=20, top_p=0.9, seed=12)]
+    want = [o.token_ids for o in LLM(path, max_concurrency=2).generate(None, mixed[:2], PROMPTS[:2])]
+    rates = {}
+    for raced in (True, False):
+        llm = _spec(path, path, max_concurrency=3)
+        if not raced:
+            llm.runner.drafter.races = None  # the draft model's argmax, as before races
+        got = llm.generate(None, mixed, PROMPTS)
+        assert [o.token_ids for o in got[:2]] == want
+        sched = llm.scheduler
+        rates[raced] = sched.num_accepted_tokens / sched.num_draft_tokens
+    assert rates[True] >= 0.95 > 0.5 > rates[False], rates
+
+
+def test_raced_chains_through_the_graph_buffers(target):
+    """Sampled and greedy requests chaining together through the graph buffers (eagerly, a padding row):
+    the eager drafter's drafts step by step."""
+    import torch
+    from conftest import eager_replays
+
+    from engine.spec.chain_graphs import draft_chain_graphs
+
+    _, path = target
+    eager, graphed = (_spec(path, path, max_concurrency=4) for _ in range(2))
+    chain = draft_chain_graphs(graphed.runner.drafter, 4, -(-graphed.max_context // 8), "cpu", torch.float32)
+    graphed.runner.drafter.graphs = eager_replays(chain)
+    params = [SamplingParams(max_tokens=16, temperature=t, seed=5, ignore_eos=True) for t in (0.8, 0.0, 1.2)]
+    ids = [[llm.add_request(p, q) for p, q in zip(PROMPTS, params)] for llm in (eager, graphed)]
+    while eager.has_unfinished_requests():
+        eager.step()
+        graphed.step()
+        want = [eager.scheduler.proposer._drafts.get(rid) for rid in ids[0]]
+        assert [graphed.scheduler.proposer._drafts.get(rid) for rid in ids[1]] == want
+    assert chain.replays > 0
+    assert graphed.scheduler.num_accepted_tokens >= 0.9 * graphed.scheduler.num_draft_tokens

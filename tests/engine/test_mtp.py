@@ -17,6 +17,7 @@ import torch
 from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
+from engine.sample.race import race_key, race_params, race_pick
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9, 140, 7]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,9 +31,17 @@ def add_mtp_head(model, path, seed: int = 5):
 
 
 @torch.no_grad()
-def reference_drafts(model, tensors: dict, tokens: list[int], k: int, vocab: int | None = None) -> list[int]:
+def reference_drafts(
+    model,
+    tensors: dict,
+    tokens: list[int],
+    k: int,
+    vocab: int | None = None,
+    sampled: SamplingParams | None = None,
+) -> list[int]:
     """The head's k drafts after `tokens` (the model has run all but the last; the last is the token the
-    step emitted), chosen among the first `vocab` token ids (all by default)."""
+    step emitted), chosen among the first `vocab` token ids (all by default): its argmax, or for a `sampled`
+    request (seeded) its winner of the race at the draft's position (engine/sample/race.py)."""
     import transformers as tf
 
     mod = tf.models.qwen3_5.modeling_qwen3_5
@@ -63,7 +72,12 @@ def reference_drafts(model, tensors: dict, tokens: list[int], k: int, vocab: int
             rows[None], model.model.rotary_emb(rows[None], pos), attention_mask=mask, position_ids=pos
         )
         out = norm_out(out[0] if isinstance(out, tuple) else out)[0]  # [n, H]
-        drafts.append(int(lm_head(out[-1])[:vocab].argmax()))
+        logits = lm_head(out[-1])[:vocab]
+        if sampled is None:
+            drafts.append(int(logits.argmax()))
+        else:
+            key = torch.tensor([race_key(sampled.seed, len(tokens) + len(drafts))])
+            drafts.append(int(race_pick(logits[None], key, torch.tensor([race_params(sampled)]))[0]))
         new = torch.cat([norm_e(embed(torch.tensor([drafts[-1]]))), norm_h(out[-1:])], dim=-1)
         rows = torch.cat([rows, new @ tensors["mtp.fc.weight"].t()])
     return drafts
@@ -76,16 +90,23 @@ def mtp_model(tmp_path_factory):
     return model, path, add_mtp_head(model, path)
 
 
-def test_drafts_equal_the_reference_head_after_prefill_and_decode_steps(mtp_model):
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=4, max_tokens=8, ignore_eos=True)
+
+
+@pytest.mark.parametrize("sampled", [None, SAMPLED], ids=["greedy", "sampled"])
+def test_drafts_equal_the_reference_head_after_prefill_and_decode_steps(mtp_model, sampled):
+    """A greedy request's drafts are the head's argmax; a sampled one's its winners of the race the sampler
+    runs at each draft's position."""
     model, path, tensors = mtp_model
     llm = LLM(path, spec="mtp", draft_tokens=3, enable_prefix_caching=False)
-    rid = llm.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    params = sampled or SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    rid = llm.add_request(PROMPT, params)
     for _ in range(3):  # the prefill step, then two decode steps verifying the head's drafts
         llm.step()
         tokens = PROMPT + llm.scheduler.requests[rid].output_token_ids
         num_tokens, drafts = llm.scheduler.proposer._drafts[rid]
         assert num_tokens == len(tokens)
-        assert drafts == reference_drafts(model, tensors, tokens, 3)
+        assert drafts == reference_drafts(model, tensors, tokens, 3, sampled=sampled)
 
 
 def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
@@ -102,6 +123,8 @@ def test_greedy_output_unchanged_and_sampled_reproducible(mtp_model):
         LLM(path, spec="mtp").generate(prompt_token_ids=prompts, sampling_params=sampled) for _ in range(2)
     ]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    plain = LLM(path).generate(prompt_token_ids=prompts, sampling_params=sampled)
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in plain]  # raced drafts or none
 
 
 def test_a_prediction_drafts_before_the_head_and_leaves_the_output(mtp_model):
@@ -231,9 +254,10 @@ def test_prefix_cache_hits_after_drafting_runs_keep_output(mtp_model):
     assert out.output_token_ids == cold.token_ids
 
 
-def test_chained_drafts_through_the_graph_buffers(mtp_model):
+@pytest.mark.parametrize("sampled", [None, SAMPLED], ids=["greedy", "sampled"])
+def test_chained_drafts_through_the_graph_buffers(mtp_model, sampled):
     """The chained steps' CUDA-graph path (static buffers, padding rows, outputs reused across replays) run
-    eagerly here: the drafts still equal the reference's."""
+    eagerly here: the drafts still equal the reference's (the raced graph's for a sampled request)."""
     from conftest import eager_replays
 
     from engine.spec.chain_graphs import mtp_chain_graphs
@@ -243,13 +267,12 @@ def test_chained_drafts_through_the_graph_buffers(mtp_model):
     chain = eager_replays(mtp_chain_graphs(llm.runner.drafter, 4, 32, torch.device("cpu"), torch.float32))
     llm.runner.drafter.graphs = chain
     assert chain.buckets == [1, 2, 4]
-    rids = [
-        llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-        for p in (PROMPT, PROMPT[3:])
-    ]
+    params = sampled or SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    rids = [llm.add_request(p, params) for p in (PROMPT, PROMPT[3:])]
     for _ in range(3):
         llm.step()
         for rid in rids:
             tokens = (PROMPT if rid == rids[0] else PROMPT[3:]) + llm.scheduler.requests[rid].output_token_ids
-            assert llm.scheduler.proposer._drafts[rid][1] == reference_drafts(model, tensors, tokens, 4)
+            want = reference_drafts(model, tensors, tokens, 4, sampled=sampled)
+            assert llm.scheduler.proposer._drafts[rid][1] == want
     assert chain.replays >= 9  # 3 chained steps a step, both requests in the bucket of 2
