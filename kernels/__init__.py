@@ -35,6 +35,7 @@ from ninfer_kernels.paged_attention import native as _paged_attention_native
 from ninfer_kernels.quant_embedding import naive as _quant_embedding_naive
 from ninfer_kernels.quant_matmul import naive as _quant_matmul_naive
 from ninfer_kernels.race_noise import naive as _race_noise_naive
+from ninfer_kernels.race_noise import native as _race_noise_native
 from ninfer_kernels.rmsnorm import naive as _rmsnorm_naive
 from ninfer_kernels.rmsnorm import native as _rmsnorm_native
 from ninfer_kernels.rope import naive as _rope_naive
@@ -200,5 +201,6 @@ def fused_moe(x, gate_up, down, topk_weights, topk_ids):
 
 def race_noise(keys, vocab):
     # keys [R] int64 -> [R, vocab] fp32 Exp(1) noise of token ids 0 .. vocab - 1 (kernels/race_noise/naive.py)
-    impl = _triton("race_noise") if use_triton(keys) else _race_noise_naive
-    return impl.race_noise(keys, vocab)
+    if use_triton(keys):
+        return _triton("race_noise").race_noise(keys, vocab)
+    return _native_or_naive(_race_noise_native.race_noise, _race_noise_naive.race_noise, keys, vocab)

@@ -48,6 +48,7 @@ SIGNATURES = {
     "ninfer_decode_attention": [_P] * 9 + [_I] * 9 + [_F],
     "ninfer_gated_delta_rule": [_P] * 9 + [_I] * 11,
     "ninfer_causal_conv1d": [_P] * 6 + [_I] * 7,
+    "ninfer_race_noise": [_P, _P, _I, _I],
 }
 
 # kv_dtype -> the mode number kv_store and decode attention take (the enum in native_math.h; fp8 has none)

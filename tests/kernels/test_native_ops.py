@@ -21,6 +21,8 @@ from ninfer_kernels.kv_store import native as kv_store_native
 from ninfer_kernels.paged_attention import naive as attention_naive
 from ninfer_kernels.paged_attention import native as attention_native
 from ninfer_kernels.q4_cpu import naive as q4_naive
+from ninfer_kernels.race_noise import naive as race_noise_naive
+from ninfer_kernels.race_noise import native as race_noise_native
 from ninfer_kernels.rmsnorm import naive as rmsnorm_naive
 from ninfer_kernels.rmsnorm import native as rmsnorm_native
 from ninfer_kernels.rope import naive as rope_naive
@@ -75,6 +77,16 @@ def test_rmsnorm_per_head_and_refusals():
     assert rmsnorm_native.rmsnorm(x.bfloat16(), w, 1e-6) is None  # fp32 only: the caller runs the twin
     assert rmsnorm_native.rmsnorm(x.transpose(0, 1), w, 1e-6) is None  # not row-contiguous
     assert rmsnorm_native.rmsnorm(x, w[:32], 1e-6) is None  # a weight of another width: the twin says so
+
+
+@pytest.mark.parametrize("vocab", [1, 1000, 49152])
+def test_race_noise(vocab):
+    """The twin's uniforms (the hash's integers), for keys of both signs and both extremes."""
+    keys = torch.tensor([0, 1, -1, 2**62 + 12345, -(2**63), 2**63 - 1])
+    got, want = race_noise_native.race_noise(keys, vocab), race_noise_naive.race_noise(keys, vocab)
+    torch.testing.assert_close(torch.exp(-got), torch.exp(-want), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert race_noise_native.race_noise(keys.int(), vocab) is None  # int64 keys only: the twin runs
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 37)])
