@@ -338,6 +338,9 @@ class SchedulerConfig:
     max_pending: int | None = None
     pending_timeout_ms: float | None = None
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
+    # the chat template's turn-start token (ChatML's <|im_start|>), -1 = none: hybrid models also snapshot the
+    # state where a prompt's second turn starts (the end of its system prompt and tools), page-aligned
+    turn_token_id: int = -1
     num_draft_tokens: int = 0  # draft tokens verified per decode step; 0 = no speculative decoding
     # of a request's prediction (Predicted Outputs), at most this many drafted a step (>= num_draft_tokens)
     num_prediction_tokens: int = 0
@@ -642,8 +645,9 @@ class EngineConfig:
             return 0
         return 2 * self.max_concurrency if self.state_snapshots is None else self.state_snapshots
 
-    def scheduler_config(self, max_context: int) -> SchedulerConfig:
-        """max_context: as resolved at start-up (engine/plan/runtime.py: `auto` may set it from the pool)."""
+    def scheduler_config(self, max_context: int, turn_token_id: int = -1) -> SchedulerConfig:
+        """max_context: as resolved at start-up (engine/plan/runtime.py: `auto` may set it from the pool);
+        turn_token_id: the tokenizer's turn-start token (SchedulerConfig.turn_token_id)."""
         interval = self.state_snapshot_interval // self.block_size * self.block_size
         return SchedulerConfig(
             max_concurrency=self.max_concurrency,
@@ -652,6 +656,7 @@ class EngineConfig:
             max_pending=self.max_pending,
             pending_timeout_ms=self.pending_timeout_ms,
             state_snapshot_interval=interval if self.enable_prefix_caching else 0,
+            turn_token_id=turn_token_id,
             num_draft_tokens=self.num_draft_tokens,
             num_prediction_tokens=self.num_prediction_tokens,
             spec=self.spec,

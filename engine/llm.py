@@ -34,7 +34,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.sizes import format_bytes
 from engine.spec.draft_model import load_draft_model, open_draft_model
 from engine.structured.matcher import GrammarCompiler, GrammarMatcher
-from engine.tokenizer import with_chat_template, with_template_kwargs
+from engine.tokenizer import TURN_TOKEN, with_chat_template, with_template_kwargs
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
@@ -155,8 +155,9 @@ class LLM:
         if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)
             host_slots = host_slots_for(config.host_cache, page_bytes(self.runner.kv_caches))
             self.runner.attach_host_kv(host_slots)
+        turn = self.tokenizer.token_to_id(TURN_TOKEN) if self.tokenizer is not None else None
         self.scheduler = Scheduler(
-            config.scheduler_config(self.max_context),
+            config.scheduler_config(self.max_context, -1 if turn is None else turn),
             BlockPool(num_blocks, config.block_size, config.enable_prefix_caching, host_slots),
             state_pool,
         )

@@ -14,6 +14,9 @@ from engine.chat_template import render_chat_template
 from engine.errors import NinferError
 from engine.sampling_defaults import from_generation_config
 
+# ChatML's turn start (Qwen's templates): a hybrid model snapshots its state where a prompt's second turn starts
+TURN_TOKEN = "<|im_start|>"
+
 
 def _token_content(tok: Any) -> str | None:
     if isinstance(tok, dict):

@@ -39,6 +39,7 @@ eagerly and is not padded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -327,13 +328,30 @@ class Scheduler:
             added += extra
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
-        """Page-aligned positions inside the prompt where the recurrent state is snapshotted."""
+        """Page-aligned positions inside the prompt where the recurrent state is snapshotted: every
+        interval, the prompt's end, and where its second turn starts (the end of the system prompt and
+        tools a new conversation of the same agent shares)."""
         bs, interval = self.block_size, self.config.state_snapshot_interval
         points = list(range(interval, req.num_prompt_tokens, interval)) if interval else []
         prompt_end = req.num_prompt_tokens // bs * bs
         if prompt_end:
             points.append(prompt_end)
+        turn = self._second_turn(req)
+        if 0 < turn < prompt_end and turn not in points:
+            points.append(turn)
         return sorted(points)
+
+    def _second_turn(self, req: Request) -> int:
+        """The page-aligned position (at or before it) where the prompt's second turn starts, found once;
+        0 without a turn token or a second turn."""
+        if req.second_turn is None:
+            req.second_turn = 0
+            ids, turn = req.prompt_token_ids, self.config.turn_token_id
+            if turn >= 0:
+                with contextlib.suppress(ValueError):  # (no turn token, or only one)
+                    second = ids.index(turn, ids.index(turn) + 1)
+                    req.second_turn = second // self.block_size * self.block_size
+        return req.second_turn
 
     def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int]:
         """Cached pages to reuse for the request's leading tokens (on the GPU), the hashes of the host-tier

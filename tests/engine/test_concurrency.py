@@ -145,6 +145,24 @@ def test_prefix_cache_hybrid_needs_a_snapshot(tmp_path):
     assert llm.scheduler.block_pool.num_cached_blocks > 0  # the pages are cached, the state is not
 
 
+def test_a_new_conversation_resumes_after_the_shared_system_prompt(tmp_path, default_tokenizer):
+    """A hybrid model snapshots its state where a prompt's second turn starts (ChatML's <|im_start|>), so a
+    new conversation with the same system prompt resumes there (a prefix hit short of the 4096-token
+    interval), and replies as an engine that computed it all."""
+    from conftest import save_thinking_mtp_model
+
+    path = save_thinking_mtp_model(tmp_path, default_tokenizer, think=False)
+    system = {"role": "system", "content": "You are a careful assistant. " * 12}
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    llm = LLM(path, block_size=16)
+    llm.chat([system, {"role": "user", "content": "Name three rivers and the seas they reach. " * 4}], params)
+    second = [system, {"role": "user", "content": "Count to five, slowly."}]
+    out = llm.chat(second, params)
+    turns = [i for i, t in enumerate(out.prompt_token_ids) if t == llm.tokenizer.token_to_id("<|im_start|>")]
+    assert turns[1] > 32 and out.num_cached_tokens == turns[1] // 16 * 16  # the first turn's pages
+    assert out.token_ids == LLM(path, block_size=16).chat(second, params).token_ids
+
+
 class _RandomDrafts:
     """Up to `k` random draft tokens after any history: mostly rejected, now and then accepted."""
 

@@ -255,6 +255,31 @@ def test_hybrid_prefill_stops_at_the_prompt_snapshot_point():
     assert hit.start_pos == 8 and hit.state_restore == 2
 
 
+def test_hybrid_prefill_snapshots_where_the_second_turn_starts():
+    """A new conversation that shares only the system prompt (and tools) with an earlier one: the state was
+    snapshotted at the page where the earlier prompt's second turn starts, so the new one resumes there."""
+    T = 1  # the turn-start token
+    system = [T, *range(10, 32)]  # 23 tokens: the second turn starts at 23, page-aligned 20
+    s = make(block_size=4, slots=2, snapshots=4, prefix_caching=True, turn_token_id=T)
+
+    def conversation(rid, user):
+        return Request(rid, [*system, T, *user], SamplingParams(max_tokens=1), eos_token_ids=(2,))
+
+    s.add_request(conversation("a", range(40, 50)))
+    assert run_step(s).num_scheduled_tokens == {"a": 20}  # the chunk ends at the turn's page
+    run_step(s)
+    s.add_request(conversation("b", range(60, 75)))
+    hit = next(r for r in run_step(s).scheduled if r.request_id == "b")
+    assert hit.start_pos == 20 and hit.state_restore >= 0
+    # without a turn token (or one turn only) the prompt's end and the intervals are all
+    plain = make(block_size=4, slots=2, snapshots=4, prefix_caching=True)
+    plain.add_request(conversation("a", range(40, 50)))
+    assert run_step(plain).num_scheduled_tokens == {"a": 32}
+    one_turn = make(block_size=4, slots=2, snapshots=4, prefix_caching=True, turn_token_id=T)
+    one_turn.add_request(Request("c", [T, *range(10, 40)], SamplingParams(max_tokens=1), eos_token_ids=(2,)))
+    assert run_step(one_turn).num_scheduled_tokens == {"c": 28}
+
+
 class _AlwaysDrafts:
     """Proposes `k` copies of token 9 after any history."""
 
