@@ -1,8 +1,9 @@
 """Start-up warm-up on a GPU: one throwaway request through the prefill paths (a first chunk, a chunk after
-cached tokens, a short tail) and a few decode steps (with drafts, under --spec), so the Triton kernels
-those shapes need are compiled (or read from Triton's cache) before the first request waits on them, as
-the decode kernels are by the CUDA graph capture. Everything it leaves is then forgotten: its pages'
-prefix-cache names, the counters /metrics reads, the request ids."""
+cached tokens, a short tail) and a few decode steps (with drafts, under --spec), sampled (the sampler's
+race noise and a drafter's race are kernels too), so the Triton kernels those shapes need are compiled
+(or read from Triton's cache) before the first request waits on them, as the decode kernels are by the
+CUDA graph capture. Everything it leaves is then forgotten: its pages' prefix-cache names, the counters
+/metrics reads, the request ids."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def warm_up(llm: LLM) -> None:
     params = (
         POOLED
         if llm.text_refusal
-        else SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, ignore_eos=True)
+        else SamplingParams(max_tokens=DECODE_STEPS, temperature=1.0, seed=0, ignore_eos=True)
     )
     (out,) = llm.generate(prompt_token_ids=[[_plain_token(llm)] * length], sampling_params=params)
     if out.finish_reason == "error":  # e.g. out of memory in a prompt chunk: said before serving, not after
