@@ -44,6 +44,7 @@ def warm_up(llm: LLM) -> None:
             f"the start-up warm-up ({length} prompt tokens in chunks of {config.prefill_chunk}) failed: "
             f"{out.error}; a smaller --prefill-chunk or --kv-capacity leaves more memory for a step"
         )
+    llm.step()  # an empty step hands the finished request to the runner (its seed forgotten) before ids restart
     llm.reset_prefix_cache()
     sched.reset_counters()
     llm._ids = itertools.count()

@@ -49,6 +49,7 @@ def test_a_warmed_up_engine_answers_and_counts_as_a_fresh_one(tmp_path, arch, sp
     )
     if llm.scheduler.state_pool is not None:
         assert not llm.scheduler.state_pool.snapshots
+    assert llm.runner.sampler.num_live_seeds == 0  # its sampled request's seed is gone before ids restart
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)
     assert [o.token_ids for o in outs] == want
     assert [o.request_id for o in outs] == ["req-0", "req-1", "req-2"]
