@@ -78,9 +78,8 @@ class ChainGraphs:
         self.block_table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[
-            tuple[int, int, bool], torch.cuda.CUDAGraph
-        ] = {}  # (bucket, variant, raced) -> graph
+        # (bucket, variant, raced) -> graph
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._staged_rows: list | None = None  # the block rows the table holds (kept alive, so `is` is safe)
         self.outputs: dict[
             tuple[int, int, bool], tuple[torch.Tensor, torch.Tensor]
