@@ -2,11 +2,11 @@
 embedded default model (or MODEL) as the target: per draft model, sampling setting and workload, the share
 of drafts accepted and the tokens a decode step emits, with each request's drafts raced (the drafter's
 winner of the race the sampler will run at the draft's position: engine/sample/race.py) and with the
-drafter's argmax (the drafts before races; what speculative decoding verifies for a sampled request
-elsewhere). Seeded, so a run of a request produces the tokens it produces without drafts, but where the
-target's logits in a verification step and in a one-token step differ in the last bits (the embedded model's
-4-bit CPU kernels: ~1e-4 in log-probability) at a draw that close to a tie; `same` counts the runs whose
-tokens equal the run without drafts.
+drafter's argmax (the drafts before races, whatever the request's sampling). Seeded, so a run of a
+request produces the tokens it produces without drafts, but where the target's logits in a verification step
+and in a one-token step differ in the last bits (the embedded model's 4-bit CPU kernels: ~1e-4 in
+log-probability) at a draw that close to a tie; `same` counts the runs whose tokens equal the run without
+drafts.
 
 Acceptance is a property of the models and the sampling, not of the machine, so the CPU measures it; the
 speed-up a GPU sees from it is not measured here.
