@@ -53,6 +53,13 @@ def bench(
     concurrency: Annotated[str, typer.Option(help="Requests at once, e.g. 1,2.")] = "1,2",
     scenario: Annotated[str, typer.Option(help="random, coding or agent.")] = "random",
     gen: Annotated[int, typer.Option(help="Tokens generated per request (EOS ignored).")] = 256,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            help="0 (the default): greedy. Above: each request sampled at it, seeded by its stream, as an "
+            "agent samples (speculative decoding's acceptance depends on it)."
+        ),
+    ] = 0.0,
     repeat: Annotated[int, typer.Option(help="Runs per context x concurrency.")] = 3,
     json_file: Annotated[Path | None, typer.Option("--json", help="Write every measurement here.")] = None,
     label: Annotated[str | None, typer.Option(help="Name of this run in tables and compare.")] = None,
@@ -104,6 +111,8 @@ def bench(
         raise NinferError(f"unknown --scenario '{scenario}'; use one of {', '.join(SCENARIOS)}")
     if gen < 2 or repeat < 1:
         raise NinferError("--gen must be at least 2 (tg needs two tokens) and --repeat at least 1")
+    if not 0.0 <= temperature <= 2.0:
+        raise NinferError(f"--temperature {temperature:g} is out of range; use 0 (greedy) up to 2")
     if json_file is not None:  # said now, not after the whole run
         if json_file.is_dir():
             raise NinferError(
@@ -125,6 +134,7 @@ def bench(
             concurrencies,
             scenario,
             gen,
+            temperature,
             repeat,
             json_file,
             label,
@@ -158,6 +168,7 @@ class _Options:
     concurrencies: tuple[int, ...]
     scenario: str
     gen: int
+    temperature: float
     repeat: int
     json_file: Path | None
     label: str | None
@@ -189,7 +200,7 @@ def _run(o: _Options) -> None:
     from engine.config import resolve_dtype
     from engine.errors import NinferError
 
-    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat)
+    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat, o.temperature)
     flags = {
         "device": o.device,
         "dtype": resolve_dtype(o.dtype, o.device),  # as the engine runs it (auto: by the device)
@@ -296,6 +307,7 @@ def _run(o: _Options) -> None:
             "scenario": o.scenario,
             "gen": o.gen,
             "repeat": o.repeat,
+            "temperature": o.temperature,
         },
         "rows": rows,
         "records": records,

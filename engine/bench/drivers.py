@@ -66,6 +66,14 @@ class Timing:
         return Timing(0, 0, 0, t_start, t_start, t_start, error=error, cache_proof="engine")
 
 
+def sampling(gen: int, temperature: float, stream: int) -> dict:
+    """A benchmark request's sampling fields, as SamplingParams and the OpenAI protocol both take them: `gen`
+    tokens whatever the model says (ignore_eos: vLLM, SGLang, llama-server and ninfer honour it), greedy at
+    temperature 0, else sampled and seeded by the request's stream, so two runs draw alike."""
+    fields = {"max_tokens": gen, "temperature": temperature, "ignore_eos": True}
+    return {**fields, "seed": stream} if temperature > 0 else fields
+
+
 class InProcess:
     """The engine itself: prompts enter as token ids, so the count is exactly the target."""
 
@@ -79,12 +87,16 @@ class InProcess:
     def ids(self, messages, tools) -> list[int]:
         return self.tokenizer.encode_chat(messages, tools, True, enable_thinking=False)
 
-    def run(self, prompts: list[Prompt], gen: int) -> list[Timing]:
+    def run(self, prompts: list[Prompt], gen: int, temperature: float = 0.0) -> list[Timing]:
         from engine.request import SamplingParams
 
-        params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
         t_start = time.perf_counter()
-        rids = [self.llm.add_request(self.ids(p.messages, p.tools), params) for p in prompts]
+        rids = [
+            self.llm.add_request(
+                self.ids(p.messages, p.tools), SamplingParams(**sampling(gen, temperature, i))
+            )
+            for i, p in enumerate(prompts)
+        ]
         times: dict[str, list[float]] = {r: [] for r in rids}
         final = {}
         while len(final) < len(rids):
@@ -217,13 +229,13 @@ class OverHttp:
             "this server counts no tokens (no /tokenize); prompts cannot be built to an exact length against it"
         )
 
-    def run(self, prompts: list[Prompt], gen: int) -> list[Timing]:
+    def run(self, prompts: list[Prompt], gen: int, temperature: float = 0.0) -> list[Timing]:
         results: list[Timing | None] = [None] * len(prompts)
         barrier = threading.Barrier(len(prompts))
 
         def one(i: int) -> None:
             barrier.wait()
-            results[i] = self._stream(prompts[i], gen)
+            results[i] = self._stream(prompts[i], gen, temperature, i)
 
         asleep = self._asleep() and not self._woken()
         before = self._counters()
@@ -364,15 +376,13 @@ class OverHttp:
         finally:
             conn.close()
 
-    def _stream(self, prompt: Prompt, gen: int) -> Timing:
+    def _stream(self, prompt: Prompt, gen: int, temperature: float = 0.0, stream: int = 0) -> Timing:
         body = {
             "model": self.model,
             "messages": prompt.messages,
-            "max_tokens": gen,
-            "temperature": 0.0,
+            **sampling(gen, temperature, stream),
             "stream": True,
             "stream_options": {"include_usage": True},
-            "ignore_eos": True,  # vLLM, SGLang, llama-server and ninfer honour it: a fixed generation length
             "chat_template_kwargs": {"enable_thinking": False},
         }
         if prompt.tools:

@@ -22,11 +22,19 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
+def _sampling(config: dict) -> str:
+    """How a run's requests drew their tokens (a file from before --temperature ran greedy)."""
+    temperature = config.get("temperature", 0.0)
+    return "greedy" if not temperature else f"sampled at temperature {temperature:g}, seeded"
+
+
 def run_table(result: dict):
     from rich.table import Table
 
+    config = result["config"]
     t = Table(
-        title=f"ninfer bench: {result['label']}  (median (min-max) over {result['config']['repeat']} repeats)"
+        title=f"ninfer bench: {result['label']}  ({_sampling(config)}; median (min-max) over "
+        f"{config['repeat']} repeats)"
     )
     for col, justify in [
         ("scenario", "left"),
@@ -164,4 +172,9 @@ def compare_tables(a: dict, b: dict):
         f"{x['context']:,} tokens (between {x['between'][0]:,} and {x['between'][1]:,})"
         for x in crossovers
     ] or ["no crossover: one side leads at every common context"]
+    if _sampling(a["config"]) != _sampling(b["config"]):
+        lines.append(
+            f"A ran {_sampling(a['config'])}, B {_sampling(b['config'])}: speculative decoding's acceptance "
+            "and so tg depend on it; compare runs that sample alike"
+        )
     return t, lines

@@ -39,6 +39,7 @@ class BenchConfig:
     scenario: str = "random"
     gen: int = 256
     repeat: int = 3
+    temperature: float = 0.0  # 0: greedy; above: each request sampled, seeded by its stream
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -81,7 +82,7 @@ def run_suite(
     """Every request's record (with its context, concurrency, repeat, stream and telemetry windows)."""
     shortest = min(cfg.contexts)
     warm = build(cfg.scenario, min(shortest, max(WARMUP_TOKENS, shortest // 8)), driver.count)
-    driver.run([warm], min(WARMUP_GEN, cfg.gen))
+    driver.run([warm], min(WARMUP_GEN, cfg.gen), cfg.temperature)
     records = []
     seed = 0
     for ctx in cfg.contexts:
@@ -93,7 +94,7 @@ def run_suite(
                 for _ in range(c):
                     seed += 1
                     prompts.append(build(cfg.scenario, ctx, driver.count, seed=seed))
-                for stream, t in enumerate(driver.run(prompts, cfg.gen)):
+                for stream, t in enumerate(driver.run(prompts, cfg.gen, cfg.temperature)):
                     rec = request_record(t, prompts[stream].tokens)
                     rec.update(context=ctx, concurrency=c, repeat=r, stream=stream, scenario=cfg.scenario)
                     rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)

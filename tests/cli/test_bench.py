@@ -322,6 +322,59 @@ def test_compare_finds_the_crossover(tmp_path):
     code, text = _run("bench", "compare", str(pa), str(pb))
     assert code == 0, text
     assert "B overtakes near" in text and "between 32,768 and 65,536" in text
+    assert "sample alike" not in text
+    pb.write_text(json.dumps({**b, "config": {"repeat": 1, "temperature": 0.7}}))
+    code, text = _run("bench", "compare", str(pa), str(pb))
+    assert code == 0 and "A ran greedy, B sampled at temperature 0.7, seeded" in text, text
+
+
+def test_a_sampled_run_seeds_each_stream(tmp_path):
+    """--temperature: in process, every request sampled at it with its stream as the seed (so two runs draw
+    alike: the same tokens, the same drafts accepted); over HTTP the same fields in each request."""
+    out = tmp_path / "run.json"
+    args = ("--ctx", "96", "--concurrency", "2", "--gen", "6", "--repeat", "1", "--spec", "ngram")
+    code, text = _run("bench", *args, "--temperature", "0.8", "--json", str(out))
+    assert code == 0, text
+    assert "sampled at temperature 0.8, seeded" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["temperature"] == 0.8 and all(r["generated"] == 6 for r in data["records"])
+    from engine.bench.drivers import sampling
+
+    assert sampling(6, 0.8, 1) == {"max_tokens": 6, "temperature": 0.8, "ignore_eos": True, "seed": 1}
+    assert sampling(6, 0.0, 1) == {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    bodies = []
+
+    class Recording(_CachingServer):
+        def _reply(self, body):
+            if self.path != "/tokenize":
+                bodies.append(body)
+            super()._reply(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        code, text = _run(
+            "bench",
+            "--url",
+            url,
+            "--ctx",
+            "2000",
+            "--concurrency",
+            "2",
+            "--gen",
+            "3",
+            "--repeat",
+            "1",
+            "--temperature",
+            "0.6",
+        )
+    finally:
+        server.shutdown()
+    assert code == 0, text
+    measured = bodies[-2:]  # (after the warm-up request)
+    assert sorted(b["seed"] for b in measured) == [0, 1] and {b["temperature"] for b in measured} == {0.6}
+    assert all(b["ignore_eos"] for b in measured)
 
 
 class _FakeNvml:
@@ -412,6 +465,7 @@ def test_a_context_below_the_warm_up_prompt_runs():
         (["--url", "ftp://x"], "is not an http(s) URL"),
         (["--url", "http://127.0.0.1:9"], "cannot reach 127.0.0.1:9"),
         (["--gen", "1"], "--gen must be at least 2"),
+        (["--temperature", "-0.5"], "--temperature -0.5 is out of range; use 0 (greedy) up to 2"),
         (["--json", "/no/such/folder/run.json"], "the folder /no/such/folder does not exist"),
         (["--json", "/tmp"], "--json /tmp is a directory; name a file in it"),
         (["--ctx", "16", "--gen", "2", "--concurrency", "1"], "takes at least"),
