@@ -339,7 +339,8 @@ class SchedulerConfig:
     pending_timeout_ms: float | None = None
     state_snapshot_interval: int = 0  # a multiple of the block size; 0 = no interval snapshots
     # the chat template's turn-start token (ChatML's <|im_start|>), -1 = none: hybrid models also snapshot the
-    # state where a prompt's second turn starts (the end of its system prompt and tools), page-aligned
+    # state where a prompt's second turn starts (after its system prompt and tools) and where the turn before
+    # its last one starts (before its last message), page-aligned
     turn_token_id: int = -1
     num_draft_tokens: int = 0  # draft tokens verified per decode step; 0 = no speculative decoding
     # of a request's prediction (Predicted Outputs), at most this many drafted a step (>= num_draft_tokens)

@@ -376,9 +376,8 @@ class Request:
     cache_root: bytes = b""  # the chain's root: the base model's, or its LoRA adapter's (engine/lora)
     num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
-    second_turn: int | None = (
-        None  # where its prompt's second turn starts, page-aligned (0: none; None: not yet)
-    )
+    # page-aligned starts of its prompt's second turn and of the turn before its last (Scheduler._turn_points)
+    turn_points: tuple[int, ...] | None = None
     error: str | None = None  # why the request ended without finishing (expired, a failed step)
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted

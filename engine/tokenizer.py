@@ -14,7 +14,7 @@ from engine.chat_template import render_chat_template
 from engine.errors import NinferError
 from engine.sampling_defaults import from_generation_config
 
-# ChatML's turn start (Qwen's templates): a hybrid model snapshots its state where a prompt's second turn starts
+# ChatML's turn start (Qwen's templates): a hybrid model snapshots its state at a prompt's turn boundaries
 TURN_TOKEN = "<|im_start|>"
 
 

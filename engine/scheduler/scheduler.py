@@ -39,11 +39,12 @@ eagerly and is not padded.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+
+import numpy as np
 
 from engine.cache.block_pool import BlockPool, hash_blocks
 from engine.cache.state_pool import StatePool
@@ -329,29 +330,28 @@ class Scheduler:
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted: every
-        interval, the prompt's end, and where its second turn starts (the end of the system prompt and
-        tools a new conversation of the same agent shares)."""
+        interval, the prompt's end, and the turn points (_turn_points)."""
         bs, interval = self.block_size, self.config.state_snapshot_interval
-        points = list(range(interval, req.num_prompt_tokens, interval)) if interval else []
+        points = set(range(interval, req.num_prompt_tokens, interval)) if interval else set()
         prompt_end = req.num_prompt_tokens // bs * bs
         if prompt_end:
-            points.append(prompt_end)
-        turn = self._second_turn(req)
-        if 0 < turn < prompt_end and turn not in points:
-            points.append(turn)
+            points.add(prompt_end)
+        points.update(p for p in self._turn_points(req) if 0 < p < prompt_end)
         return sorted(points)
 
-    def _second_turn(self, req: Request) -> int:
-        """The page-aligned position (at or before it) where the prompt's second turn starts, found once;
-        0 without a turn token or a second turn."""
-        if req.second_turn is None:
-            req.second_turn = 0
-            ids, turn = req.prompt_token_ids, self.config.turn_token_id
-            if turn >= 0:
-                with contextlib.suppress(ValueError):  # (no turn token, or only one)
-                    second = ids.index(turn, ids.index(turn) + 1)
-                    req.second_turn = second // self.block_size * self.block_size
-        return req.second_turn
+    def _turn_points(self, req: Request) -> tuple[int, ...]:
+        """Where the prompt's second turn starts (after the system prompt and tools, which a new
+        conversation of the same agent shares) and the turn before its last one (the last message, which a
+        client edits and sends again, follows it), each at or before its page boundary; found once a
+        request; none without a turn token (SchedulerConfig.turn_token_id) or a second turn."""
+        if req.turn_points is None:
+            req.turn_points = ()
+            if self.config.turn_token_id >= 0:
+                ids = np.asarray(req.prompt_token_ids)
+                starts = np.flatnonzero(ids == self.config.turn_token_id)[1:]  # (the first turn: position 0)
+                picked = {int(starts[0]), int(starts[-2])} if len(starts) >= 2 else set(starts.tolist())
+                req.turn_points = tuple(sorted(p // self.block_size * self.block_size for p in picked))
+        return req.turn_points
 
     def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int]:
         """Cached pages to reuse for the request's leading tokens (on the GPU), the hashes of the host-tier

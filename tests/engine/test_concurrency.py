@@ -145,22 +145,32 @@ def test_prefix_cache_hybrid_needs_a_snapshot(tmp_path):
     assert llm.scheduler.block_pool.num_cached_blocks > 0  # the pages are cached, the state is not
 
 
-def test_a_new_conversation_resumes_after_the_shared_system_prompt(tmp_path, default_tokenizer):
-    """A hybrid model snapshots its state where a prompt's second turn starts (ChatML's <|im_start|>), so a
-    new conversation with the same system prompt resumes there (a prefix hit short of the 4096-token
-    interval), and replies as an engine that computed it all."""
+def test_a_hybrid_resumes_after_the_system_prompt_and_before_the_last_message(tmp_path, default_tokenizer):
+    """A hybrid model snapshots its state where a prompt's second turn starts and where the turn before its
+    last one starts (ChatML's <|im_start|>, at or before the page): a new conversation with the same system
+    prompt resumes after it, a conversation whose last message was edited resumes before that message (hits
+    short of the 4096-token interval), and each replies as an engine that computed it all."""
     from conftest import save_thinking_mtp_model
 
     path = save_thinking_mtp_model(tmp_path, default_tokenizer, think=False)
+    turn = default_tokenizer.token_to_id("<|im_start|>")
     system = {"role": "system", "content": "You are a careful assistant. " * 12}
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     llm = LLM(path, block_size=16)
-    llm.chat([system, {"role": "user", "content": "Name three rivers and the seas they reach. " * 4}], params)
-    second = [system, {"role": "user", "content": "Count to five, slowly."}]
-    out = llm.chat(second, params)
-    turns = [i for i, t in enumerate(out.prompt_token_ids) if t == llm.tokenizer.token_to_id("<|im_start|>")]
-    assert turns[1] > 32 and out.num_cached_tokens == turns[1] // 16 * 16  # the first turn's pages
-    assert out.token_ids == LLM(path, block_size=16).chat(second, params).token_ids
+    history = [
+        system,
+        {"role": "user", "content": "Name three rivers and the seas they reach. " * 4},
+        {"role": "assistant", "content": "The Rhine, the Danube and the Volga, which reach three seas. " * 3},
+    ]
+    llm.chat([*history, {"role": "user", "content": "Which is the longest of them? " * 3}], params)
+    for conversation, boundary in (
+        ([system, {"role": "user", "content": "Count to five, slowly."}], 1),  # the second turn
+        ([*history, {"role": "user", "content": "And the shortest, in a word?"}], -2),  # the last user turn
+    ):
+        out = llm.chat(conversation, params)
+        starts = [i for i, t in enumerate(out.prompt_token_ids) if t == turn]
+        assert starts[boundary] > 48 and out.num_cached_tokens == starts[boundary] // 16 * 16
+        assert out.token_ids == LLM(path, block_size=16).chat(conversation, params).token_ids
 
 
 class _RandomDrafts:
