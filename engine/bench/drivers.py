@@ -90,13 +90,14 @@ class InProcess:
     def run(self, prompts: list[Prompt], gen: int, temperature: float = 0.0) -> list[Timing]:
         from engine.request import SamplingParams
 
+        # sampled: the checkpoint's other recommended fields (top-p, top-k, ...) too, as a ninfer server
+        # fills in what a request leaves out
+        defaults = {k: v for k, v in self.llm.sampling_defaults.items() if k != "temperature"}
+        rids = []
         t_start = time.perf_counter()
-        rids = [
-            self.llm.add_request(
-                self.ids(p.messages, p.tools), SamplingParams(**sampling(gen, temperature, i))
-            )
-            for i, p in enumerate(prompts)
-        ]
+        for i, p in enumerate(prompts):
+            fields = {**(defaults if temperature > 0 else {}), **sampling(gen, temperature, i)}
+            rids.append(self.llm.add_request(self.ids(p.messages, p.tools), SamplingParams(**fields)))
         times: dict[str, list[float]] = {r: [] for r in rids}
         final = {}
         while len(final) < len(rids):

@@ -567,3 +567,26 @@ def test_the_peak_table_names_each_card_by_whole_words(name, bandwidth):
     assert peaks.bandwidth == bandwidth
     assert peaks.source == (f"table: {name}" if bandwidth else "unknown")
     assert peaks_for(name, bandwidth=1e12).bandwidth == 1e12
+
+
+def test_in_process_sampling_takes_the_checkpoints_other_fields():
+    """Sampled in process, a request also takes the checkpoint's recommended fields (top-k here) as a
+    ninfer server would fill them in; greedy, none of them."""
+    from engine import LLM, SamplingParams
+    from engine.bench.drivers import InProcess
+    from engine.bench.workloads import build
+
+    llm = LLM()
+    llm.sampling_defaults = {"temperature": 0.6, "top_k": 5, "presence_penalty": 0.5}
+    seen = []
+    add = llm.add_request
+    llm.add_request = lambda ids, params: seen.append(params) or add(ids, params)
+    driver = InProcess(llm)
+    prompt = build("random", 64, driver.count, seed=1)
+    driver.run([prompt, prompt], 3, 0.8)
+    assert [(p.temperature, p.top_k, p.presence_penalty, p.seed) for p in seen] == [
+        (0.8, 5, 0.5, 0),
+        (0.8, 5, 0.5, 1),
+    ]
+    driver.run([prompt], 3, 0.0)
+    assert seen[-1].greedy and seen[-1].top_k == SamplingParams().top_k and seen[-1].seed is None
