@@ -164,6 +164,13 @@ def test_lm_head_draft_chooses_among_the_first_token_ids(mtp_model, weight_quant
     assert all(d < 100 for d in drafts)
     if weight_quant == "none":
         assert drafts == reference_drafts(model, tensors, tokens, 3, vocab=100)
+        # a sampled request races the same 100 ids: the sampler's noise of those ids
+        sampled = dataclasses.replace(SAMPLED, top_k=0, top_p=1.0)  # no truncation: the whole race
+        rid_s = llm.add_request(PROMPT, sampled)
+        llm.step()
+        tokens_s = PROMPT + llm.scheduler.requests[rid_s].output_token_ids
+        want = reference_drafts(model, tensors, tokens_s, 3, vocab=100, sampled=sampled)
+        assert llm.scheduler.proposer._drafts[rid_s][1] == want
     while llm.has_unfinished_requests():
         llm.step()
     plain = LLM(path, weight_quant=weight_quant).generate(prompt_token_ids=PROMPT, sampling_params=params)[0]
