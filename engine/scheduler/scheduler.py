@@ -348,7 +348,7 @@ class Scheduler:
             req.turn_points = ()
             if self.config.turn_token_id >= 0:
                 ids = np.asarray(req.prompt_token_ids)
-                starts = np.flatnonzero(ids == self.config.turn_token_id)[1:]  # (the first turn: position 0)
+                starts = np.flatnonzero(ids == self.config.turn_token_id)[1:]  # (past the first turn's start)
                 picked = {int(starts[0]), int(starts[-2])} if len(starts) >= 2 else set(starts.tolist())
                 req.turn_points = tuple(sorted(p // self.block_size * self.block_size for p in picked))
         return req.turn_points
