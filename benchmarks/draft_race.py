@@ -14,8 +14,9 @@ speed-up a GPU sees from it is not measured here.
 Drafts: `self` (the target itself: the ceiling, an exact copy), `w8g128` and `w4g128` (the target
 converted, rounded to nearest: a close copy, total variation ~0.04 from the target a token, and a loose one,
 ~0.35-0.5, as a small model of the same family is).
-Settings: `qwen` (temperature 0.7, top-k 20, top-p 0.8: Qwen3's non-thinking recommendation) and `t1`
-(temperature 1, nothing truncated). Workloads: `code` and `prose`.
+Settings: `qwen` (temperature 0.7, top-k 20, top-p 0.8: Qwen3's non-thinking recommendation), `qwen+pp`
+(the same with presence_penalty 1.5, which Qwen suggests against repetitions) and `t1` (temperature 1,
+nothing truncated). Workloads: `code` and `prose`.
 
     python benchmarks/draft_race.py [MODEL] [--draft-tokens 3] [--gen 96] [--seeds 3]
 """
@@ -38,6 +39,7 @@ WORKLOADS = {
 }
 SETTINGS = {
     "qwen": dict(temperature=0.7, top_k=20, top_p=0.8),
+    "qwen+pp": dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5),
     "t1": dict(temperature=1.0),
 }
 

@@ -3,12 +3,13 @@
 argmax(p / E) over the vocabulary, E ~ Exp(1) a token, is a draw from p. The noise E of a token is a hash of
 (row key, token id) (kernels/race_noise), and a row's key is a hash of (request seed, position of the token
 it draws), so the noise a request's token at a position meets is known before the step that draws it. The
-sampler races the target's distribution; a drafter races its own (the draft's logits at the request's
-temperature, top-k, top-p and min-p) against the same noise at the position its draft will take. When the two
-distributions agree the winners agree, so a sampled request's drafts are accepted about as often as a greedy
-one's, instead of with the probability the target gives the drafter's argmax. The drafter leaves out the
-rest (penalties, DRY, typical, top-n-sigma, XTC, dynamic temperature): its draft is a guess, which the target
-verifies, so the emitted tokens are the target's own draws either way."""
+sampler races the target's distribution; a drafter races its own (the draft's logits penalized as the
+sampler penalizes, at the request's temperature, top-k, top-p and min-p) against the same noise at the
+position its draft will take. When the two distributions agree the winners agree, so a sampled request's
+drafts are accepted about as often as a greedy one's, instead of with the probability the target gives the
+drafter's argmax. The drafter leaves out the rest (typical, top-n-sigma, XTC, dynamic temperature, grammar
+masks): its draft is a guess, which the target verifies, so the emitted tokens are the target's own draws
+either way."""
 
 from __future__ import annotations
 
@@ -46,11 +47,19 @@ def race_pick(
     logits: torch.Tensor,  # [n, V] fp32
     keys: torch.Tensor,  # [n] int64: each row's race key (race_key)
     params: torch.Tensor,  # [n, 4] fp32: each row's race parameters (race_params)
+    scale: torch.Tensor | None = None,  # [n, V'] fp32 (V' >= V): the penalties' factor r of each token
+    bias: torch.Tensor | None = None,  # [n, V'] fp32: the penalties' subtrahend b of each token
 ) -> torch.Tensor:
     """[n] int64: each row's winner of the race over its distribution, softmax(logits / temperature)
     truncated as the sampler truncates (top-k, then top-p of what is left, then min-p; among the CANDIDATES
     most likely tokens when a truncation is on), in log space: argmax of log p - log E. A row with 1 /
-    temperature 0 takes its argmax. No host sync (CUDA-graph capturable)."""
+    temperature 0 takes its argmax. With `scale` and `bias` (penalty_terms) the logits are penalized first,
+    as the sampler penalizes them: l / r where l > 0, else l * r, minus b. No host sync (CUDA-graph
+    capturable)."""
+    if scale is not None:
+        width = logits.shape[1]
+        r, b = scale[:, :width], bias[:, :width]
+        logits = torch.where(logits > 0, logits / r, logits * r) - b
     inv, top_k, top_p, min_p = params.unsqueeze(2).unbind(1)  # [n, 1] each
     log_noise = race_noise(keys, logits.shape[1]).log()  # [n, V]
     x = logits * inv  # [n, V]

@@ -38,16 +38,18 @@ def mtp_chain_graphs(drafter, max_batch: int, max_blocks: int, device, dtype) ->
     """The MTP head's chain (engine/spec/mtp.MTPDrafter.head_step): a variant per head layer (step k runs
     layer k mod layers)."""
     model = drafter.model
-    size = model.config.hidden_size
+    size, vocab = model.config.hidden_size, model.config.vocab_size
     return ChainGraphs(
-        drafter.head_step, len(model.mtp.layers), size, max_batch, max_blocks, device, dtype, "MTP"
+        drafter.head_step, len(model.mtp.layers), size, max_batch, max_blocks, device, dtype, "MTP", vocab
     )
 
 
 def draft_chain_graphs(drafter, max_batch: int, max_blocks: int, device, dtype) -> ChainGraphs:
     """The draft model's chain (spec draft, engine/spec/draft_model.DraftModelDrafter.chain_step): it takes
     no hidden states in."""
-    return ChainGraphs(drafter.chain_step, 1, None, max_batch, max_blocks, device, dtype, "draft-model")
+    return ChainGraphs(
+        drafter.chain_step, 1, None, max_batch, max_blocks, device, dtype, "draft-model", drafter.vocab_size
+    )
 
 
 class ChainGraphs:
@@ -61,8 +63,10 @@ class ChainGraphs:
         device: torch.device,
         dtype: torch.dtype,
         label: str,
+        vocab: int,
     ):
-        """`hidden_size`: the width of the hidden states a step takes in (None: it takes none)."""
+        """`hidden_size`: the width of the hidden states a step takes in (None: it takes none); `vocab`: the
+        model's, the width of a raced step's penalty terms."""
         self.step, self.num_variants, self.label = step, num_variants, label
         self.buckets = graph_buckets(max_batch)
         size = self.buckets[-1]
@@ -73,6 +77,10 @@ class ChainGraphs:
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)
         self.race_keys = torch.zeros(size, dtype=torch.int64, device=device)
         self.race_params = torch.tensor([NOT_RACED] * size, dtype=torch.float32, device=device)  # [size, 4]
+        # the penalties' factors and subtrahends [size, V] (engine/spec/race.penalty_terms): 1 and 0 for none
+        self.race_scale = torch.ones(size, vocab, dtype=torch.float32, device=device)
+        self.race_bias = torch.zeros(size, vocab, dtype=torch.float32, device=device)
+        self._penalty_rows = 0  # the leading rows of those two a staged step left other than 1 and 0
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
@@ -100,7 +108,11 @@ class ChainGraphs:
         )
         hidden = None if self.hidden is None else self.hidden[:b]
         with set_forward_context(ctx):
-            race = (self.race_keys[:b], self.race_params[:b]) if raced else None
+            race = (
+                (self.race_keys[:b], self.race_params[:b], self.race_scale[:b], self.race_bias[:b])
+                if raced
+                else None
+            )
             return self.step(self.ids[:b], hidden, self.positions[:b], variant, race)
 
     @torch.inference_mode()
@@ -136,7 +148,7 @@ class ChainGraphs:
         slots: list[int],
         block_rows: list[list[int]],
         rope_positions: list[int] | None = None,
-        race: Race = None,  # keys [n], race parameters [n, 4] on the device
+        race: Race = None,  # keys [n], race parameters [n, 4], penalty terms [n, V] or None, on the device
     ) -> int:
         """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket.
         The block table is staged only for a new `block_rows` object: a chain passes the same one while
@@ -148,8 +160,17 @@ class ChainGraphs:
         if self.hidden is not None:
             self.hidden[:n].copy_(hidden)
         if race is not None:  # (a padding row's draft is cut, whatever it races)
-            self.race_keys[:n].copy_(race[0])
-            self.race_params[:n].copy_(race[1])
+            keys, params, scale, bias = race
+            self.race_keys[:n].copy_(keys)
+            self.race_params[:n].copy_(params)
+            if scale is not None:
+                self.race_scale[:n].copy_(scale)
+                self.race_bias[:n].copy_(bias)
+                self._penalty_rows = max(self._penalty_rows, n)
+            elif self._penalty_rows:  # (back to none: a row beyond n is padding, whatever it holds)
+                self.race_scale[: self._penalty_rows].fill_(1.0)
+                self.race_bias[: self._penalty_rows].zero_()
+                self._penalty_rows = 0
         # the rotary positions: behind the index after an image (engine/vision/mrope.py)
         rope = positions if rope_positions is None else rope_positions
         host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)

@@ -111,8 +111,9 @@ class DraftModelDrafter:
             return {}
         active = list(range(len(chains)))  # chains still drafting
         first_pos = [positions[row] + 1 for _, row in chains]  # where each request's first draft goes
+        requests = [r for r, _ in chains]
         races = DraftRaces.of(
-            self.races, [r for r, _ in chains], first_pos, self.num_draft_tokens, self.device
+            self.races, requests, first_pos, self.num_draft_tokens, self.device, self.vocab_size, sampled
         )
         last = out[to_device([row for _, row in chains], torch.int64, self.device)]
         steps = [(active, self.drafts(last, races.step(0)))]

@@ -124,8 +124,10 @@ class MTPDrafter:
         # the head's first chained row: the last emitted token's position (its first draft is the token after)
         first_pos = [positions[row] + 1 for _, row in chains]
         drafted_at = [p + 1 for p in first_pos]  # each request's first draft's position
+        vocab = model.config.vocab_size
+        requests = [r for r, _ in chains]
         races = DraftRaces.of(
-            self.races, [r for r, _ in chains], drafted_at, self.num_draft_tokens, self.device
+            self.races, requests, drafted_at, self.num_draft_tokens, self.device, vocab, sampled
         )
         # (chains, their drafts [len(chains)])
         steps = [(active, pick(model.draft_logits(h), races.step(0)))]

@@ -143,11 +143,12 @@ def test_draft_model_chain_on_cuda_with_graphs(target, other_draft):
 
 @pytest.mark.gpu
 def test_raced_chains_on_cuda_with_graphs(target):
-    """On a GPU a sampled request's chained drafts replay the raced graphs: a draft that is the target sees
-    them accepted, and the output is the request's seeded tokens without drafts."""
+    """On a GPU a sampled request's chained drafts replay the raced graphs (penalty terms staged for one of
+    them): a draft that is the target sees them accepted, and the output is the request's seeded tokens
+    without drafts."""
     _, path = target
     sampled = SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=11, ignore_eos=True)
-    params = [sampled, GREEDY, dataclasses.replace(sampled, top_p=0.9, seed=3)]
+    params = [sampled, GREEDY, dataclasses.replace(sampled, top_p=0.9, seed=3, presence_penalty=1.0)]
     cuda = dict(max_concurrency=4, device="cuda", dtype="float32")
     plain = [o.token_ids for o in LLM(path, **cuda).generate(None, params, PROMPTS)]
     llm = _spec(path, path, **cuda)
@@ -265,8 +266,8 @@ def test_a_sampled_request_races_its_drafts(target):
 
 
 def test_raced_chains_through_the_graph_buffers(target):
-    """Sampled and greedy requests chaining together through the graph buffers (eagerly, a padding row):
-    the eager drafter's drafts step by step."""
+    """Sampled (penalized) and greedy requests chaining together through the graph buffers (eagerly, a
+    padding row): the eager drafter's drafts step by step."""
     import torch
     from conftest import eager_replays
 
@@ -276,7 +277,10 @@ def test_raced_chains_through_the_graph_buffers(target):
     eager, graphed = (_spec(path, path, max_concurrency=4) for _ in range(2))
     chain = draft_chain_graphs(graphed.runner.drafter, 4, -(-graphed.max_context // 8), "cpu", torch.float32)
     graphed.runner.drafter.graphs = eager_replays(chain)
-    params = [SamplingParams(max_tokens=16, temperature=t, seed=5, ignore_eos=True) for t in (0.8, 0.0, 1.2)]
+    params = [
+        SamplingParams(max_tokens=16, temperature=t, seed=5, ignore_eos=True, **penalties)
+        for t, penalties in ((0.8, {"presence_penalty": 1.0}), (0.0, {}), (1.2, {"repetition_penalty": 1.3}))
+    ]
     ids = [[llm.add_request(p, q) for p, q in zip(PROMPTS, params)] for llm in (eager, graphed)]
     while eager.has_unfinished_requests():
         eager.step()
@@ -285,3 +289,26 @@ def test_raced_chains_through_the_graph_buffers(target):
         assert [graphed.scheduler.proposer._drafts.get(rid) for rid in ids[1]] == want
     assert chain.replays > 0
     assert graphed.scheduler.num_accepted_tokens >= 0.9 * graphed.scheduler.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        {"presence_penalty": 1.5},
+        {"repetition_penalty": 1.2, "frequency_penalty": 0.4},
+        {"repeat_last_n": 8, "repetition_penalty": 1.3, "presence_penalty": 0.5},
+    ],
+    ids=["presence", "repetition-frequency", "window"],
+)
+def test_penalized_requests_draft_as_the_sampler_penalizes(target, penalties):
+    """A request with penalties drafts from the drafter's logits penalized as the sampler penalizes the
+    model's (engine/spec/race.penalty_terms, read off the sampler's own penalize): a draft that is the
+    target sees them kept, sampled or greedy, and the output is the request's without drafts."""
+    _, path = target
+    params = [
+        SamplingParams(max_tokens=24, temperature=t, seed=7, ignore_eos=True, **penalties) for t in (1.0, 0)
+    ]
+    want = [o.token_ids for o in LLM(path, max_concurrency=2).generate(None, params, PROMPTS[:2])]
+    llm = _spec(path, path, max_concurrency=2)
+    assert [o.token_ids for o in llm.generate(None, params, PROMPTS[:2])] == want
+    assert llm.scheduler.num_accepted_tokens >= 0.95 * llm.scheduler.num_draft_tokens
