@@ -4,8 +4,9 @@ A running sequence holds one slot (conv state + delta-rule state of every linear
 taken at admission and returned at finish or abort. A KV prefix hit is usable on a hybrid model only
 together with the recurrent state at exactly that position, so the state is also snapshotted at
 page-aligned positions (the end of the prompt, where its second turn and the turn before its last start,
-the last page a request completes, every `state_snapshot_interval` tokens) into snapshot slots named by the page hash of that prefix. The
-snapshot slots live in the same state tensors after the running slots and are LRU-evicted.
+the last page a request completes, every `state_snapshot_interval` tokens) into snapshot slots named by the
+page hash of that prefix. The snapshot slots live in the same state tensors after the running slots and are
+LRU-evicted.
 
 With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
 a step that verifies drafts, copied back when one is rejected.

@@ -5,11 +5,11 @@ each such step is the MTP head's layer, its norm and the draft head (about twent
 draft model and its head (a few hundred), over one token a request, k - 1 times a step; at that size the
 launches, not the GPU, set the pace. Each batch bucket (and, for a head of several layers, each layer) is
 captured once over static buffers, as the decode graphs are (engine/worker/cuda_graphs.py): the step's
-inputs (the drafts just made, the MTP head's last hidden states, positions, slots; for sampled requests the
-race keys and parameters of their drafts, engine/sample/race.py) are copied in, the graph replays, and its
-outputs (hidden states, drafts) feed the next step without leaving the device. Padding rows write no KV
-(slot -1) and read page 0. A step with a sampled request replays the raced graph (captured beside the
-greedy one), so a greedy batch pays nothing for the race.
+inputs (the drafts just made, the MTP head's last hidden states, positions, slots; for sampled or penalized
+requests the race keys, parameters and penalty terms of their drafts, engine/spec/race.py) are copied in,
+the graph replays, and its outputs (hidden states, drafts) feed the next step without leaving the device.
+Padding rows write no KV (slot -1) and read page 0. A step with a sampled or penalized request replays the
+raced graph (captured beside the plain greedy one), so a plain greedy batch pays nothing for the race.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ class ChainGraphs:
         return b
 
     def replay(self, n: int, step: int, raced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """The staged chain step through its graph (`raced`: the one that races, for a step with a sampled
-        request): (hidden [n, H], drafts [n])."""
+        """The staged chain step through its graph (`raced`: the one that races, for a step with a sampled or
+        penalized request): (hidden [n, H], drafts [n])."""
         key = (self.bucket_for(n), step % self.num_variants, raced)
         self.graphs[key].replay()
         h, drafts = self.outputs[key]

@@ -13,10 +13,11 @@ target's. After a step, two things run:
    KV goes to positions the target has not run; when those tokens stand, their step's pass writes them
    again (a request's chain stops where its pages end).
 
-The drafts are the draft model's greedy tokens, or for a sampled request its winners of the race the sampler
-will run at their positions (engine/sample/race.py); the target verifies them as it verifies any drafts, so
-the output is the target's own. All on the device; the drafts are read back once, at the end. On CUDA the
-chained steps replay captured graphs (engine/spec/chain_graphs.py), as the MTP head's do.
+The drafts are the draft model's greedy tokens (penalized where a request has penalties), or for a sampled
+request its winners of the race the sampler will run at their positions (engine/spec/race.py); the target
+verifies them as it verifies any drafts, so the output is the target's own. All on the device; the drafts
+are read back once, at the end. On CUDA the chained steps replay captured graphs
+(engine/spec/chain_graphs.py), as the MTP head's do.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class DraftModelDrafter:
                     [blocks_of[i] for i in fits],
                 )
             steps.append((active, self._chain_step(drafts, pos, blocks_of, races.step(step))))
-        return per_request([r.request_id for r, _ in chains], steps)  # the one read back
+        return per_request([r.request_id for r in requests], steps)  # the one read back
 
     def _chain_step(
         self, drafts: torch.Tensor, pos: list[int], blocks_of: list[list[int]], race: Race

@@ -13,8 +13,9 @@ token at p + 1, the token at p + 2. After a step, two things run:
    own hidden states. On CUDA these steps replay captured graphs (engine/spec/chain_graphs.py).
 
 A sampled request's drafts are its winners of the race the sampler will run at their positions, raced over
-the head's distribution at the request's temperature (engine/sample/race.py); a greedy request's are the
-head's argmax. All on the device; the drafts are read back once, at the end.
+the head's distribution as the sampler shapes the model's (engine/spec/race.py); a greedy request's are the
+head's argmax (penalized where it has penalties). All on the device; the drafts are read back once, at the
+end.
 """
 
 from __future__ import annotations
@@ -149,4 +150,4 @@ class MTPDrafter:
             rope = [p + chain_delta[c] for p, c in zip(pos, active)]
             h, drafts = self._chain_step(step, tokens, h, pos, blocks, rope, races.step(step))
             steps.append((active, drafts))
-        return per_request([r.request_id for r, _ in chains], steps)  # the one read back
+        return per_request([r.request_id for r in requests], steps)  # the one read back
