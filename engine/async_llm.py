@@ -159,10 +159,11 @@ class AsyncLLM:
         prompt: str | None = None,
         images: list[ImageInput] | None = None,
         after: str | None = None,
+        snapshot_hints: tuple[int, ...] = (),
     ) -> AsyncStream:
         """Queue a request; raises NinferError (EngineOverloaded when the queue is full) if refused.
-        `images`, `after`: as LLM.add_request takes them (LLM.image() makes an image; a caller's thread
-        can)."""
+        `images`, `after`, `snapshot_hints`: as LLM.add_request takes them (LLM.image() makes an image; a
+        caller's thread can)."""
         grammar = None
         if sampling_params.grammar is not None:  # compiled here, not in the engine loop other streams share
             grammar = await asyncio.to_thread(self.llm.grammar_matcher, sampling_params, prompt_token_ids)
@@ -180,6 +181,7 @@ class AsyncLLM:
                 images,
                 grammar,
                 after,
+                tuple(snapshot_hints),
                 sink,
                 done,
             )
@@ -254,6 +256,12 @@ class AsyncLLM:
             log.warning("the engine did not stop cleanly: the prefix cache file is left as it was")
             return
         self.llm.try_save_prefix_cache()
+
+    @property
+    def snapshots_enabled(self) -> bool:
+        """Whether the engine snapshots a recurrent state inside prompts (a hybrid model with prefix caching):
+        where add_request's `snapshot_hints` count."""
+        return self.llm.scheduler.snapshots_enabled
 
     @property
     def is_running(self) -> bool:
@@ -391,10 +399,12 @@ class AsyncLLM:
                     done.set_exception(EngineDeadError(f"the engine stopped after an internal error ({e!r})"))
                     raise
                 continue
-            _, prompt_token_ids, params, request_id, prompt, images, grammar, after, sink, done = command
+            _, prompt_token_ids, params, request_id, prompt, images, grammar, after, hints, sink, done = (
+                command
+            )
             try:
                 request_id = self.llm.add_request(
-                    prompt_token_ids, params, request_id, prompt, images, grammar, after
+                    prompt_token_ids, params, request_id, prompt, images, grammar, after, hints
                 )
             except NinferError as e:
                 done.set_exception(e)

@@ -37,7 +37,7 @@ from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.tokenizer import TURN_TOKEN, with_chat_template, with_template_kwargs
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
-from engine.vision.mrope import place_images
+from engine.vision.mrope import place_images, widened_positions
 from engine.warmup import warm_up
 from engine.worker import prefix_file
 from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
@@ -195,10 +195,14 @@ class LLM:
         images: list[ImageInput] | None = None,
         grammar: GrammarMatcher | None = None,
         after: str | None = None,
+        snapshot_hints: tuple[int, ...] = (),
     ) -> str:
         """`images`: preprocessed (`image()`), one for each <|image_pad|> of the prompt, in order.
         `grammar`: `grammar_matcher(sampling_params, ...)` made already; else made here. `after`: a
-        request with the same prompt; this one waits until that one's prompt is in the prefix cache."""
+        request with the same prompt; this one waits until that one's prompt is in the prefix cache.
+        `snapshot_hints`: prompt positions (before images widen) where a client expects to send the prefix
+        again (its cache breakpoints): a hybrid model snapshots its recurrent state there too, at or before
+        the page boundary."""
         request_id = request_id or f"req-{next(self._ids)}"
         if self.text_refusal and sampling_params.pooling is None:
             raise NinferError(self.text_refusal)
@@ -216,11 +220,16 @@ class LLM:
         bad = next((t for t in sampling_params.prediction if t >= vocab), None)
         if bad is not None:
             raise NinferError(f"prediction holds token id {bad}, outside the vocabulary (0..{vocab - 1})")
+        bad = next((p for p in snapshot_hints if not 0 <= p <= len(prompt_token_ids)), None)
+        if bad is not None:
+            raise NinferError(f"snapshot hint {bad} is outside the prompt (0..{len(prompt_token_ids)})")
         mm = None
         # with the tower, every placeholder needs its image (a history whose pictures were left out)
         vision = self.vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
+            pads = [i for i, t in enumerate(prompt_token_ids) if t == vision.image_token_id]
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
+            snapshot_hints = widened_positions(snapshot_hints, pads, mm.images)
         if grammar is None:
             grammar = self.grammar_matcher(sampling_params, prompt_token_ids)
         sampling_params = self._with_hidden_stops(sampling_params)
@@ -235,6 +244,7 @@ class LLM:
             bad_word_ids=self._bad_word_ids(sampling_params.bad_words),
             dry_breakers=self.dry_breakers(sampling_params),
             cache_root=self.adapters.cache_root(sampling_params.adapter_mix),
+            snapshot_hints=tuple(snapshot_hints),
         )
         stream = RequestStream(req, self.tokenizer, prompt)
         self.wake_up()  # NOTE: after every check, so a refused request never wakes the engine

@@ -378,6 +378,9 @@ class Request:
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
     # page-aligned starts of its prompt's second turn and of the turn before its last (Scheduler._turn_points)
     turn_points: tuple[int, ...] | None = None
+    # prompt positions where a client expects to send the prefix again (its cache breakpoints;
+    # LLM.add_request): snapshotted too, at or before the page boundary
+    snapshot_hints: tuple[int, ...] = ()
     error: str | None = None  # why the request ended without finishing (expired, a failed step)
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
     num_accepted_tokens: int = 0  # of those, accepted

@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.chat_template import render_chat_template
@@ -79,6 +80,11 @@ class Tokenizer:
         from engine.token_bytes import vocab_bytes
 
         return vocab_bytes(self.backend, self.vocab_size)
+
+    @cached_property
+    def token_lengths(self) -> np.ndarray:
+        """[vocab] int64: every token's length in bytes, by id (where a prompt's tokens fall in its text)."""
+        return np.fromiter(map(len, self.vocab_bytes), dtype=np.int64, count=len(self.vocab_bytes))
 
     @cached_property
     def _byte_reader(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api import anthropic_compaction, context_editing
+from engine.api import anthropic_compaction, cache_breakpoints, context_editing
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
@@ -304,6 +305,7 @@ async def _prepare(state: ServerState, body: dict):
     """(the rendered prompt, its token ids, the tools the reply may call, the images preprocessed, the
     context edits applied and the input tokens before them: engine/api/context_editing.py)."""
     declared, callable_ = _tools(body)
+    cache_breakpoints.find(body)  # each cache_control checked (engine/api/cache_breakpoints.py)
     edits = context_editing.parse(body)
     listed = declared.listed() if callable_ else None
     kwargs = _template_kwargs(body)
@@ -319,6 +321,24 @@ async def _prepare(state: ServerState, body: dict):
     (text, ids, images), applied, original = context_editing.apply(body, edits, render)
     tools = declared.specs if callable_ else None
     return text, ids, tools, await preprocess_images(state, images), applied, original
+
+
+async def _snapshot_hints(state: ServerState, body: dict, text: str, ids: list[int]) -> tuple[int, ...]:
+    """Where the rendered prompt's `cache_control` prefixes end, in its tokens (engine/api/cache_breakpoints.py):
+    for an engine that snapshots a recurrent state; none for the others, which reuse any page anyway."""
+    points = cache_breakpoints.find(body)
+    if not points or not state.engine.snapshots_enabled:
+        return ()
+    declared, callable_ = _tools(body)
+    listed, kwargs = declared.listed() if callable_ else None, _template_kwargs(body)
+
+    def render(cut: dict) -> str:  # a cut request as the prompt renders it (its tools among the listed ones)
+        names = {t.get("name") for t in cut.get("tools") or () if isinstance(t, dict)}
+        tools = [s for s in listed or () if s["function"]["name"] in names] or None
+        return state.render_text(template_messages(cut, declared)[0], tools, kwargs)
+
+    tokenizer = state.text_tokenizer()
+    return await asyncio.to_thread(cache_breakpoints.hints, body, points, text, ids, render, tokenizer)
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -376,7 +396,9 @@ async def messages(request: Request):
     async def launch(text: str, prompt_ids: list[int], prompt_images) -> None:
         """Start the reply to a rendered prompt (the request's, or the compacted conversation's)."""
         run.in_reasoning = text.rstrip().endswith("<think>")
-        run.stream = await start(state, prompt_ids, params, prompt_images)
+        # the request's cache_control prefixes (a compacted conversation's prompt is another one)
+        hints = await _snapshot_hints(state, body, text, prompt_ids) if prompt_ids is ids else ()
+        run.stream = await start(state, prompt_ids, params, prompt_images, snapshot_hints=hints)
 
     if compaction is not None and compaction.due(len(state.with_images(ids, images)), resumed, fits):
         summary = await anthropic_compaction.start_summary(state, body, compaction, _prepare)

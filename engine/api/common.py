@@ -214,9 +214,10 @@ async def start(
     params: SamplingParams,
     images: list[ImageInput] | None = None,
     after: str | None = None,
+    snapshot_hints: tuple[int, ...] = (),
 ) -> AsyncStream:
     """Queue a request; engine refusals become API errors (a full queue: 429, Retry-After). `images`: one
-    for each image placeholder of `ids`, in order; `after`: as AsyncLLM.add_request."""
+    for each image placeholder of `ids`, in order; `after`, `snapshot_hints`: as AsyncLLM.add_request."""
     max_context = state.max_context
     if params.max_tokens >= max_context:
         raise ApiError(
@@ -227,7 +228,9 @@ async def start(
     if len(ids) + 1 > max_context:  # (with images, the engine counts their tokens and refuses below)
         raise ContextExceeded(len(ids), max_context)
     try:
-        stream = await state.engine.add_request(ids, params, images=images or None, after=after)
+        stream = await state.engine.add_request(
+            ids, params, images=images or None, after=after, snapshot_hints=snapshot_hints
+        )
     except EngineOverloaded as e:
         raise ApiError(429, str(e), retry_after=1) from e
     except DeviceMemoryBusy as e:  # asleep, and the device's memory is someone else's now

@@ -126,6 +126,18 @@ class ServerState:
         """The chat template's text and its token ids. `continue_final`: the last message is an assistant
         turn the reply continues (a prefill): the text ends where its content does, not where the template
         closes the turn."""
+        text = self.render_text(messages, tools, kwargs, continue_final, generation_prompt)
+        return text, self.engine.tokenizer.encode(text, add_special_tokens=False)
+
+    def render_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list | None,
+        kwargs: dict[str, Any],
+        continue_final: bool = False,
+        generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's text alone (render's, not tokenized)."""
         tok = self.engine.tokenizer
         if self.engine.llm.text_refusal:  # said before the chat template is looked for
             raise ApiError(400, self.engine.llm.text_refusal)
@@ -139,9 +151,7 @@ class ServerState:
             raise ApiError(400, str(e)) from e
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
             raise ApiError(400, f"the chat template could not render these messages ({e})") from e
-        if continue_final:
-            text = _cut_after_final(text, messages[-1])
-        return text, tok.encode(text, add_special_tokens=False)
+        return _cut_after_final(text, messages[-1]) if continue_final else text
 
     def with_images(self, ids: list[int], images: list[ImageInput]) -> list[int]:
         """The prompt as the engine runs it: each image's placeholder widened to its tokens."""

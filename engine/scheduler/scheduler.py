@@ -330,13 +330,15 @@ class Scheduler:
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted: every
-        interval, the prompt's end, and the turn points (_turn_points)."""
+        interval, the prompt's end, the turn points (_turn_points) and the request's hints (its client's
+        cache breakpoints), each at or before its page boundary."""
         bs, interval = self.block_size, self.config.state_snapshot_interval
         points = set(range(interval, req.num_prompt_tokens, interval)) if interval else set()
         prompt_end = req.num_prompt_tokens // bs * bs
         if prompt_end:
             points.add(prompt_end)
-        points.update(p for p in self._turn_points(req) if 0 < p < prompt_end)
+        hints = (p // bs * bs for p in req.snapshot_hints)
+        points.update(p for p in (*self._turn_points(req), *hints) if 0 < p < prompt_end)
         return sorted(points)
 
     def _turn_points(self, req: Request) -> tuple[int, ...]:

@@ -75,6 +75,16 @@ def widen_placeholders(
     return ids, offsets
 
 
+def widened_positions(
+    positions: tuple[int, ...], pads: list[int], images: tuple[ImageInput, ...]
+) -> tuple[int, ...]:
+    """Prompt positions before widen_placeholders (`pads`: the placeholders' indices there), as positions
+    after it: each image placeholder before a position adds its image's tokens but one."""
+    return tuple(
+        p + sum(image.num_tokens - 1 for index, image in zip(pads, images) if index < p) for p in positions
+    )
+
+
 def mrope_positions(
     num_tokens: int, images: list[ImageInput], offsets: list[int], merge: int
 ) -> tuple[torch.Tensor, int]:

@@ -109,13 +109,25 @@ class ScriptedEngine:
         self.streams: list[ScriptedStream] = []
         self.llm = _Stats()
         self.keep_alives: list = []  # each keep-alive the routes set (Ollama's; seconds, None: the server's)
+        self.prompt_ids: list[list[int]] = []  # each request's prompt token ids
+        self.snapshot_hints: list[tuple[int, ...]] = []  # and its snapshot hints (cache breakpoints)
+        self.snapshots_enabled = True  # as a hybrid model's engine: the routes work its hints out
         self.is_running = True
         self._ids = itertools.count()
 
     async def add_request(
-        self, prompt_token_ids, sampling_params, request_id=None, prompt=None, images=None, after=None
+        self,
+        prompt_token_ids,
+        sampling_params,
+        request_id=None,
+        prompt=None,
+        images=None,
+        after=None,
+        snapshot_hints=(),
     ):
         tok = self.tokenizer
+        self.prompt_ids.append(list(prompt_token_ids))
+        self.snapshot_hints.append(tuple(snapshot_hints))
         self.prompts.append(
             tok.decode(prompt_token_ids, skip_special_tokens=False) if tok else str(list(prompt_token_ids))
         )

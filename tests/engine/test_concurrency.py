@@ -12,6 +12,7 @@ import torch
 from conftest import save_tiny, tiny_hf_model
 
 from engine import LLM, SamplingParams
+from engine.errors import NinferError
 
 TIE = 1e-3  # a step whose solo top-2 logprobs are this close is a numerical tie
 ARCHS = ["llama", "qwen3", "qwen3_5"]
@@ -171,6 +172,33 @@ def test_a_hybrid_resumes_after_the_system_prompt_and_before_the_last_message(tm
         starts = [i for i, t in enumerate(out.prompt_token_ids) if t == turn]
         assert starts[boundary] > 48 and out.num_cached_tokens == starts[boundary] // 16 * 16
         assert out.token_ids == LLM(path, block_size=16).chat(conversation, params).token_ids
+
+
+def test_a_hybrid_resumes_at_a_snapshot_hint(tmp_path):
+    """A request's snapshot hints (its client's cache breakpoints) are snapshot points too, at or before
+    their page: a prompt that shares the prefix up to one resumes there, where no interval or turn point
+    is (without the hint it computes all of it), and replies as an engine that computed it all."""
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=1), tmp_path)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    rng = random.Random(3)
+    head = [rng.randrange(1, 500) for _ in range(75)]
+    first, second = (head + [rng.randrange(1, 500) for _ in range(n)] for n in (40, 30))
+    cold = LLM(path, block_size=16).generate(prompt_token_ids=second, sampling_params=params)[0]
+    for hints, cached in (((), 0), ((75,), 64), ((75, 100), 64)):
+        llm = LLM(path, block_size=16)
+        llm.add_request(first, params, snapshot_hints=hints)
+        while llm.has_unfinished_requests():
+            llm.step()
+        out = llm.generate(prompt_token_ids=second, sampling_params=params)[0]
+        assert out.num_cached_tokens == cached and out.token_ids == cold.token_ids, hints
+
+
+def test_snapshot_hints_outside_the_prompt_are_refused(tmp_path):
+    path = save_tiny(tiny_hf_model("qwen3_5", tied=False, seed=1), tmp_path)
+    llm = LLM(path, block_size=16)
+    with pytest.raises(NinferError, match=r"snapshot hint 9 is outside the prompt \(0..8\)"):
+        llm.add_request(list(range(1, 9)), SamplingParams(max_tokens=2), snapshot_hints=(4, 9))
+    assert not llm.has_unfinished_requests()
 
 
 class _RandomDrafts:

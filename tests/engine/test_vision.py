@@ -244,6 +244,23 @@ def test_prefix_cache_tells_pictures_apart(vl_dir, vl_model):
     assert_matches(again, hf_reference(vl_model, prompt, first))
 
 
+def test_a_snapshot_hint_after_an_image_counts_the_image_widened(vl_dir, vl_model):
+    """A hint given in the prompt's positions before images widen (as the API works them out) lands on the
+    same token after: a prompt sharing the text up to it resumes there, the image's 16 tokens counted."""
+    llm = LLM(vl_dir, vision=True, block_size=4)
+    head = [4, 80, START, PAD, END, *range(100, 140)]  # 45 tokens; 60 once the image widens
+    image = [png(64, 64, seed=8)]
+    request_id = llm.add_request(
+        [*head, *range(200, 220)], GREEDY, images=[llm.image(image[0])], snapshot_hints=(45,)
+    )
+    while llm.has_unfinished_requests():
+        llm.step()
+    second = [*head, *range(300, 310)]
+    out = run(llm, second, image)
+    assert request_id and out.num_cached_tokens == 60
+    assert_matches(out, hf_reference(vl_model, second, image))
+
+
 @pytest.mark.parametrize("spec", ["ngram", "mtp"])
 def test_speculative_decoding_keeps_the_output(vl_dir, vl_model, tmp_path, spec):
     """Drafts over a prompt with an image (the MTP head reads the image tokens' 3D positions) leave the
