@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api import anthropic_compaction, cache_breakpoints, context_editing
+from engine.api import anthropic_compaction, context_editing, snapshot_hints
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
@@ -305,7 +306,7 @@ async def _prepare(state: ServerState, body: dict):
     """(the rendered prompt, its token ids, the tools the reply may call, the images preprocessed, the
     context edits applied and the input tokens before them: engine/api/context_editing.py)."""
     declared, callable_ = _tools(body)
-    cache_breakpoints.find(body)  # each cache_control checked (engine/api/cache_breakpoints.py)
+    snapshot_hints.find(body)  # each cache_control checked (engine/api/snapshot_hints.py)
     edits = context_editing.parse(body)
     listed = declared.listed() if callable_ else None
     kwargs = _template_kwargs(body)
@@ -324,10 +325,10 @@ async def _prepare(state: ServerState, body: dict):
 
 
 async def _snapshot_hints(state: ServerState, body: dict, text: str, ids: list[int]) -> tuple[int, ...]:
-    """Where the rendered prompt's `cache_control` prefixes end, in its tokens (engine/api/cache_breakpoints.py):
-    for an engine that snapshots a recurrent state; none for the others, which reuse any page anyway."""
-    points = cache_breakpoints.find(body)
-    if not points or not state.engine.snapshots_enabled:
+    """Where the rendered prompt's tool list and `cache_control` prefixes end, in its tokens
+    (engine/api/snapshot_hints.py): for an engine that snapshots a recurrent state; none for the others,
+    which reuse any page anyway."""
+    if not state.engine.snapshots_enabled:
         return ()
     declared, callable_ = _tools(body)
     listed, kwargs = declared.listed() if callable_ else None, _template_kwargs(body)
@@ -337,8 +338,9 @@ async def _snapshot_hints(state: ServerState, body: dict, text: str, ids: list[i
         tools = [s for s in listed or () if s["function"]["name"] in names] or None
         return state.render_text(template_messages(cut, declared)[0], tools, kwargs)
 
-    tokenizer = state.text_tokenizer()
-    return await asyncio.to_thread(cache_breakpoints.hints, body, points, text, ids, render, tokenizer)
+    cuts = [functools.partial(render, snapshot_hints.cut(body, p)) for p in snapshot_hints.find(body)]
+    renders = [*snapshot_hints.tool_list(state, listed, kwargs), *cuts]
+    return await asyncio.to_thread(snapshot_hints.hints, text, ids, renders, state.text_tokenizer())
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

@@ -30,19 +30,27 @@ def num_choices(body: dict, num_prompts: int = 1) -> int:
 
 
 async def start_choices(
-    state, prompts: list[list[int]], params: SamplingParams, n: int, images=None
+    state,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    n: int,
+    images=None,
+    snapshot_hints: tuple[int, ...] = (),
 ) -> list[AsyncStream]:
-    """Queue every prompt's n choices; all or none (a refusal aborts those already queued)."""
+    """Queue every prompt's n choices; all or none (a refusal aborts those already queued).
+    `snapshot_hints`: the first prompt's (engine/api/snapshot_hints.py), for its first choice, which the
+    others wait for."""
     streams: list[AsyncStream] = []
     # with prompt log-probabilities every choice computes its prompt itself (they take no cache hit)
     share = params.prompt_logprobs is None
     try:
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             first: AsyncStream | None = None
             for j in range(n):
                 seeded = params if j == 0 or params.seed is None else replace(params, seed=params.seed + j)
                 after = first.request_id if first is not None and share else None
-                stream = await start(state, ids, seeded, images, after=after)
+                hints = snapshot_hints if i == j == 0 else ()
+                stream = await start(state, ids, seeded, images, after=after, snapshot_hints=hints)
                 first = first or stream
                 streams.append(stream)
     except BaseException:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.api import snapshot_hints
 from engine.api.choices import merged, num_choices, start_choices
 from engine.api.common import (
     SSE_KEEPALIVE,
@@ -453,7 +454,11 @@ async def chat_completions(request: Request):
             "'truncate_prompt_tokens' does not go with images (a cut could split one)",
             "truncate_prompt_tokens",
         )
+    rendered = len(ids)
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
+    # where the tool list ends (a truncated prompt's positions moved: none)
+    cut = len(ids) < rendered
+    hints = () if cut else await snapshot_hints.after_tools(state, tools, kwargs, prompt_text, ids)
     usage_options = stream_usage(body, stream, [ids])
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")
@@ -465,7 +470,7 @@ async def chat_completions(request: Request):
     clock = Clock()  # llama-server's `timings` (of one choice) and `prompt_progress`
     return_ids = token_ids_asked(body)
     preprocessed = await preprocess_images(state, images)
-    streams = await start_choices(state, [ids], params, n, preprocessed)
+    streams = await start_choices(state, [ids], params, n, preprocessed, hints)
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", now()
     if not stream:
         outs = await collect_choices(state, streams, request, clock.token if n == 1 else None)

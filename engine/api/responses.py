@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.api import snapshot_hints
 from engine.api.common import (
     KEEPALIVE_S,
     SSE_KEEPALIVE,
@@ -420,7 +421,9 @@ async def create(request: Request):
     async def launch(prompt: ResponsesPrompt, prompt_images) -> None:
         """Start the reply to `prompt` (the request's, or the compacted conversation's)."""
         run.prompt, run.in_reasoning = prompt, prompt.text.rstrip().endswith("<think>")
-        run.stream = await start(state, prompt.ids, params, prompt_images)
+        kwargs = _template_kwargs(body)  # where the tool list ends (engine/api/snapshot_hints.py)
+        hints = await snapshot_hints.after_tools(state, prompt.tools, kwargs, prompt.text, prompt.ids)
+        run.stream = await start(state, prompt.ids, params, prompt_images, snapshot_hints=hints)
         if top_logprobs is not None:
             eos = state.engine.llm.eos_token_ids
             names = token_names(state, body)

@@ -1,23 +1,28 @@
-"""Anthropic's `cache_control` breakpoints, as the places a hybrid model keeps its recurrent state.
+"""Snapshot hints: the places in a prompt where a hybrid model keeps its recurrent state because a client
+will send that prefix again.
 
-A client marks a tool, a system block or a message's content block with `cache_control`: the prompt up to and
-including that block (in the API's order: tools, system, messages) is a prefix it means to send again. The
-prefix cache reuses any run of full pages without being told; a hybrid model (Gated DeltaNet layers) also
-needs its recurrent state at the page it resumes from, which the scheduler snapshots at intervals, at turn
-starts and where the prompt ends (Scheduler._prefill_snapshot_points). Each breakpoint adds one such point,
-where the guess would miss: an agent's tool list, which Qwen3.5's template writes before the system prompt,
-is shared by sessions whose system prompts differ (a working directory, a date); a breakpoint between two
-system blocks is where a stable head meets a per-session tail.
+The prefix cache reuses any run of full pages without being told; a hybrid model (Gated DeltaNet layers)
+also needs its recurrent state at the page it resumes from, which the scheduler snapshots at intervals, at
+turn starts and where the prompt ends (Scheduler._prefill_snapshot_points). The routes add two kinds of
+points where that guess misses:
+* the end of the tool list: Qwen3.5's template writes the tools before the system prompt, so sessions of
+  one agent share them even where their system prompts differ (a working directory, a date);
+* Anthropic's `cache_control` marks (on a tool, a system block or a message's content block): the prompt
+  up to and including the marked block, in the API's order (tools, system, messages), is a prefix the
+  client means to send again; a mark between two system blocks splits a stable head from a per-session
+  tail.
 
-The point is found in the rendered prompt, whatever the template: the request cut after the marked block is
-rendered too, and the text the two renders share is the part that does not depend on what follows the
-block; its length is counted in the prompt's tokens (Request.snapshot_hints; the scheduler floors it to its
-page). A cut the template will not render gives no point.
+Each point is found in the rendered prompt, whatever the template: the request cut there (the tools alone;
+the request cut after the marked block) is rendered too, and the text the two renders share is the part
+that does not depend on what follows; its length is counted in the prompt's tokens (Request.snapshot_hints;
+the scheduler floors it to its page). A template that writes the system prompt first shares only the
+turn's opening: no point. A cut the template will not render gives none either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,25 +113,37 @@ def cut(body: dict, point: Breakpoint) -> dict:
 
 
 def hints(
-    body: dict,
-    points: list[Breakpoint],
-    text: str,
-    ids: list[int],
-    render: Callable[[dict], str],
-    tokenizer: Tokenizer,
+    text: str, ids: list[int], renders: Iterable[Callable[[], str]], tokenizer: Tokenizer
 ) -> tuple[int, ...]:
-    """The prompt positions (tokens of `ids`, the tokens of `text`) up to which each breakpoint's prefix
-    renders alike: `render` renders a cut request (an ApiError: the template will not; no point)."""
+    """The prompt positions (tokens of `ids`, the tokens of `text`) up to which each cut renders as the
+    prompt does: `renders` render the cuts (an ApiError: the template will not; no point). Positions inside
+    the prompt only (its end is kept anyway)."""
     positions = set()
-    for point in points:
+    for render in renders:
         try:
-            shared = shared_prefix(render(cut(body, point)), text)
+            shared = shared_prefix(render(), text)
         except ApiError:
             continue
         position = token_position(text, ids, shared, tokenizer)
         if 0 < position < len(ids):
             positions.add(position)
     return tuple(sorted(positions))
+
+
+def tool_list(state, tools: list | None, kwargs: dict[str, Any]) -> list[Callable[[], str]]:
+    """The render of the tool list alone (a placeholder user turn after it), for `hints`; none without
+    tools. `state`: the ServerState (render_text)."""
+    return [lambda: state.render_text([PLACEHOLDER], tools, kwargs)] if tools else []
+
+
+async def after_tools(
+    state, tools: list | None, kwargs: dict[str, Any], text: str, ids: list[int]
+) -> tuple[int, ...]:
+    """The hint where the prompt's tool list ends (OpenAI's routes: the template's tools), for an engine
+    that snapshots a recurrent state (in a thread; none for the others, which reuse any page anyway)."""
+    if not tools or not state.engine.snapshots_enabled:
+        return ()
+    return await asyncio.to_thread(hints, text, ids, tool_list(state, tools, kwargs), state.text_tokenizer())
 
 
 def shared_prefix(a: str, b: str) -> int:
