@@ -6,7 +6,10 @@ together with the recurrent state at exactly that position, so the state is also
 page-aligned positions (the end of the prompt, where its second turn and the turn before its last start,
 the last page a request completes, every `state_snapshot_interval` tokens) into snapshot slots named by the
 page hash of that prefix. The snapshot slots live in the same state tensors after the running slots and are
-LRU-evicted.
+LRU-evicted, those of shared prefixes last: a snapshot where other conversations will resume (the end of a
+tool list or of a system prompt, a client's cache breakpoint; `new_snapshot(shared=True)`) is evicted only
+once those make up more than half the slots, or nothing else can go; a conversation's own snapshots (its
+prompt's end, its last page, the intervals) would otherwise push them out within a few of its turns.
 
 With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
 a step that verifies drafts, copied back when one is rejected.
@@ -26,7 +29,9 @@ class StatePool:
         self._free_snapshots = list(range(num_slots + num_snapshots - 1, num_slots - 1, -1))
         self.snapshots: OrderedDict[bytes, int] = OrderedDict()  # prefix hash -> snapshot slot, LRU first
         self._pinned: set[int] = set()  # snapshot slots read or written in the step being scheduled
+        self._written: set[int] = set()  # of those, the ones it writes
         self._fresh: set[bytes] = set()  # snapshots saved by the step being scheduled (not written yet)
+        self._shared: set[bytes] = set()  # snapshots of prefixes other conversations share, evicted last
 
     @property
     def num_total_slots(self) -> int:
@@ -57,26 +62,48 @@ class StatePool:
             self._pinned.add(slot)
         return slot
 
-    def new_snapshot(self, prefix_hash: bytes) -> int | None:
-        """A snapshot slot to save the state at this prefix into; None when one exists or none is free."""
+    def new_snapshot(self, prefix_hash: bytes, shared: bool = False) -> int | None:
+        """A snapshot slot to save the state at this prefix into; None when one exists or none is free.
+        `shared`: a prefix other conversations will resume from (evicted last; one that exists becomes so)."""
         if self.num_snapshots == 0 or prefix_hash in self.snapshots:
+            if shared and prefix_hash in self.snapshots:
+                self._shared.add(prefix_hash)
             return None
         if self._free_snapshots:
             slot = self._free_snapshots.pop()
         else:
-            victim = next((h for h, s in self.snapshots.items() if s not in self._pinned), None)
+            victim = self._victim()
             if victim is None:
                 return None
             slot = self.snapshots.pop(victim)
+            self._shared.discard(victim)
         self.snapshots[prefix_hash] = slot
+        if shared:
+            self._shared.add(prefix_hash)
         self._pinned.add(slot)
+        self._written.add(slot)
         self._fresh.add(prefix_hash)
         return slot
+
+    def _victim(self) -> bytes | None:
+        """The snapshot to evict, least recently used first: one not in use this step, else one this step
+        only reads (its restore is copied before the step's forward, the saves after it, so a save may
+        overwrite it); shared ones passed over while they make up at most half the slots, unless nothing
+        else can go."""
+        idle = [h for h, s in self.snapshots.items() if s not in self._pinned]
+        read = [h for h, s in self.snapshots.items() if s in self._pinned and s not in self._written]
+        if len(self._shared) > self.num_snapshots // 2:
+            order = idle + read
+        else:
+            own = [h for h in (*idle, *read) if h not in self._shared]
+            order = own + [h for h in (*idle, *read) if h in self._shared]
+        return order[0] if order else None
 
     def drop_snapshot(self, prefix_hash: bytes) -> None:
         slot = self.snapshots.pop(prefix_hash, None)
         if slot is not None and slot not in self._pinned:
             self._free_snapshots.append(slot)
+            self._shared.discard(prefix_hash)
         elif slot is not None:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
 
@@ -88,4 +115,5 @@ class StatePool:
     def end_step(self) -> None:
         """The step's copies are issued; its snapshot slots may be evicted again."""
         self._pinned.clear()
+        self._written.clear()
         self._fresh.clear()

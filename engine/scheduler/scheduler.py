@@ -341,11 +341,18 @@ class Scheduler:
         points.update(p for p in (*self._turn_points(req), *hints) if 0 < p < prompt_end)
         return sorted(points)
 
+    def _shared_points(self, req: Request) -> set[int]:
+        """The snapshot points other conversations will resume from (StatePool's shared snapshots, evicted
+        last): where the prompt's second turn starts and the request's hints, page-floored."""
+        bs = self.block_size
+        return {p // bs * bs for p in req.snapshot_hints} | set(self._turn_points(req)[:1])
+
     def _turn_points(self, req: Request) -> tuple[int, ...]:
         """Where the prompt's second turn starts (after the system prompt and tools, which a new
         conversation of the same agent shares) and the turn before its last one (the last message, which a
-        client edits and sends again, follows it), each at or before its page boundary; found once a
-        request; none without a turn token (SchedulerConfig.turn_token_id) or a second turn."""
+        client edits and sends again, follows it), each at or before its page boundary, the second turn's
+        first; found once a request; none without a turn token (SchedulerConfig.turn_token_id) or a second
+        turn."""
         if req.turn_points is None:
             req.turn_points = ()
             if self.config.turn_token_id >= 0:
@@ -422,7 +429,7 @@ class Scheduler:
         if not in_prompt and end <= req.num_prompt_tokens:
             return
         prefix_hash = self._block_hashes(req, end // self.block_size)[-1]
-        slot = self.state_pool.new_snapshot(prefix_hash)
+        slot = self.state_pool.new_snapshot(prefix_hash, shared=in_prompt and end in self._shared_points(req))
         if slot is None:
             return
         state_saves.append((req.state_slot, slot))

@@ -280,6 +280,63 @@ def test_hybrid_prefill_snapshots_where_the_second_turn_starts():
     assert run_step(one_turn).num_scheduled_tokens == {"c": 28}
 
 
+def test_shared_snapshots_are_evicted_last_while_they_are_at_most_half_the_slots():
+    pool = StatePool(1, 4)
+
+    def save(name: bytes, shared: bool = False) -> None:
+        assert pool.new_snapshot(name, shared) is not None or name in pool.snapshots
+        pool.end_step()
+
+    save(b"tools", shared=True)
+    for name in (b"a1", b"a2", b"a3", b"a4", b"a5"):  # one conversation's own snapshots, oldest first
+        save(name)
+    assert set(pool.snapshots) == {b"tools", b"a3", b"a4", b"a5"}
+    save(b"system", shared=True)  # two shared of four slots: both kept
+    save(b"a6")
+    assert set(pool.snapshots) == {b"tools", b"system", b"a5", b"a6"}
+    save(b"edit", shared=True)  # a third: more than half, so the least recent snapshot goes, shared or not
+    save(b"a7")
+    assert set(pool.snapshots) == {b"system", b"a6", b"edit", b"a7"}
+    # a snapshot the step reads (its restore is copied before the step's save) goes before a shared one
+    small = StatePool(1, 2)
+    small.new_snapshot(b"tools", shared=True)
+    small.new_snapshot(b"own")
+    small.end_step()
+    assert small.find_snapshot(b"own") is not None
+    assert small.new_snapshot(b"next") is not None and set(small.snapshots) == {b"tools", b"next"}
+    # where nothing else can go (the other one written this step), a shared one does
+    assert small.new_snapshot(b"more") is not None and set(small.snapshots) == {b"next", b"more"}
+    small.end_step()
+    small.new_snapshot(b"next", shared=True)  # one kept already becomes shared
+    small.new_snapshot(b"later")
+    assert set(small.snapshots) == {b"next", b"later"}
+
+
+def test_a_hint_snapshot_outlives_a_conversations_own_turns():
+    """A request's hint (a tool list's end) is snapshotted as shared: the turns of its conversation, each
+    adding snapshots of their own, do not push it out, so a new conversation with the same tools resumes
+    there."""
+    s = make(num_blocks=64, block_size=4, slots=1, snapshots=2, prefix_caching=True)
+    tools = list(range(10, 30))  # 20 tokens, a hint at 18 (page 16)
+    conversation = [*tools, *range(40, 50)]
+    for turn in range(3):
+        s.add_request(
+            Request(
+                f"t{turn}",
+                conversation,
+                SamplingParams(max_tokens=1),
+                eos_token_ids=(2,),
+                snapshot_hints=(18,),
+            )
+        )
+        while s.has_unfinished_requests():
+            run_step(s)
+        conversation = [*conversation, 7, *range(60 + 10 * turn, 66 + 10 * turn)]
+    s.add_request(Request("new", [*tools, *range(90, 99)], SamplingParams(max_tokens=1), eos_token_ids=(2,)))
+    hit = next(r for r in run_step(s).scheduled if r.request_id == "new")
+    assert hit.start_pos == 16 and hit.state_restore >= 0
+
+
 class _AlwaysDrafts:
     """Proposes `k` copies of token 9 after any history."""
 
