@@ -295,3 +295,8 @@ def validate(dep: Deployment) -> None:
         raise NinferError("this model has no vision tower; drop --vision")
     if dep.concurrency < 1 or dep.context < 1:
         raise NinferError("--concurrency and --context must be positive")
+    if dep.state_snapshots is not None and dep.state_snapshots < 0:
+        raise NinferError(
+            f"--state-snapshots is a count of 0 or more (got {dep.state_snapshots}); 0 keeps none, which "
+            "leaves a hybrid model's prefix cache nothing to resume from"
+        )

@@ -109,7 +109,7 @@ ALWAYS_WITH_VALUE = {
     "--slot-save-path": "slots are not saved to files; --prefix-cache-file keeps the prefix cache across restarts",
     "-n": "a request's max_tokens (n_predict) sets it",
     "--n-predict": "a request's max_tokens (n_predict) sets it",
-    "--ctx-checkpoints": "a hybrid model's state is snapshotted at page boundaries",
+    "--ctx-checkpoints": "a hybrid model's state is snapshotted at page boundaries (--state-snapshots sets how many are kept)",
     "--keep": "a prompt past the context is refused, never shifted",
     "--log-file": "the server logs to stderr",
     "-to": "requests are not timed out while they run",

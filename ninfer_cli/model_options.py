@@ -1,4 +1,5 @@
-"""Flags that change how the checkpoint is read, shared by serve, chat, bench (and plan: --rope-scaling)."""
+"""Flags that change how the checkpoint is read, shared by serve, chat, bench (and plan: --rope-scaling,
+--state-snapshots)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ RopeScaling = Annotated[
     typer.Option(
         help="Stretch the model's positions: yarn:FACTOR[:ORIGINAL_CONTEXT] (Qwen3 to 128K: yarn:4:32768), "
         "none (drop the checkpoint's own scaling), or a JSON object as in config.json's rope_scaling.",
+    ),
+]
+StateSnapshots = Annotated[
+    int | None,
+    typer.Option(
+        help="A hybrid model's (Qwen3.5's) recurrent-state snapshots kept for the prefix cache (default: 2 x "
+        "--max-concurrency): each is where a later prompt can resume (a conversation's last turn, a shared "
+        "tool list or system prompt); each takes the memory of one running request's state.",
     ),
 ]
 ChatTemplate = Annotated[

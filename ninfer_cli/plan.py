@@ -13,7 +13,7 @@ import typer
 from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
-from ninfer_cli.model_options import RopeScaling
+from ninfer_cli.model_options import RopeScaling, StateSnapshots
 from ninfer_cli.vision_option import Mmproj, Vision
 
 GIB = 1 << 30
@@ -64,6 +64,7 @@ def plan(
         float | None, typer.Option(help="Weights at this many bits per matrix weight instead.")
     ] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Tokens per engine step.")] = 2048,
+    state_snapshots: StateSnapshots = None,
     rope_scaling: RopeScaling = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ):
@@ -119,6 +120,7 @@ def plan(
         draft_tokens=draft_tokens if spec_on else 0,
         vision=vision,
         int8_prefill=int8_prefill,
+        state_snapshots=state_snapshots,
         draft=draft.config if draft is not None else None,
     )
     validate(dep)
@@ -190,10 +192,11 @@ def serve_line(
     rope = f" --rope-scaling {shlex.quote(rope_scaling)}" if rope_scaling is not None else ""
     int8 = " --int8-prefill" if dep.int8_prefill else ""
     vision = f" --mmproj {shlex.quote(mmproj)}" if mmproj else " --vision" if dep.vision else ""
+    snapshots = f" --state-snapshots {dep.state_snapshots}" if dep.state_snapshots is not None else ""
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
-        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}{rope}"
+        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}{rope}{snapshots}"
     )
 
 

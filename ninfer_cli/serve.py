@@ -25,6 +25,7 @@ from ninfer_cli.model_options import (
     GenerationConfig,
     OverrideGenerationConfig,
     RopeScaling,
+    StateSnapshots,
 )
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Mmproj, Vision
@@ -137,6 +138,7 @@ def serve(
             "request with that prefix copies them back instead of computing them again."
         ),
     ] = "0",
+    state_snapshots: StateSnapshots = None,
     prefix_cache_file: Annotated[
         str | None,
         typer.Option(
@@ -286,6 +288,7 @@ def serve(
         max_context=parse_size(max_context, "--max-context") if max_context else None,
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
+        state_snapshots=state_snapshots,
         prefix_cache_file=prefix_cache_file,
         sleep_idle_seconds=None if sleep_idle_seconds == -1 else sleep_idle_seconds,
         rerank=rerank,

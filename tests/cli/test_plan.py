@@ -61,6 +61,24 @@ def test_ngram_plan_budgets_state_backups_and_serves_with_drafts():
     assert "serve does not run" not in out
 
 
+def test_state_snapshots_are_budgeted_and_serve_with_the_flag():
+    """--state-snapshots: the ledger's snapshot row is that many states (default 2 x concurrency), the
+    serve line carries it, and the context shrinks by their memory."""
+    code, default = _plan_27b_3090("--concurrency", "1", "--context", "128k")
+    assert code == 0, default
+    code, out = _plan_27b_3090("--concurrency", "1", "--context", "128k", "--state-snapshots", "8")
+    assert code == 0, out
+    assert "2 prefix-cache snapshots" in default and "8 prefix-cache snapshots" in out
+
+    def gib(text: str) -> float:
+        return float(next(ln for ln in text.splitlines() if "state snapshots" in ln).split("│")[2])
+
+    assert gib(out) == pytest.approx(4 * gib(default), rel=0.01)
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    assert line.endswith("--state-snapshots 8")
+    assert "--state-snapshots" not in next(ln for ln in default.splitlines() if ln.startswith("ninfer serve"))
+
+
 def test_int8_prefill_plan_budgets_the_chunks_codes_and_serves_with_the_flag():
     code, out = _plan_27b_3090("--concurrency", "2", "--int8-prefill")
     assert code == 0, out
@@ -224,6 +242,10 @@ def test_without_vram_and_gpu_asks_for_vram(monkeypatch):
         (["--model", "qwen3-8b", "--vram", "24G", "--kv-dtype", "int3"], "unknown KV dtype 'int3'"),
         (["--model", "qwen3-8b", "--vram", "24G", "--sm", "86", "--kv-dtype", "fp8"], "fp8 KV needs compute"),
         (["--model", "qwen3-8b", "--vram", "24G", "--recipe", "bf16", "--int8-prefill"], "these are 16-bit"),
+        (
+            ["--model", "qwen3.5-27b", "--vram", "24G", "--state-snapshots", "-2"],
+            "--state-snapshots is a count of 0 or more (got -2)",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args, message):

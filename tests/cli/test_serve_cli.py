@@ -91,6 +91,8 @@ def test_serve_refuses_bad_flags():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith("error: prediction_tokens must be between 1 and 64 (got 0)")
     assert proc.stderr.count("\n") == 1
+    proc = run_serve("--state-snapshots", "-1")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: state_snapshots must be >= 0 (got -1)"
     proc = run_serve("--sleep-idle-seconds", "0")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
