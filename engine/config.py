@@ -416,7 +416,7 @@ class EngineConfig:
     # (engine/worker/sleep.py); None: never
     sleep_idle_seconds: float | None = None
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
-    state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency
+    state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency + 2
     block_size: int = 16
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)
     # speculative decoding: none; ngram (drafts from earlier occurrences of the last tokens: prompt lookup,
@@ -644,7 +644,7 @@ class EngineConfig:
     def num_state_snapshots(self) -> int:
         if not self.enable_prefix_caching:
             return 0
-        return 2 * self.max_concurrency if self.state_snapshots is None else self.state_snapshots
+        return 2 * self.max_concurrency + 2 if self.state_snapshots is None else self.state_snapshots
 
     def scheduler_config(self, max_context: int, turn_token_id: int = -1) -> SchedulerConfig:
         """max_context: as resolved at start-up (engine/plan/runtime.py: `auto` may set it from the pool);

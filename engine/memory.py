@@ -48,7 +48,7 @@ class Deployment:
     vision: bool = False
     lora_graphs: bool = False  # LoRA adapters at start-up: a second set of decode graphs carries their lanes
     int8_prefill: bool = False  # prompt chunks multiply int8 activations (packed weights on a GPU)
-    state_snapshots: int | None = None  # None: 2 x concurrency, the engine's default
+    state_snapshots: int | None = None  # None: 2 x concurrency + 2, the engine's default
     dtype_bytes: int = 2
     block_size: int = 16
     device: str = "cuda"
@@ -71,7 +71,7 @@ class Deployment:
     def num_snapshots(self) -> int:
         if not self.hybrid:
             return 0
-        return 2 * self.concurrency if self.state_snapshots is None else self.state_snapshots
+        return 2 * self.concurrency + 2 if self.state_snapshots is None else self.state_snapshots
 
     @property
     def decode_tokens(self) -> int:

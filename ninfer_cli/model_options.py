@@ -18,7 +18,7 @@ StateSnapshots = Annotated[
     int | None,
     typer.Option(
         help="A hybrid model's (Qwen3.5's) recurrent-state snapshots kept for the prefix cache (default: 2 x "
-        "--max-concurrency): each is where a later prompt can resume (a conversation's last turn, a shared "
+        "--max-concurrency + 2): each is where a later prompt can resume (a conversation's last turn, a shared "
         "tool list or system prompt); each takes the memory of one running request's state.",
     ),
 ]

@@ -7,9 +7,10 @@ page-aligned positions (the end of the prompt, where its second turn and the tur
 the last page a request completes, every `state_snapshot_interval` tokens) into snapshot slots named by the
 page hash of that prefix. The snapshot slots live in the same state tensors after the running slots and are
 LRU-evicted, those of shared prefixes last: a snapshot where other conversations will resume (the end of a
-tool list or of a system prompt, a client's cache breakpoint; `new_snapshot(shared=True)`) is evicted only
-once those make up more than half the slots, or nothing else can go; a conversation's own snapshots (its
-prompt's end, its last page, the intervals) would otherwise push them out within a few of its turns.
+tool list or of a system prompt, a client's cache breakpoint; `new_snapshot(shared=True)`) is passed over
+while the others keep two slots a running slot (a conversation's prompt end and its last page, which its
+next turn resumes from), unless nothing else can go; a conversation's own snapshots (those two, the
+intervals) would otherwise push them out within a few of its turns.
 
 With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
 a step that verifies drafts, copied back when one is rejected.
@@ -88,11 +89,11 @@ class StatePool:
     def _victim(self) -> bytes | None:
         """The snapshot to evict, least recently used first: one not in use this step, else one this step
         only reads (its restore is copied before the step's forward, the saves after it, so a save may
-        overwrite it); shared ones passed over while they make up at most half the slots, unless nothing
-        else can go."""
+        overwrite it); shared ones passed over while the others keep two slots a running slot, unless
+        nothing else can go."""
         idle = [h for h, s in self.snapshots.items() if s not in self._pinned]
         read = [h for h, s in self.snapshots.items() if s in self._pinned and s not in self._written]
-        if len(self._shared) > self.num_snapshots // 2:
+        if len(self._shared) > self.num_snapshots - 2 * self.num_slots:
             order = idle + read
         else:
             own = [h for h in (*idle, *read) if h not in self._shared]

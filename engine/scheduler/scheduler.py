@@ -429,13 +429,16 @@ class Scheduler:
         if not in_prompt and end <= req.num_prompt_tokens:
             return
         prefix_hash = self._block_hashes(req, end // self.block_size)[-1]
+        if not in_prompt and req.rolling_snapshot is not None:
+            # a rolling snapshot of the request's last page: the newest only, in the older one's slot (which
+            # an eviction would otherwise take from another snapshot, e.g. its prompt's end)
+            self.state_pool.drop_snapshot(req.rolling_snapshot)
+            req.rolling_snapshot = None
         slot = self.state_pool.new_snapshot(prefix_hash, shared=in_prompt and end in self._shared_points(req))
         if slot is None:
             return
         state_saves.append((req.state_slot, slot))
-        if not in_prompt:  # a rolling snapshot of the request's last page: keep only the newest
-            if req.rolling_snapshot is not None:
-                self.state_pool.drop_snapshot(req.rolling_snapshot)
+        if not in_prompt:
             req.rolling_snapshot = prefix_hash
 
     def _fits(self, req: Request, need: int, num_hit_pages: int, free: int) -> bool:

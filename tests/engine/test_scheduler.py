@@ -280,8 +280,8 @@ def test_hybrid_prefill_snapshots_where_the_second_turn_starts():
     assert run_step(one_turn).num_scheduled_tokens == {"c": 28}
 
 
-def test_shared_snapshots_are_evicted_last_while_they_are_at_most_half_the_slots():
-    pool = StatePool(1, 4)
+def test_shared_snapshots_are_evicted_last_while_the_others_keep_two_slots_a_request():
+    pool = StatePool(1, 4)  # one running slot: two of the four may be held for shared snapshots
 
     def save(name: bytes, shared: bool = False) -> None:
         assert pool.new_snapshot(name, shared) is not None or name in pool.snapshots
@@ -291,50 +291,70 @@ def test_shared_snapshots_are_evicted_last_while_they_are_at_most_half_the_slots
     for name in (b"a1", b"a2", b"a3", b"a4", b"a5"):  # one conversation's own snapshots, oldest first
         save(name)
     assert set(pool.snapshots) == {b"tools", b"a3", b"a4", b"a5"}
-    save(b"system", shared=True)  # two shared of four slots: both kept
+    save(b"system", shared=True)  # two shared: both kept
     save(b"a6")
     assert set(pool.snapshots) == {b"tools", b"system", b"a5", b"a6"}
-    save(b"edit", shared=True)  # a third: more than half, so the least recent snapshot goes, shared or not
+    save(b"edit", shared=True)  # a third: the least recent snapshot goes, shared or not
     save(b"a7")
     assert set(pool.snapshots) == {b"system", b"a6", b"edit", b"a7"}
-    # a snapshot the step reads (its restore is copied before the step's save) goes before a shared one
-    small = StatePool(1, 2)
-    small.new_snapshot(b"tools", shared=True)
-    small.new_snapshot(b"own")
+    # a snapshot the step reads (its restore is copied before the step's saves) goes before a shared one
+    small = StatePool(1, 3)
+    for name in (b"tools", b"own", b"other"):
+        small.new_snapshot(name, shared=name == b"tools")
     small.end_step()
-    assert small.find_snapshot(b"own") is not None
-    assert small.new_snapshot(b"next") is not None and set(small.snapshots) == {b"tools", b"next"}
-    # where nothing else can go (the other one written this step), a shared one does
-    assert small.new_snapshot(b"more") is not None and set(small.snapshots) == {b"next", b"more"}
+    assert small.find_snapshot(b"own") is not None and small.find_snapshot(b"other") is not None
+    assert small.new_snapshot(b"next") is not None and set(small.snapshots) == {b"tools", b"other", b"next"}
+    assert small.new_snapshot(b"more") is not None and set(small.snapshots) == {b"tools", b"next", b"more"}
+    # where nothing else can go (the others written this step), a shared one does
+    assert small.new_snapshot(b"last") is not None and set(small.snapshots) == {b"next", b"more", b"last"}
     small.end_step()
     small.new_snapshot(b"next", shared=True)  # one kept already becomes shared
+    small.end_step()
     small.new_snapshot(b"later")
-    assert set(small.snapshots) == {b"next", b"later"}
+    assert set(small.snapshots) == {b"next", b"last", b"later"}
+    # with two slots a running slot and no more, nothing is held for shared snapshots
+    plain = StatePool(1, 2)
+    plain.new_snapshot(b"tools", shared=True)
+    plain.new_snapshot(b"own")
+    plain.end_step()
+    plain.new_snapshot(b"next")
+    assert set(plain.snapshots) == {b"own", b"next"}
 
 
 def test_a_hint_snapshot_outlives_a_conversations_own_turns():
     """A request's hint (a tool list's end) is snapshotted as shared: the turns of its conversation, each
-    adding snapshots of their own, do not push it out, so a new conversation with the same tools resumes
-    there."""
-    s = make(num_blocks=64, block_size=4, slots=1, snapshots=2, prefix_caching=True)
+    adding snapshots of their own (its prompt's end, its last page), do not push it out, so a new
+    conversation with the same tools resumes there; and each turn still resumes from the one before."""
+    s = make(num_blocks=128, block_size=4, slots=1, snapshots=4, prefix_caching=True)
     tools = list(range(10, 30))  # 20 tokens, a hint at 18 (page 16)
     conversation = [*tools, *range(40, 50)]
-    for turn in range(3):
-        s.add_request(
-            Request(
-                f"t{turn}",
-                conversation,
-                SamplingParams(max_tokens=1),
-                eos_token_ids=(2,),
-                snapshot_hints=(18,),
-            )
-        )
+    for turn in range(4):
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        s.add_request(Request(f"t{turn}", conversation, params, eos_token_ids=(2,), snapshot_hints=(18,)))
+        first = run_step(s).scheduled[0]
+        assert turn == 0 or first.start_pos >= len(conversation) - 12, (turn, first.start_pos)
         while s.has_unfinished_requests():
             run_step(s)
-        conversation = [*conversation, 7, *range(60 + 10 * turn, 66 + 10 * turn)]
+        conversation = [*conversation, *[7] * 6, 5, *range(60 + 10 * turn, 66 + 10 * turn)]
     s.add_request(Request("new", [*tools, *range(90, 99)], SamplingParams(max_tokens=1), eos_token_ids=(2,)))
     hit = next(r for r in run_step(s).scheduled if r.request_id == "new")
     assert hit.start_pos == 16 and hit.state_restore >= 0
+
+
+def test_a_rolling_snapshot_takes_its_own_older_slot_not_the_prompt_ends():
+    """Two snapshot slots, one request: while it decodes, each page it completes moves its rolling snapshot
+    into the slot the older one had, so its prompt's end stays; the next turn, whose prompt renders the
+    reply otherwise (a template that drops the thinking), resumes there."""
+    s = make(num_blocks=128, block_size=4, slots=1, snapshots=2, prefix_caching=True)
+    conversation = list(range(10, 40))
+    for turn in range(3):
+        params = SamplingParams(max_tokens=9, ignore_eos=True)
+        s.add_request(Request(f"t{turn}", conversation, params, eos_token_ids=(2,)))
+        first = run_step(s).scheduled[0]
+        assert turn == 0 or first.start_pos == (len(conversation) - 12) // 4 * 4, (turn, first.start_pos)
+        while s.has_unfinished_requests():
+            run_step(s)
+        conversation = [*conversation, 8, 8, 8, *range(60 + 10 * turn, 69 + 10 * turn)]  # a rewritten reply
 
 
 class _AlwaysDrafts:
