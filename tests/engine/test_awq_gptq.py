@@ -169,7 +169,10 @@ def test_read_as_the_weights_they_stand_for(tmp_path, arch, method, fmt):
     model = tiny_hf_model(arch, tied=False, seed=3)
     path = save_int4(model, tmp_path / method, method, fmt=fmt, symmetric=fmt == "symmetric")
     llm = LLM(path, weight_quant="none")
-    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    # the hybrids' gated delta rule sums its chunks in another order than transformers' reference: up to
+    # ~2e-4 apart in fp32 on some CPUs (a weight read wrongly is off by far more than either bound)
+    bound = 1e-3 if arch in ("qwen3_5", "qwen3_next") else 1e-4
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < bound
 
 
 @pytest.mark.parametrize("method, fmt", CASES[:2] + CASES[4:])
