@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.api import snapshot_hints
 from engine.api.common import (
     collect_choices,
     field,
@@ -142,9 +143,10 @@ async def _run(state, request, body, ids, images, tools, prompt_text, started, r
         fields["stop_token_ids"] = stop_ids
     grammar = openai_grammar(_response_format(body), tools, state.engine.tokenizer)
     params = sampling_params(state, fields, "max_tokens", 1, stop_list(fields), grammar=grammar)
-    engine_stream = await start(
-        state, ids, params, await preprocess_images(state, images) if images else None
-    )
+    # where the tool list ends (engine/api/snapshot_hints.py)
+    hints = await snapshot_hints.after_tools(state, tools, _think(body), prompt_text, ids)
+    images = await preprocess_images(state, images) if images else None
+    engine_stream = await start(state, ids, params, images, snapshot_hints=hints)
     await state.engine.keep_alive(alive)  # (once the request is in: one that is refused changes nothing)
     in_reasoning = prompt_text.rstrip().endswith("<think>")
 

@@ -118,7 +118,7 @@ def _openai_tools() -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("route", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/chat/completions", "/v1/responses", "/api/chat"])
 def test_every_route_hints_where_the_tool_list_ends(route):
     """Unmarked, on each protocol: with a template that writes the tools first, the hint is right after the
     tool list, before the system prompt; with one that writes the system prompt first, the tool list alone
@@ -129,8 +129,8 @@ def test_every_route_hints_where_the_tool_list_ends(route):
         user = [{"role": "user", "content": "hi"}]
         if route == "/v1/messages":
             body = _body([{"type": "text", "text": SYSTEM}], user)
-        elif route == "/v1/chat/completions":
-            body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, *user]}
+        elif route in ("/v1/chat/completions", "/api/chat"):
+            body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, *user], "stream": False}
             body["tools"] = _openai_tools()
         else:
             body = {"model": "m", "instructions": SYSTEM, "input": "hi"}
