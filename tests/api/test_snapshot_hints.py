@@ -289,3 +289,31 @@ def test_a_hybrid_resumes_at_a_mark_between_a_stable_head_and_a_per_session_tail
     stable = _prefix_tokens(default_tokenizer, system("/home/bob"), SYSTEM.strip())
     assert stable // 16 > listed // 16 + 1
     assert second.usage.cache_read_input_tokens == (stable if marked else listed) // 16 * 16
+
+
+def test_token_position_counts_the_tokens_within_a_text_prefix(default_tokenizer):
+    """Byte-level BPE: exactly the tokens whose bytes end within the prefix (the tokens' byte lengths add up
+    to the text's). Another tokenizer (a word-level one drops the spaces): the tokens the prefix encodes to
+    that the prompt starts with, less the last (the cut may have split it): a token early at most."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from engine.api.snapshot_hints import token_position
+    from engine.tokenizer import Tokenizer
+
+    text = "<|im_start|>system\nnaïve café 日本語 tools<|im_end|>\n"
+    ids = default_tokenizer.encode(text, add_special_tokens=False)
+    pieces = [default_tokenizer.token_bytes(i) for i in ids]
+    for k in range(len(ids) + 1):
+        head = b"".join(pieces[:k])
+        chars = len(head.decode("utf-8", errors="ignore"))  # (a token may end inside a character)
+        position = token_position(text, ids, chars, default_tokenizer)
+        assert position == k if len(text[:chars].encode()) == len(head) else position < k
+    words = {w: i for i, w in enumerate(["[UNK]", "alpha", "beta", "gamma"])}
+    backend = HFTokenizer(WordLevel(words, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    plain = Tokenizer(backend=backend)
+    text = "alpha beta gamma"
+    ids = plain.encode(text, add_special_tokens=False)
+    assert [token_position(text, ids, n, plain) for n in (0, 5, 8, 11, 12, 16)] == [0, 0, 1, 1, 2, 2]
