@@ -281,7 +281,7 @@ class AsyncLLM:
     def stats(self) -> dict[str, float]:
         """A snapshot for /metrics and /health (read without locking: plain ints)."""
         sched = self.llm.scheduler
-        pool = sched.block_pool
+        pool, states = sched.block_pool, sched.state_pool
         return {
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting),
@@ -293,6 +293,10 @@ class AsyncLLM:
             "host_cache_pages_used": pool.host.num_used if pool.host is not None else 0,
             "host_cache_pages_total": pool.host.num_slots if pool.host is not None else 0,
             "num_preemptions": sched.num_preemptions,
+            "state_snapshots_used": len(states.snapshots) if states is not None else 0,
+            "state_snapshots_total": states.num_snapshots if states is not None else 0,
+            "state_snapshots_shared": states.num_shared_snapshots if states is not None else 0,
+            "prefix_cache_state_lost_tokens": sched.num_state_lost_tokens,
             "spec_draft_tokens": sched.num_draft_tokens,
             "spec_accepted_tokens": sched.num_accepted_tokens,
             "spec_drafts": sched.num_drafts,

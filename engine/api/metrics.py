@@ -47,6 +47,26 @@ class Metrics:
             "Prompt tokens copied back from the host tier instead of computed (since start)",
             registry=r,
         )
+        self.snapshots_used = Gauge(
+            "ninfer_state_snapshots_used",
+            "Recurrent-state snapshots held for the prefix cache (hybrid models; --state-snapshots)",
+            registry=r,
+        )
+        self.snapshots_total = Gauge(
+            "ninfer_state_snapshots_total", "Recurrent-state snapshot slots (hybrid models)", registry=r
+        )
+        self.snapshots_shared = Gauge(
+            "ninfer_state_snapshots_shared",
+            "Of the snapshots held, those of prefixes other conversations resume from (a tool list's end, a "
+            "system prompt's, a cache_control mark's), evicted last",
+            registry=r,
+        )
+        self.state_lost = Gauge(
+            "ninfer_prefix_cache_state_lost_tokens",
+            "Prompt tokens whose KV pages were cached but computed again, no recurrent-state snapshot being at "
+            "or past them (hybrid models, since start): many suggest raising --state-snapshots",
+            registry=r,
+        )
         self.sleep_level = Gauge(
             "ninfer_sleep_level",
             "0 while awake; 1 or 2 while asleep (POST /sleep, --sleep-idle-seconds): the device memory given back",
@@ -205,6 +225,10 @@ class Metrics:
         self.host_total.set(stats.get("host_cache_pages_total", 0))
         self.host_hits.set(stats.get("prefix_cache_host_hits", 0))
         self.preemptions.set(stats["num_preemptions"])
+        self.snapshots_used.set(stats.get("state_snapshots_used", 0))
+        self.snapshots_total.set(stats.get("state_snapshots_total", 0))
+        self.snapshots_shared.set(stats.get("state_snapshots_shared", 0))
+        self.state_lost.set(stats.get("prefix_cache_state_lost_tokens", 0))
         self.sleep_level.set(stats["sleep_level"])
         drafted = stats["spec_draft_tokens"]
         self.spec_acceptance.set(stats["spec_accepted_tokens"] / drafted if drafted else 0.0)

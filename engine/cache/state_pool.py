@@ -55,6 +55,11 @@ class StatePool:
         assert 0 <= slot < self.num_slots and slot not in self._free, f"bad state slot {slot}"
         self._free.append(slot)
 
+    @property
+    def num_shared_snapshots(self) -> int:
+        """Snapshots held as shared prefixes (evicted last)."""
+        return len(self._shared)
+
     # -- snapshots ---------------------------------------------------------------------------
     def find_snapshot(self, prefix_hash: bytes) -> int | None:
         slot = None if prefix_hash in self._fresh else self.snapshots.get(prefix_hash)

@@ -88,6 +88,9 @@ class Scheduler:
         self.num_draft_tokens = 0  # drafted and verified so far
         self.num_accepted_tokens = 0  # of those, accepted
         self.num_drafts = 0  # verifications: a request's drafts of one step, verified together
+        # hybrid models: prompt tokens whose KV pages were cached at admission but computed again, no state
+        # snapshot being at or past them (/metrics: a sign --state-snapshots is too few)
+        self.num_state_lost_tokens = 0
         self.step_tokens = StepTokens()  # tokens per step that ran any (/metrics)
         # --cache-reuse: earlier sequences' pages taken at shifted positions (engine/scheduler/reuse.py)
         self.reuse = CacheReuse(config.cache_reuse, block_pool) if config.cache_reuse else None
@@ -96,6 +99,7 @@ class Scheduler:
     def reset_counters(self) -> None:
         """Zero what /metrics counts (steps, preemptions, drafts, prefix-cache lookups): after a warm-up."""
         self.num_preemptions = self.num_draft_tokens = self.num_accepted_tokens = self.num_drafts = 0
+        self.num_state_lost_tokens = 0
         self.step_tokens = StepTokens(self.step_tokens.buckets)
         self.block_pool.stats = type(self.block_pool.stats)()
 
@@ -181,7 +185,7 @@ class Scheduler:
                 break
             if self._waits_for_prompt(req):  # a few steps: its twin's prompt chunks are running
                 break
-            hit_blocks, host_hits, restore = self._lookup_prefix(req)
+            hit_blocks, host_hits, restore, kv_pages = self._lookup_prefix(req)
             num_cached = (len(hit_blocks) + len(host_hits)) * self.block_size
             reuse = self._plan_reuse(req, len(hit_blocks)) if not host_hits else None
             if reuse is not None:
@@ -212,6 +216,7 @@ class Scheduler:
                 self.block_pool.record_lookup(
                     req.num_prompt_tokens, num_cached, len(host_hits) * self.block_size
                 )
+                self.num_state_lost_tokens += (kv_pages - len(hit_blocks) - len(host_hits)) * self.block_size
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
             req.status = RequestStatus.RUNNING
@@ -362,21 +367,23 @@ class Scheduler:
                 req.turn_points = tuple(sorted(p // self.block_size * self.block_size for p in picked))
         return req.turn_points
 
-    def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int]:
+    def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int, int]:
         """Cached pages to reuse for the request's leading tokens (on the GPU), the hashes of the host-tier
-        pages that follow them, and the snapshot slot to restore (-1)."""
+        pages that follow them, the snapshot slot to restore (-1), and the pages found in the KV cache
+        (on a hybrid model, those past the last snapshot are computed again)."""
         if not self.block_pool.enable_prefix_caching or _needs_prompt_logprobs(req):
-            return [], [], -1
+            return [], [], -1, 0
         hashes = self._block_hashes(req, (req.num_tokens - 1) // self.block_size)
         hits = self.block_pool.lookup(hashes)
         host = self.block_pool.lookup_host(hashes[len(hits) :])
+        kv_pages = len(hits) + len(host)
         if self.state_pool is None:
-            return hits, host, -1
-        for k in range(len(hits) + len(host), 0, -1):
+            return hits, host, -1, kv_pages
+        for k in range(kv_pages, 0, -1):
             slot = self.state_pool.find_snapshot(hashes[k - 1])
             if slot is not None:
-                return hits[:k], host[: max(0, k - len(hits))], slot
-        return [], [], -1
+                return hits[:k], host[: max(0, k - len(hits))], slot, kv_pages
+        return [], [], -1, kv_pages
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[bytes]:
         """The request's page hashes for its first `num_blocks` full pages (computed once, then extended)."""

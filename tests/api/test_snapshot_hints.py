@@ -317,3 +317,31 @@ def test_token_position_counts_the_tokens_within_a_text_prefix(default_tokenizer
     text = "alpha beta gamma"
     ids = plain.encode(text, add_special_tokens=False)
     assert [token_position(text, ids, n, plain) for n in (0, 5, 8, 11, 12, 16)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_path, default_tokenizer):
+    """/metrics on a hybrid model: the snapshot slots, those held, the shared ones; with no snapshot slots
+    the same prompt twice finds its KV pages cached but resumes nowhere, counted as lost tokens."""
+    path = _tools_first_model(tmp_path, default_tokenizer)
+    body = {"model": "m", "max_tokens": 2, "temperature": 0, "tools": _openai_tools()}
+    body["messages"] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+
+    def metric(text: str, name: str) -> float:
+        return float(next(ln for ln in text.splitlines() if ln.startswith(name + " ")).split()[1])
+
+    for snapshots in (4, 0):
+        with RunningServer(AsyncLLM(path, block_size=16, state_snapshots=snapshots)) as s:
+            for _ in range(2):
+                r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60)
+                assert r.status_code == 200, r.text
+            text = httpx.get(f"{s.url}/metrics", timeout=30).text
+            cached = r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        assert metric(text, "ninfer_state_snapshots_total") == snapshots
+        if snapshots:  # shared: the tool list's end and the user turn's start; the prompt's end, the reply's
+            assert (
+                metric(text, "ninfer_state_snapshots_shared") == 2
+                and metric(text, "ninfer_state_snapshots_used") >= 2
+            )
+            assert cached > 0 and metric(text, "ninfer_prefix_cache_state_lost_tokens") < 16
+        else:
+            assert cached == 0 and metric(text, "ninfer_prefix_cache_state_lost_tokens") >= 64
