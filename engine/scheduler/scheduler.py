@@ -348,9 +348,10 @@ class Scheduler:
 
     def _shared_points(self, req: Request) -> set[int]:
         """The snapshot points other conversations will resume from (StatePool's shared snapshots, evicted
-        last): where the prompt's second turn starts and the request's hints, page-floored."""
+        last), page-floored: the request's hints (a tool list's end, cache breakpoints); without any, where
+        its second turn starts (past a system prompt that an agent's hints show may be per-session)."""
         bs = self.block_size
-        return {p // bs * bs for p in req.snapshot_hints} | set(self._turn_points(req)[:1])
+        return {p // bs * bs for p in req.snapshot_hints} or set(self._turn_points(req)[:1])
 
     def _turn_points(self, req: Request) -> tuple[int, ...]:
         """Where the prompt's second turn starts (after the system prompt and tools, which a new

@@ -357,6 +357,23 @@ def test_a_rolling_snapshot_takes_its_own_older_slot_not_the_prompt_ends():
         conversation = [*conversation, 8, 8, 8, *range(60 + 10 * turn, 69 + 10 * turn)]  # a rewritten reply
 
 
+def test_the_second_turns_snapshot_is_shared_only_in_a_request_without_hints():
+    """Where a request has hints (an agent's tool list), they are the shared points: its second turn starts
+    past a system prompt that may be per-session. Without any, the second turn's start is shared."""
+    T = 1
+    prompt = [T, *range(10, 32), T, *range(40, 50)]  # the second turn starts at 23, page-aligned 20
+    for hints, shared in (((), [20]), ((9,), [8])):
+        s = make(block_size=4, slots=2, snapshots=6, prefix_caching=True, turn_token_id=T)
+        s.add_request(
+            Request("a", prompt, SamplingParams(max_tokens=1), eos_token_ids=(2,), snapshot_hints=hints)
+        )
+        while s.has_unfinished_requests():
+            run_step(s)
+        req = s.requests.get("a") or Request("a", prompt, SamplingParams(), snapshot_hints=hints)
+        names = {s._block_hashes(req, p // 4)[-1]: p for p in (8, 20, 32)}
+        assert sorted(names[h] for h in s.state_pool._shared) == shared
+
+
 class _AlwaysDrafts:
     """Proposes `k` copies of token 9 after any history."""
 
