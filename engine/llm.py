@@ -37,7 +37,7 @@ from engine.structured.matcher import GrammarCompiler, GrammarMatcher
 from engine.tokenizer import TURN_TOKEN, with_chat_template, with_template_kwargs
 from engine.vision.config import VisionConfig
 from engine.vision.image import ImageCache, ImageInput
-from engine.vision.mrope import place_images, widened_positions
+from engine.vision.mrope import place_images
 from engine.warmup import warm_up
 from engine.worker import prefix_file
 from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
@@ -227,9 +227,8 @@ class LLM:
         # with the tower, every placeholder needs its image (a history whose pictures were left out)
         vision = self.vision_or_raise() if images or self.model.visual is not None else None
         if vision is not None and (images or vision.image_token_id in prompt_token_ids):
-            pads = [i for i, t in enumerate(prompt_token_ids) if t == vision.image_token_id]
             prompt_token_ids, mm = place_images(list(prompt_token_ids), images or [], vision)
-            snapshot_hints = widened_positions(snapshot_hints, pads, mm.images)
+            snapshot_hints = mm.widened(snapshot_hints)
         if grammar is None:
             grammar = self.grammar_matcher(sampling_params, prompt_token_ids)
         sampling_params = self._with_hidden_stops(sampling_params)

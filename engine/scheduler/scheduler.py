@@ -342,16 +342,18 @@ class Scheduler:
         prompt_end = req.num_prompt_tokens // bs * bs
         if prompt_end:
             points.add(prompt_end)
-        hints = (p // bs * bs for p in req.snapshot_hints)
-        points.update(p for p in (*self._turn_points(req), *hints) if 0 < p < prompt_end)
+        points.update(p for p in (*self._turn_points(req), *self._hint_points(req)) if 0 < p < prompt_end)
         return sorted(points)
+
+    def _hint_points(self, req: Request) -> set[int]:
+        """The request's snapshot hints, each at or before its page boundary."""
+        return {p // self.block_size * self.block_size for p in req.snapshot_hints}
 
     def _shared_points(self, req: Request) -> set[int]:
         """The snapshot points other conversations will resume from (StatePool's shared snapshots, evicted
         last), page-floored: the request's hints (a tool list's end, cache breakpoints); without any, where
         its second turn starts (past a system prompt that an agent's hints show may be per-session)."""
-        bs = self.block_size
-        return {p // bs * bs for p in req.snapshot_hints} or set(self._turn_points(req)[:1])
+        return self._hint_points(req) or set(self._turn_points(req)[:1])
 
     def _turn_points(self, req: Request) -> tuple[int, ...]:
         """Where the prompt's second turn starts (after the system prompt and tools, which a new

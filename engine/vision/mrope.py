@@ -33,6 +33,19 @@ class MultiModalInputs:
                 out.append((i, lo, hi))
         return out
 
+    def widened(self, positions: tuple[int, ...]) -> tuple[int, ...]:
+        """Prompt positions before the placeholders were widened, as positions after: each image whose
+        placeholder came before a position adds its tokens but one."""
+        out = []
+        for p in positions:
+            extra = 0
+            for image, offset in zip(self.images, self.offsets):
+                if offset - extra >= p:  # (offset - extra: the placeholder's index before widening)
+                    break
+                extra += image.num_tokens - 1
+            out.append(p + extra)
+        return tuple(out)
+
     def block_salts(self, first_block: int, num_blocks: int, block_size: int) -> list[bytes]:
         """Per page, the digests of the images whose tokens it holds: two prompts whose placeholders
         match but whose pictures differ must not share cached pages."""
@@ -73,16 +86,6 @@ def widen_placeholders(
         last = index + 1
     ids.extend(prompt_ids[last:])
     return ids, offsets
-
-
-def widened_positions(
-    positions: tuple[int, ...], pads: list[int], images: tuple[ImageInput, ...]
-) -> tuple[int, ...]:
-    """Prompt positions before widen_placeholders (`pads`: the placeholders' indices there), as positions
-    after it: each image placeholder before a position adds its image's tokens but one."""
-    return tuple(
-        p + sum(image.num_tokens - 1 for index, image in zip(pads, images) if index < p) for p in positions
-    )
 
 
 def mrope_positions(

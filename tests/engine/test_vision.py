@@ -261,6 +261,17 @@ def test_a_snapshot_hint_after_an_image_counts_the_image_widened(vl_dir, vl_mode
     assert_matches(out, hf_reference(vl_model, second, image))
 
 
+def test_positions_before_widening_map_past_each_image_before_them():
+    from types import SimpleNamespace
+
+    from engine.vision.mrope import MultiModalInputs
+
+    # placeholders at 2 and 5 before widening: 16 and 4 tokens after it (first indices 2 and 20)
+    images = (SimpleNamespace(num_tokens=16), SimpleNamespace(num_tokens=4))
+    mm = MultiModalInputs(images, (2, 20), torch.zeros(3, 1), 0)
+    assert mm.widened((0, 2, 3, 5, 6, 9)) == (0, 2, 18, 20, 24, 27)
+
+
 @pytest.mark.parametrize("spec", ["ngram", "mtp"])
 def test_speculative_decoding_keeps_the_output(vl_dir, vl_model, tmp_path, spec):
     """Drafts over a prompt with an image (the MTP head reads the image tokens' 3D positions) leave the
