@@ -6,7 +6,8 @@ requests: a tool list (Qwen3.5's template writes it before the system prompt), a
 a per-session environment block (a working directory, a date, a git status), then the conversation.
 Session A runs `--turns` turns (each a reply and a tool result, the reply rendered back as text); then
 session B starts, its environment another. Three ways, at 2 snapshot slots (the default before) and 4
-(`--state-snapshots`; now the default at one request, 2 x 1 + 2):
+(`--state-snapshots`; now the default at one request, 2 x 1 + 2), the GPU slots alone (no host tier,
+`--host-state-snapshots 0`; benchmarks/subagent_resume.py measures that tier):
 
     no hints, LRU       the engine's own snapshot points, evicted least recently used first
     hints, LRU          the tool list's end a snapshot point too (engine/api/snapshot_hints.py)
@@ -112,6 +113,23 @@ def agent(rng: random.Random, tools_tokens: int, system_tokens: int):
     return tools, stable, environment
 
 
+def ask_agent(llm: LLM, tools: list[dict], messages: list[dict], hinted: bool) -> tuple[int, int, list[int]]:
+    """(tokens computed, prompt tokens, reply ids) of one request, alone on the engine; `hinted`: with the
+    tool list's end as a snapshot hint, as the chat routes give it."""
+    tok = llm.tokenizer
+    text = tok.apply_chat_template(messages, tools)
+    ids = tok.encode(text, add_special_tokens=False)
+    renders = [lambda: tok.apply_chat_template([snapshot_hints.PLACEHOLDER], tools)]
+    hints = snapshot_hints.hints(text, ids, renders, tok) if hinted else ()
+    request_id = llm.add_request(
+        ids, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), snapshot_hints=hints
+    )
+    while True:
+        done = [o for o, _ in llm.step() if o.request_id == request_id and o.finished]
+        if done:
+            return len(ids) - done[0].num_cached_tokens, len(ids), list(done[0].token_ids)
+
+
 def run(mode: str, snapshots: int, args, path: Path, template: Path) -> tuple[list[int], int, int]:
     """(session A's computed tokens by turn, session B's computed tokens, B's prompt tokens)."""
     llm = LLM(
@@ -119,29 +137,22 @@ def run(mode: str, snapshots: int, args, path: Path, template: Path) -> tuple[li
         chat_template=str(template),
         max_concurrency=1,
         state_snapshots=snapshots,
+        host_state_snapshots=0,
         max_context=65536,
         kv_capacity=131072,
     )
     if mode.endswith("LRU"):  # least recently used first, whatever the snapshot
         pool = llm.scheduler.state_pool
-        pool._victim = lambda: next((h for h, s in pool.snapshots.items() if s not in pool._pinned), None)
+        pool._victim = lambda idle_only=False: next(
+            (h for h, s in pool.snapshots.items() if s not in pool._pinned), None
+        )
     rng = random.Random(0)
     tools, stable, environment = agent(rng, args.tools_tokens, args.system_tokens)
     tok = llm.tokenizer
-    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    hinted = not mode.startswith("no hints")
 
     def ask(messages: list[dict]) -> tuple[int, int, list[int]]:
-        """(tokens computed, prompt tokens, reply ids) of one request."""
-        text = tok.apply_chat_template(messages, tools)
-        ids = tok.encode(text, add_special_tokens=False)
-        renders = [lambda: tok.apply_chat_template([snapshot_hints.PLACEHOLDER], tools)]
-        hints = () if mode.startswith("no hints") else snapshot_hints.hints(text, ids, renders, tok)
-        request_id = llm.add_request(ids, params, snapshot_hints=hints)
-        while True:
-            done = [o for o, _ in llm.step() if o.request_id == request_id and o.finished]
-            if done:
-                out = done[0]
-                return len(ids) - out.num_cached_tokens, len(ids), list(out.token_ids)
+        return ask_agent(llm, tools, messages, hinted)
 
     def system(session: str) -> dict:
         return {"role": "system", "content": f"{stable}\n{environment(session)}"}

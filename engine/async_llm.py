@@ -296,6 +296,8 @@ class AsyncLLM:
             "state_snapshots_used": len(states.snapshots) if states is not None else 0,
             "state_snapshots_total": states.num_snapshots if states is not None else 0,
             "state_snapshots_shared": states.num_shared_snapshots if states is not None else 0,
+            "host_state_snapshots_used": states.num_host_snapshots if states is not None else 0,
+            "host_state_snapshots_total": states.host.num_slots if states is not None and states.host else 0,
             "prefix_cache_state_lost_tokens": sched.num_state_lost_tokens,
             "spec_draft_tokens": sched.num_draft_tokens,
             "spec_accepted_tokens": sched.num_accepted_tokens,

@@ -417,6 +417,10 @@ class EngineConfig:
     sleep_idle_seconds: float | None = None
     state_snapshot_interval: int = 4096  # hybrid models: snapshot the recurrent state every N tokens
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency + 2
+    # hybrid models: snapshots evicted from those slots kept in host memory (the prefix cache's host tier,
+    # engine/cache/state_pool.py) and copied back for a later request that resumes there; None: an eighth of
+    # host_cache (taken from it), or without host_cache as many as the GPU snapshot slots; 0: off
+    host_state_snapshots: int | None = None
     block_size: int = 16
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)
     # speculative decoding: none; ngram (drafts from earlier occurrences of the last tokens: prompt lookup,
@@ -609,10 +613,20 @@ class EngineConfig:
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
             raise NinferError(f"threads must be a whole number of 1 or more (got {self.threads!r})")
-        for name in ("max_pending", "pending_timeout_ms", "state_snapshots", "state_snapshot_interval"):
+        for name in (
+            "max_pending",
+            "pending_timeout_ms",
+            "state_snapshots",
+            "state_snapshot_interval",
+            "host_state_snapshots",
+        ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise NinferError(f"{name} must be >= 0 (got {value})")
+        if self.host_state_snapshots and not self.enable_prefix_caching:
+            raise NinferError(
+                "--host-state-snapshots keeps the prefix cache's state snapshots; it needs prefix caching on"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

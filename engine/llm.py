@@ -40,7 +40,7 @@ from engine.vision.image import ImageCache, ImageInput
 from engine.vision.mrope import place_images
 from engine.warmup import warm_up
 from engine.worker import prefix_file
-from engine.worker.host_kv import check_host_memory, host_slots_for, page_bytes
+from engine.worker.host_kv import check_host_memory, host_slots_for, host_state_slots, page_bytes
 from engine.worker.model_runner import ModelRunner
 
 log = logging.getLogger("ninfer")
@@ -138,7 +138,7 @@ class LLM:
             StatePool(config.max_concurrency, config.num_state_snapshots, backups=config.num_draft_tokens > 0)
             if hybrid
             else None
-        )
+        )  # (its host tier attached below, once the state slot's size is known)
         num_state_slots = state_pool.num_total_slots if state_pool else 0
         self.runner = ModelRunner(
             self.model,
@@ -151,9 +151,19 @@ class LLM:
             draft_model=self.draft_model,
             adapters=self.adapters,
         )
+        # the prefix cache's host tier (engine/cache/host_pool.py): a hybrid model's snapshots, then KV pages
+        state_slot = self.runner.state_slot_bytes
+        num_snapshots = state_pool.num_snapshots if state_pool else 0
+        state_host_slots = host_state_slots(
+            config.host_cache, config.host_state_snapshots, num_snapshots, state_slot
+        )
+        if state_host_slots:
+            self.runner.attach_host_states(state_host_slots)
+            state_pool.attach_host(state_host_slots)
         host_slots = 0
-        if config.host_cache:  # the prefix cache's host tier (engine/cache/host_pool.py)
-            host_slots = host_slots_for(config.host_cache, page_bytes(self.runner.kv_caches))
+        if config.host_cache:
+            kv_budget = config.host_cache - state_host_slots * state_slot
+            host_slots = host_slots_for(kv_budget, page_bytes(self.runner.kv_caches))
             self.runner.attach_host_kv(host_slots)
         turn = self.tokenizer.token_to_id(TURN_TOKEN) if self.tokenizer is not None else None
         self.scheduler = Scheduler(

@@ -139,6 +139,14 @@ def serve(
         ),
     ] = "0",
     state_snapshots: StateSnapshots = None,
+    host_state_snapshots: Annotated[
+        int | None,
+        typer.Option(
+            help="A hybrid model's state snapshots kept in host memory when the GPU slots (--state-snapshots) "
+            "evict them, copied back for a later prompt that resumes there (default: an eighth of --host-cache, "
+            "or as many as the GPU slots without it; 0: off).",
+        ),
+    ] = None,
     prefix_cache_file: Annotated[
         str | None,
         typer.Option(
@@ -289,6 +297,7 @@ def serve(
         kv_capacity="auto" if kv_capacity == "auto" else parse_size(kv_capacity, "--kv-capacity"),
         host_cache=parse_size(host_cache, "--host-cache"),
         state_snapshots=state_snapshots,
+        host_state_snapshots=host_state_snapshots,
         prefix_cache_file=prefix_cache_file,
         sleep_idle_seconds=None if sleep_idle_seconds == -1 else sleep_idle_seconds,
         rerank=rerank,
@@ -339,6 +348,14 @@ def serve(
             "host cache: %d KV pages (%.1f GiB) for prefixes evicted from the GPU pool",
             host_kv.num_slots,
             host_kv.num_bytes / 2**30,
+        )
+    host_states = engine.llm.runner.host_states
+    if host_states is not None:
+        log.info(
+            "host cache: %d state snapshots (%.1f GiB) for those evicted from the %d GPU slots",
+            host_states.num_slots,
+            host_states.num_bytes / 2**30,
+            engine.llm.scheduler.state_pool.num_snapshots,
         )
     if config.sleep_idle_seconds is not None:
         log.log(*sleep_summary(engine.llm, config.sleep_idle_seconds))

@@ -61,6 +61,17 @@ class Metrics:
             "system prompt's, a cache_control mark's), evicted last",
             registry=r,
         )
+        self.host_snapshots_used = Gauge(
+            "ninfer_host_state_snapshots_used",
+            "Recurrent-state snapshots evicted from the GPU slots and held in host memory (hybrid models; "
+            "--host-state-snapshots)",
+            registry=r,
+        )
+        self.host_snapshots_total = Gauge(
+            "ninfer_host_state_snapshots_total",
+            "State snapshots the host tier holds (hybrid models)",
+            registry=r,
+        )
         self.state_lost = Gauge(
             "ninfer_prefix_cache_state_lost_tokens",
             "Prompt tokens whose KV pages were cached but computed again, no recurrent-state snapshot being at "
@@ -228,6 +239,8 @@ class Metrics:
         self.snapshots_used.set(stats.get("state_snapshots_used", 0))
         self.snapshots_total.set(stats.get("state_snapshots_total", 0))
         self.snapshots_shared.set(stats.get("state_snapshots_shared", 0))
+        self.host_snapshots_used.set(stats.get("host_state_snapshots_used", 0))
+        self.host_snapshots_total.set(stats.get("host_state_snapshots_total", 0))
         self.state_lost.set(stats.get("prefix_cache_state_lost_tokens", 0))
         self.sleep_level.set(stats["sleep_level"])
         drafted = stats["spec_draft_tokens"]

@@ -57,6 +57,13 @@ class HostPool:
         self._reserved.append(slot)
         return slot
 
+    def discard(self, block_hash: bytes) -> None:
+        """Forget a prefix the tier holds (its slot free again; a copy into it this step is superseded by
+        any later one the step makes into the same slot)."""
+        slot = self.slots.pop(block_hash, None)
+        if slot is not None:
+            self._free.append(slot)
+
     def end_step(self) -> None:
         """The previous step's copies are done (they run in order): its taken slots are free."""
         self._free.extend(self._reserved)

@@ -12,6 +12,14 @@ while the others keep two slots a running slot (a conversation's prompt end and 
 next turn resumes from), unless nothing else can go; a conversation's own snapshots (those two, the
 intervals) would otherwise push them out within a few of its turns.
 
+A host tier (`host_slots`, engine/cache/host_pool.py) keeps evicted snapshots in host memory, named by the
+same hash: a later request that resumes there (an agent's turn after its subagent's turns took every GPU
+slot) has the snapshot copied back into a GPU snapshot slot and restores from it. As with KV pages the tiers
+are exclusive, and the copies run at the start of the step, before its forward: `swap_out` (GPU snapshot
+slot, host slot) first, then `swap_in` (host slot, GPU snapshot slot), then the restores. So a snapshot taken
+back claims a GPU slot nothing reads this step (`_victim(idle_only=True)`), while an ordinary save, written
+after the forward, may take one the step only reads.
+
 With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
 a step that verifies drafts, copied back when one is rejected.
 """
@@ -20,9 +28,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from engine.cache.host_pool import HostPool
+
 
 class StatePool:
-    def __init__(self, num_slots: int, num_snapshots: int = 0, backups: bool = False):
+    def __init__(self, num_slots: int, num_snapshots: int = 0, backups: bool = False, host_slots: int = 0):
+        """`host_slots`: the host tier's snapshots (none without GPU snapshot slots to evict from)."""
         self.num_slots, self.num_snapshots = num_slots, num_snapshots
         self.num_backups = num_slots if backups else 0
         self._free = list(range(num_slots - 1, -1, -1))
@@ -33,6 +44,9 @@ class StatePool:
         self._written: set[int] = set()  # of those, the ones it writes
         self._fresh: set[bytes] = set()  # snapshots saved by the step being scheduled (not written yet)
         self._shared: set[bytes] = set()  # snapshots of prefixes other conversations share, evicted last
+        self.attach_host(host_slots)
+        self.swap_out: list[tuple[int, int]] = []  # this step's (snapshot slot, host slot) copies
+        self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, snapshot slot) copies
 
     @property
     def num_total_slots(self) -> int:
@@ -75,29 +89,67 @@ class StatePool:
             if shared and prefix_hash in self.snapshots:
                 self._shared.add(prefix_hash)
             return None
-        if self._free_snapshots:
-            slot = self._free_snapshots.pop()
-        else:
-            victim = self._victim()
-            if victim is None:
-                return None
-            slot = self.snapshots.pop(victim)
-            self._shared.discard(victim)
+        slot = self._claim(idle_only=False)
+        if slot is None:
+            return None
+        self._name(slot, prefix_hash, shared)
+        self._fresh.add(prefix_hash)  # (its state is there only after the step's forward)
+        return slot
+
+    def in_host(self, prefix_hash: bytes) -> bool:
+        """Whether the host tier holds this prefix's snapshot and a GPU slot could take it back this step."""
+        return self.host is not None and prefix_hash in self.host.slots and self._can_claim_idle()
+
+    def take_from_host(self, prefix_hash: bytes, shared: bool = False) -> int:
+        """Take a host-tier snapshot back (after `in_host`): its GPU snapshot slot, to restore from this step
+        (copied back at the step's start, before the restores)."""
+        # NOTE: its host slot taken first: the snapshot the GPU slot evicts goes to the host tier, whose
+        # least recently used snapshot (this one among them, when it is full) makes room for it
+        host_slot = self.host.take(prefix_hash)
+        slot = self._claim(idle_only=True)
+        assert slot is not None, "take_from_host without a GPU slot to take it (ask in_host first)"
+        self.swap_in.append((host_slot, slot))
+        self._name(slot, prefix_hash, shared)
+        return slot
+
+    def _name(self, slot: int, prefix_hash: bytes, shared: bool) -> None:
         self.snapshots[prefix_hash] = slot
         if shared:
             self._shared.add(prefix_hash)
         self._pinned.add(slot)
         self._written.add(slot)
-        self._fresh.add(prefix_hash)
+
+    def _claim(self, idle_only: bool) -> int | None:
+        """A snapshot slot to write: a free one, else an evicted snapshot's (copied to the host tier first,
+        when there is one); None when none can go."""
+        if self._free_snapshots:
+            return self._free_snapshots.pop()
+        victim = self._victim(idle_only)
+        if victim is None:
+            return None
+        slot = self.snapshots.pop(victim)
+        self._shared.discard(victim)
+        host_slot = self.host.put(victim) if self.host is not None else None
+        if host_slot is not None:
+            # NOTE: a host slot this step already writes (a tier smaller than a step's evictions) is
+            # written once, by the newest: the earlier copy is dropped, as its name was
+            self.swap_out = [(s, h) for s, h in self.swap_out if h != host_slot] + [(slot, host_slot)]
         return slot
 
-    def _victim(self) -> bytes | None:
-        """The snapshot to evict, least recently used first: one not in use this step, else one this step
-        only reads (its restore is copied before the step's forward, the saves after it, so a save may
-        overwrite it); shared ones passed over while the others keep two slots a running slot, unless
-        nothing else can go."""
+    def _can_claim_idle(self) -> bool:
+        return bool(self._free_snapshots) or self._victim(idle_only=True) is not None
+
+    def _victim(self, idle_only: bool = False) -> bytes | None:
+        """The snapshot to evict, least recently used first: one not in use this step, else (not
+        `idle_only`) one this step only reads (its restore is copied before the step's forward, the saves
+        after it, so a save may overwrite it); shared ones passed over while the others keep two slots a
+        running slot, unless nothing else can go."""
         idle = [h for h, s in self.snapshots.items() if s not in self._pinned]
-        read = [h for h, s in self.snapshots.items() if s in self._pinned and s not in self._written]
+        read = (
+            []
+            if idle_only
+            else [h for h, s in self.snapshots.items() if s in self._pinned and s not in self._written]
+        )
         if len(self._shared) > self.num_snapshots - 2 * self.num_slots:
             order = idle + read
         else:
@@ -106,6 +158,9 @@ class StatePool:
         return order[0] if order else None
 
     def drop_snapshot(self, prefix_hash: bytes) -> None:
+        """Forget a snapshot (a superseded rolling one), in either tier."""
+        if self.host is not None:
+            self.host.discard(prefix_hash)
         slot = self.snapshots.pop(prefix_hash, None)
         if slot is not None and slot not in self._pinned:
             self._free_snapshots.append(slot)
@@ -114,12 +169,32 @@ class StatePool:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
 
     def clear_snapshots(self) -> None:
-        """Forget every snapshot (those the step being scheduled reads or writes stay until it ends)."""
+        """Forget every snapshot, in both tiers (those the step being scheduled reads or writes stay until
+        it ends)."""
         for prefix_hash in list(self.snapshots):
             self.drop_snapshot(prefix_hash)
+        if self.host is not None:
+            self.host.clear()
+
+    def attach_host(self, host_slots: int) -> None:
+        """A host tier of `host_slots` snapshots (before the first step)."""
+        self.host = HostPool(host_slots) if host_slots > 0 and self.num_snapshots > 0 else None
+
+    @property
+    def num_host_snapshots(self) -> int:
+        return self.host.num_used if self.host is not None else 0
+
+    def drain_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """This step's host-tier copies, (swap_out, swap_in)."""
+        out, back = self.swap_out, self.swap_in
+        self.swap_out, self.swap_in = [], []
+        return out, back
 
     def end_step(self) -> None:
-        """The step's copies are issued; its snapshot slots may be evicted again."""
+        """The step's copies are issued (they run in order, before the next step's): its snapshot slots may
+        be evicted again, and the host slots it took back are free."""
         self._pinned.clear()
         self._written.clear()
         self._fresh.clear()
+        if self.host is not None:
+            self.host.end_step()

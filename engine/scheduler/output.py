@@ -68,6 +68,10 @@ class SchedulerOutput(NamedTuple):
     # preempted since the last step: the runner drops what it can compute again (their images' embeddings)
     # and keeps their sampling state (their seeds, Mirostat's surprise target)
     preempted_request_ids: list[str] = []
+    # a hybrid model's snapshots in the host tier (engine/cache/state_pool.py), copied before the forward
+    # and the restores, out first: (snapshot slot, host slot) evicted, (host slot, snapshot slot) taken back
+    state_swap_out: list[tuple[int, int]] = []
+    state_swap_in: list[tuple[int, int]] = []
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

@@ -17,7 +17,8 @@ Admission policy (docs/architecture.md):
   fit, and any request only while a page each running request stays free beside its first chunk, so
   a request is not preempted again as soon as it is back (churn in a pool too small for both).
 * At admission the longest cached prefix of full pages is reused (hybrid models: the longest one
-  that also has a recurrent-state snapshot), always leaving at least one token to compute.
+  that also has a recurrent-state snapshot, on the GPU or in the host tier), always leaving at least one
+  token to compute.
 
 Speculative decoding (`num_draft_tokens`): a running request whose step reaches the end of its known
 tokens also runs up to that many draft tokens (its prediction's where its output follows one,
@@ -219,6 +220,9 @@ class Scheduler:
                 self.num_state_lost_tokens += (kv_pages - len(hit_blocks) - len(host_hits)) * self.block_size
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
+                if isinstance(restore, bytes):  # the snapshot is in the host tier: copied back first
+                    at = (len(hit_blocks) + len(host_hits)) * self.block_size
+                    restore = self.state_pool.take_from_host(restore, shared=at in self._shared_points(req))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             self._grow_for_drafter(req, n)
@@ -231,9 +235,12 @@ class Scheduler:
         finished, self._finished_ids = self._finished_ids, []
         preempted, self._preempted_ids = self._preempted_ids, []
         swap_out, swap_in = self.block_pool.drain_swaps()
+        state_out, state_in = self.state_pool.drain_swaps() if self.state_pool is not None else ([], [])
         if scheduled:
             self.step_tokens.observe(sum(len(r.token_ids) for r in scheduled))
-        return SchedulerOutput(scheduled, finished, state_saves, swap_out, swap_in, kv_shifts, preempted)
+        return SchedulerOutput(
+            scheduled, finished, state_saves, swap_out, swap_in, kv_shifts, preempted, state_out, state_in
+        )
 
     def _plan_reuse(self, req: Request, num_hit_pages: int):
         """--cache-reuse's plan for a request being admitted past its `num_hit_pages` cached pages (None: off,
@@ -370,9 +377,10 @@ class Scheduler:
                 req.turn_points = tuple(sorted(p // self.block_size * self.block_size for p in picked))
         return req.turn_points
 
-    def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int, int]:
+    def _lookup_prefix(self, req: Request) -> tuple[list[int], list[bytes], int | bytes, int]:
         """Cached pages to reuse for the request's leading tokens (on the GPU), the hashes of the host-tier
-        pages that follow them, the snapshot slot to restore (-1), and the pages found in the KV cache
+        pages that follow them, the snapshot to restore (its slot, -1 for none, or its prefix hash when the
+        host tier holds it: taken back if the request is admitted), and the pages found in the KV cache
         (on a hybrid model, those past the last snapshot are computed again)."""
         if not self.block_pool.enable_prefix_caching or _needs_prompt_logprobs(req):
             return [], [], -1, 0
@@ -384,6 +392,8 @@ class Scheduler:
             return hits, host, -1, kv_pages
         for k in range(kv_pages, 0, -1):
             slot = self.state_pool.find_snapshot(hashes[k - 1])
+            if slot is None and self.state_pool.in_host(hashes[k - 1]):
+                slot = hashes[k - 1]
             if slot is not None:
                 return hits[:k], host[: max(0, k - len(hits))], slot, kv_pages
         return [], [], -1, kv_pages
@@ -624,7 +634,13 @@ class Scheduler:
         (pages copied to or from the host tier, state snapshots), as those may be half-written."""
         self._finished_ids[:0] = sched.finished_request_ids
         self._preempted_ids[:0] = sched.preempted_request_ids
-        if sched.swap_out or sched.swap_in or sched.state_saves:
+        if (
+            sched.swap_out
+            or sched.swap_in
+            or sched.state_saves
+            or sched.state_swap_out
+            or sched.state_swap_in
+        ):
             self.reset_prefix_cache()
             log.warning("the prefix cache was forgotten: the failed step was filling some of it")
 

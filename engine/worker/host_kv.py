@@ -1,7 +1,9 @@
-"""The host tier's KV storage (engine/cache/host_pool.py): for every tensor of every attention layer's
-paged cache ([num_blocks, block_size, ...]: data and, for quantized KV dtypes, scales), a host tensor of
-the same page shape with one row a host slot; pinned on CUDA, so page copies run asynchronously in stream
-order (no host sync: the step's swap-outs, then its swap-ins, then its forward)."""
+"""The host tier's storage (engine/cache/host_pool.py): for every tensor of every attention layer's paged
+cache ([num_blocks, block_size, ...]: data and, for quantized KV dtypes, scales), a host tensor of the same
+page shape with one row a host slot; likewise, for a hybrid model's state snapshots
+(engine/cache/state_pool.py), one for each recurrent-state tensor ([slots, ...]: conv and delta-rule state
+of every linear-attention layer). Pinned on CUDA, so the copies run asynchronously in stream order (no host
+sync: the step's swap-outs, then its swap-ins, then its forward)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def page_tensors(caches: list[KVCache]) -> list[torch.Tensor]:
 
 def page_bytes(caches: list[KVCache]) -> int:
     """Bytes one KV page holds across every attention layer (what a host slot stores)."""
-    return sum(t[0].numel() * t.element_size() for t in page_tensors(caches))
+    return row_bytes(page_tensors(caches))
 
 
 def check_host_memory(host_cache: int) -> None:
@@ -35,6 +37,37 @@ def check_host_memory(host_cache: int) -> None:
         )
 
 
+def host_state_slots(
+    host_cache: int, host_state_snapshots: int | None, gpu_snapshots: int, state_slot: int
+) -> int:
+    """How many state snapshots the host tier holds (engine/cache/state_pool.py): `host_state_snapshots`,
+    or by default an eighth of `host_cache` (taken from it), or without one as many as the `gpu_snapshots`
+    slots (as host memory free allows); 0 without recurrent state (`state_slot` bytes) or GPU snapshot
+    slots to evict from. Refused in a sentence when the count asked for does not fit."""
+    if not state_slot or not gpu_snapshots:
+        return 0
+    if host_state_snapshots is None:
+        if host_cache:
+            return host_cache // 8 // state_slot
+        spare = max(0, psutil.virtual_memory().available - HOST_MARGIN) // 2  # half: the rest is the system's
+        return min(gpu_snapshots, spare // state_slot)
+    need = host_state_snapshots * state_slot
+    if host_cache and need >= host_cache:
+        raise NinferError(
+            f"--host-state-snapshots {host_state_snapshots} take {need / 2**30:.2f} GiB ({state_slot / 2**20:.1f} "
+            f"MiB each), all of --host-cache {host_cache / 2**30:.2f} GiB, leaving no KV page; give at most "
+            f"{max(0, (host_cache - 1) // state_slot)} or a larger --host-cache"
+        )
+    free = psutil.virtual_memory().available - HOST_MARGIN
+    if not host_cache and need > free:
+        raise NinferError(
+            f"--host-state-snapshots {host_state_snapshots} take {need / 2**30:.1f} GiB of host memory "
+            f"({state_slot / 2**20:.1f} MiB each), more than the {max(0, free) / 2**30:.1f} GiB free (2 GiB kept "
+            f"for the system); give at most {max(0, free) // state_slot}"
+        )
+    return host_state_snapshots
+
+
 def host_slots_for(host_cache: int, page: int) -> int:
     """How many KV pages `host_cache` bytes of host memory hold; refused in a sentence when the memory is
     not free or holds no page."""
@@ -45,18 +78,24 @@ def host_slots_for(host_cache: int, page: int) -> int:
     return slots
 
 
-class HostKV:
-    def __init__(self, caches: list[KVCache], num_slots: int, device: torch.device):
+def row_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes one row (a page, a state slot) holds across `tensors`."""
+    return sum(t[0].numel() * t.element_size() for t in tensors)
+
+
+class HostTier:
+    """Host rows mirroring device tensors' rows: `pairs` (device tensor, host tensor [num_slots, ...])."""
+
+    def __init__(self, tensors: list[torch.Tensor], num_slots: int, device: torch.device, flag: str):
         pin = device.type == "cuda"
         try:
             self.pairs = [
-                (t, torch.empty((num_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin))
-                for t in page_tensors(caches)
+                (t, torch.empty((num_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)) for t in tensors
             ]
         except RuntimeError as e:  # the driver could not pin (lock) that much host memory
             raise NinferError(
-                f"could not {'pin' if pin else 'allocate'} {num_slots} KV pages of host memory for "
-                f"--host-cache ({e.__class__.__name__}); use a smaller --host-cache"
+                f"could not {'pin' if pin else 'allocate'} {num_slots * row_bytes(tensors) / 2**30:.1f} GiB of "
+                f"host memory for {flag} ({e.__class__.__name__}); give a smaller {flag}"
             ) from None
         self.num_slots = num_slots
 
@@ -65,7 +104,7 @@ class HostKV:
         return sum(h.numel() * h.element_size() for _, h in self.pairs)
 
     def copy(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """A step's page copies: (KV page, host slot) out to the host first, then (host slot, KV page) in.
+        """A step's row copies: (device row, host slot) out to the host first, then (host slot, device row) in.
         Pages and slots that run on together (up or down: a prefix evicted last page first) move as one
         slice a tensor, not one copy a page; a run whose slots go down is flipped on the device."""
         if swap_out:

@@ -28,7 +28,7 @@ from engine.worker.forward_context import (
     padded_block_table,
     set_forward_context,
 )
-from engine.worker.host_kv import HostKV, page_tensors
+from engine.worker.host_kv import HostTier, page_tensors, row_bytes
 from engine.worker.image_embeddings import ImageEmbeddings
 from engine.worker.prompt_logprobs import prompt_logprobs
 from engine.worker.sleep import DeviceMemory
@@ -87,7 +87,8 @@ class ModelRunner:
                     device=self.device,
                 )
         self._state_layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
-        self.host_kv: HostKV | None = None  # the prefix cache's host tier, once attached
+        self.host_kv: HostTier | None = None  # the prefix cache's host tier, once attached
+        self.host_states: HostTier | None = None  # its state snapshots (hybrid models), once attached
         self._rope_inv_freq: torch.Tensor | None = None  # --cache-reuse's key rotations, made at first use
         self.backup_slot_base = backup_slot_base
         k = engine_config.num_draft_tokens
@@ -248,15 +249,27 @@ class ModelRunner:
         """Every attention layer's cache, the draft model's too: what a page holds."""
         return [m.kv_cache for m in self._modules() if isinstance(m, Attention)]
 
-    def attach_host_kv(self, num_slots: int) -> HostKV:
+    def attach_host_kv(self, num_slots: int) -> HostTier:
         """The host tier's storage: `num_slots` KV pages in host memory (pinned on CUDA)."""
-        self.host_kv = HostKV(self.kv_caches, num_slots, self.device)
+        self.host_kv = HostTier(page_tensors(self.kv_caches), num_slots, self.device, "--host-cache")
         return self.host_kv
+
+    @property
+    def state_slot_bytes(self) -> int:
+        """Bytes one recurrent-state slot holds across every linear-attention layer (0: none)."""
+        return row_bytes(self._state_tensors()) if self._state_layers else 0
+
+    def attach_host_states(self, num_slots: int) -> HostTier:
+        """The host tier's state snapshots: `num_slots` recurrent-state slots in host memory."""
+        self.host_states = HostTier(self._state_tensors(), num_slots, self.device, "--host-state-snapshots")
+        return self.host_states
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         if self.host_kv is not None:  # before anything writes a page this step
             self.host_kv.copy(sched.swap_out, sched.swap_in)
+        if self.host_states is not None:  # before the restores read the snapshot slots
+            self.host_states.copy(sched.state_swap_out, sched.state_swap_in)
         if sched.kv_shifts:  # --cache-reuse: after the host tier has read the pages it evicts
             self._shift_kv(sched.kv_shifts)
         for request_id in sched.finished_request_ids:

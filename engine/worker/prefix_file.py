@@ -4,9 +4,10 @@ read into the prompt is not computed again after the server restarts.
 At shutdown (`LLM.save_prefix_cache`) the file takes the prefix cache's pages, oldest first: the host
 tier's (engine/cache/host_pool.py), then the GPU pool's unreferenced cached pages in LRU order, then those
 running requests hold; as many as the host tier has slots (the newest), each named by its prefix hash. A
-hybrid model's recurrent-state snapshots (engine/cache/state_pool.py) go with them: a page hit is usable
-there only with the state at that position. At start-up the pages are read into the host tier (a later
-request with that prefix copies them to the GPU, as after any eviction) and the snapshots into their slots.
+hybrid model's recurrent-state snapshots (engine/cache/state_pool.py) go with them, the host tier's then the
+GPU slots': a page hit is usable there only with the state at that position. At start-up the pages are
+read into the host tier (a later request with that prefix copies them to the GPU, as after any eviction),
+the newest snapshots into the GPU slots and those before them into the host tier.
 
 The file is one safetensors file: `page.i` [n, *page shape] per page tensor of the KV caches (data and
 scales, every attention layer, the draft model's too), `state.j` [m, *slot shape] per recurrent-state
@@ -105,8 +106,18 @@ def save(llm, path: str) -> tuple[int, int]:
     host = host[max(0, len(host) - (keep - len(gpu))) :]
     host_rows = torch.tensor([s for _, s in host], dtype=torch.int64)
     gpu_rows = torch.tensor([b for _, b in gpu], dtype=torch.int64, device=runner.device)
-    snapshots = list(llm.scheduler.state_pool.snapshots.items()) if llm.scheduler.state_pool else []
+    state_pool = llm.scheduler.state_pool
+    snapshots = list(state_pool.snapshots.items()) if state_pool else []
     state_rows = torch.tensor([s for _, s in snapshots], dtype=torch.int64, device=runner.device)
+    host_snaps = []
+    if state_pool is not None and state_pool.host is not None:
+        pending = {slot for _, slot in state_pool.swap_out}
+        on_gpu = {h for h, _ in snapshots}
+        host_snaps = [
+            (h, s) for h, s in state_pool.host.slots.items() if s not in pending and h not in on_gpu
+        ]
+    host_state_rows = torch.tensor([s for _, s in host_snaps], dtype=torch.int64)
+    host_states = [h for _, h in runner.host_states.pairs] if runner.host_states is not None else []
 
     def rows(tensor: torch.Tensor, index: torch.Tensor):
         # a slice of rows at a time, so the file never needs the whole cache twice in memory
@@ -126,7 +137,12 @@ def save(llm, path: str) -> tuple[int, int]:
         for i, (dev_t, host_t) in enumerate(pairs)
     ]
     entries += [
-        Entry(f"state.{j}", t.dtype, (len(snapshots), *t.shape[1:]), rows(t, state_rows))
+        Entry(
+            f"state.{j}",
+            t.dtype,
+            (len(host_snaps) + len(snapshots), *t.shape[1:]),
+            chained(*([rows(host_states[j], host_state_rows)] if host_snaps else []), rows(t, state_rows)),
+        )
         for j, t in enumerate(state_tensors(runner))
     ]
     metadata = {
@@ -134,13 +150,13 @@ def save(llm, path: str) -> tuple[int, int]:
         "version": str(VERSION),
         "identity": json.dumps(identity(llm), sort_keys=True),
         "pages": ",".join(h.hex() for h, _ in [*host, *gpu]),
-        "snapshots": ",".join(h.hex() for h, _ in snapshots),
+        "snapshots": ",".join(h.hex() for h, _ in [*host_snaps, *snapshots]),
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     tmp = f"{path}.tmp"
     write(tmp, entries, metadata)
     os.replace(tmp, path)
-    return len(host) + len(gpu), len(snapshots)
+    return len(host) + len(gpu), len(host_snaps) + len(snapshots)
 
 
 def _metadata(path: Path) -> dict[str, str]:
@@ -215,15 +231,22 @@ def load(llm, path: str) -> tuple[str, bool]:
         rows = torch.tensor(slots, dtype=torch.int64)
         for name, (_, host_t) in zip(pages, runner.host_kv.pairs):
             host_t[rows] = f.get_slice(name)[first:]
+        # the newest snapshots into the GPU slots, those before them into the host tier
         room = state_pool.num_snapshots if state_pool is not None else 0
+        host_room = state_pool.host.num_slots if state_pool is not None and state_pool.host is not None else 0
         snap_first = max(0, len(snap_hashes) - room)
+        host_first = max(0, snap_first - host_room)
         snap_slots = [state_pool.new_snapshot(h) for h in snap_hashes[snap_first:]] if room else []
+        host_slots = [state_pool.host.put(h) for h in snap_hashes[host_first:snap_first]]
         rows = torch.tensor(snap_slots, dtype=torch.int64, device=runner.device)
-        for name, t in zip(states, state_tensors(runner)):
+        host_rows = torch.tensor(host_slots, dtype=torch.int64)
+        for j, (name, t) in enumerate(zip(states, state_tensors(runner))):
             t[rows] = f.get_slice(name)[snap_first:].to(runner.device)
+            if host_slots:
+                runner.host_states.pairs[j][1][host_rows] = f.get_slice(name)[host_first:snap_first]
     if state_pool is not None:
         state_pool.end_step()
-    snaps = f" and {len(snap_slots)} state snapshots" if state_pool is not None else ""
+    snaps = f" and {len(snap_slots) + len(host_slots)} state snapshots" if state_pool is not None else ""
     return (
         f"prefix cache file {path}: {len(slots):,} pages ({len(slots) * pool.block_size:,} tokens){snaps} "
         f"read into the host tier (written {meta.get('written', '?')})",

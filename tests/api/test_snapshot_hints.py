@@ -337,6 +337,7 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             text = httpx.get(f"{s.url}/metrics", timeout=30).text
             cached = r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
         assert metric(text, "ninfer_state_snapshots_total") == snapshots
+        assert metric(text, "ninfer_host_state_snapshots_total") == snapshots  # (by default as many)
         if (
             snapshots
         ):  # shared: the tool list's end (not the user turn's start); the prompt's end, the reply's
@@ -347,3 +348,11 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             assert cached > 0 and metric(text, "ninfer_prefix_cache_state_lost_tokens") < 16
         else:
             assert cached == 0 and metric(text, "ninfer_prefix_cache_state_lost_tokens") >= 64
+    # one GPU slot: a second conversation's snapshots send the first's to the host tier
+    with RunningServer(AsyncLLM(path, block_size=16, state_snapshots=1)) as s:
+        for system in (SYSTEM, "You answer in French. " + SYSTEM):
+            body["messages"][0]["content"] = system
+            assert httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        text = httpx.get(f"{s.url}/metrics", timeout=30).text
+    assert metric(text, "ninfer_host_state_snapshots_total") == 1
+    assert metric(text, "ninfer_host_state_snapshots_used") == 1

@@ -93,6 +93,12 @@ def test_serve_refuses_bad_flags():
     assert proc.stderr.count("\n") == 1
     proc = run_serve("--state-snapshots", "-1")
     assert proc.returncode == 2 and proc.stderr.strip() == "error: state_snapshots must be >= 0 (got -1)"
+    proc = run_serve("--host-state-snapshots", "-1")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: host_state_snapshots must be >= 0 (got -1)"
+    proc = run_serve("--no-enable-prefix-caching", "--host-state-snapshots", "4")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --host-state-snapshots keeps the prefix cache's state snapshots; it needs prefix caching on"
+    )
     proc = run_serve("--sleep-idle-seconds", "0")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (

@@ -142,10 +142,10 @@ def test_the_tier_never_changes_what_is_generated(tmp_path, arch):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would(device):
-    """HostKV.copy coalesces pages and slots that run on together (up or down) into one slice copy a
+    """HostTier.copy coalesces pages and slots that run on together (up or down) into one slice copy a
     tensor; the pages it moves are those a copy page by page moves, in both directions."""
     from engine.cache.kv_layout import KVCache
-    from engine.worker.host_kv import HostKV, page_runs
+    from engine.worker.host_kv import HostTier, page_runs, page_tensors
 
     assert page_runs([(7, 2), (5, 0), (6, 1), (9, 3), (10, 4), (3, 9)]) == [
         (3, 9, 1, 1),
@@ -158,7 +158,9 @@ def test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would(devic
     for c in caches:
         for t in (c.k_data, c.v_data, c.k_scale, c.v_scale):
             t.copy_(torch.randint(-100, 100, t.shape).to(t.dtype))
-    host = HostKV(caches, 6, torch.device(device))  # pinned on CUDA: the copies run asynchronously
+    host = HostTier(
+        page_tensors(caches), 6, torch.device(device), "--host-cache"
+    )  # pinned on CUDA: the copies run asynchronously
     out = [(2, 3), (3, 2), (4, 1), (9, 5), (0, 4), (10, 0)]  # a run down, and single pages
     host.copy(out, [])
     if device == "cuda":
@@ -184,9 +186,9 @@ def test_an_evicted_prefix_goes_out_and_comes_back_in_one_slice(qwen3_dir, monke
     from engine.worker import host_kv
 
     copies = []
-    real = host_kv.HostKV.copy
+    real = host_kv.HostTier.copy
     monkeypatch.setattr(
-        host_kv.HostKV,
+        host_kv.HostTier,
         "copy",
         lambda self, out, back: (
             (copies.append((out, back)) if out or back else None) or real(self, out, back)

@@ -1,0 +1,92 @@
+"""What the host tier's state snapshots (`--host-state-snapshots`) save an agent and its subagent at one
+request: the prompt tokens each turn computes, same process, side by side.
+
+A hybrid model (Qwen3.5) resumes a cached prefix only where it kept its recurrent state. An agent that
+hands a task to a subagent (Claude Code's Task tool) runs two conversations whose turns alternate, both
+after the same tool list: the main one (its system prompt with a session's environment block) and the
+subagent's (a system prompt of its own). Each turn's reply is rendered back as text, so a turn resumes at
+most where its conversation's last prompt ended. Their snapshots (the tool list's end, each prompt's end,
+each reply's last page, every 4,096 prompt tokens) outnumber the default 4 GPU slots at one request:
+
+    GPU slots only      --host-state-snapshots 0: the other conversation's snapshots evict a turn's
+    host tier           the default (as many as the GPU slots): those evicted are copied to host memory
+                        and back when their conversation's next turn comes
+
+The model is benchmarks/snapshot_hints.py's tiny random Qwen3.5 at a real layout's token counts (a byte
+tokenizer: a token a byte); tokens computed do not depend on the machine, which is why they are the figure.
+
+    python benchmarks/subagent_resume.py [--tools-tokens 10000] [--system-tokens 3000] [--turns 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+from pathlib import Path
+
+from snapshot_hints import CONFIG, TOOLS_FIRST, agent, ask_agent, words
+
+from engine import LLM
+
+
+def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, list[int]], int, int]:
+    """(tokens computed by turn, per conversation; prompt tokens computed again for want of a snapshot;
+    the host tier's snapshot slots)."""
+    llm = LLM(
+        f"dummy:{path}:bf16",
+        chat_template=str(template),
+        max_concurrency=1,
+        host_state_snapshots=host,
+        max_context=65536,
+        kv_capacity=131072,
+    )
+    rng = random.Random(0)
+    tools, stable, environment = agent(rng, args.tools_tokens, args.system_tokens)
+    conversations = {
+        "agent": [{"role": "system", "content": f"{stable}\n{environment('ada')}"}],
+        "subagent": [{"role": "system", "content": words(rng, args.system_tokens // 2)}],
+    }
+    computed: dict[str, list[int]] = {who: [] for who in conversations}
+    for conversation in conversations.values():
+        conversation.append({"role": "user", "content": words(rng, 200)})
+    for _ in range(args.turns):
+        for who, conversation in conversations.items():
+            n, _, reply = ask_agent(llm, tools, conversation, hinted=True)
+            computed[who].append(n)
+            conversation += [
+                {"role": "assistant", "content": llm.tokenizer.decode(reply)},
+                {"role": "user", "content": words(rng, args.result_tokens)},
+            ]
+    host_slots = llm.scheduler.state_pool.host.num_slots if llm.scheduler.state_pool.host else 0
+    return computed, llm.scheduler.num_state_lost_tokens, host_slots
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tools-tokens", type=int, default=10000)
+    ap.add_argument("--system-tokens", type=int, default=3000)
+    ap.add_argument("--result-tokens", type=int, default=1500, help="each tool result")
+    ap.add_argument("--turns", type=int, default=4, help="turns of each conversation, alternating")
+    args = ap.parse_args()
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    (folder / "template.jinja").write_text(TOOLS_FIRST)
+    print(
+        f"tiny Qwen3.5 (dummy weights, byte tokenizer), {args.tools_tokens:,}-token tool list, an agent and its "
+        f"subagent alternating {args.turns} turns each, {args.result_tokens:,}-token tool results; "
+        "max_concurrency 1, 4 GPU snapshot slots (the default), snapshots every 4,096 tokens"
+    )
+    print(
+        "| host tier | agent's turns: tokens computed | subagent's turns | computed again for want of a snapshot |"
+    )
+    print("|---|---|---|---|")
+    for label, host in (("off", 0), ("on (default)", None)):
+        computed, lost, slots = run(host, args, folder / "config.json", folder / "template.jinja")
+        agent_turns, sub_turns = (", ".join(f"{n:,}" for n in computed[who]) for who in ("agent", "subagent"))
+        print(f"| {label}, {slots} snapshots | {agent_turns} | {sub_turns} | {lost:,} |")
+
+
+if __name__ == "__main__":
+    main()
