@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import uuid
@@ -227,7 +229,7 @@ def chat_tools(body: dict) -> list[dict[str, Any]] | None:
             raise ApiError(400, f"tools[{i}].function needs a string 'name'", "tools")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", "tools")
-        out.append(tool)
+        out.append({k: v for k, v in tool.items() if k != "cache_control"})  # (a hint, not the model's)
     return out
 
 
@@ -409,6 +411,24 @@ def _text_replies_only(body: dict) -> None:
         )
 
 
+async def _snapshot_hints(
+    state: ServerState, body: dict, tools: list | None, kwargs: dict, text: str, ids: list[int]
+) -> tuple[int, ...]:
+    """Where the rendered prompt's tool list and `cache_control` prefixes end, in its tokens
+    (engine/api/snapshot_hints.py): for an engine that snapshots a recurrent state; none for the others,
+    which reuse any page anyway."""
+    if not state.engine.snapshots_enabled:
+        return ()
+
+    def render(cut: dict) -> str:  # a cut request as the prompt renders it
+        listed = chat_tools(cut) if tools is not None else None
+        return state.render_text(template_messages(cut["messages"])[0], listed, kwargs)
+
+    cuts = [functools.partial(render, snapshot_hints.cut(body, p)) for p in snapshot_hints.find_openai(body)]
+    renders = [*snapshot_hints.tool_list(state, tools, kwargs), *cuts]
+    return await asyncio.to_thread(snapshot_hints.hints, text, ids, renders, state.text_tokenizer())
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.ninfer
@@ -427,6 +447,7 @@ async def chat_completions(request: Request):
     if body.get("tool_choice") == "none":
         tools = None  # the model neither sees nor may call them
     kwargs = template_kwargs(body)
+    snapshot_hints.find_openai(body)  # each cache_control checked (engine/api/snapshot_hints.py)
     stream = field(body, "stream", bool, False)
     top_logprobs = _logprobs_settings(body)
     names = token_names(state, body)
@@ -456,9 +477,9 @@ async def chat_completions(request: Request):
         )
     rendered = len(ids)
     ids = truncated_prompt(body, ids, state.max_context, params.max_tokens)
-    # where the tool list ends (a truncated prompt's positions moved: none)
+    # where the tool list and the cache_control prefixes end (a truncated prompt's positions moved: none)
     cut = len(ids) < rendered
-    hints = () if cut else await snapshot_hints.after_tools(state, tools, kwargs, prompt_text, ids)
+    hints = () if cut else await _snapshot_hints(state, body, tools, kwargs, prompt_text, ids)
     usage_options = stream_usage(body, stream, [ids])
     max_calls = None if field(body, "parallel_tool_calls", bool, True) else 1
     in_reasoning = prompt_text.rstrip().endswith("<think>")

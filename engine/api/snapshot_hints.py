@@ -10,7 +10,8 @@ points where that guess misses:
 * Anthropic's `cache_control` marks (on a tool, a system block or a message's content block): the prompt
   up to and including the marked block, in the API's order (tools, system, messages), is a prefix the
   client means to send again; a mark between two system blocks splits a stable head from a per-session
-  tail.
+  tail. On chat completions, the same marks as OpenRouter and LiteLLM take them for Anthropic models (on a
+  tool, a message, or a message's content part: `find_openai`), which agents configured for those send.
 
 Each point is found in the rendered prompt, whatever the template: the request cut there (the tools alone;
 the request cut after the marked block) is rendered too, and the text the two renders share is the part
@@ -42,7 +43,7 @@ class Breakpoint:
     where: str  # "tools[2]", "system[1]", "messages[3].content[0]": the marked block, as errors name it
     section: str  # "tools", "system" or "messages"
     index: int  # the tool's, system block's or message's index
-    block: int = -1  # messages: the content block's index in the message
+    block: int = -1  # messages: the content block's index in the message (-1: the whole message)
 
 
 def find(body: dict) -> list[Breakpoint]:
@@ -65,13 +66,34 @@ def find(body: dict) -> list[Breakpoint]:
             if n:
                 found.append(Breakpoint(where, "messages", i, j))
                 marks += n
+    _at_most(marks)
+    return found
+
+
+def find_openai(body: dict) -> list[Breakpoint]:
+    """A chat completions request's breakpoints in prompt order: `cache_control` on a tool, on a message's
+    content part, or on a message itself (its whole content), each checked as `find` checks them."""
+    found: list[Breakpoint] = []
+    for i, tool in _items(body.get("tools")):
+        if _marked(tool, f"tools[{i}]"):
+            found.append(Breakpoint(f"tools[{i}]", "tools", i))
+    for i, message in _items(body.get("messages")):
+        for j, part in _items(message.get("content")):
+            if _marked(part, f"messages[{i}].content[{j}]"):
+                found.append(Breakpoint(f"messages[{i}].content[{j}]", "messages", i, j))
+        if _marked(message, f"messages[{i}]"):
+            found.append(Breakpoint(f"messages[{i}]", "messages", i))
+    _at_most(len(found))
+    return found
+
+
+def _at_most(marks: int) -> None:
     if marks > MAX_BREAKPOINTS:
         raise ApiError(
             400,
             f"at most {MAX_BREAKPOINTS} blocks may carry cache_control, and {marks} do; keep the marks on "
             "the prefixes you send again (the system prompt and tools, the latest messages) and drop the rest",
         )
-    return found
 
 
 def _items(value: Any) -> list[tuple[int, dict]]:
@@ -108,8 +130,9 @@ def cut(body: dict, point: Breakpoint) -> dict:
             "messages": [PLACEHOLDER],
         }
     message = body["messages"][point.index]
-    last = {**message, "content": message["content"][: point.block + 1]}
-    return {**body, "messages": [*body["messages"][: point.index], last]}
+    if point.block >= 0:
+        message = {**message, "content": message["content"][: point.block + 1]}
+    return {**body, "messages": [*body["messages"][: point.index], message]}
 
 
 def hints(

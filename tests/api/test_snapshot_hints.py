@@ -1,7 +1,7 @@
 """Snapshot hints from the HTTP routes (engine/api/snapshot_hints.py): where the tool list ends (every
-route with tools) and where each Anthropic `cache_control` mark's prefix ends, as the prompt position up to
-which the request cut there renders alike; a hybrid model resumes a new session there; malformed marks
-are 400s in a sentence."""
+route with tools) and where each `cache_control` mark's prefix ends (Anthropic's; on chat completions,
+OpenRouter's and LiteLLM's), as the prompt position up to which the request cut there renders alike; a
+hybrid model resumes a new session there; malformed marks are 400s in a sentence."""
 
 from __future__ import annotations
 
@@ -108,6 +108,69 @@ def test_no_hints_without_tools_or_marks_or_where_the_engine_keeps_no_snapshots(
     assert engine.snapshot_hints == [(), ()]
 
 
+def test_openai_format_marks_end_hints_on_a_tool_a_content_part_and_a_message():
+    """Chat completions with `cache_control` where OpenRouter and LiteLLM take it: on the first tool (its
+    hint past that tool, short of the next; the mark is not in the tool the template writes), on the first
+    of the system message's content parts (past its text, short of the next part's), and on a whole
+    message (past it, short of the next message)."""
+    engine = ScriptedEngine(["ok"])
+    engine.tokenizer = replace(engine.tokenizer, chat_template=TOOLS_FIRST)
+    tools = _openai_tools()
+    tools[0]["cache_control"] = MARK
+    system = [_marked({"type": "text", "text": SYSTEM * 4}), {"type": "text", "text": "\ncwd: /home/ada"}]
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Fix the failing test.", "cache_control": MARK},
+        {"role": "assistant", "content": "On it."},
+        {"role": "user", "content": "Go on."},
+    ]
+    body = {"model": "m", "max_tokens": 4, "tools": tools, "messages": messages}
+    with RunningServer(engine) as s:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    (tool_head, tool_tail), (listed, _), (system_head, system_tail), (user_head, user_tail) = _split(engine)
+    assert tool_head.endswith('"parameters": {}}') and tool_tail.startswith(
+        '}{"type": "function", "function": {"name": "grep"'
+    )
+    assert "cache_control" not in engine.tokenizer.decode(engine.prompt_ids[0])
+    assert listed.endswith("</tools>")
+    assert system_head.endswith(SYSTEM * 4) and system_tail.startswith("\ncwd: /home/ada")
+    # (the cut's generation prompt opens the assistant turn that follows it in the prompt)
+    assert user_head.endswith("Fix the failing test.<|im_end|>\n<|im_start|>assistant")
+    assert user_tail.lstrip().startswith("On it.")
+
+
+@pytest.mark.parametrize(
+    "where, mark, words",
+    [
+        (
+            "part",
+            {"type": "persistent"},
+            'messages[0].content[0].cache_control must be {"type": "ephemeral"}',
+        ),
+        ("message", {"type": "ephemeral", "ttl": "1d"}, "messages[0].cache_control.ttl must be '5m' or '1h'"),
+        ("tool", "yes", 'tools[0].cache_control must be {"type": "ephemeral"}'),
+        ("five", MARK, "at most 4 blocks may carry cache_control, and 5 do"),
+    ],
+)
+def test_a_malformed_openai_format_mark_is_a_400_that_names_it(where, mark, words):
+    engine = ScriptedEngine(["ok"])
+    part = {"type": "text", "text": SYSTEM} | ({"cache_control": mark} if where in ("part", "five") else {})
+    message = {"role": "system", "content": [part]} | ({"cache_control": mark} if where == "message" else {})
+    tools = [t | ({"cache_control": mark} if where in ("tool", "five") else {}) for t in _openai_tools()]
+    messages = [
+        message,
+        {"role": "user", "content": "hi", **({"cache_control": mark} if where == "five" else {})},
+    ]
+    if where == "five":
+        messages.append({"role": "assistant", "content": "ok", "cache_control": mark})
+    body = {"model": "m", "max_tokens": 4, "tools": tools, "messages": messages}
+    with RunningServer(engine) as s:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(words), r.text
+    assert engine.prompts == []
+
+
 def _openai_tools() -> list[dict]:
     return [
         {
@@ -207,10 +270,13 @@ def _session(client, system: list[dict], tools: list[dict], protocol: str):
     spec = [{"type": "function", "function": {**t, "parameters": t["input_schema"]}} for t in tools]
     for t in spec:
         t["function"].pop("input_schema"), t["function"].pop("cache_control", None)
-    messages = [
-        {"role": "system", "content": "\n\n".join(b["text"] for b in system)},
-        {"role": "user", "content": ask},
+    # the system blocks as content parts, their marks as OpenRouter takes them (the same text joined)
+    parts = [
+        {"type": "text", "text": ("\n\n" if i else "") + b["text"]}
+        | ({"cache_control": b["cache_control"]} if "cache_control" in b else {})
+        for i, b in enumerate(system)
     ]
+    messages = [{"role": "system", "content": parts}, {"role": "user", "content": ask}]
     return client.chat.completions.create(
         model="m", max_tokens=6, tools=spec, messages=messages, temperature=0
     )
@@ -264,12 +330,14 @@ def test_a_hybrid_resumes_a_new_session_after_the_tool_list(tmp_path, default_to
     assert listed > 64 and _cached(second) == listed // 16 * 16
 
 
+@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
 @pytest.mark.parametrize("marked", [True, False])
 def test_a_hybrid_resumes_at_a_mark_between_a_stable_head_and_a_per_session_tail(
-    tmp_path, default_tokenizer, marked
+    tmp_path, default_tokenizer, marked, protocol
 ):
-    """System blocks: a long stable head, then a per-session tail. Marked, the head's end is a hint and a
-    new session resumes there; unmarked, at the tool list's end. The reply is what a cold engine gives."""
+    """System blocks (on chat completions, content parts): a long stable head, then a per-session tail.
+    Marked, the head's end is a hint and a new session resumes there; unmarked, at the tool list's end.
+    The reply is what a cold engine gives."""
     path = _tools_first_model(tmp_path, default_tokenizer)
     head = {"type": "text", "text": SYSTEM * 8}
 
@@ -277,18 +345,20 @@ def test_a_hybrid_resumes_at_a_mark_between_a_stable_head_and_a_per_session_tail
         return [_marked(head) if marked else head, {"type": "text", "text": f"cwd: {cwd}"}]
 
     def client(s):
-        return anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
+        if protocol == "anthropic":
+            return anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
+        return openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
 
     with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        _session(client(s), system("/home/ada"), TOOLS, "anthropic")
-        second = _session(client(s), system("/home/bob"), TOOLS, "anthropic")
+        _session(client(s), system("/home/ada"), TOOLS, protocol)
+        second = _session(client(s), system("/home/bob"), TOOLS, protocol)
     with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        cold = _session(client(s), system("/home/bob"), TOOLS, "anthropic")
-    assert second.content == cold.content
+        cold = _session(client(s), system("/home/bob"), TOOLS, protocol)
+    assert _content(second) == _content(cold)
     listed = _prefix_tokens(default_tokenizer, system("/home/bob"), "</tools>")
     stable = _prefix_tokens(default_tokenizer, system("/home/bob"), SYSTEM.strip())
     assert stable // 16 > listed // 16 + 1
-    assert second.usage.cache_read_input_tokens == (stable if marked else listed) // 16 * 16
+    assert _cached(second) == (stable if marked else listed) // 16 * 16
 
 
 def test_token_position_counts_the_tokens_within_a_text_prefix(default_tokenizer):
