@@ -412,6 +412,18 @@ def save_tiny(model, path: Path, max_shard_size: str | None = None) -> Path:
     return path
 
 
+def random_prompt(n: int, seed: int) -> list[int]:
+    """n token ids of a tiny model's vocabulary, fixed by `seed`."""
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def same_output(a, b, tol: float = 1e-4) -> bool:
+    """The same tokens with log-probabilities within `tol` (outputs asked with logprobs=0): a cached or
+    copied prefix gives what computing it gave."""
+    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
+    return a.token_ids == b.token_ids and max(lp) < tol
+
+
 def hold_weights(model, held: dict[str, torch.Tensor]) -> None:
     """A transformers model's matrices set to `held`, named as a checkpoint names them (each expert's matrix
     a slice of transformers' stacked experts: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""

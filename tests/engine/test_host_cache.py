@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import random_prompt, same_output, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
 from engine.cache.block_pool import BlockPool
 from engine.cache.host_pool import HostPool
 
 GEN = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
-
-
-def _same(a, b) -> bool:
-    """The same tokens with the same log-probabilities (the copied KV is the computed one, bit for bit)."""
-    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
-    return a.token_ids == b.token_ids and max(lp) < 1e-4
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_host_pool_keeps_prefixes_in_lru_order_and_reserves_what_it_hands_back():
@@ -77,7 +67,7 @@ def qwen3_dir(tmp_path_factory):
 
 def _evict_and_return(llm: LLM) -> tuple[list, list]:
     """Request A, then B (its pages take A's), then A again: (A's first output, A's second)."""
-    a, b = _prompt(50, 1), _prompt(50, 2)
+    a, b = random_prompt(50, 1), random_prompt(50, 2)
     first = llm.generate(prompt_token_ids=a, sampling_params=GEN)[0]
     llm.generate(prompt_token_ids=b, sampling_params=GEN)
     again = llm.generate(prompt_token_ids=a, sampling_params=GEN)[0]
@@ -90,7 +80,7 @@ def test_a_prefix_evicted_to_host_memory_comes_back(qwen3_dir, kv_dtype):
     small = dict(kv_capacity=64, max_context=64, max_concurrency=1, kv_dtype=kv_dtype)
     first, again = _evict_and_return(LLM(qwen3_dir, **small, host_cache=1 << 20))
     assert first.num_cached_tokens == 0 and again.num_cached_tokens == 48
-    assert _same(again, first)
+    assert same_output(again, first)
     # without the tier the prefix is gone: computed again
     _, again = _evict_and_return(LLM(qwen3_dir, **small))
     assert again.num_cached_tokens == 0
@@ -101,7 +91,7 @@ def test_a_hybrid_prefix_comes_back_with_its_state_snapshot(tmp_path):
     small = dict(kv_capacity=64, max_context=64, max_concurrency=1, state_snapshots=8)
     llm = LLM(path, **small, host_cache=1 << 20)
     first, again = _evict_and_return(llm)
-    assert again.num_cached_tokens == 48 and _same(again, first)
+    assert again.num_cached_tokens == 48 and same_output(again, first)
     assert llm.scheduler.block_pool.stats.host_hits == 48
 
 
@@ -123,8 +113,8 @@ def test_the_tier_never_changes_what_is_generated(tmp_path, arch):
     """Twelve requests over three shared prefixes, two at a time through a pool too small for them
     (evictions, preemptions, hits in both tiers): every output equals the one without the tier."""
     path = save_tiny(tiny_hf_model(arch, tied=False, head_dim=32), tmp_path)
-    bases = [_prompt(40, 10 + i) for i in range(3)]
-    prompts = [bases[i % 3] + _prompt(5 + i, 20 + i) for i in range(12)]
+    bases = [random_prompt(40, 10 + i) for i in range(3)]
+    prompts = [bases[i % 3] + random_prompt(5 + i, 20 + i) for i in range(12)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
     small = dict(kv_capacity=112, max_context=64, max_concurrency=2, state_snapshots=4, prefill_chunk=32)
     outs = {}
@@ -137,7 +127,7 @@ def test_the_tier_never_changes_what_is_generated(tmp_path, arch):
             assert llm.scheduler.block_pool.stats.host_hits > 0 and llm.scheduler.num_preemptions > 0
     for pair_off, pair_on in zip(outs["off"], outs["on"]):
         for off, on in zip(pair_off, pair_on):
-            assert _same(on, off)
+            assert same_output(on, off)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -196,7 +186,7 @@ def test_an_evicted_prefix_goes_out_and_comes_back_in_one_slice(qwen3_dir, monke
     )
     llm = LLM(qwen3_dir, kv_capacity=64, max_context=64, max_concurrency=1, host_cache=1 << 20)
     first, again = _evict_and_return(llm)
-    assert again.num_cached_tokens == 48 and _same(again, first)
+    assert again.num_cached_tokens == 48 and same_output(again, first)
     (out, _), (_, back) = copies[0], copies[-1]
     assert len(out) == len(back) == 3  # A's three full pages
     assert len(host_kv.page_runs(out)) == len(host_kv.page_runs(back)) == 1
@@ -217,6 +207,8 @@ def test_reset_prefix_cache_forgets_both_tiers_and_the_snapshots(tmp_path, arch)
     if llm.scheduler.state_pool is not None:
         assert not llm.scheduler.state_pool.snapshots
     for seed in (1, 2):
-        out = llm.generate(prompt_token_ids=_prompt(50, seed), sampling_params=GEN)[0]
+        out = llm.generate(prompt_token_ids=random_prompt(50, seed), sampling_params=GEN)[0]
         assert out.num_cached_tokens == 0
-    assert _same(out, LLM(path, **small).generate(prompt_token_ids=_prompt(50, 2), sampling_params=GEN)[0])
+    assert same_output(
+        out, LLM(path, **small).generate(prompt_token_ids=random_prompt(50, 2), sampling_params=GEN)[0]
+    )

@@ -6,23 +6,13 @@ generated when it computed the prefix."""
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import random_prompt, same_output, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
 from engine.cache.state_pool import StatePool
 from engine.scheduler.output import SchedulerOutput
 
 GEN = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _same(a, b) -> bool:
-    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
-    return a.token_ids == b.token_ids and max(lp) < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +70,8 @@ def _conversations(llm: LLM) -> list[tuple[int, int, list[int]]]:
     hint); each turn's prompt renders the reply otherwise than the tokens generated (as a template that
     drops the thinking does), so it resumes at most where the turn before's prompt ended: per turn (prompt
     length, cached tokens, output)."""
-    tools = _prompt(40, 7)
-    convs = {"agent": tools + _prompt(50, 1), "sub": tools + _prompt(30, 2)}
+    tools = random_prompt(40, 7)
+    convs = {"agent": tools + random_prompt(50, 1), "sub": tools + random_prompt(30, 2)}
     rows = []
     for turn in range(4):
         for who in ("agent", "sub"):
@@ -91,7 +81,7 @@ def _conversations(llm: LLM) -> list[tuple[int, int, list[int]]]:
             while llm.has_unfinished_requests():
                 out = next((o for o, _ in llm.step() if o.finished), out)
             rows.append((len(prompt), out.num_cached_tokens, out))
-            convs[who] = prompt + [t + 1 for t in out.token_ids] + _prompt(30, 10 * turn + len(who))
+            convs[who] = prompt + [t + 1 for t in out.token_ids] + random_prompt(30, 10 * turn + len(who))
     return rows
 
 
@@ -110,14 +100,14 @@ def test_an_agent_and_its_subagent_each_resume_where_their_last_turn_ended(hybri
     assert off.scheduler.state_pool.host is None and off.runner.host_states is None
     without = _conversations(off)
     assert any(cached == 32 for _, cached, _ in without[2:]) and off.scheduler.num_state_lost_tokens > 0
-    assert all(_same(a, b) for (_, _, a), (_, _, b) in zip(with_host, without))
+    assert all(same_output(a, b) for (_, _, a), (_, _, b) in zip(with_host, without))
 
 
 def test_the_tier_never_changes_what_is_generated(hybrid):
     """Requests over three shared heads, two at a time, one GPU snapshot slot and eight host ones (resumes
     go through the host tier), sampled and greedy: every output equals a cold engine's."""
-    heads = [_prompt(40, 10 + i) for i in range(3)]
-    prompts = [heads[i % 3] + _prompt(5 + i, 20 + i) for i in range(12)]
+    heads = [random_prompt(40, 10 + i) for i in range(3)]
+    prompts = [heads[i % 3] + random_prompt(5 + i, 20 + i) for i in range(12)]
     params = [
         SamplingParams(max_tokens=6, temperature=t, seed=i, ignore_eos=True, logprobs=0)
         for i, t in enumerate([0.0, 0.9] * 6)
@@ -140,7 +130,7 @@ def test_the_tier_never_changes_what_is_generated(hybrid):
     assert sum(o.num_cached_tokens for pair in got for o in pair) > 0
     for i, pair in zip(range(0, 12, 2), got):
         for j, out in enumerate(pair):
-            assert _same(
+            assert same_output(
                 out, llm_ref.generate(prompt_token_ids=prompts[i + j], sampling_params=params[i + j])[0]
             )
 
@@ -175,13 +165,13 @@ def test_the_host_tiers_size(hybrid, tmp_path):
 def test_reset_and_a_failed_step_forget_the_host_tiers_snapshots(hybrid):
     llm = LLM(hybrid, kv_capacity=512, max_context=128, max_concurrency=1, state_snapshots=1)
     for seed in (1, 2, 3):
-        llm.generate(prompt_token_ids=_prompt(40, seed), sampling_params=GEN)
+        llm.generate(prompt_token_ids=random_prompt(40, seed), sampling_params=GEN)
     pool = llm.scheduler.state_pool
     assert pool.num_host_snapshots > 0
     llm.reset_prefix_cache()
     assert pool.num_host_snapshots == 0 and not pool.snapshots
     for seed in (1, 2):
-        llm.generate(prompt_token_ids=_prompt(40, seed), sampling_params=GEN)
+        llm.generate(prompt_token_ids=random_prompt(40, seed), sampling_params=GEN)
     assert pool.num_host_snapshots > 0
     # a step that failed while copying snapshots to or from the host tier: they may be half-written
     llm.scheduler.step_failed(SchedulerOutput([], [], state_swap_in=[(0, 1)]))
@@ -194,7 +184,7 @@ def test_the_prefix_cache_file_keeps_the_host_tiers_snapshots(hybrid, tmp_path):
     opts = dict(kv_capacity=512, max_context=128, max_concurrency=1, state_snapshots=1, host_cache=1 << 20)
     opts.update(host_state_snapshots=6, prefix_cache_file=str(tmp_path / "prefix.cache"))
     llm = LLM(hybrid, **opts)
-    prompts = [_prompt(40, seed) for seed in (1, 2, 3)]  # each snapshotted at its prompt's end (32)
+    prompts = [random_prompt(40, seed) for seed in (1, 2, 3)]  # each snapshotted at its prompt's end (32)
     want = [llm.generate(prompt_token_ids=p, sampling_params=GEN)[0] for p in prompts]
     assert len(llm.scheduler.state_pool.snapshots) == 1 and llm.scheduler.state_pool.num_host_snapshots == 2
     llm.save_prefix_cache()
@@ -203,4 +193,4 @@ def test_the_prefix_cache_file_keeps_the_host_tiers_snapshots(hybrid, tmp_path):
     assert len(pool.snapshots) == 1 and pool.num_host_snapshots == 2
     for prompt, out in zip(prompts, want):
         got = again.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-        assert got.num_cached_tokens == 32 and _same(got, out)
+        assert got.num_cached_tokens == 32 and same_output(got, out)

@@ -8,21 +8,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import random_prompt, same_output, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
 
 GEN = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _same(a, b) -> bool:
-    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
-    return a.token_ids == b.token_ids and max(lp) < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +41,7 @@ def _written(path, file, *batches, **extra):
 @pytest.mark.parametrize("arch,kv_dtype", [("qwen3", "auto"), ("qwen3", "k8v4"), ("qwen3_5", "auto")])
 def test_a_restart_starts_from_the_pages_the_last_run_left(models, tmp_path, arch, kv_dtype, caplog):
     file = tmp_path / "prefix.cache"
-    a, b = _prompt(50, 1), _prompt(70, 2)
+    a, b = random_prompt(50, 1), random_prompt(70, 2)
     _, (want,) = _written(models[arch], file, [a, b], kv_dtype=kv_dtype)
     assert file.exists() and not (tmp_path / "prefix.cache.tmp").exists()
     with caplog.at_level(logging.INFO, logger="ninfer"):
@@ -60,7 +50,7 @@ def test_a_restart_starts_from_the_pages_the_last_run_left(models, tmp_path, arc
     got = again.generate(prompt_token_ids=[a, b], sampling_params=GEN)
     # every full page but the prompt's last token's: 48 of 50, 64 of 70 (a hybrid's at its snapshots)
     assert [g.num_cached_tokens for g in got] == [48, 64]
-    assert all(_same(g, w) for g, w in zip(got, want))
+    assert all(same_output(g, w) for g, w in zip(got, want))
     assert again.scheduler.block_pool.stats.host_hits == 48 + 64
     # without the file: computed again
     cold = _llm(models[arch], tmp_path / "other.cache", kv_dtype=kv_dtype)
@@ -76,17 +66,17 @@ def test_a_restart_on_cuda(models, tmp_path, arch):
     """On a GPU the pages come from the device pool (and a hybrid's snapshots from its state slots) and go
     back through the pinned host tier: the same cached tokens and output as on the CPU path."""
     file = tmp_path / "prefix.cache"
-    a, b = _prompt(50, 1), _prompt(70, 2)
+    a, b = random_prompt(50, 1), random_prompt(70, 2)
     cuda = dict(device="cuda", dtype="float32")
     _, (want,) = _written(models[arch], file, [a, b], **cuda)
     got = _llm(models[arch], file, **cuda).generate(prompt_token_ids=[a, b], sampling_params=GEN)
     assert [g.num_cached_tokens for g in got] == [48, 64]
-    assert all(_same(g, w) for g, w in zip(got, want))
+    assert all(same_output(g, w) for g, w in zip(got, want))
 
 
 def test_a_file_of_another_layout_is_not_read_and_is_replaced(models, tmp_path, caplog):
     file = tmp_path / "prefix.cache"
-    a = _prompt(50, 1)
+    a = random_prompt(50, 1)
     _written(models["qwen3"], file, [a])
     with caplog.at_level(logging.INFO, logger="ninfer"):
         other = _llm(models["qwen3"], file, kv_dtype="int8")
@@ -109,7 +99,7 @@ def test_a_file_of_another_layout_is_not_read_and_is_replaced(models, tmp_path, 
 def test_the_newest_pages_are_kept_when_the_tier_is_smaller(models, tmp_path):
     """A host tier smaller than the file: the most recently used pages come back (the later prompt's)."""
     file = tmp_path / "prefix.cache"
-    a, b = _prompt(50, 1), _prompt(50, 2)
+    a, b = random_prompt(50, 1), random_prompt(50, 2)
     first, _ = _written(models["qwen3"], file, [a], [b])
     page = first.runner.host_kv.num_bytes // first.runner.host_kv.num_slots
     small = _llm(models["qwen3"], file, host_cache=3 * page)
@@ -138,7 +128,7 @@ def test_a_file_whose_index_does_not_match_its_pages_is_not_read(models, tmp_pat
     from safetensors.torch import load_file, save_file
 
     file = tmp_path / "prefix.cache"
-    a = _prompt(50, 1)
+    a = random_prompt(50, 1)
     _written(models["qwen3"], file, [a])
     with safe_open(str(file), "pt") as f:
         meta = f.metadata()

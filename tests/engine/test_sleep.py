@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_hf_model
+from conftest import random_prompt, same_output, save_tiny, tiny_hf_model
 
 from engine import LLM, NinferError, SamplingParams
 from engine.async_llm import AsyncLLM
@@ -22,15 +22,6 @@ from engine.worker.sleep import DeviceMemory
 
 GEN = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=0)
 SMALL = dict(max_context=256, kv_capacity=512, max_concurrency=2)
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _same(a, b) -> bool:
-    lp = [abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)]
-    return a.token_ids == b.token_ids and max(lp) < 1e-5
 
 
 class _Holder(torch.nn.Module):
@@ -89,7 +80,7 @@ def model_dir(request, tmp_path_factory):
 
 def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
     llm = LLM(model_dir, **SMALL)
-    prompt = _prompt(70, 1)
+    prompt = random_prompt(70, 1)
     first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     message = llm.sleep(1)
     assert (
@@ -101,29 +92,29 @@ def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
     assert all(c.k_data.untyped_storage().nbytes() == 0 for c in llm.runner.kv_caches)
     assert llm.sleep(2) == "already asleep (level 1); wake it first to sleep at level 2"
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the request wakes it
-    assert llm.sleep_level == 0 and again.num_cached_tokens == 64 and _same(again, first)
+    assert llm.sleep_level == 0 and again.num_cached_tokens == 64 and same_output(again, first, tol=1e-5)
     llm.sleep(2)
     assert llm.sleep_level == 2
     cold = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert cold.num_cached_tokens == 0 and _same(cold, first)
+    assert cold.num_cached_tokens == 0 and same_output(cold, first, tol=1e-5)
     assert llm.wake_up() == "awake"
 
 
 def test_a_model_asleep_leaves_another_model_of_the_process_be(model_dir):
     # both read the process's shared rotary tables, which a sleeping model must not free
     asleep, awake = LLM(model_dir, **SMALL), LLM(model_dir, **SMALL)
-    prompt = _prompt(30, 7)
+    prompt = random_prompt(30, 7)
     first = awake.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     asleep.sleep(1)
     again = awake.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert again.num_cached_tokens == 16 and _same(again, first)
+    assert again.num_cached_tokens == 16 and same_output(again, first, tol=1e-5)
 
 
 def test_sleep_is_refused_while_requests_run_or_wait_and_for_an_unknown_level(model_dir):
     llm = LLM(model_dir, **SMALL)
     with pytest.raises(NinferError, match="^sleep level 3 is not one of 1"):
         llm.sleep(3)
-    llm.add_request(_prompt(20, 2), GEN)
+    llm.add_request(random_prompt(20, 2), GEN)
     with pytest.raises(NinferError, match=r"^1 request\(s\) are running or waiting; sleep once they finish$"):
         llm.sleep(1)
     while llm.has_unfinished_requests():
@@ -133,7 +124,7 @@ def test_sleep_is_refused_while_requests_run_or_wait_and_for_an_unknown_level(mo
 
 def test_host_memory_too_short_refuses_sleep_and_changes_nothing(model_dir, monkeypatch):
     llm = LLM(model_dir, **SMALL)
-    prompt = _prompt(40, 3)
+    prompt = random_prompt(40, 3)
     first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     monkeypatch.setattr(sleep_module, "host_memory_free", lambda: 0)
     with pytest.raises(
@@ -142,12 +133,12 @@ def test_host_memory_too_short_refuses_sleep_and_changes_nothing(model_dir, monk
         llm.sleep(1)
     assert llm.sleep_level == 0
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert again.num_cached_tokens == 32 and _same(again, first)
+    assert again.num_cached_tokens == 32 and same_output(again, first, tol=1e-5)
 
 
 def test_a_wake_the_device_cannot_hold_stays_asleep_and_can_be_tried_again(model_dir, monkeypatch):
     llm = LLM(model_dir, **SMALL)
-    prompt = _prompt(40, 4)
+    prompt = random_prompt(40, 4)
     first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     llm.sleep(1)
     real, calls = sleep_module._bytes_of, []
@@ -166,7 +157,7 @@ def test_a_wake_the_device_cannot_hold_stays_asleep_and_can_be_tried_again(model
     assert llm.sleep_level == 1 and not llm.has_unfinished_requests()
     assert all(p.untyped_storage().nbytes() == 0 for p in llm.model.parameters())  # what was taken: freed
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the device has room now
-    assert llm.sleep_level == 0 and again.num_cached_tokens == 32 and _same(again, first)
+    assert llm.sleep_level == 0 and again.num_cached_tokens == 32 and same_output(again, first, tol=1e-5)
 
 
 def test_a_refused_request_does_not_wake_the_engine(model_dir):
@@ -203,11 +194,11 @@ def _wait_for_level(engine: AsyncLLM, level: int) -> None:
 def test_the_server_engine_sleeps_when_idle_and_the_next_request_wakes_it(model_dir):
     engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.3)
     try:
-        prompt = _prompt(40, 5)
+        prompt = random_prompt(40, 5)
         first = _generate(engine, prompt)
         _wait_for_level(engine, 1)
         again = _generate(engine, prompt)
-        assert again.num_cached_tokens == 32 and _same(again, first)
+        assert again.num_cached_tokens == 32 and same_output(again, first, tol=1e-5)
         _wait_for_level(engine, 1)  # asleep again, 0.3 s after that request
         assert asyncio.run(engine.wake_up()).startswith("awake in")
     finally:
@@ -224,12 +215,12 @@ def test_idle_sleep_falls_back_to_level_2_then_stays_awake_when_memory_is_short(
     monkeypatch.setattr(sleep_module, "host_memory_free", lambda: room)
     engine = AsyncLLM(model_dir, **SMALL, sleep_idle_seconds=0.2)
     try:
-        _generate(engine, _prompt(40, 6))
+        _generate(engine, random_prompt(40, 6))
         _wait_for_level(engine, 2)
         # no host memory now: waking needs none, the next sleep is refused once and not tried again
         monkeypatch.setattr(sleep_module, "host_memory_free", lambda: 0)
         with caplog.at_level(logging.WARNING, logger="ninfer"):
-            _generate(engine, _prompt(40, 6))
+            _generate(engine, random_prompt(40, 6))
             time.sleep(1.0)  # five idle periods
         assert engine.llm.sleep_level == 0 and engine.is_running
         assert sum("staying awake" in r.message for r in caplog.records) == 1
@@ -242,7 +233,7 @@ def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
     them, and the file keeps them: a shutdown asleep leaves it as it is, and the next start hits."""
     file = tmp_path / "prefix.cache"
     options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
-    prompt, other = _prompt(40, 8), _prompt(40, 11)
+    prompt, other = random_prompt(40, 8), random_prompt(40, 11)
     engine = AsyncLLM(model_dir, **options)
     first = _generate(engine, prompt)
     asyncio.run(engine.sleep(1))
@@ -250,14 +241,14 @@ def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
     assert engine.llm.sleep_level == 0 and file.exists()
     again = LLM(model_dir, **options)
     out = again.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert out.num_cached_tokens == 32 and _same(out, first)
+    assert out.num_cached_tokens == 32 and same_output(out, first, tol=1e-5)
     second = again.generate(prompt_token_ids=other, sampling_params=GEN)[0]  # new pages: written at level 2
     again.sleep(2)
     written = _stamp(file)
     again.save_prefix_cache()  # (what a shutdown does)
     assert again.sleep_level == 2 and _stamp(file) == written
     later = LLM(model_dir, **options).generate(prompt_token_ids=[prompt, other], sampling_params=GEN)
-    assert [o.num_cached_tokens for o in later] == [32, 32] and _same(later[1], second)
+    assert [o.num_cached_tokens for o in later] == [32, 32] and same_output(later[1], second, tol=1e-5)
 
 
 def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wake(
@@ -267,7 +258,7 @@ def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wak
     down later with nothing new cached, it leaves the file as it is, asleep."""
     file = tmp_path / "prefix.cache"
     options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
-    prompt = _prompt(40, 9)
+    prompt = random_prompt(40, 9)
     engine = AsyncLLM(model_dir, **options, sleep_idle_seconds=0.2)
     try:
         first = _generate(engine, prompt)
@@ -275,7 +266,7 @@ def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wak
         assert file.exists()
         # another process reading the file now (this one could crash asleep) starts from its pages
         out = LLM(model_dir, **options).generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-        assert out.num_cached_tokens == 32 and _same(out, first)
+        assert out.num_cached_tokens == 32 and same_output(out, first, tol=1e-5)
         written = _stamp(file)
     finally:
         with caplog.at_level(logging.INFO, logger="ninfer"):
@@ -288,7 +279,7 @@ def test_the_prefix_cache_file_is_written_again_only_when_the_cache_changed(mode
     file = tmp_path / "prefix.cache"
     options = dict(**SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
     llm = LLM(model_dir, **options)
-    llm.generate(prompt_token_ids=_prompt(40, 10), sampling_params=GEN)
+    llm.generate(prompt_token_ids=random_prompt(40, 10), sampling_params=GEN)
     llm.save_prefix_cache()
     written = _stamp(file)
     llm.save_prefix_cache()
@@ -299,7 +290,7 @@ def test_the_prefix_cache_file_is_written_again_only_when_the_cache_changed(mode
     again.reset_prefix_cache()  # forgotten: the file follows
     again.save_prefix_cache()
     assert _stamp(file) != written
-    cold = LLM(model_dir, **options).generate(prompt_token_ids=_prompt(40, 10), sampling_params=GEN)[0]
+    cold = LLM(model_dir, **options).generate(prompt_token_ids=random_prompt(40, 10), sampling_params=GEN)[0]
     assert cold.num_cached_tokens == 0
 
 
@@ -328,7 +319,7 @@ def test_start_up_says_what_sleeping_will_hold_and_warns_when_host_memory_cannot
 
 def test_a_host_allocation_that_fails_refuses_the_sleep_and_changes_nothing(model_dir, monkeypatch):
     llm = LLM(model_dir, **SMALL)
-    prompt = _prompt(40, 12)
+    prompt = random_prompt(40, 12)
     first = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     calls = []
 
@@ -345,4 +336,4 @@ def test_a_host_allocation_that_fails_refuses_the_sleep_and_changes_nothing(mode
         llm.sleep(1)
     assert llm.sleep_level == 0 and all(p.untyped_storage().nbytes() > 0 for p in llm.model.parameters())
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
-    assert again.num_cached_tokens == 32 and _same(again, first)
+    assert again.num_cached_tokens == 32 and same_output(again, first, tol=1e-5)
