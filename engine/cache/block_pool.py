@@ -178,9 +178,18 @@ class BlockPool:
             self.host.end_step()
 
     def register(self, block_id: int, block_hash: bytes) -> None:
-        """Name a page that now holds a full page of computed tokens."""
-        if not self.enable_prefix_caching or block_hash in self.cached:
-            return  # another request computed the same prefix first; keep that page
+        """Name a page that now holds a full page of computed tokens. A prefix another page names already
+        (computed again: a hybrid model's pages past its last snapshot, a request that wants prompt
+        log-probabilities) moves its name to this one: the pages a live request holds keep its prefix's
+        chain whole, where an older copy, named alone, could be evicted from under it (a prompt whose
+        first page another conversation's matched lost its whole cached prefix with that page)."""
+        if not self.enable_prefix_caching or self.cached.get(block_hash) == block_id:
+            return
+        old = self.cached.get(block_hash)
+        if old is not None:  # the same tokens: the same KV; the older copy is a plain page now
+            self.block_hash[old] = None
+            if old in self._free:
+                self._free.move_to_end(old, last=False)
         self.block_hash[block_id] = block_hash
         self.cached[block_hash] = block_id
         self.version += 1

@@ -194,3 +194,19 @@ def test_the_prefix_cache_file_keeps_the_host_tiers_snapshots(hybrid, tmp_path):
     for prompt, out in zip(prompts, want):
         got = again.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
         assert got.num_cached_tokens == 32 and same_output(got, out)
+
+
+def test_a_conversation_whose_first_page_another_matched_keeps_its_prefix(hybrid):
+    """A hybrid model computes a conversation's first page again when another prompt's matched it but no
+    snapshot did; once that other copy is evicted, the conversation's next turn still finds its whole
+    prefix (its own copy carries the name), not nothing."""
+    llm = LLM(hybrid, kv_capacity=256, max_context=256, max_concurrency=1)  # 16 pages
+    head = random_prompt(16, 1)  # one page shared by two conversations
+    llm.generate(prompt_token_ids=head + random_prompt(30, 2), sampling_params=GEN)
+    first = head + random_prompt(30, 3)
+    llm.generate(prompt_token_ids=first, sampling_params=GEN)
+    # 14 pages: the 8 never used, then the 6 oldest of the others: the first conversation's (the shared
+    # page among them), the second's last (partial) page
+    llm.generate(prompt_token_ids=random_prompt(212, 4), sampling_params=GEN)
+    again = llm.generate(prompt_token_ids=first + random_prompt(8, 5), sampling_params=GEN)[0]
+    assert again.num_cached_tokens == 32

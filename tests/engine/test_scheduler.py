@@ -230,6 +230,25 @@ def test_block_pool_refcounts_prefix_hits_and_lru_eviction():
     assert pool.lookup(hashes) == [a[0]]
 
 
+def test_a_prefix_computed_again_names_the_new_page_so_its_chain_survives_the_old_ones_eviction():
+    """A page registered for a prefix another page names already (a hybrid model computes pages past its
+    last snapshot again) takes the name: the old copy is a plain page, handed out first, and the new
+    request's chain stays whole when it is."""
+    pool = BlockPool(num_blocks=4, block_size=2)
+    h0, h1 = hash_blocks([5, 6, 7, 8], 2)
+    old = pool.allocate(1)
+    pool.register(old[0], h0)
+    pool.free(old)  # unreferenced, still named
+    new = pool.allocate(2)  # a second request computed both pages
+    pool.register(new[0], h0)
+    pool.register(new[1], h1)
+    pool.register(new[1], h1)  # (again: no change)
+    assert pool.lookup([h0, h1]) == new and pool.block_hash[old[0]] is None
+    pool.free(new)
+    assert pool.allocate(1) == old  # the plain copy goes first; the chain keeps both pages
+    assert pool.lookup([h0, h1]) == new
+
+
 def test_prefix_hit_skips_cached_pages_and_keeps_one_token_to_compute():
     s = make(num_blocks=16, block_size=4, prefix_caching=True)
     s.add_request(req("a", 12, max_tokens=1))
