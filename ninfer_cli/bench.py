@@ -61,6 +61,14 @@ def bench(
         ),
     ] = 0.0,
     repeat: Annotated[int, typer.Option(help="Runs per context x concurrency.")] = 3,
+    turns: Annotated[
+        int,
+        typer.Option(
+            help="With --scenario agent: requests per conversation. After the cold first, each adds the "
+            "model's tool call and a tool result (1,024 tokens) and sends the conversation again, as an agent "
+            "does; those rows give TTFT and the tokens the prefix cache served (default 1: cold only).",
+        ),
+    ] = 1,
     json_file: Annotated[Path | None, typer.Option("--json", help="Write every measurement here.")] = None,
     label: Annotated[str | None, typer.Option(help="Name of this run in tables and compare.")] = None,
     device: Annotated[str, typer.Option(help="In process: cpu or cuda.")] = "cpu",
@@ -111,6 +119,13 @@ def bench(
         raise NinferError(f"unknown --scenario '{scenario}'; use one of {', '.join(SCENARIOS)}")
     if gen < 2 or repeat < 1:
         raise NinferError("--gen must be at least 2 (tg needs two tokens) and --repeat at least 1")
+    if turns < 1:
+        raise NinferError(f"--turns is the requests of each conversation, 1 or more (got {turns})")
+    if turns > 1 and scenario != "agent":
+        raise NinferError(
+            f"--turns {turns} goes on with an agent's conversation (tool calls and results); add --scenario "
+            "agent, or leave --turns out"
+        )
     if not 0.0 <= temperature <= 2.0:
         raise NinferError(f"--temperature {temperature:g} is out of range; use 0 (greedy) up to 2")
     if json_file is not None:  # said now, not after the whole run
@@ -133,6 +148,7 @@ def bench(
             contexts,
             concurrencies,
             scenario,
+            turns,
             gen,
             temperature,
             repeat,
@@ -167,6 +183,7 @@ class _Options:
     contexts: tuple[int, ...]
     concurrencies: tuple[int, ...]
     scenario: str
+    turns: int
     gen: int
     temperature: float
     repeat: int
@@ -197,10 +214,11 @@ def _run(o: _Options) -> None:
     from engine.bench.roofline import ModelCost, cost_of_llm, matmul_weights, peaks_for
     from engine.bench.suite import BenchConfig, run_suite, summarise
     from engine.bench.telemetry import Telemetry
+    from engine.bench.workloads import TURN_TOKENS
     from engine.config import resolve_dtype
     from engine.errors import NinferError
 
-    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat, o.temperature)
+    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat, o.temperature, o.turns)
     flags = {
         "device": o.device,
         "dtype": resolve_dtype(o.dtype, o.device),  # as the engine runs it (auto: by the device)
@@ -231,14 +249,16 @@ def _run(o: _Options) -> None:
         from engine.models.loader import open_source
         from engine.rope_scaling import positions_phrase, stretch_hint
 
-        longest = max(o.contexts) + o.gen
+        grown = (o.turns - 1) * TURN_TOKENS  # each later agent turn's tool call and result
+        longest = max(o.contexts) + grown + o.gen
         config = open_source(o.model_path).config.with_rope_scaling_flag(o.rope_scaling)
         limit = config.position_limit
         if longest > limit:
             scaling, positions = config.rope_scaling, config.max_position_embeddings
+            turns = f" + {o.turns - 1} turns x {TURN_TOKENS}" if grown else ""
             raise NinferError(
-                f"--ctx {max(o.contexts)} + --gen {o.gen} = {longest} tokens is beyond the model's "
-                f"{positions_phrase(scaling, positions)}; use --ctx up to {limit - o.gen}"
+                f"--ctx {max(o.contexts)}{turns} + --gen {o.gen} = {longest} tokens is beyond the model's "
+                f"{positions_phrase(scaling, positions)}; use --ctx up to {limit - grown - o.gen}"
                 f"{stretch_hint(longest, scaling, positions)}"
             )
         llm = LLM(
@@ -308,6 +328,7 @@ def _run(o: _Options) -> None:
             "gen": o.gen,
             "repeat": o.repeat,
             "temperature": o.temperature,
+            "turns": o.turns,
         },
         "rows": rows,
         "records": records,

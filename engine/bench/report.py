@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 
 METRICS = ("pp", "tg")
+WARM_METRICS = ("tg", "ttft_s")  # an agent run's later turns: TTFT (lower is better) in place of pp
+LABELS = {"pp": "pp tok/s", "tg": "tg tok/s", "ttft_s": "TTFT s"}
+SHORT = {"pp": "pp", "tg": "tg", "ttft_s": "TTFT"}
 
 
 def _med(stats: dict | None) -> float | None:
@@ -36,10 +39,12 @@ def run_table(result: dict):
         title=f"ninfer bench: {result['label']}  ({_sampling(config)}; median (min-max) over "
         f"{config['repeat']} repeats)"
     )
+    turns = any(row.get("turn", 1) > 1 for row in result["rows"])
     for col, justify in [
         ("scenario", "left"),
         ("ctx", "right"),
         ("C", "right"),
+        *([("turn", "right"), ("cached / prompt", "right")] if turns else []),
         ("kind", "left"),
         ("pp tok/s", "right"),
         ("tg tok/s", "right"),
@@ -84,6 +89,7 @@ def run_table(result: dict):
             row["scenario"],
             f"{row['context']:,}",
             str(row["concurrency"]),
+            *([str(row.get("turn", 1)), _cached(row)] if turns else []),
             row["kind"],
             _cell(row.get("pp")),
             _cell(row.get("tg")),
@@ -97,18 +103,30 @@ def run_table(result: dict):
     return t
 
 
+def _cached(row: dict) -> str:
+    """A later agent turn's cached and prompt tokens (medians); "-" for a cold row."""
+    if row.get("turn", 1) == 1:
+        return "-"
+    cached, prompt = _med(row.get("cached_tokens")), _med(row.get("prompt_tokens"))
+    return f"? / {prompt:,.0f}" if cached is None else f"{cached:,.0f} / {prompt:,.0f}"
+
+
 def compare(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
-    """Side-by-side rows (A, B, B/A per metric and context) and the crossovers: where B's curve crosses A's."""
+    """Side-by-side rows (A, B, B/A per metric and context) and the crossovers: where B's curve crosses A's
+    (for TTFT, lower is better: the side whose TTFT falls below the other's overtakes)."""
 
     def index(result):
-        return {(r["scenario"], r["concurrency"], r["kind"], r["context"]): r for r in result["rows"]}
+        return {
+            (r["scenario"], r["concurrency"], r["kind"], r.get("turn", 1), r["context"]): r
+            for r in result["rows"]
+        }
 
     ia, ib = index(a), index(b)
-    series = sorted({k[:3] for k in ia} & {k[:3] for k in ib})
+    series = sorted({k[:4] for k in ia} & {k[:4] for k in ib})
     rows, crossovers = [], []
     for key in series:
-        contexts = sorted({k[3] for k in ia if k[:3] == key} & {k[3] for k in ib if k[:3] == key})
-        for metric in METRICS:
+        contexts = sorted({k[4] for k in ia if k[:4] == key} & {k[4] for k in ib if k[:4] == key})
+        for metric in METRICS if key[3] == 1 else WARM_METRICS:
             points = []
             for ctx in contexts:
                 va, vb = _med(ia[(*key, ctx)].get(metric)), _med(ib[(*key, ctx)].get(metric))
@@ -123,7 +141,7 @@ def compare(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
                     }
                 )
                 if va is not None and vb is not None:
-                    points.append((ctx, vb - va))
+                    points.append((ctx, (vb - va) if metric != "ttft_s" else (va - vb)))  # B ahead: > 0
             crossovers += _crossings(key, metric, points)
     return rows, crossovers
 
@@ -147,29 +165,38 @@ def _crossings(key, metric, points: list[tuple[int, float]]) -> list[dict]:
     return out
 
 
+def _series(key: tuple) -> str:
+    scenario, c, kind, turn = key
+    return f"{scenario}, C{c} {kind}" + (f", turn {turn}" if turn > 1 else "")
+
+
 def compare_tables(a: dict, b: dict):
     from rich.table import Table
 
     rows, crossovers = compare(a, b)
+    turns = any(r["series"][3] > 1 for r in rows)
     t = Table(title=f"A = {a['label']}   B = {b['label']}")
-    for col in ("scenario", "C", "kind", "metric", "ctx", "A tok/s", "B tok/s", "B/A"):
+    columns = ("scenario", "C", *(("turn",) if turns else ()), "kind", "metric", "ctx", "A", "B", "B/A")
+    for col in columns:
         t.add_column(col, justify="left" if col in ("scenario", "kind", "metric") else "right")
     for r in rows:
-        scenario, c, kind = r["series"]
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        scenario, c, kind, turn = r["series"]
+        digits = 2 if r["metric"] == "ttft_s" else 1
+        fmt = lambda v, d=digits: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
         t.add_row(
             scenario,
             str(c),
+            *((str(turn),) if turns else ()),
             kind,
-            r["metric"],
+            LABELS[r["metric"]],
             f"{r['context']:,}",
             fmt(r["a"]),
             fmt(r["b"]),
             "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
         )
     lines = [
-        f"{x['metric']} ({x['series'][0]}, C{x['series'][1]} {x['series'][2]}): {x['overtakes']} overtakes near "
-        f"{x['context']:,} tokens (between {x['between'][0]:,} and {x['between'][1]:,})"
+        f"{SHORT[x['metric']]} ({_series(x['series'])}): {x['overtakes']} overtakes near {x['context']:,} "
+        f"tokens (between {x['between'][0]:,} and {x['between'][1]:,})"
         for x in crossovers
     ] or ["no crossover: one side leads at every common context"]
     if _sampling(a["config"]) != _sampling(b["config"]):

@@ -6,6 +6,11 @@ inter-token latency p50 / p99 from the streamed chunks; cached tokens (any in a 
 reported by the server or its /metrics: UNPROVEN).
 Concurrency above 1: per-stream rows, and aggregate rows per repeat (sum of the streams' decoded tokens over
 the window from the first first-token to the last token; sum of prompt tokens over the slowest TTFT).
+
+Agent turns (`turns` > 1, the agent scenario): each conversation's later requests (engine/bench/workloads.py
+next_turn: a tool call and its result, TURN_TOKENS more) follow its cold first one; their rows (by turn)
+give TTFT and the prompt tokens the server took from its prefix cache (cached tokens expected there: pp,
+counted over a cached prompt, is left out).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from engine.bench.drivers import Timing
 from engine.bench.roofline import ModelCost, Peaks, roofline
 from engine.bench.telemetry import Telemetry
-from engine.bench.workloads import build
+from engine.bench.workloads import build, next_turn
 
 WARMUP_TOKENS, WARMUP_GEN = 128, 8
 UNPROVEN = (
@@ -40,6 +45,7 @@ class BenchConfig:
     gen: int = 256
     repeat: int = 3
     temperature: float = 0.0  # 0: greedy; above: each request sampled, seeded by its stream
+    turns: int = 1  # requests per conversation (agent): the cold first, then each with a turn more
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -94,12 +100,16 @@ def run_suite(
                 for _ in range(c):
                     seed += 1
                     prompts.append(build(cfg.scenario, ctx, driver.count, seed=seed))
-                for stream, t in enumerate(driver.run(prompts, cfg.gen, cfg.temperature)):
-                    rec = request_record(t, prompts[stream].tokens)
-                    rec.update(context=ctx, concurrency=c, repeat=r, stream=stream, scenario=cfg.scenario)
-                    rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)
-                    rec["telemetry_decode"] = telemetry.window(t.t_first, t.t_last)
-                    records.append(rec)
+                for turn in range(1, cfg.turns + 1):
+                    if turn > 1:
+                        prompts = [next_turn(p, turn, driver.count) for p in prompts]
+                    for stream, t in enumerate(driver.run(prompts, cfg.gen, cfg.temperature)):
+                        rec = request_record(t, prompts[stream].tokens)
+                        rec.update(context=ctx, concurrency=c, repeat=r, stream=stream, scenario=cfg.scenario)
+                        rec["turn"] = turn
+                        rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)
+                        rec["telemetry_decode"] = telemetry.window(t.t_first, t.t_last)
+                        records.append(rec)
     return records
 
 
@@ -111,11 +121,18 @@ def _stats(values: list[float | None]) -> dict | None:
 
 
 def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list[dict]:
-    """One row per (scenario, context, concurrency, kind): kind C1, or per-stream and aggregate above C1."""
+    """One row per (scenario, context, concurrency, turn, kind): kind C1, or per-stream and aggregate above
+    C1; turn 1 (the cold request) unless the run went on with agent turns."""
     rows = []
-    keys = sorted({(r["scenario"], r["context"], r["concurrency"]) for r in records})
-    for scenario, ctx, c in keys:
-        group = [r for r in records if (r["scenario"], r["context"], r["concurrency"]) == (scenario, ctx, c)]
+
+    def key(r: dict) -> tuple:
+        return r["scenario"], r["context"], r["concurrency"], r.get("turn", 1)
+
+    for scenario, ctx, c, turn in sorted({key(r) for r in records}):
+        group = [r for r in records if key(r) == (scenario, ctx, c, turn)]
+        if turn > 1:
+            rows.append(_warm_row(group, cost, peaks))
+            continue
         cached = sum(r["cached_tokens"] or 0 for r in group)
         unproven = any(r.get("cache_proof", "response") is None for r in group)
         errors = [r["error"] for r in group if r["error"]]
@@ -134,6 +151,7 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             "scenario": scenario,
             "context": ctx,
             "concurrency": c,
+            "turn": turn,
             "status": status,
             "prompt_off_by": off,
         }
@@ -159,6 +177,44 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             agg = {"pp": _stats(agg_pp), "tg": _stats(agg_tg)}
             rows.append({**base, "kind": "aggregate", **agg, **_roof(cost, peaks, ctx, agg, streams=c)})
     return rows
+
+
+def _warm_row(group: list[dict], cost: ModelCost | None, peaks: Peaks) -> dict:
+    """A later agent turn's row (its streams together): TTFT and the prompt tokens taken from the prefix
+    cache (the point of the turn: cached tokens are no fault here; none reported: the row says so)."""
+    first = group[0]
+    errors = [r["error"] for r in group if r["error"]]
+    unreported = any(r["cached_tokens"] is None for r in group)
+    status = "ok"
+    if errors:
+        status = f"INVALID: {errors[0]}"
+    elif any(r.get("woke") for r in group):
+        status = f"INVALID: {WOKE}"
+    elif unreported:
+        status = "the server reported no cached tokens for this turn (vLLM: --enable-prompt-tokens-details)"
+    per = {
+        "tg": _stats([r["tg"] for r in group]),
+        "ttft_s": _stats([r["ttft_s"] for r in group]),
+        "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
+        "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
+        "spec_acceptance": _stats([r.get("spec_acceptance") for r in group]),
+        "prompt_tokens": _stats([r["prompt_tokens"] for r in group]),
+        "cached_tokens": None if unreported else _stats([r["cached_tokens"] for r in group]),
+    }
+    per["telemetry"] = _telemetry(group)
+    kind = "C1" if first["concurrency"] == 1 else "stream"
+    return {
+        "scenario": first["scenario"],
+        "context": first["context"],
+        "concurrency": first["concurrency"],
+        "turn": first["turn"],
+        "status": status,
+        "prompt_off_by": [],
+        "kind": kind,
+        **per,
+        # (decode at the turn's depth)
+        **_roof(cost, peaks, int(per["prompt_tokens"]["median"]), {"tg": per["tg"]}),
+    }
 
 
 def _telemetry(group: list[dict]) -> dict | None:

@@ -8,6 +8,10 @@ Scenarios:
 One part of each prompt (the filler) is cut to length: its character count is searched (secant steps to
 bracket the target, then bisection) until the counted tokens of the whole chat prompt equal the target.
 `count` is the model's own tokenizer in process, or the server's count endpoint over HTTP.
+
+An agent conversation goes on turn by turn (`next_turn`, `ninfer bench --turns`): each turn appends the
+model's tool call and the tool's result, cut so the conversation grows by exactly TURN_TOKENS, and is sent
+again whole, as an agent sends it; the prefix cache should serve all but the new part.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import random
 import sysconfig
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,7 @@ from typing import Any
 from engine.errors import NinferError
 
 SCENARIOS = ("random", "coding", "agent")
+TURN_TOKENS = 1024  # what each agent turn after the first adds: a tool call and its result
 CODING_FILES = (
     "argparse.py",
     "inspect.py",
@@ -269,29 +275,59 @@ def build(scenario: str, target: int, count: Counter, seed: int = 0, nonce: str 
             f"a {scenario} prompt takes at least {base} tokens here (its messages and template); ask for "
             f"--ctx {base} or more (got {target})"
         )
+    n, c = _fit(tokens, target, base, sc.max_chars)
+    return Prompt(*sc.messages(n), c, nonce)
+
+
+def next_turn(prompt: Prompt, turn: int, count: Counter) -> Prompt:
+    """An agent conversation's request of `turn` (2, 3, ...): `prompt`, the one before, with the model's
+    tool call and the tool's result appended, the result cut so the whole counts TURN_TOKENS more tokens
+    (the nearest below where the tokenizer jumps); the same result for the same nonce and turn."""
+    results = "\n".join(_agent_results(zlib.crc32(f"{prompt.nonce}:{turn}".encode()), TURN_TOKENS * 8))
+    call = {
+        "id": f"call_turn_{turn}",
+        "type": "function",
+        "function": {"name": "grep", "arguments": json.dumps({"pattern": f"config_turn_{turn}"})},
+    }
+
+    def messages(n: int) -> Messages:
+        tool = {"role": "tool", "tool_call_id": call["id"], "content": results[:n]}
+        return [*prompt.messages, {"role": "assistant", "content": "", "tool_calls": [call]}, tool]
+
+    target = prompt.tokens + TURN_TOKENS
+    n, c = _fit(
+        lambda n: count(messages(n), prompt.tools), target, count(messages(0), prompt.tools), len(results)
+    )
+    return Prompt(messages(n), prompt.tools, c, prompt.nonce)
+
+
+def _fit(tokens: Callable[[int], int], target: int, base: int, limit: int) -> tuple[int, int]:
+    """The filler length n (0..`limit` characters) whose prompt counts `target` tokens, else the longest
+    below it, and its count: secant steps from `base` (the count at 0, at most the target) until the
+    target is bracketed or hit, then bisection."""
     lo, lo_count = 0, base  # lo_count <= target
     hi = None
-    n = min(sc.max_chars, max(1, (target - base) * 4))
-    for _ in range(12):  # secant steps until the target is bracketed or hit
+    n = min(limit, max(1, (target - base) * 4))
+    for _ in range(12):
         c = tokens(n)
         if c == target:
-            return Prompt(*sc.messages(n), c, nonce)
+            return n, c
         if c < target:
             lo, lo_count = n, c
-            if n == sc.max_chars:
+            if n == limit:
                 break
             rate = (c - base) / n if n and c > base else 0.25
-            n = min(sc.max_chars, n + max(1, int((target - c) / rate)))
+            n = min(limit, n + max(1, int((target - c) / rate)))
         else:
             hi = n
             break
-    while hi is not None and hi - lo > 1:  # bisection
+    while hi is not None and hi - lo > 1:
         mid = (lo + hi) // 2
         c = tokens(mid)
         if c == target:
-            return Prompt(*sc.messages(mid), c, nonce)
+            return mid, c
         if c < target:
             lo, lo_count = mid, c
         else:
             hi = mid
-    return Prompt(*sc.messages(lo), lo_count, nonce)
+    return lo, lo_count

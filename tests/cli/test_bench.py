@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from engine.bench.report import compare
 from engine.bench.telemetry import Telemetry
-from engine.bench.workloads import SCENARIOS, build
+from engine.bench.workloads import SCENARIOS, TURN_TOKENS, build, next_turn
 from ninfer_cli.main import app
 
 runner = CliRunner()
@@ -37,6 +37,48 @@ def test_prompts_hit_the_exact_token_count(default_tokenizer, scenario):
         assert p.messages[0]["content"].startswith(f"[bench {p.nonce}]")  # the nonce opens the prompt
     a, b = build(scenario, 300, count), build(scenario, 300, count)
     assert a.nonce != b.nonce
+
+
+def test_an_agents_next_turn_appends_a_tool_call_and_result_of_exactly_the_turns_tokens(default_tokenizer):
+    def count(messages, tools):
+        return len(default_tokenizer.encode_chat(messages, tools, True, enable_thinking=False))
+
+    first = build("agent", 700, count, seed=3)
+    second = next_turn(first, 2, count)
+    third = next_turn(second, 3, count)
+    for before, after in ((first, second), (second, third)):
+        assert after.tokens == before.tokens + TURN_TOKENS == count(after.messages, after.tools)
+        assert after.messages[: len(before.messages)] == before.messages and after.nonce == before.nonce
+        call, result = after.messages[len(before.messages) :]
+        assert call["role"] == "assistant" and call["tool_calls"][0]["id"] == result["tool_call_id"]
+    assert next_turn(first, 2, count) == second  # the same conversation for the same nonce and turn
+    assert next_turn(build("agent", 700, count, seed=3), 2, count).messages[-1] != second.messages[-1]
+
+
+def test_agent_turns_in_process_give_each_later_turn_its_ttft_and_cached_tokens(tmp_path):
+    """--turns 3: a cold first request (checked cold as ever), then two with a turn more each: their rows
+    give TTFT and the cached tokens, all the full pages of the request before (the embedded model reuses
+    any page)."""
+    out = tmp_path / "turns.json"
+    args = ("--ctx", "200", "--concurrency", "1,2", "--gen", "4", "--repeat", "1", "--scenario", "agent")
+    code, text = _run("bench", *args, "--turns", "3", "--json", str(out))
+    assert code == 0, text
+    assert "cached / prompt" in text and "turn" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["turns"] == 3
+    assert len(data["records"]) == 3 * (1 + 2)
+    for r in data["records"]:
+        assert r["prompt_tokens"] == 200 + (r["turn"] - 1) * TURN_TOKENS
+        before = 200 + (r["turn"] - 2) * TURN_TOKENS
+        assert r["cached_tokens"] == (0 if r["turn"] == 1 else before // 16 * 16)
+    rows = {(r["concurrency"], r["kind"], r["turn"]): r for r in data["rows"]}
+    assert set(rows) == {(1, "C1", t) for t in (1, 2, 3)} | {(2, "stream", t) for t in (1, 2, 3)} | {
+        (2, "aggregate", 1)
+    }
+    assert all(r["status"] == "ok" for r in data["rows"])
+    warm = rows[(1, "C1", 3)]
+    assert "pp" not in warm  # (a cached prompt's tokens over its TTFT: no prefill rate)
+    assert warm["cached_tokens"]["median"] == (200 + TURN_TOKENS) // 16 * 16 and warm["ttft_s"]["median"] > 0
 
 
 def test_in_process_table_and_json(tmp_path):
@@ -109,6 +151,16 @@ def test_against_a_real_ninfer_serve(tmp_path):
             assert r["context"] - 1 <= r["target_tokens"] <= r["context"]
             assert r["cached_tokens"] == 0 and r["generated"] == 6
         assert all(r["status"] == "ok" for r in data["rows"])
+        # an agent's second turn: the server's usage says what its prefix cache served
+        code, text = _run(
+            "bench", "--url", f"http://127.0.0.1:{port}", "--api-key", "k", "--ctx", "512", "--concurrency", "1",
+            "--gen", "4", "--repeat", "1", "--scenario", "agent", "--turns", "2", "--json", str(out),
+        )  # fmt: skip
+        assert code == 0, text
+        second = [r for r in json.loads(out.read_text())["records"] if r["turn"] == 2]
+        assert (
+            len(second) == 1 and second[0]["cached_tokens"] >= 496 and second[0]["cache_proof"] == "response"
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
@@ -304,6 +356,32 @@ def _synthetic(label, tg_by_ctx):
     return {"label": label, "rows": rows, "config": {"repeat": 1}}
 
 
+def test_compare_puts_later_turns_ttft_side_by_side_lower_ahead(tmp_path):
+    """An agent run's later turns are compared by TTFT (and tg), not pp; the side whose TTFT falls below
+    the other's overtakes."""
+
+    def run(label, ttft_by_ctx):
+        result = _synthetic(label, {c: 50 for c in ttft_by_ctx})
+        result["rows"] += [
+            {**row, "turn": 2, "pp": None, "ttft_s": {"min": t, "median": t, "max": t}}
+            for row, t in zip(result["rows"], ttft_by_ctx.values())
+        ]
+        return result
+
+    a = run("llama.cpp", {4096: 0.3, 65536: 0.5, 131072: 9.0})  # its cache misses at depth
+    b = run("ninfer", {4096: 0.4, 65536: 0.6, 131072: 0.7})
+    rows, crossings = compare(a, b)
+    assert {(r["series"][3], r["metric"]) for r in rows} == {(1, "pp"), (1, "tg"), (2, "tg"), (2, "ttft_s")}
+    (x,) = [x for x in crossings if x["metric"] == "ttft_s"]
+    assert x["overtakes"] == "B" and x["between"] == (65536, 131072) and x["series"][3] == 2
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    code, text = _run("bench", "compare", str(pa), str(pb))
+    assert code == 0, text
+    assert "TTFT (random, C1 C1, turn 2): B overtakes near" in text
+
+
 def test_compare_finds_the_crossover(tmp_path):
     # A falls fast with depth, B stays flat: B overtakes between 32K and 64K
     a = _synthetic("vllm", {4096: 110, 32768: 57, 65536: 38, 131072: 31})
@@ -465,6 +543,13 @@ def test_a_context_below_the_warm_up_prompt_runs():
         (["--url", "ftp://x"], "is not an http(s) URL"),
         (["--url", "http://127.0.0.1:9"], "cannot reach 127.0.0.1:9"),
         (["--gen", "1"], "--gen must be at least 2"),
+        (["--turns", "0"], "--turns is the requests of each conversation, 1 or more (got 0)"),
+        (["--turns", "2"], "--turns 2 goes on with an agent's conversation (tool calls and results); add"),
+        (
+            ["--ctx", "7k", "--gen", "256", "--turns", "2", "--scenario", "agent"],
+            "--ctx 7168 + 1 turns x 1024 + --gen 256 = 8448 tokens is beyond the model's 8192 positions "
+            "(max_position_embeddings); use --ctx up to 6912",
+        ),
         (["--temperature", "-0.5"], "--temperature -0.5 is out of range; use 0 (greedy) up to 2"),
         (["--json", "/no/such/folder/run.json"], "the folder /no/such/folder does not exist"),
         (["--json", "/tmp"], "--json /tmp is a directory; name a file in it"),
