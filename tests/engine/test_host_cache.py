@@ -33,11 +33,11 @@ def test_an_evicted_page_is_copied_out_only_when_it_named_its_prefix():
     pool = BlockPool(2, 4, host_slots=4)
     a, b = pool.allocate(2)
     pool.register(a, b"pa")
-    pool.register(b, b"pa")  # a second page with the same prefix: not named (a's is)
+    pool.register(b, b"pa")  # a second page with the same prefix takes the name: a is a plain page now
     pool.free([a, b])
     pool.allocate(2)
     swap_out, swap_in = pool.drain_swaps()
-    assert [blk for blk, _ in swap_out] == [a] and swap_in == []
+    assert [blk for blk, _ in swap_out] == [b] and swap_in == []
     assert pool.lookup_host([b"pa"]) == [b"pa"]
 
 
