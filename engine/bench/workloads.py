@@ -3,7 +3,8 @@
 Scenarios:
 * random: random English-like words;
 * coding: a long real source file (Python's own standard library, a fixed file list) and an edit request;
-* agent: a system prompt, tool definitions, and turns of tool calls with JSON results, then a question.
+* agent: a system prompt, tool definitions, and turns of tool calls with JSON results, then a question (the
+  nonce also opens the first tool's description, for templates that write the tools first).
 
 One part of each prompt (the filler) is cut to length: its character count is searched (secant steps to
 bracket the target, then bisection) until the counted tokens of the whole chat prompt equal the target.
@@ -159,6 +160,16 @@ TOOLS = [
     )
 ]
 Messages = list[dict[str, Any]]
+
+
+def _tools(head: str) -> list[dict]:
+    """TOOLS, the first one's description opening with the nonce: a template that writes the tools before
+    the system prompt (Qwen3.5's) must not open every agent prompt with the same cached tool list (a
+    server that snapshots a hybrid model's state at the tool list's end, as ninfer does, would serve it)."""
+    first = TOOLS[0]["function"]
+    return [{**TOOLS[0], "function": {**first, "description": head + first["description"]}}, *TOOLS[1:]]
+
+
 Counter = Callable[[Messages, list | None], int]
 
 
@@ -236,7 +247,7 @@ class Scenario:
                     "with an underscore so that it no longer does, and show the changed lines.",
                 },
             ], None
-        return self._agent_messages(head, filler), TOOLS
+        return self._agent_messages(head, filler), _tools(head)
 
     def _agent_messages(self, head: str, filler: str) -> Messages:
         msgs: Messages = [

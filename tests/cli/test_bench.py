@@ -39,6 +39,27 @@ def test_prompts_hit_the_exact_token_count(default_tokenizer, scenario):
     assert a.nonce != b.nonce
 
 
+def test_agent_prompts_differ_inside_the_tool_list_with_a_template_that_writes_it_first(default_tokenizer):
+    """Qwen3.5's template writes the tools before the system prompt: the nonce opens the first tool's
+    description too, so two cold agent prompts part inside the first tool, not after the whole list."""
+    from dataclasses import replace
+
+    tools_first = (
+        "<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}\n{% endfor %}"
+    )
+    tok = replace(default_tokenizer, chat_template=tools_first)
+
+    def count(messages, tools):
+        return len(tok.encode_chat(messages, tools, True, enable_thinking=False))
+
+    a, b = (build("agent", 600, count, seed=1) for _ in range(2))
+    ta, tb = (tok.apply_chat_template(p.messages, p.tools) for p in (a, b))
+    parted = next(i for i, (x, y) in enumerate(zip(ta, tb)) if x != y)
+    assert parted < ta.index('"name": "grep"') and a.nonce in ta[: ta.index('"name": "grep"')]
+    assert a.tools[1:] == b.tools[1:] and a.tools[0] != b.tools[0]
+
+
 def test_an_agents_next_turn_appends_a_tool_call_and_result_of_exactly_the_turns_tokens(default_tokenizer):
     def count(messages, tools):
         return len(default_tokenizer.encode_chat(messages, tools, True, enable_thinking=False))
