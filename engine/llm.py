@@ -158,8 +158,14 @@ class LLM:
             config.host_cache, config.host_state_snapshots, num_snapshots, state_slot
         )
         if state_host_slots:
-            self.runner.attach_host_states(state_host_slots)
-            state_pool.attach_host(state_host_slots)
+            try:
+                self.runner.attach_host_states(state_host_slots)
+                state_pool.attach_host(state_host_slots)
+            except NinferError as e:
+                if config.host_state_snapshots is not None:  # asked for: refused in its sentence
+                    raise
+                log.warning("%s; running without host-memory state snapshots", e)  # the default: said
+                state_host_slots = 0
         host_slots = 0
         if config.host_cache:
             kv_budget = config.host_cache - state_host_slots * state_slot

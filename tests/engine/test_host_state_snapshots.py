@@ -210,3 +210,24 @@ def test_a_conversation_whose_first_page_another_matched_keeps_its_prefix(hybrid
     llm.generate(prompt_token_ids=random_prompt(212, 4), sampling_params=GEN)
     again = llm.generate(prompt_token_ids=first + random_prompt(8, 5), sampling_params=GEN)[0]
     assert again.num_cached_tokens == 32
+
+
+def test_host_memory_that_cannot_be_had_turns_the_default_tier_off_and_refuses_one_asked_for(
+    hybrid, monkeypatch, caplog
+):
+    import logging
+
+    from engine.worker.model_runner import ModelRunner
+
+    def refuse(self, n):
+        raise NinferError(f"could not pin 0.1 GiB of host memory for --host-state-snapshots ({n})")
+
+    monkeypatch.setattr(ModelRunner, "attach_host_states", refuse)
+    small = dict(kv_capacity=256, max_context=128, max_concurrency=1)
+    with caplog.at_level(logging.WARNING, logger="ninfer"):
+        llm = LLM(hybrid, **small)
+    assert llm.scheduler.state_pool.host is None
+    assert any("running without host-memory state snapshots" in r.message for r in caplog.records)
+    assert llm.generate(prompt_token_ids=random_prompt(20, 1), sampling_params=GEN)[0].token_ids
+    with pytest.raises(NinferError, match="could not pin"):
+        LLM(hybrid, **small, host_state_snapshots=4)
