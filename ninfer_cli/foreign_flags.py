@@ -275,6 +275,20 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
             device = value(flag)  # llama.cpp's: none, or a backend device such as CUDA0
             gpu = device.lower() != "none"
             notes.append(f"{flag} {device} as --device {'cuda' if gpu else 'cpu'}")
+        elif flag in ("--cache-ram", "-cram", "--kv-offloading-size"):
+            # llama-server's host-RAM prompt cache (MiB; -1 no limit, 0 off), vLLM's KV offloading (GiB):
+            # the prefix cache's host tier
+            size = value(flag)
+            amount, unit = _number(flag, size), "M" if flag != "--kv-offloading-size" else "G"
+            if amount < 0:
+                raise NinferError(
+                    f"{flag} {size}: the host tier takes a size; give --host-cache SIZE (e.g. 16G)"
+                )
+            if amount > 0:
+                out += ["--host-cache", f"{size}{unit}"]
+                notes.append(f"{flag} {size} as --host-cache {size}{unit}")
+            else:
+                notes.append(f"{flag} 0 dropped: the host tier is off unless --host-cache is given")
         elif flag == "--cpu-offload-gb":
             size = value(flag)
             if _number(flag, size) > 0:
@@ -385,6 +399,9 @@ FOREIGN = {
     "--reasoning-format",
     *REFUSED,
     "--cpu-offload-gb",
+    "--cache-ram",
+    "-cram",
+    "--kv-offloading-size",
     "--block-size",
     "--pooling",
     "--model",

@@ -193,6 +193,15 @@ def test_more_of_what_vllm_and_llama_server_take():
     assert "--allow-credentials dropped: no cookies are read; pages send the API key" in notes
     assert translate(["--device", "none"])[0] == ["--device", "cpu"]
     assert translate(["--device", "cuda:1"]) == (["--device", "cuda:1"], [])  # ninfer's own
+    # llama-server's host-RAM prompt cache (MiB) and vLLM's KV offloading (GiB): the host tier
+    assert translate(["--cache-ram", "8192"]) == (
+        ["--host-cache", "8192M"],
+        ["--cache-ram 8192 as --host-cache 8192M"],
+    )
+    assert translate(["-cram", "0"])[0] == [] and translate(["--kv-offloading-size", "16"])[0] == [
+        "--host-cache",
+        "16G",
+    ]
 
 
 def test_reasoning_flags_turn_thinking_off_by_the_template_kwargs():
@@ -272,6 +281,7 @@ def test_llama_servers_mmproj_is_ninfers():
         (["--revision", "main"], "--revision: give MODEL as OWNER/NAME@COMMIT"),
         (["--mmproj-url", "https://x/v.gguf"], "--mmproj-url: download the mmproj first, pinned"),
         (["--cpu-offload-gb", "8"], "--cpu-offload-gb 8: ninfer keeps the whole model on the GPU"),
+        (["--cache-ram", "-1"], "--cache-ram -1: the host tier takes a size; give --host-cache SIZE"),
         (["--block-size", "32"], "--block-size 32: ninfer runs KV pages of 16 tokens"),
         (["--pooling", "mean"], "--pooling mean: ninfer runs last-token pooling"),
         (["--kv-cache-memory", "8G"], "size the KV pool in tokens with --kv-capacity N"),
