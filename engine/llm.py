@@ -285,8 +285,9 @@ class LLM:
                 "or 2 (weights held, KV pool and prefix cache dropped)"
             )
         if self._sleep_level:
-            deeper = "; wake it first to sleep at level 2" if level > self._sleep_level else ""
-            return f"already asleep (level {self._sleep_level}){deeper}"
+            if level > self._sleep_level:  # 1 -> 2 in place: no wake (its device memory may be taken)
+                return self._deepen_sleep()
+            return f"already asleep (level {self._sleep_level})"
         sched = self.scheduler
         busy = len(sched.running) + len(sched.waiting)
         if busy:
@@ -304,6 +305,28 @@ class LLM:
             f"asleep (level {level}): {format_bytes(memory.device_bytes)} of {self.engine_config.device} memory "
             f"given back, {format_bytes(memory.host_bytes)} held in host memory, in "
             f"{time.monotonic() - started:.1f} s; the next request wakes it"
+        )
+        log.info("%s", message)
+        return message
+
+    def _deepen_sleep(self) -> str:
+        """Asleep at level 1, to level 2: the KV pool's and states' host copies let go, the prefix cache
+        dropped. A prefix cache file is not written first (that takes the device awake, and its memory
+        may be another process's now): one that does not hold the latest cache is said."""
+        file = self.engine_config.prefix_cache_file
+        unwritten = file is not None and self._prefix_file_version != self.scheduler.block_pool.version
+        freed = self.runner.deepen_sleep()
+        self.reset_prefix_cache()
+        if self._prefix_file_version >= 0:  # not a change the file should follow: it keeps the cache
+            self._prefix_file_version = self.scheduler.block_pool.version
+        self._sleep_level = 2
+        note = (
+            f"; the latest prefix cache was not written to {file} (that takes the device awake)"
+            if unwritten
+            else ""
+        )
+        message = (
+            f"asleep (level 2): {format_bytes(freed)} of host memory freed, the prefix cache dropped{note}"
         )
         log.info("%s", message)
         return message

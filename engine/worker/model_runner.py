@@ -173,6 +173,12 @@ class ModelRunner:
         self.asleep = memory
         return memory
 
+    def deepen_sleep(self) -> int:
+        """Asleep holding the KV pool and recurrent states (level 1): let their host copies go (they come
+        back zeroed, as at level 2); the host bytes freed."""
+        assert self.asleep is not None, "not asleep"
+        return self.asleep.drop([*page_tensors(self.kv_caches), *self._state_tensors()])
+
     def wake(self) -> None:
         """The device memory back as it was, then the CUDA graphs captured again (the tensors moved)."""
         assert self.asleep is not None, "not asleep"

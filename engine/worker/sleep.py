@@ -151,6 +151,20 @@ class DeviceMemory:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def drop(self, tensors: Iterable[torch.Tensor]) -> int:
+        """While released: stop holding these tensors' bytes (they come back zeroed, as discarded ones do);
+        the host bytes let go."""
+        # (a released storage is resized to nothing: it is named by its StorageImpl, not its memory)
+        impls = {t.untyped_storage()._cdata for t in tensors}
+        freed = 0
+        for i, h in enumerate(self._storages):
+            if h.keep and h.storage._cdata in impls:
+                self._storages[i] = h._replace(keep=False)
+                freed += h.nbytes
+                if i < len(self._host):
+                    self._host[i] = None
+        return freed
+
     def restore(self) -> None:
         """Device memory for every storage again, holding its bytes (zeros for the discarded ones). When the
         device cannot give it (another process took the memory), what was taken is freed again and the

@@ -40,12 +40,8 @@ def test_sleep_then_a_request_wakes_the_server_with_its_prefix_cache(server):
     assert _sleeping(server) and httpx.get(f"{server.url}/props", headers=AUTH).json()["is_sleeping"] is True
     assert "ninfer_sleep_level 1.0" in httpx.get(f"{server.url}/metrics").text
     assert httpx.get(f"{server.url}/health").status_code == 200  # answered asleep, without waking
-    r = httpx.post(f"{server.url}/sleep?level=2", headers=AUTH)  # already asleep: the level it sleeps at
-    assert r.json() == {
-        "is_sleeping": True,
-        "level": 1,
-        "message": "already asleep (level 1); wake it first to sleep at level 2",
-    }
+    r = httpx.post(f"{server.url}/sleep?level=1", headers=AUTH)  # already asleep: the level it sleeps at
+    assert r.json() == {"is_sleeping": True, "level": 1, "message": "already asleep (level 1)"}
     assert _sleeping(server)
     again = _ask(server)
     assert not _sleeping(server)
@@ -61,6 +57,12 @@ def test_level_2_drops_the_prefix_cache(server):
     assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": True, "level": 2}
     r = httpx.post(f"{server.url}/wake_up", headers=AUTH)
     assert r.status_code == 200 and r.json()["message"].startswith("awake in ")
+    assert _ask(server).usage.prompt_tokens_details.cached_tokens == 0
+    # asleep at level 1 (as an idle server falls asleep), then level 2 asked for: deepened in place
+    _ask(server)
+    assert httpx.post(f"{server.url}/sleep?level=1", headers=AUTH).json()["level"] == 1
+    r = httpx.post(f"{server.url}/sleep?level=2", headers=AUTH).json()
+    assert r["level"] == 2 and "of host memory freed, the prefix cache dropped" in r["message"], r
     assert _ask(server).usage.prompt_tokens_details.cached_tokens == 0
 
 

@@ -90,7 +90,7 @@ def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
     )
     assert all(p.untyped_storage().nbytes() == 0 for p in llm.model.parameters())
     assert all(c.k_data.untyped_storage().nbytes() == 0 for c in llm.runner.kv_caches)
-    assert llm.sleep(2) == "already asleep (level 1); wake it first to sleep at level 2"
+    assert llm.sleep(1) == "already asleep (level 1)"
     again = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]  # the request wakes it
     assert llm.sleep_level == 0 and again.num_cached_tokens == 64 and same_output(again, first, tol=1e-5)
     llm.sleep(2)
@@ -98,6 +98,16 @@ def test_level_1_keeps_the_prefix_cache_and_level_2_drops_it(model_dir):
     cold = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
     assert cold.num_cached_tokens == 0 and same_output(cold, first, tol=1e-5)
     assert llm.wake_up() == "awake"
+    # asleep at level 1, then level 2: deepened in place (no wake): the KV pool's host copy let go
+    llm.sleep(1)
+    held, kv = llm.runner.asleep.host_bytes, llm.runner.kv_cache_bytes
+    deeper = llm.sleep(2)
+    assert llm.sleep_level == 2 and deeper.startswith("asleep (level 2): ") and llm.runner.asleep is not None
+    assert "of host memory freed, the prefix cache dropped" in deeper and "not written" not in deeper
+    assert held - llm.runner.asleep.host_bytes >= kv > 0
+    assert llm.sleep(1) == llm.sleep(2) == "already asleep (level 2)"
+    cold = llm.generate(prompt_token_ids=prompt, sampling_params=GEN)[0]
+    assert cold.num_cached_tokens == 0 and same_output(cold, first, tol=1e-5)
 
 
 def test_a_model_asleep_leaves_another_model_of_the_process_be(model_dir):
@@ -249,6 +259,20 @@ def test_the_prefix_cache_file_is_written_asleep(model_dir, tmp_path):
     assert again.sleep_level == 2 and _stamp(file) == written
     later = LLM(model_dir, **options).generate(prompt_token_ids=[prompt, other], sampling_params=GEN)
     assert [o.num_cached_tokens for o in later] == [32, 32] and same_output(later[1], second, tol=1e-5)
+
+
+def test_deepening_to_level_2_says_when_the_file_misses_the_latest_cache(model_dir, tmp_path):
+    """Asleep at level 1 by hand (no file written), then level 2: the cache is dropped without waking to
+    write it, and the message says the file does not hold it; after the file is written, it does not."""
+    file = tmp_path / "prefix.cache"
+    llm = LLM(model_dir, **SMALL, host_cache=1 << 20, prefix_cache_file=str(file))
+    llm.generate(prompt_token_ids=random_prompt(40, 8), sampling_params=GEN)
+    llm.sleep(1)
+    assert f"the latest prefix cache was not written to {file}" in llm.sleep(2) and not file.exists()
+    llm.generate(prompt_token_ids=random_prompt(40, 9), sampling_params=GEN)
+    llm.save_prefix_cache()
+    llm.sleep(1)
+    assert "not written" not in llm.sleep(2) and file.exists()
 
 
 def test_idle_sleep_writes_the_prefix_cache_file_first_and_shutdown_need_not_wake(
