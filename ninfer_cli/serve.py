@@ -342,21 +342,13 @@ def serve(
     app = create_app(state)
     log.info("serving %s on %s://%s:%d (%s)", name, scheme, host, port, engine.llm.description)
     log.info("%s", startup_summary(engine, time.monotonic() - started))
-    host_kv = engine.llm.runner.host_kv
-    if host_kv is not None:
-        log.info(
-            "host cache: %d KV pages (%.1f GiB) for prefixes evicted from the GPU pool",
-            host_kv.num_slots,
-            host_kv.num_bytes / 2**30,
-        )
-    host_states = engine.llm.runner.host_states
-    if host_states is not None:
-        log.info(
-            "host cache: %d state snapshots (%.1f GiB) for those evicted from the %d GPU slots",
-            host_states.num_slots,
-            host_states.num_bytes / 2**30,
-            engine.llm.scheduler.state_pool.num_snapshots,
-        )
+    runner = engine.llm.runner
+    for tier, what in (
+        (runner.host_kv, "KV pages ({:.1f} GiB) for prefixes evicted from the GPU pool"),
+        (runner.host_states, "state snapshots ({:.1f} GiB) for those evicted from the GPU slots"),
+    ):
+        if tier is not None:
+            log.info("host cache: %d %s", tier.num_slots, what.format(tier.num_bytes / 2**30))
     if config.sleep_idle_seconds is not None:
         log.log(*sleep_summary(engine.llm, config.sleep_idle_seconds))
     if engine.llm.draft_model is not None:
