@@ -1,21 +1,23 @@
-"""What the host tier's state snapshots (`--host-state-snapshots`) save an agent and its subagent at one
+"""What the host tier's state snapshots (`--host-state-snapshots`) save an agent and its subagents at one
 request: the prompt tokens each turn computes, same process, side by side.
 
 A hybrid model (Qwen3.5) resumes a cached prefix only where it kept its recurrent state. An agent that
-hands a task to a subagent (Claude Code's Task tool) runs two conversations whose turns alternate, both
-after the same tool list: the main one (its system prompt with a session's environment block) and the
+hands tasks to subagents (Claude Code's Task tool) runs conversations whose turns alternate, all after
+the same tool list: the main one (its system prompt with a session's environment block) and each
 subagent's (a system prompt of its own). Each turn's reply is rendered back as text, so a turn resumes at
 most where its conversation's last prompt ended. Their snapshots (the tool list's end, each prompt's end,
 each reply's last page, every 4,096 prompt tokens) outnumber the default 4 GPU slots at one request:
 
-    GPU slots only      --host-state-snapshots 0: the other conversation's snapshots evict a turn's
-    host tier           the default (as many as the GPU slots): those evicted are copied to host memory
-                        and back when their conversation's next turn comes
+    off                 --host-state-snapshots 0: the other conversations' snapshots evict a turn's
+    4                   as many as the GPU slots: those evicted are copied to host memory and back when
+                        their conversation's next turn comes (interval points are not kept there)
+    default             twice the GPU slots (8 at one request)
 
 The model is benchmarks/snapshot_hints.py's tiny random Qwen3.5 at a real layout's token counts (a byte
 tokenizer: a token a byte); tokens computed do not depend on the machine, which is why they are the figure.
 
-    python benchmarks/subagent_resume.py [--tools-tokens 10000] [--system-tokens 3000] [--turns 4]
+    python benchmarks/subagent_resume.py [--subagents 2] [--tools-tokens 10000] [--system-tokens 3000]
+                                         [--turns 4]
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, l
     )
     rng = random.Random(0)
     tools, stable, environment = agent(rng, args.tools_tokens, args.system_tokens)
-    conversations = {
-        "agent": [{"role": "system", "content": f"{stable}\n{environment('ada')}"}],
-        "subagent": [{"role": "system", "content": words(rng, args.system_tokens // 2)}],
-    }
+    conversations = {"agent": [{"role": "system", "content": f"{stable}\n{environment('ada')}"}]}
+    for i in range(args.subagents):
+        system = words(rng, args.system_tokens // (2 + i))
+        conversations[f"subagent {i + 1}"] = [{"role": "system", "content": system}]
     computed: dict[str, list[int]] = {who: [] for who in conversations}
     for conversation in conversations.values():
         conversation.append({"role": "user", "content": words(rng, 200)})
@@ -65,6 +67,7 @@ def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, l
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--subagents", type=int, default=2, help="subagents alternating with the agent")
     ap.add_argument("--tools-tokens", type=int, default=10000)
     ap.add_argument("--system-tokens", type=int, default=3000)
     ap.add_argument("--result-tokens", type=int, default=1500, help="each tool result")
@@ -74,18 +77,20 @@ def main() -> None:
     (folder / "config.json").write_text(json.dumps(CONFIG))
     (folder / "template.jinja").write_text(TOOLS_FIRST)
     print(
-        f"tiny Qwen3.5 (dummy weights, byte tokenizer), {args.tools_tokens:,}-token tool list, an agent and its "
-        f"subagent alternating {args.turns} turns each, {args.result_tokens:,}-token tool results; "
-        "max_concurrency 1, 4 GPU snapshot slots (the default), snapshots every 4,096 tokens"
+        f"tiny Qwen3.5 (dummy weights, byte tokenizer), {args.tools_tokens:,}-token tool list, an agent and "
+        f"{args.subagents} subagents alternating {args.turns} turns each, {args.result_tokens:,}-token tool "
+        "results; max_concurrency 1, 4 GPU snapshot slots (the default), snapshots every 4,096 tokens"
     )
     print(
-        "| host tier | agent's turns: tokens computed | subagent's turns | computed again for want of a snapshot |"
+        "| host tier | conversation | tokens computed by turn | all: computed again for want of a snapshot |"
     )
     print("|---|---|---|---|")
-    for label, host in (("off", 0), ("on (default)", None)):
+    for label, host in (("off", 0), ("4 snapshots", 4), ("default", None)):
         computed, lost, slots = run(host, args, folder / "config.json", folder / "template.jinja")
-        agent_turns, sub_turns = (", ".join(f"{n:,}" for n in computed[who]) for who in ("agent", "subagent"))
-        print(f"| {label}, {slots} snapshots | {agent_turns} | {sub_turns} | {lost:,} |")
+        for i, (who, turns) in enumerate(computed.items()):
+            name = f"{label} ({slots} snapshots)" if label == "default" else label
+            tail = f"{lost:,}" if i == 0 else ""
+            print(f"| {name if i == 0 else ''} | {who} | {', '.join(f'{n:,}' for n in turns)} | {tail} |")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ intervals) would otherwise push them out within a few of its turns.
 
 A host tier (`host_slots`, engine/cache/host_pool.py) keeps evicted snapshots in host memory, named by the
 same hash: a later request that resumes there (an agent's turn after its subagent's turns took every GPU
-slot) has the snapshot copied back into a GPU snapshot slot and restores from it. As with KV pages the tiers
+slot) has the snapshot copied back into a GPU snapshot slot and restores from it. Only those where a
+conversation resumes go there (`keep_evicted`: a prompt's end, a turn's start, a hint, a reply's last
+page), not the interval points, which only a prompt departing there would need. As with KV pages the tiers
 are exclusive, and the copies run at the start of the step, before its forward: `swap_out` (GPU snapshot
 slot, host slot) first, then `swap_in` (host slot, GPU snapshot slot), then the restores. So a snapshot taken
 back claims a GPU slot nothing reads this step (`_victim(idle_only=True)`), while an ordinary save, written
@@ -44,6 +46,7 @@ class StatePool:
         self._written: set[int] = set()  # of those, the ones it writes
         self._fresh: set[bytes] = set()  # snapshots saved by the step being scheduled (not written yet)
         self._shared: set[bytes] = set()  # snapshots of prefixes other conversations share, evicted last
+        self._no_host: set[bytes] = set()  # snapshots not copied to the host tier when evicted
         self.attach_host(host_slots)
         self.swap_out: list[tuple[int, int]] = []  # this step's (snapshot slot, host slot) copies
         self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, snapshot slot) copies
@@ -82,7 +85,7 @@ class StatePool:
             self._pinned.add(slot)
         return slot
 
-    def new_snapshot(self, prefix_hash: bytes, shared: bool = False) -> int | None:
+    def new_snapshot(self, prefix_hash: bytes, shared: bool = False, keep_evicted: bool = True) -> int | None:
         """A snapshot slot to save the state at this prefix into; None when one exists or none is free.
         `shared`: a prefix other conversations will resume from (evicted last; one that exists becomes so)."""
         if self.num_snapshots == 0 or prefix_hash in self.snapshots:
@@ -94,6 +97,8 @@ class StatePool:
             return None
         self._name(slot, prefix_hash, shared)
         self._fresh.add(prefix_hash)  # (its state is there only after the step's forward)
+        if not keep_evicted:
+            self._no_host.add(prefix_hash)
         return slot
 
     def in_host(self, prefix_hash: bytes) -> bool:
@@ -129,7 +134,9 @@ class StatePool:
             return None
         slot = self.snapshots.pop(victim)
         self._shared.discard(victim)
-        host_slot = self.host.put(victim) if self.host is not None else None
+        keep = self.host is not None and victim not in self._no_host
+        self._no_host.discard(victim)
+        host_slot = self.host.put(victim) if keep else None
         if host_slot is not None:
             # NOTE: a host slot this step already writes (a tier smaller than a step's evictions) is
             # written once, by the newest: the earlier copy is dropped, as its name was
@@ -165,6 +172,7 @@ class StatePool:
         if slot is not None and slot not in self._pinned:
             self._free_snapshots.append(slot)
             self._shared.discard(prefix_hash)
+            self._no_host.discard(prefix_hash)
         elif slot is not None:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
 
@@ -173,6 +181,7 @@ class StatePool:
         it ends)."""
         for prefix_hash in list(self.snapshots):
             self.drop_snapshot(prefix_hash)
+        self._no_host.intersection_update(self.snapshots)
         if self.host is not None:
             self.host.clear()
 

@@ -454,7 +454,16 @@ class Scheduler:
             # an eviction would otherwise take from another snapshot, e.g. its prompt's end)
             self.state_pool.drop_snapshot(req.rolling_snapshot)
             req.rolling_snapshot = None
-        slot = self.state_pool.new_snapshot(prefix_hash, shared=in_prompt and end in self._shared_points(req))
+        # an interval point alone (not the prompt's end, a turn's start or a hint) is where a conversation
+        # resumes only when a later prompt departs from it there: not worth host memory once evicted
+        resumes = not in_prompt or end in (
+            req.num_prompt_tokens // self.block_size * self.block_size,
+            *self._turn_points(req),
+            *self._hint_points(req),
+        )
+        slot = self.state_pool.new_snapshot(
+            prefix_hash, shared=in_prompt and end in self._shared_points(req), keep_evicted=resumes
+        )
         if slot is None:
             return
         state_saves.append((req.state_slot, slot))

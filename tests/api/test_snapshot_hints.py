@@ -407,7 +407,7 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             text = httpx.get(f"{s.url}/metrics", timeout=30).text
             cached = r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
         assert metric(text, "ninfer_state_snapshots_total") == snapshots
-        assert metric(text, "ninfer_host_state_snapshots_total") == snapshots  # (by default as many)
+        assert metric(text, "ninfer_host_state_snapshots_total") == 2 * snapshots  # (by default twice)
         if (
             snapshots
         ):  # shared: the tool list's end (not the user turn's start); the prompt's end, the reply's
@@ -424,5 +424,5 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             body["messages"][0]["content"] = system
             assert httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
         text = httpx.get(f"{s.url}/metrics", timeout=30).text
-    assert metric(text, "ninfer_host_state_snapshots_total") == 1
-    assert metric(text, "ninfer_host_state_snapshots_used") == 1
+    assert metric(text, "ninfer_host_state_snapshots_total") == 2
+    assert 1 <= metric(text, "ninfer_host_state_snapshots_used") <= 2  # the first's, evicted

@@ -65,6 +65,18 @@ def test_a_full_host_tier_gives_a_snapshot_back_before_it_takes_another_and_writ
     assert two.drain_swaps() == ([(s2, 0)], []) and set(two.host.slots) == {b"b"}
 
 
+def test_a_snapshot_no_conversation_resumes_at_is_not_kept_in_host_memory():
+    """An interval point alone (keep_evicted=False) is dropped when evicted; the others go to host memory."""
+    pool = StatePool(1, 1, host_slots=2)
+    pool.new_snapshot(b"interval", keep_evicted=False)
+    pool.end_step()
+    pool.new_snapshot(b"prompt end")
+    assert pool.drain_swaps() == ([], []) and pool.num_host_snapshots == 0
+    pool.end_step()
+    pool.new_snapshot(b"next")
+    assert len(pool.drain_swaps()[0]) == 1 and set(pool.host.slots) == {b"prompt end"}
+
+
 def _conversations(llm: LLM) -> list[tuple[int, int, list[int]]]:
     """An agent and its subagent at one request, their turns in turn, both after the same tool list (a
     hint); each turn's prompt renders the reply otherwise than the tokens generated (as a template that
@@ -91,7 +103,7 @@ def test_an_agent_and_its_subagent_each_resume_where_their_last_turn_ended(hybri
     resumes from the tool list only; with it each turn after the first resumes at its last prompt's end."""
     small = dict(kv_capacity=2048, max_context=1024, max_concurrency=1)
     on = LLM(hybrid, **small)
-    assert on.scheduler.state_pool.host.num_slots == on.scheduler.state_pool.num_snapshots == 4
+    assert on.scheduler.state_pool.host.num_slots == 2 * on.scheduler.state_pool.num_snapshots == 8
     with_host = _conversations(on)
     assert on.scheduler.num_state_lost_tokens == 0
     for (before, _, _), (_, cached, _) in zip(with_host, with_host[2:]):
@@ -137,9 +149,9 @@ def test_the_tier_never_changes_what_is_generated(hybrid):
 
 def test_the_host_tiers_size(hybrid, tmp_path):
     small = dict(kv_capacity=256, max_context=128, max_concurrency=1)
-    llm = LLM(hybrid, **small, state_snapshots=3)
+    llm = LLM(hybrid, **small, state_snapshots=3)  # twice as many in host memory
     slot = llm.runner.state_slot_bytes
-    assert llm.runner.host_states.num_slots == 3 and llm.runner.host_states.num_bytes == 3 * slot
+    assert llm.runner.host_states.num_slots == 6 and llm.runner.host_states.num_bytes == 6 * slot
     # with --host-cache: an eighth of it, the rest KV pages
     llm = LLM(hybrid, **small, host_cache=64 * slot)
     assert llm.runner.host_states.num_slots == 8
