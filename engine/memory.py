@@ -156,6 +156,16 @@ def activation_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
     return (2 * h + max(attention, mlp, linear)) * dtype_bytes
 
 
+def host_state_snapshots(dep: Deployment) -> tuple[int, int]:
+    """Host memory beside the ledger: (snapshots, bytes) of the host tier a hybrid model's state snapshots
+    are evicted to by default, twice the GPU slots (engine/worker/host_kv.py host_state_slots); (0, 0) for
+    other models."""
+    if not dep.hybrid or not dep.num_snapshots:
+        return 0, 0
+    n = 2 * dep.num_snapshots
+    return n, n * state_slot_bytes(dep.config, dep.dtype_bytes)
+
+
 def ledger(dep: Deployment, device_total: int) -> Ledger:
     cfg, b = dep.config, dep.dtype_bytes
     rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]

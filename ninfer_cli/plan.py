@@ -224,6 +224,15 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
         "left", f"{(device.total_bytes - rows.total) / GIB:.3f}", f"of {device.total_bytes / GIB:.2f} GiB"
     )
     console.print(t)
+    from engine.memory import host_state_snapshots
+
+    snapshots, host_bytes = host_state_snapshots(chosen)
+    if snapshots:
+        console.print(
+            f"host memory beside this ledger: {snapshots} state snapshots the GPU slots evict, "
+            f"{host_bytes / GIB:.2f} GiB pinned (--host-state-snapshots N sets how many, 0 none)",
+            highlight=False,
+        )
     _print_frontier(console, table)
     if planned.prepare:
         console.print("convert it first:")
@@ -287,6 +296,10 @@ def _json(planned, device, result, table, refusal) -> dict:
             "total_bytes": rows.total,
             "serve": line,
         }
+        from engine.memory import host_state_snapshots
+
+        snapshots, host_bytes = host_state_snapshots(chosen)
+        out["plan"]["host_state_snapshots"] = {"count": snapshots, "bytes": host_bytes}
         if planned.prepare:
             out["plan"]["prepare"] = planned.prepare
     if refusal:
