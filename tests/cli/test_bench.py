@@ -60,7 +60,7 @@ def test_agent_prompts_differ_inside_the_tool_list_with_a_template_that_writes_i
     assert a.tools[1:] == b.tools[1:] and a.tools[0] != b.tools[0]
 
 
-def test_an_agents_next_turn_appends_a_tool_call_and_result_of_exactly_the_turns_tokens(default_tokenizer):
+def test_an_agents_next_turn_appends_a_tool_call_and_result_of_the_turns_tokens(default_tokenizer):
     def count(messages, tools):
         return len(default_tokenizer.encode_chat(messages, tools, True, enable_thinking=False))
 
@@ -68,7 +68,9 @@ def test_an_agents_next_turn_appends_a_tool_call_and_result_of_exactly_the_turns
     second = next_turn(first, 2, count)
     third = next_turn(second, 3, count)
     for before, after in ((first, second), (second, third)):
-        assert after.tokens == before.tokens + TURN_TOKENS == count(after.messages, after.tools)
+        # (one below where one more character of the result would add two tokens: as build's fit)
+        assert before.tokens + TURN_TOKENS - 1 <= after.tokens == count(after.messages, after.tools)
+        assert after.tokens <= before.tokens + TURN_TOKENS
         assert after.messages[: len(before.messages)] == before.messages and after.nonce == before.nonce
         call, result = after.messages[len(before.messages) :]
         assert call["role"] == "assistant" and call["tool_calls"][0]["id"] == result["tool_call_id"]
@@ -88,10 +90,15 @@ def test_agent_turns_in_process_give_each_later_turn_its_ttft_and_cached_tokens(
     data = json.loads(out.read_text())
     assert data["config"]["turns"] == 3
     assert len(data["records"]) == 3 * (1 + 2)
-    for r in data["records"]:
-        assert r["prompt_tokens"] == 200 + (r["turn"] - 1) * TURN_TOKENS
-        before = 200 + (r["turn"] - 2) * TURN_TOKENS
-        assert r["cached_tokens"] == (0 if r["turn"] == 1 else before // 16 * 16)
+    turns = {(r["concurrency"], r["stream"], r["turn"]): r for r in data["records"]}
+    for (c, stream, turn), r in turns.items():
+        assert r["prompt_tokens"] == r["target_tokens"]
+        if turn == 1:
+            assert r["prompt_tokens"] == 200 and r["cached_tokens"] == 0
+            continue
+        before = turns[(c, stream, turn - 1)]["prompt_tokens"]
+        assert before + TURN_TOKENS - 1 <= r["prompt_tokens"] <= before + TURN_TOKENS
+        assert r["cached_tokens"] == before // 16 * 16
     rows = {(r["concurrency"], r["kind"], r["turn"]): r for r in data["rows"]}
     assert set(rows) == {(1, "C1", t) for t in (1, 2, 3)} | {(2, "stream", t) for t in (1, 2, 3)} | {
         (2, "aggregate", 1)
@@ -99,7 +106,8 @@ def test_agent_turns_in_process_give_each_later_turn_its_ttft_and_cached_tokens(
     assert all(r["status"] == "ok" for r in data["rows"])
     warm = rows[(1, "C1", 3)]
     assert "pp" not in warm  # (a cached prompt's tokens over its TTFT: no prefill rate)
-    assert warm["cached_tokens"]["median"] == (200 + TURN_TOKENS) // 16 * 16 and warm["ttft_s"]["median"] > 0
+    before = turns[(1, 0, 2)]["prompt_tokens"]
+    assert warm["cached_tokens"]["median"] == before // 16 * 16 and warm["ttft_s"]["median"] > 0
 
 
 def test_in_process_table_and_json(tmp_path):
