@@ -130,6 +130,17 @@ def ask_agent(llm: LLM, tools: list[dict], messages: list[dict], hinted: bool) -
             return len(ids) - done[0].num_cached_tokens, len(ids), list(done[0].token_ids)
 
 
+def agent_turn(llm: LLM, tools: list[dict], conversation: list[dict], hinted: bool, result: str) -> int:
+    """One turn of `conversation` (ask_agent), then its reply rendered back as text and `result`, the next
+    user message, appended to it: the tokens the turn computed."""
+    computed, _, reply = ask_agent(llm, tools, conversation, hinted)
+    conversation += [
+        {"role": "assistant", "content": llm.tokenizer.decode(reply)},
+        {"role": "user", "content": result},
+    ]
+    return computed
+
+
 def run(mode: str, snapshots: int, args, path: Path, template: Path) -> tuple[list[int], int, int]:
     """(session A's computed tokens by turn, session B's computed tokens, B's prompt tokens)."""
     llm = LLM(
@@ -148,7 +159,6 @@ def run(mode: str, snapshots: int, args, path: Path, template: Path) -> tuple[li
         )
     rng = random.Random(0)
     tools, stable, environment = agent(rng, args.tools_tokens, args.system_tokens)
-    tok = llm.tokenizer
     hinted = not mode.startswith("no hints")
 
     def ask(messages: list[dict]) -> tuple[int, int, list[int]]:
@@ -160,12 +170,7 @@ def run(mode: str, snapshots: int, args, path: Path, template: Path) -> tuple[li
     conversation = [system("ada"), {"role": "user", "content": words(rng, 200)}]
     computed_a = []
     for _ in range(args.turns):
-        computed, _, reply = ask(conversation)
-        computed_a.append(computed)
-        conversation += [
-            {"role": "assistant", "content": tok.decode(reply)},
-            {"role": "user", "content": words(rng, args.result_tokens)},
-        ]
+        computed_a.append(agent_turn(llm, tools, conversation, hinted, words(rng, args.result_tokens)))
     computed_b, prompt_b, _ = ask([system("bob"), {"role": "user", "content": words(rng, 200)}])
     return computed_a, computed_b, prompt_b
 

@@ -28,7 +28,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from snapshot_hints import CONFIG, TOOLS_FIRST, agent, ask_agent, words
+from snapshot_hints import CONFIG, TOOLS_FIRST, agent, agent_turn, words
 
 from engine import LLM
 
@@ -55,12 +55,8 @@ def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, l
         conversation.append({"role": "user", "content": words(rng, 200)})
     for _ in range(args.turns):
         for who, conversation in conversations.items():
-            n, _, reply = ask_agent(llm, tools, conversation, hinted=True)
-            computed[who].append(n)
-            conversation += [
-                {"role": "assistant", "content": llm.tokenizer.decode(reply)},
-                {"role": "user", "content": words(rng, args.result_tokens)},
-            ]
+            result = words(rng, args.result_tokens)
+            computed[who].append(agent_turn(llm, tools, conversation, True, result))
     host_slots = llm.scheduler.state_pool.host.num_slots if llm.scheduler.state_pool.host else 0
     return computed, llm.scheduler.num_state_lost_tokens, host_slots
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -338,9 +336,8 @@ async def _snapshot_hints(state: ServerState, body: dict, text: str, ids: list[i
         tools = [s for s in listed or () if s["function"]["name"] in names] or None
         return state.render_text(template_messages(cut, declared)[0], tools, kwargs)
 
-    cuts = [functools.partial(render, snapshot_hints.cut(body, p)) for p in snapshot_hints.find(body)]
-    renders = [*snapshot_hints.tool_list(state, listed, kwargs), *cuts]
-    return await asyncio.to_thread(snapshot_hints.hints, text, ids, renders, state.text_tokenizer())
+    points = snapshot_hints.find(body)
+    return await snapshot_hints.of_marks(state, body, points, render, listed, kwargs, text, ids)
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
 import uuid
@@ -424,9 +422,8 @@ async def _snapshot_hints(
         listed = chat_tools(cut) if tools is not None else None
         return state.render_text(template_messages(cut["messages"])[0], listed, kwargs)
 
-    cuts = [functools.partial(render, snapshot_hints.cut(body, p)) for p in snapshot_hints.find_openai(body)]
-    renders = [*snapshot_hints.tool_list(state, tools, kwargs), *cuts]
-    return await asyncio.to_thread(snapshot_hints.hints, text, ids, renders, state.text_tokenizer())
+    points = snapshot_hints.find_openai(body)
+    return await snapshot_hints.of_marks(state, body, points, render, tools, kwargs, text, ids)
 
 
 @router.post("/v1/chat/completions")

@@ -23,6 +23,7 @@ turn's opening: no point. A cut the template will not render gives none either.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +158,23 @@ def tool_list(state, tools: list | None, kwargs: dict[str, Any]) -> list[Callabl
     """The render of the tool list alone (a placeholder user turn after it), for `hints`; none without
     tools. `state`: the ServerState (render_text)."""
     return [lambda: state.render_text([PLACEHOLDER], tools, kwargs)] if tools else []
+
+
+async def of_marks(
+    state,
+    body: dict,
+    points: list[Breakpoint],
+    render_cut: Callable[[dict], str],
+    tools: list | None,
+    kwargs: dict[str, Any],
+    text: str,
+    ids: list[int],
+) -> tuple[int, ...]:
+    """The hints where the prompt's tool list and each marked prefix (`points` of `body`, each cut rendered
+    by `render_cut` as the route renders a request) end, in its tokens (in a thread)."""
+    cuts = [functools.partial(render_cut, cut(body, p)) for p in points]
+    renders = [*tool_list(state, tools, kwargs), *cuts]
+    return await asyncio.to_thread(hints, text, ids, renders, state.text_tokenizer())
 
 
 async def after_tools(

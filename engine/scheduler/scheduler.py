@@ -342,15 +342,19 @@ class Scheduler:
 
     def _prefill_snapshot_points(self, req: Request) -> list[int]:
         """Page-aligned positions inside the prompt where the recurrent state is snapshotted: every
-        interval, the prompt's end, the turn points (_turn_points) and the request's hints (its client's
-        cache breakpoints), each at or before its page boundary."""
-        bs, interval = self.block_size, self.config.state_snapshot_interval
+        interval, and the points a conversation resumes from (_resume_points)."""
+        interval = self.config.state_snapshot_interval
         points = set(range(interval, req.num_prompt_tokens, interval)) if interval else set()
-        prompt_end = req.num_prompt_tokens // bs * bs
-        if prompt_end:
-            points.add(prompt_end)
-        points.update(p for p in (*self._turn_points(req), *self._hint_points(req)) if 0 < p < prompt_end)
-        return sorted(points)
+        return sorted(points | self._resume_points(req))
+
+    def _resume_points(self, req: Request) -> set[int]:
+        """The prompt's points where a later prompt resumes: its end, the turn points (_turn_points) and
+        the request's hints (its client's cache breakpoints), each at or before its page boundary."""
+        prompt_end = req.num_prompt_tokens // self.block_size * self.block_size
+        if not prompt_end:
+            return set()
+        inside = (p for p in (*self._turn_points(req), *self._hint_points(req)) if 0 < p < prompt_end)
+        return {prompt_end, *inside}
 
     def _hint_points(self, req: Request) -> set[int]:
         """The request's snapshot hints, each at or before its page boundary."""
@@ -454,13 +458,9 @@ class Scheduler:
             # an eviction would otherwise take from another snapshot, e.g. its prompt's end)
             self.state_pool.drop_snapshot(req.rolling_snapshot)
             req.rolling_snapshot = None
-        # an interval point alone (not the prompt's end, a turn's start or a hint) is where a conversation
-        # resumes only when a later prompt departs from it there: not worth host memory once evicted
-        resumes = not in_prompt or end in (
-            req.num_prompt_tokens // self.block_size * self.block_size,
-            *self._turn_points(req),
-            *self._hint_points(req),
-        )
+        # an interval point alone is where a conversation resumes only when a later prompt departs from it
+        # there: not worth host memory once evicted
+        resumes = not in_prompt or end in self._resume_points(req)
         slot = self.state_pool.new_snapshot(
             prefix_hash, shared=in_prompt and end in self._shared_points(req), keep_evicted=resumes
         )

@@ -282,6 +282,23 @@ def _session(client, system: list[dict], tools: list[dict], protocol: str):
     )
 
 
+def _new_session_and_cold(path, system, protocol: str):
+    """An agent's session (system("/home/ada")), then a new one (system("/home/bob")) on the same server,
+    and the new one on a cold server: (its reply there, its cold reply)."""
+
+    def client(s):
+        if protocol == "anthropic":
+            return anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
+        return openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+
+    with RunningServer(AsyncLLM(path, block_size=16)) as s:
+        _session(client(s), system("/home/ada"), TOOLS, protocol)
+        second = _session(client(s), system("/home/bob"), TOOLS, protocol)
+    with RunningServer(AsyncLLM(path, block_size=16)) as s:
+        cold = _session(client(s), system("/home/bob"), TOOLS, protocol)
+    return second, cold
+
+
 def _cached(reply) -> int:
     usage = reply.usage
     return getattr(usage, "cache_read_input_tokens", None) or usage.prompt_tokens_details.cached_tokens
@@ -315,16 +332,7 @@ def test_a_hybrid_resumes_a_new_session_after_the_tool_list(tmp_path, default_to
     def system(cwd: str) -> list[dict]:
         return [{"type": "text", "text": f"cwd: {cwd}\n{SYSTEM * 4}"}]
 
-    def client(s):
-        if protocol == "anthropic":
-            return anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
-        return openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
-
-    with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        _session(client(s), system("/home/ada"), TOOLS, protocol)
-        second = _session(client(s), system("/home/bob"), TOOLS, protocol)
-    with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        cold = _session(client(s), system("/home/bob"), TOOLS, protocol)
+    second, cold = _new_session_and_cold(path, system, protocol)
     assert _content(second) == _content(cold)
     listed = _prefix_tokens(default_tokenizer, system("/home/bob"), "</tools>")
     assert listed > 64 and _cached(second) == listed // 16 * 16
@@ -344,16 +352,7 @@ def test_a_hybrid_resumes_at_a_mark_between_a_stable_head_and_a_per_session_tail
     def system(cwd: str) -> list[dict]:
         return [_marked(head) if marked else head, {"type": "text", "text": f"cwd: {cwd}"}]
 
-    def client(s):
-        if protocol == "anthropic":
-            return anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
-        return openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
-
-    with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        _session(client(s), system("/home/ada"), TOOLS, protocol)
-        second = _session(client(s), system("/home/bob"), TOOLS, protocol)
-    with RunningServer(AsyncLLM(path, block_size=16)) as s:
-        cold = _session(client(s), system("/home/bob"), TOOLS, protocol)
+    second, cold = _new_session_and_cold(path, system, protocol)
     assert _content(second) == _content(cold)
     listed = _prefix_tokens(default_tokenizer, system("/home/bob"), "</tools>")
     stable = _prefix_tokens(default_tokenizer, system("/home/bob"), SYSTEM.strip())
