@@ -13,11 +13,19 @@ each reply's last page, every 4,096 prompt tokens) outnumber the default 4 GPU s
                         their conversation's next turn comes (interval points are not kept there)
     default             twice the GPU slots (8 at one request)
 
+With `--runs K` the turns come as an agent's do when it waits for a subagent (Claude Code's Task tool is a
+blocking call): two agent turns, then subagent 1's K turns in a row, two agent turns, subagent 2's K, and
+so on, the agent's last two turns at the end. The rows are then the default tier with and without
+superseding (engine/cache/state_pool.py: a conversation's next turn sends the snapshots of its turn before
+to the front of the eviction order, in both tiers; without it, plain LRU order, the subagent's own older
+turns push out the waiting agent's last snapshot and the agent computes its conversation again from the
+tool list).
+
 The model is benchmarks/snapshot_hints.py's tiny random Qwen3.5 at a real layout's token counts (a byte
 tokenizer: a token a byte); tokens computed do not depend on the machine, which is why they are the figure.
 
     python benchmarks/subagent_resume.py [--subagents 2] [--tools-tokens 10000] [--system-tokens 3000]
-                                         [--turns 4]
+                                         [--turns 4] [--runs K]
 """
 
 from __future__ import annotations
@@ -31,11 +39,28 @@ from pathlib import Path
 from snapshot_hints import CONFIG, TOOLS_FIRST, agent, agent_turn, words
 
 from engine import LLM
+from engine.cache.state_pool import StatePool
 
 
-def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, list[int]], int, int]:
+def order(args) -> list[str]:
+    """Which conversation each turn is: round robin, or (--runs K) the agent's two turns around each
+    subagent's K in a row."""
+    subagents = [f"subagent {i + 1}" for i in range(args.subagents)]
+    if not args.runs:
+        return ["agent", *subagents] * args.turns
+    turns = ["agent", "agent"]
+    for who in subagents:
+        turns += [who] * args.runs + ["agent", "agent"]
+    return turns
+
+
+def run(
+    host: int | None, args, path: Path, template: Path, supersede: bool = True
+) -> tuple[dict[str, list[int]], int, int]:
     """(tokens computed by turn, per conversation; prompt tokens computed again for want of a snapshot;
     the host tier's snapshot slots)."""
+    if not supersede:  # plain LRU order (shared snapshots last) in both tiers
+        saved, StatePool.supersede = StatePool.supersede, lambda self, owner, after, keep_shared=False: None
     llm = LLM(
         f"dummy:{path}:bf16",
         chat_template=str(template),
@@ -53,10 +78,11 @@ def run(host: int | None, args, path: Path, template: Path) -> tuple[dict[str, l
     computed: dict[str, list[int]] = {who: [] for who in conversations}
     for conversation in conversations.values():
         conversation.append({"role": "user", "content": words(rng, 200)})
-    for _ in range(args.turns):
-        for who, conversation in conversations.items():
-            result = words(rng, args.result_tokens)
-            computed[who].append(agent_turn(llm, tools, conversation, True, result))
+    for who in order(args):
+        result = words(rng, args.result_tokens)
+        computed[who].append(agent_turn(llm, tools, conversations[who], True, result))
+    if not supersede:
+        StatePool.supersede = saved
     host_slots = llm.scheduler.state_pool.host.num_slots if llm.scheduler.state_pool.host else 0
     return computed, llm.scheduler.num_state_lost_tokens, host_slots
 
@@ -68,24 +94,32 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=3000)
     ap.add_argument("--result-tokens", type=int, default=1500, help="each tool result")
     ap.add_argument("--turns", type=int, default=4, help="turns of each conversation, alternating")
+    ap.add_argument("--runs", type=int, default=0, help="each subagent's turns in a row, K (0: alternating)")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(CONFIG))
     (folder / "template.jinja").write_text(TOOLS_FIRST)
+    how = (
+        f"each subagent's {args.runs} turns in a row" if args.runs else f"alternating {args.turns} turns each"
+    )
     print(
         f"tiny Qwen3.5 (dummy weights, byte tokenizer), {args.tools_tokens:,}-token tool list, an agent and "
-        f"{args.subagents} subagents alternating {args.turns} turns each, {args.result_tokens:,}-token tool "
-        "results; max_concurrency 1, 4 GPU snapshot slots (the default), snapshots every 4,096 tokens"
+        f"{args.subagents} subagents, {how}, {args.result_tokens:,}-token tool results; max_concurrency 1, "
+        "4 GPU snapshot slots (the default), snapshots every 4,096 tokens"
     )
     print(
-        "| host tier | conversation | tokens computed by turn | all: computed again for want of a snapshot |"
+        "| host tier | conversation | tokens computed by turn | all | computed again for want of a snapshot |"
     )
-    print("|---|---|---|---|")
-    for label, host in (("off", 0), ("4 snapshots", 4), ("default", None)):
-        computed, lost, slots = run(host, args, folder / "config.json", folder / "template.jinja")
+    print("|---|---|---|---:|---:|")
+    rows = [("off", 0, True), ("4 snapshots", 4, True), ("default", None, True)]
+    if args.runs:
+        rows = [("default, LRU order", None, False), ("default", None, True)]
+    for label, host, supersede in rows:
+        computed, lost, slots = run(host, args, folder / "config.json", folder / "template.jinja", supersede)
+        total = sum(sum(turns) for turns in computed.values())
         for i, (who, turns) in enumerate(computed.items()):
-            name = f"{label} ({slots} snapshots)" if label == "default" else label
-            tail = f"{lost:,}" if i == 0 else ""
+            name = f"{label} ({slots} snapshots)" if label.startswith("default") else label
+            tail = f"{total:,} | {lost:,}" if i == 0 else " | "
             print(f"| {name if i == 0 else ''} | {who} | {', '.join(f'{n:,}' for n in turns)} | {tail} |")
 
 

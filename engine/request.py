@@ -376,8 +376,14 @@ class Request:
     cache_root: bytes = b""  # the chain's root: the base model's, or its LoRA adapter's (engine/lora)
     num_registered_blocks: int = 0  # leading block_ids already named in the prefix cache
     rolling_snapshot: bytes | None = None  # prefix hash of this request's last-page state snapshot
+    # the earlier request of this conversation from whose snapshot (past the conversation's head) this one
+    # resumed: its own prompt end's snapshot supersedes that request's (engine/cache/state_pool.py)
+    resumes_turn_of: str | None = None
     # page-aligned starts of its prompt's second turn and of the turn before its last (Scheduler._turn_points)
     turn_points: tuple[int, ...] | None = None
+    # where its prompt's third turn starts (the head before it: the system turn and the first message); the
+    # prompt's length without one, -1 without a turn token (Scheduler._head_end, found with turn_points)
+    head_end: int = -1
     # prompt positions where a client expects to send the prefix again (its cache breakpoints;
     # LLM.add_request): snapshotted too, at or before the page boundary
     snapshot_hints: tuple[int, ...] = ()

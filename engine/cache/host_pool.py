@@ -22,25 +22,39 @@ class HostPool:
         # run on with them (and back again in prefix order), and the copies go as slices (engine/worker/host_kv.py)
         self._free = list(range(num_slots))
         self._reserved: list[int] = []  # taken this step: free again at the next
+        # held prefixes a newer one of their conversation supersedes (a state snapshot tier's): the first to
+        # go, and one superseded itself only takes a free slot or another's
+        self.superseded: set[bytes] = set()
 
     @property
     def num_used(self) -> int:
         return len(self.slots)
 
-    def put(self, block_hash: bytes) -> int | None:
-        """A slot for an evicted page named `block_hash` (the least recently used one's when none is
-        free); None when the tier already holds that prefix (the same tokens: the same KV)."""
+    def put(self, block_hash: bytes, superseded: bool = False) -> int | None:
+        """A slot for an evicted page named `block_hash` (a free one, else a superseded prefix's, else the
+        least recently used one's); None when the tier already holds that prefix (the same tokens: the same
+        KV), or when nothing may go: every slot reserved this step, or `superseded` and only live prefixes
+        held."""
         if block_hash in self.slots:
             self.slots.move_to_end(block_hash)
             return None
         if self._free:
             slot = self._free.pop()
-        elif self.slots:
-            _, slot = self.slots.popitem(last=False)
         else:
-            return None  # every slot is reserved this step
+            victim = next((h for h in self.slots if h in self.superseded), None) if self.superseded else None
+            if victim is None and (superseded or not self.slots):
+                return None
+            slot = self.slots.pop(victim if victim is not None else next(iter(self.slots)))
+            self.superseded.discard(victim)
         self.slots[block_hash] = slot
+        if superseded:
+            self.superseded.add(block_hash)
         return slot
+
+    def supersede(self, block_hash: bytes) -> None:
+        """A held prefix a newer one of its conversation supersedes: evicted before the others."""
+        if block_hash in self.slots:
+            self.superseded.add(block_hash)
 
     def lookup(self, hashes: list[bytes]) -> list[bytes]:
         """The longest leading run of `hashes` the tier holds."""
@@ -54,6 +68,7 @@ class HostPool:
     def take(self, block_hash: bytes) -> int:
         """Take a page back to the GPU: its slot, reserved until the next step."""
         slot = self.slots.pop(block_hash)
+        self.superseded.discard(block_hash)
         self._reserved.append(slot)
         return slot
 
@@ -61,6 +76,7 @@ class HostPool:
         """Forget a prefix the tier holds (its slot free again; a copy into it this step is superseded by
         any later one the step makes into the same slot)."""
         slot = self.slots.pop(block_hash, None)
+        self.superseded.discard(block_hash)
         if slot is not None:
             self._free.append(slot)
 
@@ -73,3 +89,4 @@ class HostPool:
         """Forget every prefix the tier holds (its slots free again; those taken this step stay reserved)."""
         self._free.extend(self.slots.values())
         self.slots.clear()
+        self.superseded.clear()

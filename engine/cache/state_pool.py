@@ -22,6 +22,15 @@ slot, host slot) first, then `swap_in` (host slot, GPU snapshot slot), then the 
 back claims a GPU slot nothing reads this step (`_victim(idle_only=True)`), while an ordinary save, written
 after the forward, may take one the step only reads.
 
+A conversation's snapshots are superseded by its next turn's: a request that resumes from a snapshot an
+earlier request saved past the conversation's head (its system turn and first message, which other
+conversations may share: a tool list, a document; the scheduler knows where it ends), and saves its own
+prompt's end, supersedes every snapshot the earlier one saved past the head (`owner_of`, `supersede`): its
+prompt's end, its reply's last page, its turn points and cache breakpoints. Those go first, in either
+tier, and the host tier keeps one only in a free slot or another superseded one's. So an agent's many
+turns in a row (or a subagent's, while the agent waits for it) evict their own older turns' snapshots,
+not the last ones of the conversation that waits, which plain LRU order would.
+
 With speculative decoding a running slot also has a backup slot (after the snapshots): the state before
 a step that verifies drafts, copied back when one is rejected.
 """
@@ -47,6 +56,8 @@ class StatePool:
         self._fresh: set[bytes] = set()  # snapshots saved by the step being scheduled (not written yet)
         self._shared: set[bytes] = set()  # snapshots of prefixes other conversations share, evicted last
         self._no_host: set[bytes] = set()  # snapshots not copied to the host tier when evicted
+        self._owner: dict[bytes, tuple[str, int]] = {}  # either tier: (the request that saved it, position)
+        self._superseded: set[bytes] = set()  # GPU snapshots a newer turn of their conversation supersedes
         self.attach_host(host_slots)
         self.swap_out: list[tuple[int, int]] = []  # this step's (snapshot slot, host slot) copies
         self.swap_in: list[tuple[int, int]] = []  # this step's (host slot, snapshot slot) copies
@@ -82,12 +93,20 @@ class StatePool:
         slot = None if prefix_hash in self._fresh else self.snapshots.get(prefix_hash)
         if slot is not None:
             self.snapshots.move_to_end(prefix_hash)
+            self._superseded.discard(prefix_hash)  # resumed from again: live until a newer turn supersedes it
             self._pinned.add(slot)
         return slot
 
-    def new_snapshot(self, prefix_hash: bytes, shared: bool = False, keep_evicted: bool = True) -> int | None:
+    def new_snapshot(
+        self,
+        prefix_hash: bytes,
+        shared: bool = False,
+        keep_evicted: bool = True,
+        owner: tuple[str, int] | None = None,
+    ) -> int | None:
         """A snapshot slot to save the state at this prefix into; None when one exists or none is free.
-        `shared`: a prefix other conversations will resume from (evicted last; one that exists becomes so)."""
+        `shared`: a prefix other conversations will resume from (evicted last; one that exists becomes so).
+        `owner`: (the request saving it, the position), for `supersede`."""
         if self.num_snapshots == 0 or prefix_hash in self.snapshots:
             if shared and prefix_hash in self.snapshots:
                 self._shared.add(prefix_hash)
@@ -99,7 +118,45 @@ class StatePool:
         self._fresh.add(prefix_hash)  # (its state is there only after the step's forward)
         if not keep_evicted:
             self._no_host.add(prefix_hash)
+        if owner is not None:
+            self._owner[prefix_hash] = owner
         return slot
+
+    def is_shared(self, prefix_hash: bytes) -> bool:
+        """Whether this GPU snapshot is held as a shared prefix's (evicted last)."""
+        return prefix_hash in self._shared
+
+    def owner_of(self, prefix_hash: bytes) -> tuple[str, int] | None:
+        """(the request that saved this snapshot, its position); None when not known."""
+        return self._owner.get(prefix_hash)
+
+    def supersede(self, owner: str, after: int, keep_shared: bool = False) -> None:
+        """A newer turn of `owner`'s conversation saved its own prompt's end: every snapshot `owner` saved
+        past position `after` (the conversation's head) goes before the others, in either tier; with
+        `keep_shared`, not those held as shared."""
+        for prefix_hash in [h for h, (o, at) in self._owner.items() if o == owner and at > after]:
+            if keep_shared and prefix_hash in self._shared:
+                continue
+            if prefix_hash in self.snapshots:
+                self._superseded.add(prefix_hash)
+                self._shared.discard(prefix_hash)
+            elif self.host is not None:
+                self.host.supersede(prefix_hash)
+            self._disown(prefix_hash)
+
+    def _disown(self, prefix_hash: bytes) -> None:
+        self._owner.pop(prefix_hash, None)
+
+    def _prune_owners(self, every: bool = False) -> None:
+        """Forget the owners of snapshots neither tier holds any longer (the host tier evicts by itself):
+        once they outnumber the slots, or `every` time."""
+        held = self.num_snapshots + (self.host.num_slots if self.host is not None else 0)
+        if every or len(self._owner) > held:
+            for prefix_hash in [h for h in self._owner if h not in self.snapshots and not self._in_host(h)]:
+                self._disown(prefix_hash)
+
+    def _in_host(self, prefix_hash: bytes) -> bool:
+        return self.host is not None and prefix_hash in self.host.slots
 
     def in_host(self, prefix_hash: bytes) -> bool:
         """Whether the host tier holds this prefix's snapshot and a GPU slot could take it back this step."""
@@ -110,7 +167,7 @@ class StatePool:
         (copied back at the step's start, before the restores)."""
         # NOTE: its host slot taken first: the snapshot the GPU slot evicts goes to the host tier, whose
         # least recently used snapshot (this one among them, when it is full) makes room for it
-        host_slot = self.host.take(prefix_hash)
+        host_slot = self.host.take(prefix_hash)  # (and live again, as find_snapshot makes a GPU one)
         slot = self._claim(idle_only=True)
         assert slot is not None, "take_from_host without a GPU slot to take it (ask in_host first)"
         self.swap_in.append((host_slot, slot))
@@ -136,7 +193,11 @@ class StatePool:
         self._shared.discard(victim)
         keep = self.host is not None and victim not in self._no_host
         self._no_host.discard(victim)
-        host_slot = self.host.put(victim) if keep else None
+        superseded = victim in self._superseded
+        self._superseded.discard(victim)
+        host_slot = self.host.put(victim, superseded) if keep else None
+        if host_slot is None:
+            self._disown(victim)
         if host_slot is not None:
             # NOTE: a host slot this step already writes (a tier smaller than a step's evictions) is
             # written once, by the newest: the earlier copy is dropped, as its name was
@@ -149,14 +210,17 @@ class StatePool:
     def _victim(self, idle_only: bool = False) -> bytes | None:
         """The snapshot to evict, least recently used first: one not in use this step, else (not
         `idle_only`) one this step only reads (its restore is copied before the step's forward, the saves
-        after it, so a save may overwrite it); shared ones passed over while the others keep two slots a
-        running slot, unless nothing else can go."""
+        after it, so a save may overwrite it); superseded ones first, shared ones passed over while the
+        others keep two slots a running slot, unless nothing else can go."""
         idle = [h for h, s in self.snapshots.items() if s not in self._pinned]
         read = (
             []
             if idle_only
             else [h for h, s in self.snapshots.items() if s in self._pinned and s not in self._written]
         )
+        superseded = [h for h in (*idle, *read) if h in self._superseded]
+        if superseded:
+            return superseded[0]
         if len(self._shared) > self.num_snapshots - 2 * self.num_slots:
             order = idle + read
         else:
@@ -173,8 +237,12 @@ class StatePool:
             self._free_snapshots.append(slot)
             self._shared.discard(prefix_hash)
             self._no_host.discard(prefix_hash)
+            self._superseded.discard(prefix_hash)
+            self._disown(prefix_hash)
         elif slot is not None:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
+        else:
+            self._disown(prefix_hash)
 
     def clear_snapshots(self) -> None:
         """Forget every snapshot, in both tiers (those the step being scheduled reads or writes stay until
@@ -184,6 +252,7 @@ class StatePool:
         self._no_host.intersection_update(self.snapshots)
         if self.host is not None:
             self.host.clear()
+        self._prune_owners(every=True)
 
     def attach_host(self, host_slots: int) -> None:
         """A host tier of `host_slots` snapshots (before the first step)."""
@@ -205,5 +274,6 @@ class StatePool:
         self._pinned.clear()
         self._written.clear()
         self._fresh.clear()
+        self._prune_owners()
         if self.host is not None:
             self.host.end_step()

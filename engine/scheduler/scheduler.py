@@ -220,6 +220,9 @@ class Scheduler:
                 self.num_state_lost_tokens += (kv_pages - len(hit_blocks) - len(host_hits)) * self.block_size
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
+                if restore != -1:  # (a preempted request resumes from its own: it keeps the earlier turn)
+                    earlier = self._earlier_turn(req, len(hit_blocks) + len(host_hits))
+                    req.resumes_turn_of = earlier or req.resumes_turn_of
                 if isinstance(restore, bytes):  # the snapshot is in the host tier: copied back first
                     at = (len(hit_blocks) + len(host_hits)) * self.block_size
                     restore = self.state_pool.take_from_host(restore, shared=at in self._shared_points(req))
@@ -356,6 +359,27 @@ class Scheduler:
         inside = (p for p in (*self._turn_points(req), *self._hint_points(req)) if 0 < p < prompt_end)
         return {prompt_end, *inside}
 
+    def _head_end(self, req: Request) -> int:
+        """Where the prompt's third turn starts: the head before it (the system turn with the tools, and the
+        first message) is what other conversations may share (an agent's tool list, a document asked about
+        again); the prompt's length when it has no third turn, -1 without a turn token."""
+        self._turn_points(req)  # (one scan finds both)
+        return req.head_end
+
+    def _earlier_turn(self, req: Request, num_pages: int) -> str | None:
+        """The earlier request that saved the snapshot `req` resumes from, after its first `num_pages` pages,
+        when that is past the conversation's head (so `req` is a later turn of its conversation, or an edit
+        of one); None otherwise (a shared head's, its own after a preemption, one not known). Without turns
+        known, only a snapshot not held as shared counts."""
+        at_page = req.block_hashes[num_pages - 1]
+        owner = self.state_pool.owner_of(at_page)
+        if owner is None or owner[0] == req.request_id:
+            return None
+        head = self._head_end(req)
+        if owner[1] <= head or (head < 0 and self.state_pool.is_shared(at_page)):
+            return None
+        return owner[0]
+
     def _hint_points(self, req: Request) -> set[int]:
         """The request's snapshot hints, each at or before its page boundary."""
         return {p // self.block_size * self.block_size for p in req.snapshot_hints}
@@ -370,13 +394,14 @@ class Scheduler:
         """Where the prompt's second turn starts (after the system prompt and tools, which a new
         conversation of the same agent shares) and the turn before its last one (the last message, which a
         client edits and sends again, follows it), each at or before its page boundary, the second turn's
-        first; found once a request; none without a turn token (SchedulerConfig.turn_token_id) or a second
-        turn."""
+        first; found once a request (with the head's end, _head_end); none without a turn token
+        (SchedulerConfig.turn_token_id) or a second turn."""
         if req.turn_points is None:
-            req.turn_points = ()
+            req.turn_points, req.head_end = (), -1
             if self.config.turn_token_id >= 0:
-                ids = np.asarray(req.prompt_token_ids)
-                starts = np.flatnonzero(ids == self.config.turn_token_id)[1:]  # (past the first turn's start)
+                starts = np.flatnonzero(np.asarray(req.prompt_token_ids) == self.config.turn_token_id)
+                req.head_end = int(starts[2]) if len(starts) > 2 else req.num_prompt_tokens
+                starts = starts[1:]  # (past the first turn's start)
                 picked = {int(starts[0]), int(starts[-2])} if len(starts) >= 2 else set(starts.tolist())
                 req.turn_points = tuple(sorted(p // self.block_size * self.block_size for p in picked))
         return req.turn_points
@@ -462,13 +487,25 @@ class Scheduler:
         # there: not worth host memory once evicted
         resumes = not in_prompt or end in self._resume_points(req)
         slot = self.state_pool.new_snapshot(
-            prefix_hash, shared=in_prompt and end in self._shared_points(req), keep_evicted=resumes
+            prefix_hash,
+            shared=in_prompt and end in self._shared_points(req),
+            keep_evicted=resumes,
+            owner=(req.request_id, end),
         )
         if slot is None:
             return
         state_saves.append((req.state_slot, slot))
         if not in_prompt:
             req.rolling_snapshot = prefix_hash
+        elif (
+            req.resumes_turn_of is not None
+            and end == req.num_prompt_tokens // self.block_size * self.block_size
+        ):
+            # the conversation's next turn has its own resume point: the turn before's go before the others
+            # (past the head; without turns known, the shared ones kept: they may be a head)
+            head = self._head_end(req)
+            self.state_pool.supersede(req.resumes_turn_of, after=max(head, 0), keep_shared=head < 0)
+            req.resumes_turn_of = None
 
     def _fits(self, req: Request, need: int, num_hit_pages: int, free: int) -> bool:
         """Whether a waiting request is admitted with `need` new pages for its first chunk, `free` pages being
