@@ -1,7 +1,8 @@
 """Snapshot hints from the HTTP routes (engine/api/snapshot_hints.py): where the tool list ends (every
 route with tools) and where each `cache_control` mark's prefix ends (Anthropic's; on chat completions,
 OpenRouter's and LiteLLM's), as the prompt position up to which the request cut there renders alike; a
-hybrid model resumes a new session there; malformed marks are 400s in a sentence."""
+hybrid model resumes a new session there, and an agent where it stopped after its subagent's turns;
+malformed marks are 400s in a sentence."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from scripted_engine import QWEN_STYLE_TEMPLATE, ScriptedEngine
 from server import RunningServer
 
 from engine.async_llm import AsyncLLM
+from engine.cache.state_pool import StatePool
 
 MARK = {"type": "ephemeral"}
 TOOLS = [
@@ -425,3 +427,56 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
         text = httpx.get(f"{s.url}/metrics", timeout=30).text
     assert metric(text, "ninfer_host_state_snapshots_total") == 2
     assert 1 <= metric(text, "ninfer_host_state_snapshots_used") <= 2  # the first's, evicted
+
+
+def _agent_then_subagent_run(path, sub_turns: int) -> list[tuple[int, int]]:
+    """Over /v1/messages at one request, as Claude Code sends it (the system prompt and the last message
+    marked): an agent's two turns, its subagent's `sub_turns` in a row (a system prompt of its own after the
+    same tools), the agent's third: per turn (prompt tokens, cached tokens)."""
+
+    def turn(client, system: list[dict], messages: list[dict]) -> tuple[int, int]:
+        last = {
+            "role": "user",
+            "content": [{"type": "text", "text": messages[-1]["content"], "cache_control": MARK}],
+        }
+        reply = client.messages.create(
+            model="m",
+            max_tokens=6,
+            tools=TOOLS,
+            system=system,
+            messages=[*messages[:-1], last],
+            extra_body={"temperature": 0},
+        )
+        text = "".join(b.text for b in reply.content if b.type == "text") or "ok"
+        result = f"result {len(messages)}: " + "lorem ipsum dolor " * 8
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result}]
+        return (
+            reply.usage.input_tokens + reply.usage.cache_read_input_tokens,
+            reply.usage.cache_read_input_tokens,
+        )
+
+    agent_system = [{"type": "text", "text": "cwd: /home/ada\n" + SYSTEM * 4, "cache_control": MARK}]
+    sub_system = [{"type": "text", "text": "You are a search subagent. " * 6, "cache_control": MARK}]
+    agent = [{"role": "user", "content": "Fix the bug in parse()."}]
+    sub = [{"role": "user", "content": "Find where parse() is defined."}]
+    with RunningServer(AsyncLLM(path, block_size=16, max_concurrency=1)) as s:
+        client = anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
+        rows = [turn(client, agent_system, agent) for _ in range(2)]
+        rows += [turn(client, sub_system, sub) for _ in range(sub_turns)]
+        return rows + [turn(client, agent_system, agent)]
+
+
+def test_an_agent_resumes_where_it_stopped_after_its_subagents_run_of_turns(
+    tmp_path, default_tokenizer, monkeypatch
+):
+    """The subagent's eight turns save more snapshots than the four GPU slots and eight host ones hold;
+    each turn supersedes its turn before's, which go first, so the agent's third turn resumes at its
+    second prompt's end. Under plain LRU order (superseding off) it resumes at the tool list."""
+    path = _tools_first_model(tmp_path, default_tokenizer)
+    rows = _agent_then_subagent_run(path, 8)
+    (second, _), (_, resumed) = rows[1], rows[-1]
+    assert resumed == second // 16 * 16
+    monkeypatch.setattr(StatePool, "supersede", lambda self, owner, after, keep_shared=False: None)
+    lru = _agent_then_subagent_run(path, 8)
+    listed = _prefix_tokens(default_tokenizer, [{"type": "text", "text": "x"}], "</tools>")
+    assert lru[-1][1] == listed // 16 * 16 < resumed
