@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from engine.config import DTYPES
 from engine.errors import NinferError
 from engine.sizes import parse_size
 from ninfer_cli.chat_backends import LocalChat, PromptProgress, RemoteChat, ReplyStats, check_source
@@ -25,9 +24,12 @@ from ninfer_cli.int8_option import Int8Prefill
 from ninfer_cli.model_options import (
     ChatTemplate,
     ChatTemplateKwargs,
+    Device,
+    Dtype,
     GenerationConfig,
     OverrideGenerationConfig,
     RopeScaling,
+    WeightQuant,
 )
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Mmproj, Vision
@@ -108,20 +110,13 @@ def chat(
         int | None, typer.Option(help="0 = off (default: the model's recommended, else 0).")
     ] = None,
     seed: Annotated[int | None, typer.Option()] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[
-        str, typer.Option(help=f"auto (bfloat16 on a GPU, float32 on the CPU) or one of {', '.join(DTYPES)}.")
-    ] = "auto",
+    device: Device = "cpu",
+    dtype: Dtype = "auto",
     max_context: Annotated[str | None, typer.Option(help="Context limit in tokens, e.g. 32k.")] = None,
     kv_dtype: Annotated[
         str, typer.Option(help="KV cache dtype: auto, bf16, fp16, fp8, int8, k8v4.")
     ] = "auto",
-    weight_quant: Annotated[
-        str,
-        typer.Option(
-            help="Linear weights: auto (as the checkpoint stores them), none, int8, int4 (CPU: its int8 / int4 kernels; GPU: a 16-bit checkpoint quantized at load into packed groups of 128)."
-        ),
-    ] = "auto",
+    weight_quant: WeightQuant = "auto",
     spec: Spec = "none",
     draft_tokens: DraftTokens = 3,
     lm_head_draft: LmHeadDraft = False,

@@ -7,6 +7,19 @@ from typing import Annotated
 
 import typer
 
+from engine.config import DTYPES
+
+Device = Annotated[str, typer.Option(help="cpu or cuda.")]
+Dtype = Annotated[
+    str, typer.Option(help=f"auto (bfloat16 on a GPU, float32 on the CPU) or one of {', '.join(DTYPES)}.")
+]
+WeightQuant = Annotated[
+    str,
+    typer.Option(
+        help="Linear weights: auto (as the checkpoint stores them), none, int8, int4 (CPU: its int8 / int4 "
+        "kernels; GPU: a 16-bit checkpoint quantized at load into packed groups of 128)."
+    ),
+]
 RopeScaling = Annotated[
     str | None,
     typer.Option(

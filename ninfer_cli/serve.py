@@ -22,10 +22,13 @@ from ninfer_cli.loading import answering_while_loading
 from ninfer_cli.model_options import (
     ChatTemplate,
     ChatTemplateKwargs,
+    Device,
+    Dtype,
     GenerationConfig,
     OverrideGenerationConfig,
     RopeScaling,
     StateSnapshots,
+    WeightQuant,
 )
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 from ninfer_cli.vision_option import Mmproj, Vision
@@ -162,16 +165,9 @@ def serve(
             "POST /sleep and /wake_up do it by hand."
         ),
     ] = -1,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[
-        str, typer.Option(help="auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16.")
-    ] = "auto",
-    weight_quant: Annotated[
-        str,
-        typer.Option(
-            help="Linear weights: auto (as the checkpoint stores them), none, int8, int4 (CPU: its int8 / int4 kernels; GPU: a 16-bit checkpoint quantized at load into packed groups of 128)."
-        ),
-    ] = "auto",
+    device: Device = "cpu",
+    dtype: Dtype = "auto",
+    weight_quant: WeightQuant = "auto",
     cuda_graphs: Annotated[
         bool,
         typer.Option(
