@@ -259,6 +259,7 @@ def serve(
     from engine.async_llm import AsyncLLM
     from engine.config import EngineConfig, check_device_visible
     from engine.lora.spec import lora_defaults
+    from engine.models.loader import check_source
     from engine.sampling_defaults import describe
 
     check_device_visible(device)  # before the port is bound
@@ -311,6 +312,7 @@ def serve(
             f"LoRA adapter name '{name}' is the served model's name (--model-id); give the adapter another"
         )
     defaults = lora_defaults(lora_default or (), [n for n, _ in config.lora_modules])
+    check_source(model)  # a path that names no checkpoint is said before "loading"
     sock = bind(host, port)  # a port in use is said before the weights load
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

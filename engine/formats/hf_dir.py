@@ -139,13 +139,18 @@ def _is_qwen3_reranker(path: Path) -> bool:
     )
 
 
-def load_hf_dir(path: Path) -> ModelSource:
+def config_json(path: Path) -> Path:
+    """The checkpoint directory's config.json; NinferError when it has none."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise NinferError(
             f"{path} has no config.json; point ninfer at an HF checkpoint directory or a GGUF file"
         )
-    raw = _read_json(config_file)
+    return config_file
+
+
+def load_hf_dir(path: Path) -> ModelSource:
+    raw = _read_json(config_json(path))
     config = ModelConfig.from_hf_dict(raw)
     scheme = hf_quant.checkpoint_quantization(raw, str(path))
     preprocessor = path / "preprocessor_config.json"

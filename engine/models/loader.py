@@ -16,7 +16,7 @@ from engine.errors import NinferError
 from engine.formats.container import SUFFIX, load_container
 from engine.formats.dummy import is_dummy, load_dummy
 from engine.formats.gguf import load_gguf
-from engine.formats.hf_dir import load_hf_dir
+from engine.formats.hf_dir import config_json, load_hf_dir
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.formats.source import ModelSource
 from engine.layers.linear import (
@@ -66,18 +66,32 @@ def open_source(model: str | Path | None) -> ModelSource:
     if is_dummy(model):  # random weights at a preset's or a config's shapes, for timing
         return load_dummy(model)
     path = model_path(model)
+    return _reader(path)(path)
+
+
+def check_source(model: str | Path | None) -> None:
+    """Refuse a MODEL that names nothing ninfer reads, as open_source would, before anything is read (serve:
+    before it binds its port and says it is loading)."""
+    if not is_dummy(model):
+        _reader(model_path(model))
+
+
+def _reader(path: Path):
+    """The function that reads the checkpoint at `path`, told by its kind (a folder with a config.json, a
+    file's suffix); NinferError in a sentence when it is none of them."""
     if not path.exists():
         raise NinferError(
             f"{path} does not exist; pass an HF checkpoint directory, a .gguf or a .ninfer file"
         )
     if path.is_dir():
-        return load_hf_dir(path)
+        config_json(path)
+        return load_hf_dir
     if path.suffix == ".gguf":
-        return load_gguf(path)
+        return load_gguf
     if path.suffix == SUFFIX:
-        return load_container(path)
+        return load_container
     if path.name == "config.json":
-        return load_hf_dir(path.parent)
+        return lambda p: load_hf_dir(p.parent)
     raise NinferError(
         f"cannot tell the format of {path}; pass an HF checkpoint directory, a .gguf or a .ninfer file "
         "(or dummy:PRESET[:RECIPE] for random weights)"

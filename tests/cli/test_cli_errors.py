@@ -34,6 +34,22 @@ def test_missing_model_path():
     )
 
 
+def test_serve_names_a_missing_model_before_it_binds_its_port_or_says_it_is_loading(tmp_path, monkeypatch):
+    bound = []
+    monkeypatch.setattr("ninfer_cli.serve.bind", lambda *a: bound.append(a))
+    for model, words in (
+        ("/no/such/model", "does not exist; pass an HF checkpoint directory"),
+        (str(tmp_path), "has no config.json; point ninfer at an HF checkpoint directory"),
+        (str(tmp_path / "x.bin"), "does not exist"),
+    ):
+        code, out = _run("serve", model, "--port", "0")
+        assert code == 2 and out.startswith(f"error: {model} {words}") and "loading" not in out, out
+    (tmp_path / "x.bin").write_bytes(b"x")
+    code, out = _run("serve", str(tmp_path / "x.bin"), "--port", "0")
+    assert code == 2 and out.startswith(f"error: cannot tell the format of {tmp_path / 'x.bin'}"), out
+    assert bound == []
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return save_tiny(
