@@ -69,6 +69,13 @@ def bench(
             "does; those rows give TTFT and the tokens the prefix cache served (default 1: cold only).",
         ),
     ] = 1,
+    subagent_turns: Annotated[
+        int,
+        typer.Option(
+            help="With --turns: then K turns of a subagent's conversation while the agent's waits, then the "
+            "agent's next turn; its row shows whether the server kept the agent's prefix through them.",
+        ),
+    ] = 0,
     json_file: Annotated[Path | None, typer.Option("--json", help="Write every measurement here.")] = None,
     label: Annotated[str | None, typer.Option(help="Name of this run in tables and compare.")] = None,
     device: Annotated[str, typer.Option(help="In process: cpu or cuda.")] = "cpu",
@@ -126,6 +133,13 @@ def bench(
             f"--turns {turns} goes on with an agent's conversation (tool calls and results); add --scenario "
             "agent, or leave --turns out"
         )
+    if subagent_turns < 0 or (subagent_turns and turns < 2):
+        raise NinferError(
+            f"--subagent-turns {subagent_turns} runs a subagent's turns between an agent's; give it with "
+            "--turns 2 or more (and --scenario agent), or leave it out"
+            if subagent_turns > 0
+            else f"--subagent-turns is a count of turns, 0 or more (got {subagent_turns})"
+        )
     if not 0.0 <= temperature <= 2.0:
         raise NinferError(f"--temperature {temperature:g} is out of range; use 0 (greedy) up to 2")
     if json_file is not None:  # said now, not after the whole run
@@ -149,6 +163,7 @@ def bench(
             concurrencies,
             scenario,
             turns,
+            subagent_turns,
             gen,
             temperature,
             repeat,
@@ -184,6 +199,7 @@ class _Options:
     concurrencies: tuple[int, ...]
     scenario: str
     turns: int
+    subagent_turns: int
     gen: int
     temperature: float
     repeat: int
@@ -218,7 +234,9 @@ def _run(o: _Options) -> None:
     from engine.config import resolve_dtype
     from engine.errors import NinferError
 
-    cfg = BenchConfig(o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat, o.temperature, o.turns)
+    cfg = BenchConfig(
+        o.contexts, o.concurrencies, o.scenario, o.gen, o.repeat, o.temperature, o.turns, o.subagent_turns
+    )
     flags = {
         "device": o.device,
         "dtype": resolve_dtype(o.dtype, o.device),  # as the engine runs it (auto: by the device)
@@ -249,18 +267,24 @@ def _run(o: _Options) -> None:
         from engine.models.loader import open_source
         from engine.rope_scaling import positions_phrase, stretch_hint
 
-        grown = (o.turns - 1) * TURN_TOKENS  # each later agent turn's tool call and result
+        # each later turn's tool call and result: the agent's (one more after subagent turns), the subagent's
+        agent_later = o.turns - 1 + (1 if o.subagent_turns else 0)
+        later = max(agent_later, o.subagent_turns - 1)
+        grown = later * TURN_TOKENS
         longest = max(o.contexts) + grown + o.gen
         config = open_source(o.model_path).config.with_rope_scaling_flag(o.rope_scaling)
         limit = config.position_limit
         if longest > limit:
             scaling, positions = config.rope_scaling, config.max_position_embeddings
-            turns = f" + {o.turns - 1} turns x {TURN_TOKENS}" if grown else ""
+            turns = f" + {later} turns x {TURN_TOKENS}" if grown else ""
             raise NinferError(
                 f"--ctx {max(o.contexts)}{turns} + --gen {o.gen} = {longest} tokens is beyond the model's "
                 f"{positions_phrase(scaling, positions)}; use --ctx up to {limit - grown - o.gen}"
                 f"{stretch_hint(longest, scaling, positions)}"
             )
+        # each stream's conversations whole: the agent's, and its subagent's while it waits
+        conversations = max(o.contexts) * 2 + (agent_later + o.subagent_turns - 1) * TURN_TOKENS + 2 * o.gen
+        pool = (longest if not o.subagent_turns else conversations) * max(o.concurrencies)
         llm = LLM(
             o.model_path,
             device=o.device,
@@ -269,7 +293,7 @@ def _run(o: _Options) -> None:
             weight_quant=o.weight_quant,
             max_context=longest,
             max_concurrency=max(o.concurrencies),
-            kv_capacity=longest * max(o.concurrencies),
+            kv_capacity=pool,
             prefill_chunk=max(2048, max(o.concurrencies)),
             **spec_options(o.spec, o.draft_tokens, o.lm_head_draft, o.draft_model),
             int8_prefill=o.int8_prefill,
@@ -329,6 +353,7 @@ def _run(o: _Options) -> None:
             "repeat": o.repeat,
             "temperature": o.temperature,
             "turns": o.turns,
+            "subagent_turns": o.subagent_turns,
         },
         "rows": rows,
         "records": records,

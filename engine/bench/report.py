@@ -54,7 +54,7 @@ def run_table(result: dict):
         ("prefill %peak", "right"),
         ("status", "left"),
     ]:
-        t.add_column(col, justify=justify)
+        t.add_column(col, justify=justify, no_wrap=col == "turn")
     spec = any(row.get("spec_acceptance") for row in result["rows"])
     if spec:
         t.add_column("draft accept %", justify="right")
@@ -89,7 +89,11 @@ def run_table(result: dict):
             row["scenario"],
             f"{row['context']:,}",
             str(row["concurrency"]),
-            *([str(row.get("turn", 1)), _cached(row)] if turns else []),
+            *(
+                [turn_label(row.get("turn", 1), row.get("after_subagent_turns", 0)), _cached(row)]
+                if turns
+                else []
+            ),
             row["kind"],
             _cell(row.get("pp")),
             _cell(row.get("tg")),
@@ -101,6 +105,11 @@ def run_table(result: dict):
             *extra,
         )
     return t
+
+
+def turn_label(turn: int, after_subagent_turns: int = 0) -> str:
+    """A row's turn: its number, and for the agent's turn after its subagent's, how many those were."""
+    return f"{turn} (after {after_subagent_turns} subagent)" if after_subagent_turns else str(turn)
 
 
 def _cached(row: dict) -> str:
@@ -116,8 +125,10 @@ def compare(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
     (for TTFT, lower is better: the side whose TTFT falls below the other's overtakes)."""
 
     def index(result):
+        # (the agent's turn after its subagent's is a series of its own: a run without subagent turns has
+        # none to set beside it)
         return {
-            (r["scenario"], r["concurrency"], r["kind"], r.get("turn", 1), r["context"]): r
+            (_scenario(r), r["concurrency"], r["kind"], r.get("turn", 1), r["context"]): r
             for r in result["rows"]
         }
 
@@ -144,6 +155,11 @@ def compare(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
                     points.append((ctx, (vb - va) if metric != "ttft_s" else (va - vb)))  # B ahead: > 0
             crossovers += _crossings(key, metric, points)
     return rows, crossovers
+
+
+def _scenario(row: dict) -> str:
+    after = row.get("after_subagent_turns", 0)
+    return f"{row['scenario']} after {after} subagent turns" if after else row["scenario"]
 
 
 def _crossings(key, metric, points: list[tuple[int, float]]) -> list[dict]:

@@ -10,7 +10,11 @@ the window from the first first-token to the last token; sum of prompt tokens ov
 Agent turns (`turns` > 1, the agent scenario): each conversation's later requests (engine/bench/workloads.py
 next_turn: a tool call and its result, TURN_TOKENS more) follow its cold first one; their rows (by turn)
 give TTFT and the prompt tokens the server took from its prefix cache (cached tokens expected there: pp,
-counted over a cached prompt, is left out).
+counted over a cached prompt, is left out). With `subagent_turns` K, each run then sends K turns of another
+agent conversation (a subagent's: cold, then a turn more each, scenario "subagent" in the rows) while the
+agent's waits, as Claude Code's Task tool does, and then the agent's next turn: its row (turn N + 1,
+`after_subagent_turns`) shows whether the server kept the agent's prefix through the subagent's turns (its
+TTFT as turn N's) or computes it again.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class BenchConfig:
     repeat: int = 3
     temperature: float = 0.0  # 0: greedy; above: each request sampled, seeded by its stream
     turns: int = 1  # requests per conversation (agent): the cold first, then each with a turn more
+    subagent_turns: int = 0  # then a subagent conversation's turns, then the agent's turn turns + 1
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -96,20 +101,42 @@ def run_suite(
             for r in range(cfg.repeat):
                 if progress:
                     progress(f"{cfg.scenario} ctx {ctx} C{c} repeat {r + 1}/{cfg.repeat}")
-                prompts = []
-                for _ in range(c):
-                    seed += 1
-                    prompts.append(build(cfg.scenario, ctx, driver.count, seed=seed))
-                for turn in range(1, cfg.turns + 1):
-                    if turn > 1:
-                        prompts = [next_turn(p, turn, driver.count) for p in prompts]
-                    for stream, t in enumerate(driver.run(prompts, cfg.gen, cfg.temperature)):
-                        rec = request_record(t, prompts[stream].tokens)
-                        rec.update(context=ctx, concurrency=c, repeat=r, stream=stream, scenario=cfg.scenario)
-                        rec["turn"] = turn
-                        rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)
-                        rec["telemetry_decode"] = telemetry.window(t.t_first, t.t_last)
-                        records.append(rec)
+                where = {"context": ctx, "concurrency": c, "repeat": r}
+                started = {}
+                for scenario, turns in ((cfg.scenario, cfg.turns), ("subagent", cfg.subagent_turns)):
+                    prompts = []
+                    for _ in range(c if turns else 0):
+                        seed += 1
+                        prompts.append(build(cfg.scenario, ctx, driver.count, seed=seed))
+                    for turn in range(1, turns + 1):
+                        if turn > 1:
+                            prompts = [next_turn(p, turn, driver.count) for p in prompts]
+                        records += _send(
+                            driver, cfg, telemetry, prompts, {**where, "scenario": scenario, "turn": turn}
+                        )
+                    started[scenario] = prompts
+                if cfg.subagent_turns:  # the agent's turn after its subagent's
+                    turn = cfg.turns + 1
+                    prompts = [next_turn(p, turn, driver.count) for p in started[cfg.scenario]]
+                    fields = {
+                        **where,
+                        "scenario": cfg.scenario,
+                        "turn": turn,
+                        "after_subagent_turns": cfg.subagent_turns,
+                    }
+                    records += _send(driver, cfg, telemetry, prompts, fields)
+    return records
+
+
+def _send(driver, cfg: BenchConfig, telemetry: Telemetry, prompts: list, fields: dict) -> list[dict]:
+    """One timed batch (a request a stream): each request's record with `fields` (its context, concurrency,
+    repeat, scenario, turn) and its stream, and the GPU telemetry of its prefill and decode windows."""
+    records = []
+    for stream, t in enumerate(driver.run(prompts, cfg.gen, cfg.temperature)):
+        rec = {**request_record(t, prompts[stream].tokens), **fields, "stream": stream}
+        rec["telemetry_prefill"] = telemetry.window(t.t_start, t.t_first)
+        rec["telemetry_decode"] = telemetry.window(t.t_first, t.t_last)
+        records.append(rec)
     return records
 
 
@@ -208,6 +235,7 @@ def _warm_row(group: list[dict], cost: ModelCost | None, peaks: Peaks) -> dict:
         "context": first["context"],
         "concurrency": first["concurrency"],
         "turn": first["turn"],
+        "after_subagent_turns": first.get("after_subagent_turns", 0),
         "status": status,
         "prompt_off_by": [],
         "kind": kind,

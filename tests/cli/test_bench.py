@@ -110,6 +110,33 @@ def test_agent_turns_in_process_give_each_later_turn_its_ttft_and_cached_tokens(
     assert warm["cached_tokens"]["median"] == before // 16 * 16 and warm["ttft_s"]["median"] > 0
 
 
+def test_subagent_turns_run_between_the_agents_and_its_next_turn_says_what_the_server_kept(tmp_path):
+    """--turns 2 --subagent-turns 2: the agent's two turns, a subagent conversation's two (cold, then a turn
+    more), the agent's third; its row says so, and its cached tokens are all of the agent's second prompt's
+    full pages (the embedded model reuses any page, and its pool holds both conversations)."""
+    out = tmp_path / "subagent.json"
+    args = ("--ctx", "200", "--concurrency", "1,2", "--gen", "4", "--repeat", "1", "--scenario", "agent")
+    code, text = _run("bench", *args, "--turns", "2", "--subagent-turns", "2", "--json", str(out))
+    assert code == 0, text
+    assert "3 (after 2 subagent)" in text and "subagent" in text
+    data = json.loads(out.read_text())
+    assert data["config"]["subagent_turns"] == 2
+    for c in (1, 2):
+        batch = sorted((r for r in data["records"] if r["concurrency"] == c), key=lambda r: r["t_start"])
+        order = [(r["scenario"], r["turn"]) for r in batch if r["stream"] == 0]
+        assert order == [("agent", 1), ("agent", 2), ("subagent", 1), ("subagent", 2), ("agent", 3)]
+        by = {(r["scenario"], r["turn"], r["stream"]): r for r in batch}
+        for stream in range(c):
+            assert by[("subagent", 1, stream)]["cached_tokens"] == 0  # a conversation of its own
+            resumed, before = by[("agent", 3, stream)], by[("agent", 2, stream)]
+            assert resumed["after_subagent_turns"] == 2
+            assert resumed["cached_tokens"] == before["prompt_tokens"] // 16 * 16
+    rows = {(r["scenario"], r["concurrency"], r["kind"], r["turn"]): r for r in data["rows"]}
+    assert rows[("agent", 1, "C1", 3)]["after_subagent_turns"] == 2
+    assert rows[("subagent", 1, "C1", 1)]["status"] == "ok" and ("subagent", 1, "C1", 2) in rows
+    assert all(r["status"] == "ok" for r in data["rows"])
+
+
 def test_in_process_table_and_json(tmp_path):
     out = tmp_path / "run.json"
     code, text = _run(
@@ -409,6 +436,12 @@ def test_compare_puts_later_turns_ttft_side_by_side_lower_ahead(tmp_path):
     code, text = _run("bench", "compare", str(pa), str(pb))
     assert code == 0, text
     assert "TTFT (random, C1 C1, turn 2): B overtakes near" in text
+    # the agent's turn after its subagent's is a series of its own, set beside the same in the other run only
+    for result in (a, b):
+        result["rows"] += [{**result["rows"][-1], "turn": 3, "after_subagent_turns": 2}]
+    a["rows"].append({**a["rows"][-1], "turn": 3, "after_subagent_turns": 0})
+    rows, _ = compare(a, b)
+    assert {r["series"][0] for r in rows if r["series"][3] == 3} == {"random after 2 subagent turns"}
 
 
 def test_compare_finds_the_crossover(tmp_path):
@@ -574,6 +607,16 @@ def test_a_context_below_the_warm_up_prompt_runs():
         (["--gen", "1"], "--gen must be at least 2"),
         (["--turns", "0"], "--turns is the requests of each conversation, 1 or more (got 0)"),
         (["--turns", "2"], "--turns 2 goes on with an agent's conversation (tool calls and results); add"),
+        (["--subagent-turns", "2"], "--subagent-turns 2 runs a subagent's turns between an agent's; give it"),
+        (["--subagent-turns", "-1"], "--subagent-turns is a count of turns, 0 or more (got -1)"),
+        (
+            ["--ctx", "6k", "--gen", "256", "--turns", "2", "--subagent-turns", "1", "--scenario", "agent"],
+            "--ctx 6144 + 2 turns x 1024 + --gen 256 = 8448 tokens is beyond the model's 8192 positions",
+        ),
+        (  # the subagent's conversation grows further than the agent's
+            ["--ctx", "4k", "--gen", "256", "--turns", "2", "--subagent-turns", "5", "--scenario", "agent"],
+            "--ctx 4096 + 4 turns x 1024 + --gen 256 = 8448 tokens is beyond the model's 8192 positions",
+        ),
         (
             ["--ctx", "7k", "--gen", "256", "--turns", "2", "--scenario", "agent"],
             "--ctx 7168 + 1 turns x 1024 + --gen 256 = 8448 tokens is beyond the model's 8192 positions "
