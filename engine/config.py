@@ -419,7 +419,7 @@ class EngineConfig:
     state_snapshots: int | None = None  # hybrid models: snapshot slots; None: 2 x max_concurrency + 2
     # hybrid models: snapshots evicted from those slots kept in host memory (the prefix cache's host tier,
     # engine/cache/state_pool.py) and copied back for a later request that resumes there; None: an eighth of
-    # host_cache (taken from it), or without host_cache twice the GPU snapshot slots; 0: off
+    # host_cache (taken from it), or without host_cache three times the GPU snapshot slots; 0: off
     host_state_snapshots: int | None = None
     block_size: int = 16
     cuda_graphs: bool = True  # CUDA: decode steps replay captured graphs (engine/worker/cuda_graphs.py)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from engine.cache.kv_layout import bytes_per_token_per_layer
+from engine.cache.state_pool import HOST_SNAPSHOTS_PER_SLOT
 from engine.config import MAX_DRAFT_TOKENS, ModelConfig
 from engine.errors import NinferError
 from engine.plan.shapes import vision_patch_width
@@ -158,11 +159,11 @@ def activation_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
 
 def host_state_snapshots(dep: Deployment) -> tuple[int, int]:
     """Host memory beside the ledger: (snapshots, bytes) of the host tier a hybrid model's state snapshots
-    are evicted to by default, twice the GPU slots (engine/worker/host_kv.py host_state_slots); (0, 0) for
-    other models."""
+    are evicted to by default, HOST_SNAPSHOTS_PER_SLOT times the GPU slots (engine/worker/host_kv.py
+    host_state_slots); (0, 0) for other models."""
     if not dep.hybrid or not dep.num_snapshots:
         return 0, 0
-    n = 2 * dep.num_snapshots
+    n = HOST_SNAPSHOTS_PER_SLOT * dep.num_snapshots
     return n, n * state_slot_bytes(dep.config, dep.dtype_bytes)
 
 

@@ -147,7 +147,7 @@ def serve(
         typer.Option(
             help="A hybrid model's state snapshots kept in host memory when the GPU slots (--state-snapshots) "
             "evict them, copied back for a later prompt that resumes there (default: an eighth of --host-cache, "
-            "or twice the GPU slots without it; 0: off).",
+            "or three times the GPU slots without it; 0: off).",
         ),
     ] = None,
     prefix_cache_file: Annotated[

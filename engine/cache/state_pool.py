@@ -41,6 +41,11 @@ from collections import OrderedDict
 
 from engine.cache.host_pool import HostPool
 
+# the host tier's default size, per GPU snapshot slot: an agent and three subagents alternating at one request
+# (Claude Code's parallel Task subagents on a server running one request at a time) each resume where their
+# last turn ended (benchmarks/subagent_resume.py --subagents 3)
+HOST_SNAPSHOTS_PER_SLOT = 3
+
 
 class StatePool:
     def __init__(self, num_slots: int, num_snapshots: int = 0, backups: bool = False, host_slots: int = 0):

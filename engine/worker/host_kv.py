@@ -11,6 +11,7 @@ import psutil
 import torch
 
 from engine.cache.kv_layout import KVCache
+from engine.cache.state_pool import HOST_SNAPSHOTS_PER_SLOT
 from engine.errors import NinferError
 
 HOST_MARGIN = 2 << 30  # host memory the tier leaves to the system and the server itself
@@ -41,9 +42,8 @@ def host_state_slots(
     host_cache: int, host_state_snapshots: int | None, gpu_snapshots: int, state_slot: int
 ) -> int:
     """How many state snapshots the host tier holds (engine/cache/state_pool.py): `host_state_snapshots`,
-    or by default an eighth of `host_cache` (taken from it), or without one twice the `gpu_snapshots`
-    slots (as host memory free allows: an agent and two subagents at one request resume each turn where
-    it ended, benchmarks/subagent_resume.py); 0 without recurrent state (`state_slot` bytes) or GPU
+    or by default an eighth of `host_cache` (taken from it), or without one HOST_SNAPSHOTS_PER_SLOT times
+    the `gpu_snapshots` slots (as host memory free allows); 0 without recurrent state (`state_slot` bytes) or GPU
     snapshot slots to evict from. Refused in a sentence when the count asked for does not fit."""
     if not state_slot or not gpu_snapshots:
         return 0
@@ -51,7 +51,7 @@ def host_state_slots(
         if host_cache:
             return host_cache // 8 // state_slot
         spare = max(0, psutil.virtual_memory().available - HOST_MARGIN) // 2  # half: the rest is the system's
-        return min(2 * gpu_snapshots, spare // state_slot)
+        return min(HOST_SNAPSHOTS_PER_SLOT * gpu_snapshots, spare // state_slot)
     need = host_state_snapshots * state_slot
     if host_cache and need >= host_cache:
         raise NinferError(

@@ -77,9 +77,9 @@ def test_state_snapshots_are_budgeted_and_serve_with_the_flag():
     line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
     assert line.endswith("--state-snapshots 8")
     assert "--state-snapshots" not in next(ln for ln in default.splitlines() if ln.startswith("ninfer serve"))
-    # the host tier the evicted ones go to, twice as many, said beside the ledger (host memory)
-    assert "host memory beside this ledger: 8 state snapshots" in default
-    assert "host memory beside this ledger: 16 state snapshots" in out
+    # the host tier the evicted ones go to, three times as many, said beside the ledger (host memory)
+    assert "host memory beside this ledger: 12 state snapshots" in default
+    assert "host memory beside this ledger: 24 state snapshots" in out
     code, none = _plan_27b_3090("--concurrency", "1", "--context", "128k", "--state-snapshots", "0")
     assert code == 0 and "host memory beside this ledger" not in none
 
@@ -129,10 +129,10 @@ def test_qwen3_next_preset_fits_an_80_gib_card_at_180k():
     weights = sum(r["bytes"] for r in plan["ledger"] if r["component"].startswith("weights"))
     assert 41.0 < weights / 2**30 < 45.0
     assert plan["context"] >= 180 * 1024
-    # a hybrid: its host tier, twice the GPU snapshot slots, each one state slot
+    # a hybrid: its host tier, three times the GPU snapshot slots, each one state slot
     snapshots = next(r for r in plan["ledger"] if r["component"] == "state snapshots")["bytes"]
     assert (
-        plan["host_state_snapshots"]["bytes"] == 2 * snapshots and plan["host_state_snapshots"]["count"] > 0
+        plan["host_state_snapshots"]["bytes"] == 3 * snapshots and plan["host_state_snapshots"]["count"] > 0
     )
 
 

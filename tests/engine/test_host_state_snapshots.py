@@ -103,7 +103,7 @@ def test_an_agent_and_its_subagent_each_resume_where_their_last_turn_ended(hybri
     resumes from the tool list only; with it each turn after the first resumes at its last prompt's end."""
     small = dict(kv_capacity=2048, max_context=1024, max_concurrency=1)
     on = LLM(hybrid, **small)
-    assert on.scheduler.state_pool.host.num_slots == 2 * on.scheduler.state_pool.num_snapshots == 8
+    assert on.scheduler.state_pool.host.num_slots == 3 * on.scheduler.state_pool.num_snapshots == 12
     with_host = _conversations(on)
     assert on.scheduler.num_state_lost_tokens == 0
     for (before, _, _), (_, cached, _) in zip(with_host, with_host[2:]):
@@ -149,9 +149,9 @@ def test_the_tier_never_changes_what_is_generated(hybrid):
 
 def test_the_host_tiers_size(hybrid, tmp_path):
     small = dict(kv_capacity=256, max_context=128, max_concurrency=1)
-    llm = LLM(hybrid, **small, state_snapshots=3)  # twice as many in host memory
+    llm = LLM(hybrid, **small, state_snapshots=3)  # three times as many in host memory
     slot = llm.runner.state_slot_bytes
-    assert llm.runner.host_states.num_slots == 6 and llm.runner.host_states.num_bytes == 6 * slot
+    assert llm.runner.host_states.num_slots == 9 and llm.runner.host_states.num_bytes == 9 * slot
     # with --host-cache: an eighth of it, the rest KV pages
     llm = LLM(hybrid, **small, host_cache=64 * slot)
     assert llm.runner.host_states.num_slots == 8
