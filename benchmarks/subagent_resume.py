@@ -11,7 +11,7 @@ each reply's last page, every 4,096 prompt tokens) outnumber the default 4 GPU s
     off                 --host-state-snapshots 0: the other conversations' snapshots evict a turn's
     4                   as many as the GPU slots: those evicted are copied to host memory and back when
                         their conversation's next turn comes (interval points are not kept there)
-    default             twice the GPU slots (8 at one request)
+    default             three times the GPU slots (12 at one request)
 
 With `--runs K` the turns come as an agent's do when it waits for a subagent (Claude Code's Task tool is a
 blocking call): two agent turns, then subagent 1's K turns in a row, two agent turns, subagent 2's K, and
