@@ -408,7 +408,7 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             text = httpx.get(f"{s.url}/metrics", timeout=30).text
             cached = r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
         assert metric(text, "ninfer_state_snapshots_total") == snapshots
-        assert metric(text, "ninfer_host_state_snapshots_total") == 2 * snapshots  # (by default twice)
+        assert metric(text, "ninfer_host_state_snapshots_total") == 3 * snapshots  # (by default three times)
         if (
             snapshots
         ):  # shared: the tool list's end (not the user turn's start); the prompt's end, the reply's
@@ -425,8 +425,8 @@ def test_metrics_say_the_snapshots_held_and_the_tokens_lost_for_want_of_one(tmp_
             body["messages"][0]["content"] = system
             assert httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
         text = httpx.get(f"{s.url}/metrics", timeout=30).text
-    assert metric(text, "ninfer_host_state_snapshots_total") == 2
-    assert 1 <= metric(text, "ninfer_host_state_snapshots_used") <= 2  # the first's, evicted
+    assert metric(text, "ninfer_host_state_snapshots_total") == 3
+    assert 1 <= metric(text, "ninfer_host_state_snapshots_used") <= 3  # the first's, evicted
 
 
 def _agent_then_subagent_run(path, sub_turns: int) -> list[tuple[int, int]]:
@@ -459,7 +459,8 @@ def _agent_then_subagent_run(path, sub_turns: int) -> list[tuple[int, int]]:
     sub_system = [{"type": "text", "text": "You are a search subagent. " * 6, "cache_control": MARK}]
     agent = [{"role": "user", "content": "Fix the bug in parse()."}]
     sub = [{"role": "user", "content": "Find where parse() is defined."}]
-    with RunningServer(AsyncLLM(path, block_size=16, max_concurrency=1)) as s:
+    engine = AsyncLLM(path, block_size=16, max_concurrency=1, host_state_snapshots=8)
+    with RunningServer(engine) as s:
         client = anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0)
         rows = [turn(client, agent_system, agent) for _ in range(2)]
         rows += [turn(client, sub_system, sub) for _ in range(sub_turns)]

@@ -136,7 +136,7 @@ def test_the_agent_resumes_where_it_left_off_after_its_subagents_many_turns(hybr
     (its prompts' ends, its replies' last pages) than both tiers hold; its older ones are superseded and go
     first, so the agent's third turn resumes at its second prompt's end. Plain LRU order (superseding off)
     evicts the agent's and resumes it at the tool list. Outputs equal a cold engine's."""
-    small = dict(kv_capacity=2048, max_context=1024, max_concurrency=1)
+    small = dict(kv_capacity=2048, max_context=1024, max_concurrency=1, host_state_snapshots=8)
     rows = _agent_and_subagent(LLM(hybrid, **small), 10)
     (before, _, _), (last, cached, out) = rows[1], rows[-1]
     assert cached == len(before) // 16 * 16
