@@ -121,6 +121,8 @@ class StatePool:
             return None
         self._name(slot, prefix_hash, shared)
         self._fresh.add(prefix_hash)  # (its state is there only after the step's forward)
+        if self.host is not None:  # computed again (no GPU slot could take it back): the tiers stay exclusive
+            self.host.discard(prefix_hash)
         if not keep_evicted:
             self._no_host.add(prefix_hash)
         if owner is not None:

@@ -243,3 +243,17 @@ def test_host_memory_that_cannot_be_had_turns_the_default_tier_off_and_refuses_o
     assert llm.generate(prompt_token_ids=random_prompt(20, 1), sampling_params=GEN)[0].token_ids
     with pytest.raises(NinferError, match="could not pin"):
         LLM(hybrid, **small, host_state_snapshots=4)
+
+
+def test_a_snapshot_computed_again_on_the_gpu_leaves_the_host_tier():
+    """A prefix the host tier holds, saved again into a GPU slot (its request computed it, no idle slot
+    having been free to take it back): the host copy goes, its slot free, so the tiers stay exclusive."""
+    pool = StatePool(1, 1, host_slots=2)
+    pool.new_snapshot(b"a")
+    pool.end_step()
+    pool.new_snapshot(b"b")  # a out to the host tier
+    pool.end_step()
+    assert set(pool.host.slots) == {b"a"}
+    pool.drain_swaps()
+    assert pool.new_snapshot(b"a") is not None  # b out, a saved on the GPU again
+    assert set(pool.host.slots) == {b"b"} and set(pool.snapshots) == {b"a"}
