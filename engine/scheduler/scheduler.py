@@ -220,12 +220,12 @@ class Scheduler:
                 self.num_state_lost_tokens += (kv_pages - len(hit_blocks) - len(host_hits)) * self.block_size
             if self.state_pool is not None:
                 req.state_slot = self.state_pool.allocate()
-                if restore != -1:  # (a preempted request resumes from its own: it keeps the earlier turn)
-                    earlier = self._earlier_turn(req, len(hit_blocks) + len(host_hits))
-                    req.resumes_turn_of = earlier or req.resumes_turn_of
                 if isinstance(restore, bytes):  # the snapshot is in the host tier: copied back first
                     at = (len(hit_blocks) + len(host_hits)) * self.block_size
                     restore = self.state_pool.take_from_host(restore, shared=at in self._shared_points(req))
+                if restore != -1:  # (a preempted request resumes from its own: it keeps the earlier turn)
+                    earlier = self._earlier_turn(req, len(hit_blocks) + len(host_hits))
+                    req.resumes_turn_of = earlier or req.resumes_turn_of
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             self._grow_for_drafter(req, n)
