@@ -39,7 +39,6 @@ from pathlib import Path
 from snapshot_hints import CONFIG, TOOLS_FIRST, agent, agent_turn, words
 
 from engine import LLM
-from engine.cache.state_pool import StatePool
 
 
 def order(args) -> list[str]:
@@ -59,8 +58,6 @@ def run(
 ) -> tuple[dict[str, list[int]], int, int]:
     """(tokens computed by turn, per conversation; prompt tokens computed again for want of a snapshot;
     the host tier's snapshot slots)."""
-    if not supersede:  # plain LRU order (shared snapshots last) in both tiers
-        saved, StatePool.supersede = StatePool.supersede, lambda self, owner, after, keep_shared=False: None
     llm = LLM(
         f"dummy:{path}:bf16",
         chat_template=str(template),
@@ -69,6 +66,8 @@ def run(
         max_context=65536,
         kv_capacity=131072,
     )
+    if not supersede:  # plain LRU order (shared snapshots last) in both tiers
+        llm.scheduler.state_pool.supersede = lambda owner, after, keep_shared=False: None
     rng = random.Random(0)
     tools, stable, environment = agent(rng, args.tools_tokens, args.system_tokens)
     conversations = {"agent": [{"role": "system", "content": f"{stable}\n{environment('ada')}"}]}
@@ -81,8 +80,6 @@ def run(
     for who in order(args):
         result = words(rng, args.result_tokens)
         computed[who].append(agent_turn(llm, tools, conversations[who], True, result))
-    if not supersede:
-        StatePool.supersede = saved
     host_slots = llm.scheduler.state_pool.host.num_slots if llm.scheduler.state_pool.host else 0
     return computed, llm.scheduler.num_state_lost_tokens, host_slots
 

@@ -90,7 +90,7 @@ def run_table(result: dict):
             f"{row['context']:,}",
             str(row["concurrency"]),
             *(
-                [turn_label(row.get("turn", 1), row.get("after_subagent_turns", 0)), _cached(row)]
+                [_turn_label(row.get("turn", 1), row.get("after_subagent_turns", 0)), _cached(row)]
                 if turns
                 else []
             ),
@@ -107,7 +107,7 @@ def run_table(result: dict):
     return t
 
 
-def turn_label(turn: int, after_subagent_turns: int = 0) -> str:
+def _turn_label(turn: int, after_subagent_turns: int = 0) -> str:
     """A row's turn: its number, and for the agent's turn after its subagent's, how many those were."""
     return f"{turn} (after {after_subagent_turns} subagent)" if after_subagent_turns else str(turn)
 

@@ -42,9 +42,11 @@ class HostPool:
             slot = self._free.pop()
         else:
             victim = next((h for h in self.slots if h in self.superseded), None) if self.superseded else None
-            if victim is None and (superseded or not self.slots):
-                return None
-            slot = self.slots.pop(victim if victim is not None else next(iter(self.slots)))
+            if victim is None:
+                if superseded or not self.slots:
+                    return None
+                victim = next(iter(self.slots))
+            slot = self.slots.pop(victim)
             self.superseded.discard(victim)
         self.slots[block_hash] = slot
         if superseded:

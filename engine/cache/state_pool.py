@@ -149,10 +149,7 @@ class StatePool:
                 self._shared.discard(prefix_hash)
             elif self.host is not None:
                 self.host.supersede(prefix_hash)
-            self._disown(prefix_hash)
-
-    def _disown(self, prefix_hash: bytes) -> None:
-        self._owner.pop(prefix_hash, None)
+            self._owner.pop(prefix_hash)
 
     def _prune_owners(self, every: bool = False) -> None:
         """Forget the owners of snapshots neither tier holds any longer (the host tier evicts by itself):
@@ -160,14 +157,14 @@ class StatePool:
         held = self.num_snapshots + (self.host.num_slots if self.host is not None else 0)
         if every or len(self._owner) > held:
             for prefix_hash in [h for h in self._owner if h not in self.snapshots and not self._in_host(h)]:
-                self._disown(prefix_hash)
+                del self._owner[prefix_hash]
 
     def _in_host(self, prefix_hash: bytes) -> bool:
         return self.host is not None and prefix_hash in self.host.slots
 
     def in_host(self, prefix_hash: bytes) -> bool:
         """Whether the host tier holds this prefix's snapshot and a GPU slot could take it back this step."""
-        return self.host is not None and prefix_hash in self.host.slots and self._can_claim_idle()
+        return self._in_host(prefix_hash) and self._can_claim_idle()
 
     def take_from_host(self, prefix_hash: bytes, shared: bool = False) -> int:
         """Take a host-tier snapshot back (after `in_host`): its GPU snapshot slot, to restore from this step
@@ -203,12 +200,12 @@ class StatePool:
         superseded = victim in self._superseded
         self._superseded.discard(victim)
         host_slot = self.host.put(victim, superseded) if keep else None
-        if host_slot is None:
-            self._disown(victim)
         if host_slot is not None:
             # NOTE: a host slot this step already writes (a tier smaller than a step's evictions) is
             # written once, by the newest: the earlier copy is dropped, as its name was
             self.swap_out = [(s, h) for s, h in self.swap_out if h != host_slot] + [(slot, host_slot)]
+        elif not self._in_host(victim):  # in neither tier now
+            self._owner.pop(victim, None)
         return slot
 
     def _can_claim_idle(self) -> bool:
@@ -245,11 +242,11 @@ class StatePool:
             self._shared.discard(prefix_hash)
             self._no_host.discard(prefix_hash)
             self._superseded.discard(prefix_hash)
-            self._disown(prefix_hash)
+            self._owner.pop(prefix_hash, None)
         elif slot is not None:
             self.snapshots[prefix_hash] = slot  # in use by this step; LRU eviction takes it later
         else:
-            self._disown(prefix_hash)
+            self._owner.pop(prefix_hash, None)
 
     def clear_snapshots(self) -> None:
         """Forget every snapshot, in both tiers (those the step being scheduled reads or writes stay until

@@ -353,11 +353,15 @@ class Scheduler:
     def _resume_points(self, req: Request) -> set[int]:
         """The prompt's points where a later prompt resumes: its end, the turn points (_turn_points) and
         the request's hints (its client's cache breakpoints), each at or before its page boundary."""
-        prompt_end = req.num_prompt_tokens // self.block_size * self.block_size
+        prompt_end = self._prompt_end(req)
         if not prompt_end:
             return set()
         inside = (p for p in (*self._turn_points(req), *self._hint_points(req)) if 0 < p < prompt_end)
         return {prompt_end, *inside}
+
+    def _prompt_end(self, req: Request) -> int:
+        """The prompt's last page boundary: where its end's snapshot is saved."""
+        return req.num_prompt_tokens // self.block_size * self.block_size
 
     def _head_end(self, req: Request) -> int:
         """Where the prompt's third turn starts: the head before it (the system turn with the tools, and the
@@ -497,10 +501,7 @@ class Scheduler:
         state_saves.append((req.state_slot, slot))
         if not in_prompt:
             req.rolling_snapshot = prefix_hash
-        elif (
-            req.resumes_turn_of is not None
-            and end == req.num_prompt_tokens // self.block_size * self.block_size
-        ):
+        elif req.resumes_turn_of is not None and end == self._prompt_end(req):
             # the conversation's next turn has its own resume point: the turn before's go before the others
             # (past the head; without turns known, the shared ones kept: they may be a head)
             head = self._head_end(req)
