@@ -23,6 +23,7 @@ import torch
 from ninfer_kernels import native_build
 from ninfer_kernels.conv1d import naive as _conv1d_naive
 from ninfer_kernels.conv1d import native as _conv1d_native
+from ninfer_kernels.fp4_matmul import naive as _fp4_matmul_naive
 from ninfer_kernels.fused_moe import naive as _fused_moe_naive
 from ninfer_kernels.gated_delta import naive as _gated_delta_naive
 from ninfer_kernels.gated_delta import native as _gated_delta_native
@@ -45,6 +46,7 @@ from ninfer_kernels.silu_mul import native as _silu_mul_native
 
 __all__ = [
     "causal_conv1d",
+    "fp4_matmul",
     "fused_moe",
     "gated_delta_rule",
     "int8_matmul",
@@ -173,6 +175,11 @@ def paged_attention(
 def quant_matmul(x, packed, scales, minimums, bits, group_size, out=None, columns=None):
     impl = _triton("quant_matmul") if use_triton(x) else _quant_matmul_naive
     return impl.quant_matmul(x, packed, scales, minimums, bits, group_size, out, columns=columns)
+
+
+def fp4_matmul(x, packed, scale_codes, multiplier, group_size, e8m0, out=None):
+    impl = _triton("fp4_matmul") if use_triton(x) else _fp4_matmul_naive
+    return impl.fp4_matmul(x, packed, scale_codes, multiplier, group_size, e8m0, out)
 
 
 def quant_embedding(ids, packed, scales, minimums, bits, group_size, dim, dtype):

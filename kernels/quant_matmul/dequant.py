@@ -17,6 +17,8 @@ waits for the previous slice's product in stream order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -125,11 +127,26 @@ def dequant_matmul(
     out: torch.Tensor,  # [M, N] in x's dtype, unit column stride
 ) -> torch.Tensor:
     """y = x W^T into out by slices of W dequantized into the scratch (the naive twin: naive.quant_matmul)."""
-    k, n = x.shape[1], scales.shape[0]
+
+    def fill(row0: int, w: torch.Tensor) -> None:
+        dequantize_rows(packed, scales, minimums, bits, group_size, row0, w)
+
+    return sliced_matmul(x, scales.shape[0], out, fill)
+
+
+def sliced_matmul(
+    x: torch.Tensor,  # [M, K]
+    n: int,
+    out: torch.Tensor,  # [M, N] in x's dtype, unit column stride
+    fill: Callable[[int, torch.Tensor], None],
+) -> torch.Tensor:
+    """y = x W^T into out, W [N, K] a slice of rows at a time: fill(row0, w) writes W's rows row0 .. row0 +
+    len(w) into w (a view of the scratch, in x's dtype), which cuBLAS multiplies into out's columns."""
+    k = x.shape[1]
     rows = slice_rows(n, k, x.element_size())
     buf = scratch(x.device, x.dtype, rows * k)
     for row0 in range(0, n, rows):
         w = buf[: min(rows, n - row0) * k].view(-1, k)  # [rows, K]
-        dequantize_rows(packed, scales, minimums, bits, group_size, row0, w)
+        fill(row0, w)
         torch.mm(x, w.t(), out=out[:, row0 : row0 + w.shape[0]])
     return out

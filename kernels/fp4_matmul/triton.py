@@ -1,0 +1,270 @@
+"""FP4 weight matmul: e2m1 codes with e4m3 (NVFP4) or e8m0 (MXFP4) group scales, decoded in the loads.
+
+A code becomes a float by bit operations, no table: its sign (bit 3) moved to bit 15 and its magnitude bits
+(2-0: exponent e1 e0, mantissa m) to bits 11-9 make the fp16 number e2m1(code) x 2^-14 exactly (the fp16
+exponent field is e, the mantissa's top bit m; e = 0 is fp16's subnormal range, where m x 2^-15 is 0.5 x
+2^-14 as e2m1's 0.5 is). An e4m3 scale the same way: its bits 6-0 moved to fp16 bits 13-7 make e4m3 x 2^-8
+(subnormals included); an e8m0 exponent s is the fp32 whose exponent field is s, 2^(s - 127) (s = 0: 0).
+The powers of two are paid once a row, in the row's fp32 multiplier. fp16 -> fp32 conversion is exact,
+subnormals included, so every weight is e2m1 x scale x multiplier rounded once, in fp32.
+
+Shapes:
+* M <= GEMV_MAX_M (decode, draft verification): split-K GEMV. Each program takes BLOCK_N weight rows and a
+  slice of K, STEP columns a step (the packed bytes of a step: 64 a row, loaded as one vector); M = 1 sums
+  the products on the CUDA cores, more rows take a tensor-core product of the step's decoded tile (16 rows
+  of x, the smallest tile). The K slices add into a zeroed fp32 buffer and a tile's last slice stores it
+  (kernels/quant_matmul/split_k.py), sized so every SM has several programs (gemv_splits).
+* more rows: the weight dequantized into the scratch a slice of rows at a time, multiplied by cuBLAS
+  (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats' long prefill chunks are.
+
+Not yet timed on a GPU (benchmarks/gpu_kernels.py's fp4 rows do): the counts of docs/kernels.md are the
+compile check's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.fp4_matmul import GEMV_MAX_M, GROUPS, STEP
+from ninfer_kernels.quant_matmul.dequant import sliced_matmul
+from ninfer_kernels.quant_matmul.split_k import split_k_store
+from ninfer_kernels.quant_matmul.triton import gemv_splits, split_buffers
+from ninfer_kernels.triton_config import dot_dtype, dot_precision
+
+GEMV_BLOCK_N = 128  # weight rows a GEMV program at M = 1
+TILE_GEMV_BLOCK_N = 64  # at M = 2..16 (the decoded tile goes through the tensor cores)
+DEQUANT_BLOCK_N = 32  # weight rows a dequantization program
+E2M1_UNIT = tl.constexpr(2.0**14)  # the fp16 bits of a code read as e2m1 x 2^-14
+E4M3_UNIT = tl.constexpr(2.0**8)  # an e4m3 scale's as e4m3 x 2^-8
+COLUMNS = tl.constexpr(STEP)  # (STEP, as the kernels read it)
+
+
+@triton.jit
+def _e2m1(c):
+    """int32 codes 0..15 -> fp32 e2m1(code) x 2^-14."""
+    bits = ((c & 8) << 12) | ((c & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _group_scale(s, E8M0: tl.constexpr):
+    """int32 scale codes -> fp32: 2^(s - 127) (e8m0; s = 0: 0) or e4m3(s) x 2^-8."""
+    if E8M0:
+        return (s << 23).to(tl.float32, bitcast=True)
+    bits = ((s & 0x80) << 8) | ((s & 0x7F) << 7)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _weight_tile(
+    packed_ptr,
+    scales_ptr,
+    rows,  # [BLOCK_N] weight rows (in bounds)
+    row_scale,  # [BLOCK_N] fp32: the rows' multipliers with the codes' powers of two
+    k0,
+    row_bytes,  # K / 2
+    num_groups,
+    GROUP_SIZE: tl.constexpr,
+    E8M0: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """W[rows, k0 : k0 + COLUMNS] in fp32 ([BLOCK_N, COLUMNS]; columns past K are 0)."""
+    j = k0 // 2 + tl.arange(0, COLUMNS // 2)
+    p = tl.load(packed_ptr + rows[:, None] * row_bytes + j[None, :], mask=(j < row_bytes)[None, :], other=0)
+    p = p.to(tl.int32)
+    codes = tl.reshape(tl.join(_e2m1(p & 15), _e2m1(p >> 4)), (BLOCK_N, COLUMNS))  # column 2j: the low nibble
+    GROUPS_A_STEP: tl.constexpr = COLUMNS // GROUP_SIZE
+    g = k0 // GROUP_SIZE + tl.arange(0, GROUPS_A_STEP)
+    s = tl.load(scales_ptr + rows[:, None] * num_groups + g[None, :], mask=(g < num_groups)[None, :], other=0)
+    scale = _group_scale(s.to(tl.int32), E8M0) * row_scale[:, None]  # [BLOCK_N, GROUPS_A_STEP]
+    w = tl.reshape(codes, (BLOCK_N, GROUPS_A_STEP, GROUP_SIZE)) * scale[:, :, None]
+    return tl.reshape(w, (BLOCK_N, COLUMNS))
+
+
+@triton.jit
+def _row_scales(mult_ptr, rows, E8M0: tl.constexpr):
+    """Each row's multiplier times the powers of two its codes and scales are read with."""
+    unit = E2M1_UNIT if E8M0 else E2M1_UNIT * E4M3_UNIT
+    return tl.load(mult_ptr + rows) * unit
+
+
+@triton.jit
+def _fp4_gemv_kernel(
+    x_ptr,  # [M, K]
+    packed_ptr,  # uint8 [N, K / 2]
+    scales_ptr,  # uint8 [N, G]
+    mult_ptr,  # fp32 [N]
+    out_ptr,  # [M, N] in x's dtype
+    sums_ptr,  # SPLIT_K: fp32 [GEMV_MAX_M * N] partial sums, zero before and after
+    arrivals_ptr,  # SPLIT_K: int32 per output tile, zero before and after
+    M,
+    N,
+    K,
+    row_bytes,
+    num_groups,
+    stride_xm,
+    stride_om,
+    STEPS_PER_SPLIT,
+    GROUP_SIZE: tl.constexpr,
+    E8M0: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    rows = tl.minimum(offs_n, N - 1)  # (past N: the last row read again, never stored)
+    k_start = tl.program_id(2) * STEPS_PER_SPLIT * COLUMNS
+    k_end = tl.minimum(K, k_start + STEPS_PER_SPLIT * COLUMNS)
+    row_scale = _row_scales(mult_ptr, rows, E8M0)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, COLUMNS):
+        w = _weight_tile(
+            packed_ptr, scales_ptr, rows, row_scale, k0, row_bytes, num_groups, GROUP_SIZE, E8M0, BLOCK_N
+        )
+        kk = k0 + tl.arange(0, COLUMNS)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
+            mask=m_mask[:, None] & (kk < K)[None, :],
+            other=0.0,
+        )
+        if BLOCK_M == 1:  # the CUDA cores: each row's products summed
+            acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
+        else:
+            acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=PRECISION)
+    mask = m_mask[:, None] & n_mask[None, :]
+    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    split_k_store(
+        acc, mask, dst, sums_ptr + offs_m[:, None] * N + offs_n[None, :], arrivals_ptr, tile, SPLIT_K
+    )
+
+
+@triton.jit
+def _fp4_dequantize_kernel(
+    packed_ptr,
+    scales_ptr,
+    mult_ptr,
+    out_ptr,  # [ROWS, K] in the model dtype: weight rows row0 .. row0 + ROWS
+    row0,
+    ROWS,
+    K,
+    row_bytes,
+    num_groups,
+    GROUP_SIZE: tl.constexpr,
+    E8M0: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """COLUMNS columns of BLOCK_N rows a program, stored in out's dtype."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < ROWS
+    rows = row0 + tl.minimum(offs_n, ROWS - 1)
+    k0 = tl.program_id(1) * COLUMNS
+    row_scale = _row_scales(mult_ptr, rows, E8M0)
+    w = _weight_tile(
+        packed_ptr, scales_ptr, rows, row_scale, k0, row_bytes, num_groups, GROUP_SIZE, E8M0, BLOCK_N
+    )
+    cols = k0 + tl.arange(0, COLUMNS)
+    mask = n_mask[:, None] & (cols < K)[None, :]
+    tl.store(out_ptr + offs_n[:, None] * K + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_rows(
+    packed: torch.Tensor,
+    scale_codes: torch.Tensor,
+    multiplier: torch.Tensor,
+    group_size: int,
+    e8m0: bool,
+    row0: int,
+    out: torch.Tensor,  # [rows, K], contiguous: receives weight rows row0 .. row0 + rows
+) -> torch.Tensor:
+    """Rows of an FP4 weight in out's dtype (the naive twin: naive.dequantize_weight)."""
+    rows, k = out.shape
+    assert out.is_contiguous() and row0 + rows <= packed.shape[0]
+    grid = (triton.cdiv(rows, DEQUANT_BLOCK_N), triton.cdiv(k, STEP))
+    _fp4_dequantize_kernel[grid](
+        packed,
+        scale_codes,
+        multiplier,
+        out,
+        row0,
+        rows,
+        k,
+        packed.shape[1],
+        scale_codes.shape[1],
+        GROUP_SIZE=group_size,
+        E8M0=e8m0,
+        BLOCK_N=DEQUANT_BLOCK_N,
+        num_warps=4,
+    )
+    return out
+
+
+def fp4_matmul(
+    x: torch.Tensor,  # [M, K]
+    packed: torch.Tensor,  # uint8 [N, K / 2]
+    scale_codes: torch.Tensor,  # uint8 [N, G]
+    multiplier: torch.Tensor,  # fp32 [N]
+    group_size: int,
+    e8m0: bool,
+    out: torch.Tensor | None = None,  # [M, N] in x's dtype, unit column stride
+    *,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int = 4,
+    dequant: bool | None = None,
+) -> torch.Tensor:
+    """See kernels/fp4_matmul/naive.py. Up to GEMV_MAX_M rows of x the split-K GEMV, more the dequantized
+    slices (`dequant` forces one). block_n (weight rows a GEMV program), num_splits (its K slices, default
+    gemv_splits) and num_warps are knobs for benchmarks/gpu_kernels.py's sweeps."""
+    assert GROUPS.get(group_size) == ("e8m0" if e8m0 else "e4m3"), f"FP4 groups of {group_size}, e8m0={e8m0}"
+    assert x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous() and scale_codes.is_contiguous()
+    m, k = x.shape
+    n = packed.shape[0]
+    assert k <= 2 * packed.shape[1] and multiplier.shape == (n,) and multiplier.dtype == torch.float32
+    out = x.new_empty((m, n)) if out is None else out
+    assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
+    if (m > GEMV_MAX_M) if dequant is None else dequant:
+
+        def fill(row0: int, w: torch.Tensor) -> None:
+            dequantize_rows(packed, scale_codes, multiplier, group_size, e8m0, row0, w)
+
+        return sliced_matmul(x, n, out, fill)
+    block_m = 1 if m == 1 else 16
+    block_n = block_n or (GEMV_BLOCK_N if m == 1 else TILE_GEMV_BLOCK_N)
+    steps = triton.cdiv(k, STEP)
+    per_split = triton.cdiv(steps, num_splits or gemv_splits(n, steps, block_n, x.device))
+    split_k = per_split < steps
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(steps, per_split))
+    sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
+    _fp4_gemv_kernel[grid](
+        x,
+        packed,
+        scale_codes,
+        multiplier,
+        out,
+        sums,
+        arrivals,
+        m,
+        n,
+        k,
+        packed.shape[1],
+        scale_codes.shape[1],
+        x.stride(0),
+        out.stride(0),
+        per_split,
+        GROUP_SIZE=group_size,
+        E8M0=e8m0,
+        SPLIT_K=split_k,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype(x.dtype),
+        PRECISION=dot_precision(x.dtype),
+        num_warps=num_warps,
+    )
+    return out
