@@ -32,6 +32,7 @@ from engine.quant.groupwise import QuantizedTensor, quantize
 from engine.vision.config import VisionConfig
 from engine.vision.tower import VisionTower
 from ninfer_kernels.conv1d import triton as conv1d_triton
+from ninfer_kernels.fp4_matmul import triton as fp4_matmul_triton
 from ninfer_kernels.fused_moe import naive as fused_moe_naive
 from ninfer_kernels.fused_moe import triton as fused_moe_triton
 from ninfer_kernels.gated_delta import triton as gated_delta_triton
@@ -256,6 +257,19 @@ def up_proj_copies(bits: int, n: int = 4, group: int = 128) -> list[tuple]:
     if COMPILE_ONLY:
         return [(packed, scales, mins)]
     return [(packed.clone(), scales.clone(), None if mins is None else mins.clone()) for _ in range(n)]
+
+
+@functools.cache
+def fp4_up_proj_copies(group: int, n: int = 4) -> list[tuple]:
+    """n copies of the 27B MLP up projection as an FP4 checkpoint stores it (random codes; scale codes of
+    1.0, e4m3 0x38 or e8m0 127; unit multipliers): (packed, scale_codes, multiplier) each, 4 x 49 MB (past
+    an H200's L2); --compile-only: one copy on the CPU."""
+    codes = torch.randint(0, 256, (17408, 2560), dtype=torch.uint8, device=DEVICE)
+    scales = torch.full(
+        (17408, 5120 // group), 127 if group == 32 else 0x38, dtype=torch.uint8, device=DEVICE
+    )
+    ones = torch.ones(17408, device=DEVICE)
+    return [(codes.clone(), scales.clone(), ones.clone()) for _ in range(1 if COMPILE_ONLY else n)]
 
 
 @functools.cache
@@ -561,6 +575,32 @@ def main() -> None:
             record(
                 "int8 activations (quantize_act)", "2048x17408", t, bytes_moved=x.numel() * 3 + 2048 * 136 * 8
             )
+        # an NVFP4 / MXFP4 checkpoint's matrix as stored (kernels/fp4_matmul), the same shape; its codes, scale
+        # bytes and row multipliers counted. M = 1: the CUDA-core GEMV (and the tensor-core tile, a knob)
+        for fmt, group, e8m0 in (("NVFP4", 16, False), ("MXFP4", 32, True)):
+            copies = fp4_up_proj_copies(group)
+            size = sum(t.numel() * t.element_size() for t in copies[0])
+            for m, cuda_cores in ((1, None), (1, False), (4, None), (16, None)):
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
+                t = bench_graphed(
+                    [
+                        lambda p=p, x=x, c=cuda_cores, g=group, e=e8m0: fp4_matmul_triton.fp4_matmul(
+                            x, *p, g, e, cuda_cores=c
+                        )
+                        for p in copies
+                    ]
+                )
+                kind = ", tensor cores" if cuda_cores is False else ""
+                record(
+                    f"{fmt} GEMV{kind}, graph replay", f"M={m}, 17408x5120", t, bytes_moved=size + m * 10240
+                )
+            for m in (512, 2048):  # prefill chunks: dequantized slices, cuBLAS products
+                x = randn(m, 5120, device=DEVICE, dtype=bf)
+                t = bench(  # (--compile-only: scripts/cuda_compile_check.py compiles the dequantization)
+                    lambda x=x, p=copies[0], g=group, e=e8m0: fp4_matmul_triton.fp4_matmul(x, *p, g, e),
+                    triton_kernels=False,
+                )
+                record(f"{fmt} GEMM, dequant + cuBLAS", f"M={m}, 17408x5120", t, flops=2 * m * 17408 * 5120)
         # the dequantization alone: one slice of the scratch (packed codes, scales, minimums in; bf16 out)
         qt, packed, scales, mins = up_proj(4)
         rows = quant_dequant.slice_rows(17408, 5120, 2)

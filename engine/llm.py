@@ -18,7 +18,14 @@ from engine.config import EngineConfig, check_device_visible
 from engine.errors import NinferError
 from engine.formats.gguf_mmproj import with_mmproj
 from engine.lora.adapters import Adapters
-from engine.models.loader import load_model, model_path, open_source, quantized_at_load, weight_quant_for
+from engine.models.loader import (
+    holds_fp4,
+    load_model,
+    model_path,
+    open_source,
+    quantized_at_load,
+    weight_quant_for,
+)
 from engine.output_processor import RequestStream
 from engine.plan.preload import check_weights_fit
 from engine.plan.runtime import device_memory, size_kv_pool
@@ -82,10 +89,12 @@ class LLM:
         if config.mmproj:  # a GGUF model's vision tower, in its own file
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
-        held = quantized_at_load(source, config)  # --weight-quant int8 / int4 (FP8: auto) on a GPU
+        held = quantized_at_load(
+            source, config
+        )  # --weight-quant int8 / int4 (FP8: auto; FP4 as stored) on a GPU
         # what the matrices are held as where they were quantized as they loaded (W4G128, W8G128), else None
         self.quantized_at_load = None
-        if held is not source:
+        if held is not source and not holds_fp4(source, config):  # (FP4 held as stored: its label)
             self.quantized_at_load = f"W{BITS[weight_quant_for(source, config.weight_quant)]}G128"
         stored, source = source, held
         self.model_config = source.config

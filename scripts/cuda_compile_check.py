@@ -303,6 +303,21 @@ def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: 
     dequant.dequantize_rows(packed, scales, minimums, bits, group, 0, out)
 
 
+def case_fp4_matmul(fmt: str, m: int, dtype: str, n: int = 17408, k: int = 5120):
+    """An NVFP4 (e4m3 scales a 16) or MXFP4 (e8m0 a 32) checkpoint's matrix as stored (kernels/fp4_matmul):
+    the split-K GEMV up to 16 rows, the dequantized slices above (their dequantization kernel)."""
+    group, e8m0 = (32, True) if fmt == "mxfp4" else (16, False)
+    packed = torch.zeros(n, k // 2, dtype=torch.uint8)
+    scales = torch.full((n, k // group), 0x38, dtype=torch.uint8)
+    op = _op("fp4_matmul")
+    op.fp4_matmul(_randn(m, k, dtype=DTYPES[dtype]), packed, scales, torch.ones(n), group, e8m0)
+    step_bytes = 128 // 2 + 128 // group  # a row's codes and scale bytes over a step's 128 columns
+    if m == 1:  # the CUDA cores (kernels/fp4_matmul/gemv.py)
+        return {"fp4_gemv_cuda_cores_kernel": op.GEMV_BLOCK_N * step_bytes}
+    if m <= 16:  # the tensor-core tile
+        return {"_fp4_gemv_kernel": op.TILE_GEMV_BLOCK_N * step_bytes}
+
+
 def case_quantize_act(dtype: str, m: int = 2048, k: int = 17408, group: int = 128):
     """A prefill chunk's activations quantized to int8 per (token, group) for the int8 matmul."""
     _op("int8_act").quantize_act(_randn(m, k, dtype=DTYPES[dtype]), group)
@@ -436,6 +451,10 @@ def cases() -> list[tuple[str, callable, dict, int]]:
         add(case_dequantize, bits=bits, dtype="bf16")
     add(case_dequantize, bits=4, dtype="fp16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
+    for fmt in ("nvfp4", "mxfp4"):
+        for m in (1, 16, 77):
+            add(case_fp4_matmul, fmt=fmt, m=m, dtype="bf16")
+    add(case_fp4_matmul, fmt="nvfp4", m=1, dtype="fp16")
     for dtype in DTYPES:
         add(case_quantize_act, dtype=dtype)
     for bits in (4, 6, 8):  # the int8 prefill path: a short chunk (64-row tiles) and a long one (128)

@@ -190,7 +190,12 @@ def load_hf_dir(path: Path) -> ModelSource:
             return arranged(hf_fp4.dequantized(stored(), _reader(names)[1], scheme))
         return arranged(stored())
 
-    if isinstance(scheme, (hf_quant.ScaledScheme, hf_fp4.Fp4Scheme)):  # dequantized as they stream
-        bits = 4 if isinstance(scheme, hf_fp4.Fp4Scheme) else 8
-        return ModelSource(config, tokenizer, weights, f"{description}, {scheme.label}", stored_bits=bits)
+    if isinstance(scheme, hf_quant.ScaledScheme):  # dequantized as they stream
+        return ModelSource(config, tokenizer, weights, f"{description}, {scheme.label}", stored_bits=8)
+    if isinstance(scheme, hf_fp4.Fp4Scheme):  # so too, or held as stored where a GPU's kernels take them
+        native = None
+        if config.architecture != stacked_experts.ARCHITECTURE:  # (experts stored stacked: dequantized)
+            native = hf_fp4.native_weights(*_reader(names), scheme, config, arranged)
+        label = f"{description}, {scheme.label}"
+        return ModelSource(config, tokenizer, weights, label, stored_bits=4, native_weights=native)
     return ModelSource(config, tokenizer, weights, description)

@@ -13,19 +13,23 @@ of 32, a power of two).
   is NaN, refused): w = e2m1 x 2^(s - 127); no tensor scale.
 Byte j of a row holds columns 2 j (low nibble) and 2 j + 1 (high); a nibble's bit 3 is the sign, bits 0-2
 index the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. The activations' scales are not needed (activations stay
-16-bit). There is no FP4 weight kernel: where the fused kernels run, `--weight-quant auto` holds the
-matrices as 8-bit groups (engine/quant/on_load.py; `int4` at 4 bits, rounded again).
+16-bit). Where the fused kernels run (a GPU), `--weight-quant auto` holds the matrices as stored
+(`native_weights`: Fp4Tensors, multiplied by kernels/fp4_matmul; a mixture of experts' matrices as 8-bit
+groups, engine/quant/fp4_layer.py); `int8` / `int4` quantize them again as they load (engine/quant/on_load.py),
+`none` and the CPU read them dequantized (`dequantized`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats import qwen3_next
 
 GROUP = 16  # NVFP4's
 MX_GROUP = 32  # MXFP4's
@@ -33,7 +37,7 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 CT = "compressed-tensors"
 MODELOPT = "modelopt"
 # the activations' scales and a KV cache's: not loaded
-_UNUSED = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".kv_scale")
+UNUSED = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".kv_scale")
 
 
 @dataclass(frozen=True)
@@ -101,19 +105,13 @@ def dequantized(
     on."""
     codes_suffix = f".{scheme.codes_name}"
     global_suffix = f".{scheme.global_name}" if scheme.global_name else None
-    skipped = (".weight_scale", *_UNUSED) + ((global_suffix,) if global_suffix else ())
+    skipped = (".weight_scale", *UNUSED) + ((global_suffix,) if global_suffix else ())
     for name, tensor in tensors:
         if name.endswith(skipped):
             continue
         if name.endswith(codes_suffix) and tensor.dtype == torch.uint8:
             layer = name[: -len(codes_suffix)]
-            scale = read(f"{layer}.weight_scale")
-            global_scale = read(f"{layer}{global_suffix}") if global_suffix else torch.ones(())
-            if scale is None or global_scale is None:
-                missing = f"{layer}.weight_scale" if scale is None else f"{layer}{global_suffix}"
-                raise NinferError(
-                    f"{name} is {scheme.label} but the checkpoint has no {missing}; download it again"
-                )
+            scale, global_scale = _scales(layer, read, scheme)
             if scheme.label == "MXFP4":
                 scale = _e8m0(scale, layer)
             g = global_scale.float().reshape(())
@@ -121,6 +119,120 @@ def dequantized(
             yield f"{layer}.weight", dequantize_fp4(tensor, scale, multiplier, layer, scheme.group)
             continue
         yield name, tensor
+
+
+@dataclass(frozen=True)
+class Fp4Tensor:
+    """An NVFP4 / MXFP4 matrix as its checkpoint stores it (kernels/fp4_matmul's layout)."""
+
+    packed: torch.Tensor  # uint8 [N, K / 2]: e2m1 codes, column 2j in byte j's low nibble
+    scale_codes: torch.Tensor  # uint8 [N, ceil(K / group_size)]: e4m3 bits (NVFP4) or e8m0 exponents (MXFP4)
+    multiplier: torch.Tensor  # fp32 [N]: the tensor's scale, each row's
+    group_size: int
+    e8m0: bool
+    shape: tuple[int, int]  # [N, K]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_codes, self.multiplier))
+
+    def rows(self, index: torch.Tensor) -> Fp4Tensor:
+        """The matrix's rows `index` (int64), in that order."""
+        pick = [t.index_select(0, index) for t in (self.packed, self.scale_codes, self.multiplier)]
+        return replace(
+            self, packed=pick[0], scale_codes=pick[1], multiplier=pick[2], shape=(len(index), self.shape[1])
+        )
+
+    def dequantized(self) -> torch.Tensor:
+        """bf16 [N, K], as `dequantized` reads the checkpoint."""
+        scale = (
+            _e8m0(self.scale_codes, "the matrix") if self.e8m0 else self.scale_codes.view(torch.float8_e4m3fn)
+        )
+        return dequantize_fp4(self.packed, scale, self.multiplier[:, None], group=self.group_size)
+
+
+def native_weights(
+    names: list[str],
+    read: Callable[[str], torch.Tensor | None],
+    scheme: Fp4Scheme,
+    config: ModelConfig,
+    arranged: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]],
+) -> tuple[Callable[[], Iterator[tuple[str, Fp4Tensor]]], Callable[[], Iterator[tuple[str, torch.Tensor]]]]:
+    """(quantized, unquantized) over a checkpoint's tensors (`names`; `read(name)` one): each FP4 layer as an
+    Fp4Tensor named `<layer>.weight` (a Qwen3-Next fused projection's two parts apart, as Qwen3.5's layout
+    names them), and the other tensors as stored, `arranged` (the activations' scales left out)."""
+    present = set(names)
+    codes_suffix = f".{scheme.codes_name}"
+    layers = [n[: -len(codes_suffix)] for n in names if n.endswith(codes_suffix) and is_fp4_layer(n, present)]
+    parts = {
+        f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
+    }
+    rest = [n for n in names if n not in parts and not n.endswith(UNUSED)]
+
+    def quantized() -> Iterator[tuple[str, Fp4Tensor]]:
+        for layer in layers:
+            tensor, name = fp4_tensor(layer, read, scheme), f"{layer}.weight"
+            fused = (
+                qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
+            )
+            if fused is None:
+                yield name, tensor
+                continue
+            head = name.split(f".{fused}.")[0]
+            for part, rows in zip(qwen3_next.PARTS[fused], qwen3_next.part_rows(fused, config)):
+                yield f"{head}.{part}.weight", tensor.rows(rows)
+
+    def unquantized() -> Iterator[tuple[str, torch.Tensor]]:
+        return arranged((name, read(name)) for name in rest)
+
+    return quantized, unquantized
+
+
+def is_fp4_layer(codes_name: str, present: set[str]) -> bool:
+    """Whether the layer whose codes are `codes_name` is FP4 (Model Optimizer's codes are named `weight`, as a
+    16-bit layer's matrix is: its FP4 layers have a second scale)."""
+    return codes_name.endswith(".weight_packed") or f"{codes_name}_scale_2" in present
+
+
+def fp4_tensor(layer: str, read: Callable[[str], torch.Tensor | None], scheme: Fp4Scheme) -> Fp4Tensor:
+    """One FP4 layer of the checkpoint as stored; what is missing or cannot be held so, in a sentence."""
+    name = f"{layer}.{scheme.codes_name}"
+    packed, (scale, global_scale) = read(name), _scales(layer, read, scheme)
+    n, half = packed.shape
+    if packed.dtype != torch.uint8 or tuple(scale.shape) != (n, -(-2 * half // scheme.group)):
+        raise NinferError(
+            f"{name}: {scheme.label} codes are uint8 [N, K / 2] with a scale [N, K / {scheme.group}], not "
+            f"{packed.dtype} {tuple(packed.shape)} with {tuple(scale.shape)}; the checkpoint is damaged"
+        )
+    if scheme.label == "MXFP4":
+        _e8m0(scale, layer)  # (its checks)
+        codes = scale
+    elif scale.dtype != torch.float8_e4m3fn:
+        raise NinferError(
+            f"{layer}: its NVFP4 scale is {scale.dtype}, not e4m3; load it with --weight-quant int8 (held as "
+            "8-bit groups) or none (16-bit)"
+        )
+    else:
+        codes = scale.view(torch.uint8)
+        if bool(((codes & 0x7F) == 0x7F).any()):
+            raise NinferError(f"{layer}: its NVFP4 scales hold NaN; the checkpoint is damaged")
+    g = global_scale.float().reshape(())
+    multiplier = (1 / g if scheme.tool == CT else g).expand(n).contiguous()
+    return Fp4Tensor(packed, codes, multiplier, scheme.group, scheme.label == "MXFP4", (n, 2 * half))
+
+
+def _scales(
+    layer: str, read: Callable[[str], torch.Tensor | None], scheme: Fp4Scheme
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP4 layer's group scales and tensor scale (MXFP4: 1) as stored; a missing one named."""
+    scale = read(f"{layer}.weight_scale")
+    global_scale = read(f"{layer}.{scheme.global_name}") if scheme.global_name else torch.ones(())
+    if scale is None or global_scale is None:
+        missing = f"{layer}.weight_scale" if scale is None else f"{layer}.{scheme.global_name}"
+        raise NinferError(
+            f"{layer}.{scheme.codes_name} is {scheme.label} but the checkpoint has no {missing}; download it again"
+        )
+    return scale, global_scale
 
 
 def _e8m0(scale: torch.Tensor, name: str) -> torch.Tensor:

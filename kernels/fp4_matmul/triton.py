@@ -28,7 +28,9 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.fp4_matmul import GEMV_MAX_M, GROUPS, STEP
+from ninfer_kernels.fp4_matmul.gemv import _pair, _scales, fp4_gemv_cuda_cores_kernel
 from ninfer_kernels.quant_matmul.dequant import sliced_matmul
+from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.quant_matmul.triton import gemv_splits, split_buffers
 from ninfer_kernels.triton_config import dot_dtype, dot_precision
@@ -91,9 +93,41 @@ def _row_scales(mult_ptr, rows, E8M0: tl.constexpr):
 
 
 @triton.jit
+def _word_columns(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr):
+    """x [BLOCK_M, 8 WORDS] split into its columns 8t + j, j = 0..7, each [BLOCK_M, WORDS] (in registers)."""
+    even4, odd4 = tl.split(tl.reshape(x, [BLOCK_M, WORDS, 2, 2, 2]))  # columns 0, 2, 4, 6 and 1, 3, 5, 7
+    e04, e26 = tl.split(even4)
+    o15, o37 = tl.split(odd4)
+    x0, x4 = tl.split(e04)
+    x2, x6 = tl.split(e26)
+    x1, x5 = tl.split(o15)
+    x3, x7 = tl.split(o37)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _pair_product(
+    acc,
+    xa,
+    xb,
+    word,
+    scale,
+    MAG: tl.constexpr,
+    SIGN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """acc + xa @ W_a^T + xb @ W_b^T over codes j and j + 4 of each word (gemv._pair's shifts), each weight
+    scaled in fp32 before it becomes an operand."""
+    ca, cb = _pair(word, MAG, SIGN)
+    acc = tl.dot(xa, tl.trans((ca * scale).to(DOT_DTYPE)), acc, input_precision=PRECISION)
+    return tl.dot(xb, tl.trans((cb * scale).to(DOT_DTYPE)), acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _fp4_gemv_kernel(
     x_ptr,  # [M, K]
-    packed_ptr,  # uint8 [N, K / 2]
+    packed_ptr,  # int32 [N, K / 8]: eight codes a word
     scales_ptr,  # uint8 [N, G]
     mult_ptr,  # fp32 [N]
     out_ptr,  # [M, N] in x's dtype
@@ -102,30 +136,38 @@ def _fp4_gemv_kernel(
     M,
     N,
     K,
-    row_bytes,
+    row_words,
     num_groups,
     stride_xm,
     stride_om,
     STEPS_PER_SPLIT,
     GROUP_SIZE: tl.constexpr,
     E8M0: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K a multiple of STEP
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """2-16 rows of x: per step, eight tensor-core products of K = STEP / 8, one per code position j of the
+    words (x's columns 8t + j against code j of word t): the codes are never interleaved back into column
+    order."""
+    WORDS: tl.constexpr = COLUMNS // 8
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = offs_m < M, offs_n < N
-    rows = tl.minimum(offs_n, N - 1)  # (past N: the last row read again, never stored)
-    k_start = tl.program_id(2) * STEPS_PER_SPLIT * COLUMNS
-    k_end = tl.minimum(K, k_start + STEPS_PER_SPLIT * COLUMNS)
-    row_scale = _row_scales(mult_ptr, rows, E8M0)
+    m_mask = offs_m < M
+    offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, STEPS_PER_SPLIT, COLUMNS, BLOCK_N)
+    t = tl.arange(0, WORDS)
+    rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a step's words at k 0
+    row_scale = _row_scales(mult_ptr, rows_in, E8M0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, COLUMNS):
-        w = _weight_tile(
-            packed_ptr, scales_ptr, rows, row_scale, k0, row_bytes, num_groups, GROUP_SIZE, E8M0, BLOCK_N
+        if EVEN_K:
+            word = tl.load(rows + k0 // 8)
+        else:  # (the words past K read as zero codes)
+            word = tl.load(rows + k0 // 8, mask=(k0 // 8 + t < row_words)[None, :], other=0)
+        scale = (
+            _scales(scales_ptr, rows_in, num_groups, k0, WORDS, GROUP_SIZE, E8M0, EVEN_K) * row_scale[:, None]
         )
         kk = k0 + tl.arange(0, COLUMNS)
         x = tl.load(
@@ -133,10 +175,11 @@ def _fp4_gemv_kernel(
             mask=m_mask[:, None] & (kk < K)[None, :],
             other=0.0,
         )
-        if BLOCK_M == 1:  # the CUDA cores: each row's products summed
-            acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
-        else:
-            acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=PRECISION)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x.to(DOT_DTYPE), BLOCK_M, WORDS)
+        acc = _pair_product(acc, x0, x4, word, scale, 9, 12, DOT_DTYPE, PRECISION)
+        acc = _pair_product(acc, x1, x5, word, scale, 5, 8, DOT_DTYPE, PRECISION)
+        acc = _pair_product(acc, x2, x6, word, scale, 1, 4, DOT_DTYPE, PRECISION)
+        acc = _pair_product(acc, x3, x7, word, scale, -3, 0, DOT_DTYPE, PRECISION)
     mask = m_mask[:, None] & n_mask[None, :]
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
@@ -218,10 +261,12 @@ def fp4_matmul(
     num_splits: int | None = None,
     num_warps: int = 4,
     dequant: bool | None = None,
+    cuda_cores: bool | None = None,
 ) -> torch.Tensor:
     """See kernels/fp4_matmul/naive.py. Up to GEMV_MAX_M rows of x the split-K GEMV, more the dequantized
     slices (`dequant` forces one). block_n (weight rows a GEMV program), num_splits (its K slices, default
-    gemv_splits) and num_warps are knobs for benchmarks/gpu_kernels.py's sweeps."""
+    gemv_splits), num_warps and cuda_cores (M = 1 on the CUDA cores, gemv.py: the default where K is a
+    multiple of 8; else the tensor-core tile) are knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert GROUPS.get(group_size) == ("e8m0" if e8m0 else "e4m3"), f"FP4 groups of {group_size}, e8m0={e8m0}"
     assert x.dim() == 2 and x.stride(1) == 1 and packed.is_contiguous() and scale_codes.is_contiguous()
     m, k = x.shape
@@ -229,42 +274,61 @@ def fp4_matmul(
     assert k <= 2 * packed.shape[1] and multiplier.shape == (n,) and multiplier.dtype == torch.float32
     out = x.new_empty((m, n)) if out is None else out
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
-    if (m > GEMV_MAX_M) if dequant is None else dequant:
+    words = packed.shape[1] % 4 == 0  # (K a multiple of 8: the rows read as int32 words)
+    if (m > GEMV_MAX_M or not words) if dequant is None else dequant:
 
         def fill(row0: int, w: torch.Tensor) -> None:
             dequantize_rows(packed, scale_codes, multiplier, group_size, e8m0, row0, w)
 
         return sliced_matmul(x, n, out, fill)
-    block_m = 1 if m == 1 else 16
-    block_n = block_n or (GEMV_BLOCK_N if m == 1 else TILE_GEMV_BLOCK_N)
+    assert words, "the FP4 GEMVs read a row as int32 words: K a multiple of 8"
+    cuda_cores = m == 1 if cuda_cores is None else cuda_cores
+    assert not cuda_cores or m == 1, "the CUDA-core GEMV takes one row of x"
+    block_m = 1 if cuda_cores else 16
+    block_n = block_n or (GEMV_BLOCK_N if cuda_cores else TILE_GEMV_BLOCK_N)
     steps = triton.cdiv(k, STEP)
     per_split = triton.cdiv(steps, num_splits or gemv_splits(n, steps, block_n, x.device))
     split_k = per_split < steps
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(steps, per_split))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)
+    common = dict(
+        GROUP_SIZE=group_size,
+        E8M0=e8m0,
+        EVEN_K=k % STEP == 0 and 2 * packed.shape[1] == k,
+        SPLIT_K=split_k,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    weights = (packed.view(torch.int32), scale_codes, multiplier, out, sums, arrivals)
+    if cuda_cores:  # M = 1 (gemv.py)
+        unit = E2M1_UNIT.value * (1 if e8m0 else E4M3_UNIT.value)
+        fp4_gemv_cuda_cores_kernel[grid](
+            x,
+            *weights,
+            n,
+            k,
+            packed.shape[1] // 4,
+            scale_codes.shape[1],
+            per_split,
+            unit,
+            STEP=STEP,
+            **common,
+        )
+        return out
     _fp4_gemv_kernel[grid](
         x,
-        packed,
-        scale_codes,
-        multiplier,
-        out,
-        sums,
-        arrivals,
+        *weights,
         m,
         n,
         k,
-        packed.shape[1],
+        packed.shape[1] // 4,
         scale_codes.shape[1],
         x.stride(0),
         out.stride(0),
         per_split,
-        GROUP_SIZE=group_size,
-        E8M0=e8m0,
-        SPLIT_K=split_k,
         BLOCK_M=block_m,
-        BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype(x.dtype),
         PRECISION=dot_precision(x.dtype),
-        num_warps=num_warps,
+        **common,
     )
     return out

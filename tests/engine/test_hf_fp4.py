@@ -1,6 +1,7 @@
 """NVFP4 HF checkpoints (engine/formats/hf_fp4.py), written here as llm-compressor and NVIDIA's Model
 Optimizer store them, from e2m1 codes and scales chosen so that every weight they stand for is exact: read
-as those weights (transformers on them gives the same log-probs), held at 8 bits under weight_quant auto."""
+as those weights (transformers on them gives the same log-probs); where the fused kernels run, held as stored
+under weight_quant auto (kernels/fp4_matmul), a mixture of experts' matrices as 8-bit groups."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from engine.errors import NinferError
 from engine.plan.model import resolve
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.cpu import CpuInt8Weight
+from engine.quant.fp4_layer import Fp4Weight
+from ninfer_kernels.fp4_matmul import naive
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -63,7 +66,8 @@ def save_fp4(model, path, tool: str):
     tensors, out, held = load_file(path / "model.safetensors"), {}, {}
     generator = torch.Generator().manual_seed(5)
     for name, w in tensors.items():
-        if not (name.endswith("proj.weight") and w.dim() == 2 and w.shape[1] % group == 0):
+        fp4 = name.endswith(("proj.weight", "proj_qkvz.weight", "proj_ba.weight"))  # (Qwen3-Next's fused too)
+        if not (fp4 and w.dim() == 2 and w.shape[1] % group == 0):
             out[name] = w
             continue
         layer = name[: -len(".weight")]
@@ -100,9 +104,10 @@ def test_read_as_the_weights_they_stand_for(tmp_path, tool, arch):
     llm = LLM(path, weight_quant="none")
     assert llm.description.endswith(f", {label}")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
-    # no FP4 weight kernel: held as 8-bit groups on a GPU, the CPU's int8 kernels here (auto)
+    # held as stored on a GPU (the experts as 8-bit groups), the CPU's int8 kernels here (auto)
     planned = resolve(str(path), None, None, None, False, False)
-    assert planned.recipe == f"{label} held as 8-bit groups of 128, quantized as it loads"
+    experts = ", experts as 8-bit groups of 128" if arch == "qwen3_moe" else ""
+    assert planned.recipe == f"{label} as stored{experts}"
     auto = LLM(path)
     assert isinstance(auto.model.model.layers[0].self_attn.o_proj.qweight, CpuInt8Weight)
 
@@ -144,3 +149,88 @@ def test_mxfp4_damage_and_other_layouts_are_named(tmp_path):
         NinferError, match="is mxfp4-pack-quantized but its weights are not 4-bit floats in groups of 32"
     ):
         LLM(path)
+
+
+@pytest.mark.parametrize("tool", ["compressed-tensors", "modelopt", "mxfp4"])
+def test_held_as_stored_where_the_fused_kernels_run(tmp_path, kernel_backend, tool):
+    """Triton forced (a GPU's path, interpreted here): every FP4 projection an Fp4Weight over the stored codes
+    and scales (the fused q|k|v keeping each part's tensor scale), the matrices stored 16-bit as they are;
+    the log-probs transformers' on the weights the codes stand for. `plan` counts what is held.
+    --weight-quant int8 still rounds them into 8-bit groups."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_fp4(model, tmp_path / "m", tool)
+    kernel_backend("triton")
+    llm = LLM(path, dtype="float32")
+    attn, mlp = llm.model.model.layers[0].self_attn, llm.model.model.layers[1].mlp
+    for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        assert isinstance(proj.qweight, Fp4Weight) and proj.weight is None
+        assert proj.qweight.e8m0 == (tool == "mxfp4") and proj.qweight.packed.dtype == torch.uint8
+    assert llm.model.lm_head.qweight is None and llm.model.lm_head.weight is not None
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    held = sum(p.qweight.nbytes for p in _projections(llm))
+    stored = load_file(path / "model.safetensors")
+    codes = sum(t.numel() for n, t in stored.items() if t.dtype == torch.uint8 and not n.endswith("scale"))
+    assert held == codes + _scale_bytes(stored) + _row_bytes(llm)
+    planned = resolve(str(path), None, None, None, False, False)
+    assert planned.recipe == f"{'MXFP4' if tool == 'mxfp4' else 'NVFP4'} as stored"
+    dense = sum(p.numel() * 4 for n, p in llm.model.named_parameters() if p is not None)
+    assert sum(planned.weights.values()) == held + dense // 2  # (plan counts 16-bit weights)
+    rounded = LLM(path, dtype="float32", weight_quant="int8")
+    assert rounded.model.model.layers[0].self_attn.o_proj.qweight.bits == 8
+
+
+def _projections(llm) -> list:
+    return [m for m in llm.model.modules() if isinstance(getattr(m, "qweight", None), Fp4Weight)]
+
+
+def _scale_bytes(stored: dict) -> int:
+    """The group scales' bytes (e4m3 or e8m0: one a group)."""
+    return sum(t.numel() for n, t in stored.items() if n.endswith(".weight_scale"))
+
+
+def _row_bytes(llm) -> int:
+    """The fp32 tensor scale each row of an FP4 weight keeps."""
+    return sum(4 * p.qweight.out_features for p in _projections(llm))
+
+
+def test_experts_take_8_bit_groups_and_qwen3_next_splits_its_fused_projections(tmp_path, kernel_backend):
+    """A mixture of experts' FP4 matrices are stacked as 8-bit groups of 128 (the fused MoE kernel's), its
+    attention held as stored; Qwen3-Next's fused in_proj_qkvz / in_proj_ba split into Qwen3.5's parts row by
+    row, codes, scales and tensor scales alike, held as stored. Log-probs transformers' (8-bit groups: one
+    more rounding)."""
+    kernel_backend("triton")
+    moe = tiny_hf_model("qwen3_moe", tied=False, seed=3)
+    llm = LLM(save_fp4(moe, tmp_path / "moe", "compressed-tensors"), dtype="float32")
+    layer = llm.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj.qweight, Fp4Weight)
+    assert layer.mlp.experts.packed["gate_up_proj"].bits == 8
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(moe, PROMPT)).abs().max() < 2e-2
+    nxt = tiny_hf_model("qwen3_next", tied=False, seed=3)
+    path = save_fp4(nxt, tmp_path / "next", "modelopt")
+    llm = LLM(path, dtype="float32")
+    proj = llm.model.model.layers[0].linear_attn.in_proj
+    assert isinstance(proj.qweight, Fp4Weight) and proj.weight is None
+    w = proj.qweight
+    held = naive.dequantize_weight(w.packed, w.scale_codes, w.multiplier, w.group_size, w.e8m0, w.k)
+    dense = LLM(path, dtype="float32", weight_quant="none").model.model.layers[0].linear_attn.in_proj.weight
+    assert torch.equal(held, dense)  # each row where Qwen3.5's layout holds it, exactly
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(nxt, PROMPT)).abs().max() < 2e-2
+
+
+def test_damaged_scales_are_named_before_they_are_held(tmp_path, kernel_backend):
+    """An NVFP4 scale of NaN (e4m3's 0x7F), or stored as another dtype, refused in one line naming the layer."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_fp4(model, tmp_path / "m", "compressed-tensors")
+    kernel_backend("triton")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.1.self_attn.o_proj.weight_scale"
+    scale = tensors[name].view(torch.uint8).clone()
+    scale[0, 0] = 0x7F
+    save_file({**tensors, name: scale.view(torch.float8_e4m3fn)}, path / "model.safetensors")
+    with pytest.raises(NinferError, match=r"layers.1.self_attn.o_proj: its NVFP4 scales hold NaN"):
+        LLM(path, dtype="float32")
+    save_file({**tensors, name: tensors[name].float()}, path / "model.safetensors")
+    with pytest.raises(
+        NinferError, match=r"o_proj: its NVFP4 scale is torch.float32, not e4m3; load it with"
+    ):
+        LLM(path, dtype="float32")

@@ -53,6 +53,7 @@ STREAMING_KERNELS = (
     "_quant_matmul_kernel",
     "_chunk_scan_kernel",
     "_int8_matmul_kernel",
+    "_fp4_gemv_kernel",
 )
 # disassembled too, for the instruction budget only: the CUDA-core GEMV loads its words into registers
 # (no async copies to keep in flight at its measured pipeline depth, 1)
@@ -60,6 +61,7 @@ SASS_KERNELS = (
     *STREAMING_KERNELS,
     *(f"gemv{bits}_cuda_cores_kernel" for bits in (4, 6, 8)),
     "gemv4_half2_kernel",
+    "fp4_gemv_cuda_cores_kernel",
 )
 
 
@@ -139,6 +141,11 @@ LOOP_BUDGETS = {
     ("quant_matmul[8,1,bf16,32,True]", "gemv8_cuda_cores_kernel"): 165,  # 126 (256 rows; tensor cores 179)
     ("quant_matmul[4,1,bf16,32]", "gemv4_cuda_cores_kernel"): 280,  # 228 (256 rows)
     ("quant_matmul[4,1,bf16,32,False]", "_quant_matmul_kernel"): 380,  # 261 now, 416 with byte loads
+    # an NVFP4 / MXFP4 matrix as stored (KB: codes and scale bytes): M = 1 on the CUDA cores, 296 / 294 (one
+    # reduction a step and the codes interleaved back into column order: 1435); 2-16 rows, 397 / 400 (679)
+    ("fp4_matmul[nvfp4,1,bf16]", "fp4_gemv_cuda_cores_kernel"): 370,
+    ("fp4_matmul[mxfp4,1,bf16]", "fp4_gemv_cuda_cores_kernel"): 370,
+    ("fp4_matmul[nvfp4,16,bf16]", "_fp4_gemv_kernel"): 500,
     # (SM 9.0's decode: 64-key steps since 2026-12-04; 32-key ones 48-51, 227-229 and 259-274)
     ("attention[decode,bf16,qwen3.5,bf16]", "_decode_kernel"): 75,  # 39 now
     ("attention[decode,int8,qwen3.5,bf16]", "_decode_kernel"): 300,  # 203 now, 283-292 at first

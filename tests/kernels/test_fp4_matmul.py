@@ -39,7 +39,8 @@ def fp4_operands(n: int, k: int, fmt: str, seed: int = 0):
 @pytest.mark.parametrize("m", [1, 3, 16, 77])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp4_matmul_matches_naive(fmt, n, k, m, dtype):
-    """M <= 16: the split-K GEMV (CUDA cores at M = 1, a tensor-core tile above); 77: dequantized slices."""
+    """M <= 16: the split-K GEMVs (the CUDA cores at M = 1, eight tensor-core products a step above, one per
+    code position of the words); 77: dequantized slices."""
     args = fp4_operands(n, k, fmt, seed=m + k)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     got = fused.fp4_matmul(x, *args)
@@ -79,6 +80,20 @@ def test_every_code_and_scale_decodes_exactly(fmt):
     want = naive.dequantize_weight(packed, scales, mult, group, e8m0, k)
     assert torch.equal(out, want[3:])
     assert not want[codes.index(0)].any()  # (e4m3 0; e8m0 0, 2^-127, reads as 0 too)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("cuda_cores", [False, True])
+def test_one_row_through_either_gemv_and_odd_widths_through_the_slices(fmt, cuda_cores):
+    """M = 1 takes the CUDA-core GEMV (gemv.py) by default and the tensor-core tile as a knob; a K that is not
+    a multiple of 8 (a row not whole int32 words) is multiplied through the dequantized slices at any M."""
+    args = fp4_operands(72, 320, fmt, seed=4)
+    x = torch.randn(1, 320, device=DEVICE)
+    assert rel_err(fused.fp4_matmul(x, *args, cuda_cores=cuda_cores), naive.fp4_matmul(x, *args)) < 1e-5
+    odd = fp4_operands(72, 204, fmt, seed=5)
+    for m in (1, 3):
+        x = torch.randn(m, 204, device=DEVICE)
+        assert rel_err(fused.fp4_matmul(x, *odd), naive.fp4_matmul(x, *odd)) < 1e-5
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3])
