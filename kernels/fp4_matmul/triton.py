@@ -8,17 +8,17 @@ exponent field is e, the mantissa's top bit m; e = 0 is fp16's subnormal range, 
 The powers of two are paid once a row, in the row's fp32 multiplier. fp16 -> fp32 conversion is exact,
 subnormals included, so every weight is e2m1 x scale x multiplier rounded once, in fp32.
 
-Shapes:
-* M <= GEMV_MAX_M (decode, draft verification): split-K GEMV. Each program takes BLOCK_N weight rows and a
-  slice of K, STEP columns a step (the packed bytes of a step: 64 a row, loaded as one vector); M = 1 sums
-  the products on the CUDA cores, more rows take a tensor-core product of the step's decoded tile (16 rows
-  of x, the smallest tile). The K slices add into a zeroed fp32 buffer and a tile's last slice stores it
-  (kernels/quant_matmul/split_k.py), sized so every SM has several programs (gemv_splits).
-* more rows: the weight dequantized into the scratch a slice of rows at a time, multiplied by cuBLAS
-  (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats' long prefill chunks are.
+Shapes (a row read as int32 words of eight codes, K a multiple of 8; otherwise every M dequantizes):
+* M = 1: the CUDA-core GEMV (gemv.py);
+* 2..GEMV_MAX_M rows (draft verification, a few sequences): eight tensor-core products a STEP, one per code
+  position j of the words (x's columns 8t + j against code j of word t), each code scaled in fp32 before
+  it becomes a half-precision operand;
+  both split-K as quant_matmul's GEMVs are (gemv_splits, split_buffers, split_k_store): one kernel a GEMV;
+* more rows: the weight dequantized into the scratch a slice of rows at a time (_weight_tile), multiplied
+  by cuBLAS (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats' long prefill chunks are.
 
-Not yet timed on a GPU (benchmarks/gpu_kernels.py's fp4 rows do): the counts of docs/kernels.md are the
-compile check's.
+Not yet timed on a GPU (benchmarks/gpu_kernels.py's quantized_matmul section has the rows); the
+instruction counts of docs/kernels.md are the compile check's.
 """
 
 from __future__ import annotations
