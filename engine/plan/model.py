@@ -11,7 +11,7 @@ from pathlib import Path
 from engine.config import ModelConfig
 from engine.errors import NinferError
 from engine.formats import stacked_experts
-from engine.formats.dummy import is_dummy
+from engine.formats.dummy import FP4_GROUPS, checkpoint_tensors, fp4_split, is_dummy
 from engine.formats.dummy import parse as parse_dummy
 from engine.formats.hf_dir import checkpoint_shapes
 from engine.formats.hf_fp4 import Fp4Scheme
@@ -22,6 +22,7 @@ from engine.plan.presets import PRESETS, preset
 from engine.plan.weights import (
     artifact_weight_bytes,
     fp4_checkpoint_weight_bytes,
+    fp4_held_bytes,
     held_weight_bytes,
     int_checkpoint_weight_bytes,
     recipe_weight_bytes,
@@ -180,11 +181,28 @@ def _dummy(
     shape, how = parse_dummy(model)
     if how.endswith("g32"):  # (plan's recipes are groups of 128: the same bits at the g32 bytes a weight)
         how, bits = f"{how[:2]}g128", stored_bits((int(how[1]), 32))
+    if how in FP4_GROUPS:  # as the FP4 matrices of such a checkpoint are held (the rest 16-bit)
+        return _dummy_fp4(model, shape, how, mtp, vision, dtype_bytes)
     is_preset = shape.lower() in PRESETS and not Path(shape).exists()
     planned = resolve(
         None if is_preset else shape, shape if is_preset else None, how, bits, mtp, vision, dtype_bytes
     )
     return replace(planned, label=model, serve_arg=model)
+
+
+def _dummy_fp4(model: str, shape: str, how: str, mtp: bool, vision: bool, dtype_bytes: int) -> PlannedModel:
+    """dummy:SHAPE:nvfp4 / mxfp4: the dummy's FP4 matrices (engine/formats/dummy.fp4_split) counted as the
+    loader holds them, the rest in the model dtype."""
+    is_preset = shape.lower() in PRESETS and not Path(shape).exists()
+    planned = resolve(
+        None if is_preset else shape, shape if is_preset else None, "bf16", None, mtp, vision, dtype_bytes
+    )
+    fp4, dense = fp4_split(checkpoint_tensors(planned.config))
+    weights, experts = fp4_held_bytes(
+        list(fp4.items()), dense, FP4_GROUPS[how], planned.config, dtype_bytes, mtp, vision
+    )
+    label = f"{how} as stored" + (", experts as 8-bit groups of 128" if experts else "")
+    return replace(planned, label=model, serve_arg=model, weights=weights, recipe=label, packed_weights=True)
 
 
 def _from_gguf(

@@ -189,27 +189,43 @@ def fp4_checkpoint_weight_bytes(
     mtp: bool = False,
     vision: bool = False,
 ) -> tuple[dict[str, int], bool]:
-    """(Bytes per kind, whether any expert's matrix is FP4) of an NVFP4 / MXFP4 checkpoint (`shapes`: its
-    tensors', from the file headers) as the CUDA loader holds it under weight_quant auto
-    (engine/models/loader._hold_fp4): each FP4 matrix as stored (codes, a byte a group's scale, an fp32
-    tensor scale a row), a mixture of experts' as 8-bit groups of 128; the rest in the model dtype."""
+    """fp4_held_bytes of an NVFP4 / MXFP4 checkpoint (`shapes`: its tensors', from the file headers)."""
     codes = f".{scheme.codes_name}"
     present = set(shapes)
     layers = [n[: -len(codes)] for n in shapes if n.endswith(codes) and is_fp4_layer(n, present)]
-    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
-    experts = False
-    for layer in layers:
-        n, half = shapes[f"{layer}{codes}"]
-        name, k = f"{layer}.weight", 2 * half
-        if expert_shard(name) is not None:
-            experts, held = True, stored_nbytes((n, k), 8, GROUP_SIZE)
-        else:
-            held = n * half + n * -(-k // scheme.group) + 4 * n
-        tensors.append((name, (n, k), held))
+    matrices = [
+        (f"{layer}.weight", (shapes[f"{layer}{codes}"][0], 2 * shapes[f"{layer}{codes}"][1]))
+        for layer in layers
+    ]
     parts = {
         f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
     }
-    tensors += [(n, s, None) for n, s in shapes.items() if n not in parts and not n.endswith(UNUSED)]
+    dense = [(n, s) for n, s in shapes.items() if n not in parts and not n.endswith(UNUSED)]
+    return fp4_held_bytes(matrices, dense, scheme.group, config, dtype_bytes, mtp, vision)
+
+
+def fp4_held_bytes(
+    matrices: list[tuple[str, tuple[int, int]]],
+    dense: list[tuple[str, tuple[int, ...]]],
+    group: int,
+    config: ModelConfig,
+    dtype_bytes: int = 2,
+    mtp: bool = False,
+    vision: bool = False,
+) -> tuple[dict[str, int], bool]:
+    """(Bytes per kind, whether any expert's matrix is FP4) of a model whose `matrices` ([N, K] each) are
+    FP4 and `dense` tensors 16-bit, as the CUDA loader holds them under weight_quant auto
+    (engine/models/loader._hold_fp4): each FP4 matrix as stored (codes, a byte a group's scale, an fp32
+    tensor scale a row), a mixture of experts' as 8-bit groups of 128; the rest in the model dtype."""
+    tensors: list[tuple[str, tuple[int, ...], int | None]] = []
+    experts = False
+    for name, (n, k) in matrices:
+        if expert_shard(name) is not None:
+            experts, held = True, stored_nbytes((n, k), 8, GROUP_SIZE)
+        else:
+            held = n * (k // 2) + n * -(-k // group) + 4 * n
+        tensors.append((name, (n, k), held))
+    tensors += [(name, shape, None) for name, shape in dense]
     return held_weight_bytes(tensors, config, dtype_bytes, mtp, vision), experts
 
 

@@ -54,10 +54,38 @@ class Fp4Weight:
             self, packed=self.packed[:n], scale_codes=self.scale_codes[:n], multiplier=self.multiplier[:n]
         )
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given)
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, xq=None) -> torch.Tensor:
+        # x: [M, K] -> [M, N] (into out, a view of a wider output's columns, where given); xq: unused (the
+        # int8 activations of engine/quant/layer.ConcatenatedWeights' integer parts)
         args = (self.packed, self.scale_codes, self.multiplier, self.group_size, self.e8m0)
         return kernels.fp4_matmul(x, *args, out)
+
+    def takes_int8(self, x: torch.Tensor) -> bool:
+        """(--int8-prefill multiplies integer groups only.)"""
+        return False
+
+
+@dataclass
+class DenseRows:
+    """A fused projection's shards an FP4 checkpoint keeps 16-bit beside its FP4 ones (Qwen3.5's in_proj_b /
+    in_proj_a, say): their rows as a dense matrix, one part of engine/quant/layer.ConcatenatedWeights."""
+
+    weight: torch.Tensor  # [N, K] in the model dtype
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, xq=None) -> torch.Tensor:
+        y = x @ self.weight.t()  # [M, N]
+        return y if out is None else out.copy_(y)
+
+    def takes_int8(self, x: torch.Tensor) -> bool:
+        return False
 
 
 def fp4_layout(t: Fp4Tensor) -> tuple[int, bool, int]:

@@ -107,9 +107,11 @@ class GroupwiseWeight:
 class ConcatenatedWeights:
     """A fused projection (q|k|v, gate|up) whose checkpoint shards were quantized at different widths or
     groups (q4.6 chooses per tensor), or act-order column orders: one GroupwiseWeight per run of shards of
-    one layout (same_layout), a kernel call each, writing its own columns of the output."""
+    one layout (same_layout), a kernel call each, writing its own columns of the output. An FP4
+    checkpoint's: an Fp4Weight per run of FP4 shards, a DenseRows per run of 16-bit ones
+    (engine/quant/fp4_layer.py)."""
 
-    parts: list[GroupwiseWeight]
+    parts: list  # GroupwiseWeight, Fp4Weight, DenseRows
 
     @property
     def nbytes(self) -> int:

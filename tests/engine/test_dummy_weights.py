@@ -177,3 +177,37 @@ def test_the_f16x2_gemvs_decode_a_batch_as_the_default_ones(tmp_path, kernel_bac
         ]
         runs.append((one, two))
     assert runs[0] == runs[1] and len(runs[0][1][1]) == 6
+
+
+@pytest.mark.parametrize("arch,recipe", [("qwen3", "nvfp4"), ("qwen3_5", "mxfp4")])
+def test_fp4_dummies_are_held_as_stored_where_the_kernels_run(tmp_path, kernel_backend, arch, recipe):
+    """dummy:SHAPE:nvfp4 / mxfp4: the matrices as an FP4 checkpoint's, held as stored with Triton forced
+    (Fp4Weight, kernels/fp4_matmul) and dequantized on the naive path: the same greedy tokens. `plan`
+    counts what is held: the codes, a scale byte a group and a tensor scale a row; the embedding table and
+    the head 16-bit, as FP4 checkpoints keep them."""
+    from engine.plan.model import resolve
+    from engine.quant.fp4_layer import DenseRows, Fp4Weight
+
+    spec = f"dummy:{_tiny_config(tmp_path, arch)}:{recipe}"
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    kernel_backend("naive")
+    dense = LLM(spec, weight_quant="none", max_context=64)
+    kernel_backend("triton")
+    held = LLM(spec, max_context=64, device=DEVICE, dtype="float32")
+    qweights = [m.qweight for m in held.model.modules() if getattr(m, "qweight", None) is not None]
+    parts = [p for w in qweights for p in getattr(w, "parts", [w])]
+    weights = [p for p in parts if isinstance(p, Fp4Weight)]
+    assert weights and all(w.e8m0 == (recipe == "mxfp4") for w in weights)
+    # Qwen3.5's in_proj_b / in_proj_a are too small for the recipes (16-bit) beside its FP4 in_proj_qkv / z
+    assert any(isinstance(p, DenseRows) for p in parts) == (arch == "qwen3_5")
+    prompt = [[5, 6, 7, 8, 9]]
+    want = dense.generate(prompt_token_ids=prompt, sampling_params=params)[0].token_ids
+    assert held.generate(prompt_token_ids=prompt, sampling_params=params)[0].token_ids == want
+    planned = resolve(spec, None, None, None, False, False)
+    dense_bytes = sum(p.numel() * 2 for p in held.model.parameters())  # (plan counts 16-bit weights)
+    dense_bytes += sum(p.weight.numel() * 2 for p in parts if isinstance(p, DenseRows))
+    assert planned.recipe == f"{recipe} as stored" and planned.packed_weights
+    assert sum(planned.weights.values()) == sum(w.nbytes for w in weights) + dense_bytes
+    preset = resolve(f"dummy:qwen3-8b:{recipe}", None, None, None, False, False).weights
+    sixteen_bit = resolve(None, "qwen3-8b", "bf16", None, False, False).weights
+    assert preset["embedding"] == sixteen_bit["embedding"] and preset["mlp"] < sixteen_bit["mlp"] * 0.3

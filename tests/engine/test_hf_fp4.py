@@ -17,7 +17,7 @@ from engine.errors import NinferError
 from engine.plan.model import resolve
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.cpu import CpuInt8Weight
-from engine.quant.fp4_layer import Fp4Weight
+from engine.quant.fp4_layer import DenseRows, Fp4Weight
 from ninfer_kernels.fp4_matmul import naive
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
@@ -66,7 +66,10 @@ def save_fp4(model, path, tool: str):
     tensors, out, held = load_file(path / "model.safetensors"), {}, {}
     generator = torch.Generator().manual_seed(5)
     for name, w in tensors.items():
-        fp4 = name.endswith(("proj.weight", "proj_qkvz.weight", "proj_ba.weight"))  # (Qwen3-Next's fused too)
+        # (Qwen3-Next's fused projections; Qwen3.5's in_proj_qkv and in_proj_z, not its small b and a)
+        fp4 = name.endswith(
+            ("proj.weight", "proj_qkvz.weight", "proj_ba.weight", "proj_qkv.weight", "proj_z.weight")
+        )
         if not (fp4 and w.dim() == 2 and w.shape[1] % group == 0):
             out[name] = w
             continue
@@ -215,6 +218,24 @@ def test_experts_take_8_bit_groups_and_qwen3_next_splits_its_fused_projections(t
     dense = LLM(path, dtype="float32", weight_quant="none").model.model.layers[0].linear_attn.in_proj.weight
     assert torch.equal(held, dense)  # each row where Qwen3.5's layout holds it, exactly
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(nxt, PROMPT)).abs().max() < 2e-2
+
+
+def test_a_fused_projection_of_fp4_and_16_bit_shards_keeps_both(tmp_path, kernel_backend):
+    """Qwen3.5's in_proj fuses in_proj_qkv / in_proj_z (FP4 here) with in_proj_b / in_proj_a (kept 16-bit):
+    held as one Fp4Weight and the 16-bit rows beside it (DenseRows), each writing its columns of one
+    output; the log-probs transformers'. A 16-bit shard the checkpoint lacks is named."""
+    model = tiny_hf_model("qwen3_5", tied=False, seed=3)
+    path = save_fp4(model, tmp_path / "m", "compressed-tensors")
+    kernel_backend("triton")
+    llm = LLM(path, dtype="float32")
+    proj = llm.model.model.layers[0].linear_attn.in_proj
+    assert proj.weight is None and [type(p) for p in proj.qweight.parts] == [Fp4Weight, DenseRows]
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.0.linear_attn.in_proj_a.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(NinferError, match=r"layers.0.linear_attn.in_proj.weight \[a\] is missing; download"):
+        LLM(path, dtype="float32")
 
 
 def test_damaged_scales_are_named_before_they_are_held(tmp_path, kernel_backend):
