@@ -186,13 +186,18 @@ LOG=memory step sleep 120 python3 benchmarks/sleep_wake.py --gib 8 --repeat 2 --
 # no checkpoint travels to a lent machine): Qwen3.5-27B and Qwen3-8B, 4-bit groups of 128, decode at 1K and
 # 32K tokens of context, one stream (the table in dummy_bench.txt; DUMMY_SHAPES="qwen3.5-27b": fewer)
 # DUMMY_HALF2=1: each shape again with the 4-bit GEMVs in f16x2 (NINFER_GEMV_HALF2=1, gemv4h.py);
-# DUMMY_CTX=1k: fewer context lengths (default 1k,32k)
+# DUMMY_CTX=1k: fewer context lengths (default 1k,32k); DUMMY_FP4=1: each shape again as an NVFP4
+# checkpoint held as stored (dummy:SHAPE:nvfp4, kernels/fp4_matmul)
 for shape in ${DUMMY_SHAPES:-qwen3.5-27b qwen3-8b}; do
   for half2 in 0 ${DUMMY_HALF2:+1}; do
     NINFER_GEMV_HALF2=$half2 LOG=dummy_bench step dummy_bench 300 python3 -m ninfer_cli.main bench \
       "dummy:$shape:w4g128" --device cuda --ctx "${DUMMY_CTX:-1k,32k}" --concurrency 1 --gen 128 --repeat 2 \
       --label "dummy:$shape:w4g128 NINFER_GEMV_HALF2=$half2"
   done
+  if [ -n "${DUMMY_FP4:-}" ]; then
+    LOG=dummy_bench step dummy_bench 300 python3 -m ninfer_cli.main bench "dummy:$shape:nvfp4" --device cuda \
+      --ctx "${DUMMY_CTX:-1k,32k}" --concurrency 1 --gen 128 --repeat 2 --label "dummy:$shape:nvfp4"
+  fi
 done
 
 # ninfer bench on the GPU (NVML telemetry, the roofline column), when the embedded model is installed here
