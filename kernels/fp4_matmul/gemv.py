@@ -57,6 +57,16 @@ def _scales(
 
 
 @triton.jit
+def step_words(packed_ptr, rows_in, row_words, k0, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """The int32 words [BLOCK_N, WORDS] of rows rows_in from column k0 (not EVEN_K: past K, zero codes)."""
+    t = tl.arange(0, WORDS)
+    where = packed_ptr + rows_in[:, None] * row_words + (k0 // 8 + t)[None, :]
+    if EVEN_K:
+        return tl.load(where)
+    return tl.load(where, mask=(k0 // 8 + t < row_words)[None, :], other=0)
+
+
+@triton.jit
 def fp4_gemv_cuda_cores_kernel(
     x_ptr,  # [1, K]
     packed_ptr,  # int32 [N, K / 8]: eight codes a word
@@ -80,14 +90,9 @@ def fp4_gemv_cuda_cores_kernel(
 ):
     WORDS: tl.constexpr = STEP // 8
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, STEPS_PER_SPLIT, STEP, BLOCK_N)
-    t = tl.arange(0, WORDS)
-    rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a step's words at k 0
     total = tl.zeros([BLOCK_N, WORDS], tl.float32)
     for k0 in range(k_start, k_end, STEP):
-        if EVEN_K:
-            word = tl.load(rows + k0 // 8)
-        else:  # (the words past K read as zero codes)
-            word = tl.load(rows + k0 // 8, mask=(k0 // 8 + t < row_words)[None, :], other=0)
+        word = step_words(packed_ptr, rows_in, row_words, k0, WORDS, EVEN_K)
         x8 = tl.reshape(_x(x_ptr, k0 + tl.arange(0, STEP), K, EVEN_K, x_ptr, False), [WORDS, 8])
         x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
         c0, c4 = _pair(word, 9, 12)  # nibbles 0 and 4: magnitudes at bits 0 and 16, signs at 3 and 19

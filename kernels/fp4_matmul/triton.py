@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.fp4_matmul import GEMV_MAX_M, GROUPS, STEP
-from ninfer_kernels.fp4_matmul.gemv import _pair, _scales, fp4_gemv_cuda_cores_kernel
+from ninfer_kernels.fp4_matmul.gemv import _pair, _scales, fp4_gemv_cuda_cores_kernel, step_words
 from ninfer_kernels.quant_matmul.dequant import sliced_matmul
-from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice
+from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice, split_eight
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.quant_matmul.triton import gemv_splits, split_buffers
 from ninfer_kernels.triton_config import dot_dtype, dot_precision
@@ -93,19 +93,6 @@ def _row_scales(mult_ptr, rows, E8M0: tl.constexpr):
 
 
 @triton.jit
-def _word_columns(x, BLOCK_M: tl.constexpr, WORDS: tl.constexpr):
-    """x [BLOCK_M, 8 WORDS] split into its columns 8t + j, j = 0..7, each [BLOCK_M, WORDS] (in registers)."""
-    even4, odd4 = tl.split(tl.reshape(x, [BLOCK_M, WORDS, 2, 2, 2]))  # columns 0, 2, 4, 6 and 1, 3, 5, 7
-    e04, e26 = tl.split(even4)
-    o15, o37 = tl.split(odd4)
-    x0, x4 = tl.split(e04)
-    x2, x6 = tl.split(e26)
-    x1, x5 = tl.split(o15)
-    x3, x7 = tl.split(o37)
-    return x0, x1, x2, x3, x4, x5, x6, x7
-
-
-@triton.jit
 def _pair_product(
     acc,
     xa,
@@ -157,15 +144,10 @@ def _fp4_gemv_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, STEPS_PER_SPLIT, COLUMNS, BLOCK_N)
-    t = tl.arange(0, WORDS)
-    rows = packed_ptr + rows_in[:, None] * row_words + t[None, :]  # [BLOCK_N, WORDS]: a step's words at k 0
     row_scale = _row_scales(mult_ptr, rows_in, E8M0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, COLUMNS):
-        if EVEN_K:
-            word = tl.load(rows + k0 // 8)
-        else:  # (the words past K read as zero codes)
-            word = tl.load(rows + k0 // 8, mask=(k0 // 8 + t < row_words)[None, :], other=0)
+        word = step_words(packed_ptr, rows_in, row_words, k0, WORDS, EVEN_K)
         scale = (
             _scales(scales_ptr, rows_in, num_groups, k0, WORDS, GROUP_SIZE, E8M0, EVEN_K) * row_scale[:, None]
         )
@@ -175,7 +157,7 @@ def _fp4_gemv_kernel(
             mask=m_mask[:, None] & (kk < K)[None, :],
             other=0.0,
         )
-        x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x.to(DOT_DTYPE), BLOCK_M, WORDS)
+        x0, x1, x2, x3, x4, x5, x6, x7 = split_eight(tl.reshape(x.to(DOT_DTYPE), [BLOCK_M, WORDS, 2, 2, 2]))
         acc = _pair_product(acc, x0, x4, word, scale, 9, 12, DOT_DTYPE, PRECISION)
         acc = _pair_product(acc, x1, x5, word, scale, 5, 8, DOT_DTYPE, PRECISION)
         acc = _pair_product(acc, x2, x6, word, scale, 1, 4, DOT_DTYPE, PRECISION)

@@ -57,7 +57,14 @@ def _x(x_ptr, kk, K, EVEN_K: tl.constexpr, columns_ptr, HAS_COLUMNS: tl.constexp
 @triton.jit
 def _word_columns(x8, WORDS: tl.constexpr):
     """The eight columns of x8 ([WORDS, 8]: each word's activations), [WORDS] each, split in registers."""
-    even4, odd4 = tl.split(tl.reshape(x8, [WORDS, 2, 2, 2]))  # columns 0, 2, 4, 6 and 1, 3, 5, 7
+    return split_eight(tl.reshape(x8, [WORDS, 2, 2, 2]))
+
+
+@triton.jit
+def split_eight(x):
+    """x [..., 2, 2, 2], column 4a + 2b + c of each word at [..., a, b, c], split into its columns 0..7 (each
+    [...], in registers: three levels of splits)."""
+    even4, odd4 = tl.split(x)  # columns 0, 2, 4, 6 and 1, 3, 5, 7
     e04, e26 = tl.split(even4)
     o15, o37 = tl.split(odd4)
     x0, x4 = tl.split(e04)
