@@ -1,6 +1,6 @@
 """What reading a checkpoint another tool quantized costs the CPU that loads it (engine/formats/hf_intq.py,
 engine/formats/hf_quant.py): seconds per billion weights to turn one layer's stored tensors into what the
-engine holds (ninfer's 4- / 8-bit groups, or FP8 dequantized to bf16), beside the baseline of the same
+engine holds (ninfer's 4- / 8-bit groups, FP8 dequantized to bf16, NVFP4 as stored), beside the baseline of the same
 process: quantizing the same matrix from 16 bits at that width (groupwise.quantize, round to nearest), what
 serving the bf16 checkpoint at that width would cost instead.
 
@@ -18,11 +18,14 @@ from collections.abc import Callable
 
 import torch
 
+from engine.formats.hf_fp4 import CT as FP4_CT
+from engine.formats.hf_fp4 import Fp4Scheme, dequantized, fp4_tensor
 from engine.formats.hf_intq import CT, INT8, IntScheme, to_groupwise
 from engine.formats.hf_quant import dequantize_scaled
 from engine.quant.groupwise import quantize
 
 GROUP = 128
+NVFP4 = Fp4Scheme(FP4_CT)
 
 
 def _words(*shape: int) -> torch.Tensor:
@@ -43,6 +46,11 @@ def _layouts(n: int, k: int) -> dict[str, tuple[int, Callable[[], object]]]:
     w8a8 = {"weight": torch.randint(-127, 128, (n, k), dtype=torch.int8), "weight_scale": torch.rand(n, 1)}
     fp8 = torch.randn(n, k).to(torch.float8_e4m3fn)
     fp8_scales = torch.rand(-(-n // 128), -(-k // 128))
+    nvfp4 = {
+        "w.weight_packed": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
+        "w.weight_scale": (torch.rand(n, k // 16) + 0.1).to(torch.float8_e4m3fn),
+        "w.weight_global_scale": torch.tensor([448.0 * 6]),
+    }
     return {
         "AWQ 4-bit": (4, lambda: to_groupwise(awq, IntScheme("awq", GROUP, 0), "w")),
         "GPTQ 4-bit": (4, lambda: to_groupwise(gptq, IntScheme("gptq", GROUP, 1), "w")),
@@ -57,7 +65,16 @@ def _layouts(n: int, k: int) -> dict[str, tuple[int, Callable[[], object]]]:
             lambda: to_groupwise(w8a8, IntScheme(INT8, -1, 0, 8), "w"),
         ),
         "FP8 128 x 128 blocks -> bf16": (16, lambda: dequantize_scaled(fp8, fp8_scales, (128, 128))),
+        # NVFP4 (llm-compressor's): held as stored on a GPU since the FP4 kernel; before it, dequantized to
+        # bf16 as it streamed (then rounded into 8-bit groups on the GPU)
+        "NVFP4 held as stored (codes, scale bytes)": (4, lambda: fp4_tensor("w", nvfp4.get, NVFP4)),
+        "NVFP4 -> bf16 (as it streamed before the FP4 kernel)": (16, lambda: fp4_bf16(nvfp4)),
     }
+
+
+def fp4_bf16(stored: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The layer as engine/formats/hf_fp4.dequantized streams it (to bf16)."""
+    return next(dequantized(iter([("w.weight_packed", stored["w.weight_packed"])]), stored.get, NVFP4))[1]
 
 
 def _seconds(work, repeat: int) -> float:

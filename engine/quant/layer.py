@@ -193,7 +193,6 @@ def use_int8_activations(model: torch.nn.Module) -> int:
 def holds_packed_weights(model: torch.nn.Module) -> bool:
     """Whether a linear layer of `model` multiplies a packed weight, integer groups or FP4 (long prefill
     chunks then dequantize slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
-    fp4 = any(
-        isinstance(getattr(m, "qweight", None), Fp4Weight) for m in model.modules() if isinstance(m, Linear)
-    )
+    weights = [m.qweight for m in model.modules() if isinstance(m, Linear) and m.qweight is not None]
+    fp4 = any(isinstance(p, Fp4Weight) for w in weights for p in getattr(w, "parts", [w]))
     return fp4 or bool(packed_weights(model))
