@@ -180,6 +180,10 @@ def test_held_as_stored_where_the_fused_kernels_run(tmp_path, kernel_backend, to
     assert sum(planned.weights.values()) == held + dense // 2  # (plan counts 16-bit weights)
     rounded = LLM(path, dtype="float32", weight_quant="int8")
     assert rounded.model.model.layers[0].self_attn.o_proj.qweight.bits == 8
+    with pytest.raises(
+        NinferError, match=r"int8-prefill .* NVFP4 / MXFP4 held as stored: --weight-quant int4"
+    ):
+        LLM(path, dtype="float32", int8_prefill=True)
 
 
 def _projections(llm) -> list:
