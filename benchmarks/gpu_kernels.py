@@ -657,6 +657,27 @@ def main() -> None:
             else:
                 record(name, shape, t, flops=2 * tokens * k * 3 * hidden * inter)
 
+        # the same experts as an NVFP4 checkpoint stores them (codes, e4m3 scales a 16, a multiplier a row)
+        def nvfp4(n, kk):
+            codes = torch.randint(0, 256, (experts, n, kk // 2), dtype=torch.uint8, generator=gen).to(DEVICE)
+            scales = torch.full((experts, n, kk // 16), 0x38, dtype=torch.uint8, device=DEVICE)
+            return fused_moe_naive.Fp4Experts(
+                codes, scales, torch.full((experts, n), 1e-3, device=DEVICE), 16, False, kk
+            )
+
+        gate_up, down = nvfp4(2 * inter, hidden), nvfp4(hidden, inter)
+        per_expert = sum(t[0].numel() * t.element_size() for e in (gate_up, down) for t in e[:3])
+        for tokens in (1, 2048):
+            x = randn(tokens, hidden, device=DEVICE, dtype=bf)
+            ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(DEVICE)
+            weights = torch.rand(tokens, k, device=DEVICE)
+            t = bench(lambda x=x, i=ids, w=weights: fused_moe_triton.fused_moe(x, gate_up, down, w, i))
+            name, shape = "NVFP4 fused MoE, 8 of 128 experts", f"T={tokens}, H 2048, I 768"
+            if tokens == 1:
+                record(name, shape, t, bytes_moved=k * per_expert)
+            else:
+                record(name, shape, t, flops=2 * tokens * k * 3 * hidden * inter)
+
     def prefill_attention():
         q, cache, table, seq_lens, cu = prefill_case()
         t = bench(lambda: attention.paged_attention(q, cache, table, seq_lens, cu, 0.0625))

@@ -334,9 +334,9 @@ def case_int8_matmul(bits: int, m: int, dtype: str, n: int = 17408, k: int = 512
 
 
 def case_fused_moe(
-    bits: int, tokens: int, dtype: str = "bf16", experts: int = 128, k: int = 8, act_order: bool = False
+    bits: int | str, tokens: int, dtype: str = "bf16", experts: int = 128, k: int = 8, act_order: bool = False
 ):
-    """Qwen3-30B-A3B's sparse MLP (H 2048, I 768, 8 of 128 experts): dense (bits 16) or packed experts, a
+    """Qwen3-30B-A3B's sparse MLP (H 2048, I 768, 8 of 128 experts): dense (bits 16), packed or NVFP4 experts, a
     decode step (1 token: 16-assignment blocks) or a prompt chunk (64-assignment blocks); `act_order`: each
     expert's columns in an order of its own (x gathered)."""
     hidden, inter = 2048, 768
@@ -346,6 +346,11 @@ def case_fused_moe(
     def experts_of(n, kk):
         if bits == 16:
             return _randn(experts, n, kk, dtype=DTYPES[dtype])
+        if bits == "nvfp4":  # an FP4 checkpoint's experts as stored (codes, e4m3 scale bytes, multipliers)
+            codes = torch.zeros(experts, n, kk // 2, dtype=torch.uint8)
+            scale_codes = torch.full((experts, n, kk // 16), 0x38, dtype=torch.uint8)
+            fp4 = importlib.import_module("ninfer_kernels.fused_moe.naive").Fp4Experts
+            return fp4(codes, scale_codes, torch.ones(experts, n), 16, False, kk)
         columns = _randn(experts, kk, dtype=torch.int32) if act_order else None
         return packed_experts(*zero_packed(experts, n, k=kk, bits=bits), bits, 128, kk, columns)
 
@@ -462,7 +467,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             add(case_int8_matmul, bits=bits, m=m, dtype="bf16")
     add(case_int8_matmul, bits=4, m=2048, dtype="fp16")
     add(case_int8_matmul, bits=4, m=2048, dtype="bf16", n=576, k=1536, group=32)  # a GGUF's Q4 blocks
-    for bits in (16, 4, 6, 8):
+    for bits in (16, 4, 6, 8, "nvfp4"):
         for tokens in (1, 256):
             add(case_fused_moe, bits=bits, tokens=tokens)
     for tokens in (1, 256):  # act-order experts (GPTQ desc_act)

@@ -10,12 +10,14 @@ import torch
 
 import ninfer_kernels as kernels
 from engine.config import ModelConfig
+from engine.formats.hf_fp4 import Fp4Tensor
 from engine.layers.linear import Linear, make_param
 from engine.layers.mlp import GatedMLP
 from engine.layers.module import Module
+from engine.quant.fp4_layer import fp4_kernel_takes
 from engine.quant.groupwise import QuantizedTensor
 from engine.quant.layer import fused_kernel_takes
-from ninfer_kernels.fused_moe.naive import PackedExperts
+from ninfer_kernels.fused_moe.naive import Fp4Experts, PackedExperts
 
 # one expert's matrix as the hub stores it: model.layers.<i>.mlp.experts.<e>.<kind>_proj.weight
 _EXPERT_TENSOR = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -44,12 +46,13 @@ class Experts(Module):
     """Every expert's weights stacked: gate_up_proj [E, 2I, H] (gate rows, then up rows), down_proj
     [E, H, I], as transformers holds them. A checkpoint stores either these two tensors, or each expert's
     gate_proj / up_proj / down_proj: shards named "gate:e", "up:e", "down:e". Kept packed (a .ninfer on
-    the GPU), each is a PackedExperts in `packed` instead, its parameter None."""
+    the GPU), each is a PackedExperts in `packed` instead, its parameter None; kept as an FP4 checkpoint
+    stores it, an Fp4Experts."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.packed: dict[str, PackedExperts] = {}
+        self.packed: dict[str, PackedExperts | Fp4Experts] = {}
         experts = range(num_experts)
         self.gate_up_proj = make_param(
             num_experts,
@@ -155,6 +158,39 @@ def pack_experts(model: torch.nn.Module, pname: str, param, shards: dict, device
         first.group_size,
         first.shape[1],
         None if columns is None else columns.to(device),
+    )
+    setattr(module, attr, None)
+    return True
+
+
+def pack_fp4_experts(model: torch.nn.Module, pname: str, param, shards: dict, device) -> bool:
+    """Keep a stacked experts parameter as an FP4 checkpoint stores it (load_keeping_quantized): when every
+    expert's matrix is FP4 in one layout the kernel takes (K a multiple of the group), stack them into an
+    Fp4Experts on the Experts module (gate and up rows concatenated per expert, each keeping its tensor
+    scale) and drop the dense parameter. False where `param` is not an experts matrix, or is not so."""
+    module_name, _, attr = pname.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else None
+    if not isinstance(module, Experts) or set(shards) != set(param.shard_names):
+        return False
+    tensors = list(shards.values())
+    first = tensors[0]
+    if not all(isinstance(t, Fp4Tensor) for t in tensors) or not fp4_kernel_takes(tensors):
+        return False
+    if first.shape[1] % first.group_size:
+        return False
+    kinds = ("down",) if attr == "down_proj" else ("gate", "up")
+    per_expert = [[shards[f"{k}:{e}"] for k in kinds] for e in range(module.num_experts)]
+
+    def stack(field: str) -> torch.Tensor:
+        return torch.stack([torch.cat([getattr(t, field) for t in ts]) for ts in per_expert]).to(device)
+
+    module.packed[attr] = Fp4Experts(
+        stack("packed"),
+        stack("scale_codes"),
+        stack("multiplier").float(),
+        first.group_size,
+        first.e8m0,
+        first.shape[1],
     )
     setattr(module, attr, None)
     return True

@@ -30,7 +30,7 @@ from engine.layers.linear import (
     matrices_on_meta,
     store_weights_column_major,
 )
-from engine.layers.moe import pack_experts
+from engine.layers.moe import pack_experts, pack_fp4_experts
 from engine.models.base import CausalLM
 from engine.models.registry import model_class
 from engine.quant.cpu import INT4_GROUP, CpuInt4Weight, mode_for_bits, quantizable, quantize_weight
@@ -385,6 +385,9 @@ def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) ->
                 held_fp4[pname] = (order, shards, users_of[id(param)], param)
                 for module in users_of[id(param)]:
                     module.weight = None
+                continue
+            if pack_fp4_experts(model, pname, param, shards, device):  # a mixture of experts' stack
+                provided.update((pname, shard) for shard in shards)
                 continue
             shards = {shard: _as_8bit_groups(t, device) for shard, t in shards.items()}
         if pack_experts(model, pname, param, shards, device):

@@ -213,14 +213,15 @@ def fp4_held_bytes(
     mtp: bool = False,
     vision: bool = False,
 ) -> tuple[dict[str, int], bool]:
-    """(Bytes per kind, whether any expert's matrix is FP4) of a model whose `matrices` ([N, K] each) are
-    FP4 and `dense` tensors 16-bit, as the CUDA loader holds them under weight_quant auto
-    (engine/models/loader._hold_fp4): each FP4 matrix as stored (codes, a byte a group's scale, an fp32
-    tensor scale a row), a mixture of experts' as 8-bit groups of 128; the rest in the model dtype."""
+    """(Bytes per kind, whether an expert's matrix takes 8-bit groups) of a model whose `matrices` ([N, K]
+    each) are FP4 and `dense` tensors 16-bit, as the CUDA loader holds them under weight_quant auto
+    (engine/models/loader.load_keeping_quantized): each FP4 matrix as stored (codes, a byte a group's
+    scale, an fp32 tensor scale a row), a mixture of experts' too where K is whole groups (else 8-bit
+    groups of 128); the rest in the model dtype."""
     tensors: list[tuple[str, tuple[int, ...], int | None]] = []
     experts = False
     for name, (n, k) in matrices:
-        if expert_shard(name) is not None:
+        if expert_shard(name) is not None and k % group:  # (the FP4 experts' kernel takes whole groups)
             experts, held = True, stored_nbytes((n, k), 8, GROUP_SIZE)
         else:
             held = n * (k // 2) + n * -(-k // group) + 4 * n

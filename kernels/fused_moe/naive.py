@@ -4,6 +4,7 @@ from typing import NamedTuple
 
 import torch
 
+from ninfer_kernels.fp4_matmul.naive import dequantize_weight as dequantize_fp4
 from ninfer_kernels.quant_matmul.naive import dequantize_weight
 
 
@@ -39,6 +40,40 @@ class PackedExperts(NamedTuple):
         return torch.stack(out)
 
 
+class Fp4Experts(NamedTuple):
+    """Every expert's matrix [N, K] as an NVFP4 / MXFP4 checkpoint stores it (kernels/fp4_matmul's layout, K
+    a multiple of the group), stacked: packed uint8 [E, N, K / 2], scale_codes uint8 [E, N, K / group],
+    multiplier fp32 [E, N]."""
+
+    packed: torch.Tensor
+    scale_codes: torch.Tensor
+    multiplier: torch.Tensor
+    group_size: int
+    e8m0: bool
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, N, K), as a dense stack's."""
+        return self.packed.shape[0], self.packed.shape[1], self.k
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [E, N, K]."""
+        return torch.stack(
+            [
+                dequantize_fp4(
+                    self.packed[e],
+                    self.scale_codes[e],
+                    self.multiplier[e],
+                    self.group_size,
+                    self.e8m0,
+                    self.k,
+                )
+                for e in range(self.packed.shape[0])
+            ]
+        )
+
+
 def moe_route(
     router_logits: torch.Tensor,  # [T, E]
     top_k: int,
@@ -55,8 +90,10 @@ def moe_route(
 
 def fused_moe(
     x: torch.Tensor,  # [T, H]
-    gate_up: torch.Tensor | PackedExperts,  # [E, 2I, H]: each expert's gate rows, then its up rows
-    down: torch.Tensor | PackedExperts,  # [E, H, I]
+    gate_up: torch.Tensor
+    | PackedExperts
+    | Fp4Experts,  # [E, 2I, H]: each expert's gate rows, then its up rows
+    down: torch.Tensor | PackedExperts | Fp4Experts,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k]
 ) -> torch.Tensor:
@@ -64,9 +101,9 @@ def fused_moe(
     x's dtype, each expert's products in x's dtype, the weighted sum in fp32. Tokens are grouped by expert
     (one sort), each expert multiplying its group once. Packed experts are dequantized first (to x's
     dtype)."""
-    if isinstance(gate_up, PackedExperts):
+    if isinstance(gate_up, (PackedExperts, Fp4Experts)):
         gate_up = gate_up.dequantize().to(x.dtype)
-    if isinstance(down, PackedExperts):
+    if isinstance(down, (PackedExperts, Fp4Experts)):
         down = down.dequantize().to(x.dtype)
     num_tokens, k = topk_ids.shape
     flat = topk_ids.reshape(-1)  # [T k]

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.fused_moe.naive import PackedExperts
+from ninfer_kernels.fp4_matmul.triton import E2M1_UNIT, E4M3_UNIT, _e2m1, _group_scale
+from ninfer_kernels.fused_moe.naive import Fp4Experts, PackedExperts
 from ninfer_kernels.silu_mul.triton import silu_mul
 from ninfer_kernels.triton_codes import unpack_codes
 from ninfer_kernels.triton_config import dot_dtype, dot_precision
@@ -154,6 +155,8 @@ def _moe_matmul_kernel(
     X_PER_TOKEN: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr,
     BITS: tl.constexpr,  # 4 / 6 / 8: packed; 16: dense
+    FP4: tl.constexpr,  # an FP4 checkpoint's codes (uint8 [E, N, K / 2]; mins_ptr: fp32 [E, N] multipliers)
+    E8M0: tl.constexpr,  # (FP4) MXFP4's scales, else NVFP4's e4m3
     GROUP_SIZE: tl.constexpr,  # packed: the weight's group; dense: K a step
     HAS_MINS: tl.constexpr,
     HAS_COLUMNS: tl.constexpr,
@@ -190,6 +193,16 @@ def _moe_matmul_kernel(
                 mask=n_mask[:, None] & (kk < K)[None, :],
                 other=0.0,
             )
+        elif FP4:  # e2m1 codes times the group's scale and the row's multiplier (at mins_ptr), in fp32
+            j = k0 // 2 + tl.arange(0, GROUP_SIZE // 2)
+            p = tl.load(w_base + offs_n[:, None] * (KP // 2) + j[None, :], mask=n_mask[:, None], other=0)
+            p = p.to(tl.int32)
+            codes = tl.reshape(tl.join(_e2m1(p & 15), _e2m1(p >> 4)), (BLOCK_N, GROUP_SIZE))
+            g = (expert * N + offs_n) * num_groups + k0 // GROUP_SIZE
+            scale = _group_scale(tl.load(scales_ptr + g, mask=n_mask, other=0).to(tl.int32), E8M0)
+            unit = E2M1_UNIT if E8M0 else E2M1_UNIT * E4M3_UNIT
+            scale *= tl.load(mins_ptr + expert * N + offs_n, mask=n_mask, other=0.0) * unit
+            w = codes * scale[:, None]
         else:  # the group's codes, scaled (and shifted) per row in fp32
             codes = unpack_codes(w_base, offs_n, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE)
             g = (expert * N + offs_n) * num_groups + k0 // GROUP_SIZE
@@ -208,7 +221,17 @@ def _moe_matmul_kernel(
 def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, block_n):
     sorted_ids, block_expert, num_padded = align
     _, n, k = experts.shape
-    if isinstance(experts, PackedExperts):
+    fp4 = isinstance(experts, Fp4Experts)
+    if fp4:  # (the multipliers where the minimums go; K a multiple of the group)
+        w, bits, group, scales, mins = (
+            experts.packed,
+            4,
+            experts.group_size,
+            experts.scale_codes,
+            experts.multiplier,
+        )
+        kp, columns = k, None
+    elif isinstance(experts, PackedExperts):
         w = experts.packed.view(torch.int32) if experts.bits == 6 else experts.packed
         bits, group, scales, mins = experts.bits, experts.group_size, experts.scales, experts.minimums
         kp, columns = scales.shape[2] * group, experts.columns
@@ -239,8 +262,10 @@ def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, blo
         X_PER_TOKEN=x_per_token,
         MUL_WEIGHTS=weights is not None,
         BITS=bits,
+        FP4=fp4,
+        E8M0=fp4 and experts.e8m0,
         GROUP_SIZE=group,
-        HAS_MINS=mins is not None,
+        HAS_MINS=mins is not None and not fp4,
         HAS_COLUMNS=columns is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -252,8 +277,8 @@ def _moe_matmul(x, experts, out, align, topk, x_per_token, weights, block_m, blo
 
 def fused_moe(
     x: torch.Tensor,
-    gate_up: torch.Tensor | PackedExperts,
-    down: torch.Tensor | PackedExperts,
+    gate_up: torch.Tensor | PackedExperts | Fp4Experts,
+    down: torch.Tensor | PackedExperts | Fp4Experts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,

@@ -1,7 +1,7 @@
 """NVFP4 HF checkpoints (engine/formats/hf_fp4.py), written here as llm-compressor and NVIDIA's Model
 Optimizer store them, from e2m1 codes and scales chosen so that every weight they stand for is exact: read
 as those weights (transformers on them gives the same log-probs); where the fused kernels run, held as stored
-under weight_quant auto (kernels/fp4_matmul), a mixture of experts' matrices as 8-bit groups."""
+under weight_quant auto (kernels/fp4_matmul; a mixture of experts' matrices through kernels/fused_moe)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from engine.quant.calibration import sequence_logprobs
 from engine.quant.cpu import CpuInt8Weight
 from engine.quant.fp4_layer import DenseRows, Fp4Weight
 from ninfer_kernels.fp4_matmul import naive
+from ninfer_kernels.fused_moe.naive import Fp4Experts
 
 PROMPT = [5, 9, 200, 31, 77, 5, 9, 300, 12]
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -107,10 +108,9 @@ def test_read_as_the_weights_they_stand_for(tmp_path, tool, arch):
     llm = LLM(path, weight_quant="none")
     assert llm.description.endswith(f", {label}")
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
-    # held as stored on a GPU (the experts as 8-bit groups), the CPU's int8 kernels here (auto)
+    # held as stored on a GPU (experts too), the CPU's int8 kernels here (auto)
     planned = resolve(str(path), None, None, None, False, False)
-    experts = ", experts as 8-bit groups of 128" if arch == "qwen3_moe" else ""
-    assert planned.recipe == f"{label} as stored{experts}"
+    assert planned.recipe == f"{label} as stored"
     auto = LLM(path)
     assert isinstance(auto.model.model.layers[0].self_attn.o_proj.qweight, CpuInt8Weight)
 
@@ -200,18 +200,32 @@ def _row_bytes(llm) -> int:
     return sum(4 * p.qweight.out_features for p in _projections(llm))
 
 
-def test_experts_take_8_bit_groups_and_qwen3_next_splits_its_fused_projections(tmp_path, kernel_backend):
-    """A mixture of experts' FP4 matrices are stacked as 8-bit groups of 128 (the fused MoE kernel's), its
-    attention held as stored; Qwen3-Next's fused in_proj_qkvz / in_proj_ba split into Qwen3.5's parts row by
-    row, codes, scales and tensor scales alike, held as stored. Log-probs transformers' (8-bit groups: one
-    more rounding)."""
+def test_experts_are_held_as_stored_and_qwen3_next_splits_its_fused_projections(tmp_path, kernel_backend):
+    """A mixture of experts' FP4 matrices stacked as stored (Fp4Experts: the fused MoE kernel decodes them),
+    its attention an Fp4Weight; `plan` counts what is held. Qwen3-Next's fused in_proj_qkvz / in_proj_ba
+    split into Qwen3.5's parts row by row, codes, scales and tensor scales alike. Log-probs transformers'."""
     kernel_backend("triton")
     moe = tiny_hf_model("qwen3_moe", tied=False, seed=3)
-    llm = LLM(save_fp4(moe, tmp_path / "moe", "compressed-tensors"), dtype="float32")
+    path = save_fp4(moe, tmp_path / "moe", "compressed-tensors")
+    llm = LLM(path, dtype="float32")
     layer = llm.model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj.qweight, Fp4Weight)
-    assert layer.mlp.experts.packed["gate_up_proj"].bits == 8
-    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(moe, PROMPT)).abs().max() < 2e-2
+    stacks = layer.mlp.experts.packed
+    assert isinstance(stacks["gate_up_proj"], Fp4Experts) and isinstance(stacks["down_proj"], Fp4Experts)
+    assert layer.mlp.experts.gate_up_proj is None
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(moe, PROMPT)).abs().max() < 1e-4
+    sparse = [m.mlp.experts for m in llm.model.model.layers if hasattr(m.mlp, "experts")]
+    held = sum(t.numel() * t.element_size() for e in sparse for s in e.packed.values() for t in s[:3])
+    planned = resolve(str(path), None, None, None, False, False)
+    mlps = [m.mlp for m in llm.model.model.layers]
+    held += sum(
+        q.qweight.nbytes
+        for m in mlps
+        for q in m.modules()
+        if isinstance(q.qweight if hasattr(q, "qweight") else None, Fp4Weight)
+    )
+    held += sum(p.numel() * 2 for m in mlps for p in m.parameters())  # routers, 16-bit (plan's count)
+    assert planned.recipe == "NVFP4 as stored" and held == planned.weights["mlp"]
     nxt = tiny_hf_model("qwen3_next", tied=False, seed=3)
     path = save_fp4(nxt, tmp_path / "next", "modelopt")
     llm = LLM(path, dtype="float32")
@@ -221,7 +235,7 @@ def test_experts_take_8_bit_groups_and_qwen3_next_splits_its_fused_projections(t
     held = naive.dequantize_weight(w.packed, w.scale_codes, w.multiplier, w.group_size, w.e8m0, w.k)
     dense = LLM(path, dtype="float32", weight_quant="none").model.model.layers[0].linear_attn.in_proj.weight
     assert torch.equal(held, dense)  # each row where Qwen3.5's layout holds it, exactly
-    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(nxt, PROMPT)).abs().max() < 2e-2
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(nxt, PROMPT)).abs().max() < 1e-3
 
 
 def test_a_fused_projection_of_fp4_and_16_bit_shards_keeps_both(tmp_path, kernel_backend):

@@ -105,3 +105,36 @@ def test_act_order_experts_gather_their_columns(bits, group, tokens, dtype):
     in_order = naive.fused_moe(x, gate_up._replace(columns=None), down._replace(columns=None), weights, ids)
     assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
     assert rel_err(in_order, want) > 0.3  # (the orders matter)
+
+
+def _fp4_experts(e: int, n: int, k: int, fmt: str) -> naive.Fp4Experts:
+    """Random FP4 experts [E, N, K] (kernels/fp4_matmul's layout): codes, scale codes around 1 (e4m3) or
+    2^-3 (e8m0), row multipliers."""
+    group, e8m0 = (32, True) if fmt == "mxfp4" else (16, False)
+    packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8)
+    if e8m0:
+        scales = torch.randint(120, 128, (e, n, k // group), dtype=torch.uint8)
+    else:
+        scales = (torch.rand(e, n, k // group) + 0.25).to(torch.float8_e4m3fn).view(torch.uint8)
+    mult = torch.rand(e, n) * 0.05 + 0.01
+    return naive.Fp4Experts(packed.to(DEVICE), scales.to(DEVICE), mult.to(DEVICE), group, e8m0, k)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("tokens", [1, 19, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_experts_match_naive(fmt, tokens, dtype):
+    """An NVFP4 / MXFP4 checkpoint's experts as stored (e2m1 codes, e4m3 / e8m0 group scales, a tensor scale
+    a row, decoded in the kernel's loads): as the naive twin's dequantized experts; decode-sized steps, a
+    prompt, and 70 tokens (64-assignment blocks)."""
+    torch.manual_seed(tokens)
+    experts, k, hidden, inter = 6, 2, 96, 64
+    gate_up = _fp4_experts(experts, 2 * inter, hidden, fmt)
+    down = _fp4_experts(experts, hidden, inter, fmt)
+    assert gate_up.shape == (experts, 2 * inter, hidden)
+    x = torch.randn(tokens, hidden).to(dtype).to(DEVICE)
+    weights, ids = naive.moe_route(torch.randn(tokens, experts, device=DEVICE), k, True)
+    got = moe.fused_moe(x, gate_up, down, weights, ids)
+    want = naive.fused_moe(x, gate_up, down, weights, ids)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
