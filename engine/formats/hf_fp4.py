@@ -14,8 +14,8 @@ of 32, a power of two).
 Byte j of a row holds columns 2 j (low nibble) and 2 j + 1 (high); a nibble's bit 3 is the sign, bits 0-2
 index the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. The activations' scales are not needed (activations stay
 16-bit). Where the fused kernels run (a GPU), `--weight-quant auto` holds the matrices as stored
-(`native_weights`: Fp4Tensors, multiplied by kernels/fp4_matmul; a mixture of experts' matrices as 8-bit
-groups, engine/quant/fp4_layer.py); `int8` / `int4` quantize them again as they load (engine/quant/on_load.py),
+(`native_weights`: Fp4Tensors, multiplied by kernels/fp4_matmul, engine/quant/fp4_layer.py; a mixture of
+experts' stacked by engine/layers/moe.pack_fp4_experts for kernels/fused_moe); `int8` / `int4` quantize them again as they load (engine/quant/on_load.py),
 `none` and the CPU read them dequantized (`dequantized`).
 """
 

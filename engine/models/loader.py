@@ -283,8 +283,8 @@ def _weight_users(model: CausalLM) -> dict[int, list]:
 def _fp4_order(shards: dict[str | None, Fp4Tensor | QuantizedTensor], users: list) -> list[str | None] | None:
     """The shard order of a parameter with FP4 shards that is held as stored (an Fp4Weight, with DenseRows for
     shards the checkpoint keeps 16-bit: Qwen3.5's in_proj_b / in_proj_a beside its FP4 in_proj_qkv, say):
-    where only linear layers use it and its FP4 shards share a layout the kernel takes. None: its FP4 shards
-    take 8-bit groups instead (a mixture of experts' stack, a tied table)."""
+    where only linear layers use it and its FP4 shards share a layout the kernel takes. None: not so (a
+    mixture of experts' stack: pack_fp4_experts; a tied table: 8-bit groups)."""
     if not users or not all(isinstance(m, Linear) for m in users):
         return None
     order = list(users[0].offsets) if isinstance(users[0], MergedLinear) else [None]

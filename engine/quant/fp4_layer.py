@@ -1,5 +1,6 @@
 """An NVFP4 / MXFP4 linear weight held as its checkpoint stores it, multiplied by kernels/fp4_matmul (4.5 / 4.25
-bits a weight: half the bytes the 8-bit groups it was held as before take, so decode reads half as much)."""
+bits a weight: about half the bytes of the 8-bit groups it was held as before, so decode reads about half
+as much)."""
 
 from __future__ import annotations
 
