@@ -136,6 +136,11 @@ class Fp4Tensor:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_codes, self.multiplier))
 
+    def to(self, device: torch.device | str) -> Fp4Tensor:
+        """The matrix on `device`."""
+        moved = [t.to(device) for t in (self.packed, self.scale_codes, self.multiplier)]
+        return replace(self, packed=moved[0], scale_codes=moved[1], multiplier=moved[2])
+
     def rows(self, index: torch.Tensor) -> Fp4Tensor:
         """The matrix's rows `index` (int64), in that order."""
         pick = [t.index_select(0, index) for t in (self.packed, self.scale_codes, self.multiplier)]

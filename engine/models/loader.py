@@ -256,6 +256,26 @@ def load_cpu_from_blocks(model: CausalLM, source: ModelSource) -> None:
     model.load_weights(rest, source.tensor_bits, provided)
 
 
+def _param_shards(
+    model: CausalLM, source: ModelSource, params: dict
+) -> Iterator[tuple[str, dict[str | None, QuantizedTensor | Fp4Tensor]]]:
+    """The source's quantized matrices by the parameter each loads into ({shard: matrix}), a parameter as
+    soon as the stream has given all its shards, so that a checkpoint's quantized matrices are not all in
+    host memory at once (AWQ / GPTQ / FP4 matrices are copies, not views of the file); a parameter with
+    shards the stream lacks (stored 16-bit, or missing) at the end."""
+    pending: dict[str, dict] = defaultdict(dict)
+    for name, t in source.quantized_weights():
+        mapped = model.param_for(name)
+        if mapped is None:
+            continue
+        pname, shard = mapped
+        pending[pname][shard] = t
+        param = params.get(pname)
+        if param is not None and set(pending[pname]) >= set(param.shard_names or (None,)):
+            yield pname, pending.pop(pname)
+    yield from pending.items()
+
+
 def _quantized_by_param(
     model: CausalLM, source: ModelSource, names: dict | None = None
 ) -> dict[str, dict[str | None, QuantizedTensor]]:
@@ -361,30 +381,40 @@ def keeps_quantized(source: ModelSource, engine_config: EngineConfig) -> bool:
 
 
 def load_keeping_quantized(model: CausalLM, source: ModelSource, device: str) -> None:
-    """Load a .ninfer (or GGUF) model with its 4/6/8-bit matrices left packed for the fused dequant matmul.
+    """Load a .ninfer (or GGUF, or quantized HF) model with its 4/6/8-bit matrices left packed for the fused
+    dequant matmul, and an FP4 checkpoint's as stored.
 
     Linear layers and the embedding table get a GroupwiseWeight (fused shards concatenated along the
-    output dim; shards of different widths as ConcatenatedWeights) and drop their dense weight; a tied head and its table share one (the table's rows are
-    dequantized on lookup). A mixture of experts' stacked matrices stay packed when every expert's is
-    quantized alike (engine/layers/moe.pack_experts). Groups narrower than the kernel takes
-    (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64) are dequantized.
+    output dim; shards of different widths as ConcatenatedWeights) and drop their dense weight; a tied
+    head and its table share one (the table's rows are dequantized on lookup). A mixture of experts'
+    stacked matrices stay packed when every expert's is quantized alike (engine/layers/moe.pack_experts).
+    Groups narrower than the kernel takes (kernels/quant_matmul MIN_GROUP: 6-bit groups under 64) are
+    dequantized. FP4 matrices: an Fp4Weight (with DenseRows for a fused projection's 16-bit shards), an
+    Fp4Experts stack, else 8-bit groups. Each parameter is placed as soon as its shards have streamed
+    (_param_shards).
     """
-    by_param = _quantized_by_param(model, source)
     params = dict(model.named_parameters())
     provided: set[tuple[str, str | None]] = set()
     users_of = _weight_users(model)
-    held_fp4: dict[str, tuple] = {}  # FP4 parameters held as stored: (shard order, shards, users, param)
-    for pname in list(by_param):  # (each parameter's shards dropped once placed: quantized at load, they
-        shards = by_param.pop(pname)  # are on the device already)
+    # FP4 parameters held as stored whose 16-bit shards are still to stream: (order, shards, users, param)
+    held_fp4: dict[str, tuple] = {}
+    for pname, shards in _param_shards(model, source, params):
         param = params.get(pname)
         if param is None:
             continue
         if any(isinstance(t, Fp4Tensor) for t in shards.values()):
-            order = _fp4_order(shards, users_of[id(param)])
-            if order is not None:  # held as stored, its 16-bit shards (if any) set aside as they stream
-                held_fp4[pname] = (order, shards, users_of[id(param)], param)
-                for module in users_of[id(param)]:
+            users = users_of[id(param)]
+            order = _fp4_order(shards, users)
+            if order is not None:  # held as stored (on the device now: the stream's copies are let go)
+                for module in users:
                     module.weight = None
+                shards = {shard: t.to(device) for shard, t in shards.items()}
+                if set(shards) == set(order):
+                    weight = _fp4_weight(pname, order, shards, {}, users, param, device)
+                    for module in users:
+                        module.qweight = weight
+                else:  # (its 16-bit shards set aside as they stream: _set_aside)
+                    held_fp4[pname] = (order, shards, users, param)
                 continue
             if pack_fp4_experts(model, pname, param, shards, device):  # a mixture of experts' stack
                 provided.update((pname, shard) for shard in shards)

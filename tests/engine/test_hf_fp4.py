@@ -273,3 +273,37 @@ def test_damaged_scales_are_named_before_they_are_held(tmp_path, kernel_backend)
         NinferError, match=r"o_proj: its NVFP4 scale is torch.float32, not e4m3; load it with"
     ):
         LLM(path, dtype="float32")
+
+
+def test_each_parameter_is_placed_once_its_shards_have_streamed(tmp_path, kernel_backend, monkeypatch):
+    """The loader places a parameter as soon as the stream has given all its shards (q, k, v: then the fused
+    weight), not after the whole checkpoint: its quantized matrices are copies, and a 27B NVFP4 checkpoint's
+    would otherwise sit in host memory at once (15 GB)."""
+    from engine.formats import hf_fp4
+
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_fp4(model, tmp_path / "m", "modelopt")
+    kernel_backend("triton")
+    streamed, placed = [0], []
+    real_native, real_from_shards = hf_fp4.native_weights, Fp4Weight.from_shards
+
+    def counting(*args):
+        quantized, unquantized = real_native(*args)
+
+        def counted():
+            for item in quantized():
+                streamed[0] += 1
+                yield item
+
+        return counted, unquantized
+
+    def placing(shards, device):
+        placed.append(streamed[0])
+        return real_from_shards(shards, device)
+
+    monkeypatch.setattr(hf_fp4, "native_weights", counting)
+    monkeypatch.setattr(Fp4Weight, "from_shards", staticmethod(placing))
+    llm = LLM(path, dtype="float32")
+    # 14 matrices, 8 parameters (qkv, o, gate_up, down a layer), each placed once its last shard streamed
+    assert streamed[0] == 14 and len(placed) == 8 and placed == sorted(placed) and placed[0] <= 3
+    assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
