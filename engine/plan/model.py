@@ -151,8 +151,11 @@ def _as_quantized(
     if isinstance(scheme, Fp4Scheme) and config.architecture != stacked_experts.ARCHITECTURE:
         try:
             shapes = checkpoint_shapes(cfg_path.parent)
-        except NinferError:  # no weights beside the config.json: its matrices at the FP4 bits
-            weights = recipe_weight_bytes(config, "w4g128", dtype_bytes, 4 + 8 / scheme.group, mtp, vision)
+        except NinferError:  # no weights beside the config.json: its matrices FP4 as the tools store them
+            fp4, dense = fp4_split(checkpoint_tensors(config))  # (the head and the embeddings 16-bit)
+            weights, _ = fp4_held_bytes(
+                list(fp4.items()), dense, scheme.group, config, dtype_bytes, mtp, vision
+            )
             return weights, f"{scheme.label} (estimated from config.json)", True
         weights, experts = fp4_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
         return (

@@ -307,3 +307,19 @@ def test_each_parameter_is_placed_once_its_shards_have_streamed(tmp_path, kernel
     # 14 matrices, 8 parameters (qkv, o, gate_up, down a layer), each placed once its last shard streamed
     assert streamed[0] == 14 and len(placed) == 8 and placed == sorted(placed) and placed[0] <= 3
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(model, PROMPT)).abs().max() < 1e-4
+
+
+def test_plan_of_a_config_alone_counts_fp4_matrices_as_the_tools_store_them(tmp_path):
+    """An NVFP4 config.json with no weights beside it (a download not made yet): `plan` estimates its
+    matrices FP4 as held and the head and embeddings 16-bit, as llm-compressor and Model Optimizer keep
+    them: what the same shapes as dummy:...:nvfp4 count."""
+    config = tiny_hf_model("qwen3", tied=False, seed=3).config.to_dict()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(config))
+    quantized = tmp_path / "nvfp4"
+    quantized.mkdir()
+    (quantized / "config.json").write_text(json.dumps({**config, "quantization_config": MODELOPT_CONFIG}))
+    planned = resolve(str(quantized), None, None, None, False, False)
+    assert planned.recipe == "NVFP4 (estimated from config.json)"
+    assert planned.weights == resolve(f"dummy:{plain}:nvfp4", None, None, None, False, False).weights
