@@ -305,7 +305,8 @@ def case_dequantize(bits: int, dtype: str, n: int = 5824, k: int = 5120, group: 
 
 def case_fp4_matmul(fmt: str, m: int, dtype: str, n: int = 17408, k: int = 5120):
     """An NVFP4 (e4m3 scales a 16) or MXFP4 (e8m0 a 32) checkpoint's matrix as stored (kernels/fp4_matmul):
-    the split-K GEMV up to 16 rows, the dequantized slices above (their dequantization kernel)."""
+    the split-K GEMVs up to 16 rows, the tile kernel by 16-row blocks to 63, the dequantized slices from 64
+    (their dequantization kernel)."""
     group, e8m0 = (32, True) if fmt == "mxfp4" else (16, False)
     packed = torch.zeros(n, k // 2, dtype=torch.uint8)
     scales = torch.full((n, k // group), 0x38, dtype=torch.uint8)
@@ -457,7 +458,7 @@ def cases() -> list[tuple[str, callable, dict, int]]:
     add(case_dequantize, bits=4, dtype="fp16")
     add(case_quant_matmul, bits=4, m=77, dtype="fp16")
     for fmt in ("nvfp4", "mxfp4"):
-        for m in (1, 16, 77):
+        for m in (1, 16, 33, 77):
             add(case_fp4_matmul, fmt=fmt, m=m, dtype="bf16")
     add(case_fp4_matmul, fmt="nvfp4", m=1, dtype="fp16")
     for dtype in DTYPES:

@@ -9,11 +9,13 @@ Layout (engine/formats/hf_fp4.py reads it from the checkpoint; nothing is rounde
 
 w[n, k] = e2m1(code) x scale(group of k) x multiplier[n], in fp32.
 
-GEMV_MAX_M: up to this many rows of x the weight streams through the GEMV kernel (decode, draft
-verification); more rows dequantize it a slice at a time into the scratch buffer cuBLAS multiplies
-(kernels/quant_matmul/dequant.py's).
+GEMV_MAX_M: up to this many rows of x the weight streams through the split-K GEMVs (decode, draft
+verification); then the tensor-core tile kernel by 16-row blocks, and from DEQUANT_MIN_M rows (prompt
+chunks) the weight is dequantized a slice at a time into the scratch buffer cuBLAS multiplies
+(kernels/quant_matmul/dequant.py's), as the integer formats' are from their DEQUANT_MIN_M.
 STEP: weight columns a GEMV or dequantization step decodes (whole groups of 16 and 32)."""
 
 GROUPS = {16: "e4m3", 32: "e8m0"}  # the group sizes the kernels take, and their scale codes
 GEMV_MAX_M = 16
+DEQUANT_MIN_M = 64
 STEP = 128

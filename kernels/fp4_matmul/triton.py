@@ -14,7 +14,9 @@ Shapes (a row read as int32 words of eight codes, K a multiple of 8; otherwise e
   position j of the words (x's columns 8t + j against code j of word t), each code scaled in fp32 before
   it becomes a half-precision operand;
   both split-K as quant_matmul's GEMVs are (gemv_splits, split_buffers, split_k_store): one kernel a GEMV;
-* more rows: the weight dequantized into the scratch a slice of rows at a time (_weight_tile), multiplied
+* GEMV_MAX_M + 1 .. DEQUANT_MIN_M - 1 rows (a batch's decode with drafts): the same tile kernel over
+  16-row blocks of x, each program K whole (no split);
+* DEQUANT_MIN_M+ rows (prompt chunks): the weight dequantized into the scratch a slice of rows at a time (_weight_tile), multiplied
   by cuBLAS (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats' long prefill chunks are.
 
 Not yet timed on a GPU (benchmarks/gpu_kernels.py's quantized_matmul section has the rows); the
@@ -27,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.fp4_matmul import GEMV_MAX_M, GROUPS, STEP
+from ninfer_kernels.fp4_matmul import DEQUANT_MIN_M, GEMV_MAX_M, GROUPS, STEP
 from ninfer_kernels.fp4_matmul.gemv import _pair, _scales, fp4_gemv_cuda_cores_kernel, step_words
 from ninfer_kernels.quant_matmul.dequant import sliced_matmul
 from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice, split_eight
@@ -245,8 +247,9 @@ def fp4_matmul(
     dequant: bool | None = None,
     cuda_cores: bool | None = None,
 ) -> torch.Tensor:
-    """See kernels/fp4_matmul/naive.py. Up to GEMV_MAX_M rows of x the split-K GEMV, more the dequantized
-    slices (`dequant` forces one). block_n (weight rows a GEMV program), num_splits (its K slices, default
+    """See kernels/fp4_matmul/naive.py. Up to GEMV_MAX_M rows of x the split-K GEMVs, then the tensor-core
+    tile kernel by 16-row blocks (K whole), from DEQUANT_MIN_M rows the dequantized slices (`dequant`
+    forces them or not). block_n (weight rows a GEMV program), num_splits (its K slices, default
     gemv_splits), num_warps and cuda_cores (M = 1 on the CUDA cores, gemv.py: the default where K is a
     multiple of 8; else the tensor-core tile) are knobs for benchmarks/gpu_kernels.py's sweeps."""
     assert GROUPS.get(group_size) == ("e8m0" if e8m0 else "e4m3"), f"FP4 groups of {group_size}, e8m0={e8m0}"
@@ -257,7 +260,7 @@ def fp4_matmul(
     out = x.new_empty((m, n)) if out is None else out
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1
     words = packed.shape[1] % 4 == 0  # (K a multiple of 8: the rows read as int32 words)
-    if (m > GEMV_MAX_M or not words) if dequant is None else dequant:
+    if (m >= DEQUANT_MIN_M or not words) if dequant is None else dequant:
 
         def fill(row0: int, w: torch.Tensor) -> None:
             dequantize_rows(packed, scale_codes, multiplier, group_size, e8m0, row0, w)
@@ -269,7 +272,10 @@ def fp4_matmul(
     block_m = 1 if cuda_cores else 16
     block_n = block_n or (GEMV_BLOCK_N if cuda_cores else TILE_GEMV_BLOCK_N)
     steps = triton.cdiv(k, STEP)
-    per_split = triton.cdiv(steps, num_splits or gemv_splits(n, steps, block_n, x.device))
+    # (GEMV_MAX_M+ rows: the M blocks fill the GPU, and the partial sums' buffer holds GEMV_MAX_M rows)
+    splits = num_splits or (gemv_splits(n, steps, block_n, x.device) if m <= GEMV_MAX_M else 1)
+    assert m <= GEMV_MAX_M or splits == 1, f"K slices take up to {GEMV_MAX_M} rows of x"
+    per_split = triton.cdiv(steps, splits)
     split_k = per_split < steps
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), triton.cdiv(steps, per_split))
     sums, arrivals = split_buffers(x.device, n, grid[1]) if split_k else (out, out)

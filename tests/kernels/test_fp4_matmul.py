@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.formats.hf_fp4 import dequantize_fp4
-from ninfer_kernels.fp4_matmul import GEMV_MAX_M, STEP, naive
+from ninfer_kernels.fp4_matmul import DEQUANT_MIN_M, STEP, naive
 from ninfer_kernels.fp4_matmul import triton as fused
 from ninfer_kernels.quant_matmul import dequant
 
@@ -36,11 +36,12 @@ def fp4_operands(n: int, k: int, fmt: str, seed: int = 0):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("n,k", [(96, 256), (80, 320), (64, 208), (130, 96)])  # 320, 208, 96: not whole STEPs
-@pytest.mark.parametrize("m", [1, 3, 16, 77])
+@pytest.mark.parametrize("m", [1, 3, 16, 33, 77])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp4_matmul_matches_naive(fmt, n, k, m, dtype):
     """M <= 16: the split-K GEMVs (the CUDA cores at M = 1, eight tensor-core products a step above, one per
-    code position of the words); 77: dequantized slices."""
+    code position of the words); 33: the tile kernel over three 16-row blocks, K whole; 77: dequantized
+    slices."""
     args = fp4_operands(n, k, fmt, seed=m + k)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     got = fused.fp4_matmul(x, *args)
@@ -110,11 +111,11 @@ def test_k_slices_add_up_and_leave_the_buffers_clean(splits, m):
 
 
 def test_writes_into_an_output_view_and_the_long_path_slices(monkeypatch):
-    """`out` a column view of a wider output (a fused projection's part); more than GEMV_MAX_M rows go
+    """`out` a column view of a wider output (a fused projection's part); DEQUANT_MIN_M rows and more go
     through the dequantized scratch in slices of whole 64-row blocks (a 64-row scratch here)."""
     args = fp4_operands(200, 256, "mxfp4", seed=9)
-    wide = torch.zeros(GEMV_MAX_M + 4, 260, device=DEVICE)
-    x = torch.randn(GEMV_MAX_M + 4, 256, device=DEVICE)
+    wide = torch.zeros(DEQUANT_MIN_M + 4, 260, device=DEVICE)
+    x = torch.randn(DEQUANT_MIN_M + 4, 256, device=DEVICE)
     slices = []
     real_mm = torch.mm
     monkeypatch.setattr(
