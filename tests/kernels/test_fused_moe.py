@@ -79,12 +79,7 @@ def test_fused_moe_matches_naive(bits, group, tokens, dtype):
     hidden, inter = (96, 40) if bits == 16 else (128 if bits == 6 else 96, 64)
     gate_up = _experts(experts, 2 * inter, hidden, bits, group, dtype)
     down = _experts(experts, hidden, inter, bits, min(group, 64), dtype)
-    x = torch.randn(tokens, hidden).to(dtype).to(DEVICE)
-    weights, ids = naive.moe_route(torch.randn(tokens, experts, device=DEVICE), k, True)
-    got = moe.fused_moe(x, gate_up, down, weights, ids)
-    want = naive.fused_moe(x, gate_up, down, weights, ids)
-    assert got.shape == (tokens, hidden) and got.dtype == dtype
-    assert rel_err(got, want) < (1e-3 if dtype == torch.float32 else 2e-2)
+    _check_against_naive(gate_up, down, tokens, k, dtype)
 
 
 @pytest.mark.parametrize("bits,group", [(4, 32), (8, 128)])
@@ -132,6 +127,13 @@ def test_fp4_experts_match_naive(fmt, tokens, dtype):
     gate_up = _fp4_experts(experts, 2 * inter, hidden, fmt)
     down = _fp4_experts(experts, hidden, inter, fmt)
     assert gate_up.shape == (experts, 2 * inter, hidden)
+    _check_against_naive(gate_up, down, tokens, k, dtype)
+
+
+def _check_against_naive(gate_up, down, tokens: int, k: int, dtype: torch.dtype) -> None:
+    """The kernel's output for random tokens routed to k experts, against the naive twin's: fp32 1e-3, bf16
+    2e-2 RMS-relative."""
+    experts, _, hidden = gate_up.shape
     x = torch.randn(tokens, hidden).to(dtype).to(DEVICE)
     weights, ids = naive.moe_route(torch.randn(tokens, experts, device=DEVICE), k, True)
     got = moe.fused_moe(x, gate_up, down, weights, ids)
