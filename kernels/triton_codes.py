@@ -105,3 +105,50 @@ def unpack_codes(
         return tl.load(packed_ptr + rows[:, None] * KP + kk[None, :], mask=row_mask[:, None], other=0).to(
             tl.int32
         )
+
+
+# FP4 (kernels/fp4_matmul, kernels/fused_moe): a code's sign moved to bit 15 and its magnitude bits (exponent
+# e1 e0, mantissa m) to bits 11-9 are the fp16 number e2m1(code) x 2^-14 exactly (exponent 0 is fp16's
+# subnormal range, where e2m1's 0.5 lands as 0.5 x 2^-14); an e4m3 scale's bits 6-0 moved to fp16 bits 13-7
+# are e4m3 x 2^-8 (subnormals too); an e8m0 exponent s in fp32's exponent field is 2^(s - 127) (s = 0: 0).
+# fp16 -> fp32 is exact; the powers of two are paid once a row (fp4_row_scales).
+E2M1_UNIT = tl.constexpr(2.0**14)  # the fp16 bits of a code read as e2m1 x 2^-14
+E4M3_UNIT = tl.constexpr(2.0**8)  # an e4m3 scale's as e4m3 x 2^-8
+E2M1_MAGNITUDES = tl.constexpr(0x0E000E00)  # bits 9-11 of each half
+E2M1_SIGNS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: bit 15 of each half
+
+
+@triton.jit
+def e2m1_codes(c):
+    """int32 codes 0..15 -> fp32 e2m1(code) x 2^-14."""
+    bits = ((c & 8) << 12) | ((c & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_pairs(word, MAG: tl.constexpr, SIGN: tl.constexpr):
+    """Codes j and j + 4 of each int32 word (eight codes, code i at bits 4i) as fp32 e2m1 x 2^-14, by way of
+    one fp16 pair: the magnitude bits shifted by MAG to bits 9-11 and 25-27 (right where negative: the sign
+    bits the shift brings in are masked off), the sign bits by SIGN to 15 and 31."""
+    m = word << MAG if MAG >= 0 else word >> -MAG
+    h = (m & E2M1_MAGNITUDES) | ((word << SIGN) & E2M1_SIGNS)
+    lo = (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (h >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def fp4_scales(s, E8M0: tl.constexpr):
+    """int32 scale codes -> fp32: 2^(s - 127) (e8m0; s = 0: 0) or e4m3(s) x 2^-8."""
+    if E8M0:
+        return (s << 23).to(tl.float32, bitcast=True)
+    bits = ((s & 0x80) << 8) | ((s & 0x7F) << 7)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def fp4_row_scales(mult_ptr, rows, E8M0: tl.constexpr):
+    """Each row's fp32 multiplier (at mult_ptr + rows) times the powers of two its codes and scales are read
+    with: 2^14, and 2^8 more for e4m3 scales."""
+    unit = E2M1_UNIT if E8M0 else E2M1_UNIT * E4M3_UNIT
+    return tl.load(mult_ptr + rows) * unit

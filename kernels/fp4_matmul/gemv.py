@@ -4,7 +4,7 @@ Each program takes BLOCK_N weight rows and a slice of K; each thread keeps its r
 codes, columns 8t..8t+7) in registers as loaded. Codes j and j + 4 of a word (j = 0..3) become the fp16
 pair e2m1 x 2^-14 in one register's two halves by two shifts and two masks: the magnitude bits (2-0 of each
 nibble, at bits 4j and 16 + 4j) to bits 9-11 and 25-27, the sign bits (3) to 15 and 31; each half then
-converts to fp32 exactly (triton.py describes the encoding). So a code costs two instructions of the pair's
+converts to fp32 exactly (kernels/triton_codes.py: e2m1_pairs). So a code costs two instructions of the pair's
 four, a conversion and an FMA into its word's sum; the words' sums take their group's scale (e4m3 or e8m0,
 decoded by bit operations once a word) as one FMA into an fp32 [BLOCK_N, WORDS] total, summed across the
 words once, at the end, where each row's multiplier (with the powers of two the codes and scales were read
@@ -17,19 +17,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice, _store_rows, _word_columns, _x
-from ninfer_kernels.quant_matmul.gemv4h import _hi, _lo
-
-MAGNITUDES = tl.constexpr(0x0E000E00)  # bits 9-11 of each half
-SIGNS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: bit 15 of each half
-
-
-@triton.jit
-def _pair(word, MAG: tl.constexpr, SIGN: tl.constexpr):
-    """Codes j and j + 4 of each word (int32) as fp32 e2m1 x 2^-14: the magnitude bits shifted by MAG
-    (right where negative: the sign bits the shift brings in are masked off), the sign bits by SIGN."""
-    m = word << MAG if MAG >= 0 else word >> -MAG
-    h = (m & MAGNITUDES) | ((word << SIGN) & SIGNS)
-    return _lo(h), _hi(h)
+from ninfer_kernels.triton_codes import e2m1_pairs, fp4_row_scales, fp4_scales
 
 
 @triton.jit
@@ -51,9 +39,7 @@ def _scales(
         s = tl.load(where).to(tl.int32)
     else:
         s = tl.load(where, mask=(g < num_groups)[None, :], other=0).to(tl.int32)
-    if E8M0:
-        return (s << 23).to(tl.float32, bitcast=True)
-    return (((s & 0x7F) << 7) | ((s & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return fp4_scales(s, E8M0)
 
 
 @triton.jit
@@ -80,7 +66,6 @@ def fp4_gemv_cuda_cores_kernel(
     row_words,  # K / 8
     num_groups,
     STEPS_PER_SPLIT,
-    unit,  # the powers of two the codes and scales are read with, undone: 2^14 (e4m3 scales: 2^22)
     GROUP_SIZE: tl.constexpr,
     E8M0: tl.constexpr,
     STEP: tl.constexpr,
@@ -95,16 +80,16 @@ def fp4_gemv_cuda_cores_kernel(
         word = step_words(packed_ptr, rows_in, row_words, k0, WORDS, EVEN_K)
         x8 = tl.reshape(_x(x_ptr, k0 + tl.arange(0, STEP), K, EVEN_K, x_ptr, False), [WORDS, 8])
         x0, x1, x2, x3, x4, x5, x6, x7 = _word_columns(x8, WORDS)
-        c0, c4 = _pair(word, 9, 12)  # nibbles 0 and 4: magnitudes at bits 0 and 16, signs at 3 and 19
+        c0, c4 = e2m1_pairs(word, 9, 12)  # nibbles 0 and 4: magnitudes at bits 0 and 16, signs at 3 and 19
         s = tl.fma(c4, x4[None, :], c0 * x0[None, :])
-        c1, c5 = _pair(word, 5, 8)
+        c1, c5 = e2m1_pairs(word, 5, 8)
         s = tl.fma(c1, x1[None, :], tl.fma(c5, x5[None, :], s))
-        c2, c6 = _pair(word, 1, 4)
+        c2, c6 = e2m1_pairs(word, 1, 4)
         s = tl.fma(c2, x2[None, :], tl.fma(c6, x6[None, :], s))
-        c3, c7 = _pair(word, -3, 0)
+        c3, c7 = e2m1_pairs(word, -3, 0)
         s = tl.fma(c3, x3[None, :], tl.fma(c7, x7[None, :], s))
         scale = _scales(scales_ptr, rows_in, num_groups, k0, WORDS, GROUP_SIZE, E8M0, EVEN_K)
         total = tl.fma(s, scale, total)
     row_total = tl.zeros([BLOCK_N], tl.float32)
-    total = total * (tl.load(mult_ptr + rows_in) * unit)[:, None]
+    total = total * fp4_row_scales(mult_ptr, rows_in, E8M0)[:, None]
     _store_rows(total, row_total, offs_n, n_mask, out_ptr, sums_ptr, arrivals_ptr, SPLIT_K)

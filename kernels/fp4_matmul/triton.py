@@ -1,12 +1,9 @@
 """FP4 weight matmul: e2m1 codes with e4m3 (NVFP4) or e8m0 (MXFP4) group scales, decoded in the loads.
 
-A code becomes a float by bit operations, no table: its sign (bit 3) moved to bit 15 and its magnitude bits
-(2-0: exponent e1 e0, mantissa m) to bits 11-9 make the fp16 number e2m1(code) x 2^-14 exactly (the fp16
-exponent field is e, the mantissa's top bit m; e = 0 is fp16's subnormal range, where m x 2^-15 is 0.5 x
-2^-14 as e2m1's 0.5 is). An e4m3 scale the same way: its bits 6-0 moved to fp16 bits 13-7 make e4m3 x 2^-8
-(subnormals included); an e8m0 exponent s is the fp32 whose exponent field is s, 2^(s - 127) (s = 0: 0).
-The powers of two are paid once a row, in the row's fp32 multiplier. fp16 -> fp32 conversion is exact,
-subnormals included, so every weight is e2m1 x scale x multiplier rounded once, in fp32.
+A code becomes a float by bit operations, no table (kernels/triton_codes.py: e2m1_codes, e2m1_pairs,
+fp4_scales): e2m1 x 2^-14 and e4m3 x 2^-8 as fp16 bit placements, e8m0 as an fp32 exponent; the powers of
+two are paid once a row, in the row's fp32 multiplier (fp4_row_scales), so every weight is e2m1 x scale x
+multiplier rounded once, in fp32.
 
 Shapes (a row read as int32 words of eight codes, K a multiple of 8; otherwise every M dequantizes):
 * M = 1: the CUDA-core GEMV (gemv.py);
@@ -16,8 +13,9 @@ Shapes (a row read as int32 words of eight codes, K a multiple of 8; otherwise e
   both split-K as quant_matmul's GEMVs are (gemv_splits, split_buffers, split_k_store): one kernel a GEMV;
 * GEMV_MAX_M + 1 .. DEQUANT_MIN_M - 1 rows (a batch's decode with drafts): the same tile kernel over
   16-row blocks of x, each program K whole (no split);
-* DEQUANT_MIN_M+ rows (prompt chunks): the weight dequantized into the scratch a slice of rows at a time (_weight_tile), multiplied
-  by cuBLAS (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats' long prefill chunks are.
+* DEQUANT_MIN_M+ rows (prompt chunks): the weight dequantized into the scratch a slice of rows at a time
+  (weight_tile), multiplied by cuBLAS (kernels/quant_matmul/dequant.sliced_matmul), as the integer formats'
+  long prefill chunks are.
 
 Not yet timed on a GPU (benchmarks/gpu_kernels.py's quantized_matmul section has the rows); the
 instruction counts of docs/kernels.md are the compile check's.
@@ -30,68 +28,46 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.fp4_matmul import DEQUANT_MIN_M, GEMV_MAX_M, GROUPS, STEP
-from ninfer_kernels.fp4_matmul.gemv import _pair, _scales, fp4_gemv_cuda_cores_kernel, step_words
+from ninfer_kernels.fp4_matmul.gemv import _scales, fp4_gemv_cuda_cores_kernel, step_words
 from ninfer_kernels.quant_matmul.dequant import sliced_matmul
 from ninfer_kernels.quant_matmul.gemv4 import _rows_and_slice, split_eight
 from ninfer_kernels.quant_matmul.split_k import split_k_store
 from ninfer_kernels.quant_matmul.triton import gemv_splits, split_buffers
+from ninfer_kernels.triton_codes import e2m1_codes, e2m1_pairs, fp4_row_scales, fp4_scales
 from ninfer_kernels.triton_config import dot_dtype, dot_precision
 
 GEMV_BLOCK_N = 128  # weight rows a GEMV program at M = 1
 TILE_GEMV_BLOCK_N = 64  # at M = 2..16 (the decoded tile goes through the tensor cores)
 DEQUANT_BLOCK_N = 32  # weight rows a dequantization program
-E2M1_UNIT = tl.constexpr(2.0**14)  # the fp16 bits of a code read as e2m1 x 2^-14
-E4M3_UNIT = tl.constexpr(2.0**8)  # an e4m3 scale's as e4m3 x 2^-8
 COLUMNS = tl.constexpr(STEP)  # (STEP, as the kernels read it)
 
 
 @triton.jit
-def _e2m1(c):
-    """int32 codes 0..15 -> fp32 e2m1(code) x 2^-14."""
-    bits = ((c & 8) << 12) | ((c & 7) << 9)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _group_scale(s, E8M0: tl.constexpr):
-    """int32 scale codes -> fp32: 2^(s - 127) (e8m0; s = 0: 0) or e4m3(s) x 2^-8."""
-    if E8M0:
-        return (s << 23).to(tl.float32, bitcast=True)
-    bits = ((s & 0x80) << 8) | ((s & 0x7F) << 7)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _weight_tile(
-    packed_ptr,
-    scales_ptr,
+def weight_tile(
+    packed_ptr,  # uint8 [N, K / 2]
+    scales_ptr,  # uint8 [N, G]
     rows,  # [BLOCK_N] weight rows (in bounds)
-    row_scale,  # [BLOCK_N] fp32: the rows' multipliers with the codes' powers of two
+    row_scale,  # [BLOCK_N] fp32: the rows' multipliers with the codes' powers of two (fp4_row_scales)
     k0,
     row_bytes,  # K / 2
     num_groups,
     GROUP_SIZE: tl.constexpr,
     E8M0: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    COLS: tl.constexpr,  # whole groups
 ):
-    """W[rows, k0 : k0 + COLUMNS] in fp32 ([BLOCK_N, COLUMNS]; columns past K are 0)."""
-    j = k0 // 2 + tl.arange(0, COLUMNS // 2)
+    """W[rows, k0 : k0 + COLS] in fp32 ([BLOCK_N, COLS]; columns past K are 0), the codes unpacked in column
+    order (the dequantized slices here; kernels/fused_moe's FP4 experts a group at a time)."""
+    j = k0 // 2 + tl.arange(0, COLS // 2)
     p = tl.load(packed_ptr + rows[:, None] * row_bytes + j[None, :], mask=(j < row_bytes)[None, :], other=0)
     p = p.to(tl.int32)
-    codes = tl.reshape(tl.join(_e2m1(p & 15), _e2m1(p >> 4)), (BLOCK_N, COLUMNS))  # column 2j: the low nibble
-    GROUPS_A_STEP: tl.constexpr = COLUMNS // GROUP_SIZE
+    codes = tl.reshape(tl.join(e2m1_codes(p & 15), e2m1_codes(p >> 4)), (BLOCK_N, COLS))  # 2j: low nibble
+    GROUPS_A_STEP: tl.constexpr = COLS // GROUP_SIZE
     g = k0 // GROUP_SIZE + tl.arange(0, GROUPS_A_STEP)
     s = tl.load(scales_ptr + rows[:, None] * num_groups + g[None, :], mask=(g < num_groups)[None, :], other=0)
-    scale = _group_scale(s.to(tl.int32), E8M0) * row_scale[:, None]  # [BLOCK_N, GROUPS_A_STEP]
+    scale = fp4_scales(s.to(tl.int32), E8M0) * row_scale[:, None]  # [BLOCK_N, GROUPS_A_STEP]
     w = tl.reshape(codes, (BLOCK_N, GROUPS_A_STEP, GROUP_SIZE)) * scale[:, :, None]
-    return tl.reshape(w, (BLOCK_N, COLUMNS))
-
-
-@triton.jit
-def _row_scales(mult_ptr, rows, E8M0: tl.constexpr):
-    """Each row's multiplier times the powers of two its codes and scales are read with."""
-    unit = E2M1_UNIT if E8M0 else E2M1_UNIT * E4M3_UNIT
-    return tl.load(mult_ptr + rows) * unit
+    return tl.reshape(w, (BLOCK_N, COLS))
 
 
 @triton.jit
@@ -106,9 +82,9 @@ def _pair_product(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """acc + xa @ W_a^T + xb @ W_b^T over codes j and j + 4 of each word (gemv._pair's shifts), each weight
+    """acc + xa @ W_a^T + xb @ W_b^T over codes j and j + 4 of each word (e2m1_pairs' shifts), each weight
     scaled in fp32 before it becomes an operand."""
-    ca, cb = _pair(word, MAG, SIGN)
+    ca, cb = e2m1_pairs(word, MAG, SIGN)
     acc = tl.dot(xa, tl.trans((ca * scale).to(DOT_DTYPE)), acc, input_precision=PRECISION)
     return tl.dot(xb, tl.trans((cb * scale).to(DOT_DTYPE)), acc, input_precision=PRECISION)
 
@@ -146,7 +122,7 @@ def _fp4_gemv_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     offs_n, n_mask, rows_in, k_start, k_end = _rows_and_slice(N, K, STEPS_PER_SPLIT, COLUMNS, BLOCK_N)
-    row_scale = _row_scales(mult_ptr, rows_in, E8M0)
+    row_scale = fp4_row_scales(mult_ptr, rows_in, E8M0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, COLUMNS):
         word = step_words(packed_ptr, rows_in, row_words, k0, WORDS, EVEN_K)
@@ -192,9 +168,9 @@ def _fp4_dequantize_kernel(
     n_mask = offs_n < ROWS
     rows = row0 + tl.minimum(offs_n, ROWS - 1)
     k0 = tl.program_id(1) * COLUMNS
-    row_scale = _row_scales(mult_ptr, rows, E8M0)
-    w = _weight_tile(
-        packed_ptr, scales_ptr, rows, row_scale, k0, row_bytes, num_groups, GROUP_SIZE, E8M0, BLOCK_N
+    row_scale = fp4_row_scales(mult_ptr, rows, E8M0)
+    w = weight_tile(
+        packed_ptr, scales_ptr, rows, row_scale, k0, row_bytes, num_groups, GROUP_SIZE, E8M0, BLOCK_N, COLUMNS
     )
     cols = k0 + tl.arange(0, COLUMNS)
     mask = n_mask[:, None] & (cols < K)[None, :]
@@ -289,18 +265,8 @@ def fp4_matmul(
     )
     weights = (packed.view(torch.int32), scale_codes, multiplier, out, sums, arrivals)
     if cuda_cores:  # M = 1 (gemv.py)
-        unit = E2M1_UNIT.value * (1 if e8m0 else E4M3_UNIT.value)
         fp4_gemv_cuda_cores_kernel[grid](
-            x,
-            *weights,
-            n,
-            k,
-            packed.shape[1] // 4,
-            scale_codes.shape[1],
-            per_split,
-            unit,
-            STEP=STEP,
-            **common,
+            x, *weights, n, k, packed.shape[1] // 4, scale_codes.shape[1], per_split, STEP=STEP, **common
         )
         return out
     _fp4_gemv_kernel[grid](

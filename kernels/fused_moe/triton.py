@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.fp4_matmul.triton import E2M1_UNIT, E4M3_UNIT, _e2m1, _group_scale
+from ninfer_kernels.fp4_matmul.triton import weight_tile
 from ninfer_kernels.fused_moe.naive import Fp4Experts, PackedExperts
 from ninfer_kernels.silu_mul.triton import silu_mul
-from ninfer_kernels.triton_codes import unpack_codes
+from ninfer_kernels.triton_codes import fp4_row_scales, unpack_codes
 from ninfer_kernels.triton_config import dot_dtype, dot_precision
 
 DENSE_BLOCK_K = 64  # K a step over dense experts
@@ -175,6 +175,9 @@ def _moe_matmul_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     w_base = w_ptr + expert * stride_we
+    if FP4:  # (rows past N read the last row again, never stored; their multipliers at mins_ptr)
+        rows_in = tl.minimum(offs_n, N - 1)
+        row_scale = fp4_row_scales(mins_ptr + expert * N, rows_in, E8M0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, KP, GROUP_SIZE):
         kk = k0 + tl.arange(0, GROUP_SIZE)
@@ -193,16 +196,20 @@ def _moe_matmul_kernel(
                 mask=n_mask[:, None] & (kk < K)[None, :],
                 other=0.0,
             )
-        elif FP4:  # e2m1 codes times the group's scale and the row's multiplier (at mins_ptr), in fp32
-            j = k0 // 2 + tl.arange(0, GROUP_SIZE // 2)
-            p = tl.load(w_base + offs_n[:, None] * (KP // 2) + j[None, :], mask=n_mask[:, None], other=0)
-            p = p.to(tl.int32)
-            codes = tl.reshape(tl.join(_e2m1(p & 15), _e2m1(p >> 4)), (BLOCK_N, GROUP_SIZE))
-            g = (expert * N + offs_n) * num_groups + k0 // GROUP_SIZE
-            scale = _group_scale(tl.load(scales_ptr + g, mask=n_mask, other=0).to(tl.int32), E8M0)
-            unit = E2M1_UNIT if E8M0 else E2M1_UNIT * E4M3_UNIT
-            scale *= tl.load(mins_ptr + expert * N + offs_n, mask=n_mask, other=0.0) * unit
-            w = codes * scale[:, None]
+        elif FP4:  # the group's e2m1 codes times its scale and the row's multiplier, in fp32
+            w = weight_tile(
+                w_base,
+                scales_ptr + expert * N * num_groups,
+                rows_in,
+                row_scale,
+                k0,
+                KP // 2,
+                num_groups,
+                GROUP_SIZE,
+                E8M0,
+                BLOCK_N,
+                GROUP_SIZE,
+            )
         else:  # the group's codes, scaled (and shifted) per row in fp32
             codes = unpack_codes(w_base, offs_n, n_mask, k0, KP, BITS, BLOCK_N, GROUP_SIZE)
             g = (expert * N + offs_n) * num_groups + k0 // GROUP_SIZE
