@@ -89,9 +89,8 @@ class LLM:
         if config.mmproj:  # a GGUF model's vision tower, in its own file
             source = with_mmproj(source, model_path(model), config.mmproj)
         source = replace(source, config=source.config.with_rope_scaling_flag(config.rope_scaling))
-        held = quantized_at_load(
-            source, config
-        )  # --weight-quant int8 / int4 (FP8: auto; FP4 as stored) on a GPU
+        # --weight-quant int8 / int4 (FP8: auto; NVFP4 / MXFP4 as stored) on a GPU
+        held = quantized_at_load(source, config)
         # what the matrices are held as where they were quantized as they loaded (W4G128, W8G128), else None
         self.quantized_at_load = None
         if held is not source and not holds_fp4(source, config):  # (FP4 held as stored: its label)

@@ -40,11 +40,9 @@ PREFIX = "dummy:"
 RECIPES = ("w4g128", "w4g32", "w6g128", "w8g128", "w8g32", "bf16", "nvfp4", "mxfp4")
 # an NVFP4 / MXFP4 checkpoint's matrices: e2m1 codes, a scale byte a group (held as stored on a GPU)
 FP4_GROUPS = {"nvfp4": 16, "mxfp4": 32}
-_E2M1_STD = (68.5 / 8) ** 0.5
-_FP4_DENSE = (
-    "embed_tokens",
-    "lm_head",
-)  # what FP4 checkpoints keep 16-bit (as engine/plan/weights.tensor_kind names)  # uniform codes: the root mean square of 0, 0.5, 1, 1.5, 2, 3, 4, 6
+_E2M1_STD = (68.5 / 8) ** 0.5  # uniform codes: the root mean square of 0, 0.5, 1, 1.5, 2, 3, 4, 6
+# what FP4 checkpoints keep 16-bit (named as engine/plan/weights.tensor_kind tells them)
+_FP4_DENSE = ("embed_tokens", "lm_head")
 DEFAULT_RECIPE = "w4g128"
 VECTOR_STD = 0.02  # biases, gates, convolution and decay parameters; a matrix's is 1/sqrt(its columns)
 # a code's standard deviation for uniform codes: 4-bit 0..15, 6-bit 0..63, 8-bit -127..127

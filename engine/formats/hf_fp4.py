@@ -15,8 +15,9 @@ Byte j of a row holds columns 2 j (low nibble) and 2 j + 1 (high); a nibble's bi
 index the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. The activations' scales are not needed (activations stay
 16-bit). Where the fused kernels run (a GPU), `--weight-quant auto` holds the matrices as stored
 (`native_weights`: Fp4Tensors, multiplied by kernels/fp4_matmul, engine/quant/fp4_layer.py; a mixture of
-experts' stacked by engine/layers/moe.pack_fp4_experts for kernels/fused_moe); `int8` / `int4` quantize them again as they load (engine/quant/on_load.py),
-`none` and the CPU read them dequantized (`dequantized`).
+experts' stacked by engine/layers/moe.pack_fp4_experts for kernels/fused_moe); `int8` / `int4` quantize
+them again as they load (engine/quant/on_load.py), `none` and the CPU read them dequantized
+(`dequantized`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 CT = "compressed-tensors"
 MODELOPT = "modelopt"
 # the activations' scales and a KV cache's: not loaded
-UNUSED = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".kv_scale")
+_UNUSED = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".kv_scale")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def dequantized(
     on."""
     codes_suffix = f".{scheme.codes_name}"
     global_suffix = f".{scheme.global_name}" if scheme.global_name else None
-    skipped = (".weight_scale", *UNUSED) + ((global_suffix,) if global_suffix else ())
+    skipped = (".weight_scale", *_UNUSED) + ((global_suffix,) if global_suffix else ())
     for name, tensor in tensors:
         if name.endswith(skipped):
             continue
@@ -166,26 +167,17 @@ def native_weights(
     """(quantized, unquantized) over a checkpoint's tensors (`names`; `read(name)` one): each FP4 layer as an
     Fp4Tensor named `<layer>.weight` (a Qwen3-Next fused projection's two parts apart, as Qwen3.5's layout
     names them), and the other tensors as stored, `arranged` (the activations' scales left out)."""
-    present = set(names)
-    codes_suffix = f".{scheme.codes_name}"
-    layers = [n[: -len(codes_suffix)] for n in names if n.endswith(codes_suffix) and is_fp4_layer(n, present)]
-    parts = {
-        f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
-    }
-    rest = [n for n in names if n not in parts and not n.endswith(UNUSED)]
+    layers, rest = fp4_layers(names, scheme)
 
     def quantized() -> Iterator[tuple[str, Fp4Tensor]]:
         for layer in layers:
             tensor, name = fp4_tensor(layer, read, scheme), f"{layer}.weight"
-            fused = (
-                qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
-            )
-            if fused is None:
+            parts = qwen3_next.fused_parts(name, config)
+            if parts is None:
                 yield name, tensor
                 continue
-            head = name.split(f".{fused}.")[0]
-            for part, rows in zip(qwen3_next.PARTS[fused], qwen3_next.part_rows(fused, config)):
-                yield f"{head}.{part}.weight", tensor.rows(rows)
+            for part, rows in parts:  # (Qwen3-Next's fused input projections, as Qwen3.5's layout)
+                yield part, tensor.rows(rows)
 
     def unquantized() -> Iterator[tuple[str, torch.Tensor]]:
         return arranged((name, read(name)) for name in rest)
@@ -193,10 +185,21 @@ def native_weights(
     return quantized, unquantized
 
 
-def is_fp4_layer(codes_name: str, present: set[str]) -> bool:
-    """Whether the layer whose codes are `codes_name` is FP4 (Model Optimizer's codes are named `weight`, as a
-    16-bit layer's matrix is: its FP4 layers have a second scale)."""
-    return codes_name.endswith(".weight_packed") or f"{codes_name}_scale_2" in present
+def fp4_layers(names, scheme: Fp4Scheme) -> tuple[list[str], list[str]]:
+    """(the FP4 layers' prefixes, the other tensors' names but the activations' scales) of a checkpoint's
+    tensor `names`. A layer is FP4 by its codes' name, or for Model Optimizer (whose codes are named
+    `weight`, as a 16-bit layer's matrix is) by its second scale."""
+    present = set(names)
+    codes = f".{scheme.codes_name}"
+    layers = [
+        n[: -len(codes)]
+        for n in names
+        if n.endswith(codes) and (n.endswith(".weight_packed") or f"{n}_scale_2" in present)
+    ]
+    parts = {
+        f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
+    }
+    return layers, [n for n in names if n not in parts and not n.endswith(_UNUSED)]
 
 
 def fp4_tensor(layer: str, read: Callable[[str], torch.Tensor | None], scheme: Fp4Scheme) -> Fp4Tensor:

@@ -379,18 +379,10 @@ def _split(names: list[str], parts: tuple[str, ...]) -> tuple[list[str], list[st
     return list(layers), rest
 
 
-def _fused(name: str, config: ModelConfig) -> str | None:
-    """The Qwen3-Next fused projection a layer's weight is (qwen3_next.PARTS' key), else None."""
-    return qwen3_next.fused_projection(name) if config.architecture == qwen3_next.ARCHITECTURE else None
-
-
 def _held_names(name: str, config: ModelConfig) -> list[str]:
     """The names a quantized layer's weight loads as: its own, or a Qwen3-Next fused projection's parts."""
-    fused = _fused(name, config)
-    if fused is None:
-        return [name]
-    head = name.split(f".{fused}.")[0]
-    return [f"{head}.{part}.weight" for part in qwen3_next.PARTS[fused]]
+    parts = qwen3_next.fused_parts(name, config)
+    return [name] if parts is None else [part for part, _ in parts]
 
 
 def load(
@@ -419,12 +411,12 @@ def load(
         for prefix in layers:
             qt = to_groupwise(layer_parts(prefix), scheme, prefix)
             name = f"{prefix}.weight"
-            fused = _fused(name, config)
-            if fused is None:
+            parts = qwen3_next.fused_parts(name, config)
+            if parts is None:
                 yield name, qt
                 continue
             # Qwen3-Next's fused input projections: each part's rows, still packed (as Qwen3.5's layout)
-            for part, rows in zip(_held_names(name, config), qwen3_next.part_rows(fused, config)):
+            for part, rows in parts:
                 yield part, select(qt, 0, rows)
 
     def weights() -> WeightIterator:

@@ -53,6 +53,17 @@ def fused_projection(name: str) -> str | None:
     return next((fused for fused in PARTS if f".{fused}." in name), None)
 
 
+def fused_parts(name: str, config: ModelConfig) -> list[tuple[str, torch.Tensor]] | None:
+    """A Qwen3-Next checkpoint's fused projection weight `name` as Qwen3.5's layout holds it: each part's
+    name with its rows of the fused matrix (int64); None for any other tensor or architecture (a quantized
+    checkpoint's layers are split so, still packed: engine/formats/hf_intq.py, hf_fp4.py)."""
+    fused = fused_projection(name) if config.architecture == ARCHITECTURE else None
+    if fused is None:
+        return None
+    head = name.split(f".{fused}.")[0]
+    return [(f"{head}.{part}.weight", rows) for part, rows in zip(PARTS[fused], part_rows(fused, config))]
+
+
 def part_rows(fused: str, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of a fused projection (a key of PARTS) each of its two parts is, in order: (int64 [rows of
     the first part], int64 [rows of the second])."""

@@ -152,17 +152,10 @@ def _as_quantized(
         try:
             shapes = checkpoint_shapes(cfg_path.parent)
         except NinferError:  # no weights beside the config.json: its matrices FP4 as the tools store them
-            fp4, dense = fp4_split(checkpoint_tensors(config))  # (the head and the embeddings 16-bit)
-            weights, _ = fp4_held_bytes(
-                list(fp4.items()), dense, scheme.group, config, dtype_bytes, mtp, vision
-            )
+            weights, _ = _fp4_of_shapes(config, scheme.group, dtype_bytes, mtp, vision)
             return weights, f"{scheme.label} (estimated from config.json)", True
         weights, experts = fp4_checkpoint_weight_bytes(shapes, scheme, config, dtype_bytes, mtp, vision)
-        return (
-            weights,
-            f"{scheme.label} as stored" + (", experts as 8-bit groups of 128" if experts else ""),
-            True,
-        )
+        return weights, _fp4_label(scheme.label, experts), True
     if not isinstance(scheme, IntScheme):
         weights = recipe_weight_bytes(config, "w8g128", dtype_bytes, None, mtp, vision)
         return weights, f"{scheme.label} held as 8-bit groups of 128, quantized as it loads", True
@@ -200,12 +193,22 @@ def _dummy_fp4(model: str, shape: str, how: str, mtp: bool, vision: bool, dtype_
     planned = resolve(
         None if is_preset else shape, shape if is_preset else None, "bf16", None, mtp, vision, dtype_bytes
     )
-    fp4, dense = fp4_split(checkpoint_tensors(planned.config))
-    weights, experts = fp4_held_bytes(
-        list(fp4.items()), dense, FP4_GROUPS[how], planned.config, dtype_bytes, mtp, vision
-    )
-    label = f"{how} as stored" + (", experts as 8-bit groups of 128" if experts else "")
+    weights, experts = _fp4_of_shapes(planned.config, FP4_GROUPS[how], dtype_bytes, mtp, vision)
+    label = _fp4_label(how, experts)
     return replace(planned, label=model, serve_arg=model, weights=weights, recipe=label, packed_weights=True)
+
+
+def _fp4_of_shapes(
+    config: ModelConfig, group: int, dtype_bytes: int, mtp: bool, vision: bool
+) -> tuple[dict[str, int], bool]:
+    """fp4_held_bytes of the config's shapes as FP4 checkpoints store them (engine/formats/dummy.fp4_split:
+    the head and the embeddings 16-bit)."""
+    fp4, dense = fp4_split(checkpoint_tensors(config))
+    return fp4_held_bytes(list(fp4.items()), dense, group, config, dtype_bytes, mtp, vision)
+
+
+def _fp4_label(name: str, experts_in_8_bits: bool) -> str:
+    return f"{name} as stored" + (", experts as 8-bit groups of 128" if experts_in_8_bits else "")
 
 
 def _from_gguf(

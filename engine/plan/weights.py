@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import NinferError
-from engine.formats.hf_fp4 import UNUSED, Fp4Scheme, is_fp4_layer
+from engine.formats.hf_fp4 import Fp4Scheme, fp4_layers
 from engine.formats.hf_intq import PARTS, ROW_GROUP, IntScheme
 from engine.layers.moe import expert_shard, stack_stays_packed
 from engine.plan.shapes import model_tensors, mtp_tensors, vision_tensors
@@ -190,17 +190,10 @@ def fp4_checkpoint_weight_bytes(
     vision: bool = False,
 ) -> tuple[dict[str, int], bool]:
     """fp4_held_bytes of an NVFP4 / MXFP4 checkpoint (`shapes`: its tensors', from the file headers)."""
-    codes = f".{scheme.codes_name}"
-    present = set(shapes)
-    layers = [n[: -len(codes)] for n in shapes if n.endswith(codes) and is_fp4_layer(n, present)]
-    matrices = [
-        (f"{layer}.weight", (shapes[f"{layer}{codes}"][0], 2 * shapes[f"{layer}{codes}"][1]))
-        for layer in layers
-    ]
-    parts = {
-        f"{layer}.{p}" for layer in layers for p in (scheme.codes_name, "weight_scale", scheme.global_name)
-    }
-    dense = [(n, s) for n, s in shapes.items() if n not in parts and not n.endswith(UNUSED)]
+    layers, rest = fp4_layers(list(shapes), scheme)
+    codes = [shapes[f"{layer}.{scheme.codes_name}"] for layer in layers]  # [N, K / 2] each
+    matrices = [(f"{layer}.weight", (n, 2 * half)) for layer, (n, half) in zip(layers, codes)]
+    dense = [(n, shapes[n]) for n in rest]
     return fp4_held_bytes(matrices, dense, scheme.group, config, dtype_bytes, mtp, vision)
 
 

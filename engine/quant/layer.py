@@ -162,13 +162,14 @@ def fused_kernel_takes(bits: int, group_size: int) -> bool:
     return group_size >= MIN_GROUP.get(bits, 1 << 30)
 
 
-def packed_weights(model: torch.nn.Module) -> list[GroupwiseWeight]:
-    """Every packed weight the linear layers of `model` multiply (each once, a fused one's parts apart)."""
-    found: dict[int, GroupwiseWeight] = {}
+def packed_weights(model: torch.nn.Module, kinds: tuple[type, ...] = (GroupwiseWeight,)) -> list:
+    """Every packed weight of `kinds` the linear layers of `model` multiply (each once, a fused one's parts
+    apart): integer groups by default."""
+    found: dict[int, object] = {}
     for m in model.modules():
         weight = getattr(m, "qweight", None) if isinstance(m, Linear) else None
         for part in weight.parts if isinstance(weight, ConcatenatedWeights) else [weight]:
-            if isinstance(part, GroupwiseWeight):
+            if isinstance(part, kinds):
                 found[id(part)] = part
     return list(found.values())
 
@@ -193,6 +194,4 @@ def use_int8_activations(model: torch.nn.Module) -> int:
 def holds_packed_weights(model: torch.nn.Module) -> bool:
     """Whether a linear layer of `model` multiplies a packed weight, integer groups or FP4 (long prefill
     chunks then dequantize slices into kernels/quant_matmul's scratch: a row of the memory ledger)."""
-    weights = [m.qweight for m in model.modules() if isinstance(m, Linear) and m.qweight is not None]
-    fp4 = any(isinstance(p, Fp4Weight) for w in weights for p in getattr(w, "parts", [w]))
-    return fp4 or bool(packed_weights(model))
+    return bool(packed_weights(model, (GroupwiseWeight, Fp4Weight)))
