@@ -258,9 +258,11 @@ def _run(o: _Options) -> None:
             from engine.plan.model import resolve
 
             planned = resolve(o.model_config, None, None, None, False, False)
-            weights = sum(planned.weights.values()) - planned.weights.get("embedding", 0)
+            held = planned.weights
+            experts = held.get("experts", 0)
+            weights = sum(held.values()) - held.get("embedding", 0) - experts
             kv = "bf16" if o.kv_dtype == "auto" else o.kv_dtype  # the server's KV class, as far as we know it
-            cost = ModelCost(planned.config, weights, matmul_weights(planned.config), kv)
+            cost = ModelCost(planned.config, weights, matmul_weights(planned.config), kv, experts)
         flags = {"url": o.url, "model": driver.model, "model_config": o.model_config}
     else:
         from engine import LLM

@@ -2,6 +2,8 @@
 
 decode % = bytes one decode step reads per token (weights + the KV at that context) x tg / peak bandwidth
 prefill % = FLOPs per prompt token (2 x matmul weights + causal attention at that context) x pp / peak FLOP/s
+A mixture of experts multiplies top_k of each layer's experts per token; a decode step of S tokens reads the
+experts they route to: with routing spread evenly, a share 1 - (1 - top_k / E)^S of every layer's stack.
 Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a table by GPU name, or given.
 """
 
@@ -58,13 +60,18 @@ def _names(gpu_name: str, fragment: str) -> bool:
 @dataclass(frozen=True)
 class ModelCost:
     config: ModelConfig
-    weight_bytes: int  # as the engine reads them per decode step
-    matmul_weights: int  # weights multiplied per token (no embedding lookup)
+    weight_bytes: int  # as the engine reads them every decode step (a mixture of experts' stacks apart)
+    matmul_weights: int  # weights multiplied per token (no embedding lookup; top_k experts of a layer)
     kv_dtype: str
+    expert_bytes: int = 0  # every expert of every layer, as held: a step reads the share its tokens route to
 
     def decode_bytes(self, context: int, streams: int = 1) -> float:
-        """Bytes one decode step reads: the weights once, and the KV of every stream."""
-        return self.weight_bytes + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
+        """Bytes one decode step reads: the weights once, the experts the streams' tokens route to, and the
+        KV of every stream."""
+        experts = self.expert_bytes * routed_share(self.config, streams)
+        return (
+            self.weight_bytes + experts + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
+        )
 
     def prefill_flops(self, context: int) -> float:
         c = self.config
@@ -88,22 +95,48 @@ def roofline(
     return {"decode_pct": decode, "prefill_pct": prefill}
 
 
+def routed_share(config: ModelConfig, tokens: int) -> float:
+    """The expected share of a layer's experts that `tokens` tokens route to (top_k each, spread evenly)."""
+    if not config.num_experts:
+        return 1.0
+    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** max(tokens, 1)
+
+
+def is_expert_stack(name: str, shape: tuple[int, ...]) -> bool:
+    """A mixture of experts' stacked matrices [E, N, K] (gate_up_proj, down_proj)."""
+    return len(shape) == 3 and ".experts." in name
+
+
 def matmul_weights(config: ModelConfig) -> int:
-    """Weights multiplied per token: every matrix but the embedding lookup (a tied head counts once)."""
+    """Weights multiplied per token: every matrix but the embedding lookup (a tied head counts once), and
+    top_k of each layer's experts."""
     from engine.plan.shapes import model_tensors
 
     total = 0
     for name, shape in model_tensors(config):
         if len(shape) == 2 and "embed_tokens" not in name:
             total += shape[0] * shape[1]
+        elif is_expert_stack(name, shape):
+            total += config.num_experts_per_tok * shape[1] * shape[2]
     if config.tie_word_embeddings:
         total += config.vocab_size * config.hidden_size
     return total
 
 
 def cost_of_llm(llm) -> ModelCost:
-    """The loaded engine's own bytes per decode step: its parameters and packed weights, as they sit."""
+    """The loaded engine's own bytes per decode step: its parameters and packed weights, as they sit (a mixture
+    of experts' stacks, dense or packed, apart)."""
+    from engine.layers.moe import Experts
+
     seen: set[int] = set()
+    expert_bytes = 0
+    for module in llm.model.modules():
+        if isinstance(module, Experts):
+            for p in (module.gate_up_proj, module.down_proj):
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    expert_bytes += p.numel() * p.element_size()
+            expert_bytes += sum(stack.nbytes for stack in module.packed.values())
     weight_bytes = 0
     for p in llm.model.parameters():
         if id(p) not in seen:
@@ -126,4 +159,5 @@ def cost_of_llm(llm) -> ModelCost:
     if not tied:  # the embedding is looked up (one row per token); a tied head streams the table itself
         weight_bytes -= table_bytes
     cfg = llm.model_config
-    return ModelCost(cfg, max(weight_bytes, 0), matmul_weights(cfg), llm.engine_config.kv_dtype)
+    kv_dtype = llm.engine_config.kv_dtype
+    return ModelCost(cfg, max(weight_bytes, 0), matmul_weights(cfg), kv_dtype, expert_bytes)

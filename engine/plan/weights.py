@@ -36,6 +36,7 @@ KINDS = (
     "attention",
     "linear attention",
     "mlp",
+    "experts",
     "vectors",
     "mtp head",
     "vision tower",
@@ -53,6 +54,8 @@ def tensor_kind(name: str, shape: tuple[int, ...]) -> str:
         return "linear attention"
     if ".self_attn." in name:
         return "attention"
+    if ".mlp.experts." in name:  # a mixture of experts' stacks, or one expert's matrix
+        return "experts"
     if ".mlp." in name:
         return "mlp"
     return "vectors"

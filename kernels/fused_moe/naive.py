@@ -27,6 +27,11 @@ class PackedExperts(NamedTuple):
         """(E, N, K), as a dense stack's."""
         return self.scales.shape[0], self.scales.shape[1], self.k
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scales, minimums and column orders."""
+        return sum(t.nbytes for t in (self.packed, self.scales, self.minimums, self.columns) if t is not None)
+
     def dequantize(self) -> torch.Tensor:
         """fp32 [E, N, K], columns in the input's order."""
         out = []
@@ -56,6 +61,11 @@ class Fp4Experts(NamedTuple):
     def shape(self) -> tuple[int, int, int]:
         """(E, N, K), as a dense stack's."""
         return self.packed.shape[0], self.packed.shape[1], self.k
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scale codes and row multipliers."""
+        return self.packed.nbytes + self.scale_codes.nbytes + self.multiplier.nbytes
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [E, N, K]."""

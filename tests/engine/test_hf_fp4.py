@@ -13,6 +13,7 @@ from conftest import hf_logprobs, hold_weights, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
 from engine import LLM
+from engine.bench.roofline import cost_of_llm
 from engine.errors import NinferError
 from engine.plan.model import resolve
 from engine.quant.calibration import sequence_logprobs
@@ -215,10 +216,12 @@ def test_experts_are_held_as_stored_and_qwen3_next_splits_its_fused_projections(
     assert layer.mlp.experts.gate_up_proj is None
     assert (sequence_logprobs(llm, PROMPT) - hf_logprobs(moe, PROMPT)).abs().max() < 1e-4
     sparse = [m.mlp.experts for m in llm.model.model.layers if hasattr(m.mlp, "experts")]
-    held = sum(t.numel() * t.element_size() for e in sparse for s in e.packed.values() for t in s[:3])
+    experts = sum(s.nbytes for e in sparse for s in e.packed.values())
+    assert experts == sum(t.nbytes for e in sparse for s in e.packed.values() for t in s[:3])
     planned = resolve(str(path), None, None, None, False, False)
+    assert planned.weights["experts"] == experts
     mlps = [m.mlp for m in llm.model.model.layers]
-    held += sum(
+    held = sum(
         q.qweight.nbytes
         for m in mlps
         for q in m.modules()
@@ -226,6 +229,12 @@ def test_experts_are_held_as_stored_and_qwen3_next_splits_its_fused_projections(
     )
     held += sum(p.numel() * 2 for m in mlps for p in m.parameters())  # routers, 16-bit (plan's count)
     assert planned.recipe == "NVFP4 as stored" and held == planned.weights["mlp"]
+    # bench's roofline: a decode step of one token reads top_k of each layer's experts
+    cost = cost_of_llm(llm)
+    assert cost.expert_bytes == experts
+    cfg = llm.model_config
+    share = cfg.num_experts_per_tok / cfg.num_experts
+    assert cost.decode_bytes(0) == pytest.approx(cost.weight_bytes + experts * share)
     nxt = tiny_hf_model("qwen3_next", tied=False, seed=3)
     path = save_fp4(nxt, tmp_path / "next", "modelopt")
     llm = LLM(path, dtype="float32")

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import ninfer_kernels as kernels
 from engine import LLM, SamplingParams
+from engine.bench.roofline import cost_of_llm
 from engine.errors import NinferError
 from engine.quant.calibration import sequence_logprobs
 from engine.quant.convert import convert
@@ -168,9 +169,40 @@ def test_packed_experts_run_the_triton_kernel_and_count_as_held(moe, tmp_path, k
             for t in (p.packed, p.scales, p.minimums)
             if t is not None
         )
-        assert held == sum(artifact_weight_bytes(out, llm.model_config, dtype_bytes=4).values())
+        planned = artifact_weight_bytes(out, llm.model_config, dtype_bytes=4)
+        assert held == sum(planned.values())
+        assert cost_of_llm(llm).expert_bytes == planned["experts"] > 0  # bench's roofline, as held
         got = sequence_logprobs(llm, PROMPT).cpu()
         assert (got - want).abs().max() < 1e-3
+
+
+def test_the_roofline_counts_the_experts_a_step_routes_to(moe):
+    """bench's roofline: a token multiplies top_k of a layer's experts (prefill FLOPs), and a decode step of
+    S tokens reads the share 1 - (1 - top_k / E)^S of every layer's stacked experts (routing spread
+    evenly): the weights read every step are the rest."""
+    from engine.bench.roofline import matmul_weights
+    from engine.plan.shapes import model_tensors
+
+    _, path = moe
+    llm = LLM(path, weight_quant="none")
+    cfg = llm.model_config
+    stacks = [p for n, p in llm.model.named_parameters() if ".mlp.experts." in n]
+    experts = sum(p.numel() * p.element_size() for p in stacks)
+    cost = cost_of_llm(llm)
+    assert cost.expert_bytes == experts > 0
+    others = sum(
+        p.numel() * p.element_size() for n, p in llm.model.named_parameters() if ".experts." not in n
+    )
+    table = llm.model.model.embed_tokens.weight
+    assert cost.weight_bytes == others - table.numel() * table.element_size()  # the lookup is one row
+    k, e = cfg.num_experts_per_tok, cfg.num_experts
+    for streams in (1, 2, 64):
+        share = 1 - (1 - k / e) ** streams
+        assert cost.decode_bytes(0, streams) == pytest.approx(cost.weight_bytes + experts * share)
+    dense = sum(s[0] * s[1] for n, s in model_tensors(cfg) if len(s) == 2 and "embed_tokens" not in n) + (
+        cfg.vocab_size * cfg.hidden_size if cfg.tie_word_embeddings else 0
+    )
+    assert matmul_weights(cfg) == dense + sum(p.numel() for p in stacks) * k // e
 
 
 def test_experts_quantized_differently_are_not_packed(moe):
@@ -206,7 +238,7 @@ def test_plan_counts_a_recipes_experts_as_the_artifact_holds_them(moe, tmp_path)
     llm = LLM(path, weight_quant="none")
     predicted = recipe_weight_bytes(llm.model_config, "w4g128", dtype_bytes=2)
     held = artifact_weight_bytes(tmp_path / "m.ninfer", llm.model_config, dtype_bytes=2)
-    assert predicted["mlp"] == held["mlp"]
+    assert predicted["mlp"] == held["mlp"] and predicted["experts"] == held["experts"] > 0
 
 
 def test_qwen3_5_moe_hybrid_matches_transformers(tmp_path):
