@@ -7,13 +7,17 @@ from typing import Annotated
 import typer
 
 from ninfer_cli import bench, chat, convert, fetch, plan, serve
+from ninfer_cli.help_format import CONTEXT_SETTINGS, Group
 
 app = typer.Typer(
     name="ninfer",
     help="Single-GPU LLM inference engine for Qwen3-family models.",
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help and errors (help_format.py)
+    context_settings=CONTEXT_SETTINGS,
 )
 
 

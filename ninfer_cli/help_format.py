@@ -1,0 +1,47 @@
+"""How `ninfer ... --help` reads: plain help as vllm's and llama-server's print it (an option's names on one
+line, its help beside it or, when the names are long, below them), each value's placeholder a word (TEXT,
+INT, FLOAT, PATH; a name where the option gives one) and a switch none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args, get_origin
+
+from typer.core import TyperGroup
+
+CONTEXT_SETTINGS = {"max_content_width": 120}  # (click's default: 80 columns, on any terminal)
+WORDS = {str: "TEXT", int: "INT", float: "FLOAT", Path: "PATH"}
+
+
+class Group(TyperGroup):
+    """The `ninfer` group: each subcommand's options named as `placeholders` names them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            placeholders(command)
+
+
+def placeholders(command) -> None:
+    """Give every value option of `command` that names no placeholder a word for its value's type, and the
+    MODEL-like arguments their name in capitals."""
+    for param in command.params:
+        if param.metavar is not None or getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        if param.param_type_name == "argument":
+            param.metavar = param.name.upper()
+        else:
+            param.metavar = value_word(param)
+
+
+def value_word(param) -> str:
+    """TEXT / INT / FLOAT / PATH for the value's type (a list's items'), read from the annotation typer keeps
+    or the click type it made."""
+    descriptor = getattr(param, "type_descriptor", None)
+    annotation = getattr(descriptor, "annotation", None)
+    if get_origin(annotation) is list:
+        annotation = get_args(annotation)[0]
+    if annotation in WORDS:
+        return WORDS[annotation]
+    kind = getattr(getattr(param, "type", None), "name", "") or ""
+    return {"integer": "INT", "float": "FLOAT", "path": "PATH"}.get(kind.lower(), "TEXT")
