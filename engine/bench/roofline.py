@@ -4,6 +4,8 @@ decode % = bytes one decode step reads per token (weights + the KV at that conte
 prefill % = FLOPs per prompt token (2 x matmul weights + causal attention at that context) x pp / peak FLOP/s
 A mixture of experts multiplies top_k of each layer's experts per token; a decode step of S tokens reads the
 experts they route to: with routing spread evenly, a share 1 - (1 - top_k / E)^S of every layer's stack.
+With speculative decoding a step gives each stream the tokens its draft had accepted, plus one: the run's
+tokens per step (generated tokens over the steps that streamed them) divide tg into steps.
 Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a table by GPU name, or given.
 """
 
@@ -65,10 +67,10 @@ class ModelCost:
     kv_dtype: str
     expert_bytes: int = 0  # every expert of every layer, as held: a step reads the share its tokens route to
 
-    def decode_bytes(self, context: int, streams: int = 1) -> float:
-        """Bytes one decode step reads: the weights once, the experts the streams' tokens route to, and the
-        KV of every stream."""
-        experts = self.expert_bytes * routed_share(self.config, streams)
+    def decode_bytes(self, context: int, streams: int = 1, tokens: float | None = None) -> float:
+        """Bytes one decode step reads: the weights once, the experts its tokens (one a stream unless given)
+        route to, and the KV of every stream."""
+        experts = self.expert_bytes * routed_share(self.config, streams if tokens is None else tokens)
         return (
             self.weight_bytes + experts + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
         )
@@ -80,14 +82,21 @@ class ModelCost:
 
 
 def roofline(
-    cost: ModelCost | None, peaks: Peaks, context: int, pp: float, tg: float, streams: int = 1
+    cost: ModelCost | None,
+    peaks: Peaks,
+    context: int,
+    pp: float,
+    tg: float,
+    streams: int = 1,
+    tokens_per_step: float = 1.0,
 ) -> dict:
-    """tg: tokens/s over all `streams` (one token per stream per decode step)."""
+    """tg: tokens/s over all `streams`; each stream's decode step gives `tokens_per_step` tokens (1; more
+    with speculative decoding, whose step reads the weights once for a draft's accepted tokens)."""
     if cost is None:
         return {"decode_pct": None, "prefill_pct": None}
-    steps = tg / streams
+    steps = tg / (streams * tokens_per_step)
     decode = (
-        cost.decode_bytes(context, streams) * steps / peaks.bandwidth * 100
+        cost.decode_bytes(context, streams, streams * tokens_per_step) * steps / peaks.bandwidth * 100
         if peaks.bandwidth and tg
         else None
     )
@@ -95,11 +104,11 @@ def roofline(
     return {"decode_pct": decode, "prefill_pct": prefill}
 
 
-def routed_share(config: ModelConfig, tokens: int) -> float:
+def routed_share(config: ModelConfig, tokens: float) -> float:
     """The expected share of a layer's experts that `tokens` tokens route to (top_k each, spread evenly)."""
     if not config.num_experts:
         return 1.0
-    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** max(tokens, 1)
+    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** max(tokens, 1.0)
 
 
 def is_expert_stack(name: str, shape: tuple[int, ...]) -> bool:

@@ -80,8 +80,17 @@ def request_record(t: Timing, target: int) -> dict:
         "t_first": t.t_first,
         "t_last": t.t_last,
         "spec_acceptance": t.spec_acceptance,
+        "tokens_per_step": tokens_per_step(t),
         "error": t.error,
     }
+
+
+def tokens_per_step(t: Timing) -> float | None:
+    """Tokens a decode step gave this request, after its first: over the steps that streamed them (distinct
+    arrival times: in process one a step, over HTTP one an event; vLLM and ninfer send a speculative step's
+    tokens as one). None for a request of one step."""
+    steps = len(set(t.chunk_times))
+    return (t.generated - 1) / (steps - 1) if steps > 1 and t.generated > 1 else None
 
 
 def run_suite(
@@ -189,6 +198,7 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
             "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
             "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
             "spec_acceptance": _stats([r.get("spec_acceptance") for r in group]),
+            "tokens_per_step": _stats([r.get("tokens_per_step") for r in group]),
         }
         per["telemetry"] = _telemetry(group)
         rows.append({**base, "kind": "stream" if c > 1 else "C1", **per, **_roof(cost, peaks, ctx, per)})
@@ -202,6 +212,7 @@ def summarise(records: list[dict], cost: ModelCost | None, peaks: Peaks) -> list
                 agg_pp.append(sum(r["prompt_tokens"] for r in batch) / slowest if slowest > 0 else None)
                 agg_tg.append(sum(r["generated"] - 1 for r in batch) / window if window > 0 else None)
             agg = {"pp": _stats(agg_pp), "tg": _stats(agg_tg)}
+            agg |= {k: per[k] for k in ("spec_acceptance", "tokens_per_step")}  # (for the roofline)
             rows.append({**base, "kind": "aggregate", **agg, **_roof(cost, peaks, ctx, agg, streams=c)})
     return rows
 
@@ -225,6 +236,7 @@ def _warm_row(group: list[dict], cost: ModelCost | None, peaks: Peaks) -> dict:
         "itl_p50_ms": _stats([r["itl_p50_ms"] for r in group]),
         "itl_p99_ms": _stats([r["itl_p99_ms"] for r in group]),
         "spec_acceptance": _stats([r.get("spec_acceptance") for r in group]),
+        "tokens_per_step": _stats([r.get("tokens_per_step") for r in group]),
         "prompt_tokens": _stats([r["prompt_tokens"] for r in group]),
         "cached_tokens": None if unreported else _stats([r["cached_tokens"] for r in group]),
     }
@@ -241,7 +253,7 @@ def _warm_row(group: list[dict], cost: ModelCost | None, peaks: Peaks) -> dict:
         "kind": kind,
         **per,
         # (decode at the turn's depth)
-        **_roof(cost, peaks, int(per["prompt_tokens"]["median"]), {"tg": per["tg"]}),
+        **_roof(cost, peaks, int(per["prompt_tokens"]["median"]), per),
     }
 
 
@@ -265,6 +277,9 @@ def _telemetry(group: list[dict]) -> dict | None:
 
 
 def _roof(cost, peaks, ctx, stats, streams: int = 1) -> dict:
+    """The row's roofline %: a speculative run's decode steps are its tokens over its tokens per step."""
     pp = (stats.get("pp") or {}).get("median")
     tg = (stats.get("tg") or {}).get("median")
-    return {"roofline": roofline(cost, peaks, ctx, pp or 0, tg or 0, streams)}
+    spec = (stats.get("spec_acceptance") or {}).get("median") is not None
+    per_step = (stats.get("tokens_per_step") or {}).get("median") if spec else None
+    return {"roofline": roofline(cost, peaks, ctx, pp or 0, tg or 0, streams, per_step or 1.0)}

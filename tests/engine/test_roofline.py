@@ -1,0 +1,67 @@
+"""bench's roofline: the bytes and FLOPs a decode step and a prompt token cost, and a row's share of the
+device's peaks (engine/bench/roofline.py, suite.summarise)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.bench.drivers import Timing
+from engine.bench.roofline import ModelCost, Peaks, roofline, routed_share
+from engine.bench.suite import request_record, summarise
+from engine.config import ModelConfig
+
+PEAKS = Peaks(1e12, 1e15, "given")
+
+
+def _config(**moe) -> ModelConfig:
+    return ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        max_position_embeddings=4096,
+        **moe,
+    )
+
+
+def _record(chunk_times: list[float], spec: float | None, stream: int = 0) -> dict:
+    t = Timing(512, 0, len(chunk_times), 0.0, chunk_times[0], chunk_times[-1], chunk_times, spec)
+    record = request_record(t, 512)
+    return {**record, "scenario": "random", "context": 512, "concurrency": 1, "repeat": stream, "stream": 0}
+
+
+def test_a_speculative_step_reads_the_weights_once_for_its_tokens():
+    """tg 400 tokens/s at 4 tokens a step is 100 steps/s: the decode % of 100 plain steps. A run without
+    drafts is one token a step even where tokens arrive together (a detokenizer holding some back)."""
+    cost = ModelCost(_config(), 10**9, 10**9, "bf16")
+    plain = roofline(cost, PEAKS, 0, 0, 100.0)["decode_pct"]
+    assert plain == pytest.approx(10.0)  # 1e9 bytes x 100 steps/s of 1e12 B/s
+    assert roofline(cost, PEAKS, 0, 0, 400.0, tokens_per_step=4.0)["decode_pct"] == pytest.approx(plain)
+    steps = [0.1 * i for i in range(1, 4) for _ in range(4)]  # 3 steps of 4 tokens
+    times = [0.0, *steps]  # the first token, then 12 more in 3 steps
+    drafted = _record(times, spec=0.75)
+    assert drafted["tokens_per_step"] == pytest.approx(4.0)
+    [row] = summarise([drafted], cost, PEAKS)
+    tg = row["tg"]["median"]
+    assert row["roofline"]["decode_pct"] == pytest.approx(1e9 * tg / 4 / 1e12 * 100)
+    [row] = summarise([_record(times, spec=None)], cost, PEAKS)  # no drafts: a step a token
+    assert row["roofline"]["decode_pct"] == pytest.approx(1e9 * tg / 1e12 * 100)
+
+
+def test_a_mixture_of_experts_reads_the_experts_its_tokens_route_to():
+    cfg = _config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    assert routed_share(cfg, 1) == pytest.approx(0.25)
+    assert routed_share(cfg, 2) == pytest.approx(1 - 0.75**2)
+    assert routed_share(_config(), 3) == 1.0
+    cost = ModelCost(cfg, 1000, 0, "bf16", expert_bytes=8000)
+    assert cost.decode_bytes(0) == pytest.approx(1000 + 2000)
+    assert cost.decode_bytes(0, streams=2) == pytest.approx(1000 + 8000 * (1 - 0.75**2))
+    # four tokens a step (a draft of three accepted) route among the experts as four streams' do
+    four = roofline(cost, PEAKS, 0, 0, 4.0, tokens_per_step=4.0)["decode_pct"]
+    assert four == pytest.approx((1000 + 8000 * (1 - 0.75**4)) / 1e12 * 100)
