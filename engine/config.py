@@ -496,7 +496,8 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise NinferError(f"{name} must be a whole number (got {value!r})")
             if value <= 0 and name != "host_cache":
-                raise NinferError(f"{name} must be positive (got {value})")
+                flag = "" if name == "block_size" else f" (--{name.replace('_', '-')})"  # (a serve flag too)
+                raise NinferError(f"{name}{flag} must be positive (got {value})")
         if self.device != "cpu" and self.block_size & (self.block_size - 1):
             raise NinferError(
                 f"block_size must be a power of two on {self.device}: the attention kernels read whole "

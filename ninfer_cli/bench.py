@@ -21,7 +21,7 @@ from ninfer_cli.model_options import ChatTemplate, RopeScaling
 from ninfer_cli.spec_options import DraftModel, DraftTokens, LmHeadDraft, Spec, spec_options
 
 
-def _list(text: str, what: str, parse) -> tuple[int, ...]:
+def _list(text: str, what: str, parse, example: str) -> tuple[int, ...]:
     from engine.errors import NinferError
 
     try:
@@ -29,9 +29,9 @@ def _list(text: str, what: str, parse) -> tuple[int, ...]:
     except NinferError:
         raise
     except ValueError as e:
-        raise NinferError(f"{what} '{text}' is not a comma-separated list; write e.g. 1,2") from e
+        raise NinferError(f"{what} '{text}' is not a comma-separated list; write e.g. {example}") from e
     if not values or any(v <= 0 for v in values):
-        raise NinferError(f"{what} '{text}' needs positive values, e.g. 1,2")
+        raise NinferError(f"{what} '{text}' needs positive values, e.g. {example}")
     return values
 
 
@@ -151,8 +151,8 @@ def bench(
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             why = "does not exist" if not folder.is_dir() else "is not writable"
             raise NinferError(f"--json {json_file}: the folder {folder} {why}; create it or write elsewhere")
-    contexts = _list(ctx, "--ctx", lambda v: parse_size(v, "--ctx"))
-    concurrencies = _list(concurrency, "--concurrency", int)
+    contexts = _list(ctx, "--ctx", lambda v: parse_size(v, "--ctx"), "4k,32k")
+    concurrencies = _list(concurrency, "--concurrency", int, "1,2")
     _run(
         _Options(
             args[0] if args else None,

@@ -599,7 +599,8 @@ def test_a_context_below_the_warm_up_prompt_runs():
     [
         (["--scenario", "chat"], "unknown --scenario 'chat'"),
         (["--ctx", "abc"], "--ctx 'abc' is not a size"),
-        (["--concurrency", "0"], "--concurrency '0' needs positive values"),
+        (["--concurrency", "0"], "--concurrency '0' needs positive values, e.g. 1,2"),
+        (["--ctx", "0"], "--ctx '0' needs positive values, e.g. 4k,32k"),
         (["compare", "/no/a.json", "/no/b.json"], "/no/a.json does not exist"),
         (["compare", "a.json"], "compare needs two result files"),
         (["--url", "ftp://x"], "is not an http(s) URL"),

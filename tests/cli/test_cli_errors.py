@@ -132,6 +132,14 @@ def test_bad_sampling_flag():
     assert "top_p" in out
 
 
+@pytest.mark.parametrize("flag", ["--max-context", "--prefill-chunk", "--max-concurrency"])
+def test_a_size_of_zero_names_its_flag(flag, monkeypatch):
+    monkeypatch.setattr("ninfer_cli.serve.bind", lambda *a: pytest.fail("bound a port"))
+    code, out = _run("serve", flag, "0", "--port", "0")
+    name = flag[2:].replace("-", "_")
+    assert code == 2 and out.strip() == f"error: {name} ({flag}) must be positive (got 0)", out
+
+
 @pytest.mark.parametrize("command", ["chat", "bench"])
 def test_int8_prefill_without_packed_weights_is_one_line(tiny_dir, command):
     """The flag reaches the engine from chat and bench; on the CPU a quantized model is dequantized at load
