@@ -4,6 +4,7 @@ device's peaks (engine/bench/roofline.py, suite.summarise)."""
 from __future__ import annotations
 
 import pytest
+from conftest import rope_model_config
 
 from engine.bench.drivers import Timing
 from engine.bench.roofline import ModelCost, Peaks, roofline, routed_share
@@ -14,20 +15,7 @@ PEAKS = Peaks(1e12, 1e15, "given")
 
 
 def _config(**moe) -> ModelConfig:
-    return ModelConfig(
-        architecture="Qwen3ForCausalLM",
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        max_position_embeddings=4096,
-        **moe,
-    )
+    return rope_model_config(architecture="Qwen3ForCausalLM", **moe)
 
 
 def _record(chunk_times: list[float], spec: float | None, stream: int = 0) -> dict:
