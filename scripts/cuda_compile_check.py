@@ -415,9 +415,9 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             for dtype in DTYPES:
                 add(case_causal_conv1d, step=step, model=model, dtype=dtype)
                 add(case_gated_delta_rule, step=step, model=model, dtype=dtype)
-        # fp32 operands through the chunked form (an fp32 model takes the recurrent one; tests force it; past
-        # the shared memory of SM 8.x)
-        add(case_gated_delta_rule, 90, step="prefill", model=model, dtype="fp32", chunked=True)
+        # fp32 operands through the chunked form (an fp32 model takes the recurrent one; tests force it): two
+        # pipeline stages on SM 9.0, one where those do not fit (gated_delta.triton._scan_stages)
+        add(case_gated_delta_rule, step="prefill", model=model, dtype="fp32", chunked=True)
     for bits in (4, 6, 8):
         for m in (1, 3, 16, 77):
             add(case_quant_matmul, bits=bits, m=m, dtype="bf16")

@@ -27,7 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton_config import dot_dtype, dot_precision, interpreting, pipeline_stages, sm_count
+from ninfer_kernels.triton_config import (
+    dot_dtype,
+    dot_precision,
+    interpreting,
+    pipeline_stages,
+    shared_memory_per_block,
+    sm_count,
+)
 
 CHUNK = 64  # tokens a chunk in the chunked form
 # value dims a scan program takes where the narrow grid is past one wave (_scan_block_v)
@@ -273,8 +280,8 @@ def gated_delta_rule(
 ) -> torch.Tensor:
     """See kernels/gated_delta/naive.py. The chunked form when the step averages CHUNKED_MIN_TOKENS tokens a
     sequence or more (a host-side shape: no sync) and its products run on half-precision operands (a bf16 /
-    fp16 model on a GPU; fp32 ones need more shared memory than SM 8.6 has) or under the interpreter; else
-    the recurrent one. `chunked` forces one. block_v (value dims a program), num_warps and num_stages (the
+    fp16 model on a GPU; fp32 ones fit one pipeline stage of the scan below SM 9.0, _scan_stages) or under
+    the interpreter; else the recurrent one. `chunked` forces one. block_v (value dims a program), num_warps and num_stages (the
     chunked scan's pipeline depth) are tuning knobs for benchmarks/gpu_kernels.py's sweep (defaults:
     recurrent 32 / 4 warps; chunked 32 / 8, three stages where they fit)."""
     num_tokens, num_k_heads, head_k_dim = q.shape
@@ -385,7 +392,7 @@ def _chunked(
     )
     size = 4 if operands == tl.float32 else 2
     block_v = block_v or _scan_block_v(num_seqs, num_v_heads, head_v_dim, block_k, size, v.device)
-    stages = num_stages or pipeline_stages(_three_stage_bytes(block_k, block_v, size), v.device)
+    stages = num_stages or _scan_stages(block_k, block_v, size, v.device)
     _chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q,
         k,
@@ -408,6 +415,26 @@ def _chunked(
         **common,
     )
     return out
+
+
+def _scan_stages(block_k: int, block_v: int, size: int, device) -> int:
+    """The scan's pipeline depth: three stages where they fit, else two; fp32 operands (the chunked form
+    forced on an fp32 model: tests, sweeps) two only where _fp32_two_stage_bytes fit (SM 9.0 / 10.0), else
+    one (98 KB at Dk 128, BLOCK_V 32 under Triton 3.9: within every GPU's from SM 8.0 on)."""
+    stages = pipeline_stages(_three_stage_bytes(block_k, block_v, size), device)
+    if (
+        stages == 2
+        and size == 4
+        and _fp32_two_stage_bytes(block_k, block_v) > shared_memory_per_block(device)
+    ):
+        return 1
+    return stages
+
+
+def _fp32_two_stage_bytes(block_k: int, block_v: int) -> int:
+    """The scan's shared memory at two stages of fp32 operands: ~1.8 stages' tiles and the state operand
+    (Triton 3.9 took 189,440 bytes at Dk 128, BLOCK_V 32: more than SM 8.0's 163 KB or a consumer GPU's 99)."""
+    return 9 * CHUNK * (3 * block_k + block_v) * 4 // 5 + block_k * block_v * 4 + 8192
 
 
 def _three_stage_bytes(block_k: int, block_v: int, size: int) -> int:

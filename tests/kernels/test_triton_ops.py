@@ -401,15 +401,6 @@ DELTA_CASES = [
 @pytest.mark.parametrize("dtype,shape,lengths,slots,chunked", DELTA_CASES)
 def test_gated_delta_rule(dtype, shape, lengths, slots, chunked):
     hk, hv, dk, dv = shape
-    if (
-        chunked
-        and dtype == torch.float32
-        and DEVICE == "cuda"
-        and torch.cuda.get_device_capability() < (9, 0)
-    ):
-        pytest.skip(
-            "the chunked scan with fp32 operands needs ~190 KB of shared memory (the engine keeps fp32 recurrent)"
-        )
     t = sum(lengths)
     conv = randn(t, 2 * hk * dk + hv * dv + 3, dtype=dtype)  # q / k / v as views into one conv output
     q = conv[:, : hk * dk].view(t, hk, dk)
