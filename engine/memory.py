@@ -113,6 +113,14 @@ def kv_bytes_per_token(config: ModelConfig, kv_dtype: str, spec: str = "none") -
     return kv_layers(config, spec) * per_layer
 
 
+def routed_share(config: ModelConfig, tokens: float) -> float:
+    """The expected share of a mixture of experts' layer that `tokens` tokens route to (top_k experts each,
+    routing spread evenly): what a decode step of that many tokens reads of its expert stacks (1 without)."""
+    if not config.num_experts:
+        return 1.0
+    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** max(tokens, 1.0)
+
+
 def pool_bytes_per_token(dep: Deployment, kv_dtype: str | None = None) -> int:
     """What a KV pool token takes: the model's layers, and with spec draft the draft model's too (its KV
     lives in the same pages)."""

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from engine.config import ModelConfig
-from engine.memory import kv_bytes_per_token
+from engine.memory import kv_bytes_per_token, routed_share
 
 # name fragment (as NVML names the card) -> (bytes/s, dense FP16/BF16 tensor FLOP/s with FP32 accumulate);
 # the first fragment the name holds wins, so a variant stands before its family
@@ -102,13 +102,6 @@ def roofline(
     )
     prefill = cost.prefill_flops(context) * pp / peaks.flops * 100 if peaks.flops and pp else None
     return {"decode_pct": decode, "prefill_pct": prefill}
-
-
-def routed_share(config: ModelConfig, tokens: float) -> float:
-    """The expected share of a layer's experts that `tokens` tokens route to (top_k each, spread evenly)."""
-    if not config.num_experts:
-        return 1.0
-    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** max(tokens, 1.0)
 
 
 def is_expert_stack(name: str, shape: tuple[int, ...]) -> bool:

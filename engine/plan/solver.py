@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import NinferError
-from engine.memory import CUDA_CONTEXT, CUDA_CONTEXT_BYTES, WEIGHTS, Deployment, ledger, pool_bytes_per_token
+from engine.memory import (
+    CUDA_CONTEXT,
+    CUDA_CONTEXT_BYTES,
+    WEIGHTS,
+    Deployment,
+    ledger,
+    pool_bytes_per_token,
+    routed_share,
+)
 from engine.plan.weights import recipe_weight_bytes
 from engine.rope_scaling import positions_phrase, stretch_hint
 
@@ -102,9 +110,12 @@ def frontier(dep: Deployment, device: Device, concurrencies=(1, 2, 3, 4)) -> dic
     return table
 
 
-def decode_bytes(dep: Deployment) -> int:
-    """Bytes one decode step reads: the weights and the KV of every running request at full context."""
-    return sum(dep.weights.values()) + dep.concurrency * dep.context * pool_bytes_per_token(dep)
+def decode_bytes(dep: Deployment) -> float:
+    """Bytes one decode step reads: the weights (of a mixture of experts, the share its requests' tokens
+    route to) and the KV of every running request at full context."""
+    experts = dep.weights.get("experts", 0)
+    weights = sum(dep.weights.values()) - experts + experts * routed_share(dep.config, dep.concurrency)
+    return weights + dep.concurrency * dep.context * pool_bytes_per_token(dep)
 
 
 MAX_PLANNED_CONCURRENCY = 4

@@ -7,9 +7,10 @@ import pytest
 from conftest import rope_model_config
 
 from engine.bench.drivers import Timing
-from engine.bench.roofline import ModelCost, Peaks, roofline, routed_share
+from engine.bench.roofline import ModelCost, Peaks, roofline
 from engine.bench.suite import request_record, summarise
 from engine.config import ModelConfig
+from engine.memory import routed_share
 
 PEAKS = Peaks(1e12, 1e15, "given")
 
@@ -53,3 +54,15 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_route_to():
     # four tokens a step (a draft of three accepted) route among the experts as four streams' do
     four = roofline(cost, PEAKS, 0, 0, 4.0, tokens_per_step=4.0)["decode_pct"]
     assert four == pytest.approx((1000 + 8000 * (1 - 0.75**4)) / 1e12 * 100)
+
+
+def test_plan_weighs_a_mixture_of_experts_by_what_a_step_reads():
+    """plan's speed tie-break (solver.decode_bytes) reads the experts a step's tokens route to."""
+    from engine.memory import Deployment, pool_bytes_per_token
+    from engine.plan.solver import decode_bytes
+
+    cfg = _config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    weights = {"attention": 1000, "experts": 8000}
+    dep = Deployment(cfg, "bf16", 256, concurrency=2, weights=weights)
+    kv = 2 * 256 * pool_bytes_per_token(dep)
+    assert decode_bytes(dep) == pytest.approx(1000 + 8000 * (1 - 0.75**2) + kv)
