@@ -34,9 +34,29 @@ def test_prompts_hit_the_exact_token_count(default_tokenizer, scenario):
     for target in (300, 1000, 5000):
         p = build(scenario, target, count, seed=target)
         assert p.tokens == target == count(p.messages, p.tools)
-        assert p.messages[0]["content"].startswith(f"[bench {p.nonce}]")  # the nonce opens the prompt
+        assert p.messages[0]["content"].startswith(f"[{p.nonce} bench]")  # the nonce opens the prompt
     a, b = build(scenario, 300, count), build(scenario, 300, count)
     assert a.nonce != b.nonce
+
+
+def test_cold_prompts_part_within_the_first_page_with_a_byte_tokenizer():
+    """A dummy model's byte tokenizer: a cold prompt's first KV page (16 tokens) holds enough of its nonce
+    that no two of a run share it (the prefix cache would serve it: cached tokens in a cold run)."""
+    from engine.formats.dummy import byte_tokenizer
+
+    tokenizer = byte_tokenizer(512)
+
+    def ids(p):
+        return tokenizer.encode_chat(p.messages, p.tools, True, enable_thinking=False)
+
+    def count(messages, tools):
+        return len(tokenizer.encode_chat(messages, tools, True, enable_thinking=False))
+
+    for scenario in SCENARIOS:
+        # nonces alike but for their seventh character (a random one's first seven: 1 in 16^7 alike)
+        prompts = [build(scenario, 400, count, nonce=f"000000{i:x}00000") for i in range(16)]
+        first_pages = {tuple(ids(p)[:16]) for p in prompts}
+        assert len(first_pages) == 16, scenario
 
 
 def test_agent_prompts_differ_inside_the_tool_list_with_a_template_that_writes_it_first(default_tokenizer):
