@@ -98,14 +98,18 @@ class InProcess:
         for i, p in enumerate(prompts):
             fields = {**(defaults if temperature > 0 else {}), **sampling(gen, temperature, i)}
             rids.append(self.llm.add_request(self.ids(p.messages, p.tools), SamplingParams(**fields)))
+        # each request's steps that gave it tokens (a speculative step's tokens arrive together, as one
+        # streamed chunk of a server does: ITL is between chunks, as vLLM's benchmark counts it)
         times: dict[str, list[float]] = {r: [] for r in rids}
+        seen = dict.fromkeys(rids, 0)
         final = {}
         while len(final) < len(rids):
             outs = self.llm.step()
             now = time.perf_counter()
             for out, _ in outs:
-                got = times[out.request_id]
-                got += [now] * (len(out.token_ids) - len(got))
+                if len(out.token_ids) > seen[out.request_id]:
+                    seen[out.request_id] = len(out.token_ids)
+                    times[out.request_id].append(now)
                 if out.finished:
                     final[out.request_id] = out
         out = []

@@ -86,9 +86,9 @@ def request_record(t: Timing, target: int) -> dict:
 
 
 def tokens_per_step(t: Timing) -> float | None:
-    """Tokens a decode step gave this request, after its first: over the steps that streamed them (distinct
-    arrival times: in process one a step, over HTTP one an event; vLLM and ninfer send a speculative step's
-    tokens as one). None for a request of one step."""
+    """Tokens a decode step gave this request, after its first: over the steps that streamed them (chunk
+    arrivals: in process one a step, over HTTP one an event; vLLM and ninfer send a speculative step's tokens
+    as one). None for a request of one step."""
     steps = len(set(t.chunk_times))
     return (t.generated - 1) / (steps - 1) if steps > 1 and t.generated > 1 else None
 

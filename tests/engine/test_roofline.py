@@ -66,3 +66,20 @@ def test_plan_weighs_a_mixture_of_experts_by_what_a_step_reads():
     dep = Deployment(cfg, "bf16", 256, concurrency=2, weights=weights)
     kv = 2 * 256 * pool_bytes_per_token(dep)
     assert decode_bytes(dep) == pytest.approx(1000 + 8000 * (1 - 0.75**2) + kv)
+
+
+def test_in_process_timing_takes_a_speculative_step_as_one_chunk():
+    """In process, a step's tokens arrive as one chunk (ITL between steps, as over HTTP): a drafted run's
+    chunks are fewer than its tokens, and its tokens per step are the tokens over those chunks."""
+    from engine import LLM
+    from engine.bench.drivers import InProcess
+    from engine.bench.workloads import build
+
+    driver = InProcess(LLM(spec="ngram", draft_tokens=3))
+    prompt = build("random", 200, driver.count, seed=3)
+    [t] = driver.run([prompt], 48, 0.0)
+    assert t.generated == 48 and len(t.chunk_times) == len(set(t.chunk_times)) < 40  # (drafts taken)
+    record = request_record(t, 200)
+    assert record["tokens_per_step"] == pytest.approx(47 / (len(t.chunk_times) - 1))
+    gaps = [b - a for a, b in zip(t.chunk_times, t.chunk_times[1:])]
+    assert min(gaps) > 0
