@@ -52,6 +52,7 @@ class Timing:
     t_last: float
     chunk_times: list[float] = field(default_factory=list)
     spec_acceptance: float | None = None  # accepted / drafted tokens, when the server reports it
+    spec_accepted: int | None = None  # the request's accepted draft tokens, where reported per request
     error: str | None = None
     # where cached_tokens comes from: "engine" (in process), "response" (the reply's usage or timings),
     # "metrics" (the server's prefix-cache counter across the run); None: nowhere, a warm cache not ruled out
@@ -130,6 +131,7 @@ class InProcess:
                     spec_acceptance=done.num_accepted_tokens / done.num_draft_tokens
                     if done.num_draft_tokens
                     else None,
+                    spec_accepted=done.num_accepted_tokens if done.num_draft_tokens else None,
                     error=done.error,
                     cache_proof="engine",
                 )
@@ -430,6 +432,7 @@ class OverHttp:
             chunks[-1],
             chunks,
             spec_acceptance=accepted / drafted if drafted and accepted is not None else None,
+            spec_accepted=int(accepted) if drafted and accepted is not None else None,
             cache_proof=None if cached is None else "response",
         )
 

@@ -86,11 +86,15 @@ def request_record(t: Timing, target: int) -> dict:
 
 
 def tokens_per_step(t: Timing) -> float | None:
-    """Tokens a decode step gave this request, after its first: over the steps that streamed them (chunk
-    arrivals: in process one a step, over HTTP one an event; vLLM and ninfer send a speculative step's tokens
-    as one). None for a request of one step."""
+    """Tokens a decode step gave this request, after its first: each step gives one and the draft tokens it
+    accepted, where the request's accepted count is reported (in process, llama-server's timings); else
+    over the steps that streamed them (chunk arrivals: vLLM and ninfer send a step's tokens as one). None
+    for a request of one step."""
+    decoded = t.generated - 1
+    if t.spec_accepted is not None and decoded > t.spec_accepted:
+        return decoded / (decoded - t.spec_accepted)
     steps = len(set(t.chunk_times))
-    return (t.generated - 1) / (steps - 1) if steps > 1 and t.generated > 1 else None
+    return decoded / (steps - 1) if steps > 1 and decoded > 0 else None
 
 
 def run_suite(

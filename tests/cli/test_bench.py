@@ -377,6 +377,8 @@ def test_llama_servers_timings_prove_the_cache_and_give_the_acceptance(tmp_path)
         ("response", 0, 0.7)
     }
     assert all(row["status"] == "ok" for row in data["rows"])
+    # a step gives one token and its accepted drafts (the stream, a token an event, does not show them)
+    assert all(r["tokens_per_step"] == (r["generated"] - 1) / (r["generated"] - 8) for r in data["records"])
 
 
 def test_without_any_proof_the_row_says_unproven(tmp_path):

@@ -81,5 +81,16 @@ def test_in_process_timing_takes_a_speculative_step_as_one_chunk():
     assert t.generated == 48 and len(t.chunk_times) == len(set(t.chunk_times)) < 40  # (drafts taken)
     record = request_record(t, 200)
     assert record["tokens_per_step"] == pytest.approx(47 / (len(t.chunk_times) - 1))
+    assert record["tokens_per_step"] == pytest.approx(47 / (47 - t.spec_accepted))  # a step a chunk
+
+
+def test_tokens_per_step_from_a_servers_accepted_count():
+    """llama-server streams a token an event, drafted or not, and says how many drafts it accepted: a step
+    gives one token and its accepted drafts."""
+    times = [0.01 * i for i in range(41)]  # 41 tokens, each its own event
+    t = Timing(512, 0, 41, 0.0, times[0], times[-1], times, 0.75, spec_accepted=30)
+    assert request_record(t, 512)["tokens_per_step"] == pytest.approx(40 / 10)
+    no_count = Timing(512, 0, 41, 0.0, times[0], times[-1], times, 0.75)
+    assert request_record(no_count, 512)["tokens_per_step"] == pytest.approx(1.0)  # (what the stream shows)
     gaps = [b - a for a, b in zip(t.chunk_times, t.chunk_times[1:])]
     assert min(gaps) > 0
