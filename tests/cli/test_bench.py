@@ -370,15 +370,15 @@ def test_without_cached_tokens_the_proof_is_the_servers_counter(tmp_path, hits, 
 
 
 def test_llama_servers_timings_prove_the_cache_and_give_the_acceptance(tmp_path):
-    timings = {"cache_n": 0, "draft_n": 10, "draft_n_accepted": 7}
+    timings = {"cache_n": 0, "draft_n": 4, "draft_n_accepted": 2}  # (of --gen 4: two tokens a draft)
     handler = type("LlamaServerStub", (_CachingServer,), {"details": None, "timings": timings})
     _, data = _bench_stub(tmp_path, handler)
     assert {(r["cache_proof"], r["cached_tokens"], r["spec_acceptance"]) for r in data["records"]} == {
-        ("response", 0, 0.7)
+        ("response", 0, 0.5)
     }
     assert all(row["status"] == "ok" for row in data["rows"])
     # a step gives one token and its accepted drafts (the stream, a token an event, does not show them)
-    assert all(r["tokens_per_step"] == (r["generated"] - 1) / (r["generated"] - 8) for r in data["records"])
+    assert {(r["generated"], r["tokens_per_step"]) for r in data["records"]} == {(4, 3.0)}
 
 
 def test_without_any_proof_the_row_says_unproven(tmp_path):
