@@ -1,4 +1,4 @@
-"""How `ninfer ... --help` reads: plain help as vllm's and llama-server's print it (an option's names on one
+"""How `ninfer ... --help` (or -h) reads: plain help as vllm's and llama-server's print it (an option's names on one
 line, its help beside it or, when the names are long, below them), each value's placeholder a word (TEXT,
 INT, FLOAT, PATH; a name where the option gives one) and a switch none."""
 
@@ -9,7 +9,8 @@ from typing import get_args, get_origin
 
 from typer.core import TyperGroup
 
-CONTEXT_SETTINGS = {"max_content_width": 120}  # (click's default: 80 columns, on any terminal)
+# (click's default: 80 columns on any terminal, and --help alone: vllm and llama-server take -h too)
+CONTEXT_SETTINGS = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 WORDS = {str: "TEXT", int: "INT", float: "FLOAT", Path: "PATH"}
 
 

@@ -52,3 +52,9 @@ def test_serve_reads_as_its_switches_and_values_are():
     assert "  --cuda-graphs / --no-cuda-graphs\n" in out and re.search(r"^  --vision {4,}Load", out, re.M)
     assert "  --model-id, --served-model-name, --alias TEXT\n" in out
     assert "Usage: ninfer serve [OPTIONS] [MODEL]" in out
+
+
+@pytest.mark.parametrize("args", [[], ["serve"], ["chat"]])
+def test_h_is_help_as_vllm_and_llama_server_take_it(args):
+    short = CliRunner().invoke(app, [*args, "-h"], terminal_width=100)
+    assert short.exit_code == 0 and short.output == _help(*args)
