@@ -12,7 +12,7 @@ import torch
 from conftest import hf_logprobs, hold_weights, save_tiny, tiny_hf_model
 from safetensors.torch import load_file, save_file
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.bench.roofline import cost_of_llm
 from engine.errors import NinferError
 from engine.plan.model import resolve
@@ -185,6 +185,25 @@ def test_held_as_stored_where_the_fused_kernels_run(tmp_path, kernel_backend, to
         NinferError, match=r"int8-prefill .* NVFP4 / MXFP4 held as stored: --weight-quant int4"
     ):
         LLM(path, dtype="float32", int8_prefill=True)
+
+
+def test_speculative_verification_multiplies_the_fp4_weights_as_stored(tmp_path, kernel_backend):
+    """Triton forced: the model drafting for itself (every draft accepted), each step verifies 4 tokens of
+    both sequences, 8 rows through fp4_matmul's tile kernel (decode alone: the M = 1 GEMV); the greedy tokens
+    are those of the dequantized weights."""
+    model = tiny_hf_model("qwen3", tied=False, seed=3)
+    path = save_fp4(model, tmp_path / "m", "modelopt")
+    prompts = [[5, 9, 200, 31, 77, 5, 9, 200, 31, 77, 5, 9], [12, 40, 12, 40, 12, 40, 12]]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    want = LLM(path, dtype="float32", weight_quant="none").generate(
+        prompt_token_ids=prompts, sampling_params=greedy
+    )
+    kernel_backend("triton")
+    llm = LLM(path, dtype="float32", spec="draft", draft_tokens=3, draft_model=str(path))
+    assert isinstance(llm.model.model.layers[0].self_attn.qkv_proj.qweight, Fp4Weight)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=greedy)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert all(o.num_accepted_tokens == o.num_draft_tokens > 0 for o in got)
 
 
 def _projections(llm) -> list:
