@@ -5,7 +5,8 @@ prefill % = FLOPs per prompt token (2 x matmul weights + causal attention at tha
 A mixture of experts multiplies top_k of each layer's experts per token; a decode step of S tokens reads the
 experts they route to: with routing spread evenly, a share 1 - (1 - top_k / E)^S of every layer's stack.
 With speculative decoding a step gives each stream the tokens its draft had accepted, plus one: the run's
-tokens per step (generated tokens over the steps that streamed them) divide tg into steps.
+tokens per step (suite.tokens_per_step) divide tg into steps, and its experts are those of the tokens it
+gives (at least: the rejected drafts were routed too; the drafter's own reads are not counted).
 Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a table by GPU name, or given.
 """
 
