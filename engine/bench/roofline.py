@@ -128,10 +128,13 @@ def matmul_weights(config: ModelConfig) -> int:
 
 def cost_of_llm(llm) -> ModelCost:
     """The loaded engine's own bytes per decode step: its parameters and packed weights, as they sit (a mixture
-    of experts' stacks, dense or packed, apart)."""
+    of experts' stacks, dense or packed, apart; a vision tower not)."""
     from engine.layers.moe import Experts
 
     seen: set[int] = set()
+    visual = getattr(llm.model, "visual", None)  # a vision tower (--vision) runs on pictures, not decode steps
+    if visual is not None:
+        seen.update(id(p) for p in visual.parameters())
     expert_bytes = 0
     for module in llm.model.modules():
         if isinstance(module, Experts):

@@ -318,11 +318,16 @@ def test_placeholders_must_match_the_images(llm):
     llm.abort(llm.add_request([4, 5], GREEDY))  # text alone still goes
 
 
-def test_without_the_tower_images_are_refused(vl_dir):
+def test_without_the_tower_images_are_refused(vl_dir, llm):
     text_only = LLM(vl_dir)
     assert text_only.model.visual is None
     with pytest.raises(NinferError, match="start it with --vision"):
         text_only.image(png(32, 32))
+    # bench's roofline: a decode step reads no vision tower (the same bytes with it loaded)
+    from engine.bench.roofline import cost_of_llm
+
+    assert llm.model.visual is not None
+    assert cost_of_llm(llm).weight_bytes == cost_of_llm(text_only).weight_bytes
 
 
 def test_text_models_refuse_vision(tmp_path):
