@@ -132,7 +132,9 @@ def cost_of_llm(llm) -> ModelCost:
     from engine.layers.moe import Experts
 
     seen: set[int] = set()
-    visual = getattr(llm.model, "visual", None)  # a vision tower (--vision) runs on pictures, not decode steps
+    visual = getattr(
+        llm.model, "visual", None
+    )  # a vision tower (--vision) runs on pictures, not decode steps
     if visual is not None:
         seen.update(id(p) for p in visual.parameters())
     expert_bytes = 0
