@@ -58,6 +58,7 @@ def run_table(result: dict):
     spec = any(row.get("spec_acceptance") for row in result["rows"])
     if spec:
         t.add_column("draft accept %", justify="right")
+        t.add_column("tok/step", justify="right")  # (a step's tokens: its accepted drafts and one)
     gpu = any(row.get("telemetry") for row in result["rows"])
     if gpu:
         t.add_column("decode W avg/max", justify="right")
@@ -70,8 +71,9 @@ def run_table(result: dict):
         tel = row.get("telemetry")
         extra = []
         if spec:
-            accept = _med(row.get("spec_acceptance"))
+            accept, per_step = _med(row.get("spec_acceptance")), _med(row.get("tokens_per_step"))
             extra.append("-" if accept is None else f"{accept * 100:.0f}")
+            extra.append("-" if per_step is None or accept is None else f"{per_step:.2f}")
         if gpu:
             extra += (
                 ["-", "-"]

@@ -39,6 +39,14 @@ def test_a_speculative_step_reads_the_weights_once_for_its_tokens():
     [row] = summarise([drafted], cost, PEAKS)
     tg = row["tg"]["median"]
     assert row["roofline"]["decode_pct"] == pytest.approx(1e9 * tg / 4 / 1e12 * 100)
+    from rich.console import Console
+
+    from engine.bench.report import run_table
+
+    console = Console(record=True, width=250)
+    console.print(run_table({"label": "x", "config": {"repeat": 1}, "rows": [row]}))
+    text = console.export_text()
+    assert "tok/step" in text and " 4.00 " in text and " 75 " in text  # beside the acceptance
     [row] = summarise([_record(times, spec=None)], cost, PEAKS)  # no drafts: a step a token
     assert row["roofline"]["decode_pct"] == pytest.approx(1e9 * tg / 1e12 * 100)
 
