@@ -84,7 +84,9 @@ def test_in_process_timing_takes_a_speculative_step_as_one_chunk():
     from engine.bench.workloads import build
 
     driver = InProcess(LLM(spec="ngram", draft_tokens=3))
-    prompt = build("random", 200, driver.count, seed=3)
+    # a fixed nonce: how much of the continuation the drafts guess depends on the prompt (21 steps for 48
+    # tokens with this one; a random nonce gave 21-42, now and then past the bound below)
+    prompt = build("random", 200, driver.count, seed=3, nonce="5a5a5a5a5a5a")
     [t] = driver.run([prompt], 48, 0.0)
     assert t.generated == 48 and len(t.chunk_times) == len(set(t.chunk_times)) < 40  # (drafts taken)
     record = request_record(t, 200)
