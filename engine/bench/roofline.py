@@ -105,15 +105,11 @@ def roofline(
     return {"decode_pct": decode, "prefill_pct": prefill}
 
 
-def is_expert_stack(name: str, shape: tuple[int, ...]) -> bool:
-    """A mixture of experts' stacked matrices [E, N, K] (gate_up_proj, down_proj)."""
-    return len(shape) == 3 and ".experts." in name
-
-
 def matmul_weights(config: ModelConfig) -> int:
     """Weights multiplied per token: every matrix but the embedding lookup (a tied head counts once), and
     top_k of each layer's experts."""
     from engine.plan.shapes import model_tensors
+    from engine.plan.weights import is_expert_stack
 
     total = 0
     for name, shape in model_tensors(config):
@@ -132,9 +128,8 @@ def cost_of_llm(llm) -> ModelCost:
     from engine.layers.moe import Experts
 
     seen: set[int] = set()
-    visual = getattr(
-        llm.model, "visual", None
-    )  # a vision tower (--vision) runs on pictures, not decode steps
+    # a vision tower (--vision) runs on pictures, not decode steps
+    visual = getattr(llm.model, "visual", None)
     if visual is not None:
         seen.update(id(p) for p in visual.parameters())
     expert_bytes = 0

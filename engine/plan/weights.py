@@ -61,12 +61,17 @@ def tensor_kind(name: str, shape: tuple[int, ...]) -> str:
     return "vectors"
 
 
+def is_expert_stack(name: str, shape: tuple[int, ...]) -> bool:
+    """A mixture of experts' stacked matrices [E, N, K] (gate_up_proj, down_proj)."""
+    return len(shape) == 3 and ".experts." in name
+
+
 def recipe_tensor_bytes(
     name: str, shape: tuple[int, ...], recipe: str, dtype_bytes: int, bits: float | None = None
 ) -> int:
     """Bytes of one tensor on the GPU under `recipe` (bits: an average bits/weight for every matrix instead).
     A mixture of experts' stack [E, N, K] counts as E matrices [N, K] (convert quantizes each expert's)."""
-    if len(shape) == 3 and ".experts." in name:
+    if is_expert_stack(name, shape):
         return shape[0] * recipe_tensor_bytes(name + ".weight", shape[1:], recipe, dtype_bytes, bits)
     numel = math.prod(shape)
     dense = numel * dtype_bytes
