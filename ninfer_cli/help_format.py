@@ -1,6 +1,6 @@
-"""How `ninfer ... --help` (or -h) reads: plain help as vllm's and llama-server's print it (an option's names on one
-line, its help beside it or, when the names are long, below them), each value's placeholder a word (TEXT,
-INT, FLOAT, PATH; a name where the option gives one) and a switch none."""
+"""How `ninfer ... --help` (or -h) reads: plain help as vllm's and llama-server's print it (an option's names
+on one line, its help beside it or, when the names are long, below them), each value's placeholder a word
+(TEXT, INT, FLOAT, PATH; a name where the option gives one) and a switch none."""
 
 from __future__ import annotations
 

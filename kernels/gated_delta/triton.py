@@ -280,9 +280,9 @@ def gated_delta_rule(
 ) -> torch.Tensor:
     """See kernels/gated_delta/naive.py. The chunked form when the step averages CHUNKED_MIN_TOKENS tokens a
     sequence or more (a host-side shape: no sync) and its products run on half-precision operands (a bf16 /
-    fp16 model on a GPU; fp32 ones fit one pipeline stage of the scan below SM 9.0, _scan_stages) or under
-    the interpreter; else the recurrent one. `chunked` forces one. block_v (value dims a program), num_warps and num_stages (the
-    chunked scan's pipeline depth) are tuning knobs for benchmarks/gpu_kernels.py's sweep (defaults:
+    fp16 model on a GPU; fp32 ones leave the scan one pipeline stage where two do not fit, _scan_stages) or
+    under the interpreter; else the recurrent one. `chunked` forces one. block_v (value dims a program),
+    num_warps and num_stages (the chunked scan's pipeline depth) are tuning knobs for benchmarks/gpu_kernels.py's sweep (defaults:
     recurrent 32 / 4 warps; chunked 32 / 8, three stages where they fit)."""
     num_tokens, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[1:]
