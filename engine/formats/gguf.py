@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +63,9 @@ _GLOBAL_NAMES = {
     "cls.output.bias": "score.bias",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+_READ_INTO_CONFIG = ("rope_freqs.weight",)  # Llama 3's rotation factors (_rope_scaling)
+
+log = logging.getLogger("ninfer")
 
 # pre-tokenizer regexes by tokenizer.ggml.pre (the split rules the original HF tokenizers use)
 _LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -348,6 +352,26 @@ def _layout(reader, config: ModelConfig):
     return named, orders, packed
 
 
+def _warn_unread(reader, config: ModelConfig) -> None:
+    """Say which of the file's tensors the model has no place for (a variant's extra tensor dropped
+    silently would change its outputs unannounced), as the HF loader says of a checkpoint's."""
+    layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
+    unread = [
+        t.name
+        for t in reader.tensors
+        if t.name not in _READ_INTO_CONFIG and _hf_name(t.name, layers, mtp) is None
+    ]
+    if unread:
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        log.warning(
+            "ignored %d GGUF tensor(s) this %s model has no place for: %s%s",
+            len(unread),
+            config.architecture,
+            ", ".join(unread[:3]),
+            more,
+        )
+
+
 def _matrices(t, name: str) -> list[tuple[str, tuple[int, int]]]:
     """(HF name, shape) of each matrix a tensor holds: itself, or each expert's of a stack."""
     shape = _shape(t)
@@ -383,6 +407,7 @@ def load_gguf(path: Path) -> ModelSource:
     config = _config(reader, path)
     arch = _field(reader, "general.architecture")
     named, orders, packed = _layout(reader, config)
+    _warn_unread(reader, config)
 
     def dense(t, name: str) -> WeightIterator:
         """The tensor as the checkpoint holds it (an experts' stack: each expert's matrices)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import gguf
+import numpy as np
 import pytest
 from conftest import hf_greedy_reference, save_tiny, tiny_hf_model
 from test_gguf_qwen35 import close_gguf, gguf_writer
@@ -45,3 +46,23 @@ def test_sliding_window_attention_is_refused(model, tmp_path):
     (path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
     with pytest.raises(NinferError, match="turns sliding-window attention on"):
         LLM(path)
+
+
+def test_gguf_tensors_with_no_place_are_named(model, tmp_path, caplog):
+    """A GGUF tensor the loader has no name for (a variant's extra tensor) is said in one warning, not
+    dropped silently; the rest loads as ever."""
+    cfg, blocks = model.config, model.config.num_hidden_layers
+    writer = gguf_writer(tmp_path / "q2.gguf", "qwen2", cfg, blocks)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, blocks)
+    for hf_name, tensor in model.state_dict().items():
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
+    writer.add_tensor("blk.1.attn_sinks.weight", np.ones(cfg.num_attention_heads, dtype=np.float32))
+    path = close_gguf(writer, tmp_path / "q2.gguf")
+    with caplog.at_level("WARNING", logger="ninfer"):
+        llm = LLM(path)
+    warned = [r.getMessage() for r in caplog.records if "no place for" in r.getMessage()]
+    assert warned == [
+        "ignored 1 GGUF tensor(s) this Qwen2ForCausalLM model has no place for: blk.1.attn_sinks.weight"
+    ]
+    want, _ = hf_greedy_reference(model, PROMPT, GREEDY.max_tokens)
+    assert llm.generate(prompt_token_ids=PROMPT, sampling_params=GREEDY)[0].token_ids == want
