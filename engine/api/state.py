@@ -143,6 +143,11 @@ class ServerState:
             raise ApiError(400, self.engine.llm.text_refusal)
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
+        if self.engine.llm.model.visual is None and any(_has_image(m) for m in messages):
+            try:  # said before a text-only template fails on the image part
+                self.engine.llm.vision_or_raise()
+            except NinferError as e:
+                raise ApiError(400, str(e)) from e
         try:
             text = tok.apply_chat_template(
                 messages, tools, generation_prompt and not continue_final, **kwargs
@@ -162,6 +167,13 @@ class ServerState:
             return widen_placeholders(ids, images, pad)[0]
         except NinferError as e:
             raise ApiError(400, str(e)) from e
+
+
+def _has_image(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "image" for p in content
+    )
 
 
 def _cut_after_final(text: str, final: dict[str, Any]) -> str:

@@ -270,3 +270,23 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(server):
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10
     r = httpx.post(server.url + COMPLETIONS, json={**body, "truncate_prompt_tokens": 0}, timeout=60)
     assert r.status_code == 400 and "'truncate_prompt_tokens' must be -1" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES, COUNT, "/v1/responses"])
+def test_an_image_to_a_text_only_model_says_how_to_take_images(server, path):
+    """The default model's chat template renders text alone: an image part is refused with the way to take
+    images, not with the template's own failure on a list."""
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    if path == CHAT:
+        part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+    elif path == "/v1/responses":
+        part = {"type": "input_image", "image_url": f"data:image/png;base64,{png}"}
+    else:
+        part = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    text = {"type": "input_text" if path == "/v1/responses" else "text", "text": "What is this?"}
+    turn = [{"role": "user", "content": [text, part]}]
+    body = {"model": "m", "input": turn} if path == "/v1/responses" else msg(messages=turn)
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "runs without the vision tower, so it takes no images; start it with --vision" in r.text, r.text
+    assert "chat template" not in r.text
