@@ -4,6 +4,7 @@ on one line, its help beside it or, when the names are long, below them), each v
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import get_args, get_origin
 
@@ -25,14 +26,29 @@ class Group(TyperGroup):
 
 def placeholders(command) -> None:
     """Give every value option of `command` that names no placeholder a word for its value's type, and the
-    MODEL-like arguments their name in capitals."""
+    MODEL-like arguments their name in capitals (without typer's `<str>` after it, and in the usage line
+    without its braces around a required one: `convert [OPTIONS] SRC OUT`)."""
     for param in command.params:
+        if param.param_type_name == "argument":
+            param.display_type_rich = _no_type
+            param._usage_display_name = functools.partial(_usage_name, param)
         if param.metavar is not None or getattr(param, "is_flag", False) or getattr(param, "count", False):
             continue
         if param.param_type_name == "argument":
             param.metavar = param.name.upper()
         else:
             param.metavar = value_word(param)
+
+
+def _usage_name(param) -> str:
+    """An argument in the usage line: NAME when required, [NAME] when not, `...` after one taking several."""
+    name = param.metavar or param.name.upper()
+    return (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+
+
+def _no_type(ctx) -> None:
+    """An argument's type in its help line: none (its name says what it takes)."""
+    return None
 
 
 def value_word(param) -> str:

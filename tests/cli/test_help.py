@@ -24,7 +24,7 @@ def test_each_option_is_listed_with_a_word_for_its_value(command):
     out = _help(command)
     assert "╭" not in out and out.startswith(f"Usage: ninfer {command} [OPTIONS]")
     options = out[out.index("\nOptions:\n") :]
-    assert not re.search(r"<(str|int|float|bool|path|list)", options), options
+    assert not re.search(r"<(str|int|float|bool|path|list)", out), out  # arguments' lines too
     params = typer.main.get_command(app).commands[command].params
     for param in params:
         if param.param_type_name != "option" or param.hidden:
@@ -52,6 +52,12 @@ def test_serve_reads_as_its_switches_and_values_are():
     assert "  --cuda-graphs / --no-cuda-graphs\n" in out and re.search(r"^  --vision {4,}Load", out, re.M)
     assert "  --model-id, --served-model-name, --alias TEXT\n" in out
     assert "Usage: ninfer serve [OPTIONS] [MODEL]" in out
+
+
+def test_required_arguments_read_as_their_names():
+    assert _help("convert").startswith("Usage: ninfer convert [OPTIONS] SRC OUT\n")
+    assert _help("fetch").startswith("Usage: ninfer fetch [OPTIONS] REPO_ID\n")
+    assert "\n  SRC  HF checkpoint directory" in _help("convert")
 
 
 @pytest.mark.parametrize("args", [[], ["serve"], ["chat"]])
