@@ -26,7 +26,7 @@ from engine.api.common import (
     written_unseen,
 )
 from engine.api.context_editing import PARAM
-from engine.api.documents import file_text
+from engine.api.documents import file_parts
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, anthropic_image, preprocess_images, template_content
 from engine.api.response_compaction import kept_user_budget
@@ -51,14 +51,14 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return content
 
 
-def _document_text(block: dict, where: str) -> str:
-    """A `document` block (source type text, content of text blocks, or a base64 PDF: its pages' text) as
-    the text the model reads: its title and context, then the document; URLs and file ids are refused
-    (nothing is fetched or stored here)."""
+def _document_parts(block: dict, where: str, images: MessageImages) -> list[str | dict[str, str]]:
+    """A `document` block (source type text, content of text blocks, or a base64 PDF: its pages' text, a
+    scanned page's images where the server takes images) as the parts the model reads: its title and
+    context, then the document; URLs and file ids are refused (nothing is fetched or stored here)."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "text" and isinstance(source.get("data"), str):
-        body = source["data"]
+        body = [source["data"]]
     elif kind == "content" and isinstance(source.get("content"), (str, list)):
         parts = source["content"]
         parts = [{"type": "text", "text": parts}] if isinstance(parts, str) else parts
@@ -68,9 +68,9 @@ def _document_text(block: dict, where: str) -> str:
             raise ApiError(
                 400, f"{where}.source.content must hold text blocks (this model reads no images there)"
             )
-        body = "\n".join(p["text"] for p in parts)
+        body = ["\n".join(p["text"] for p in parts)]
     elif kind == "base64" and isinstance(source.get("data"), str):
-        body = file_text(source["data"], where, source.get("media_type"))
+        body = file_parts(source["data"], where, source.get("media_type"), images)
     elif kind in ("url", "file"):
         raise ApiError(
             400,
@@ -84,7 +84,7 @@ def _document_text(block: dict, where: str) -> str:
     head = [
         f"{key.capitalize()}: {block[key]}" for key in ("title", "context") if isinstance(block.get(key), str)
     ]
-    return "\n".join([*head, body]) + "\n\n"
+    return [*(f"{line}\n" for line in head), *body, "\n\n"]
 
 
 def _search_result_text(block: dict, where: str) -> str:
@@ -116,7 +116,7 @@ def _tool_result_content(
             elif isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
                 parts.append(b["text"])
             elif isinstance(b, dict) and b.get("type") == "document":
-                parts.append(_document_text(b, bw))
+                parts.extend(_document_parts(b, bw, images))
             elif isinstance(b, dict) and b.get("type") == "search_result":
                 parts.append(_search_result_text(b, bw))
             elif isinstance(b, dict) and b.get("type") == "tool_reference":
@@ -134,11 +134,13 @@ def _tool_result_content(
     return template_content(parts)
 
 
-def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[str, Any]], MessageImages]:
+def template_messages(
+    body: dict, declared: AnthropicTools, read_scans: bool = False
+) -> tuple[list[dict[str, Any]], MessageImages]:
     """The messages as the chat template takes them (a tool_reference read as the definition of the tool
     it loads), and their images in prompt order."""
     out: list[dict[str, Any]] = []
-    images = MessageImages()
+    images = MessageImages(read_scans)
     system = body.get("system")
     if system is not None:
         if isinstance(system, str):
@@ -181,7 +183,7 @@ def template_messages(body: dict, declared: AnthropicTools) -> tuple[list[dict[s
             elif kind == "image" and m["role"] == "user":
                 texts.append(images.add(anthropic_image(block, bw), bw))
             elif kind == "document" and m["role"] == "user":
-                texts.append(_document_text(block, bw))
+                texts.extend(_document_parts(block, bw, images))
             elif kind == "search_result" and m["role"] == "user":
                 texts.append(_search_result_text(block, bw))
             elif kind == "tool_use" and m["role"] == "assistant":
@@ -310,7 +312,7 @@ async def _prepare(state: ServerState, body: dict):
     kwargs = _template_kwargs(body)
 
     def render(b: dict):  # (text, ids, images); an image counts as its placeholder token in len(ids)
-        messages, images = template_messages(b, declared)
+        messages, images = template_messages(b, declared, state.reads_images)
         # a last assistant turn is a prefill: the reply continues it (as Anthropic's API does), unless it
         # ends in a compaction block (a paused turn sent back to go on)
         last_role = b["messages"][-1].get("role")
@@ -334,7 +336,7 @@ async def _snapshot_hints(state: ServerState, body: dict, text: str, ids: list[i
     def render(cut: dict) -> str:  # a cut request as the prompt renders it (its tools among the listed ones)
         names = {t.get("name") for t in cut.get("tools") or () if isinstance(t, dict)}
         tools = [s for s in listed or () if s["function"]["name"] in names] or None
-        return state.render_text(template_messages(cut, declared)[0], tools, kwargs)
+        return state.render_text(template_messages(cut, declared, state.reads_images)[0], tools, kwargs)
 
     points = snapshot_hints.find(body)
     return await snapshot_hints.of_marks(state, body, points, render, listed, kwargs, text, ids)

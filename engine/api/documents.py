@@ -2,9 +2,11 @@
 base64 PDF, as Claude Code's Read of a .pdf sends them; OpenAI `file` parts and Responses `input_file`s
 with `file_data`) page by page, and plain-text files as they are.
 
-A PDF's text layer is read with pypdf; a page without one (a scanned image, a drawing) is named as such in
-the text, so an agent whose history holds such a file goes on. An agent sends the same file again with
-every turn, so the latest texts are kept by the file's digest. Files by id or URL are not taken (nothing is
+A PDF's text layer is read with pypdf. A page without one (a scanned image, a drawing): on a server that
+takes images (--vision), the page's own images go to the model as images, so a scanned page is read as a
+photo of it would be; elsewhere, or where the page holds no image, it is named as such in the text, so an
+agent whose history holds such a file goes on. An agent sends the same file again with every turn, so the
+latest files' pages are kept by the file's digest. Files by id or URL are not taken (nothing is
 stored or fetched here). Reading a long PDF takes seconds, so `read_ahead` reads a body's PDFs in a thread
 before the route renders the prompt (which then finds their texts kept): the event loop, and every other
 stream, goes on meanwhile."""
@@ -21,15 +23,29 @@ import logging
 import mimetypes
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from engine.api.errors import ApiError
+from engine.api.images import MessageImages
 
 MAX_PAGES = 600  # as the Anthropic API's limit on a request's PDF pages
 KEPT = 16  # the latest files' texts kept (an agent's history resends them every turn)
 NO_TEXT = "(this page has no text: a scanned image or a drawing, which this server does not read)"
+SCAN_MIN_SIDE = 32  # pixels: a textless page's smaller images (rules, spacers, icons) are not its scan
+SCANS_PER_PAGE = 4  # a page's largest images at most (a scanner may cut a page into strips)
+# a scan's pixels at most (1,600 tokens at Qwen's 32-pixel tiles, as the Anthropic API sizes a page's
+# image): a 300 dpi page would take ten times that at the checkpoint's own limit
+SCAN_MAX_PIXELS = 1280 * 1280
 
-_texts: OrderedDict[bytes, str] = OrderedDict()
+
+@dataclass(frozen=True)
+class PdfPage:
+    text: str  # its text layer, stripped ("" for none)
+    scans: tuple[bytes, ...] = ()  # a textless page's images (PNG / JPEG files), largest first
+
+
+_texts: OrderedDict[bytes, tuple[PdfPage, ...]] = OrderedDict()
 _lock = threading.Lock()  # read_ahead's thread and the event loop
 PDF_BASE64 = "JVBERi0"  # "%PDF-", base64-encoded: how an inline PDF's data begins
 
@@ -58,7 +74,7 @@ async def read_ahead(body: Any) -> None:
         except (binascii.Error, ValueError):
             continue
         with contextlib.suppress(ApiError):
-            await asyncio.to_thread(pdf_text, raw, "")
+            await asyncio.to_thread(pdf_pages, raw, "")
 
 
 TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
@@ -67,6 +83,14 @@ TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "appl
 def file_text(data: str, where: str, media_type: str | None = None) -> str:
     """The text of a file given as base64 (or as a `data:` URL, whose media type then counts): a PDF's
     pages, or a text file's contents; refused in a sentence when it is neither, or unreadable."""
+    return "".join(file_parts(data, where, media_type))
+
+
+def file_parts(
+    data: str, where: str, media_type: str | None = None, images: MessageImages | None = None
+) -> list[str | dict[str, str]]:
+    """file_text's, as the message parts the model reads: with `images` that take a PDF's scans
+    (MessageImages.read_scans), a textless page's images among the text, each kept in `images`."""
     if data.startswith("data:"):
         head, _, data = data.partition(",")
         media_type = head[5:].split(";")[0] or media_type
@@ -75,7 +99,7 @@ def file_text(data: str, where: str, media_type: str | None = None) -> str:
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{where} holds no valid base64 data") from None
     if raw.lstrip()[:5] == b"%PDF-":
-        return pdf_text(raw, where)
+        return _pdf_parts(pdf_pages(raw, where), where, images)
     if media_type == "application/pdf":
         raise ApiError(400, f"{where} is not a PDF: its data does not begin with %PDF-")
     try:
@@ -83,7 +107,7 @@ def file_text(data: str, where: str, media_type: str | None = None) -> str:
     except UnicodeDecodeError:
         text = None
     if text is not None and "\x00" not in text:  # a text file, whatever its name says (a .ts is no video)
-        return text
+        return [text]
     if media_type is not None and (media_type.startswith("text/") or media_type in TEXT_TYPES):
         raise ApiError(400, f"{where} is {media_type} but not UTF-8 text")
     raise ApiError(
@@ -93,8 +117,23 @@ def file_text(data: str, where: str, media_type: str | None = None) -> str:
     )
 
 
-def pdf_text(raw: bytes, where: str) -> str:
-    """A PDF's text, page by page ("[page 1]" and its text, ...); a page without text says so."""
+def _pdf_parts(
+    pages: tuple[PdfPage, ...], where: str, images: MessageImages | None
+) -> list[str | dict[str, str]]:
+    """The pages as message parts: "[page N]" and its text; a textless page's scans as images where
+    `images` takes them, else the note that it has no text."""
+    parts: list[str | dict[str, str]] = []
+    for i, page in enumerate(pages, start=1):
+        parts.append(("\n\n" if i > 1 else "") + f"[page {i}]\n")
+        if page.text or not page.scans or images is None or not images.read_scans:
+            parts.append(page.text or NO_TEXT)
+            continue
+        parts.extend(images.add(scan, f"{where} (page {i})", SCAN_MAX_PIXELS) for scan in page.scans)
+    return parts
+
+
+def pdf_pages(raw: bytes, where: str) -> tuple[PdfPage, ...]:
+    """A PDF's pages: each one's text, and a textless page's images (kept by the file's digest)."""
     digest = hashlib.sha256(raw).digest()
     with _lock:
         if digest in _texts:
@@ -107,25 +146,58 @@ def pdf_text(raw: bytes, where: str) -> str:
         reader = pypdf.PdfReader(io.BytesIO(raw), strict=False)
         if reader.is_encrypted and not reader.decrypt(""):
             raise ApiError(400, f"{where} is a PDF locked with a password; send it unlocked")
-        pages = len(reader.pages)
-        if pages > MAX_PAGES:
-            raise ApiError(400, f"{where} is a PDF of {pages} pages; this server reads at most {MAX_PAGES}")
+        count = len(reader.pages)
+        if count > MAX_PAGES:
+            raise ApiError(400, f"{where} is a PDF of {count} pages; this server reads at most {MAX_PAGES}")
         texts = [(page.extract_text() or "").strip() for page in reader.pages]
     except ApiError:
         raise
     except Exception as e:  # noqa: BLE001 - pypdf's errors on damaged files are of many types
         raise ApiError(400, f"{where} is not a readable PDF ({type(e).__name__}: {e})") from None
-    text = "\n\n".join(f"[page {i}]\n{t or NO_TEXT}" for i, t in enumerate(texts, start=1))
+    pages = tuple(
+        PdfPage(text, () if text else _scans(page)) for text, page in zip(texts, reader.pages, strict=True)
+    )
     with _lock:
-        _texts[digest] = text
+        _texts[digest] = pages
         while len(_texts) > KEPT:
             _texts.popitem(last=False)
-    return text
+    return pages
 
 
-def openai_file_text(file: object, where: str) -> str:
-    """An OpenAI `file` part's `file` ({"file_data": base64 or a data: URL, "filename": ...}) as the text the
-    model reads: the file's name, then its text; files by id or URL are refused in a sentence."""
+def _scans(page) -> tuple[bytes, ...]:
+    """A textless page's images large enough to be its content, largest first, as image files; none where
+    pypdf cannot decode them (a JBIG2 scan without its decoder): the page is then said to have no text."""
+    try:
+        found = [(image.image.size, _image_file(image)) for image in page.images]
+    except Exception:  # noqa: BLE001 - a filter pypdf lacks, a damaged stream: the page keeps its note
+        return ()
+    found = [(w * h, data) for (w, h), data in found if min(w, h) >= SCAN_MIN_SIDE]
+    found.sort(key=lambda area_data: -area_data[0])
+    return tuple(data for _, data in found[:SCANS_PER_PAGE])
+
+
+def _image_file(image) -> bytes:
+    """A PDF image as an image file: a JPEG as the file holds it (pypdf's own writes it again, a second
+    lossy pass over a scan's text), one with a mask, a decode map or another colour space, and every other
+    encoding, as pypdf writes it (PNG for those: lossless)."""
+    held = image.indirect_reference.get_object() if image.indirect_reference is not None else None
+    if (
+        held is not None
+        and held.get("/Filter") == "/DCTDecode"
+        and held.get("/ColorSpace") in ("/DeviceRGB", "/DeviceGray")
+        and "/SMask" not in held
+        and "/Decode" not in held
+    ):
+        return held.get_data()
+    return image.data
+
+
+def openai_file_parts(
+    file: object, where: str, images: MessageImages | None = None
+) -> list[str | dict[str, str]]:
+    """An OpenAI `file` part's `file` ({"file_data": base64 or a data: URL, "filename": ...}) as the parts
+    the model reads: the file's name, then its text (file_parts); files by id or URL are refused in a
+    sentence."""
     if not isinstance(file, dict):
         raise ApiError(400, f"{where}.file must be an object with 'file_data' (base64 or a data: URL)")
     data, name = file.get("file_data"), file.get("filename")
@@ -140,5 +212,5 @@ def openai_file_text(file: object, where: str) -> str:
     if not isinstance(data, str):
         raise ApiError(400, f"{where}.file needs 'file_data' (base64 or a data: URL) as a string")
     media_type = mimetypes.guess_type(name)[0] if isinstance(name, str) else None
-    text = file_text(data, where, media_type)
-    return (f"File: {name}\n" if isinstance(name, str) else "") + text + "\n\n"
+    head = [f"File: {name}\n"] if isinstance(name, str) else []
+    return [*head, *file_parts(data, where, media_type, images), "\n\n"]

@@ -26,10 +26,12 @@ LOW_DETAIL_PIXELS = 512 * 512
 
 class MessageImages:
     """The images of one request's messages in prompt order, each with where it was in the body and the
-    most pixels it may keep (None: the checkpoint's limit)."""
+    most pixels it may keep (None: the checkpoint's limit). `read_scans`: the server takes images, so a PDF
+    page without text goes to the model as its scanned images (engine/api/documents.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_scans: bool = False) -> None:
         self.items: list[tuple[str, bytes, int | None]] = []
+        self.read_scans = read_scans
 
     def add(self, data: bytes, where: str, max_pixels: int | None = None) -> dict[str, str]:
         """Keep an image; returns the chat template's part for it (the template writes its placeholder)."""

@@ -30,7 +30,7 @@ from engine.api.common import (
     with_keepalive,
 )
 from engine.api.custom_tools import custom_arguments, custom_function, custom_input, custom_names
-from engine.api.documents import openai_file_text
+from engine.api.documents import openai_file_parts
 from engine.api.errors import ApiError
 from engine.api.images import MessageImages, openai_image, preprocess_images, template_content
 from engine.api.model_capabilities import anthropic_capabilities
@@ -71,7 +71,7 @@ def _content(content: Any, where: str, images: MessageImages) -> str | list[dict
                 data, max_pixels = openai_image(part, pw)
                 parts.append(images.add(data, pw, max_pixels))
             elif part["type"] == "file":
-                parts.append(openai_file_text(part.get("file"), pw))
+                parts.extend(openai_file_parts(part.get("file"), pw, images))
             elif part["type"] == "input_audio":
                 raise ApiError(400, f"{pw} is input_audio; this model takes text, images and files only")
             else:
@@ -80,12 +80,12 @@ def _content(content: Any, where: str, images: MessageImages) -> str | list[dict
     raise ApiError(400, f"{where}.content must be a string or an array of content parts")
 
 
-def template_messages(messages: Any) -> tuple[list[dict[str, Any]], MessageImages]:
+def template_messages(messages: Any, read_scans: bool = False) -> tuple[list[dict[str, Any]], MessageImages]:
     """The messages as the chat template takes them, and their images in prompt order."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", "messages")
     out = []
-    images = MessageImages()
+    images = MessageImages(read_scans)
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -420,7 +420,7 @@ async def _snapshot_hints(
 
     def render(cut: dict) -> str:  # a cut request as the prompt renders it
         listed = chat_tools(cut) if tools is not None else None
-        return state.render_text(template_messages(cut["messages"])[0], listed, kwargs)
+        return state.render_text(template_messages(cut["messages"], state.reads_images)[0], listed, kwargs)
 
     points = snapshot_hints.find_openai(body)
     return await snapshot_hints.of_marks(state, body, points, render, tools, kwargs, text, ids)
@@ -430,7 +430,7 @@ async def _snapshot_hints(
 async def chat_completions(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    messages, images = template_messages(body.get("messages"))
+    messages, images = template_messages(body.get("messages"), state.reads_images)
     n = num_choices(body)
     if body.get("functions") or body.get("function_call") is not None:
         raise ApiError(

@@ -354,7 +354,7 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
 
     def render(cut: int):  # the prompt without the first `cut` turns: (its images, text, token ids)
         try:
-            messages, images = template_messages(system + turns[cut:])
+            messages, images = template_messages(system + turns[cut:], state.reads_images)
         except ApiError as e:
             raise _named_as_input(e, origins[: len(system)] + origins[len(system) + cut :]) from e
         return (images, *state.render(messages, tools, kwargs))

@@ -115,6 +115,11 @@ class ServerState:
     def default_max_tokens(self) -> int:
         return max(1, min(4096, self.max_context // 2))
 
+    @property
+    def reads_images(self) -> bool:
+        """Whether the engine runs a vision tower (--vision, --mmproj): requests' images reach the model."""
+        return self.engine.llm.model.visual is not None
+
     def render(
         self,
         messages: list[dict[str, Any]],
@@ -143,7 +148,7 @@ class ServerState:
             raise ApiError(400, self.engine.llm.text_refusal)
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
-        if self.engine.llm.model.visual is None and any(_has_image(m) for m in messages):
+        if not self.reads_images and any(_has_image(m) for m in messages):
             try:  # said before a text-only template fails on the image part
                 self.engine.llm.vision_or_raise()
             except NinferError as e:

@@ -26,7 +26,7 @@ async def tokenize(request: Request):
     body = await read_json(request)
     if body.get("messages") is not None:
         kwargs = template_kwargs(body)
-        messages, images = template_messages(body.get("messages"))
+        messages, images = template_messages(body.get("messages"), state.reads_images)
         _, ids = state.render(messages, chat_tools(body), kwargs, *template_options(body))
         ids = state.with_images(ids, await preprocess_images(state, images))
     elif isinstance(body.get("prompt"), str):
@@ -53,7 +53,7 @@ async def apply_template(request: Request):
     if body.get("messages") is None:
         raise ApiError(400, "send 'messages' (chat) to render with the chat template", "messages")
     kwargs = template_kwargs(body)
-    messages, _ = template_messages(body.get("messages"))
+    messages, _ = template_messages(body.get("messages"), state.reads_images)
     prompt, _ = state.render(messages, chat_tools(body), kwargs, *template_options(body))
     return {"prompt": prompt}
 

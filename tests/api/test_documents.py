@@ -133,13 +133,13 @@ def test_a_bodys_pdfs_are_read_in_a_thread_before_the_prompt_is_rendered(monkeyp
 
     other = base64.b64encode(pdf_bytes(["Read ahead."])).decode()
     threads = []
-    real = documents.pdf_text
+    real = documents.pdf_pages
 
     def spy(raw, where):
         threads.append(threading.current_thread() is threading.main_thread())
         return real(raw, where)
 
-    monkeypatch.setattr(documents, "pdf_text", spy)
+    monkeypatch.setattr(documents, "pdf_pages", spy)
     body = {
         "messages": [
             {"content": [{"type": "document", "source": {"type": "base64", "data": other}}]},
@@ -152,8 +152,31 @@ def test_a_bodys_pdfs_are_read_in_a_thread_before_the_prompt_is_rendered(monkeyp
     }
     asyncio.run(read_ahead(body))  # the damaged one is left for the route to refuse
     assert threads == [False, False]
-    monkeypatch.setattr(documents, "pdf_text", real)
+    monkeypatch.setattr(documents, "pdf_pages", real)
     import pypdf
 
     monkeypatch.setattr(pypdf, "PdfReader", None)
     assert file_text(other, "doc") == "[page 1]\nRead ahead."  # kept
+
+
+def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
+    """pdf_pages: a page without text keeps its images large enough to be its content (a scan: the JPEG's
+    own bytes, not written again); an icon-sized one is not a scan; pages with text keep none."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def jpeg(height: int, width: int) -> bytes:
+        pixels = np.random.default_rng(height).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    scan, icon = jpeg(96, 72), jpeg(16, 16)
+    pages = documents.pdf_pages(pdf_bytes(["Page one.", scan, icon, ""]), "doc")
+    assert [p.text for p in pages] == ["Page one.", "", "", ""]
+    assert [p.scans for p in pages] == [(), (scan,), (), ()]
+    # without a place for images (file_text; a server without --vision) the scanned page has the note
+    text = file_text(base64.b64encode(pdf_bytes(["Page one.", scan])).decode(), "doc")
+    assert text == "[page 1]\nPage one.\n\n[page 2]\n" + documents.NO_TEXT

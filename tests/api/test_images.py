@@ -19,8 +19,11 @@ import numpy as np
 import openai
 import pytest
 from conftest import save_tiny_vl_chat
+from pdf_files import pdf_bytes
 from server import RunningServer
 
+from engine.api import documents
+from engine.api.documents import NO_TEXT
 from engine.async_llm import AsyncLLM
 
 
@@ -30,6 +33,15 @@ def png(seed: int, height: int = 48, width: int = 64) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def jpeg(seed: int, height: int = 48, width: int = 64) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG")
     return buf.getvalue()
 
 
@@ -97,6 +109,61 @@ def test_openai_and_anthropic_see_the_same_picture(servers):
         ln.split()[0]: float(ln.split()[1]) for ln in metrics.splitlines() if ln.startswith("ninfer_image")
     }
     assert counted["ninfer_images_total"] >= 2 and counted["ninfer_image_tokens_total"] >= 24
+
+
+def test_a_scanned_pdf_page_reaches_a_vision_model_as_its_image(servers, monkeypatch):
+    """Claude Code's Read of a scanned PDF: on a server with --vision a page without text goes to the model
+    as the page's image (the JPEG as the file holds it), a page with text as its text; without the tower the
+    page is named as one without text and the request runs as before."""
+    vision, text_only = (anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0) for s in servers)
+    scan = jpeg(7)
+    pdf = {
+        "type": "document",
+        "source": {
+            "type": "base64",
+            "media_type": "application/pdf",
+            "data": b64(pdf_bytes(["Code 4471.", scan])),
+        },
+    }
+    question = {"type": "text", "text": "What does it say?"}
+    pages = {"type": "text", "text": "[page 1]\nCode 4471.\n\n[page 2]\n"}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(scan)}}
+    as_image = [pages, image, {"type": "text", "text": "\n\n"}, question]
+    as_note = [{"type": "text", "text": pages["text"] + NO_TEXT + "\n\n"}, question]
+
+    def count(client, content) -> int:
+        return client.messages.count_tokens(
+            model="vl", messages=[{"role": "user", "content": content}]
+        ).input_tokens
+
+    def reply(client, content) -> str:
+        turn = [{"role": "user", "content": content}]
+        out = client.messages.create(model="vl", messages=turn, max_tokens=6, extra_body={"temperature": 0})
+        return out.content[0].text
+
+    assert count(vision, [pdf, question]) == count(vision, as_image)
+    assert reply(vision, [pdf, question]) == reply(vision, as_image)
+    assert count(text_only, [pdf, question]) == count(text_only, as_note)
+    assert reply(text_only, [pdf, question]) == reply(text_only, as_note)
+    # OpenAI's file part alike; 12 image tokens and the tower's start and end in place of the note's
+    oa = openai.OpenAI(base_url=f"{servers[0].url}/v1", api_key="none", max_retries=0)
+    url = f"data:application/pdf;base64,{pdf['source']['data']}"
+    part = {"type": "file", "file": {"file_data": url}}
+    chat = oa.chat.completions.create(
+        model="vl", messages=[{"role": "user", "content": [part, question]}], max_tokens=1
+    )
+    assert chat.usage.prompt_tokens == count(vision, as_image)
+    note = text_only.messages.count_tokens(
+        model="vl", messages=[{"role": "user", "content": [{"type": "text", "text": NO_TEXT}]}]
+    ).input_tokens
+    bare = text_only.messages.count_tokens(
+        model="vl", messages=[{"role": "user", "content": [{"type": "text", "text": ""}]}]
+    ).input_tokens
+    assert count(vision, as_image) == count(text_only, as_note) - (note - bare) + 1 + 12 + 1
+    # a scan is held to SCAN_MAX_PIXELS (a 300 dpi page would fill a context): at 32 x 32 pixels, the 48 x 64
+    # picture is 16 x 32, two of the tiny tower's 16-pixel tiles
+    monkeypatch.setattr(documents, "SCAN_MAX_PIXELS", 32 * 32)
+    assert count(vision, [pdf, question]) == count(vision, as_image) - 12 + 2
 
 
 def test_another_picture_changes_the_logits(servers):
