@@ -6,7 +6,11 @@ A mixture of experts multiplies top_k of each layer's experts per token; a decod
 experts they route to: with routing spread evenly, a share 1 - (1 - top_k / E)^S of every layer's stack.
 With speculative decoding a step gives each stream the tokens its draft had accepted, plus one: the run's
 tokens per step (suite.tokens_per_step) divide tg into steps, and its experts are those of the tokens it
-gives (at least: the rejected drafts were routed too; the drafter's own reads are not counted).
+gives (at least: the rejected drafts were routed too). A step also runs its drafter once a draft token
+(spec mtp: the MTP layer and the head it drafts through, the whole lm_head or --lm-head-draft's rows; spec
+draft: the draft model), each pass reading those weights and its KV at that context: with Qwen3.5-27B's
+whole head three drafts read about a fifth as much again as the model's own step. (Over HTTP the server's
+drafter is not known: not counted.)
 Peaks (dense, no sparsity; the 16-bit tensor rate with fp32 accumulate) from a table by GPU name, or given.
 """
 
@@ -16,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from engine.config import ModelConfig
-from engine.memory import kv_bytes_per_token, routed_share
+from engine.memory import bytes_per_token_per_layer, kv_bytes_per_token, routed_share
 
 # name fragment (as NVML names the card) -> (bytes/s, dense FP16/BF16 tensor FLOP/s with FP32 accumulate);
 # the first fragment the name holds wins, so a variant stands before its family
@@ -61,19 +65,41 @@ def _names(gpu_name: str, fragment: str) -> bool:
 
 
 @dataclass(frozen=True)
+class DrafterCost:
+    """What speculative decoding's drafter reads a decode step: `passes` passes (one a draft token), each of
+    one token a stream through `weight_bytes` (and the share of `expert_bytes` those tokens route to, by
+    `config`'s routing) and `kv_per_token` bytes of KV a stream's context token."""
+
+    config: ModelConfig
+    passes: int
+    weight_bytes: int
+    kv_per_token: int
+    expert_bytes: int = 0
+
+    def step_bytes(self, context: int, streams: int) -> float:
+        experts = self.expert_bytes * routed_share(self.config, streams)
+        return self.passes * (self.weight_bytes + experts + streams * context * self.kv_per_token)
+
+
+@dataclass(frozen=True)
 class ModelCost:
     config: ModelConfig
     weight_bytes: int  # as the engine reads them every decode step (a mixture of experts' stacks apart)
     matmul_weights: int  # weights multiplied per token (no embedding lookup; top_k experts of a layer)
     kv_dtype: str
     expert_bytes: int = 0  # every expert of every layer, as held: a step reads the share its tokens route to
+    drafter: DrafterCost | None = None  # speculative decoding's drafter, run each step (not with ngram)
 
     def decode_bytes(self, context: int, streams: int = 1, tokens: float | None = None) -> float:
         """Bytes one decode step reads: the weights once, the experts its tokens (one a stream unless given)
-        route to, and the KV of every stream."""
+        route to, and the KV of every stream; and the drafter's passes."""
         experts = self.expert_bytes * routed_share(self.config, streams if tokens is None else tokens)
+        drafts = self.drafter.step_bytes(context, streams) if self.drafter is not None else 0
         return (
-            self.weight_bytes + experts + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
+            self.weight_bytes
+            + experts
+            + streams * context * kv_bytes_per_token(self.config, self.kv_dtype)
+            + drafts
         )
 
     def prefill_flops(self, context: int) -> float:
@@ -124,35 +150,50 @@ def matmul_weights(config: ModelConfig) -> int:
 
 def cost_of_llm(llm) -> ModelCost:
     """The loaded engine's own bytes per decode step: its parameters and packed weights, as they sit (a mixture
-    of experts' stacks, dense or packed, apart; a vision tower not)."""
-    from engine.layers.moe import Experts
+    of experts' stacks, dense or packed, apart; a vision tower not); and its drafter's (_drafter)."""
+    model = llm.model
+    # a vision tower (--vision) runs on pictures, not decode steps; the MTP head and the draft head are the
+    # drafter's
+    apart = [getattr(model, name, None) for name in ("visual", "mtp", "draft_head")]
+    skipped = {id(m) for part in apart if part is not None for m in part.modules()}
+    weight_bytes, expert_bytes = _forward_bytes(model, [m for m in model.modules() if id(m) not in skipped])
+    cfg = llm.model_config
+    kv_dtype = llm.engine_config.kv_dtype
+    cost = matmul_weights(cfg)
+    return ModelCost(cfg, weight_bytes, cost, kv_dtype, expert_bytes, _drafter(llm, kv_dtype))
 
-    seen: set[int] = set()
-    # a vision tower (--vision) runs on pictures, not decode steps
-    visual = getattr(llm.model, "visual", None)
-    if visual is not None:
-        seen.update(id(p) for p in visual.parameters())
-    expert_bytes = 0
-    for module in llm.model.modules():
-        if isinstance(module, Experts):
-            for p in (module.gate_up_proj, module.down_proj):
-                if p is not None and id(p) not in seen:
-                    seen.add(id(p))
-                    expert_bytes += p.numel() * p.element_size()
-            expert_bytes += sum(stack.nbytes for stack in module.packed.values())
-    weight_bytes = 0
-    for p in llm.model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            weight_bytes += p.numel() * p.element_size()
-    for module in llm.model.modules():
-        q = getattr(module, "qweight", None)
-        if q is not None and id(q) not in seen:
-            seen.add(id(q))
-            weight_bytes += q.nbytes
-    embed, head = llm.model.model.embed_tokens, llm.model.lm_head
+
+def _drafter(llm, kv_dtype: str) -> DrafterCost | None:
+    """spec mtp: a pass reads the MTP head's fc and norms, one of its layers (they take turns) and the head
+    it drafts through; spec draft: the draft model's step. ngram drafts read nothing."""
+    config, passes = llm.engine_config, llm.engine_config.num_draft_tokens
+    model = llm.model
+    if config.spec == "mtp" and getattr(model, "mtp", None) is not None:
+        layers = list(model.mtp.layers)
+        in_layers = {id(m) for layer in layers for m in layer.modules()}
+        rest, _ = _module_bytes([m for m in model.mtp.modules() if id(m) not in in_layers], set())
+        weights, experts = _module_bytes([m for layer in layers for m in layer.modules()], set())
+        head = model.draft_head if model.draft_head is not None else model.lm_head
+        head_bytes, _ = _module_bytes(list(head.modules()), set())
+        mc = llm.model_config
+        per_layer = bytes_per_token_per_layer(kv_dtype, mc.num_key_value_heads, mc.head_dim)
+        return DrafterCost(
+            mc, passes, rest + weights // len(layers) + head_bytes, per_layer, experts // len(layers)
+        )
+    draft = getattr(llm, "draft_model", None)
+    if config.spec == "draft" and draft is not None:
+        weights, experts = _forward_bytes(draft, list(draft.modules()))
+        return DrafterCost(draft.config, passes, weights, kv_bytes_per_token(draft.config, kv_dtype), experts)
+    return None
+
+
+def _forward_bytes(model, modules: list) -> tuple[int, int]:
+    """(weights, expert stacks) bytes a forward of `model` reads of `modules` (its own, or some of them): the
+    embedding table is looked up a row a token, not streamed, unless a tied head streams it."""
+    weight_bytes, expert_bytes = _module_bytes(modules, set())
+    embed, head = model.model.embed_tokens, model.lm_head
     if embed.qweight is not None:  # a packed table (CUDA .ninfer); a tied head shares it
-        table, table_bytes, tied = embed.qweight, embed.qweight.nbytes, head.qweight is embed.qweight
+        table_bytes, tied = embed.qweight.nbytes, head.qweight is embed.qweight
     else:
         table = embed.weight
         table_bytes, tied = (
@@ -161,6 +202,29 @@ def cost_of_llm(llm) -> ModelCost:
         )
     if not tied:  # the embedding is looked up (one row per token); a tied head streams the table itself
         weight_bytes -= table_bytes
-    cfg = llm.model_config
-    kv_dtype = llm.engine_config.kv_dtype
-    return ModelCost(cfg, max(weight_bytes, 0), matmul_weights(cfg), kv_dtype, expert_bytes)
+    return max(weight_bytes, 0), expert_bytes
+
+
+def _module_bytes(modules: list, seen: set[int]) -> tuple[int, int]:
+    """(weights, expert stacks) bytes held by `modules`' own parameters and packed weights, each once (`seen`:
+    ids counted already, added to): a mixture of experts' stacks, dense or packed, apart."""
+    from engine.layers.moe import Experts
+
+    weight_bytes = expert_bytes = 0
+    for module in modules:
+        if isinstance(module, Experts):
+            for p in (module.gate_up_proj, module.down_proj):
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    expert_bytes += p.numel() * p.element_size()
+            expert_bytes += sum(stack.nbytes for stack in module.packed.values())
+    for module in modules:
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                weight_bytes += p.numel() * p.element_size()
+        q = getattr(module, "qweight", None)
+        if q is not None and id(q) not in seen:
+            seen.add(id(q))
+            weight_bytes += q.nbytes
+    return weight_bytes, expert_bytes

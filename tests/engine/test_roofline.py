@@ -104,3 +104,41 @@ def test_tokens_per_step_from_a_servers_accepted_count():
     assert request_record(no_count, 512)["tokens_per_step"] == pytest.approx(1.0)  # (what the stream shows)
     gaps = [b - a for a, b in zip(t.chunk_times, t.chunk_times[1:])]
     assert min(gaps) > 0
+
+
+def test_a_speculative_step_counts_its_drafters_reads(tmp_path):
+    """spec mtp: each of a step's drafts runs the MTP layer and the head it drafts through (the whole
+    lm_head, or --lm-head-draft's rows) over every stream's context; spec draft: the draft model. The model's
+    own step counts neither (a draft head, rows of lm_head, was counted again before)."""
+    from conftest import mtp_head_tensors, save_mtp_head, save_tiny, tiny_hf_model
+
+    from engine import LLM
+    from engine.bench.roofline import cost_of_llm
+    from engine.memory import bytes_per_token_per_layer, kv_bytes_per_token
+
+    model = tiny_hf_model("qwen3_5", tied=False)
+    path = save_tiny(model, tmp_path)
+    head = mtp_head_tensors(model)
+    save_mtp_head(path, head)
+    plain = cost_of_llm(LLM(path))
+    assert plain.drafter is None and cost_of_llm(LLM(path, spec="ngram", draft_tokens=3)).drafter is None
+    mtp = cost_of_llm(LLM(path, spec="mtp", draft_tokens=3))
+    narrow = cost_of_llm(LLM(path, spec="mtp", draft_tokens=3, lm_head_draft=64))
+    cfg = plain.config
+    assert mtp.weight_bytes == narrow.weight_bytes == plain.weight_bytes
+    lm_head = cfg.vocab_size * cfg.hidden_size * 4
+    head_bytes = sum(t.numel() for t in head.values()) * 4
+    drafter = mtp.drafter
+    assert drafter.passes == 3 and drafter.weight_bytes == head_bytes + lm_head
+    assert narrow.drafter.weight_bytes == head_bytes + 64 * cfg.hidden_size * 4
+    kv = bytes_per_token_per_layer(mtp.kv_dtype, cfg.num_key_value_heads, cfg.head_dim)
+    assert drafter.kv_per_token == kv
+    want = plain.decode_bytes(1000, 2) + 3 * (drafter.weight_bytes + 2 * 1000 * kv)
+    assert mtp.decode_bytes(1000, 2) == pytest.approx(want)
+    # a draft model (here a plain decoder drafting for itself): its whole step, a pass a draft token
+    dense = save_tiny(tiny_hf_model("qwen3", tied=False), tmp_path / "dense")
+    alone = cost_of_llm(LLM(dense))
+    drafted = cost_of_llm(LLM(dense, spec="draft", draft_model=str(dense), draft_tokens=2))
+    assert drafted.weight_bytes == alone.weight_bytes
+    assert drafted.drafter.passes == 2 and drafted.drafter.weight_bytes == alone.weight_bytes
+    assert drafted.drafter.kv_per_token == kv_bytes_per_token(alone.config, alone.kv_dtype)
