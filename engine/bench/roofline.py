@@ -5,8 +5,9 @@ prefill % = FLOPs per prompt token (2 x matmul weights + causal attention at tha
 A mixture of experts multiplies top_k of each layer's experts per token; a decode step of S tokens reads the
 experts they route to: with routing spread evenly, a share 1 - (1 - top_k / E)^S of every layer's stack.
 With speculative decoding a step gives each stream the tokens its draft had accepted, plus one: the run's
-tokens per step (suite.tokens_per_step) divide tg into steps, and its experts are those of the tokens it
-gives (at least: the rejected drafts were routed too). A step also runs its drafter once a draft token
+tokens per step (suite.tokens_per_step) divide tg into steps, and its experts are those its verified
+tokens route to: every draft with a drafter that drafts each step (mtp, draft), else (ngram, whose drafts
+come and go) those it gives, at least. A step also runs its drafter once a draft token
 (spec mtp: the MTP layer and the head it drafts through, the whole lm_head or --lm-head-draft's rows; spec
 draft: the draft model), each pass reading those weights and its KV at that context: with Qwen3.5-27B's
 whole head three drafts read about a fifth as much again as the model's own step. (Over HTTP the server's
@@ -122,8 +123,10 @@ def roofline(
     if cost is None:
         return {"decode_pct": None, "prefill_pct": None}
     steps = tg / (streams * tokens_per_step)
+    # the tokens a step routes through the experts: those it gives, or with a drafter every draft it verifies
+    routed = streams * max(tokens_per_step, 1 + cost.drafter.passes if cost.drafter is not None else 0)
     decode = (
-        cost.decode_bytes(context, streams, streams * tokens_per_step) * steps / peaks.bandwidth * 100
+        cost.decode_bytes(context, streams, routed) * steps / peaks.bandwidth * 100
         if peaks.bandwidth and tg
         else None
     )

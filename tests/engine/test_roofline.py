@@ -7,7 +7,7 @@ import pytest
 from conftest import rope_model_config
 
 from engine.bench.drivers import Timing
-from engine.bench.roofline import ModelCost, Peaks, roofline
+from engine.bench.roofline import DrafterCost, ModelCost, Peaks, roofline
 from engine.bench.suite import request_record, summarise
 from engine.config import ModelConfig
 from engine.memory import routed_share
@@ -62,6 +62,11 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_route_to():
     # four tokens a step (a draft of three accepted) route among the experts as four streams' do
     four = roofline(cost, PEAKS, 0, 0, 4.0, tokens_per_step=4.0)["decode_pct"]
     assert four == pytest.approx((1000 + 8000 * (1 - 0.75**4)) / 1e12 * 100)
+    # with a drafter of three drafts a step, the step verifies four tokens whatever it accepts of them
+    drafter = DrafterCost(cfg, 3, 0, 0)
+    drafted = ModelCost(cfg, 1000, 0, "bf16", expert_bytes=8000, drafter=drafter)
+    two = roofline(drafted, PEAKS, 0, 0, 2.0, tokens_per_step=2.0)["decode_pct"]
+    assert two == pytest.approx(four)
 
 
 def test_plan_weighs_a_mixture_of_experts_by_what_a_step_reads():
