@@ -10,6 +10,7 @@ from typing import Any
 from engine.api.cors import LOCAL_ORIGINS
 from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
+from engine.api.prompt_encoder import PromptEncoder
 from engine.api.response_background import BackgroundResponses
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
@@ -42,6 +43,9 @@ class ServerState:
     allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        self.prompt_encoder: PromptEncoder | None = (
+            None  # (built on the first render: engine/api/prompt_encoder.py)
+        )
         self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
         self.background = BackgroundResponses(self.responses)  # Responses' background: true
@@ -132,7 +136,10 @@ class ServerState:
         turn the reply continues (a prefill): the text ends where its content does, not where the template
         closes the turn."""
         text = self.render_text(messages, tools, kwargs, continue_final, generation_prompt)
-        return text, self.engine.tokenizer.encode(text, add_special_tokens=False)
+        tokenizer = self.engine.tokenizer
+        if self.prompt_encoder is None or self.prompt_encoder.tokenizer is not tokenizer:
+            self.prompt_encoder = PromptEncoder(tokenizer)
+        return text, self.prompt_encoder.encode(text)  # (an agent's last turn's tokens reused)
 
     def render_text(
         self,
