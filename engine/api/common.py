@@ -56,7 +56,8 @@ async def read_json(request: Request, allow_list: bool = False) -> dict[str, Any
     if not isinstance(body, dict) and not (allow_list and isinstance(body, list)):
         raise ApiError(400, "the body must be a JSON " + ("object or array" if allow_list else "object"))
     if PDF_BASE64.encode() in raw:  # inline PDFs: read in a thread now, not on the event loop later
-        await read_ahead(body)
+        state = getattr(request.app.state, "ninfer", None)
+        await read_ahead(body, scans=state is not None and state.reads_images)
     return body
 
 

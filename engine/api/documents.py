@@ -42,15 +42,17 @@ SCAN_MAX_PIXELS = 1280 * 1280
 @dataclass(frozen=True)
 class PdfPage:
     text: str  # its text layer, stripped ("" for none)
-    scans: tuple[bytes, ...] = ()  # a textless page's images (PNG / JPEG files), largest first
+    scans: tuple[bytes, ...] = ()  # a textless page's images (PNG / JPEG files), largest first; read only
+    # for a server that takes images (pdf_pages' `scans`)
 
 
-_texts: OrderedDict[bytes, tuple[PdfPage, ...]] = OrderedDict()
+# the latest files' pages by digest, and whether their scans were read
+_texts: OrderedDict[bytes, tuple[tuple[PdfPage, ...], bool]] = OrderedDict()
 _lock = threading.Lock()  # read_ahead's thread and the event loop
 PDF_BASE64 = "JVBERi0"  # "%PDF-", base64-encoded: how an inline PDF's data begins
 
 
-async def read_ahead(body: Any) -> None:
+async def read_ahead(body: Any, scans: bool = False) -> None:
     """Read the PDFs a request body holds inline (any `data` / `file_data` string that is a base64 PDF) in a
     thread, so that rendering the prompt finds their texts kept. A file that cannot be read is left for the
     route, which names it in its refusal."""
@@ -74,7 +76,7 @@ async def read_ahead(body: Any) -> None:
         except (binascii.Error, ValueError):
             continue
         with contextlib.suppress(ApiError):
-            await asyncio.to_thread(pdf_pages, raw, "")
+            await asyncio.to_thread(pdf_pages, raw, "", scans)
 
 
 TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
@@ -99,7 +101,8 @@ def file_parts(
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{where} holds no valid base64 data") from None
     if raw.lstrip()[:5] == b"%PDF-":
-        return _pdf_parts(pdf_pages(raw, where), where, images)
+        scans = images is not None and images.read_scans
+        return _pdf_parts(pdf_pages(raw, where, scans), where, images)
     if media_type == "application/pdf":
         raise ApiError(400, f"{where} is not a PDF: its data does not begin with %PDF-")
     try:
@@ -132,13 +135,14 @@ def _pdf_parts(
     return parts
 
 
-def pdf_pages(raw: bytes, where: str) -> tuple[PdfPage, ...]:
-    """A PDF's pages: each one's text, and a textless page's images (kept by the file's digest)."""
+def pdf_pages(raw: bytes, where: str, scans: bool = False) -> tuple[PdfPage, ...]:
+    """A PDF's pages: each one's text, and with `scans` a textless page's images (kept by the file's
+    digest; a scanned file read without them is read again for a request that takes them)."""
     digest = hashlib.sha256(raw).digest()
     with _lock:
-        if digest in _texts:
+        if digest in _texts and (_texts[digest][1] or not scans):
             _texts.move_to_end(digest)
-            return _texts[digest]
+            return _texts[digest][0]
     import pypdf  # (read on the first PDF: the server starts without it)
 
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged file's repairs are not the log's business
@@ -155,10 +159,11 @@ def pdf_pages(raw: bytes, where: str) -> tuple[PdfPage, ...]:
     except Exception as e:  # noqa: BLE001 - pypdf's errors on damaged files are of many types
         raise ApiError(400, f"{where} is not a readable PDF ({type(e).__name__}: {e})") from None
     pages = tuple(
-        PdfPage(text, () if text else _scans(page)) for text, page in zip(texts, reader.pages, strict=True)
+        PdfPage(text, () if text or not scans else _scans(page))
+        for text, page in zip(texts, reader.pages, strict=True)
     )
     with _lock:
-        _texts[digest] = pages
+        _texts[digest] = pages, scans
         while len(_texts) > KEPT:
             _texts.popitem(last=False)
     return pages
@@ -166,21 +171,36 @@ def pdf_pages(raw: bytes, where: str) -> tuple[PdfPage, ...]:
 
 def _scans(page) -> tuple[bytes, ...]:
     """A textless page's images large enough to be its content, largest first, as image files; none where
-    pypdf cannot decode them (a JBIG2 scan without its decoder): the page is then said to have no text."""
+    pypdf cannot decode them (a JBIG2 scan without its decoder): the page is then said to have no text.
+    Sizes come from the images' dictionaries: a page's images are decoded only when chosen, and a JPEG
+    not at all."""
     try:
-        found = [(image.image.size, _image_file(image)) for image in page.images]
+        resources = page.get("/Resources")
+        xobjects = resources.get_object().get("/XObject") if resources is not None else None
+        xobjects = xobjects.get_object() if xobjects is not None else {}
+        keys = list(page.images.keys())  # (iterating page.images itself decodes every image)
+        held = {key: xobjects[key].get_object() for key in keys if isinstance(key, str) and key in xobjects}
+        sizes = {key: _size(page, key, held.get(key)) for key in keys}
+        largest = sorted(sizes, key=lambda key: -sizes[key][0] * sizes[key][1])[:SCANS_PER_PAGE]
+        return tuple(
+            _image_file(page, key, held.get(key)) for key in largest if min(sizes[key]) >= SCAN_MIN_SIDE
+        )
     except Exception:  # noqa: BLE001 - a filter pypdf lacks, a damaged stream: the page keeps its note
         return ()
-    found = [(w * h, data) for (w, h), data in found if min(w, h) >= SCAN_MIN_SIDE]
-    found.sort(key=lambda area_data: -area_data[0])
-    return tuple(data for _, data in found[:SCANS_PER_PAGE])
 
 
-def _image_file(image) -> bytes:
+def _size(page, key, held) -> tuple[int, int]:
+    """An image's (width, height): from its dictionary where it has one, else decoded (an inline image, one
+    inside a form)."""
+    if held is not None and "/Width" in held and "/Height" in held:
+        return int(held["/Width"]), int(held["/Height"])
+    return page.images[key].image.size
+
+
+def _image_file(page, key, held) -> bytes:
     """A PDF image as an image file: a JPEG as the file holds it (pypdf's own writes it again, a second
     lossy pass over a scan's text), one with a mask, a decode map or another colour space, and every other
     encoding, as pypdf writes it (PNG for those: lossless)."""
-    held = image.indirect_reference.get_object() if image.indirect_reference is not None else None
     if (
         held is not None
         and held.get("/Filter") == "/DCTDecode"
@@ -189,7 +209,7 @@ def _image_file(image) -> bytes:
         and "/Decode" not in held
     ):
         return held.get_data()
-    return image.data
+    return page.images[key].data
 
 
 def openai_file_parts(

@@ -135,9 +135,9 @@ def test_a_bodys_pdfs_are_read_in_a_thread_before_the_prompt_is_rendered(monkeyp
     threads = []
     real = documents.pdf_pages
 
-    def spy(raw, where):
+    def spy(raw, where, scans=False):
         threads.append(threading.current_thread() is threading.main_thread())
-        return real(raw, where)
+        return real(raw, where, scans)
 
     monkeypatch.setattr(documents, "pdf_pages", spy)
     body = {
@@ -174,9 +174,13 @@ def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
         return buf.getvalue()
 
     scan, icon = jpeg(96, 72), jpeg(16, 16)
-    pages = documents.pdf_pages(pdf_bytes(["Page one.", scan, icon, ""]), "doc")
+    raw = pdf_bytes(["Page one.", scan, icon, ""])
+    # read for a server without the tower: no images read (the kept pages then serve those requests)
+    assert [p.scans for p in documents.pdf_pages(raw, "doc")] == [(), (), (), ()]
+    pages = documents.pdf_pages(raw, "doc", scans=True)  # read again, images and all
     assert [p.text for p in pages] == ["Page one.", "", "", ""]
     assert [p.scans for p in pages] == [(), (scan,), (), ()]
+    assert documents.pdf_pages(raw, "doc") is pages  # (kept)
     # without a place for images (file_text; a server without --vision) the scanned page has the note
     text = file_text(base64.b64encode(pdf_bytes(["Page one.", scan])).decode(), "doc")
     assert text == "[page 1]\nPage one.\n\n[page 2]\n" + documents.NO_TEXT
