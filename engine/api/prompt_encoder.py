@@ -76,8 +76,13 @@ class PromptEncoder:
         with self._lock:
             recent = list(self._recent.values())
         best, shared = None, MIN_SHARED - 1
-        for entry in recent:
-            n = shared_prefix(text, entry.text)
+        for entry in reversed(recent):  # the latest first
+            if text.startswith(entry.text):  # the last turn's prompt whole (an agent's next turn)
+                n = len(entry.text)
+            elif text[:64] != entry.text[:64]:  # another conversation
+                continue
+            else:
+                n = shared_prefix(text, entry.text)
             if n > shared:
                 best, shared = entry, n
         if best is None:
