@@ -162,7 +162,17 @@ def solve(dep: Deployment, device: Device, context: int | None, kv_dtype: str | 
     choices = [c for c in choices if c.context == longest]
     fastest = min(decode_bytes(c) for c in choices)
     choices = [c for c in choices if decode_bytes(c) <= fastest * (1 + SPEED_TIE)]
-    return min(choices, key=lambda c: PLAN_KV_DTYPES.index(c.kv_dtype))
+    return with_spare_pool(min(choices, key=lambda c: PLAN_KV_DTYPES.index(c.kv_dtype)), budget)
+
+
+def with_spare_pool(dep: Deployment, budget: Budget) -> Deployment:
+    """`dep` (its pool one context, the frontier's measure) with the pool grown into the memory it leaves,
+    up to a full context for each running request, as serve's --kv-capacity auto sizes it: where the
+    context stops at the model's positions, running requests need not share one context's pages, and the
+    prefix cache keeps more."""
+    full = dep.context * dep.concurrency
+    pool = min(max_pool_tokens(dep, budget), full // dep.block_size * dep.block_size)
+    return dep.with_(kv_capacity=pool) if pool > dep.pool_tokens else dep
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,36 @@ def test_preset_plan_prints_ledger_frontier_and_a_serve_line():
     assert context >= 170_000
 
 
+def _served(out: str, flag: str) -> int:
+    line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
+    return int(line.split(f"{flag} ")[1].split()[0])
+
+
+def test_the_serve_lines_pool_takes_the_memory_the_context_leaves():
+    """Where the context stops at the model's positions (32 GiB: 262,144 at C2), the pool grows into the
+    memory left, up to a full context a running request, as serve's --kv-capacity auto sizes it; where
+    memory stops the context (24 GiB), the pool is the context and nothing is left."""
+    code, out = _run("plan", "qwen3.5-27b", "--vram", "32G", "--sm", "120", "--concurrency", "2", "--json")
+    assert code == 0, out
+    plan = json.loads(out)["plan"]
+    assert plan["context"] == 262_144 and plan["kv_capacity"] == 2 * 262_144
+    assert _served(plan["serve"], "--kv-capacity") == 2 * 262_144
+    code, out = _run("plan", "qwen3.5-27b", "--vram", "32G", "--sm", "120", "--concurrency", "2")
+    assert "524,288 tokens x" in out
+    code, tight = _plan_27b_3090("--concurrency", "2", "--spec", "mtp", "--draft-tokens", "3")
+    assert code == 0, tight
+    assert _served(tight, "--kv-capacity") == _served(tight, "--max-context") < 262_144
+    # 24 GiB without the MTP head: the positions stop the context first, the pool grows past it
+    code, out = _plan_27b_3090("--concurrency", "2")
+    assert _served(out, "--max-context") == 262_144 < _served(out, "--kv-capacity") < 2 * 262_144
+    # a given context shorter than memory allows: a full one for each of the running requests, no more
+    code, given = _run(
+        "plan", "qwen3.5-27b", "--vram", "32G", "--sm", "120", "--concurrency", "3", "--context", "64k"
+    )
+    assert code == 0, given
+    assert _served(given, "--max-context") == 65_536 and _served(given, "--kv-capacity") == 3 * 65_536
+
+
 def test_ngram_plan_budgets_state_backups_and_serves_with_drafts():
     code, out = _plan_27b_3090("--concurrency", "2", "--spec", "ngram")
     assert code == 0, out
