@@ -19,6 +19,8 @@ from engine.async_llm import AsyncLLM
 from engine.tokenizer import Tokenizer
 
 PIECES = [
+    "<think>\n",
+    "</think>",
     "word ",
     "def f(x):\n    return x\n",
     "  ",
@@ -57,10 +59,17 @@ def _conversations(tokenizer: Tokenizer, seed: int):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_ids_are_the_tokenizers_own_and_the_shared_head_is_reused(default_tokenizer, seed):
-    encoder = PromptEncoder(default_tokenizer)
-    for text in _conversations(default_tokenizer, seed):
-        assert encoder.encode(text) == default_tokenizer.encode(text, add_special_tokens=False)
+@pytest.mark.parametrize("which", ["default", "thinking"])
+def test_the_ids_are_the_tokenizers_own_and_the_shared_head_is_reused(
+    default_tokenizer, thinking_tokenizer, which, seed
+):
+    """(thinking: Qwen's <think> / </think> as added tokens that are not special, in the texts too)"""
+    tokenizer = default_tokenizer
+    if which == "thinking":
+        tokenizer = replace(thinking_tokenizer, chat_template=default_tokenizer.chat_template)
+    encoder = PromptEncoder(tokenizer)
+    for text in _conversations(tokenizer, seed):
+        assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
     assert encoder.reused > 0
 
 
