@@ -30,19 +30,16 @@ def placeholders(command) -> None:
     without its braces around a required one: `convert [OPTIONS] SRC OUT`)."""
     for param in command.params:
         if param.param_type_name == "argument":
+            param.metavar = param.metavar or param.name.upper()
             param.display_type_rich = _no_type
             param._usage_display_name = functools.partial(_usage_name, param)
-        if param.metavar is not None or getattr(param, "is_flag", False) or getattr(param, "count", False):
-            continue
-        if param.param_type_name == "argument":
-            param.metavar = param.name.upper()
-        else:
+        elif not (param.metavar or getattr(param, "is_flag", False) or getattr(param, "count", False)):
             param.metavar = value_word(param)
 
 
 def _usage_name(param) -> str:
     """An argument in the usage line: NAME when required, [NAME] when not, `...` after one taking several."""
-    name = param.metavar or param.name.upper()
+    name = param.metavar
     return (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
 
 

@@ -82,17 +82,13 @@ async def read_ahead(body: Any, scans: bool = False) -> None:
 TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml", "application/yaml")
 
 
-def file_text(data: str, where: str, media_type: str | None = None) -> str:
-    """The text of a file given as base64 (or as a `data:` URL, whose media type then counts): a PDF's
-    pages, or a text file's contents; refused in a sentence when it is neither, or unreadable."""
-    return "".join(file_parts(data, where, media_type))
-
-
 def file_parts(
     data: str, where: str, media_type: str | None = None, images: MessageImages | None = None
 ) -> list[str | dict[str, str]]:
-    """file_text's, as the message parts the model reads: with `images` that take a PDF's scans
-    (MessageImages.read_scans), a textless page's images among the text, each kept in `images`."""
+    """The parts the model reads of a file given as base64 (or as a `data:` URL, whose media type then
+    counts): a PDF's pages, or a text file's contents; refused in a sentence when it is neither, or
+    unreadable. With `images` that take a PDF's scans (MessageImages.read_scans), a textless page's images
+    come among the text, each kept in `images`; else text alone."""
     if data.startswith("data:"):
         head, _, data = data.partition(",")
         media_type = head[5:].split(";")[0] or media_type

@@ -53,26 +53,22 @@ class PromptEncoder:
 
     def encode(self, text: str) -> list[int]:
         raw = text.encode("utf-8")
-        head, reused = self._reusable(text)
-        if head is None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            prefix, start = head
-            rest = self.tokenizer.encode(raw[start:].decode("utf-8"), add_special_tokens=False)
-            ids = [*prefix, *rest]
+        head = self._reusable(text)
+        prefix, rest = ([], text) if head is None else (head[0], raw[head[1] :].decode("utf-8"))
+        ids = [*prefix, *self.tokenizer.encode(rest, add_special_tokens=False)]
         encoded = self._encoded(text, raw, ids)
         if encoded is not None:
             with self._lock:
-                self.reused += reused
+                self.reused += len(prefix)
                 self._recent.pop(text, None)
                 self._recent[text] = encoded
                 while len(self._recent) > self.capacity:
                     self._recent.popitem(last=False)
         return ids
 
-    def _reusable(self, text: str) -> tuple[tuple[list[int], int] | None, int]:
-        """((the recent prompt's tokens before the last special token the two texts share whole, where
-        that token starts in `text`'s bytes), how many tokens that is); (None, 0) where none helps."""
+    def _reusable(self, text: str) -> tuple[list[int], int] | None:
+        """The recent prompt's tokens before the last special token the two texts share whole, and where
+        that token starts in `text`'s bytes; None where none helps."""
         with self._lock:
             recent = list(self._recent.values())
         best, shared = None, MIN_SHARED - 1
@@ -86,15 +82,14 @@ class PromptEncoder:
             if n > shared:
                 best, shared = entry, n
         if best is None:
-            return None, 0
+            return None
         shared_bytes = len(text[:shared].encode("utf-8"))
         # the special tokens wholly inside the shared text; the last one is where the new encoding starts
         inside = best.boundaries[best.ends[best.boundaries] <= shared_bytes]
         if len(inside) == 0:
-            return None, 0
+            return None
         k = int(inside[-1])
-        start = int(best.ends[k - 1]) if k else 0
-        return (best.ids[:k].tolist(), start), k
+        return best.ids[:k].tolist(), int(best.ends[k - 1]) if k else 0
 
     def _encoded(self, text: str, raw: bytes, ids: list[int]) -> _Encoded | None:
         """The entry kept for a later prompt; None where the tokens' bytes do not add up to the text (not a

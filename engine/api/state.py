@@ -43,9 +43,8 @@ class ServerState:
     allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        self.prompt_encoder: PromptEncoder | None = (
-            None  # (built on the first render: engine/api/prompt_encoder.py)
-        )
+        # (built on the first render: engine/api/prompt_encoder.py)
+        self.prompt_encoder: PromptEncoder | None = None
         self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
         self.background = BackgroundResponses(self.responses)  # Responses' background: true
@@ -155,12 +154,9 @@ class ServerState:
             raise ApiError(400, self.engine.llm.text_refusal)
         if tok is None:
             raise ApiError(400, "this model has no tokenizer, so it cannot take chat messages")
-        if not self.reads_images and any(_has_image(m) for m in messages):
-            try:  # said before a text-only template fails on the image part
-                self.engine.llm.vision_or_raise()
-            except NinferError as e:
-                raise ApiError(400, str(e)) from e
         try:
+            if not self.reads_images and any(_has_image(m) for m in messages):
+                self.engine.llm.vision_or_raise()  # (said before a text-only template fails on the image)
             text = tok.apply_chat_template(
                 messages, tools, generation_prompt and not continue_final, **kwargs
             )

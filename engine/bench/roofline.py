@@ -160,10 +160,8 @@ def cost_of_llm(llm) -> ModelCost:
     apart = [getattr(model, name, None) for name in ("visual", "mtp", "draft_head")]
     skipped = {id(m) for part in apart if part is not None for m in part.modules()}
     weight_bytes, expert_bytes = _forward_bytes(model, [m for m in model.modules() if id(m) not in skipped])
-    cfg = llm.model_config
-    kv_dtype = llm.engine_config.kv_dtype
-    cost = matmul_weights(cfg)
-    return ModelCost(cfg, weight_bytes, cost, kv_dtype, expert_bytes, _drafter(llm, kv_dtype))
+    cfg, kv_dtype = llm.model_config, llm.engine_config.kv_dtype
+    return ModelCost(cfg, weight_bytes, matmul_weights(cfg), kv_dtype, expert_bytes, _drafter(llm, kv_dtype))
 
 
 def _drafter(llm, kv_dtype: str) -> DrafterCost | None:

@@ -328,14 +328,17 @@ def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> GGUFFile:
 
 
 def _layout(reader, config: ModelConfig):
-    """The tensors the loader reads, (tensor, HF name) each; the order each must be read back in; and the
-    names of those the GPU holds packed (an experts' stack: each expert's matrices)."""
+    """The tensors the loader reads, (tensor, HF name) each; the order each must be read back in; the
+    names of those the GPU holds packed (an experts' stack: each expert's matrices); and the names of the
+    file's tensors the model has no place for."""
     arch = _field(reader, "general.architecture")
     layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
-    named, orders = [], {}
+    named, orders, unread = [], {}, []
     for t in reader.tensors:
         name = _hf_name(t.name, layers, mtp)
         if name is None:
+            if t.name not in _READ_INTO_CONFIG:
+                unread.append(t.name)
             continue
         fused = qwen3_next.fused_projection(name)
         if fused is None:
@@ -349,18 +352,12 @@ def _layout(reader, config: ModelConfig):
             orders[part_name] = (0, rows)
     blocks = any(gguf_blocks.is_block_quantized(t.tensor_type) for t, _ in named)
     packed = {name for t, name in named if _keeps_packed(t, name, orders[name], blocks)}
-    return named, orders, packed
+    return named, orders, packed, unread
 
 
-def _warn_unread(reader, config: ModelConfig) -> None:
+def _warn_unread(unread: list[str], config: ModelConfig) -> None:
     """Say which of the file's tensors the model has no place for (a variant's extra tensor dropped
     silently would change its outputs unannounced), as the HF loader says of a checkpoint's."""
-    layers, mtp = config.num_hidden_layers, config.mtp_num_hidden_layers
-    unread = [
-        t.name
-        for t in reader.tensors
-        if t.name not in _READ_INTO_CONFIG and _hf_name(t.name, layers, mtp) is None
-    ]
     if unread:
         more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
         log.warning(
@@ -389,7 +386,7 @@ def gpu_tensors(path: Path) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...
     it is held dense). What `ninfer plan` counts for a GGUF."""
     reader = _open(path)
     config = _config(reader, path)
-    named, orders, packed = _layout(reader, config)
+    named, orders, packed, _ = _layout(reader, config)
     tensors = []
     for t, name in named:
         for matrix, shape in _matrices(t, name):
@@ -406,8 +403,8 @@ def load_gguf(path: Path) -> ModelSource:
     reader = _open(path)
     config = _config(reader, path)
     arch = _field(reader, "general.architecture")
-    named, orders, packed = _layout(reader, config)
-    _warn_unread(reader, config)
+    named, orders, packed, unread = _layout(reader, config)
+    _warn_unread(unread, config)
 
     def dense(t, name: str) -> WeightIterator:
         """The tensor as the checkpoint holds it (an experts' stack: each expert's matrices)."""

@@ -15,10 +15,17 @@ from scripted_engine import ScriptedEngine
 from server import RunningServer
 
 from engine.api import documents
-from engine.api.documents import file_text
+from engine.api.documents import file_parts
 from engine.api.errors import ApiError
 
 PAGES = ["The launch code is 4471.", "", "Signed (in ink) by the captain."]
+
+
+def file_text(data: str, where: str, media_type: str | None = None) -> str:
+    """A file's parts without a place for images: text alone."""
+    return "".join(file_parts(data, where, media_type))
+
+
 PDF = base64.b64encode(pdf_bytes(PAGES)).decode()
 READ = (
     "[page 1]\nThe launch code is 4471.\n\n[page 2]\n" + documents.NO_TEXT + "\n\n[page 3]\n"
