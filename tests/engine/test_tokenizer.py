@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+from engine import tokenizer
 from engine.tokenizer import IncrementalDetokenizer
 
 TEXTS = [
@@ -22,6 +26,39 @@ def test_encode_decode_matches_transformers(default_tokenizer, hf_default_tokeni
     assert ids == hf_default_tokenizer.encode(text, add_special_tokens=False)
     assert default_tokenizer.decode(ids, skip_special_tokens=False) == text
     assert default_tokenizer.decode(ids) == hf_default_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("add_special_tokens", [False, True])
+def test_a_long_text_encodes_as_transformers_does(
+    default_tokenizer, hf_default_tokenizer, add_special_tokens
+):
+    text = "".join(TEXTS) * (tokenizer.UNLOCKED_ENCODE_CHARS // len("".join(TEXTS)) + 1)
+    assert len(text) >= tokenizer.UNLOCKED_ENCODE_CHARS  # (through the batch call)
+    want = hf_default_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    assert default_tokenizer.encode(text, add_special_tokens=add_special_tokens) == want
+
+
+def test_other_threads_run_while_a_long_prompt_encodes(default_tokenizer):
+    # the engine's loop thread steps running streams while the server encodes a long prompt: a thread
+    # counting while the encode runs gets on (holding the GIL, it got ~2 counts in the whole encode)
+    text = "def handler(self, request):\n    return self.route(request.path)  # 漢字 🙂\n" * 6000
+    counts, done = [0], threading.Event()
+
+    def count():
+        while not done.is_set():
+            counts[0] += 1
+            time.sleep(0)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    while counts[0] == 0:
+        time.sleep(0.001)
+    before = counts[0]
+    default_tokenizer.encode(text, add_special_tokens=False)
+    during = counts[0] - before
+    done.set()
+    thread.join()
+    assert during > 100, f"the counting thread ran {during} times while the prompt encoded"
 
 
 def test_digits_split_one_by_one(default_tokenizer):
