@@ -399,7 +399,7 @@ class LLM:
         """Load a LoRA adapter (peft's save_pretrained folder, or a llama.cpp adapter .gguf); requests then
         name it in SamplingParams.adapter (or adapter_scales). `pairs`: Adapters.read's, read already."""
         self.wake_up()
-        self.adapters.add(name, path, pairs)
+        self.adapters.add(name, path, pairs, pool_sized=True)
 
     def unload_adapter(self, name: str) -> None:
         """Take a LoRA adapter off the model; refused while a request runs with it or waits to."""

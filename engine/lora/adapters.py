@@ -16,6 +16,7 @@ import itertools
 import os
 from collections import defaultdict
 
+import psutil
 import torch
 
 from engine.errors import NinferError
@@ -25,6 +26,8 @@ from engine.lora.layer import LoraWeights
 from engine.lora.peft import LoraPair, read_adapter
 from engine.lora.spec import lora_modules
 from engine.transfer import to_device
+
+MIB = 1 << 20
 
 
 class Adapters:
@@ -74,8 +77,12 @@ class Adapters:
             return read_gguf_adapter(name, path, self.model)
         return read_adapter(name, path, self.model)
 
-    def add(self, name: str, path: str, pairs: list[LoraPair] | None = None) -> None:
-        """Put the adapter's pairs on its layers (read here unless given); requests may then name it."""
+    def add(
+        self, name: str, path: str, pairs: list[LoraPair] | None = None, pool_sized: bool = False
+    ) -> None:
+        """Put the adapter's pairs on its layers (read here unless given); requests may then name it. One
+        that does not fit the device memory is refused in a sentence and leaves nothing on the layers;
+        `pool_sized`: the KV pool has taken the memory the weights left (a load while serving)."""
         if name in self.slots:
             raise NinferError(
                 f"a LoRA adapter named '{name}' is loaded already; unload it first, or pick a new name"
@@ -85,17 +92,47 @@ class Adapters:
         by_module = defaultdict(list)
         for pair in pairs:
             by_module[pair.module].append(pair)
-        for module_name, module_pairs in by_module.items():
-            layer: Linear = self.model.get_submodule(module_name)
-            if layer.lora is None:
-                layer.lora = LoraWeights(layer.out_features)
-            layer.lora.add_adapter(slot, module_pairs, self.dtype, self.device)
+        placed: list[Linear] = []
+        try:
+            for module_name, module_pairs in by_module.items():
+                layer: Linear = self.model.get_submodule(module_name)
+                if layer.lora is None:
+                    layer.lora = LoraWeights(layer.out_features)
+                placed.append(layer)
+                layer.lora.add_adapter(slot, module_pairs, self.dtype, self.device)
+        except torch.OutOfMemoryError:
+            for layer in placed:  # as before the load: the slot's pairs gone, a layer's new LoraWeights too
+                layer.lora.pairs.pop(slot, None)
+                if not layer.lora.pairs:
+                    layer.lora = None
+            raise self._no_room(name, pairs, pool_sized) from None
         self.paths[name], self.ranks[name] = path, max(p.a.shape[0] for p in pairs)
         # this process's own (a prefix-cache file outlives it: another run's adapter of the same name and
         # slot may hold other weights)
         seed = f"lora:{slot}:{name}".encode() + self._nonce
         self._roots[name] = hashlib.blake2b(seed, digest_size=16).digest()
         self.slots[name] = slot  # last: only now can a request name it
+
+    def _no_room(self, name: str, pairs: list[LoraPair], pool_sized: bool) -> NinferError:
+        """The refusal of an adapter the device memory does not hold (its allocations given back)."""
+        need = self.dtype.itemsize * sum(
+            p.a.shape[0] * (p.a.shape[1] + self.model.get_submodule(p.module).out_features) for p in pairs
+        )
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = psutil.virtual_memory().available
+        way = (
+            "the KV pool holds the rest: load it at start-up (serve --lora NAME=PATH sizes the pool after it) "
+            "or leave more memory (--kv-capacity, --gpu-memory-utilization)"
+            if pool_sized
+            else "the weights hold the rest: an adapter of lower rank or a GPU with more memory"
+        )
+        return NinferError(
+            f"LoRA adapter '{name}' takes {need / MIB:,.0f} MiB, more than the {free / MIB:,.0f} MiB free on "
+            f"{self.device}: {way}"
+        )
 
     def remove(self, name: str) -> None:
         """Take the adapter off its layers (no running or waiting request may use it)."""

@@ -217,6 +217,51 @@ def test_adapters_in_graph_steps_through_the_buffers(fixture):
     assert_same(generate(llm, [None, "b"]), [want[0], want[2]])
 
 
+def test_an_adapter_the_memory_does_not_hold_is_refused_and_leaves_the_layers_as_they_were(
+    fixture, monkeypatch
+):
+    """The device out of memory half-way through an adapter's layers (while serving, the KV pool holds what
+    the weights left): refused in a sentence, none of its pairs left on the layers (nor a layer's new
+    holder of them), the loaded adapters' output unchanged, and the next load goes through."""
+    from engine.lora.layer import LoraWeights
+
+    root, llm = fixture
+    want = greedy(llm, "a")
+
+    def holders():
+        return {n: sorted(m.lora.pairs) for n, m in llm.model.named_modules() if getattr(m, "lora", None)}
+
+    before = holders()
+    add_adapter, calls = LoraWeights.add_adapter, [0]
+
+    def out_of_memory_at_the_third(self, *args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        add_adapter(self, *args)
+
+    monkeypatch.setattr(LoraWeights, "add_adapter", out_of_memory_at_the_third)
+    with pytest.raises(
+        NinferError,
+        match=r"LoRA adapter 'big' takes [\d.,]+ MiB, more than the [\d,]+ MiB free "
+        r"on cpu: the KV pool holds the rest: load it at start-up \(serve --lora NAME=PATH",
+    ):
+        llm.load_adapter("big", str(root / "a"))
+    assert calls[0] == 3 and holders() == before and llm.adapters.names == ["a", "b"]
+    assert_same(greedy(llm, "a"), want)
+    monkeypatch.undo()
+    llm.load_adapter("big", str(root / "a"))  # (the same weights as a)
+    assert_same(greedy(llm, "big"), want)
+    llm.unload_adapter("big")
+    # at start-up the adapters load before the pool is sized: the weights hold the rest
+    monkeypatch.setattr(LoraWeights, "add_adapter", out_of_memory_at_the_third)
+    calls[0] = 2
+    with pytest.raises(
+        NinferError, match="LoRA adapter 'a' takes .* the weights hold the rest: an adapter of lower"
+    ):
+        LLM(root / "base", lora_modules={"a": str(root / "a")}, max_context=256)
+
+
 def test_unknown_adapter_is_refused(fixture):
     _, llm = fixture
     with pytest.raises(NinferError, match="no LoRA adapter 'c' is loaded; the adapters are: a, b"):
