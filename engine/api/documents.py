@@ -5,7 +5,9 @@ with `file_data`) page by page, and plain-text files as they are.
 A PDF's text layer is read with pypdf. A page without one (a scanned image, a drawing): on a server that
 takes images (--vision), the page's own images go to the model as images, so a scanned page is read as a
 photo of it would be; elsewhere, or where the page holds no image, it is named as such in the text, so an
-agent whose history holds such a file goes on. An agent sends the same file again with every turn, so the
+agent whose history holds such a file goes on. On such a server a page with text also brings its figures
+(its images of FIGURE_MIN_SIDE pixels a side or more, but those drawn on several pages: a logo, a
+letterhead, a watermark), after its text. An agent sends the same file again with every turn, so the
 latest files' pages are kept by the file's digest. Files by id or URL are not taken (nothing is
 stored or fetched here). Reading a long PDF takes seconds, so `read_ahead` reads a body's PDFs in a thread
 before the route renders the prompt (which then finds their texts kept): the event loop, and every other
@@ -33,6 +35,8 @@ MAX_PAGES = 600  # as the Anthropic API's limit on a request's PDF pages
 KEPT = 16  # the latest files' texts kept (an agent's history resends them every turn)
 NO_TEXT = "(this page has no text: a scanned image or a drawing, which this server does not read)"
 SCAN_MIN_SIDE = 32  # pixels: a textless page's smaller images (rules, spacers, icons) are not its scan
+FIGURE_MIN_SIDE = 64  # pixels: a text page's smaller images (icons, bullets, a formula set as an image) are
+# not figures
 SCANS_PER_PAGE = 4  # a page's largest images at most (a scanner may cut a page into strips)
 # a scan's pixels at most (1,600 tokens at Qwen's 32-pixel tiles, as the Anthropic API sizes a page's
 # image): a 300 dpi page would take ten times that at the checkpoint's own limit
@@ -42,8 +46,9 @@ SCAN_MAX_PIXELS = 1280 * 1280
 @dataclass(frozen=True)
 class PdfPage:
     text: str  # its text layer, stripped ("" for none)
-    scans: tuple[bytes, ...] = ()  # a textless page's images (PNG / JPEG files), largest first; read only
-    # for a server that takes images (pdf_pages' `scans`)
+    # its images (PNG / JPEG files), largest first: a textless page's scans, a text page's figures; read
+    # only for a server that takes images (pdf_pages' `scans`)
+    images: tuple[bytes, ...] = ()
 
 
 # the latest files' pages by digest, and whether their scans were read
@@ -119,15 +124,17 @@ def file_parts(
 def _pdf_parts(
     pages: tuple[PdfPage, ...], where: str, images: MessageImages | None
 ) -> list[str | dict[str, str]]:
-    """The pages as message parts: "[page N]" and its text; a textless page's scans as images where
-    `images` takes them, else the note that it has no text."""
+    """The pages as message parts: "[page N]", its text and its figures; a textless page's scans as images
+    where `images` takes them, else the note that it has no text."""
     parts: list[str | dict[str, str]] = []
+    takes = images is not None and images.read_scans
     for i, page in enumerate(pages, start=1):
         parts.append(("\n\n" if i > 1 else "") + f"[page {i}]\n")
-        if page.text or not page.scans or images is None or not images.read_scans:
+        if page.text or not (page.images and takes):
             parts.append(page.text or NO_TEXT)
-            continue
-        parts.extend(images.add(scan, f"{where} (page {i})", SCAN_MAX_PIXELS) for scan in page.scans)
+        if page.images and takes:
+            parts.extend(["\n"] if page.text else [])
+            parts.extend(images.add(image, f"{where} (page {i})", SCAN_MAX_PIXELS) for image in page.images)
     return parts
 
 
@@ -154,8 +161,9 @@ def pdf_pages(raw: bytes, where: str, scans: bool = False) -> tuple[PdfPage, ...
         raise
     except Exception as e:  # noqa: BLE001 - pypdf's errors on damaged files are of many types
         raise ApiError(400, f"{where} is not a readable PDF ({type(e).__name__}: {e})") from None
+    shared = _shared_images(reader.pages) if scans else set()
     pages = tuple(
-        PdfPage(text, () if text or not scans else _scans(page))
+        PdfPage(text, (_page_images(page, shared) if text else _page_images(page)) if scans else ())
         for text, page in zip(texts, reader.pages, strict=True)
     )
     with _lock:
@@ -165,24 +173,56 @@ def pdf_pages(raw: bytes, where: str, scans: bool = False) -> tuple[PdfPage, ...
     return pages
 
 
-def _scans(page) -> tuple[bytes, ...]:
-    """A textless page's images large enough to be its content, largest first, as image files; none where
-    pypdf cannot decode them (a JBIG2 scan without its decoder): the page is then said to have no text.
-    Sizes come from the images' dictionaries: a page's images are decoded only when chosen, and a JPEG
-    not at all."""
+def _page_images(page, shared: set[int] | None = None) -> tuple[bytes, ...]:
+    """A page's images large enough to be its content, largest first, as image files: a textless page's
+    (`shared` None: its scans, SCAN_MIN_SIDE a side), or a text page's figures (FIGURE_MIN_SIDE a side, and
+    none of the `shared` objects); none where pypdf cannot decode them (a JBIG2 scan without its decoder:
+    a textless page is then said to have no text). Sizes come from the images' dictionaries: a page's
+    images are decoded only when chosen, and a JPEG not at all."""
     try:
-        resources = page.get("/Resources")
-        xobjects = resources.get_object().get("/XObject") if resources is not None else None
-        xobjects = xobjects.get_object() if xobjects is not None else {}
+        xobjects = _xobjects(page)
         keys = list(page.images.keys())  # (iterating page.images itself decodes every image)
+        if shared:
+            keys = [key for key in keys if _object_number(xobjects, key) not in shared]
         held = {key: xobjects[key].get_object() for key in keys if isinstance(key, str) and key in xobjects}
         sizes = {key: _size(page, key, held.get(key)) for key in keys}
+        least = SCAN_MIN_SIDE if shared is None else FIGURE_MIN_SIDE
         largest = sorted(sizes, key=lambda key: -sizes[key][0] * sizes[key][1])[:SCANS_PER_PAGE]
-        return tuple(
-            _image_file(page, key, held.get(key)) for key in largest if min(sizes[key]) >= SCAN_MIN_SIDE
-        )
+        return tuple(_image_file(page, key, held.get(key)) for key in largest if min(sizes[key]) >= least)
     except Exception:  # noqa: BLE001 - a filter pypdf lacks, a damaged stream: the page keeps its note
         return ()
+
+
+def _shared_images(pages) -> set[int]:
+    """The numbers of the image objects that more than one page draws (a logo, a letterhead, a watermark:
+    not a text page's figures)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for page in pages:
+        try:
+            xobjects = _xobjects(page)
+            numbers = {_object_number(xobjects, key) for key in xobjects}
+        except Exception:  # noqa: BLE001 - a damaged page: its images are read (or not) by _page_images
+            continue
+        numbers.discard(None)
+        shared |= seen & numbers
+        seen |= numbers
+    return shared
+
+
+def _xobjects(page):
+    """The page's own XObject dictionary (its images and forms by name; {} for none)."""
+    resources = page.get("/Resources")
+    xobjects = resources.get_object().get("/XObject") if resources is not None else None
+    return xobjects.get_object() if xobjects is not None else {}
+
+
+def _object_number(xobjects, key) -> int | None:
+    """The object number an XObject name refers to (None: held in place, or not one of the page's own)."""
+    if not isinstance(key, str) or key not in xobjects:
+        return None
+    ref = xobjects.raw_get(key)
+    return getattr(ref, "idnum", None)
 
 
 def _size(page, key, held) -> tuple[int, int]:

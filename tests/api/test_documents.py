@@ -168,7 +168,7 @@ def test_a_bodys_pdfs_are_read_in_a_thread_before_the_prompt_is_rendered(monkeyp
 
 def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
     """pdf_pages: a page without text keeps its images large enough to be its content (a scan: the JPEG's
-    own bytes, not written again); an icon-sized one is not a scan; pages with text keep none."""
+    own bytes, not written again); an icon-sized one is not a scan."""
     import io
 
     import numpy as np
@@ -183,11 +183,37 @@ def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
     scan, icon = jpeg(96, 72), jpeg(16, 16)
     raw = pdf_bytes(["Page one.", scan, icon, ""])
     # read for a server without the tower: no images read (the kept pages then serve those requests)
-    assert [p.scans for p in documents.pdf_pages(raw, "doc")] == [(), (), (), ()]
+    assert [p.images for p in documents.pdf_pages(raw, "doc")] == [(), (), (), ()]
     pages = documents.pdf_pages(raw, "doc", scans=True)  # read again, images and all
     assert [p.text for p in pages] == ["Page one.", "", "", ""]
-    assert [p.scans for p in pages] == [(), (scan,), (), ()]
+    assert [p.images for p in pages] == [(), (scan,), (), ()]
     assert documents.pdf_pages(raw, "doc") is pages  # (kept)
     # without a place for images (file_text; a server without --vision) the scanned page has the note
     text = file_text(base64.b64encode(pdf_bytes(["Page one.", scan])).decode(), "doc")
     assert text == "[page 1]\nPage one.\n\n[page 2]\n" + documents.NO_TEXT
+
+
+def test_a_text_pages_figures_are_kept_but_not_what_every_page_draws():
+    """pdf_pages with images: a page with text keeps its figures (FIGURE_MIN_SIDE a side and more, largest
+    first), not an icon, nor an image several pages draw (a logo); a textless page keeps its scan, even where
+    another page draws it too; without images, no page keeps any."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def jpeg(height: int, width: int, seed: int) -> bytes:
+        pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    chart, plot, icon, logo = jpeg(96, 128, 1), jpeg(64, 80, 2), jpeg(40, 200, 3), jpeg(80, 160, 4)
+    graph = jpeg(70, 70, 5)
+    raw = pdf_bytes(
+        [("Results.", [logo, plot, icon, chart]), ("Discussion.", [logo]), logo, ("Appendix.", [graph])]
+    )
+    assert [p.images for p in documents.pdf_pages(raw, "doc")] == [(), (), (), ()]
+    pages = documents.pdf_pages(raw, "doc", scans=True)
+    assert [p.text for p in pages] == ["Results.", "Discussion.", "", "Appendix."]
+    assert [p.images for p in pages] == [(chart, plot), (), (logo,), (graph,)]

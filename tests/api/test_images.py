@@ -166,6 +166,41 @@ def test_a_scanned_pdf_page_reaches_a_vision_model_as_its_image(servers, monkeyp
     assert count(vision, [pdf, question]) == count(vision, as_image) - 12 + 2
 
 
+def test_a_text_pages_figures_reach_a_vision_model_after_its_text(servers):
+    """A PDF page with text and a figure: on a server with --vision the model reads the text, then the
+    figure as an image (as though the client had sent them so); without the tower, the text alone."""
+    vision, text_only = (anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0) for s in servers)
+    figure = jpeg(8, 64, 80)
+    data = b64(pdf_bytes([("The chart shows growth.", [figure]), "Thanks."]))
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": data}}
+    question = {"type": "text", "text": "What does the chart show?"}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(figure)}}
+    as_sent = [
+        {"type": "text", "text": "[page 1]\nThe chart shows growth.\n"},
+        image,
+        {"type": "text", "text": "\n\n[page 2]\nThanks.\n\n"},
+        question,
+    ]
+    as_text = [
+        {"type": "text", "text": "[page 1]\nThe chart shows growth.\n\n[page 2]\nThanks.\n\n"},
+        question,
+    ]
+
+    def count(client, content) -> int:
+        return client.messages.count_tokens(
+            model="vl", messages=[{"role": "user", "content": content}]
+        ).input_tokens
+
+    def reply(client, content) -> str:
+        turn = [{"role": "user", "content": content}]
+        out = client.messages.create(model="vl", messages=turn, max_tokens=6, extra_body={"temperature": 0})
+        return out.content[0].text
+
+    assert count(vision, [pdf, question]) == count(vision, as_sent) > count(vision, as_text)
+    assert reply(vision, [pdf, question]) == reply(vision, as_sent)
+    assert count(text_only, [pdf, question]) == count(text_only, as_text)
+
+
 def test_another_picture_changes_the_logits(servers):
     oa = openai.OpenAI(base_url=f"{servers[0].url}/v1", api_key="none", max_retries=0)
     first = []
