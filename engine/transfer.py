@@ -10,6 +10,12 @@ from __future__ import annotations
 import torch
 
 
+def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst (a device buffer) <- src (a host tensor), queued behind the running work rather than waited for:
+    through a pinned copy of src, which PyTorch keeps until the transfer is done (src may change now)."""
+    dst.copy_(src.pin_memory() if dst.device.type == "cuda" else src, non_blocking=True)
+
+
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     host = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":

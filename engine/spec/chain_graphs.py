@@ -8,7 +8,7 @@ captured once over static buffers, as the decode graphs are (engine/worker/cuda_
 inputs (the drafts just made, the MTP head's last hidden states, positions, slots; for sampled or penalized
 requests the race keys, parameters and penalty terms of their drafts, engine/spec/race.py) are copied in,
 the graph replays, and its outputs (hidden states, drafts) feed the next step without leaving the device.
-Padding rows write no KV (slot -1) and read page 0. A step with a sampled or penalized request replays the
+Padding rows write no KV (slot -1) and read their row's first page. A step with a sampled or penalized request replays the
 raced graph (captured beside the plain greedy one), so a plain greedy batch pays nothing for the race.
 """
 
@@ -22,7 +22,9 @@ import torch
 from engine.memory import graph_buckets
 from engine.sample.race import NOT_RACED
 from engine.spec.race import Race
-from engine.worker.cuda_graphs import capture_graph, stage_block_table
+from engine.transfer import copy_in
+from engine.worker.block_table import BlockTables
+from engine.worker.cuda_graphs import capture_graph
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 log = logging.getLogger("ninfer.graphs")
@@ -83,12 +85,12 @@ class ChainGraphs:
         self._penalty_rows = 0  # the leading rows of those two a staged step left other than 1 and 0
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
-        self.block_table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
+        self.block_tables = BlockTables(device, size, max_blocks, grows=False)  # (each step's new pages)
+        self.block_table = self.block_tables.table
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(size + 1, dtype=torch.int32, device=device)
         # (bucket, variant, raced) -> graph
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self._staged_rows: list | None = None  # the block rows the table holds (kept alive, so `is` is safe)
         self.outputs: dict[
             tuple[int, int, bool], tuple[torch.Tensor, torch.Tensor]
         ] = {}  # hidden [b, H], drafts [b]
@@ -151,8 +153,8 @@ class ChainGraphs:
         race: Race = None,  # keys [n], race parameters [n, 4], penalty terms [n, V] or None, on the device
     ) -> int:
         """Copy one chain step (n requests) into the buffers, padding to its bucket; returns the bucket.
-        The block table is staged only for a new `block_rows` object: a chain passes the same one while
-        the same requests draft (their pages do not change during a chain)."""
+        The block table gets only its rows' new pages (engine/worker/block_table.py): none while the same
+        requests chain."""
         n = len(positions)
         b = self.bucket_for(n)
         pad = b - n
@@ -174,12 +176,10 @@ class ChainGraphs:
         # the rotary positions: behind the index after an image (engine/vision/mrope.py)
         rope = positions if rope_positions is None else rope_positions
         host = torch.tensor([*rope, *[0] * pad, *slots, *[-1] * pad], dtype=torch.int64).view(2, b)
-        self.positions[:b].copy_(host[0])
-        self.slot_mapping[:b].copy_(host[1])
-        self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in positions] + [1] * pad, dtype=torch.int32))
-        if block_rows is not self._staged_rows:
-            stage_block_table(self.block_table, block_rows, b)
-            self._staged_rows = block_rows
+        copy_in(self.positions[:b], host[0])
+        copy_in(self.slot_mapping[:b], host[1])
+        copy_in(self.seq_lens[:b], torch.tensor([p + 1 for p in positions] + [1] * pad, dtype=torch.int32))
+        self.block_tables.stage(block_rows, b)
         return b
 
     def replay(self, n: int, step: int, raced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

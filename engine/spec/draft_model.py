@@ -36,6 +36,7 @@ from engine.spec.race import DraftRaces, Race, pick
 from engine.spec.stored import per_request
 from engine.tokenizer import Tokenizer
 from engine.transfer import to_device
+from engine.worker.block_table import BlockTables
 from engine.worker.forward_context import paged_context, set_forward_context, slot_of
 
 
@@ -48,6 +49,7 @@ class DraftModelDrafter:
         self.block_size, self.device, self.vocab_size = block_size, device, vocab_size
         self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
         self.races = None  # the sampler's draft races (engine/spec/race.py); None: every draft greedy
+        self.block_tables = BlockTables(device)  # the eager passes' (each gives only its rows' new pages)
 
     def drafts(self, hidden: torch.Tensor, race: Race) -> torch.Tensor:
         # hidden: [n, H] -> the draft model's drafts [n]: greedy, or raced for sampled rows
@@ -66,7 +68,7 @@ class DraftModelDrafter:
         final-normed hidden states [T, H]."""
         if not isinstance(tokens, torch.Tensor):
             tokens = to_device(tokens, torch.int64, self.device)
-        ctx = paged_context(cu_seqlens, seq_lens, slots, tables, self.device)
+        ctx = paged_context(cu_seqlens, seq_lens, slots, self.block_tables.view(tables), self.device)
         with set_forward_context(ctx):
             return self.model(tokens, to_device(positions, torch.int64, self.device))
 

@@ -26,6 +26,7 @@ from engine.scheduler.output import SampledToken, SchedulerOutput
 from engine.spec.race import DraftRaces, Race, pick
 from engine.spec.stored import per_request
 from engine.transfer import to_device
+from engine.worker.block_table import BlockTables
 from engine.worker.forward_context import ForwardContext, paged_context, set_forward_context, slot_of
 
 
@@ -35,12 +36,13 @@ class MTPDrafter:
         self.block_size, self.device = block_size, device
         self.graphs = None  # CUDA: the chained steps' graphs (engine/spec/chain_graphs.py)
         self.races = None  # the sampler's draft races (engine/spec/race.py); None: every draft greedy
+        self.block_tables = BlockTables(device)  # the eager passes' (each gives only its rows' new pages)
 
     def _tensor(self, x, dtype):
         return to_device(x, dtype, self.device)
 
     def _context(self, cu_seqlens, seq_lens, slot_mapping, tables) -> ForwardContext:
-        return paged_context(cu_seqlens, seq_lens, slot_mapping, tables, self.device)
+        return paged_context(cu_seqlens, seq_lens, slot_mapping, self.block_tables.view(tables), self.device)
 
     def _slot(self, block_ids: list[int], pos: int) -> int:
         return slot_of(block_ids, pos, self.block_size)

@@ -3,12 +3,12 @@
 A decode step launches every kernel of every layer for one token per sequence; at small batch the launches,
 not the GPU, set the pace. Each batch-size bucket's forward (model + logits) is captured once into a CUDA
 graph over static input buffers; a step copies its inputs into the buffers and replays the bucket that
-holds its batch. Rows past the batch are padding: slot -1 (kv_store skips it), length 1 over page 0 (read,
-never written), state slot -1 (the Gated DeltaNet ops give it zeros and touch no state), their logits
+holds its batch. Rows past the batch are padding: slot -1 (kv_store skips it), length 1 over the first
+page its block-table row names (read, never written: a page of an earlier sequence, or page 0), state slot -1 (the Gated DeltaNet ops give it zeros and touch no state), their logits
 dropped.
 
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
-every length; the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
+every length, and a step writes only its rows' new pages into it (engine/worker/block_table.py); the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
 recurrent-state resets, restores, backups and snapshots are copies outside the graph, before and after it.
 LoRA adapters loaded at start-up are lanes of a second set of graphs: each layer they target adds every
 lane's delta, each row weighted by its scale for that lane (0 for a row without it), so steps with adapters
@@ -18,7 +18,7 @@ replay too; a step in which no request runs an adapter replays the first set, wi
 With speculative decoding a step verifies drafts: q query tokens per sequence (its last known token and
 q - 1 drafts, or on a hybrid model the tokens it recomputes after a rejected draft). Each (batch bucket, q)
 for q = 1 .. max_query is captured; a step whose sequences all run the same q replays its graph (padding
-sequences run q tokens over page 0 and write nothing), any other runs eagerly.
+sequences run q tokens over their row's first page and write nothing), any other runs eagerly.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import logging
 import torch
 
 from engine.memory import graph_buckets
+from engine.transfer import copy_in
+from engine.worker.block_table import BlockTables
 from engine.worker.forward_context import ForwardContext, set_forward_context
 
 log = logging.getLogger("ninfer.graphs")
@@ -47,14 +49,6 @@ def capture_graph(forward, pool=None):
     with torch.cuda.graph(graph, pool=pool):
         outputs = forward()
     return graph, outputs
-
-
-def stage_block_table(buffer: torch.Tensor, rows: list[list[int]], b: int) -> None:
-    """The first b rows of a graph's block-table buffer: each row's pages, then page 0 (padding rows too)."""
-    table = torch.zeros(b, buffer.shape[1], dtype=torch.int32)
-    for i, row in enumerate(rows):
-        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-    buffer[:b].copy_(table)
 
 
 class DecodeGraphs:
@@ -82,9 +76,12 @@ class DecodeGraphs:
         self.input_ids = zeros(size * max_query, dtype=torch.int64)
         self.positions = zeros(size * max_query, dtype=torch.int64)
         self.slot_mapping = torch.full((size * max_query,), -1, dtype=torch.int64, device=device)
-        # per sequence: a padding sequence has length max_query (its q tokens are the last of it, on page 0)
+        # per sequence: a padding sequence has length max_query (its q tokens are the last of it, on its
+        # row's first page)
         self.seq_lens = torch.full((size,), max_query, dtype=torch.int32, device=device)
-        self.block_table = zeros(size, max_blocks)
+        # each step writes only its rows' new pages (engine/worker/block_table.py)
+        self.block_tables = BlockTables(device, size, max_blocks, grows=False)
+        self.block_table = self.block_tables.table
         self.state_indices = torch.full((size,), -1, dtype=torch.int32, device=device)
         # [lanes, rows]: each row's scale for each LoRA lane (padding rows: 0)
         self.lora_scales = torch.zeros(lora_lanes, size * max_query, dtype=dtype, device=device)
@@ -179,23 +176,21 @@ class DecodeGraphs:
         host = torch.tensor(
             [*input_ids, *[0] * pad, *positions, *[0] * pad, *slot_mapping, *[-1] * pad], dtype=torch.int64
         ).view(3, b * q)
-        device = self.input_ids.device
-        host = host.pin_memory() if device.type == "cuda" else host
-        self.input_ids[: b * q].copy_(host[0], non_blocking=True)
-        self.positions[: b * q].copy_(host[1], non_blocking=True)
-        self.slot_mapping[: b * q].copy_(host[2], non_blocking=True)
+        copy_in(self.input_ids[: b * q], host[0])
+        copy_in(self.positions[: b * q], host[1])
+        copy_in(self.slot_mapping[: b * q], host[2])
         slots = list(state_indices) if state_indices is not None else [-1] * n
         small = torch.tensor([*seq_lens, *[q] * (b - n), *slots, *[-1] * (b - n)], dtype=torch.int32)
         small = small.view(2, b)
-        self.seq_lens[:b].copy_(small[0])
-        self.state_indices[:b].copy_(small[1])
-        stage_block_table(self.block_table, block_rows, b)
+        copy_in(self.seq_lens[:b], small[0])
+        copy_in(self.state_indices[:b], small[1])
+        self.block_tables.stage(block_rows, b)
         if lora is not None and self.lora_lanes:
             scales = torch.zeros(self.lora_lanes, b * q, dtype=self.lora_scales.dtype)
             for i, pairs in enumerate(lora):
                 for lane, scale in pairs:
                     scales[lane, i * q : (i + 1) * q] = scale
-            self.lora_scales[:, : b * q].copy_(scales)
+            copy_in(self.lora_scales[:, : b * q], scales)
         return b
 
     def replay(self, n: int, q: int = 1, lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,26 +41,21 @@ class ForwardContext:
     lora_lanes: torch.Tensor | None = None
 
 
-def padded_block_table(rows: list[list[int]]) -> list[list[int]]:
-    """Each sequence's pages, padded with page 0 to the longest row: block_table's host form."""
-    width = max(len(r) for r in rows)
-    return [r + [0] * (width - len(r)) for r in rows]
-
-
 def paged_context(
     cu_seqlens: list[int],
     seq_lens: list[int],
     slot_mapping: list[int],
-    tables: list[list[int]],
+    block_table: torch.Tensor,
     device: torch.device,
 ) -> ForwardContext:
-    """A context from host lists, without recurrent state: a drafter's pass (the MTP head, a draft model)."""
+    """A context from host lists and a staged block table ([B, pages] on the device: BlockTables.view),
+    without recurrent state: a drafter's pass (the MTP head, a draft model)."""
     return ForwardContext(
         cu_seqlens_q=to_device(cu_seqlens, torch.int32, device),
         seq_lens=to_device(seq_lens, torch.int32, device),
         slot_mapping=to_device(slot_mapping, torch.int64, device),
-        block_table=to_device(padded_block_table(tables), torch.int32, device),
-        state_indices=to_device([-1] * len(tables), torch.int32, device),
+        block_table=block_table,
+        state_indices=to_device([-1] * block_table.shape[0], torch.int32, device),
         query_tokens_per_seq=same_query_count(cu_seqlens),
     )
 

@@ -22,10 +22,10 @@ from engine.spec.chain_graphs import draft_chain_graphs, mtp_chain_graphs
 from engine.spec.draft_model import DraftModelDrafter
 from engine.spec.mtp import MTPDrafter
 from engine.transfer import to_device
+from engine.worker.block_table import BlockTables
 from engine.worker.cuda_graphs import DecodeGraphs, captured_or_none
 from engine.worker.forward_context import (
     ForwardContext,
-    padded_block_table,
     set_forward_context,
 )
 from engine.worker.host_kv import HostTier, page_tensors, row_bytes
@@ -103,6 +103,10 @@ class ModelRunner:
         self.images = ImageEmbeddings(model.visual, self.device)
         self.adapters = adapters  # the served LoRA adapters (engine/lora)
         self.graphs: DecodeGraphs | None = None
+        # the eager steps' block table (the graphs keep their own), which each step gives only its new pages
+        self.block_tables = BlockTables(
+            self.device, engine_config.max_concurrency, -(-(max_context or 0) // self.block_size)
+        )
         # (not with the naive twins forced, NINFER_KERNELS=naive: they read lengths on the host, which no
         # graph can record)
         self._want_graphs = (
@@ -389,7 +393,6 @@ class ModelRunner:
     def _forward(self, sched, input_ids, positions, slot_mapping, cu_seqlens, seq_lens, state_indices):
         """The model's eager forward over the step: final-normed hidden states [T, H]. positions: [T], or
         [3, T] in a step with image tokens."""
-        block_table = padded_block_table([r.block_ids for r in sched.scheduled])
 
         def tensor(x, dtype):
             return to_device(x, dtype, self.device)
@@ -399,7 +402,7 @@ class ModelRunner:
             cu_seqlens_q=tensor(cu_seqlens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
             slot_mapping=tensor(slot_mapping, torch.int64),
-            block_table=tensor(block_table, torch.int32),
+            block_table=self.block_tables.view([r.block_ids for r in sched.scheduled]),
             state_indices=tensor(state_indices, torch.int32),
             query_tokens_per_seq=same_query_count(cu_seqlens),
             int8_activations=self.int8_prefill
