@@ -175,6 +175,14 @@ def host_state_snapshots(dep: Deployment) -> tuple[int, int]:
     return n, n * state_slot_bytes(dep.config, dep.dtype_bytes)
 
 
+def host_cache_shortfall(dep: Deployment) -> tuple[int, int]:
+    """(tokens, bytes) of KV the pool lacks for every running request at full context at once (concurrency
+    x context - pool): pages one request's turn evicts from another's cached prefix, which a host tier
+    (serve --host-cache) of that many bytes keeps to be copied back; (0, 0) where the pool holds them all."""
+    tokens = max(0, dep.concurrency * dep.context - dep.pool_tokens) if dep.concurrency > 1 else 0
+    return tokens, tokens * pool_bytes_per_token(dep)
+
+
 def ledger(dep: Deployment, device_total: int) -> Ledger:
     cfg, b = dep.config, dep.dtype_bytes
     rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]

@@ -196,8 +196,32 @@ def serve_line(
     return (
         f"ninfer serve {model_arg} --device cuda --dtype bfloat16 --max-context {dep.context} "
         f"--kv-capacity {dep.pool_tokens} --max-concurrency {dep.concurrency} --kv-dtype {dep.kv_dtype} "
-        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}{rope}{snapshots}"
+        f"--prefill-chunk {dep.prefill_chunk}{spec}{int8}{vision}{rope}{snapshots}{_host_tier(dep)}"
     )
+
+
+def host_cache_size(dep) -> int:
+    """The --host-cache the serve line gives (0: none): the KV the pool lacks for every running request at
+    full context (memory.host_cache_shortfall), plus a hybrid model's default host state snapshots (given
+    --host-cache, they would be an eighth of it), in quarters of a GiB."""
+    from engine.memory import host_cache_shortfall, host_state_snapshots
+
+    _, kv_bytes = host_cache_shortfall(dep)
+    if not kv_bytes:
+        return 0
+    quarter = GIB // 4
+    return -(-(kv_bytes + host_state_snapshots(dep)[1]) // quarter) * quarter
+
+
+def _host_tier(dep) -> str:
+    from engine.memory import host_state_snapshots
+
+    size = host_cache_size(dep)
+    if not size:
+        return ""
+    snapshots, _ = host_state_snapshots(dep)
+    kept = f" --host-state-snapshots {snapshots}" if snapshots else ""
+    return f" --host-cache {size / GIB:g}G{kept}"
 
 
 def _header(planned, device) -> str:
@@ -231,6 +255,18 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
         console.print(
             f"host memory beside this ledger: {snapshots} state snapshots the GPU slots evict, "
             f"{host_bytes / GIB:.2f} GiB pinned (--host-state-snapshots N sets how many, 0 none)",
+            highlight=False,
+        )
+    from engine.memory import host_cache_shortfall
+
+    tokens, kv_bytes = host_cache_shortfall(chosen)
+    if tokens:
+        full = chosen.concurrency * chosen.context
+        console.print(
+            f"the pool holds {chosen.pool_tokens:,} of the {full:,} tokens {chosen.concurrency} requests take at "
+            f"full context: the host tier (--host-cache {host_cache_size(chosen) / GIB:g}G, pinned) keeps "
+            f"the {tokens:,} tokens' pages ({kv_bytes / GIB:.2f} GiB) one request's turn evicts from "
+            "another's cached prefix, copied back rather than computed again",
             highlight=False,
         )
     _print_frontier(console, table)
@@ -300,6 +336,14 @@ def _json(planned, device, result, table, refusal) -> dict:
 
         snapshots, host_bytes = host_state_snapshots(chosen)
         out["plan"]["host_state_snapshots"] = {"count": snapshots, "bytes": host_bytes}
+        from engine.memory import host_cache_shortfall
+
+        tokens, kv_bytes = host_cache_shortfall(chosen)
+        out["plan"]["host_cache"] = {
+            "bytes": host_cache_size(chosen),
+            "kv_tokens": tokens,
+            "kv_bytes": kv_bytes,
+        }
         if planned.prepare:
             out["plan"]["prepare"] = planned.prepare
     if refusal:

@@ -82,12 +82,46 @@ def test_the_serve_lines_pool_takes_the_memory_the_context_leaves():
     assert _served(given, "--max-context") == 65_536 and _served(given, "--kv-capacity") == 3 * 65_536
 
 
+def test_a_pool_short_of_every_running_context_serves_with_a_host_tier_for_the_rest():
+    """24 GiB, C2 at 180K: the pool holds 291,920 of the 368,640 tokens two full contexts take, so one
+    agent's turn evicts the other's cached prefix; the serve line keeps those pages in a host tier of the
+    shortfall's KV bytes plus the default host state snapshots (kept as many with the flag given). Where
+    the pool holds every context (32 GiB), or one request runs, none."""
+    from engine.sizes import parse_size
+
+    code, out = _plan_27b_3090("--concurrency", "2", "--context", "180k", "--json")
+    assert code == 0, out
+    plan = json.loads(out)["plan"]
+    assert plan["kv_capacity"] == 291_920 and plan["context"] == 184_320
+    host = plan["host_cache"]
+    assert host["kv_tokens"] == 2 * 184_320 - 291_920 and host["kv_bytes"] == host["kv_tokens"] * 25_728
+    snapshots = plan["host_state_snapshots"]
+    assert snapshots["count"] == 18
+    assert host["bytes"] == 4.5 * 2**30 >= host["kv_bytes"] + snapshots["bytes"] > 4.25 * 2**30
+    assert plan["serve"].endswith(" --host-cache 4.5G --host-state-snapshots 18")
+    assert parse_size("4.5G", "--host-cache") == host["bytes"]
+    code, out = _plan_27b_3090("--concurrency", "2", "--context", "180k")
+    assert "the pool holds 291,920 of the 368,640 tokens 2 requests take at full context" in " ".join(
+        out.split()
+    )
+    # a dense model: no snapshots to keep
+    code, out = _run("plan", "qwen3-32b", "--vram", "24G", "--sm", "86", "--concurrency", "2", "--json")
+    plan = json.loads(out)["plan"]
+    assert plan["host_cache"]["kv_tokens"] == 2 * plan["context"] - plan["kv_capacity"] > 0
+    assert plan["serve"].endswith(f" --host-cache {plan['host_cache']['bytes'] / 2**30:g}G")
+    for args in (("--vram", "32G", "--sm", "120", "--concurrency", "2"), ("--vram", "24G", "--sm", "86")):
+        code, out = _run("plan", "qwen3.5-27b", *args, "--json")
+        plan = json.loads(out)["plan"]
+        assert plan["host_cache"] == {"bytes": 0, "kv_tokens": 0, "kv_bytes": 0}
+        assert "--host-cache" not in plan["serve"]
+
+
 def test_ngram_plan_budgets_state_backups_and_serves_with_drafts():
     code, out = _plan_27b_3090("--concurrency", "2", "--spec", "ngram")
     assert code == 0, out
     assert "ngram: 2 x the state before a step" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
-    assert line.endswith("--spec ngram --draft-tokens 3")
+    assert "--prefill-chunk 2048 --spec ngram --draft-tokens 3" in line
     assert "serve does not run" not in out
 
 
@@ -119,7 +153,7 @@ def test_int8_prefill_plan_budgets_the_chunks_codes_and_serves_with_the_flag():
     assert code == 0, out
     assert "int8 activations" in out and "17,408 columns" in out and "dequant scratch" not in out
     line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
-    assert line.endswith("--prefill-chunk 2048 --int8-prefill")
+    assert "--prefill-chunk 2048 --int8-prefill" in line
     code, plain = _plan_27b_3090("--concurrency", "2")
     assert "dequant scratch" in plain and "int8 activations" not in plain
 
@@ -172,7 +206,7 @@ def test_vision_plan_budgets_the_tower_and_serves_with_the_flag():
     assert code == 0, out
     assert "vision tower" in out and "vision activations" in out and "16384 patches" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("ninfer serve"))
-    assert line.endswith("--prefill-chunk 2048 --vision")
+    assert "--prefill-chunk 2048 --vision" in line
     with_tower = int(line.split("--max-context ")[1].split()[0])
     code, plain = _plan_27b_3090("--concurrency", "2", "--kv-dtype", "k8v4")
     line = next(ln for ln in plain.splitlines() if ln.startswith("ninfer serve"))
