@@ -111,6 +111,20 @@ def test_openai_and_anthropic_see_the_same_picture(servers):
     assert counted["ninfer_images_total"] >= 2 and counted["ninfer_image_tokens_total"] >= 24
 
 
+def count(client, content) -> int:
+    """A user turn's input tokens, as the server counts them (Anthropic's count_tokens)."""
+    return client.messages.count_tokens(
+        model="vl", messages=[{"role": "user", "content": content}]
+    ).input_tokens
+
+
+def reply(client, content) -> str:
+    """The greedy reply's text to a user turn of `content`."""
+    turn = [{"role": "user", "content": content}]
+    out = client.messages.create(model="vl", messages=turn, max_tokens=6, extra_body={"temperature": 0})
+    return out.content[0].text
+
+
 def test_a_scanned_pdf_page_reaches_a_vision_model_as_its_image(servers, monkeypatch):
     """Claude Code's Read of a scanned PDF: on a server with --vision a page without text goes to the model
     as the page's image (the JPEG as the file holds it), a page with text as its text; without the tower the
@@ -130,16 +144,6 @@ def test_a_scanned_pdf_page_reaches_a_vision_model_as_its_image(servers, monkeyp
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(scan)}}
     as_image = [pages, image, {"type": "text", "text": "\n\n"}, question]
     as_note = [{"type": "text", "text": pages["text"] + NO_TEXT + "\n\n"}, question]
-
-    def count(client, content) -> int:
-        return client.messages.count_tokens(
-            model="vl", messages=[{"role": "user", "content": content}]
-        ).input_tokens
-
-    def reply(client, content) -> str:
-        turn = [{"role": "user", "content": content}]
-        out = client.messages.create(model="vl", messages=turn, max_tokens=6, extra_body={"temperature": 0})
-        return out.content[0].text
 
     assert count(vision, [pdf, question]) == count(vision, as_image)
     assert reply(vision, [pdf, question]) == reply(vision, as_image)
@@ -185,16 +189,6 @@ def test_a_text_pages_figures_reach_a_vision_model_after_its_text(servers):
         {"type": "text", "text": "[page 1]\nThe chart shows growth.\n\n[page 2]\nThanks.\n\n"},
         question,
     ]
-
-    def count(client, content) -> int:
-        return client.messages.count_tokens(
-            model="vl", messages=[{"role": "user", "content": content}]
-        ).input_tokens
-
-    def reply(client, content) -> str:
-        turn = [{"role": "user", "content": content}]
-        out = client.messages.create(model="vl", messages=turn, max_tokens=6, extra_body={"temperature": 0})
-        return out.content[0].text
 
     assert count(vision, [pdf, question]) == count(vision, as_sent) > count(vision, as_text)
     assert reply(vision, [pdf, question]) == reply(vision, as_sent)
