@@ -96,7 +96,7 @@ default_tests=(tests/kernels \
   tests/engine/test_vision.py tests/engine/test_draft_model.py tests/engine/test_prefix_file.py \
   tests/engine/test_sampler_cuda.py tests/engine/test_prediction.py tests/engine/test_sleep_cuda.py \
   tests/engine/test_cache_reuse.py tests/engine/test_quantize_on_load.py tests/engine/test_awq_gptq.py \
-  tests/engine/test_hf_quant.py \
+  tests/engine/test_hf_quant.py tests/engine/test_block_table.py \
   "tests/engine/test_structured.py::test_masks_on_the_device_with_graphs_and_drafts" \
   "tests/engine/test_host_cache.py::test_page_copies_run_as_slices_and_move_what_page_by_page_copies_would" \
   "tests/engine/test_lora.py::test_adapters_on_cuda_with_graphs_match_the_cpu" \
