@@ -389,7 +389,7 @@ def _probabilities(state: ServerState, out: RequestOutput, top: int, start: int)
         return {"id": token, "token": text, "bytes": list(text.encode()), "logprob": logprob}
 
     probs = []
-    for token, logprobs in list(zip(out.token_ids, out.logprobs or []))[start:]:
+    for token, logprobs in zip(out.token_ids[start:], (out.logprobs or [])[start:]):
         alts = top_alternatives(logprobs, top)
         probs.append(
             {

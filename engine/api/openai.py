@@ -298,7 +298,7 @@ def token_logprobs(
     """(token id, logprob, the top-N (token id, logprob) alternatives) of each output token from `start` on."""
     return [
         (token, lp.get(token, float("-inf")), top_alternatives(lp, top))
-        for token, lp in list(zip(out.token_ids, out.logprobs or []))[start:]
+        for token, lp in zip(out.token_ids[start:], (out.logprobs or [])[start:])  # (a stream's new ones)
     ]
 
 

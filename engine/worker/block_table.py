@@ -62,6 +62,7 @@ class BlockTables:
             copy_in(self.table[:num_rows], host[:num_rows])  # (the host copy may change before it is read)
 
     def view(self, rows: list[list[int]]) -> torch.Tensor:
-        """`rows` staged: [len(rows), longest row] int32 on the device (a view of the table)."""
+        """`rows` staged: [len(rows), longest row] int32 on the device, contiguous (the CPU's native
+        attention reads rows that long; one small copy where the slice is not)."""
         self.stage(rows)
-        return self.table[: len(rows), : max(len(r) for r in rows)]
+        return self.table[: len(rows), : max(len(r) for r in rows)].contiguous()
