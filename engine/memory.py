@@ -183,6 +183,17 @@ def host_cache_shortfall(dep: Deployment) -> tuple[int, int]:
     return tokens, tokens * pool_bytes_per_token(dep)
 
 
+def host_cache_size(dep: Deployment) -> int:
+    """The --host-cache that holds the shortfall (host_cache_shortfall) beside a hybrid model's default host
+    state snapshots (host_state_snapshots; given --host-cache, they would be an eighth of it), in quarters
+    of a GiB; 0 where the pool holds every running request's full context."""
+    _, kv_bytes = host_cache_shortfall(dep)
+    if not kv_bytes:
+        return 0
+    quarter = GIB // 4
+    return -(-(kv_bytes + host_state_snapshots(dep)[1]) // quarter) * quarter
+
+
 def ledger(dep: Deployment, device_total: int) -> Ledger:
     cfg, b = dep.config, dep.dtype_bytes
     rows = [Row(f"{WEIGHTS}: {kind}", n, "") for kind, n in dep.weights.items() if n]

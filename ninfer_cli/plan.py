@@ -200,28 +200,23 @@ def serve_line(
     )
 
 
-def host_cache_size(dep) -> int:
-    """The --host-cache the serve line gives (0: none): the KV the pool lacks for every running request at
-    full context (memory.host_cache_shortfall), plus a hybrid model's default host state snapshots (given
-    --host-cache, they would be an eighth of it), in quarters of a GiB."""
-    from engine.memory import host_cache_shortfall, host_state_snapshots
+def _host_cache_flag(dep) -> str:
+    """`--host-cache SIZE` where the pool is short of every running request's full context, else ""."""
+    from engine.memory import host_cache_size
 
-    _, kv_bytes = host_cache_shortfall(dep)
-    if not kv_bytes:
-        return 0
-    quarter = GIB // 4
-    return -(-(kv_bytes + host_state_snapshots(dep)[1]) // quarter) * quarter
+    size = host_cache_size(dep)
+    return f"--host-cache {size / GIB:g}G" if size else ""
 
 
 def _host_tier(dep) -> str:
+    """The serve line's host tier: --host-cache, and the host snapshots kept as many as without it."""
     from engine.memory import host_state_snapshots
 
-    size = host_cache_size(dep)
-    if not size:
+    flag = _host_cache_flag(dep)
+    if not flag:
         return ""
     snapshots, _ = host_state_snapshots(dep)
-    kept = f" --host-state-snapshots {snapshots}" if snapshots else ""
-    return f" --host-cache {size / GIB:g}G{kept}"
+    return f" {flag}" + (f" --host-state-snapshots {snapshots}" if snapshots else "")
 
 
 def _header(planned, device) -> str:
@@ -263,8 +258,8 @@ def _print_plan(planned, device, chosen, rows, table, line) -> None:
     if tokens:
         full = chosen.concurrency * chosen.context
         console.print(
-            f"the pool holds {chosen.pool_tokens:,} of the {full:,} tokens {chosen.concurrency} requests take at "
-            f"full context: the host tier (--host-cache {host_cache_size(chosen) / GIB:g}G, pinned) keeps "
+            f"the pool holds {chosen.pool_tokens:,} of the {full:,} tokens {chosen.concurrency} requests take "
+            f"at full context: the host tier ({_host_cache_flag(chosen)}, pinned) keeps "
             f"the {tokens:,} tokens' pages ({kv_bytes / GIB:.2f} GiB) one request's turn evicts from "
             "another's cached prefix, copied back rather than computed again",
             highlight=False,
@@ -336,7 +331,7 @@ def _json(planned, device, result, table, refusal) -> dict:
 
         snapshots, host_bytes = host_state_snapshots(chosen)
         out["plan"]["host_state_snapshots"] = {"count": snapshots, "bytes": host_bytes}
-        from engine.memory import host_cache_shortfall
+        from engine.memory import host_cache_shortfall, host_cache_size
 
         tokens, kv_bytes = host_cache_shortfall(chosen)
         out["plan"]["host_cache"] = {

@@ -16,7 +16,6 @@ import itertools
 import os
 from collections import defaultdict
 
-import psutil
 import torch
 
 from engine.errors import NinferError
@@ -25,6 +24,7 @@ from engine.lora.gguf_lora import read_gguf_adapter
 from engine.lora.layer import LoraWeights
 from engine.lora.peft import LoraPair, read_adapter
 from engine.lora.spec import lora_modules
+from engine.plan.runtime import device_memory
 from engine.transfer import to_device
 
 MIB = 1 << 20
@@ -120,12 +120,10 @@ class Adapters:
         )
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-            free = torch.cuda.mem_get_info(self.device)[0]
-        else:
-            free = psutil.virtual_memory().available
+        free = device_memory(str(self.device))[1]
         way = (
-            "the KV pool holds the rest: load it at start-up (serve --lora NAME=PATH sizes the pool after it) "
-            "or leave more memory (--kv-capacity, --gpu-memory-utilization)"
+            "the KV pool holds the rest: load it at start-up (serve --lora NAME=PATH sizes the pool after "
+            "it) or leave more memory (--kv-capacity, --gpu-memory-utilization)"
             if pool_sized
             else "the weights hold the rest: an adapter of lower rank or a GPU with more memory"
         )

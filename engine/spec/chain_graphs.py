@@ -8,8 +8,9 @@ captured once over static buffers, as the decode graphs are (engine/worker/cuda_
 inputs (the drafts just made, the MTP head's last hidden states, positions, slots; for sampled or penalized
 requests the race keys, parameters and penalty terms of their drafts, engine/spec/race.py) are copied in,
 the graph replays, and its outputs (hidden states, drafts) feed the next step without leaving the device.
-Padding rows write no KV (slot -1) and read their row's first page. A step with a sampled or penalized request replays the
-raced graph (captured beside the plain greedy one), so a plain greedy batch pays nothing for the race.
+Padding rows write no KV (slot -1) and read their row's first page. A step with a sampled or penalized
+request replays the raced graph (captured beside the plain greedy one), so a plain greedy batch pays nothing
+for the race.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ A decode step launches every kernel of every layer for one token per sequence; a
 not the GPU, set the pace. Each batch-size bucket's forward (model + logits) is captured once into a CUDA
 graph over static input buffers; a step copies its inputs into the buffers and replays the bucket that
 holds its batch. Rows past the batch are padding: slot -1 (kv_store skips it), length 1 over the first
-page its block-table row names (read, never written: a page of an earlier sequence, or page 0), state slot -1 (the Gated DeltaNet ops give it zeros and touch no state), their logits
-dropped.
+page its block-table row names (read, never written: a page of an earlier sequence, or page 0), state
+slot -1 (the Gated DeltaNet ops give it zeros and touch no state), their logits dropped.
 
 The block table is as wide as the longest context (max_context / block_size pages), so one capture serves
-every length, and a step writes only its rows' new pages into it (engine/worker/block_table.py); the split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
+every length, and a step writes only its rows' new pages into it (engine/worker/block_table.py); the
+split-K decode kernel divides each sequence's own length among its splits. Hybrid models'
 recurrent-state resets, restores, backups and snapshots are copies outside the graph, before and after it.
 LoRA adapters loaded at start-up are lanes of a second set of graphs: each layer they target adds every
 lane's delta, each row weighted by its scale for that lane (0 for a row without it), so steps with adapters
