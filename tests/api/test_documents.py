@@ -166,21 +166,23 @@ def test_a_bodys_pdfs_are_read_in_a_thread_before_the_prompt_is_rendered(monkeyp
     assert file_text(other, "doc") == "[page 1]\nRead ahead."  # kept
 
 
-def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
-    """pdf_pages: a page without text keeps its images large enough to be its content (a scan: the JPEG's
-    own bytes, not written again); an icon-sized one is not a scan."""
+def jpeg(height: int, width: int, seed: int) -> bytes:
+    """A JPEG file of random pixels."""
     import io
 
     import numpy as np
     from PIL import Image
 
-    def jpeg(height: int, width: int) -> bytes:
-        pixels = np.random.default_rng(height).integers(0, 256, (height, width, 3), dtype=np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="JPEG")
-        return buf.getvalue()
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG")
+    return buf.getvalue()
 
-    scan, icon = jpeg(96, 72), jpeg(16, 16)
+
+def test_a_textless_pages_images_are_kept_as_the_file_holds_them():
+    """pdf_pages: a page without text keeps its images large enough to be its content (a scan: the JPEG's
+    own bytes, not written again); an icon-sized one is not a scan."""
+    scan, icon = jpeg(96, 72, 96), jpeg(16, 16, 16)
     raw = pdf_bytes(["Page one.", scan, icon, ""])
     # read for a server without the tower: no images read (the kept pages then serve those requests)
     assert [p.images for p in documents.pdf_pages(raw, "doc")] == [(), (), (), ()]
@@ -197,17 +199,6 @@ def test_a_text_pages_figures_are_kept_but_not_what_every_page_draws():
     """pdf_pages with images: a page with text keeps its figures (FIGURE_MIN_SIDE a side and more, largest
     first), not an icon, nor an image several pages draw (a logo); a textless page keeps its scan, even where
     another page draws it too; without images, no page keeps any."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    def jpeg(height: int, width: int, seed: int) -> bytes:
-        pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="JPEG")
-        return buf.getvalue()
-
     chart, plot, icon, logo = jpeg(96, 128, 1), jpeg(64, 80, 2), jpeg(40, 200, 3), jpeg(80, 160, 4)
     graph = jpeg(70, 70, 5)
     raw = pdf_bytes(
