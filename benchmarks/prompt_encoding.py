@@ -3,8 +3,8 @@ the prompt encoder (engine/api/prompt_encoder.py: the last turn's tokens reused 
 token, the rest encoded), side by side in one process, on the embedded model's tokenizer (byte-level BPE).
 
 An agent's conversation grows by a tool call and its result each turn; its prompt is rendered with the chat
-template and encoded before anything else runs, on the server's event loop. Each row: the prompt's tokens
-at that turn, the milliseconds of each way (median of --repeat), their ratio; both give the same ids
+template and encoded before anything else runs (in a worker thread of the server). Each row: the prompt's
+tokens at that turn, the milliseconds of each way (median of --repeat), their ratio; both give the same ids
 (checked).
 
     python benchmarks/prompt_encoding.py [--tokens 32000,128000,256000] [--repeat 5]

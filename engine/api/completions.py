@@ -7,6 +7,7 @@ prompt the code before the gap and the suffix the code after it, laid out with t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import replace
@@ -119,7 +120,7 @@ def _nothing_generated(out: RequestOutput) -> RequestOutput:
 async def completions(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    prompts = _prompts(state, body.get("prompt"))
+    prompts = await asyncio.to_thread(_prompts, state, body.get("prompt"))  # (off the event loop)
     _refusals(body)
     prompts, fim_stops = _infill(state, body, prompts, body.get("prompt"))
     if fim_stops and body.get("truncate_prompt_tokens") is not None:

@@ -8,6 +8,7 @@ as many as fit)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -31,7 +32,7 @@ async def embeddings(request: Request):
 
 async def openai_embeddings(state: ServerState, body: dict, request: Request) -> dict[str, Any]:
     """The OpenAI reply to an embeddings body (also llama-server's routes' for an `input` body)."""
-    prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in inputs(state, body, "input")]
+    prompts = await input_prompts(state, body, "input")
     encoding = field(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise ApiError(
@@ -56,6 +57,13 @@ async def openai_embeddings(state: ServerState, body: dict, request: Request) ->
         "model": state.model_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def input_prompts(state: ServerState, body: dict, name: str) -> list[list[int]]:
+    """`inputs`, encoded off the event loop (many long texts take a while), each cut as
+    `truncate_prompt_tokens` asks."""
+    encoded = await asyncio.to_thread(inputs, state, body, name)
+    return [truncated_prompt(body, ids, state.max_context, 1) for ids in encoded]
 
 
 def inputs(state: ServerState, body: dict, name: str) -> list[list[int]]:

@@ -18,6 +18,7 @@ taken and have nothing to do: the prefix cache is always on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -71,7 +72,7 @@ _RENAMED = {
 async def completion(request: Request):
     state: ServerState = request.app.state.ninfer
     body = await read_json(request)
-    ids = _prompt_ids(state, body.get("prompt"))
+    ids = await asyncio.to_thread(_prompt_ids, state, body.get("prompt"))  # (off the event loop)
     n_predict = _n_predict(body)
     return await _reply(state, request, body, ids, n_predict, truncated=False, stop_ids=())
 

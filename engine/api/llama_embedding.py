@@ -15,8 +15,8 @@ import math
 
 from fastapi import APIRouter, Request
 
-from engine.api.common import field, pooled, read_json, truncated_prompt
-from engine.api.embeddings import inputs, openai_embeddings
+from engine.api.common import field, pooled, read_json
+from engine.api.embeddings import input_prompts, openai_embeddings
 from engine.api.errors import ApiError
 from engine.api.state import ServerState
 from engine.pooling import normalized
@@ -41,7 +41,7 @@ async def embedding(request: Request):
             f"(p-norm); got {norm}",
             "embd_normalize",
         )
-    prompts = [truncated_prompt(body, ids, state.max_context, 1) for ids in inputs(state, body, "content")]
+    prompts = await input_prompts(state, body, "content")
     outs = await pooled(state, prompts, request)
     return [{"index": i, "embedding": [embd_normalized(out.embedding, norm)]} for i, out in enumerate(outs)]
 

@@ -16,6 +16,7 @@ awake once idle (engine/api/ollama_keep_alive.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import datetime, timezone
@@ -80,7 +81,7 @@ async def chat(request: Request):
     messages, images = template_messages(_messages(body.get("messages")))
     _takes(state, images)
     tools = (chat_tools({"tools": body["tools"]}) or None) if body.get("tools") is not None else None
-    prompt_text, ids = state.render(messages, tools, _think(body))
+    prompt_text, ids = await asyncio.to_thread(state.render, messages, tools, _think(body))
     return await _run(state, request, body, ids, images, tools, prompt_text, started, "chat")
 
 
@@ -119,7 +120,8 @@ async def generate(request: Request):
     elif raw:
         if b64:
             raise ApiError(400, "'images' go with a templated prompt; drop 'raw'", "raw")
-        ids, prompt_text, images = state.text_tokenizer().encode(prompt), prompt, None
+        ids = await asyncio.to_thread(state.text_tokenizer().encode, prompt)
+        prompt_text, images = prompt, None
     else:
         system = field(body, "system", str)
         turns = ([{"role": "system", "content": system}] if system else []) + [
@@ -127,7 +129,7 @@ async def generate(request: Request):
         ]
         messages, images = template_messages(_messages(turns))
         _takes(state, images)
-        prompt_text, ids = state.render(messages, None, _think(body))
+        prompt_text, ids = await asyncio.to_thread(state.render, messages, None, _think(body))
     return await _run(state, request, body, ids, images, None, prompt_text, started, "generate", fim_stops)
 
 
@@ -250,7 +252,7 @@ async def _embeddings(state, request, texts: list[str], body: dict) -> tuple[lis
     """Each text's embedding (normalized, the first `dimensions` values), and the tokens read; a text past
     the context is cut to it (`truncate`, default true) or refused."""
     tokenizer, limit = state.text_tokenizer(), state.max_context - 1
-    prompts = [tokenizer.encode(t) for t in texts]
+    prompts = await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
     if any(len(p) > limit for p in prompts) and not field(body, "truncate", bool, True):
         raise ApiError(
             400, f"an input is longer than the context limit {limit}; send truncate: true", "input"

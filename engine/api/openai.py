@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -465,7 +466,7 @@ async def chat_completions(request: Request):
         prediction=_prediction(state, body),
     )
     params = with_progress(params, body)  # llama-server's return_progress
-    prompt_text, ids = state.render(messages, tools, kwargs, *template_options(body))
+    prompt_text, ids = await asyncio.to_thread(state.render, messages, tools, kwargs, *template_options(body))
     if images.items and body.get("truncate_prompt_tokens") is not None:
         raise ApiError(
             400,

@@ -1,6 +1,6 @@
 """Encoding a rendered prompt that repeats a recent one: an agent resends its whole conversation every turn,
 so a prompt's text starts with the last one's, and encoding all of it again (half a second at 290K tokens
-with a byte-level BPE tokenizer, on the event loop) would cost each turn more the longer it grows.
+with a byte-level BPE tokenizer) would cost each turn more the longer it grows.
 
 The tokenizer splits a text at its added tokens before anything else reads it, and encodes the pieces apart;
 so where two texts agree up to and through a special token (`<|im_start|>`: ChatML's turn start), the tokens
@@ -40,7 +40,7 @@ class PromptEncoder:
     def __init__(self, tokenizer: Tokenizer, capacity: int = CAPACITY):
         self.tokenizer, self.capacity = tokenizer, capacity
         self._recent: OrderedDict[str, _Encoded] = OrderedDict()  # by text, the latest last
-        self._lock = threading.Lock()  # the routes render on the event loop, counts in threads
+        self._lock = threading.Lock()  # (the routes render in worker threads)
         added = tokenizer.backend.get_added_tokens_decoder()
         splits = [
             i

@@ -9,6 +9,7 @@ once. Results are sorted by relevance, each with its document's index."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -110,9 +111,11 @@ async def _scored(
 ) -> tuple[list[float], int]:
     """Each pair's log-odds of relevance, and the prompt tokens they took."""
     instruction = field(body, "instruction", str, field(body, "instruct", str))
-    prompts = [
-        _pair_ids(state, query, document, instruction, limit, i) for i, (query, document) in enumerate(pairs)
-    ]
+    prompts = await asyncio.to_thread(  # (off the event loop: many documents encode for a while)
+        lambda: [
+            _pair_ids(state, q, document, instruction, limit, i) for i, (q, document) in enumerate(pairs)
+        ]
+    )
     outs = await pooled(state, prompts, request, shared_prefix=True)
     return [head.log_odds(out.embedding) for out in outs], sum(len(ids) for ids in prompts)
 

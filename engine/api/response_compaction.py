@@ -21,6 +21,7 @@ than the request refused."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -216,7 +217,7 @@ async def start_summary(
         "truncation": "auto",  # a conversation too long for the context is summarised from what fits
         "max_output_tokens": limit,
     }
-    p = responses_prompt(state, asked)
+    p = await asyncio.to_thread(responses_prompt, state, asked)
     in_reasoning = p.text.rstrip().endswith("<think>")
     params = sampling_params(state, asked, "max_output_tokens", limit, None)
     stream = await start(state, p.ids, params, await preprocess_images(state, p.images))

@@ -14,6 +14,7 @@ A last `compaction_trigger` item, or `context_management`'s threshold, compacts 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -373,7 +374,7 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
 async def input_tokens(request: Request):
     """The tokens a create with this body would give the model (OpenAI's responses.input_tokens.count)."""
     state: ServerState = request.app.state.ninfer
-    p = responses_prompt(state, await read_json(request))
+    p = await asyncio.to_thread(responses_prompt, state, await read_json(request))
     tokens = len(state.with_images(p.ids, await preprocess_images(state, p.images)))
     return {"object": "response.input_tokens", "input_tokens": tokens}
 
@@ -390,7 +391,7 @@ async def create(request: Request):
             "a background response is stored to be polled (GET /v1/responses/{id}); leave 'store' true",
             "store",
         )
-    p = responses_prompt(state, body)
+    p = await asyncio.to_thread(responses_prompt, state, body)  # (off the event loop: state.render)
     previous, given, instructions, truncation = p.previous, p.given, p.instructions, p.truncation
     tools, custom = p.tools, p.custom
     reply_tokens = field(body, "max_output_tokens", int) or state.default_max_tokens()

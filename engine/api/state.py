@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ class ServerState:
     def __post_init__(self):
         # (built on the first render: engine/api/prompt_encoder.py)
         self.prompt_encoder: PromptEncoder | None = None
+        self._encoder_lock = threading.Lock()
         self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
         self.background = BackgroundResponses(self.responses)  # Responses' background: true
@@ -133,12 +135,19 @@ class ServerState:
     ) -> tuple[str, list[int]]:
         """The chat template's text and its token ids. `continue_final`: the last message is an assistant
         turn the reply continues (a prefill): the text ends where its content does, not where the template
-        closes the turn."""
+        closes the turn.
+
+        NOTE: a route calls it in a worker thread (asyncio.to_thread), as it does any encoding of a
+        request's text: a conversation of 250K tokens nothing recent starts takes ~0.5 s to render and
+        encode, and on the event loop every running stream's chunks would wait that long
+        (benchmarks/long_prompt_stall.py)."""
         text = self.render_text(messages, tools, kwargs, continue_final, generation_prompt)
         tokenizer = self.engine.tokenizer
-        if self.prompt_encoder is None or self.prompt_encoder.tokenizer is not tokenizer:
-            self.prompt_encoder = PromptEncoder(tokenizer)
-        return text, self.prompt_encoder.encode(text)  # (an agent's last turn's tokens reused)
+        with self._encoder_lock:  # (renders run in threads)
+            if self.prompt_encoder is None or self.prompt_encoder.tokenizer is not tokenizer:
+                self.prompt_encoder = PromptEncoder(tokenizer)
+            encoder = self.prompt_encoder
+        return text, encoder.encode(text)  # (an agent's last turn's tokens reused)
 
     def render_text(
         self,

@@ -4,6 +4,8 @@ llama-server's /apply-template (the rendered chat prompt)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from engine.api.common import field, is_token_id, read_json
@@ -27,14 +29,16 @@ async def tokenize(request: Request):
     if body.get("messages") is not None:
         kwargs = template_kwargs(body)
         messages, images = template_messages(body.get("messages"), state.reads_images)
-        _, ids = state.render(messages, chat_tools(body), kwargs, *template_options(body))
+        _, ids = await asyncio.to_thread(
+            state.render, messages, chat_tools(body), kwargs, *template_options(body)
+        )
         ids = state.with_images(ids, await preprocess_images(state, images))
     elif isinstance(body.get("prompt"), str):
         special = field(body, "add_special_tokens", bool, True)
-        ids = state.text_tokenizer().encode(body["prompt"], add_special_tokens=special)
+        ids = await asyncio.to_thread(state.text_tokenizer().encode, body["prompt"], special)
     elif isinstance(body.get("content"), str):  # llama-server's form
         special = field(body, "add_special", bool, False)
-        ids = state.text_tokenizer().encode(body["content"], add_special_tokens=special)
+        ids = await asyncio.to_thread(state.text_tokenizer().encode, body["content"], special)
         if field(body, "with_pieces", bool, False):
             decode = state.engine.tokenizer.decode
             pieces = [{"id": t, "piece": decode([t], skip_special_tokens=False)} for t in ids]
@@ -54,7 +58,9 @@ async def apply_template(request: Request):
         raise ApiError(400, "send 'messages' (chat) to render with the chat template", "messages")
     kwargs = template_kwargs(body)
     messages, _ = template_messages(body.get("messages"), state.reads_images)
-    prompt, _ = state.render(messages, chat_tools(body), kwargs, *template_options(body))
+    prompt, _ = await asyncio.to_thread(
+        state.render, messages, chat_tools(body), kwargs, *template_options(body)
+    )
     return {"prompt": prompt}
 
 

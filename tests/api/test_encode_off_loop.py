@@ -1,0 +1,68 @@
+"""A request's prompt is rendered and encoded in a worker thread, not on the server's event loop: a
+conversation of 250K tokens takes ~0.5 s to encode, and meanwhile every running stream's chunks (and any
+other client) would wait (benchmarks/long_prompt_stall.py). Here the tokenizer holds the marked prompt's
+encoding until the server has answered another client."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import requests
+from scripted_engine import ScriptedEngine
+from server import RunningServer
+
+from engine.tokenizer import Tokenizer
+
+MARK = "encode-me-slowly"
+REPLY = "Done."
+CHAT = [{"role": "user", "content": f"Read this: {MARK}"}]
+
+ROUTES = {
+    "openai chat": ("/v1/chat/completions", {"model": "m", "messages": CHAT}),
+    "openai completions": ("/v1/completions", {"model": "m", "prompt": MARK}),
+    "anthropic messages": ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": CHAT}),
+    "anthropic count_tokens": ("/v1/messages/count_tokens", {"model": "m", "messages": CHAT}),
+    "responses": ("/v1/responses", {"model": "m", "input": f"Read this: {MARK}"}),
+    "responses input_tokens": ("/v1/responses/input_tokens", {"model": "m", "input": MARK}),
+    "ollama chat": ("/api/chat", {"model": "m", "messages": CHAT, "stream": False}),
+    "ollama generate raw": ("/api/generate", {"model": "m", "prompt": MARK, "raw": True, "stream": False}),
+    "llama.cpp completion": ("/completion", {"prompt": MARK, "n_predict": 8}),
+    "tokenize messages": ("/tokenize", {"messages": CHAT}),
+    "tokenize prompt": ("/tokenize", {"prompt": MARK}),
+    "tokenize content": ("/tokenize", {"content": MARK}),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_the_event_loop_answers_others_while_a_prompt_encodes(route, monkeypatch):
+    path, body = ROUTES[route]
+    entered, release = threading.Event(), threading.Event()
+    encode = Tokenizer.encode
+
+    def held(self, text, add_special_tokens=True):
+        if MARK in text:
+            entered.set()
+            assert release.wait(30), "the test never let the encoding go on"
+        return encode(self, text, add_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "encode", held)
+    with RunningServer(ScriptedEngine([REPLY])) as server:
+        answer = {}
+
+        def send() -> None:
+            answer["reply"] = requests.post(f"{server.url}{path}", json=body, timeout=60)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            assert entered.wait(30), f"{path} never encoded the prompt"
+            # the prompt's encoding is held: another client is answered meanwhile (on the event loop, this
+            # request would time out)
+            assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+        finally:
+            release.set()
+            sender.join(60)
+        reply = answer["reply"]
+        assert reply.status_code == 200, reply.text
+        assert REPLY in reply.text or "count" in reply.json() or "input_tokens" in reply.json()
