@@ -122,7 +122,7 @@ async def completions(request: Request):
     body = await read_json(request)
     prompts = await asyncio.to_thread(_prompts, state, body.get("prompt"))  # (off the event loop)
     _refusals(body)
-    prompts, fim_stops = _infill(state, body, prompts, body.get("prompt"))
+    prompts, fim_stops = await asyncio.to_thread(_infill, state, body, prompts, body.get("prompt"))
     if fim_stops and body.get("truncate_prompt_tokens") is not None:
         raise ApiError(
             400,

@@ -95,7 +95,8 @@ async def infill(request: Request):
         )
     reserve = n_predict if n_predict > 0 else state.default_max_tokens()
     try:
-        built = infill_prompt(
+        built = await asyncio.to_thread(  # (off the event loop: the extra files encode for a while)
+            infill_prompt,
             tokenizer,
             fim,
             field(body, "input_prefix", str, ""),

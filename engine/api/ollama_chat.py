@@ -114,7 +114,8 @@ async def generate(request: Request):
         fim = fim_tokens(state.engine.tokenizer)
         if fim is None:
             raise ApiError(400, no_fim_message(state.engine.tokenizer), "suffix")
-        ids, prompt_text = infill_prompt(state.text_tokenizer(), fim, prompt, suffix).token_ids, ""
+        built = await asyncio.to_thread(infill_prompt, state.text_tokenizer(), fim, prompt, suffix)
+        ids, prompt_text = built.token_ids, ""
         fim_stops = list(fim.stop_token_ids)
         images = None
     elif raw:

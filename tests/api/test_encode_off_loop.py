@@ -6,6 +6,7 @@ encoding until the server has answered another client."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import requests
@@ -31,11 +32,18 @@ ROUTES = {
     "tokenize messages": ("/tokenize", {"messages": CHAT}),
     "tokenize prompt": ("/tokenize", {"prompt": MARK}),
     "tokenize content": ("/tokenize", {"content": MARK}),
+    # fill-in-the-middle (the tokenizer with Qwen's FIM tokens)
+    "llama.cpp infill": ("/infill", {"input_prefix": MARK, "input_suffix": "x", "n_predict": 8}),
+    "openai completions suffix": ("/v1/completions", {"model": "m", "prompt": "x", "suffix": MARK}),
+    "ollama generate suffix": (
+        "/api/generate",
+        {"model": "m", "prompt": "x", "suffix": MARK, "stream": False},
+    ),
 }
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
-def test_the_event_loop_answers_others_while_a_prompt_encodes(route, monkeypatch):
+def test_the_event_loop_answers_others_while_a_prompt_encodes(route, monkeypatch, fim_tokenizer):
     path, body = ROUTES[route]
     entered, release = threading.Event(), threading.Event()
     encode = Tokenizer.encode
@@ -47,7 +55,10 @@ def test_the_event_loop_answers_others_while_a_prompt_encodes(route, monkeypatch
         return encode(self, text, add_special_tokens)
 
     monkeypatch.setattr(Tokenizer, "encode", held)
-    with RunningServer(ScriptedEngine([REPLY])) as server:
+    engine = ScriptedEngine([REPLY])
+    if "suffix" in route or "infill" in route:
+        engine.tokenizer = replace(fim_tokenizer, chat_template=engine.tokenizer.chat_template)
+    with RunningServer(engine) as server:
         answer = {}
 
         def send() -> None:
