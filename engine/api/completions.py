@@ -57,7 +57,7 @@ def _prompts(state: ServerState, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str) or _token_ids(prompt):
         prompt = [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
-        return [state.text_tokenizer().encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        return [state.encode_text(p) if isinstance(p, str) else list(p) for p in prompt]
     raise ApiError(
         400,
         "'prompt' must be a string, an array of token ids, or an array of several strings or token-id arrays",

@@ -125,7 +125,7 @@ def _prompt_ids(state: ServerState, prompt: Any) -> list[int]:
         )
     ids: list[int] = []
     for i, part in enumerate(parts):
-        ids += state.text_tokenizer().encode(part, i == 0) if isinstance(part, str) else [part]
+        ids += state.encode_text(part, i == 0) if isinstance(part, str) else [part]
     if not ids:
         raise ApiError(400, "the prompt is empty", "prompt")
     return ids

@@ -121,7 +121,7 @@ async def generate(request: Request):
     elif raw:
         if b64:
             raise ApiError(400, "'images' go with a templated prompt; drop 'raw'", "raw")
-        ids = await asyncio.to_thread(state.text_tokenizer().encode, prompt)
+        ids = await asyncio.to_thread(state.encode_text, prompt)
         prompt_text, images = prompt, None
     else:
         system = field(body, "system", str)

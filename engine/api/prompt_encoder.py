@@ -50,6 +50,8 @@ class PromptEncoder:
         self._splits = np.zeros(tokenizer.vocab_size, dtype=bool)
         self._splits[[i for i in splits if i < tokenizer.vocab_size]] = True
         self.reused = 0  # tokens taken from a recent prompt rather than encoded (for tests and benchmarks)
+        # the tokenizer adds no special tokens of its own (a BOS, an EOS): a raw prompt's ids are its text's
+        self.adds_nothing = all(tokenizer.encode(t, True) == tokenizer.encode(t, False) for t in ("", "a b"))
 
     def encode(self, text: str) -> list[int]:
         raw = text.encode("utf-8")

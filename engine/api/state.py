@@ -142,12 +142,25 @@ class ServerState:
         encode, and on the event loop every running stream's chunks would wait that long
         (benchmarks/long_prompt_stall.py)."""
         text = self.render_text(messages, tools, kwargs, continue_final, generation_prompt)
+        return text, self._encoder().encode(text)  # (an agent's last turn's tokens reused)
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A request's own prompt text's ids (/v1/completions, llama-server's /completion, Ollama's raw
+        generate): through the prompt encoder where the tokenizer adds no tokens of its own (Qwen's adds
+        none), so a client that resends its growing ChatML prompt each turn has the last one's tokens
+        reused; else the tokenizer's. In a worker thread, as `render`."""
+        tokenizer = self.text_tokenizer()
+        encoder = self._encoder()
+        if add_special_tokens and not encoder.adds_nothing:
+            return tokenizer.encode(text, add_special_tokens=True)
+        return encoder.encode(text)
+
+    def _encoder(self) -> PromptEncoder:
         tokenizer = self.engine.tokenizer
         with self._encoder_lock:  # (renders run in threads)
             if self.prompt_encoder is None or self.prompt_encoder.tokenizer is not tokenizer:
                 self.prompt_encoder = PromptEncoder(tokenizer)
-            encoder = self.prompt_encoder
-        return text, encoder.encode(text)  # (an agent's last turn's tokens reused)
+            return self.prompt_encoder
 
     def render_text(
         self,

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import httpx2 as httpx
 import pytest
+from scripted_engine import ScriptedEngine
 from server import RunningServer
 from tokenizers import AddedToken, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -130,3 +131,34 @@ def test_a_servers_next_turn_reuses_the_last_turns_tokens():
         fresh = s.engine.tokenizer.encode(text, add_special_tokens=False)
         assert second.json()["usage"]["prompt_tokens"] == len(fresh)
         assert s.state.prompt_encoder.reused > 1000
+
+
+@pytest.mark.parametrize("route", ["/completion", "/v1/completions", "/api/generate"])
+def test_a_raw_prompt_resent_longer_reuses_its_tokens(route):
+    """A client that writes the ChatML prompt itself and resends it grown each turn (llama-server's
+    /completion, text completions, Ollama's raw generate) has the last one's tokens reused too; the ids are
+    the tokenizer's own (the embedded model's tokenizer adds no tokens of its own)."""
+    engine = ScriptedEngine(["ok", "ok"])
+    turn = (
+        "<|im_start|>user\n" + "Explain the code in server.py. " * 200 + "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    first = turn + "It routes requests.<|im_end|>\n"
+    second = first + "<|im_start|>user\nAnd the tests?<|im_end|>\n<|im_start|>assistant\n"
+    with RunningServer(engine) as s:
+        for prompt in (first, second):
+            body = {"model": "m", "prompt": prompt, "stream": False, "raw": True}
+            assert httpx.post(f"{s.url}{route}", json=body, timeout=60).status_code == 200
+        assert engine.prompt_ids[1] == engine.tokenizer.encode(second)
+        assert s.state.prompt_encoder.reused > 1000
+
+
+def test_a_tokenizer_that_adds_a_bos_encodes_raw_prompts_itself():
+    """Where the tokenizer adds a token of its own (a BOS), a raw prompt's ids keep it: the tokenizer's."""
+    engine = ScriptedEngine(["ok"])
+    bos = engine.tokenizer.token_to_id("<|im_start|>")
+    engine.tokenizer = replace(engine.tokenizer, bos_token="<|im_start|>", add_bos_token=True)
+    with RunningServer(engine) as s:
+        body = {"prompt": "Hello there", "n_predict": 2}
+        assert httpx.post(f"{s.url}/completion", json=body, timeout=60).status_code == 200
+        assert engine.prompt_ids[0][0] == bos
+        assert engine.prompt_ids[0] == engine.tokenizer.encode("Hello there")
