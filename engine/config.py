@@ -216,6 +216,9 @@ class ModelConfig:
             if rope_type == "default"
             else {k: v for k, v in rope.items() if k != "rope_theta" and k not in mrope}
         )
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers"):
+            if not isinstance(text.get(name), int):
+                raise NinferError(f"this {arch} config.json lacks {name}; give the model's own config.json")
         num_heads = text["num_attention_heads"]
         head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
         num_layers = text["num_hidden_layers"]
@@ -237,7 +240,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=text["vocab_size"],
             hidden_size=text["hidden_size"],
-            intermediate_size=text["intermediate_size"],
+            intermediate_size=_dense_mlp_width(text, arch),
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=text.get("num_key_value_heads") or num_heads,
@@ -298,6 +301,19 @@ def _labels(cfg: dict[str, Any]) -> tuple[str, ...]:
     names = cfg.get("id2label") or {}
     count = int(cfg.get("num_labels") or len(names) or 2)
     return tuple(str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(count))
+
+
+def _dense_mlp_width(text: dict[str, Any], arch: str) -> int:
+    """intermediate_size: a dense MLP's width. Qwen3.5-MoE's config.json (Qwen3.5 / Qwen3.6-35B-A3B) has
+    none, every layer being a mixture of experts: the widest expert MLP (routed or shared) stands for it
+    where it is read (the activations' size)."""
+    width = text.get("intermediate_size")
+    if isinstance(width, int) and width > 0:
+        return width
+    experts = [int(text.get(k) or 0) for k in ("moe_intermediate_size", "shared_expert_intermediate_size")]
+    if int(text.get("num_experts") or 0) and max(experts) and not text.get("mlp_only_layers"):
+        return max(experts)
+    raise NinferError(f"this {arch} config.json lacks intermediate_size; give the model's own config.json")
 
 
 def _check_experts(config: ModelConfig) -> None:

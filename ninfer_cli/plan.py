@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from engine.plan.presets import PRESETS
 from engine.sizes import parse_size
 from ninfer_cli.errors import exits_cleanly
 from ninfer_cli.int8_option import Int8Prefill
@@ -28,8 +29,7 @@ def plan(
         str | None,
         typer.Option(
             "--model",
-            help="A preset: qwen3.5-27b, qwen3.5-9b, qwen3-32b, qwen3-8b, qwen3-1.7b, qwen3-0.6b, "
-            "qwen3-30b-a3b, qwen2.5-coder-7b, qwen2.5-coder-1.5b, llama-3.1-8b, default.",
+            help=f"A preset: {', '.join(PRESETS)}.",
         ),
     ] = None,
     vram: Annotated[str | None, typer.Option(help="GPU memory, e.g. 24G (default: the local GPU).")] = None,

@@ -174,7 +174,7 @@ def load_hf_dir(path: Path) -> ModelSource:
         """The tensors in the layout the engine holds (an architecture's own storage undone)."""
         if config.architecture == qwen3_next.ARCHITECTURE:  # read as Qwen3.5's layout
             return qwen3_next.as_qwen3_5(tensors, config)
-        if config.architecture == stacked_experts.ARCHITECTURE:  # its experts stored transposed
+        if config.num_experts:  # experts stored stacked, either way round (Qwen3-VL-MoE's transposed)
             return stacked_experts.as_held(tensors, config)
         return tensors
 

@@ -1,8 +1,9 @@
-"""Qwen3-VL-MoE's stacked experts read as the engine holds them (transformers' own layout): gate_up_proj
-[E, 2I, H] (gate rows, then up rows), down_proj [E, H, I]. The published checkpoints store each transposed,
-[E, H, 2I] and [E, I, H] (the original code multiplied the activations by them on the right); one saved by
-transformers 5 stores them as held. Either is read: a tensor is transposed where its shape is the transposed
-one and not the held one (a square one, H = 2I or I = H, is taken as held, as transformers takes it)."""
+"""Stacked experts read as the engine holds them (transformers' own layout): gate_up_proj [E, 2I, H] (gate
+rows, then up rows), down_proj [E, H, I]. Qwen3-VL-MoE's published checkpoints store each transposed,
+[E, H, 2I] and [E, I, H] (the original code multiplied the activations by them on the right); others (a
+Qwen3.5-MoE checkpoint written with stacked experts) store them as held. Either is read, for every
+mixture-of-experts architecture: a tensor is transposed where its shape is the transposed one and not the
+held one (a square one, H = 2I or I = H, is taken as held, as transformers takes it)."""
 
 from __future__ import annotations
 

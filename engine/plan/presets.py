@@ -21,7 +21,7 @@ _QWEN35_VISION = {
 }
 
 
-def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: int) -> dict:
+def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: int, kv_heads: int = 4) -> dict:
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
@@ -32,7 +32,7 @@ def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: in
             "num_hidden_layers": layers,
             "intermediate_size": inter,
             "num_attention_heads": heads,
-            "num_key_value_heads": 4,
+            "num_key_value_heads": kv_heads,
             "head_dim": 256,
             "full_attention_interval": 4,
             "linear_num_key_heads": 16,
@@ -56,6 +56,22 @@ def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: in
     }
 
 
+def _qwen35_moe() -> dict:
+    config = _qwen35(2048, 40, 0, 16, 32, kv_heads=2)
+    text = {k: v for k, v in config["text_config"].items() if k != "intermediate_size"}
+    text |= {
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+    }
+    return {
+        **config,
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+    } | {"text_config": text}
+
+
 def _dense(arch: str, hidden: int, layers: int, inter: int, heads: int, kv: int, vocab: int, ctx: int, **kw):
     return {
         "architectures": [arch],
@@ -76,6 +92,9 @@ def _dense(arch: str, hidden: int, layers: int, inter: int, heads: int, kv: int,
 _CONFIGS = {
     "qwen3.5-27b": _qwen35(5120, 64, 17408, 24, 48),
     "qwen3.5-9b": _qwen35(4096, 32, 12288, 16, 32),
+    # Qwen3.5-35B-A3B (and Qwen3.6-35B-A3B, the same shapes): the hybrid with every layer a mixture of 256
+    # experts of width 512, 8 a token, and a shared expert; its config.json names no dense MLP width
+    "qwen3.5-35b-a3b": _qwen35_moe(),
     "qwen3-32b": _dense("Qwen3ForCausalLM", 5120, 64, 25600, 64, 8, 151936, 40960, rope_theta=1e6),
     "qwen3-8b": _dense("Qwen3ForCausalLM", 4096, 36, 12288, 32, 8, 151936, 40960, rope_theta=1e6),
     # the small Qwen3 models: draft models for the dense ones (--spec draft)
@@ -186,6 +205,7 @@ _CONFIGS = {
     ),
 }
 _CONFIGS["qwen3-coder-next"] = _CONFIGS["qwen3-next-80b-a3b"]
+_CONFIGS["qwen3.6-35b-a3b"] = _CONFIGS["qwen3.5-35b-a3b"]
 PRESETS = (*_CONFIGS, "default")
 
 

@@ -184,6 +184,23 @@ def test_qwen3_vl_moe_preset_holds_its_tower_only_with_vision():
     assert 0.9 < rows[("--vision",)]["weights: vision tower"] / 2**30 < 1.2
 
 
+@pytest.mark.parametrize("name", ["qwen3.5-35b-a3b", "qwen3.6-35b-a3b"])
+def test_qwen3_5_moe_preset_fits_a_24_gib_card_at_180k_for_two(name):
+    """Qwen3.5 / Qwen3.6-35B-A3B: 256 experts a layer held (~35B weights, ~18.6 GiB at q4.6); its 10
+    attention layers of 2 KV heads keep 180K at C2 on a 24 GiB card, in a few GiB of KV."""
+    code, out = _run(
+        "plan", "--model", name, "--vram", "24G", "--sm", "86", "--concurrency", "2", "--context", "180k"
+    )
+    assert code == 0, out
+    code, out = _run("plan", "--model", name, "--vram", "24G", "--sm", "86", "--concurrency", "2", "--json")
+    plan = json.loads(out)["plan"]
+    rows = {r["component"]: r["bytes"] for r in plan["ledger"]}
+    weights = sum(b for c, b in rows.items() if c.startswith("weights"))
+    assert 18.0 < weights / 2**30 < 19.5 and rows["weights: experts"] > 0.9 * weights
+    assert plan["context"] >= 180 * 1024 and "--max-concurrency 2" in plan["serve"]
+    assert rows["KV pool"] < 4 * 2**30 and plan["host_state_snapshots"]["count"] > 0
+
+
 def test_qwen3_next_preset_fits_an_80_gib_card_at_180k():
     """Qwen3-Next-80B-A3B: 512 experts a layer held (~80B weights, ~43 GiB at q4.6); its 12 attention layers
     of 2 KV heads keep 180K at C2 in a few GiB of KV."""

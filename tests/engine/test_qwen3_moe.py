@@ -256,3 +256,60 @@ def test_qwen3_5_moe_hybrid_matches_transformers(tmp_path):
     with torch.no_grad():
         want = model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False)[0, len(PROMPT) :]
     assert out[0].token_ids == want.tolist()
+
+
+def _stacked(tensors: dict[str, torch.Tensor], num_experts: int, transposed: bool) -> dict[str, torch.Tensor]:
+    """A per-expert checkpoint's experts stacked as transformers holds them (gate_up_proj [E, 2I, H],
+    down_proj [E, H, I]), or stored the other way round (as Qwen3-VL-MoE's published checkpoints are)."""
+    out = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
+    bases = sorted({k.split(".mlp.experts.")[0] for k in tensors if ".mlp.experts." in k})
+    for base in bases:
+        e = f"{base}.mlp.experts"
+        gate_up = torch.stack(
+            [
+                torch.cat([tensors[f"{e}.{i}.gate_proj.weight"], tensors[f"{e}.{i}.up_proj.weight"]])
+                for i in range(num_experts)
+            ]
+        )
+        down = torch.stack([tensors[f"{e}.{i}.down_proj.weight"] for i in range(num_experts)])
+        if transposed:
+            gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+        out[f"{e}.gate_up_proj"], out[f"{e}.down_proj"] = gate_up, down
+    return out
+
+
+@pytest.mark.parametrize("experts", ["per_expert", "stacked", "stacked_transposed"])
+def test_qwen3_5_moe_as_published_loads(tmp_path, experts):
+    """The published Qwen3.5 / Qwen3.6-35B-A3B config.json names no intermediate_size (every layer is a
+    mixture of experts), and a checkpoint may store its experts stacked, either way round: each loads and
+    gives transformers' greedy tokens. (Experts 24 wide, so that no stack is square: 2I != H.)"""
+    model = tiny_hf_model("qwen3_5_moe", tied=False, seed=2, moe_intermediate_size=24)
+    path = save_tiny(model, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    del config["intermediate_size"]
+    (path / "config.json").write_text(json.dumps(config))
+    if experts != "per_expert":
+        weights = load_file(str(path / "model.safetensors"))
+        save_file(_stacked(weights, 8, experts == "stacked_transposed"), str(path / "model.safetensors"))
+    llm = LLM(path, weight_quant="none")
+    assert llm.model_config.intermediate_size == 48  # the shared expert's width, the widest
+    out = llm.generate(
+        prompt_token_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=6, temperature=0.0)
+    )
+    with torch.no_grad():
+        want = model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False)[0, len(PROMPT) :]
+    assert out[0].token_ids == want.tolist()
+
+
+def test_a_config_without_a_dense_width_is_refused_in_a_sentence(tmp_path):
+    """A dense model's config.json (or an MoE one with dense layers) that names no intermediate_size, or one
+    that lacks hidden_size, is refused in a sentence rather than a KeyError."""
+    from engine.config import ModelConfig
+
+    config = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 64, "hidden_size": 32}
+    config |= {"num_attention_heads": 2, "num_hidden_layers": 2}
+    with pytest.raises(NinferError, match="lacks intermediate_size"):
+        ModelConfig.from_hf_dict(config)
+    del config["hidden_size"]
+    with pytest.raises(NinferError, match="lacks hidden_size"):
+        ModelConfig.from_hf_dict(config)
