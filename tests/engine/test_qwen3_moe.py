@@ -278,19 +278,27 @@ def _stacked(tensors: dict[str, torch.Tensor], num_experts: int, transposed: boo
     return out
 
 
-@pytest.mark.parametrize("experts", ["per_expert", "stacked", "stacked_transposed"])
+@pytest.mark.parametrize("experts", ["per_expert", "stacked", "stacked_transposed", "published"])
 def test_qwen3_5_moe_as_published_loads(tmp_path, experts):
     """The published Qwen3.5 / Qwen3.6-35B-A3B config.json names no intermediate_size (every layer is a
     mixture of experts), and a checkpoint may store its experts stacked, either way round: each loads and
-    gives transformers' greedy tokens. (Experts 24 wide, so that no stack is square: 2I != H.)"""
+    gives transformers' greedy tokens. `published`: as the 35B-A3B repositories hold it, the multimodal
+    wrapper's config (text_config) and names (model.language_model.*) with the experts stacked [E, 2I, H]
+    and [E, H, I]. (Experts 24 wide, so that no stack is square: 2I != H.)"""
     model = tiny_hf_model("qwen3_5_moe", tied=False, seed=2, moe_intermediate_size=24)
     path = save_tiny(model, tmp_path)
     config = json.loads((path / "config.json").read_text())
     del config["intermediate_size"]
+    if experts == "published":
+        text = {k: v for k, v in config.items() if k != "architectures"} | {"model_type": "qwen3_5_moe_text"}
+        config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
+        config |= {"text_config": text, "tie_word_embeddings": False}
     (path / "config.json").write_text(json.dumps(config))
     if experts != "per_expert":
-        weights = load_file(str(path / "model.safetensors"))
-        save_file(_stacked(weights, 8, experts == "stacked_transposed"), str(path / "model.safetensors"))
+        weights = _stacked(load_file(str(path / "model.safetensors")), 8, experts == "stacked_transposed")
+        if experts == "published":
+            weights = {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}
+        save_file(weights, str(path / "model.safetensors"))
     llm = LLM(path, weight_quant="none")
     assert llm.model_config.intermediate_size == 48  # the shared expert's width, the widest
     out = llm.generate(
