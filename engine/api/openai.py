@@ -463,7 +463,7 @@ async def chat_completions(request: Request):
         logprobs=top_logprobs,
         grammar=grammar,
         prompt_logprobs=prompt_top,
-        prediction=_prediction(state, body),
+        prediction=await asyncio.to_thread(_prediction, state, body),  # (a whole file, perhaps)
     )
     params = with_progress(params, body)  # llama-server's return_progress
     prompt_text, ids = await asyncio.to_thread(state.render, messages, tools, kwargs, *template_options(body))

@@ -94,7 +94,7 @@ class _Stats:
     text_refusal = None  # it makes text (engine/llm.LLM.text_refusal)
     rerank_head = None  # not a reranker
     adapters = SimpleNamespace(slots={}, names=[])  # no LoRA adapters (engine/lora/adapters.Adapters)
-    engine_config = SimpleNamespace(block_size=16, enable_prefix_caching=True)
+    engine_config = SimpleNamespace(block_size=16, enable_prefix_caching=True, num_draft_tokens=0)
 
 
 class ScriptedEngine:

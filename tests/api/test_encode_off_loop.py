@@ -23,6 +23,14 @@ HELD_IDS = [101, 102, 103]
 ROUTES = {
     "openai chat": ("/v1/chat/completions", {"model": "m", "messages": CHAT}),
     "openai completions": ("/v1/completions", {"model": "m", "prompt": MARK}),
+    "openai chat prediction": (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "prediction": {"type": "content", "content": MARK},
+        },
+    ),
     "anthropic messages": ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": CHAT}),
     "anthropic count_tokens": ("/v1/messages/count_tokens", {"model": "m", "messages": CHAT}),
     "responses": ("/v1/responses", {"model": "m", "input": f"Read this: {MARK}"}),
