@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -13,40 +14,46 @@ MAX_STORED = 256
 
 class ResponseStore:
     """The latest stored responses: each one's JSON, the conversation it ends (chat messages), and the
-    input items it was given."""
+    input items it was given. Read by the prompt's render in a worker thread while the event loop stores
+    others: every access holds the lock."""
 
     def __init__(self, capacity: int = MAX_STORED):
         self.capacity = capacity
         self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = (
             OrderedDict()
         )
+        self._lock = threading.RLock()
 
     def put(
         self, response: dict[str, Any], history: list[dict[str, Any]], inputs: list[dict[str, Any]] = ()
     ) -> None:
-        self._items[response["id"]] = (response, history, list(inputs))
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[response["id"]] = (response, history, list(inputs))
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
 
     def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-        if response_id not in self._items:
-            raise ApiError(
-                404,
-                f"no stored response '{response_id}'; this server keeps the latest {self.capacity} responses "
-                "made with store: true, in memory (send the whole conversation as input instead)",
-            )
-        self._items.move_to_end(response_id)
-        return self._items[response_id]
+        with self._lock:
+            if response_id not in self._items:
+                raise ApiError(
+                    404,
+                    f"no stored response '{response_id}'; this server keeps the latest {self.capacity} "
+                    "responses made with store: true, in memory (send the whole conversation as input instead)",
+                )
+            self._items.move_to_end(response_id)
+            return self._items[response_id]
 
     def has(self, response_id: str) -> bool:
-        return response_id in self._items
+        with self._lock:
+            return response_id in self._items
 
     def item(self, item_id: str) -> dict[str, Any] | None:
         """A stored response's input or output item by its id (the newest response that has it), else None."""
-        for response, _, inputs in reversed(self._items.values()):
-            for item in (*response.get("output", ()), *inputs):
-                if item.get("id") == item_id:
-                    return item
+        with self._lock:
+            for response, _, inputs in reversed(self._items.values()):
+                for item in (*response.get("output", ()), *inputs):
+                    if item.get("id") == item_id:
+                        return item
         return None
 
     def resolve_references(self, given: Any) -> Any:
@@ -70,5 +77,6 @@ class ResponseStore:
         return out
 
     def delete(self, response_id: str) -> None:
-        self.get(response_id)
-        del self._items[response_id]
+        with self._lock:
+            self.get(response_id)
+            del self._items[response_id]
