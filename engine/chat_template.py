@@ -59,6 +59,31 @@ def render_chat_template(
         raise NinferError(f"the chat template refused these messages: {e}") from e
 
 
+# Qwen3.6's chat template variable: every earlier turn's reasoning kept (by default only the turns since the
+# last user message keep theirs)
+PRESERVE_THINKING = "preserve_thinking"
+
+
+def with_kept_reasoning(
+    template: str, messages: list[dict[str, Any]], variables: dict[str, Any]
+) -> dict[str, Any]:
+    """The template variables, with `preserve_thinking` true where the template reads it, the conversation
+    sent reasoning back (an assistant turn's reasoning_content) and nothing set it (the request's
+    chat_template_kwargs, --chat-template-kwargs).
+
+    NOTE: without it, a new user message drops the reasoning of every turn before it, so the rendered
+    conversation stops matching what the prefix cache holds at the first assistant turn that thought, and
+    all after it is computed again (a hybrid model, whose recurrent state cannot skip the dropped tokens,
+    has no other way back): at each user message of a long thinking agent session, most of its context.
+    Kept, the conversation only grows, as the turns the model wrote it; Qwen3.6 ships the switch for this.
+    A conversation without reasoning sent back renders as before (no empty think blocks added)."""
+    if PRESERVE_THINKING in variables or PRESERVE_THINKING not in template:
+        return variables
+    if not any(m.get("role") == "assistant" and m.get("reasoning_content") for m in messages):
+        return variables
+    return {**variables, PRESERVE_THINKING: True}
+
+
 # variables the renderer sets itself: a default for one of them would be ignored or clash
 RENDER_VARIABLES = (
     "messages",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.chat_template import render_chat_template
+from engine.chat_template import render_chat_template, with_kept_reasoning
 from engine.errors import NinferError
 from engine.sampling_defaults import from_generation_config
 
@@ -107,6 +107,7 @@ class Tokenizer:
     ) -> str:
         if not self.chat_template:
             raise NinferError("this model has no chat template; use generate() with a plain prompt instead")
+        variables = with_kept_reasoning(self.chat_template, messages, {**self.template_kwargs, **kwargs})
         return render_chat_template(
             self.chat_template,
             messages,
@@ -116,7 +117,7 @@ class Tokenizer:
             eos_token=self.eos_token or "",
             pad_token=self.pad_token or "",
             unk_token=self.unk_token or "",
-            **{**self.template_kwargs, **kwargs},
+            **variables,
         )
 
     def encode_chat(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> list[int]:

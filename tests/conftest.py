@@ -293,6 +293,25 @@ def save_tiny_vl(model, path: Path) -> Path:
     return path
 
 
+# Qwen3.6's rule for an assistant turn, in a small ChatML template: its reasoning is written when the
+# template is told to keep every turn's, or when the turn comes after the last user message
+PRESERVING_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- if (preserve_thinking is defined and preserve_thinking is true) or loop.index0 > ns.last_query -%}"
+    "{{ '<think>\\n' + (m.reasoning_content or '') + '\\n</think>\\n\\n' }}"
+    "{%- endif -%}"
+    "{{ m.content + '<|im_end|>\\n' }}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif -%}"
+)
 # a Qwen3.5-style chat template: an image part renders as the placeholder between the vision tokens
 VL_TEMPLATE = (
     "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
