@@ -6,6 +6,7 @@ from typing import Any
 
 from engine.parsers.call_stream import partial_arguments
 from engine.parsers.reasoning import ReasoningSplitter
+from engine.parsers.tool_calls import OPEN as CALL_OPEN
 from engine.parsers.tool_calls import CallArgs, CallEnd, CallStart, ToolCall, ToolCallParser
 
 
@@ -24,13 +25,19 @@ class ReplyParser:
     ):
         """max_calls: the calls kept (1 when the client turned parallel calls off); later ones are dropped."""
         self.reasoning = ReasoningSplitter(starts_in_reasoning)
+        self.tool_specs = tools
         self.tools = ToolCallParser(tools, stream=stream_calls) if tools else None
         self.calls_left = max_calls
         self._dropping = False  # the streamed call under way is past max_calls
+        self._thought: list[str] = []  # the reasoning so far, while a call in it may still be made
 
     def feed(self, delta: str, final: bool = False) -> list[tuple[str, Any]]:
         reasoning, content = self.reasoning.feed(delta, final)
         pieces: list[tuple[str, Any]] = [("reasoning", reasoning)] if reasoning else []
+        if self.tools and reasoning:
+            self._thought.append(reasoning)
+        if final and self.tools and self.reasoning.in_reasoning:
+            pieces += self._calls_in_reasoning()
         for piece in self.tools.feed(content, final) if self.tools else [content]:
             if isinstance(piece, CallStart):
                 self._dropping = self.calls_left == 0
@@ -52,6 +59,24 @@ class ReplyParser:
                 pieces.append(("tool_call", piece))
             elif piece:
                 pieces.append(("text", piece))
+        return pieces
+
+    def _calls_in_reasoning(self) -> list[tuple[str, Any]]:
+        """The calls of a reply that ended inside its reasoning with calls written there: Qwen3.5 / 3.6 now
+        and then call a tool before closing `</think>` and then end the turn, which left an agent with a
+        thought and no call (its turn over, nothing to run). Only whole calls, and only where the reasoning
+        never closed: a call merely named in a reasoning that then closes stays reasoning."""
+        thought = "".join(self._thought)
+        at = thought.find(CALL_OPEN)
+        if at < 0:
+            return []
+        pieces: list[tuple[str, Any]] = []
+        for piece in ToolCallParser(self.tool_specs).feed(thought[at:], final=True):
+            if not isinstance(piece, ToolCall) or self.calls_left == 0:
+                continue
+            if self.calls_left is not None:
+                self.calls_left -= 1
+            pieces.append(("tool_call", piece))
         return pieces
 
 

@@ -183,3 +183,32 @@ def test_a_reply_without_streaming_is_what_the_stream_gives():
             if reply == cut:
                 assert [(i["type"], i["status"]) for i in items] == [("function_call", "incomplete")]
                 assert items[0]["arguments"] == call.function.arguments
+
+
+def test_a_call_made_inside_an_unclosed_thinking_reaches_the_client():
+    """The model called the tool before closing `</think>` and ended its turn: Claude Code gets the thinking
+    and then the tool_use (stop_reason tool_use), OpenAI clients the reasoning and the tool call, rather
+    than a turn with nothing to run."""
+    thought = "I should write the file now.\n"
+    with RunningServer(ScriptedEngine([thought + XML, thought + XML])) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [{"name": "write_file", "input_schema": WRITE["parameters"]}]
+        thinking = {"type": "enabled", "budget_tokens": 1024}
+        with claude.messages.stream(
+            model="m", max_tokens=4000, messages=ASK, tools=tools, thinking=thinking
+        ) as s:
+            message = s.get_final_message()
+        assert [b.type for b in message.content] == ["thinking", "tool_use"]
+        assert message.stop_reason == "tool_use" and message.content[1].input == ARGS
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
+            model="m",
+            messages=ASK,
+            tools=[{"type": "function", "function": WRITE}],
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+        )
+        choice = reply.choices[0]
+        assert (
+            choice.finish_reason == "tool_calls"
+            and json.loads(choice.message.tool_calls[0].function.arguments) == ARGS
+        )

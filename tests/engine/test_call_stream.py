@@ -209,3 +209,36 @@ def test_calls_past_max_calls_stream_nothing():
     pieces = _streamed(text, random.Random(1), max_calls=1)
     assert [k for k, _ in pieces if k != "tool_call_args"] == ["tool_call_start", "tool_call"]
     assert [v.arguments for k, v in pieces if k == "tool_call"] == [{"n": 0}]
+
+
+READ = [
+    {
+        "type": "function",
+        "function": {"name": "read", "parameters": {"properties": {"path": {"type": "string"}}}},
+    }
+]
+JSON_CALL = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+XML_CALL = "<tool_call>\n<function=read>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("call", [JSON_CALL, XML_CALL])
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_a_call_written_in_a_reasoning_that_never_closes_is_made(call, size):
+    """Qwen3.5 / 3.6 now and then call a tool before `</think>` and end the turn there: the call is made
+    (after the reasoning it was written in), streamed or whole, at most max_calls of them."""
+    reply = f"I should read the file first.\n{call}\n{call}"
+    reasoning, text, calls = parse_reply(reply, True, READ)
+    assert reasoning == reply and text == "" and [c.arguments for c in calls] == [{"path": "a.py"}] * 2
+    parser = ReplyParser(True, READ, max_calls=1, stream_calls=True)
+    pieces = [p for i in range(0, len(reply), size) for p in parser.feed(reply[i : i + size])]
+    pieces += parser.feed("", final=True)
+    made = [p for p in pieces if p[0] != "reasoning"]
+    assert made == [("tool_call", calls[0])]
+    assert "".join(p for k, p in pieces if k == "reasoning") == reply
+
+
+def test_a_call_only_named_in_a_reasoning_that_closes_stays_reasoning():
+    reply = f"Maybe {JSON_CALL} would do.\n</think>\n\nNo call needed."
+    reasoning, text, calls = parse_reply(reply, True, READ)
+    assert JSON_CALL in reasoning and text == "No call needed." and calls == []
+    assert parse_reply(f"Thinking {JSON_CALL}", True, None)[2] == []  # (no tools declared: none made)
