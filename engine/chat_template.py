@@ -68,8 +68,8 @@ def with_kept_reasoning(
     template: str, messages: list[dict[str, Any]], variables: dict[str, Any]
 ) -> dict[str, Any]:
     """The template variables, with `preserve_thinking` true where the template reads it, the conversation
-    sent reasoning back (an assistant turn's reasoning_content) and nothing set it (the request's
-    chat_template_kwargs, --chat-template-kwargs).
+    sent reasoning back (an assistant turn's reasoning_content, or its content's `<think>` part) and nothing
+    set it (the request's chat_template_kwargs, --chat-template-kwargs).
 
     NOTE: without it, a new user message drops the reasoning of every turn before it, so the rendered
     conversation stops matching what the prefix cache holds at the first assistant turn that thought, and
@@ -79,9 +79,16 @@ def with_kept_reasoning(
     A conversation without reasoning sent back renders as before (no empty think blocks added)."""
     if PRESERVE_THINKING in variables or PRESERVE_THINKING not in template:
         return variables
-    if not any(m.get("role") == "assistant" and m.get("reasoning_content") for m in messages):
+    if not any(m.get("role") == "assistant" and _reasoned(m) for m in messages):
         return variables
     return {**variables, PRESERVE_THINKING: True}
+
+
+def _reasoned(message: dict[str, Any]) -> bool:
+    """An assistant turn that carries its reasoning: as reasoning_content, or in its content before
+    `</think>` (as `ninfer chat` keeps a reply; the Qwen templates split it there)."""
+    content = message.get("content")
+    return bool(message.get("reasoning_content")) or (isinstance(content, str) and "</think>" in content)
 
 
 # variables the renderer sets itself: a default for one of them would be ignored or clash

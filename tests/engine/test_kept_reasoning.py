@@ -73,3 +73,13 @@ def test_a_turn_that_grows_the_conversation_extends_the_last_prompt(tokenizer):
     assert tokenizer.apply_chat_template(turn).startswith(before + reply)
     dropped = tokenizer.apply_chat_template(turn, preserve_thinking=False)
     assert not dropped.startswith(before)  # (the first assistant turn lost its reasoning)
+
+
+def test_reasoning_kept_in_a_replys_content_counts_too(tokenizer):
+    """`ninfer chat` keeps a reply as written, `<think>` part and all; the Qwen templates split it there."""
+    turns = [
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": "<think>\nThe parser.\n</think>\n\nFixed."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    assert with_kept_reasoning(PRESERVING_TEMPLATE, turns, {}) == {"preserve_thinking": True}
