@@ -91,6 +91,37 @@ def _reasoned(message: dict[str, Any]) -> bool:
     return bool(message.get("reasoning_content")) or (isinstance(content, str) and "</think>" in content)
 
 
+def with_system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation with one system message, first, for templates that take no other (Qwen3.5's and
+    Qwen3.6's raise "System message must be at the beginning."): the leading system messages folded into
+    one, and a later one (a client's hook context, an OpenAI `developer` message mid-conversation) made a
+    user message in place — not moved to the start, which would change the prompt's head, and with it the
+    prefix cache, every time one is added. None where there is nothing to change."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    later = any(m.get("role") == "system" for m in messages[lead:])
+    if lead < 2 and not later:
+        return None
+    head = [_folded(messages[:lead])] if lead else []
+    rest = [{**m, "role": "user"} if m.get("role") == "system" else m for m in messages[lead:]]
+    return head + rest
+
+
+def _folded(systems: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive system messages as one: their texts (or parts) in order, a blank line between."""
+    contents = [m.get("content") for m in systems]
+    if all(isinstance(c, str) for c in contents):
+        return {**systems[0], "content": "\n\n".join(c for c in contents if c)}
+    parts: list[Any] = []
+    for c in contents:
+        more = [{"type": "text", "text": c}] if isinstance(c, str) else list(c or ())
+        if parts and more:
+            parts.append({"type": "text", "text": "\n\n"})
+        parts += more
+    return {**systems[0], "content": parts}
+
+
 # variables the renderer sets itself: a default for one of them would be ignored or clash
 RENDER_VARIABLES = (
     "messages",

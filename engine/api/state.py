@@ -15,6 +15,7 @@ from engine.api.prompt_encoder import PromptEncoder
 from engine.api.response_background import BackgroundResponses
 from engine.api.response_store import ResponseStore
 from engine.async_llm import AsyncLLM
+from engine.chat_template import with_system_first
 from engine.errors import NinferError
 from engine.request import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -179,9 +180,7 @@ class ServerState:
         try:
             if not self.reads_images and any(_has_image(m) for m in messages):
                 self.engine.llm.vision_or_raise()  # (said before a text-only template fails on the image)
-            text = tok.apply_chat_template(
-                messages, tools, generation_prompt and not continue_final, **kwargs
-            )
+            text = _rendered(tok, messages, tools, generation_prompt and not continue_final, kwargs)
         except NinferError as e:
             raise ApiError(400, str(e)) from e
         except Exception as e:  # noqa: BLE001 - a template error is the request's fault
@@ -197,6 +196,24 @@ class ServerState:
             return widen_placeholders(ids, images, pad)[0]
         except NinferError as e:
             raise ApiError(400, str(e)) from e
+
+
+def _rendered(
+    tok: Tokenizer, messages: list[dict[str, Any]], tools: list | None, generation_prompt: bool, kwargs: dict
+) -> str:
+    """The template's text of the conversation; where the template refuses it and takes system messages
+    only as one, first (Qwen3.5's and Qwen3.6's), the text of the conversation so placed
+    (engine/chat_template.with_system_first), else the refusal as it was."""
+    try:
+        return tok.apply_chat_template(messages, tools, generation_prompt, **kwargs)
+    except NinferError as refusal:
+        placed = with_system_first(messages)
+        if placed is None:
+            raise
+        try:
+            return tok.apply_chat_template(placed, tools, generation_prompt, **kwargs)
+        except NinferError:
+            raise refusal from None
 
 
 def _has_image(message: dict[str, Any]) -> bool:
