@@ -21,7 +21,10 @@ _QWEN35_VISION = {
 }
 
 
-def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: int, kv_heads: int = 4) -> dict:
+def _qwen35(
+    hidden: int, layers: int, inter: int | None, heads: int, linear_v_heads: int, kv_heads: int = 4
+) -> dict:
+    """A Qwen3.5 checkpoint's config.json; `inter` None: no dense MLP width (a mixture of experts')."""
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
@@ -30,7 +33,7 @@ def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: in
         "text_config": {
             "hidden_size": hidden,
             "num_hidden_layers": layers,
-            "intermediate_size": inter,
+            **({"intermediate_size": inter} if inter is not None else {}),
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
             "head_dim": 256,
@@ -57,19 +60,14 @@ def _qwen35(hidden: int, layers: int, inter: int, heads: int, linear_v_heads: in
 
 
 def _qwen35_moe() -> dict:
-    config = _qwen35(2048, 40, 0, 16, 32, kv_heads=2)
-    text = {k: v for k, v in config["text_config"].items() if k != "intermediate_size"}
-    text |= {
+    config = _qwen35(2048, 40, None, 16, 32, kv_heads=2)
+    config["text_config"] |= {
         "num_experts": 256,
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 512,
         "shared_expert_intermediate_size": 512,
     }
-    return {
-        **config,
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "model_type": "qwen3_5_moe",
-    } | {"text_config": text}
+    return config | {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
 
 
 def _dense(arch: str, hidden: int, layers: int, inter: int, heads: int, kv: int, vocab: int, ctx: int, **kw):
