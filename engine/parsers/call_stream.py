@@ -12,7 +12,8 @@ as it grows; each `feed` reads only the new text:
   arguments given as a string, streams nothing: the call comes whole at its end.
 * XML, `<function=f><parameter=k>v</parameter>...</function>`: a string parameter's value streams as it
   comes (one newline after the opening tag and one before the closing tag dropped, as the parser drops
-  them); a parameter the tool's schema types (integer, number, boolean, object, array) comes whole.
+  them); a parameter the tool's schema types otherwise (integer, number, boolean, object, array, null;
+  engine/parsers/param_types.py) comes whole. A `</parameter>` that other text follows is the value's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import json
 import re
 from typing import Any
 
+from engine.parsers.param_types import is_text, typed_value
+
 # the canonical Qwen3 JSON call up to its arguments: {"name": "...", "arguments": (or "parameters")
 _JSON_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]+')  # no quote, backslash, control character, surrogate
@@ -28,30 +31,25 @@ _HEAD_LIMIT = 512  # a body this long without that head is another layout: no st
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
 _END_PARAMETER = "</parameter>"
-TYPED = ("integer", "number", "boolean", "object", "array")  # XML values the schema types: sent whole
+AFTER_VALUE = ("<parameter=", "</function>", "</tool_call>")  # what may follow a value's </parameter>
 
 
-def typed_value(value: str, schema: dict[str, Any]) -> Any:
-    """An XML parameter's text as its schema types it (one newline after the opening tag and one before
-    the closing tag dropped); text that does not parse as that type stays a string."""
-    value = value[1:] if value.startswith("\n") else value
-    value = value[:-1] if value.endswith("\n") else value
-    kind = schema.get("type")
-    try:
-        if kind == "integer":
-            return int(value.strip())
-        if kind == "number":
-            return float(value.strip())
-        if kind == "boolean":
-            lowered = value.strip().lower()
-            if lowered in ("true", "false"):
-                return lowered == "true"
-            return value
-        if kind in ("object", "array"):
-            return json.loads(value)
-    except ValueError:
-        return value
-    return value
+def parameter_end(text: str, start: int) -> tuple[int | None, int]:
+    """Where the XML value from `start` ends: (the index of its `</parameter>`, None while not known; how far
+    the text is surely the value's). A `</parameter>` ends it where the next parameter, `</function>` or
+    `</tool_call>` follows (whitespace between); one that other text follows is the value's own (a file
+    that holds the tag); one the text ends after is not known yet."""
+    i = start
+    while True:
+        at = text.find(_END_PARAMETER, i)
+        if at < 0:
+            return None, len(text)
+        rest = text[at + len(_END_PARAMETER) :].lstrip()
+        if rest.startswith(AFTER_VALUE):
+            return at, at
+        if not rest or any(tag.startswith(rest) for tag in AFTER_VALUE):
+            return None, at
+        i = at + 1
 
 
 def arguments_json(arguments: dict[str, Any]) -> str:
@@ -419,20 +417,20 @@ class _XmlArguments:
         stripped = rest.lstrip()
         if not stripped:
             return False
-        if stripped.startswith("</function>"):
+        if stripped.startswith(AFTER_VALUE[1:]):  # </function>, or </tool_call> where it is left out
             out.append("}")
             self.done = True
             return False
         m = _PARAMETER.match(rest)
         if m is None:
-            if not ("<parameter=".startswith(stripped[:11]) or "</function>".startswith(stripped[:11])) or (
+            if not any(tag.startswith(stripped[: len(tag)]) for tag in AFTER_VALUE) or (
                 stripped.startswith("<parameter=") and ("\n" in stripped)
             ):
                 self.broken = True
             return False
         self._param = m.group(1).strip()
         self.pos += m.end()
-        self._string = (self.schema.get(self._param) or {}).get("type") not in TYPED
+        self._string = is_text(self.schema.get(self._param, ()))
         self._value_started = False
         out.append((", " if self._count else "") + json.dumps(self._param, ensure_ascii=False) + ": ")
         self._count += 1
@@ -441,11 +439,11 @@ class _XmlArguments:
         return True
 
     def _value(self, out: list[str]) -> bool:
-        end = self.text.find(_END_PARAMETER, self.pos)
+        end, certain = parameter_end(self.text, self.pos)
         if not self._string:
-            if end < 0:
+            if end is None:
                 return False
-            typed = typed_value(self.text[self.pos : end], self.schema.get(self._param, {}))
+            typed = typed_value(self.text[self.pos : end], self.schema.get(self._param, ()))
             out.append(json.dumps(typed, ensure_ascii=False))
             self.pos, self._param = end + len(_END_PARAMETER), None
             return True
@@ -455,18 +453,21 @@ class _XmlArguments:
             if self.text[self.pos] == "\n":
                 self.pos += 1
             self._value_started = True
-        if end >= 0:
+        if end is not None:
             value = self.text[self.pos : end]
             out.append(_escaped(value[:-1] if value.endswith("\n") else value) + '"')
             self.pos, self._param = end + len(_END_PARAMETER), None
             return True
         # hold back what may be the closing tag, or the newline before it
-        tail = self.text[self.pos :]
+        tail = self.text[self.pos : certain]
         keep = 0
-        for n in range(min(len(tail), len(_END_PARAMETER) + 1), 0, -1):
-            if ("\n" + _END_PARAMETER).startswith(tail[-n:]) or _END_PARAMETER.startswith(tail[-n:]):
-                keep = n
-                break
+        if certain < len(self.text):  # a </parameter> that may end the value: the newline before it held
+            keep = 1 if tail.endswith("\n") else 0
+        else:
+            for n in range(min(len(tail), len(_END_PARAMETER) + 1), 0, -1):
+                if ("\n" + _END_PARAMETER).startswith(tail[-n:]) or _END_PARAMETER.startswith(tail[-n:]):
+                    keep = n
+                    break
         if len(tail) > keep:
             out.append(_escaped(tail[: len(tail) - keep]))
             self.pos += len(tail) - keep

@@ -3,7 +3,9 @@
 Two forms inside `<tool_call>…</tool_call>`:
 * Qwen3 JSON: `{"name": "get_weather", "arguments": {"city": "Paris"}}`
 * Qwen3.5 XML: `<function=get_weather><parameter=city>Paris</parameter></function>`; parameter values are
-  text, typed here by the tool's JSON schema (integer, number, boolean, object, array; else string).
+  text, typed here by the tool's JSON schema (engine/parsers/param_types.py; untyped: string). A value's
+  `</parameter>` is the one the next parameter, `</function>` or `</tool_call>` follows (a value may hold
+  the tag); a call whose `</function>` is left out ends at `</tool_call>`.
 A call is emitted once complete (and, with `stream`, also as it is written: engine/parsers/call_stream.py).
 The JSON form is scanned as JSON (a string holding `</tool_call>` does not end it), the XML form parameter by
 parameter. Text outside calls passes through; a partial `<tool_call>` tag at the end of a delta is held
@@ -21,12 +23,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.parsers.call_stream import CallStream, arguments_json, string_end, typed_value
+from engine.parsers.call_stream import AFTER_VALUE, CallStream, arguments_json, parameter_end, string_end
+from engine.parsers.param_types import tool_param_types, typed_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
-_END_FUNCTION = re.compile(r"\s*</function>\s*</tool_call>")
+_END_FUNCTION = re.compile(r"\s*(?:</function>\s*)?</tool_call>")  # (some calls leave </function> out)
 
 log = logging.getLogger("ninfer")
 
@@ -59,12 +62,13 @@ class CallEnd:
     pass
 
 
-def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, tuple[str, ...]]]:
+    """{tool: {parameter: the JSON types its schema admits}}."""
     out = {}
     for tool in tools or []:
         fn = tool.get("function", tool)
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            out[fn["name"]] = (fn.get("parameters") or fn.get("input_schema") or {}).get("properties") or {}
+            out[fn["name"]] = tool_param_types(fn.get("parameters") or fn.get("input_schema"))
     return out
 
 
@@ -206,15 +210,15 @@ class ToolCallParser:
             if p is None:
                 # neither a parameter nor the end yet: incomplete, unless a close tag shows it is malformed
                 rest = text[pos:].lstrip()
-                if rest and not ("<parameter=".startswith(rest[:11]) or "</function>".startswith(rest[:11])):
+                if rest and not any(tag.startswith(rest[: len(tag)]) for tag in AFTER_VALUE):
                     close = text.find(CLOSE, pos)
                     return None if close < 0 else (None, close + len(CLOSE))
                 return None
-            value_end = text.find("</parameter>", p.end())
-            if value_end < 0:
+            value_end, _ = parameter_end(text, p.end())
+            if value_end is None:
                 return None
             arg = p.group(1).strip()
-            args[arg] = typed_value(text[p.end() : value_end], schema.get(arg, {}))
+            args[arg] = typed_value(text[p.end() : value_end], schema.get(arg, ()))
             pos = value_end + len("</parameter>")
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import NinferError
+from engine.parsers.param_types import is_text, param_types
 from engine.tokenizer import Tokenizer
 
 # llguidance's JSON compiler options: fixed separators, no free whitespace; keywords it does not implement
@@ -237,7 +238,7 @@ def _xml_function(i: int, fn_name: str, params: dict[str, Any], values: dict[str
     parts, rules = [], []
     for j, (pname, pschema) in enumerate(props.items()):
         rule = f"p_{i}_{j}"
-        value = values.get(pname) or _xml_value(pschema if isinstance(pschema, dict) else {})
+        value = values.get(pname) or _xml_value(pschema if isinstance(pschema, dict) else {}, params)
         open_tag = _literal(f"<parameter={pname}>\n")
         rules.append(f"{rule}: {open_tag} {value}")
         parts.append(rule if pname in required else f"{rule}?")
@@ -247,12 +248,16 @@ def _xml_function(i: int, fn_name: str, params: dict[str, Any], values: dict[str
     return rules
 
 
-def _xml_value(schema: dict[str, Any]) -> str:
-    """A parameter's value as the XML form writes it: strings bare (an enum's one of its words), every
-    other type as its JSON text (numbers within their bounds, booleans, objects, arrays)."""
+def _xml_value(schema: dict[str, Any], params: dict[str, Any]) -> str:
+    """A parameter's value as the XML form writes it: strings bare (an enum's one of its words), a value
+    that is no string as its JSON text (numbers within their bounds, booleans, objects, arrays, null where
+    the schema allows it; `$ref`s into the tool's `$defs` followed), one that may be either as text (the
+    parser types it: engine/parsers/param_types.py)."""
     enum = schema.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return "(" + " | ".join(_literal(v) for v in enum) + ") " + _END
-    if schema.get("type") in ("integer", "number", "boolean", "object", "array"):
-        return _json_value(schema) + " " + _END
+    types = param_types(schema, params)
+    if types and "string" not in types and not is_text(types):
+        defs = {key: params[key] for key in ("$defs", "definitions") if key in params and key not in schema}
+        return _json_value({**schema, **defs}) + " " + _END
     return "text_value"

@@ -212,3 +212,55 @@ def test_a_call_made_inside_an_unclosed_thinking_reaches_the_client():
             choice.finish_reason == "tool_calls"
             and json.loads(choice.message.tool_calls[0].function.arguments) == ARGS
         )
+
+
+# an MCP server's tool as FastMCP / Pydantic publish it: Optional fields are anyOf with null, a model
+# parameter a $ref into $defs
+EDIT = {
+    "name": "edit_lines",
+    "input_schema": {
+        "type": "object",
+        "$defs": {"Span": {"type": "object", "properties": {"start": {"type": "integer"}}}},
+        "properties": {
+            "path": {"type": "string"},
+            "new_text": {"type": "string"},
+            "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
+            "span": {"$ref": "#/$defs/Span"},
+            "dry_run": {"type": ["boolean", "null"]},
+        },
+    },
+}
+# the text written holds the parser's own tags (the agent edits a tool-call parser), and the model leaves
+# out </function>
+NEW_TEXT = 'END = "</parameter>"\n# a value ends at </parameter> then </function>\n'
+EDIT_XML = (
+    "<tool_call>\n<function=edit_lines>\n<parameter=path>\nparser.py\n</parameter>\n"
+    f"<parameter=new_text>\n{NEW_TEXT}\n</parameter>\n<parameter=limit>\n12\n</parameter>\n"
+    '<parameter=span>\n{"start": 40}\n</parameter>\n<parameter=dry_run>\nfalse\n</parameter>\n</tool_call>'
+)
+EDIT_INPUT = {"path": "parser.py", "new_text": NEW_TEXT, "limit": 12, "span": {"start": 40}, "dry_run": False}
+
+
+def test_mcp_schema_forms_type_the_values_and_a_value_may_hold_the_tags():
+    """Claude Code with an MCP tool: `limit` arrives as 12 (not "12"), `span` as an object (not its JSON
+    text), the new text whole with the `</parameter>` it holds, and the call ends though its `</function>`
+    was left out; streamed and whole alike, and so through the OpenAI SDK."""
+    with RunningServer(ScriptedEngine([EDIT_XML] * 3)) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        for stream in (True, False):
+            if stream:
+                with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=[EDIT]) as s:
+                    message = s.get_final_message()
+            else:
+                message = claude.messages.create(model="m", max_tokens=2000, messages=ASK, tools=[EDIT])
+            assert [b.type for b in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
+            assert message.content[0].input == EDIT_INPUT
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        fn = {"name": EDIT["name"], "parameters": EDIT["input_schema"]}
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=ASK, tools=[{"type": "function", "function": fn}], stream=True
+            )
+        )
+        (call,) = streamed_tool_calls(chunks)
+        assert json.loads(call.function.arguments) == EDIT_INPUT

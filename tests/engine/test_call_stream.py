@@ -20,8 +20,11 @@ SCHEMA = {
     "o": {"type": "object"},
     "a": {"type": "array"},
     "s": {"type": "string"},
+    "on": {"anyOf": [{"type": "integer"}, {"type": "null"}]},  # Pydantic's Optional[int]
+    "r": {"$ref": "#/$defs/R"},
 }
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"properties": SCHEMA}}}]
+DEFS = {"R": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"properties": SCHEMA, "$defs": DEFS}}}]
 # what strings may hold: quotes, backslashes, control characters, non-ASCII, astral characters, tags
 ALPHABET = [
     "a",
@@ -40,6 +43,7 @@ ALPHABET = [
     "{",
     "}",
     "</tool_call>",
+    "</parameter>",
 ]
 
 
@@ -76,6 +80,8 @@ def _xml_call(rng: random.Random) -> str:
         "o": lambda: rng.choice([json.dumps({"é": [1, None]}), "{broken"]),
         "a": lambda: rng.choice(["[1, 2]", "not json"]),
         "s": lambda: _string(rng).replace("</tool_call>", ""),
+        "on": lambda: rng.choice(["5", "null", "x"]),
+        "r": lambda: rng.choice(['{"a": 1}', "[1]"]),
         "free": lambda: _string(rng).replace("</tool_call>", ""),
     }
     params = "".join(

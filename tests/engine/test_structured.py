@@ -488,3 +488,51 @@ def test_custom_tool_formats_hold_the_input(default_tokenizer, in_text):
     assert accepts(as_json, lead + call % "123-ab") and not accepts(as_json, lead + call % "123-abc")
     told = build("json", ("lark", SHIP_LARK))
     assert not told.startswith("{") and accepts(told, lead + call % "anything at all")
+
+
+def test_forced_xml_calls_hold_optional_and_referenced_values(default_tokenizer):
+    """Under tool_choice, an Optional[int] (anyOf with null) is an integer or null and a $ref'd model an
+    object of its schema, as the XML form writes them; a value that may be text is free."""
+    tok = default_tokenizer
+    compiler = GrammarCompiler(tok, tok.vocab_size, tok.eos_token_ids)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "parameters": {
+                "type": "object",
+                "$defs": {
+                    "Span": {
+                        "type": "object",
+                        "properties": {"start": {"type": "integer"}},
+                        "required": ["start"],
+                        "additionalProperties": False,
+                    }
+                },
+                "properties": {
+                    "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                    "span": {"$ref": "#/$defs/Span"},
+                    "note": {"type": ["string", "null"]},
+                },
+                "required": ["limit", "span", "note"],
+            },
+        },
+    }
+    grammar = grammars.tool_calls([tool], "edit", False, grammars.CallSyntax("xml"))
+
+    def call(limit: str, span: str, note: str = "any text") -> str:
+        params = "".join(
+            f"<parameter={k}>\n{v}\n</parameter>\n"
+            for k, v in (("limit", limit), ("span", span), ("note", note))
+        )
+        return f"<tool_call>\n<function=edit>\n{params}</function>\n</tool_call>"
+
+    def accepts(text: str) -> bool:
+        matcher = compiler.matcher(grammar, [1])
+        matcher.consume(tok.encode(text, add_special_tokens=False))
+        return not matcher.error
+
+    assert accepts(call("12", '{"start": 3}')) and accepts(call("null", '{"start": 3}', "null"))
+    assert not accepts(call("twelve", '{"start": 3}'))
+    assert not accepts(call("12", '{"start": "three"}'))
+    assert not accepts(call("12", '{"end": 3}'))
