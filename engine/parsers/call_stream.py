@@ -13,7 +13,7 @@ as it grows; each `feed` reads only the new text:
 * XML, `<function=f><parameter=k>v</parameter>...</function>`: a string parameter's value streams as it
   comes (one newline after the opening tag and one before the closing tag dropped, as the parser drops
   them); a parameter the tool's schema types otherwise (integer, number, boolean, object, array, null;
-  engine/parsers/param_types.py) comes whole. A `</parameter>` that other text follows is the value's.
+  engine/parsers/param_types.py) comes whole; a value ends as engine/parsers/xml_value.py reads it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from engine.parsers.param_types import is_text, typed_value
+from engine.parsers.xml_value import AFTER_VALUE, value_end
 
 # the canonical Qwen3 JSON call up to its arguments: {"name": "...", "arguments": (or "parameters")
 _JSON_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -30,26 +31,6 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]+')  # no quote, backslash, co
 _HEAD_LIMIT = 512  # a body this long without that head is another layout: no streaming
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
-_END_PARAMETER = "</parameter>"
-AFTER_VALUE = ("<parameter=", "</function>", "</tool_call>")  # what may follow a value's </parameter>
-
-
-def parameter_end(text: str, start: int) -> tuple[int | None, int]:
-    """Where the XML value from `start` ends: (the index of its `</parameter>`, None while not known; how far
-    the text is surely the value's). A `</parameter>` ends it where the next parameter, `</function>` or
-    `</tool_call>` follows (whitespace between); one that other text follows is the value's own (a file
-    that holds the tag); one the text ends after is not known yet."""
-    i = start
-    while True:
-        at = text.find(_END_PARAMETER, i)
-        if at < 0:
-            return None, len(text)
-        rest = text[at + len(_END_PARAMETER) :].lstrip()
-        if rest.startswith(AFTER_VALUE):
-            return at, at
-        if not rest or any(tag.startswith(rest) for tag in AFTER_VALUE):
-            return None, at
-        i = at + 1
 
 
 def arguments_json(arguments: dict[str, Any]) -> str:
@@ -439,13 +420,13 @@ class _XmlArguments:
         return True
 
     def _value(self, out: list[str]) -> bool:
-        end, certain = parameter_end(self.text, self.pos)
+        end, resume, certain = value_end(self.text, self.pos, self.schema.keys())
         if not self._string:
             if end is None:
                 return False
             typed = typed_value(self.text[self.pos : end], self.schema.get(self._param, ()))
             out.append(json.dumps(typed, ensure_ascii=False))
-            self.pos, self._param = end + len(_END_PARAMETER), None
+            self.pos, self._param = resume, None
             return True
         if not self._value_started:
             if self.pos >= len(self.text):
@@ -456,19 +437,9 @@ class _XmlArguments:
         if end is not None:
             value = self.text[self.pos : end]
             out.append(_escaped(value[:-1] if value.endswith("\n") else value) + '"')
-            self.pos, self._param = end + len(_END_PARAMETER), None
+            self.pos, self._param = resume, None
             return True
-        # hold back what may be the closing tag, or the newline before it
-        tail = self.text[self.pos : certain]
-        keep = 0
-        if certain < len(self.text):  # a </parameter> that may end the value: the newline before it held
-            keep = 1 if tail.endswith("\n") else 0
-        else:
-            for n in range(min(len(tail), len(_END_PARAMETER) + 1), 0, -1):
-                if ("\n" + _END_PARAMETER).startswith(tail[-n:]) or _END_PARAMETER.startswith(tail[-n:]):
-                    keep = n
-                    break
-        if len(tail) > keep:
-            out.append(_escaped(tail[: len(tail) - keep]))
-            self.pos += len(tail) - keep
+        if certain > self.pos:  # (what may be the closing tag, or the newline before it, is held back)
+            out.append(_escaped(self.text[self.pos : certain]))
+            self.pos = certain
         return False

@@ -3,9 +3,9 @@
 Two forms inside `<tool_call>…</tool_call>`:
 * Qwen3 JSON: `{"name": "get_weather", "arguments": {"city": "Paris"}}`
 * Qwen3.5 XML: `<function=get_weather><parameter=city>Paris</parameter></function>`; parameter values are
-  text, typed here by the tool's JSON schema (engine/parsers/param_types.py; untyped: string). A value's
-  `</parameter>` is the one the next parameter, `</function>` or `</tool_call>` follows (a value may hold
-  the tag); a call whose `</function>` is left out ends at `</tool_call>`.
+  text, typed here by the tool's JSON schema (engine/parsers/param_types.py; untyped: string), ending as
+  engine/parsers/xml_value.py reads them (a value may hold `</parameter>`; one whose `</parameter>` was
+  left out ends at the next tag); a call whose `</function>` is left out ends at `</tool_call>`.
 A call is emitted once complete (and, with `stream`, also as it is written: engine/parsers/call_stream.py).
 The JSON form is scanned as JSON (a string holding `</tool_call>` does not end it), the XML form parameter by
 parameter. Text outside calls passes through; a partial `<tool_call>` tag at the end of a delta is held
@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.parsers.call_stream import AFTER_VALUE, CallStream, arguments_json, parameter_end, string_end
+from engine.parsers.call_stream import CallStream, arguments_json, string_end
 from engine.parsers.param_types import tool_param_types, typed_value
+from engine.parsers.xml_value import AFTER_VALUE, value_end
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
@@ -214,12 +215,12 @@ class ToolCallParser:
                     close = text.find(CLOSE, pos)
                     return None if close < 0 else (None, close + len(CLOSE))
                 return None
-            value_end, _ = parameter_end(text, p.end())
-            if value_end is None:
+            end, resume, _ = value_end(text, p.end(), schema.keys())
+            if end is None:
                 return None
             arg = p.group(1).strip()
-            args[arg] = typed_value(text[p.end() : value_end], schema.get(arg, ()))
-            pos = value_end + len("</parameter>")
+            args[arg] = typed_value(text[p.end() : end], schema.get(arg, ()))
+            pos = resume
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -115,3 +115,63 @@ def test_whitespace_between_and_after_calls_is_no_text(piece):
         events += parser.feed("", final=True)
         assert [e for e in events if isinstance(e, ToolCall)] == [JSON_CALL, JSON_CALL]
         assert "".join(e for e in events if isinstance(e, str)) == want
+
+
+BODY_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_mode",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "body": {"type": "object"},
+                    "note": {"type": "string"},
+                    "level": {"type": "integer"},
+                },
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    "written,arguments",
+    [
+        # the last value's </parameter> left out before </function> (reported at temperature 0)
+        (
+            '<parameter=body>\n{"mode": "AIR_CLEAN", "on": true}\n</function>',
+            {"body": {"mode": "AIR_CLEAN", "on": True}},
+        ),
+        # one left out before the next parameter, one before the end
+        (
+            "<parameter=note>\nfirst line\nsecond line\n<parameter=level>\n3\n</function>",
+            {"note": "first line\nsecond line", "level": 3},
+        ),
+        # the values hold the tags, not on lines of their own: they are text
+        (
+            "<parameter=note>\nA call ends with </tool_call> on its own; a value with </parameter> here."
+            " A <parameter=level> tag and </function> mid-line.\n</parameter>\n</function>",
+            {
+                "note": "A call ends with </tool_call> on its own; a value with </parameter> here."
+                " A <parameter=level> tag and </function> mid-line."
+            },
+        ),
+        # a line that starts with a tag no parameter of the tool has stays in the value
+        (
+            "<parameter=note>\nsee\n<parameter=other>\n</parameter>\n</function>",
+            {"note": "see\n<parameter=other>"},
+        ),
+        # </function> left out
+        ("<parameter=level>\n4\n</parameter>\n", {"level": 4}),
+    ],
+)
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_values_end_where_the_model_meant_them_to(written, arguments, size):
+    reply = f"<tool_call>\n<function=set_mode>\n{written}\n</tool_call>"
+    parser = ToolCallParser(BODY_TOOL)
+    events = []
+    for i in range(0, len(reply), size):
+        events += parser.feed(reply[i : i + size])
+    text, calls = collapse(events + parser.feed("", final=True))
+    assert calls == [ToolCall("set_mode", arguments)] and text == ""

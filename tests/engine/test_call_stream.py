@@ -84,8 +84,10 @@ def _xml_call(rng: random.Random) -> str:
         "r": lambda: rng.choice(['{"a": 1}', "[1]"]),
         "free": lambda: _string(rng).replace("</tool_call>", ""),
     }
+    # now and then a value's </parameter> left out: the next tag, on a line of its own, ends it
     params = "".join(
-        f"<parameter={key}>{rng.choice(['', chr(10)])}{values[key]()}{rng.choice(['', chr(10)])}</parameter>\n"
+        f"<parameter={key}>{rng.choice(['', chr(10)])}{values[key]()}"
+        + rng.choice(["</parameter>\n", "\n</parameter>\n", "\n"])
         for key in rng.sample(sorted(values), rng.randint(0, 4))
     )
     return f"\n<function=f>\n{params}</function>\n"
