@@ -14,8 +14,18 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from engine.errors import NinferError
 from engine.flag_json import json_object
 
+# A refusal that guards nothing the rendering needs: the Qwen3, Qwen3.5 and Qwen3.6 templates raise it for a
+# conversation without a user message, after setting their last query to the last message, which is what
+# the rest of the template reads. Such conversations are sent as a matter of course: a system prompt
+# alone (a summarize or classify call), an agent history whose user turn was compacted away (tool results
+# after a call), a group chat's assistant turns. Rendered on, they read as they were sent (earlier turns'
+# reasoning dropped, as after any user message); refused, every such client got a 400.
+PASSED_REFUSALS = frozenset({"No user query found in messages."})
 
-def _raise_exception(message: str):
+
+def _raise_exception(message: str) -> str:
+    if message in PASSED_REFUSALS:
+        return ""
     raise jinja2.exceptions.TemplateError(message)
 
 
