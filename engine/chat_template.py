@@ -94,6 +94,44 @@ def with_kept_reasoning(
     return {**variables, PRESERVE_THINKING: True}
 
 
+# the reasoning efforts the protocols send, least to most (OpenAI's none .. xhigh, Anthropic's low .. max)
+EFFORT_SCALE = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+REASONING_EFFORT = "reasoning_effort"
+
+
+def with_taken_effort(template: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """The template variables, with a `reasoning_effort` the template refuses replaced by the nearest one it
+    takes (a tie: the higher). Qwen3.8's template takes xhigh (its default), medium and low and raises for
+    any other, so Claude Code's `high` or Codex's `high` would have been a 400 on every request; it now
+    thinks at xhigh. A template that reads no effort, or takes this one, gets it as sent."""
+    effort = variables.get(REASONING_EFFORT)
+    if effort not in EFFORT_SCALE or REASONING_EFFORT not in template or _takes_effort(template, effort):
+        return variables
+    taken = [e for e in EFFORT_SCALE if _takes_effort(template, e)]
+    if not taken:  # (the template refuses the probe itself: nothing learned)
+        return variables
+    rank = EFFORT_SCALE.index(effort)
+    nearest = min(taken, key=lambda e: (abs(EFFORT_SCALE.index(e) - rank), -EFFORT_SCALE.index(e)))
+    return {**variables, REASONING_EFFORT: nearest}
+
+
+@lru_cache(maxsize=256)
+def _takes_effort(template: str, effort: str) -> bool:
+    """The template renders a one-question conversation, thinking on, at this effort."""
+    try:
+        render_chat_template(
+            template,
+            [{"role": "user", "content": "?"}],
+            None,
+            True,
+            enable_thinking=True,
+            reasoning_effort=effort,
+        )
+    except NinferError:
+        return False
+    return True
+
+
 def _reasoned(message: dict[str, Any]) -> bool:
     """An assistant turn that carries its reasoning: as reasoning_content, or in its content before
     `</think>` (as `ninfer chat` keeps a reply; the Qwen templates split it there)."""

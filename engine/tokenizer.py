@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.chat_template import render_chat_template, with_kept_reasoning
+from engine.chat_template import render_chat_template, with_kept_reasoning, with_taken_effort
 from engine.errors import NinferError
 from engine.sampling_defaults import from_generation_config
 
@@ -108,6 +108,7 @@ class Tokenizer:
         if not self.chat_template:
             raise NinferError("this model has no chat template; use generate() with a plain prompt instead")
         variables = with_kept_reasoning(self.chat_template, messages, {**self.template_kwargs, **kwargs})
+        variables = with_taken_effort(self.chat_template, variables)
         return render_chat_template(
             self.chat_template,
             messages,
