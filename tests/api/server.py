@@ -23,6 +23,22 @@ def qwen_style(engine: AsyncLLM) -> AsyncLLM:
     return engine
 
 
+def templated_prompt(template: str, messages: list[dict]) -> tuple[int, str]:
+    """A chat completion of `messages` on a scripted engine whose chat template is `template`: (the
+    status, the prompt the engine was given, else the reply's body)."""
+    from dataclasses import replace
+
+    import httpx2 as httpx
+    from scripted_engine import ScriptedEngine
+
+    engine = ScriptedEngine(["ok"])
+    engine.tokenizer = replace(engine.tokenizer, chat_template=template)
+    with RunningServer(engine) as server:
+        body = {"model": "m", "messages": messages, "max_tokens": 4}
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    return reply.status_code, engine.prompts[0] if engine.prompts else reply.text
+
+
 class RunningServer:
     def __init__(
         self,

@@ -5,12 +5,8 @@ other refusal is still said as the template said it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import httpx2 as httpx
 import pytest
-from scripted_engine import ScriptedEngine
-from server import RunningServer
+from server import templated_prompt
 
 # the Qwen templates' shape: the last user message that is no tool result is the last query, the last
 # message until one is found; none found is refused; reasoning is written for turns after the last query
@@ -52,15 +48,6 @@ ASSISTANT_ONLY = [
 ]
 
 
-def _prompt(template: str, messages: list[dict]) -> tuple[int, str]:
-    engine = ScriptedEngine(["ok"])
-    engine.tokenizer = replace(engine.tokenizer, chat_template=template)
-    with RunningServer(engine) as server:
-        body = {"model": "m", "messages": messages, "max_tokens": 4}
-        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
-    return reply.status_code, engine.prompts[0] if engine.prompts else reply.text
-
-
 @pytest.mark.parametrize(
     "messages,expected",
     [
@@ -78,18 +65,18 @@ def _prompt(template: str, messages: list[dict]) -> tuple[int, str]:
     ],
 )
 def test_a_conversation_without_a_user_message_renders_as_sent(messages, expected):
-    code, prompt = _prompt(QUERY_GUARDED, messages)
+    code, prompt = templated_prompt(QUERY_GUARDED, messages)
     assert code == 200, prompt
     assert prompt == expected + "<|im_start|>assistant\n<think>\n"
 
 
 def test_a_conversation_with_a_user_message_renders_as_the_template_writes_it():
     messages = [{"role": "user", "content": "Test it."}] + COMPACTED[1:]
-    code, prompt = _prompt(QUERY_GUARDED, messages)
+    code, prompt = templated_prompt(QUERY_GUARDED, messages)
     assert code == 200 and "<think>\nRun the tests.\n</think>" in prompt  # (after the last query)
 
 
 def test_another_refusal_is_still_a_400():
     refusing = QUERY_GUARDED.replace("No user query found in messages.", "Tool results need a call.")
-    code, text = _prompt(refusing, SYSTEM_ONLY)
+    code, text = templated_prompt(refusing, SYSTEM_ONLY)
     assert code == 400 and "Tool results need a call." in text

@@ -5,12 +5,8 @@ that take them as they are render them as they are."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import httpx2 as httpx
 import pytest
-from scripted_engine import ScriptedEngine
-from server import RunningServer
+from server import templated_prompt
 
 from engine.chat_template import with_system_first
 
@@ -40,17 +36,8 @@ LATER = [
 ]
 
 
-def _prompt(template: str, messages: list[dict]) -> tuple[int, str]:
-    engine = ScriptedEngine(["ok"])
-    engine.tokenizer = replace(engine.tokenizer, chat_template=template)
-    with RunningServer(engine) as server:
-        body = {"model": "m", "messages": messages, "max_tokens": 4}
-        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
-    return reply.status_code, engine.prompts[0] if engine.prompts else reply.text
-
-
 def test_leading_system_messages_are_folded_into_one():
-    code, prompt = _prompt(SYSTEM_FIRST, LEADING)
+    code, prompt = templated_prompt(SYSTEM_FIRST, LEADING)
     assert code == 200, prompt
     assert prompt.startswith(
         "<|im_start|>system\nYou are a coding agent.\n\nAsk before deleting files.<|im_end|>"
@@ -58,7 +45,7 @@ def test_leading_system_messages_are_folded_into_one():
 
 
 def test_a_later_system_message_becomes_a_user_message_in_place():
-    code, prompt = _prompt(SYSTEM_FIRST, LATER)
+    code, prompt = templated_prompt(SYSTEM_FIRST, LATER)
     assert code == 200, prompt
     assert (
         "<|im_start|>assistant\nFixed.<|im_end|>\n<|im_start|>user\nHook: the tests passed.<|im_end|>"
@@ -68,12 +55,12 @@ def test_a_later_system_message_becomes_a_user_message_in_place():
 
 
 def test_a_template_that_takes_them_gets_them_as_they_are():
-    code, prompt = _prompt(ANY_ORDER, LATER)
+    code, prompt = templated_prompt(ANY_ORDER, LATER)
     assert code == 200 and "<|im_start|>system\nHook: the tests passed." in prompt
 
 
 def test_another_refusal_is_said_as_the_template_said_it():
-    code, text = _prompt(REFUSES_ALL, LATER)
+    code, text = templated_prompt(REFUSES_ALL, LATER)
     assert code == 400 and "This template takes no conversation." in text
 
 
