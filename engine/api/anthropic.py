@@ -142,18 +142,8 @@ def template_messages(
     it loads), and their images in prompt order."""
     out: list[dict[str, Any]] = []
     images = MessageImages(read_scans)
-    system = body.get("system")
-    if system is not None:
-        if isinstance(system, str):
-            text = system
-        elif isinstance(system, list) and all(
-            isinstance(b, dict) and b.get("type") == "text" for b in system
-        ):
-            text = "\n\n".join(str(b.get("text", "")) for b in system)
-        else:
-            raise ApiError(400, "'system' must be a string or an array of text blocks")
-        if text:
-            out.append({"role": "system", "content": text})
+    if body.get("system") is not None and (text := _system_text(body["system"], "system")):
+        out.append({"role": "system", "content": text})
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array")
@@ -161,8 +151,12 @@ def template_messages(
     first, first_block = anthropic_compaction.latest(messages) or (0, 0)
     for i, m in enumerate(messages[first:], first):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise ApiError(400, f"{where}.role must be 'user' or 'assistant'")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise ApiError(400, f"{where}.role must be 'user', 'assistant' or 'system'")
+        if m["role"] == "system":  # a mid-conversation system message (Claude Code's harness context)
+            if text := _system_text(m.get("content"), f"{where}.content"):
+                out.append({"role": "system", "content": text})
+            continue
         texts: list[str | dict[str, str]] = []
         calls = []
         thoughts: list[str] = []  # an assistant turn's thinking: the template's reasoning for the turn
@@ -228,6 +222,16 @@ def template_messages(
                 msg["reasoning_content"] = "\n\n".join(t for t in thoughts if t)
             out.append(msg)
     return out, images
+
+
+def _system_text(value: Any, where: str) -> str:
+    """A system prompt's text: the top-level `system`, or a system message's content (Anthropic's
+    mid-conversation system messages), a string or text blocks (joined by a blank line)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in value):
+        return "\n\n".join(str(b.get("text", "")) for b in value)
+    raise ApiError(400, f"'{where}' must be a string or an array of text blocks")
 
 
 def _tools(body: dict) -> tuple[AnthropicTools, bool]:

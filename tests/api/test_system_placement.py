@@ -5,8 +5,13 @@ that take them as they are render them as they are."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import anthropic
+import httpx2 as httpx
 import pytest
-from server import templated_prompt
+from scripted_engine import ScriptedEngine
+from server import RunningServer, templated_prompt
 
 from engine.chat_template import with_system_first
 
@@ -77,3 +82,35 @@ def test_parts_are_folded_in_order():
     ]
     head = with_system_first(systems)[0]["content"]
     assert [p["text"] for p in head] == ["A", "\n\n", "B"]
+
+
+# Claude Code (2.1.154 on) sends its harness context (the agents and skills it offers) as a system message
+# inside `messages`, after the user turn, on nearly every request: Anthropic's mid-conversation system
+# messages, a string or text blocks
+HARNESS = [
+    {"role": "user", "content": "Fix the bug."},
+    {"role": "system", "content": [{"type": "text", "text": "Agents: explore, plan."}]},
+]
+
+
+@pytest.mark.parametrize("template", [SYSTEM_FIRST, ANY_ORDER])
+def test_anthropic_mid_conversation_system_messages_are_taken(template):
+    engine = ScriptedEngine(["Done."] * 3)
+    engine.tokenizer = replace(engine.tokenizer, chat_template=template)
+    with RunningServer(engine) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        reply = claude.messages.create(
+            model="m", max_tokens=20, system="You are a coding agent.", messages=HARNESS
+        )
+        counted = claude.messages.count_tokens(model="m", system="You are a coding agent.", messages=HARNESS)
+        bad = {"model": "m", "max_tokens": 20, "messages": [HARNESS[0], {"role": "system", "content": 7}]}
+        refused = httpx.post(f"{server.url}/v1/messages", json=bad, timeout=30)
+    assert reply.content[0].text == "Done." and counted.input_tokens > 0
+    role = "user" if template == SYSTEM_FIRST else "system"  # (in place, where the template takes one system)
+    assert f"<|im_start|>{role}\nAgents: explore, plan.<|im_end|>" in engine.prompts[0]
+    assert engine.prompts[0].startswith("<|im_start|>system\nYou are a coding agent.<|im_end|>")
+    assert refused.status_code == 400
+    assert (
+        refused.json()["error"]["message"]
+        == "'messages[1].content' must be a string or an array of text blocks"
+    )
