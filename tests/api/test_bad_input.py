@@ -114,7 +114,7 @@ CASES = [
     (MESSAGES, without(msg(), "max_tokens")),
     (MESSAGES, without(msg(), "model")),
     (MESSAGES, without(msg(), "messages")),
-    (MESSAGES, msg(messages=[{"role": "system", "content": "hi"}])),
+    (MESSAGES, msg(messages=[{"role": "tool", "content": "hi"}])),  # (system: a mid-conversation one, taken)
     (MESSAGES, msg(messages=[{"role": "user", "content": [{"text": "no type"}]}])),
     (MESSAGES, msg(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])),
     (
@@ -124,8 +124,7 @@ CASES = [
     (MESSAGES, msg(system=5)),
     (MESSAGES, msg(thinking={"type": "maybe"})),
     (MESSAGES, msg(stop_sequences=[1, 2])),
-    (MESSAGES, msg(max_tokens=0)),
-    (MESSAGES, msg(max_tokens=-1)),
+    (MESSAGES, msg(max_tokens=-1)),  # (0 pre-warms the prompt cache: tests/api/test_anthropic_prewarm.py)
     (MESSAGES, msg(messages=[{"role": "user", "content": LONG_TEXT}])),
     (MESSAGES, msg(top_k="many")),
     (MESSAGES, msg(tools=[{"name": "f", "input_schema": 5}])),
