@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.api import anthropic_compaction, context_editing, snapshot_hints
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
+from engine.api.anthropic_prewarm import prewarm
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import (
     complete,
@@ -377,8 +378,10 @@ async def messages(request: Request):
     body = await read_json(request)
     field(body, "model", str, required=True)
     max_tokens = field(body, "max_tokens", int, required=True)
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1 (got {max_tokens})")
+    if max_tokens < 0:
+        raise ApiError(400, f"max_tokens must be at least 0 (got {max_tokens}; 0 pre-warms the prompt cache)")
+    if max_tokens == 0:  # the prompt computed into the cache, no reply (engine/api/anthropic_prewarm.py)
+        return await prewarm(state, body, request, _prepare, _snapshot_hints)
     compaction = anthropic_compaction.requested(body)
     prompt_text, ids, tools, images, applied, _ = await _prepare(state, body)
     edited = {PARAM: {"applied_edits": applied}} if PARAM in body else {}
