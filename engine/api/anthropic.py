@@ -15,6 +15,7 @@ from engine.api import anthropic_compaction, context_editing, snapshot_hints
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_prewarm import prewarm
+from engine.api.anthropic_tool_changes import CHANGES, change_text, inline_definitions
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import (
     complete,
@@ -209,8 +210,10 @@ def template_messages(
                 if not isinstance(block.get("thinking"), str):
                     raise ApiError(400, f"{bw}.thinking must be a string")
                 thoughts.append(block["thinking"])
-            elif kind == "redacted_thinking" and m["role"] == "assistant":
-                continue  # encrypted by Anthropic's servers: nothing to read
+            elif kind in ("redacted_thinking", "fallback", "mcp_tool_listing") and m["role"] == "assistant":
+                continue  # Anthropic's servers' own: encrypted, a fallback's boundary, an MCP listing
+            elif kind in CHANGES:  # a tool offered or withdrawn from here on
+                texts.append(change_text(block, bw, declared.loaded))
             else:
                 raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
         if only_compaction:
@@ -243,7 +246,7 @@ def _tools(body: dict) -> tuple[AnthropicTools, bool]:
             "'mcp_servers': this server connects to no MCP servers; connect them in your client and declare "
             "their tools in 'tools'",
         )
-    declared = anthropic_tools(field(body, "tools", list) or [])
+    declared = anthropic_tools(field(body, "tools", list) or [], inline_definitions(body.get("messages")))
     choice = field(body, "tool_choice", dict)
     if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):
         raise ApiError(400, "'tool_choice.type' must be auto, any, tool or none")

@@ -26,6 +26,7 @@ RESULTS = (
     "text_editor_code_execution_tool_result",
     "tool_search_tool_result",
     "mcp_tool_result",
+    "advisor_tool_result",
 )
 BLOCKS = (*CALLS, *RESULTS, "container_upload")
 

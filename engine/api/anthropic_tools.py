@@ -148,9 +148,10 @@ class AnthropicTools:
         return f"<tools>\n{json.dumps(spec, ensure_ascii=False)}\n</tools>"
 
 
-def anthropic_tools(tools: list[Any]) -> AnthropicTools:
+def anthropic_tools(tools: list[Any], inline: list[tuple[str, dict]] = ()) -> AnthropicTools:
     """The request's tools as function specs for the chat template, each checked; a 400 names the first
-    that cannot be served."""
+    that cannot be served. `inline`: (where, entry) of the tools `tool_addition` blocks define in the
+    messages (engine/api/anthropic_tool_changes.py): declared too, and loaded where they are added."""
     specs, deferred, searched = [], set(), False
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
@@ -163,6 +164,12 @@ def anthropic_tools(tools: list[Any]) -> AnthropicTools:
         specs.append(_function(where, tool, kind))
         if tool.get("defer_loading") is True:
             deferred.add(tool["name"])
+    for where, tool in inline:
+        spec = _function(where, tool, tool.get("type"))
+        if any(s["function"]["name"] == spec["function"]["name"] for s in specs):
+            raise ApiError(400, f"'{where}' defines {spec['function']['name']!r}, a name another tool has")
+        specs.append(spec)
+        deferred.add(spec["function"]["name"])
     return AnthropicTools(specs, frozenset() if searched else frozenset(deferred))
 
 

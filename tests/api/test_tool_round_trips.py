@@ -304,6 +304,13 @@ def test_a_history_with_anthropics_server_tools_is_read_as_what_they_did():
             "tool_use_id": "srvtoolu_4",
             "content": {"type": "web_search_tool_result_error", "error_code": "max_uses_exceeded"},
         },
+        {
+            "type": "advisor_tool_result",
+            "tool_use_id": "srvtoolu_5",
+            "content": {"type": "advisor_result", "text": "Cite the physics."},
+        },
+        {"type": "fallback", "to": {"model": "claude-x"}, "trigger": None},  # (a boundary: not rendered)
+        {"type": "mcp_tool_listing", "mcp_server_name": "docs", "tools": []},
         {"type": "text", "text": "It is blue."},
     ]
     messages = [
@@ -322,6 +329,7 @@ def test_a_history_with_anthropics_server_tools_is_read_as_what_they_did():
             "https://a.org\nRayleigh scattering.",
             "42\n(exit code 0)",
             "[web_search result]\nerror: max_uses_exceeded",
+            "[advisor result]\nCite the physics.",
             "It is blue.",
         ):
             assert seen in turn, (seen, turn)
