@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
+log = logging.getLogger("ninfer")
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -52,6 +54,26 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise ApiError(400, f"{where}.content[{i}] must be an object with a 'type'")
     return content
+
+
+# the content block types read here (in the messages that may hold them)
+_KNOWN_BLOCKS = frozenset(
+    ("text", "image", "document", "search_result", "tool_use", "tool_result", "thinking", "redacted_thinking")
+    + ("compaction", "fallback", "mcp_tool_listing", *SERVER_BLOCKS, *CHANGES)
+)
+_passed_over: set[str] = set()  # the unknown block types already logged
+
+
+def _unknown_block(block: dict, where: str) -> list[str]:
+    """A block of a type this server does not know (Anthropic's API gains new ones, and a client keeps a
+    block in a session's history for good, so a 400 would lock the session): its `text` if it has one,
+    else nothing; logged once per type."""
+    if block["type"] not in _passed_over:
+        _passed_over.add(block["type"])
+        log.warning(
+            "%s has type %r, unknown here: its text is read, the rest passed over", where, block["type"]
+        )
+    return [block["text"]] if isinstance(block.get("text"), str) else []
 
 
 def _document_parts(block: dict, where: str, images: MessageImages) -> list[str | dict[str, str]]:
@@ -214,8 +236,11 @@ def template_messages(
                 continue  # Anthropic's servers' own: encrypted, a fallback's boundary, an MCP listing
             elif kind in CHANGES:  # a tool offered or withdrawn from here on
                 texts.append(change_text(block, bw, declared.loaded))
-            else:
-                raise ApiError(400, f"{bw} has type '{kind}', which a {m['role']} message cannot hold")
+            elif kind in _KNOWN_BLOCKS:
+                article = "an" if m["role"] == "assistant" else "a"
+                raise ApiError(400, f"{bw} has type '{kind}', which {article} {m['role']} message cannot hold")
+            else:  # a block type newer than this server: its text read, the rest passed over
+                texts.extend(_unknown_block(block, bw))
         if only_compaction:
             continue
         if texts or calls or not any(o.get("role") == "tool" for o in out[-1:]):

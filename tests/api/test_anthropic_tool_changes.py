@@ -2,7 +2,8 @@
 deferred and MCP tools mid-session with them, so from its second request on a session holds them. A
 tool added by reference is written where it is added (the prompt before it unchanged); one defined inline
 is declared for the request, its calls typed by its schema; a removal is a line in place; references into
-Anthropic's MCP connector, and to tools nobody declared, are refused in one line."""
+Anthropic's MCP connector, and to tools nobody declared, are refused in one line. And a block type newer
+than this server: read for its text, not refused."""
 
 from __future__ import annotations
 
@@ -104,3 +105,29 @@ def test_a_removed_tool_is_said_in_place():
 def test_changes_that_cannot_be_served_are_refused_in_a_line(added, words):
     code, reply, _ = _send(_turns(added), [READ, DOCS], replies=0)
     assert code == 400 and words in reply["error"]["message"], reply
+
+
+def test_a_block_type_newer_than_this_server_is_read_for_its_text_not_refused():
+    """A client keeps a block in a session's history for good: a 400 on a type this server does not know
+    would lock the session. Its text is read, the rest passed over; a known block in a message that
+    cannot hold it is still a 400."""
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "note_2027", "text": "Prefer small diffs."},
+                {"type": "text", "text": "Go."},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "hologram_2027", "data": "..."}, {"type": "text", "text": "Done."}],
+        },
+        {"role": "user", "content": "Next."},
+    ]
+    code, reply, prompts = _send(messages, [READ])
+    assert code == 200, reply
+    assert "Prefer small diffs." in prompts[0] and "hologram" not in prompts[0]
+    wrong = [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "y"}]}]
+    code, reply, _ = _send([{"role": "user", "content": "hi"}, *wrong], [READ], replies=0)
+    assert code == 400 and "which an assistant message cannot hold" in reply["error"]["message"]
