@@ -238,7 +238,9 @@ def template_messages(
                 texts.append(change_text(block, bw, declared.loaded))
             elif kind in _KNOWN_BLOCKS:
                 article = "an" if m["role"] == "assistant" else "a"
-                raise ApiError(400, f"{bw} has type '{kind}', which {article} {m['role']} message cannot hold")
+                raise ApiError(
+                    400, f"{bw} has type '{kind}', which {article} {m['role']} message cannot hold"
+                )
             else:  # a block type newer than this server: its text read, the rest passed over
                 texts.extend(_unknown_block(block, bw))
         if only_compaction:
