@@ -1,5 +1,5 @@
-"""The Responses API's output items (reasoning, message, function_call, custom_tool_call) and their
-streamed events."""
+"""The Responses API's output items (reasoning, message, function_call, custom_tool_call, tool_search_call)
+and their streamed events."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from engine.api.custom_tools import InputStream, custom_input
+from engine.api.response_tools import SEARCH, ToolNames
 from engine.parsers.call_stream import arguments_json
 from engine.parsers.tool_calls import ToolCall
 
@@ -39,17 +40,31 @@ def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """A call's item: a custom_tool_call (its input the string) where `custom` names the tool. One the reply
-    ended inside is incomplete, its arguments (or input) as far as written, as a stream sends it."""
+def call_item(call: ToolCall, names: ToolNames = ToolNames()) -> dict[str, Any]:
+    """A call's item: a custom_tool_call (its input the string) where `names.custom` names the tool, a
+    tool_search_call for the client-run tool search (its arguments the object), else a function_call; a
+    namespace's member named as its namespace has it (engine/api/response_tools.py). One the reply ended
+    inside is incomplete, its arguments (or input) as far as written, as a stream sends it."""
     cut = call.partial is not None
     status = "incomplete" if cut else "completed"
-    if call.name in custom:
+    if names.search and call.name == SEARCH:
+        return {
+            "type": "tool_search_call",
+            "id": _id("tsc"),
+            "call_id": _id("call"),
+            "arguments": call.arguments,
+            "execution": "client",
+            "status": status,
+        }
+    namespace, name = names.namespaces.get(call.name, (None, call.name))
+    where = {"namespace": namespace} if namespace is not None else {}
+    if call.name in names.custom:
         return {
             "type": "custom_tool_call",
             "id": _id("ctc"),
             "call_id": _id("call"),
-            "name": call.name,
+            "name": name,
+            **where,
             "input": InputStream().feed(call.partial) if cut else custom_input(call.arguments),
             "status": status,
         }
@@ -57,7 +72,8 @@ def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str,
         "type": "function_call",
         "id": _id("fc"),
         "call_id": _id("call"),
-        "name": call.name,
+        "name": name,
+        **where,
         "arguments": call.partial if cut else arguments_json(call.arguments),
         "status": status,
     }
@@ -66,7 +82,7 @@ def call_item(call: ToolCall, custom: frozenset[str] = frozenset()) -> dict[str,
 def output_items(
     reasoning: str,
     parts: list[str | ToolCall],
-    custom: frozenset[str] = frozenset(),
+    names: ToolNames = ToolNames(),
     logprobs: list[list] | None = None,
 ) -> list[dict[str, Any]]:
     """A whole reply's items: its reasoning (if any), then a message for each text piece and its calls, in
@@ -76,7 +92,7 @@ def output_items(
     groups = iter(logprobs or ())
     for part in parts or [""]:
         if isinstance(part, ToolCall):
-            items.append(call_item(part, custom))
+            items.append(call_item(part, names))
         else:
             items.append(message_item(part, logprobs=next(groups, None)))
     return items
@@ -89,6 +105,9 @@ _ID_PREFIX = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
+    "tool_search_call": "tsc",
+    "tool_search_output": "tso",
+    "additional_tools": "at",
 }
 CALLS = ("function_call", "custom_tool_call")
 
@@ -115,8 +134,8 @@ class OutputEvents:
     its text deltas, done with its final form; `sequence_number`s in order. `output` holds the items done.
     Message tokens' logprobs given to add_logprobs go with the next text delta (and the message's part)."""
 
-    def __init__(self, custom: frozenset[str] = frozenset()):
-        self.custom = custom  # the custom tools' names: their calls are custom_tool_call items
+    def __init__(self, names: ToolNames = ToolNames()):
+        self.names = names  # how calls become items (custom_tool_call, tool_search_call, namespaces)
         self.output: list[dict[str, Any]] = []
         self._logprobs: list[dict[str, Any]] = []  # entries not yet sent with a delta
         self.reasoning = ""  # all reasoning text so far (usage counts its tokens)
@@ -203,7 +222,10 @@ class OutputEvents:
     def _start_call(self, name: str) -> list[str]:
         """A streamed call's item added: a function_call, or a custom tool's custom_tool_call (its input
         then streams as the text it is, read out of the arguments' JSON)."""
-        item = call_item(ToolCall(name, {}), self.custom)
+        item = call_item(ToolCall(name, {}), self.names)
+        if item["type"] == "tool_search_call":  # its arguments, an object, come whole when it is done
+            self._call, self._input = {**item, "status": "in_progress"}, None
+            return [self.event("response.output_item.added", output_index=len(self.output), item=self._call)]
         field = "input" if item["type"] == "custom_tool_call" else "arguments"
         self._call = {**item, field: "", "status": "in_progress"}
         self._input = InputStream() if field == "input" else None
@@ -211,6 +233,8 @@ class OutputEvents:
 
     def _call_args(self, text: str) -> list[str]:
         """A piece of the streamed call's arguments (a custom tool's: what it adds to the input)."""
+        if self._call["type"] == "tool_search_call":
+            return []
         if self._input is not None:
             text = self._input.feed(text)
         return self._delta(text) if text else []
@@ -218,10 +242,15 @@ class OutputEvents:
     def _end_call(self, call: ToolCall | None) -> list[str]:
         """The streamed call done: completed with its arguments (a custom tool's input: the rest of it
         first), or (cut short) incomplete as streamed."""
+        if self._call["type"] == "tool_search_call":
+            done = {"arguments": call.arguments, "status": "completed"} if call is not None else {}
+            item, self._call = {**self._call, "status": "incomplete", **done}, None
+            self.output.append(item)
+            return [self.event("response.output_item.done", output_index=len(self.output) - 1, item=item)]
         field, stream = self._stream_names()
         events: list[str] = []
         if call is not None:
-            whole = call_item(call, self.custom)[field]
+            whole = call_item(call, self.names)[field]
             sent = self._call[field]
             if self._input is not None and whole.startswith(sent) and len(whole) > len(sent):
                 events += self._delta(whole[len(sent) :])
@@ -257,5 +286,7 @@ class OutputEvents:
     def _whole_call(self, call: ToolCall) -> list[str]:
         """A call that came whole (not streamed): added, its arguments (or input) in one delta, done."""
         events = self._start_call(call.name)
+        if self._call["type"] == "tool_search_call":
+            return events + self._end_call(call)
         field, _ = self._stream_names()
-        return events + self._delta(call_item(call, self.custom)[field]) + self._end_call(call)
+        return events + self._delta(call_item(call, self.names)[field]) + self._end_call(call)

@@ -4,8 +4,9 @@ The input items become chat messages (the chat completions route's validation, i
 `function_call`s and `custom_tool_call`s (an assistant turn's tool calls) and their outputs (tool results);
 a reasoning item's text is the next assistant turn's reasoning_content (the Qwen templates keep it for the
 turns since the last user message, a tool loop, and drop it before). `instructions` is the system
-turn. Function and custom tools (engine/api/custom_tools.py), which the client runs; built-in ones are
-refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
+turn. Function and custom tools (engine/api/custom_tools.py), which the client runs, in namespaces or not,
+added by `additional_tools` items or found by a client-run tool search (engine/api/response_tools.py);
+built-in ones are refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
 `custom_tool_call`) per call. With `store` (the default) a response is kept in memory, the
 latest 256 (engine/api/response_store.py), so `previous_response_id` continues its conversation and GET returns it.
 A last `compaction_trigger` item, or `context_management`'s threshold, compacts the conversation first
@@ -15,6 +16,7 @@ A last `compaction_trigger` item, or `context_management`'s threshold, compacts 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -31,7 +33,6 @@ from engine.api.common import (
     complete,
     field,
     guarded,
-    not_a_function_tool,
     now,
     read_json,
     reasoning_tokens,
@@ -42,7 +43,7 @@ from engine.api.common import (
     with_effort,
     written_unseen,
 )
-from engine.api.custom_tools import custom_arguments, custom_function, custom_names
+from engine.api.custom_tools import custom_arguments
 from engine.api.errors import ApiError
 from engine.api.images import preprocess_images
 from engine.api.openai import template_messages
@@ -58,6 +59,15 @@ from engine.api.response_history import ITEMS as HOSTED_ITEMS
 from engine.api.response_history import hosted_item_text
 from engine.api.response_items import CALLS, OutputEvents, input_items, output_items
 from engine.api.response_logprobs import MessageLogprobs, logprobs_setting
+from engine.api.response_tools import (
+    SEARCH,
+    ResponseTools,
+    ToolNames,
+    function_spec,
+    loaded_text,
+    response_tools,
+    seen_name,
+)
 from engine.api.response_truncation import fit_by_dropping_turns
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
@@ -134,16 +144,37 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 if kind == "function_call"
                 else custom_arguments(item.get("input"), f"{where}.input")
             )
+            name = seen_name(item.get("namespace"), item.get("name"))  # (as the model saw the tool)
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": arguments},
+                "function": {"name": name, "arguments": arguments},
             }
             if out and out[-1].get("role") == "assistant":  # the turn's text, then its calls
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 origins.append(where)
+        elif kind == "tool_search_call":  # the model's search for tools (the client ran it)
+            arguments = item.get("arguments", {})
+            call = {"id": item.get("call_id"), "type": "function", "function": {"name": SEARCH}}
+            call["function"]["arguments"] = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            if out and out[-1].get("role") == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origins.append(where)
+        elif kind == "tool_search_output":  # the tools it found, written here (engine/api/response_tools.py)
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": loaded_text(item.get("tools"), where),
+                }
+            )
+            origins.append(where)
+        elif kind == "additional_tools":
+            pass  # its tools are the request's (engine/api/response_tools.py)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             if isinstance(output, list):
@@ -169,7 +200,8 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
             raise ApiError(
                 400,
                 f"{where} has type '{kind}'; this server takes message, function_call, function_call_output, "
-                "custom_tool_call, custom_tool_call_output, reasoning, compaction and hosted tools' history items "
+                "custom_tool_call, custom_tool_call_output, reasoning, compaction, additional_tools, tool_search_call, "
+                "tool_search_output and hosted tools' history items "
                 "(web_search_call, local_shell_call, mcp_call, ...)",
                 "input",
             )
@@ -237,25 +269,11 @@ def _named_as_input(e: ApiError, origins: list[str]) -> ApiError:
     return ApiError(e.status, origins[int(m.group(1))] + e.message[m.end() :], "input")
 
 
-def _tools(body: dict) -> list[dict[str, Any]] | None:
-    tools = field(body, "tools", list)
-    if not tools or body.get("tool_choice") == "none":
+def _tools(body: dict, declared: ResponseTools) -> list[dict[str, Any]] | None:
+    """Every tool the reply may call, as function specs (engine/api/response_tools.py flattened them)."""
+    if not declared.flat or body.get("tool_choice") == "none":
         return None
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind == "custom":
-            out.append(custom_function(tool, f"tools[{i}]"))
-            continue
-        if kind != "function":
-            raise not_a_function_tool(i, kind)
-        if not isinstance(tool.get("name"), str):
-            raise ApiError(400, f"tools[{i}] needs a string 'name'", "tools")
-        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            raise ApiError(400, f"tools[{i}].parameters must be a JSON schema object", "tools")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
+    return [function_spec(tool, where) for tool, where in zip(declared.flat, declared.wheres)]
 
 
 def _template_kwargs(body: dict) -> dict[str, Any]:
@@ -283,12 +301,18 @@ def _history_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
             "id": i["call_id"],
             "type": "function",
             "function": {
-                "name": i["name"],
+                "name": seen_name(i.get("namespace"), i["name"]),
                 "arguments": i["arguments"] if "arguments" in i else custom_arguments(i["input"], "input"),
             },
         }
-        for i in output
         if i["type"] in CALLS
+        else {
+            "id": i["call_id"],
+            "type": "function",
+            "function": {"name": SEARCH, "arguments": json.dumps(i["arguments"])},
+        }
+        for i in output
+        if i["type"] in (*CALLS, "tool_search_call")
     ]
     turn: dict[str, Any] = {"role": "assistant", "content": text or None}
     reasoning = "".join(_reasoning_text(item, "output") for item in output if item["type"] == "reasoning")
@@ -308,8 +332,10 @@ class ResponsesPrompt:
     given: Any  # the input, item references resolved
     instructions: str | None
     truncation: str
-    tools: list[dict[str, Any]] | None
-    custom: frozenset[str]
+    tools: list[dict[str, Any]] | None  # every tool the reply may call
+    listed: list[dict[str, Any]] | None  # those the prompt's tool list holds (deferred ones apart)
+    flat: list[dict[str, Any]]  # the tools as flat function / custom entries (engine/api/response_tools.py)
+    names: ToolNames  # how calls become output items
     images: Any  # MessageImages, in prompt order
     text: str
     ids: list[int]
@@ -350,7 +376,10 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
     origins = (
         ["instructions"] * len(system) + ["previous_response_id's conversation"] * len(history) + origins
     )
-    tools, custom = _tools(body), custom_names(body.get("tools"))
+    field(body, "tools", list)
+    declared = response_tools(body, given)
+    tools = _tools(body, declared)
+    listed = [t for t in tools if t["function"]["name"] not in declared.deferred] or None if tools else None
     kwargs = _template_kwargs(body)
 
     def render(cut: int):  # the prompt without the first `cut` turns: (its images, text, token ids)
@@ -358,7 +387,7 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
             messages, images = template_messages(system + turns[cut:], state.reads_images)
         except ApiError as e:
             raise _named_as_input(e, origins[: len(system)] + origins[len(system) + cut :]) from e
-        return (images, *state.render(messages, tools, kwargs))
+        return (images, *state.render(messages, listed, kwargs))
 
     images, prompt_text, ids = render(0)
     if truncation == "auto":
@@ -366,7 +395,18 @@ def responses_prompt(state: ServerState, body: dict) -> ResponsesPrompt:
         limit = state.max_context - reserve
         images, prompt_text, ids = fit_by_dropping_turns(turns, (images, prompt_text, ids), render, limit)
     return ResponsesPrompt(
-        previous, turns, given, instructions, truncation, tools, custom, images, prompt_text, ids
+        previous,
+        turns,
+        given,
+        instructions,
+        truncation,
+        tools,
+        listed,
+        declared.flat,
+        declared.names,
+        images,
+        prompt_text,
+        ids,
     )
 
 
@@ -393,13 +433,13 @@ async def create(request: Request):
         )
     p = await asyncio.to_thread(responses_prompt, state, body)  # (off the event loop: state.render)
     previous, given, instructions, truncation = p.previous, p.given, p.instructions, p.truncation
-    tools, custom = p.tools, p.custom
+    tools, names = p.tools, p.names
     reply_tokens = field(body, "max_output_tokens", int) or state.default_max_tokens()
     trigger, threshold = (
         ends_with_trigger(given),
         compact_threshold(body, max(1, state.max_context - reply_tokens)),
     )
-    grammar = responses_grammar(body, tools, state.engine.tokenizer)
+    grammar = responses_grammar({**body, "tools": p.flat}, tools, state.engine.tokenizer)
     top_logprobs = logprobs_setting(body)
     params = sampling_params(
         state,
@@ -423,7 +463,7 @@ async def create(request: Request):
         """Start the reply to `prompt` (the request's, or the compacted conversation's)."""
         run.prompt, run.in_reasoning = prompt, prompt.text.rstrip().endswith("<think>")
         kwargs = _template_kwargs(body)  # where the tool list ends (engine/api/snapshot_hints.py)
-        hints = await snapshot_hints.after_tools(state, prompt.tools, kwargs, prompt.text, prompt.ids)
+        hints = await snapshot_hints.after_tools(state, prompt.listed, kwargs, prompt.text, prompt.ids)
         run.stream = await start(state, prompt.ids, params, prompt_images, snapshot_hints=hints)
         if top_logprobs is not None:
             eos = state.engine.llm.eos_token_ids
@@ -499,7 +539,7 @@ async def create(request: Request):
         if run.logprobs:
             run.logprobs.feed(out)
         logprobs = run.logprobs.groups if run.logprobs else None
-        return finish(out, output + output_items(reasoning, parts, custom, logprobs))
+        return finish(out, output + output_items(reasoning, parts, names, logprobs))
 
     if background and not streamed:  # answered at once; stored when done (engine/api/response_background.py)
 
@@ -512,7 +552,7 @@ async def create(request: Request):
     if not streamed:
         return JSONResponse(await reply(request))
 
-    stream = OutputEvents(custom)
+    stream = OutputEvents(names)
     failed_with: list[str] = []  # the engine's sentence (or a bug's, in the background), when it failed
 
     def failed(message: str) -> str:
