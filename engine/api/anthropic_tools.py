@@ -5,7 +5,8 @@ client tools — bash, the text editor, memory — which arrive as a bare `{"typ
 knows their schema by heart, so the schema their `tool_use` input follows is written out here for a
 model that does not; and server tools (web search, web fetch, code execution, ...), which Anthropic's own
 servers execute: nothing here runs them, so they are refused in one line rather than offered to the model
-as a tool the client then cannot answer.
+as a tool the client then cannot answer. Anthropic's advisor tool, which Claude Code adds to every request
+once a user picks an advisor model, is not offered to the model instead (the request does not need it).
 
 Deferred loading (`defer_loading: true`, Claude Code's tool search): such a tool stays out of the prompt's
 tool list until a `tool_reference` block in a tool result names it; the reference is read as the tool's
@@ -17,10 +18,13 @@ are listed up front. Calls to any declared tool are parsed, loaded or not.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from engine.api.errors import ApiError
+
+log = logging.getLogger("ninfer")
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,13 @@ CLIENT_TOOLS: dict[str, ClientTool] = {
     "memory_20250818": _MEMORY,
 }
 # the type prefixes of the tools Anthropic's servers execute (tool search apart: see the module's note)
-_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "mcp_toolset", "advisor_")
+_SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "mcp_toolset")
 _TOOL_SEARCH = "tool_search_tool_"
+# Anthropic's advisor (a stronger model the executor may consult mid-turn): Claude Code declares it on every
+# request once a user sets an advisor model; nothing here runs it, and the request needs it not, so the
+# model is not offered it (logged once) rather than every request refused
+_ADVISOR = "advisor_"
+_told: set[str] = set()  # the advisor tool types already logged
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,9 @@ def anthropic_tools(tools: list[Any], inline: list[tuple[str, dict]] = ()) -> An
         if isinstance(kind, str) and kind.startswith(_TOOL_SEARCH):
             searched = True  # Anthropic's tool search, not run here: every tool is listed up front
             continue
+        if isinstance(kind, str) and kind.startswith(_ADVISOR):
+            _tell_advisor(where, kind)
+            continue
         specs.append(_function(where, tool, kind))
         if tool.get("defer_loading") is True:
             deferred.add(tool["name"])
@@ -171,6 +183,16 @@ def anthropic_tools(tools: list[Any], inline: list[tuple[str, dict]] = ()) -> An
         specs.append(spec)
         deferred.add(spec["function"]["name"])
     return AnthropicTools(specs, frozenset() if searched else frozenset(deferred))
+
+
+def _tell_advisor(where: str, kind: str) -> None:
+    if kind not in _told:
+        _told.add(kind)
+        log.warning(
+            "%s is '%s', Anthropic's advisor, which this server does not run: the model is not offered it",
+            where,
+            kind,
+        )
 
 
 def _function(where: str, tool: dict, kind: Any) -> dict[str, Any]:

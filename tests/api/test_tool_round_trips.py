@@ -490,14 +490,19 @@ def test_anthropic_defined_client_tools_get_their_schema_and_server_tools_are_re
     engine = ScriptedEngine([view])
     editor = {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool", "max_characters": 900}
     bash = {"type": "bash_20250124", "name": "bash"}
+    # Claude Code's advisor (a user picked an advisor model): not offered to the model, not refused
+    advisor = {"type": "advisor_20260301", "name": "advisor", "model": "claude-opus-4-8"}
     ask = [{"role": "user", "content": "Show me a.py"}]
     with RunningServer(engine) as server:
         claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
-        message = claude.messages.create(model="m", max_tokens=50, messages=ask, tools=[editor, bash])
+        message = claude.messages.create(
+            model="m", max_tokens=50, messages=ask, tools=[editor, advisor, bash]
+        )
         (use,) = message.content
         assert message.stop_reason == "tool_use" and use.name == "str_replace_based_edit_tool"
         assert use.input == {"command": "view", "path": "/r/a.py"}
         (prompt,) = engine.prompts
+        assert "advisor" not in prompt
         specs = [json.loads(line) for line in prompt.split("<tools>\n")[1].split("</tools>")[0].splitlines()]
         editor_spec, bash_spec = (s["function"] for s in specs)
         assert editor_spec["parameters"]["properties"]["command"]["enum"] == [
