@@ -298,9 +298,13 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     if thinking is None:
         return kwargs
     kind = thinking.get("type")
-    if kind not in ("enabled", "adaptive", "disabled"):
-        raise ApiError(400, "'thinking.type' must be 'enabled', 'adaptive' or 'disabled'")
-    # adaptive: the model decides how long to think (Qwen's thinking on, no budget)
+    if kind not in ("enabled", "adaptive", "between_tools", "disabled"):
+        raise ApiError(400, "'thinking.type' must be 'enabled', 'adaptive', 'between_tools' or 'disabled'")
+    if thinking.get("display") not in (None, "summarized", "omitted"):
+        raise ApiError(400, "'thinking.display' must be 'summarized' or 'omitted'")
+    # adaptive: the model decides how long to think (Qwen's thinking on, no budget); between_tools: the
+    # Qwen templates think at every assistant turn, so on (a turn after a tool result is such a turn);
+    # display: the thinking is sent either way (there is nothing to redact it for)
     return {**kwargs, "enable_thinking": kind != "disabled"}
 
 

@@ -417,6 +417,11 @@ def test_thinking_budget_over_both_protocols(thinking_server):
         model="m", max_tokens=8, messages=ask, extra_body={"thinking": {"type": "adaptive"}, "temperature": 0}
     )
     assert adaptive.content[0].type == "thinking"  # Claude's newer form: thinking on, no budget
+    for thinking in ({"type": "between_tools"}, {"type": "adaptive", "display": "omitted"}):
+        newer = claude.messages.create(
+            model="m", max_tokens=8, messages=ask, extra_body={"thinking": thinking, "temperature": 0}
+        )
+        assert newer.content[0].type == "thinking"  # (thinking on; sent either way)
     r = httpx.post(
         f"{thinking_server.url}/v1/messages",
         json={
