@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api import anthropic_compaction, context_editing, snapshot_hints
+from engine.api import anthropic_compaction, anthropic_diagnostics, context_editing, snapshot_hints
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_prewarm import prewarm
@@ -417,7 +417,9 @@ async def messages(request: Request):
     if max_tokens == 0:  # the prompt computed into the cache, no reply (engine/api/anthropic_prewarm.py)
         return await prewarm(state, body, request, _prepare, _snapshot_hints)
     compaction = anthropic_compaction.requested(body)
+    opted, previous = anthropic_diagnostics.requested(body)
     prompt_text, ids, tools, images, applied, _ = await _prepare(state, body)
+    seen = await asyncio.to_thread(anthropic_diagnostics.fingerprint, body, ids) if opted else None
     edited = {PARAM: {"applied_edits": applied}} if PARAM in body else {}
     grammar = anthropic_grammar(body, tools, state.engine.tokenizer)
     params = sampling_params(
@@ -452,6 +454,10 @@ async def messages(request: Request):
         await launch(prompt_text, ids, images)
     only_block = summary is not None and (compaction.trigger is None or compaction.pause)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
+    diagnosed = {}  # (engine/api/anthropic_diagnostics.py)
+    if seen is not None:
+        diagnosed = {"diagnostics": state.cache_diagnostics.diagnose(previous, seen)}
+        state.cache_diagnostics.remember(mid, seen)
 
     def compacted(out: RequestOutput) -> dict[str, Any]:
         """The compaction's block, from its summary (content null: the model wrote none, a failed
@@ -498,6 +504,7 @@ async def messages(request: Request):
             "stop_sequence": out.stop_string if out is not None else None,
             "usage": usage(out),
             **edited,
+            **diagnosed,
         }
 
     if not stream:
@@ -589,6 +596,7 @@ async def messages(request: Request):
                     "stop_reason": None,
                     "stop_sequence": None,
                     "usage": start_usage,
+                    **diagnosed,
                 }
             },
         )

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.api.anthropic_diagnostics import CacheDiagnostics
 from engine.api.cors import LOCAL_ORIGINS
 from engine.api.errors import ApiError
 from engine.api.metrics import Metrics
@@ -51,6 +52,7 @@ class ServerState:
         self.metrics = Metrics(self.engine, self.model_id)
         self.responses = ResponseStore()
         self.background = BackgroundResponses(self.responses)  # Responses' background: true
+        self.cache_diagnostics = CacheDiagnostics()  # Anthropic's diagnostics.previous_message_id
 
     @property
     def max_context(self) -> int:
