@@ -65,6 +65,7 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
     marked: set[str] = set()  # defer_loading: true
     loaded: set[str] = set()  # known only from a tool_search_output: written where it stands
     namespaces: dict[str, tuple[str, str]] = {}
+    names: set[str] = set()  # the names taken so far
     search = hosted = False
     groups = [(f"tools[{i}]", t, False) for i, t in enumerate(body.get("tools") or [])]
     for i, item in enumerate(items if isinstance(items, list) else []):
@@ -81,9 +82,10 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
         if kind == SEARCH:
             client = tool.get("execution", "server") == "client"
             search, hosted = search or client, hosted or not client
-            if client and SEARCH not in {t.get("name") for t in flat}:
+            if client and SEARCH not in names:
                 flat.append(_search_function(tool, where))
                 wheres.append(where)
+                names.add(SEARCH)
             continue
         if kind not in ("function", "custom", "namespace"):
             raise ApiError(
@@ -97,12 +99,13 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
             if not isinstance(name, str) or not name:
                 raise ApiError(400, f"{at} needs a string 'name'", "tools")
             shown = seen_name(namespace, name)
-            if shown in {t.get("name") for t in flat}:
+            if shown in names:
                 if found:  # (a tool search may find a tool the request already has)
                     continue
                 raise ApiError(400, f"{at} is named {shown!r}, as another tool is", "tools")
             flat.append({**member, "name": shown})
             wheres.append(at)
+            names.add(shown)
             if namespace is not None:
                 namespaces[shown] = (namespace, name)
             if found:
