@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from engine.api import anthropic_compaction, anthropic_diagnostics, context_edit
 from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_prewarm import prewarm
+from engine.api.anthropic_sse import event, failure_event
 from engine.api.anthropic_tool_changes import CHANGES, change_text, inline_definitions
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import (
@@ -25,7 +25,6 @@ from engine.api.common import (
     read_json,
     sampling_params,
     start,
-    stream_failure,
     until_failed,
     written_unseen,
 )
@@ -525,16 +524,8 @@ async def messages(request: Request):
         finished_calls = any(isinstance(p, ToolCall) and p.partial is None for p in parts)
         return JSONResponse(message(content, _stop_reason(out, finished_calls), out))
 
-    def event(kind: str, data: dict[str, Any]) -> str:
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
-
     def failure(out: RequestOutput) -> str | None:
-        """The error event of a request that ended without its reply (None: it goes on)."""
-        message = stream_failure(state, out)
-        if message is None:
-            return None
-        kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
-        return event("error", {"error": {"type": kind, "message": message}})
+        return failure_event(state, out)
 
     async def compaction_events():
         """The compaction block, its one delta (the whole summary) once written; then the reply's start. An

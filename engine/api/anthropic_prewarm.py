@@ -8,15 +8,14 @@ extra step) and it is dropped."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.common import complete, guarded, sampling_params, start, stream_failure, until_failed
+from engine.api.anthropic_sse import event, failure_event
+from engine.api.common import complete, guarded, sampling_params, start, until_failed
 from engine.api.context_editing import PARAM
 from engine.api.state import ServerState
 from engine.request import RequestOutput
@@ -53,15 +52,8 @@ async def prewarm(
         }
         return JSONResponse(message)
 
-    def event(kind: str, data: dict[str, Any]) -> str:
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
-
     def failure(out: RequestOutput) -> str | None:
-        message = stream_failure(state, out)
-        if message is None:
-            return None
-        kind = "overloaded_error" if out.finish_reason == "expired" else "api_error"
-        return event("error", {"error": {"type": kind, "message": message}})
+        return failure_event(state, out)
 
     async def events():
         start_usage = {"input_tokens": len(ids), "output_tokens": 0}
