@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.parsers import bare_calls
 from engine.parsers.call_stream import CallStream, arguments_json, string_end
 from engine.parsers.param_types import tool_param_types, typed_value
 from engine.parsers.xml_value import AFTER_VALUE, value_end
@@ -30,6 +31,10 @@ from engine.parsers.xml_value import AFTER_VALUE, value_end
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
+_BARE_TURNS = ("</function>", "<function=", OPEN)  # where a bare call's verdict may change
+_END_BARE = re.compile(
+    r"\s*</function>(?:\s*</tool_call>)?"
+)  # a bare call's end (engine/parsers/bare_calls.py)
 _END_FUNCTION = re.compile(r"\s*(?:</function>\s*)?</tool_call>")  # (some calls leave </function> out)
 
 log = logging.getLogger("ninfer")
@@ -84,12 +89,37 @@ class ToolCallParser:
         self._call: CallStream | None = None  # the call being streamed
         self._fed = 0  # buffer characters the call's stream has read
         self._unclosed = 0  # the call's body holds no closing tag before this offset
+        self.in_bare = False  # the buffer starts where a call without its <tool_call> may (bare_calls.py)
+        self._bare_seen = 0  # the buffer's length when that was last looked at
+        self._bare_named = False  # ... and whether its first tag's name was read then
+        self.prose = bare_calls.ProseState()  # where the text given out so far leaves the next
 
     def feed(self, delta: str, final: bool = False) -> list[str | ToolCall | CallStart | CallArgs | CallEnd]:
         """Text pieces and complete ToolCalls (and, streaming, the calls' pieces), in order."""
         self.buffer += delta
         events: list[str | ToolCall] = []
         while self.buffer:
+            if self.in_bare:
+                # (read again only where a block may have ended or begun since: a long bare call is not
+                # parsed again for every piece of it)
+                fresh = self.buffer[max(0, self._bare_seen - len("</function>")) :]
+                named = ">" in self.buffer.partition("\n")[0]  # (its name read: checked once)
+                quiet = not any(t in fresh for t in _BARE_TURNS) and named == self._bare_named
+                self._bare_seen, self._bare_named = len(self.buffer), named
+                if not final and quiet:
+                    break
+                verdict = self._bare_verdict(final)
+                if verdict is None:  # not known yet
+                    break
+                self.in_bare, self._bare_seen, self._bare_named = False, 0, False
+                if verdict is False:  # text after all: its first character out, the rest read on as text
+                    self._text(events, self.buffer[0])
+                    self.buffer = self.buffer[1:]
+                    continue
+                calls, used = verdict
+                events += calls
+                self.buffer, self.after_call, self.prose.line_start = self.buffer[used:], True, True
+                continue
             if self.after_call and not self.in_call:
                 body = self.buffer.lstrip()
                 if body.startswith(OPEN):
@@ -103,17 +133,23 @@ class ToolCallParser:
                 continue
             if not self.in_call:
                 at = self.buffer.find(OPEN)
+                bare = bare_calls.candidate(
+                    self.buffer, len(self.buffer) if at < 0 else at, self.prose, self.schemas
+                )
+                if bare is not None:
+                    self._text(events, self.buffer[:bare])
+                    self.buffer, self.in_bare = self.buffer[bare:], True
+                    continue
                 if at < 0:
                     keep = 0 if final else _partial_suffix(self.buffer, OPEN)
+                    keep = max(keep, 0 if final else bare_calls.partial_start(self.buffer, self.prose))
                     text, self.buffer = (
                         self.buffer[: len(self.buffer) - keep],
                         self.buffer[len(self.buffer) - keep :],
                     )
-                    if text:
-                        events.append(text)
+                    self._text(events, text)
                     break
-                if at:
-                    events.append(self.buffer[:at])
+                self._text(events, self.buffer[:at])
                 self.buffer, self.in_call, self._unclosed = self.buffer[at + len(OPEN) :], True, 0
                 if self.stream:
                     self._call, self._fed = CallStream(self.schemas), 0
@@ -133,11 +169,43 @@ class ToolCallParser:
             if self._started():
                 events += self._streamed() + self._finish(call)
             elif call is None:  # complete but not a call we can read: give it back as text
-                events.append(OPEN + self.buffer[:used])
+                self._text(events, OPEN + self.buffer[:used])
             else:
                 events.append(call)
             self.buffer, self.in_call, self.after_call, self._call = self.buffer[used:], False, True, None
+            self.prose.line_start = True
         return events
+
+    def _text(self, events: list, text: str) -> None:
+        if text:
+            events.append(text)
+            self.prose.note(text)
+
+    def _bare_verdict(self, final: bool) -> tuple[list[ToolCall], int] | bool | None:
+        """The buffer from a bare call's possible start: (its calls, the characters they take) where they are
+        calls, False where it is text, None while not known (bare_calls.py says which is which)."""
+        text, pos, calls = self.buffer, 0, []
+        while True:
+            rest = text[pos:]
+            body = rest.lstrip()
+            start = pos + len(rest) - len(body)
+            if not body:  # the calls so far end the reply (or more may come)
+                return (calls, len(text)) if final and calls else (False if final else None)
+            if calls and body.startswith(OPEN):  # a wrapped call follows them
+                return calls, start
+            if not body.startswith(bare_calls.FUNCTION):
+                maybe = bare_calls.FUNCTION.startswith(body) or (
+                    bool(calls) and (OPEN.startswith(body) or CLOSE.startswith(body))
+                )
+                return None if maybe and not final else False
+            parsed = self._parse_xml(text[start:], _END_BARE)
+            if parsed is None:  # not whole yet
+                return False if final else None
+            call, used = parsed
+            if call is None or call.name not in self.schemas:
+                return False
+            calls.append(call)
+            pos = start + used
 
     def _started(self) -> bool:
         return self._call is not None and self._call.name is not None
@@ -196,7 +264,7 @@ class ToolCallParser:
                 return None, used
         return (ToolCall(obj["name"], args) if isinstance(args, dict) else None), used
 
-    def _parse_xml(self, text: str) -> tuple[ToolCall | None, int] | None:
+    def _parse_xml(self, text: str, end_re: re.Pattern = _END_FUNCTION) -> tuple[ToolCall | None, int] | None:
         m = _FUNCTION.match(text)
         if m is None:
             return None if CLOSE not in text else (None, text.find(CLOSE) + len(CLOSE))
@@ -204,7 +272,7 @@ class ToolCallParser:
         schema = self.schemas.get(name, {})
         args: dict[str, Any] = {}
         while True:
-            end = _END_FUNCTION.match(text, pos)
+            end = end_re.match(text, pos)
             if end is not None:
                 return ToolCall(name, args), end.end()
             p = _PARAMETER.match(text, pos)

@@ -175,3 +175,39 @@ def test_values_end_where_the_model_meant_them_to(written, arguments, size):
         events += parser.feed(reply[i : i + size])
     text, calls = collapse(events + parser.feed("", final=True))
     assert calls == [ToolCall("set_mode", arguments)] and text == ""
+
+
+BARE = "<function=set_mode>\n<parameter=level>\n2\n</parameter>\n<parameter=note>\nfast\n</parameter>\n</function>"
+
+
+@pytest.mark.parametrize(
+    "reply,text,calls",
+    [
+        # Qwen3.5 / 3.6 now and then leave the <tool_call> wrapper out (often keeping its close)
+        ("I'll set it.\n" + BARE, "I'll set it.\n", 1),
+        ("I'll set it.\n" + BARE + "\n</tool_call>", "I'll set it.\n", 1),
+        (BARE + "\n" + BARE.replace("2", "3"), "", 2),
+        ("Now:\n" + BARE + "\n<tool_call>\n" + BARE + "\n</tool_call>", "Now:\n", 2),
+        # prose about calls stays prose: in a code fence, not at a line's start, an undeclared tool, text after
+        ("Like this:\n```\n" + BARE + "\n```", "Like this:\n```\n" + BARE + "\n```", 0),
+        ("Write " + BARE, "Write " + BARE, 0),
+        (
+            "x\n" + BARE.replace("set_mode", "get_weather_x"),
+            "x\n" + BARE.replace("set_mode", "get_weather_x"),
+            0,
+        ),
+        ("x\n" + BARE + "\nThat is the form.", "x\n" + BARE + "\nThat is the form.", 0),
+        ("x\n<function=set_mode>\n<parameter=level>\n2", "x\n<function=set_mode>\n<parameter=level>\n2", 0),
+    ],
+)
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_a_call_written_without_its_wrapper_is_a_call_where_a_call_would_be(reply, text, calls, size):
+    parser = ToolCallParser(BODY_TOOL)
+    events = []
+    for i in range(0, len(reply), size):
+        events += parser.feed(reply[i : i + size])
+    got_text, got_calls = collapse(events + parser.feed("", final=True))
+    assert got_text == text and len(got_calls) == calls
+    assert all(
+        c == ToolCall("set_mode", {"level": int(c.arguments["level"]), "note": "fast"}) for c in got_calls
+    )

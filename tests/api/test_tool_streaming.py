@@ -264,3 +264,23 @@ def test_mcp_schema_forms_type_the_values_and_a_value_may_hold_the_tags():
         )
         (call,) = streamed_tool_calls(chunks)
         assert json.loads(call.function.arguments) == EDIT_INPUT
+
+
+def test_a_call_written_without_its_wrapper_reaches_the_client():
+    """Qwen3.5 / 3.6 now and then write `<function=...>` without `<tool_call>` (keeping the orphan close): the
+    agent gets the call, streamed or not, rather than the markup as text and a turn with nothing to run."""
+    bare = "Writing it.\n" + XML.split("<tool_call>\n", 1)[1]  # (its `</tool_call>` kept)
+    with RunningServer(ScriptedEngine([bare, bare])) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+        tools = [{"name": "write_file", "input_schema": WRITE["parameters"]}]
+        with claude.messages.stream(model="m", max_tokens=2000, messages=ASK, tools=tools) as s:
+            message = s.get_final_message()
+        assert [b.type for b in message.content] == ["text", "tool_use"] and message.stop_reason == "tool_use"
+        assert message.content[0].text == "Writing it.\n" and message.content[1].input == ARGS
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
+            model="m", messages=ASK, tools=[{"type": "function", "function": WRITE}]
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and "<function" not in (choice.message.content or "")
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == ARGS
