@@ -122,9 +122,9 @@ class ToolCallParser:
                 continue
             if self.after_call and not self.in_call:
                 body = self.buffer.lstrip()
-                if body.startswith(OPEN):
-                    self.buffer, self.after_call = body, False
-                elif not body or OPEN.startswith(body):
+                if body.startswith((OPEN, bare_calls.FUNCTION)):  # (a bare one, from a line's start)
+                    self.buffer, self.after_call, self.prose.line_start = body, False, True
+                elif not body or OPEN.startswith(body) or bare_calls.FUNCTION.startswith(body):
                     # held until what follows is known; at the end, the start of a call cut short: no text
                     self.buffer = "" if final else self.buffer
                     break

@@ -188,6 +188,7 @@ BARE = "<function=set_mode>\n<parameter=level>\n2\n</parameter>\n<parameter=note
         ("I'll set it.\n" + BARE + "\n</tool_call>", "I'll set it.\n", 1),
         (BARE + "\n" + BARE.replace("2", "3"), "", 2),
         ("Now:\n" + BARE + "\n<tool_call>\n" + BARE + "\n</tool_call>", "Now:\n", 2),
+        ("<tool_call>\n" + BARE + "\n</tool_call>\n" + BARE, "", 2),  # (the whitespace between is no text)
         # prose about calls stays prose: in a code fence, not at a line's start, an undeclared tool, text after
         ("Like this:\n```\n" + BARE + "\n```", "Like this:\n```\n" + BARE + "\n```", 0),
         ("Write " + BARE, "Write " + BARE, 0),
