@@ -13,17 +13,22 @@ flat function / custom entries the rest of the route takes (engine/api/responses
   it stands (the prompt before it, and its cached prefix, unchanged) and may be called from there on.
   With the hosted `tool_search` (`execution: "server"`), which nothing here runs, the deferred tools are
   listed up front instead.
+* tools OpenAI's servers run (`web_search`, `image_generation`, ...; Codex lists some with every request)
+  are not offered to the model, logged once a type, rather than every request refused.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api.custom_tools import custom_function
 from engine.api.errors import ApiError
 
+log = logging.getLogger("ninfer")
+_passed_over: set[Any] = set()  # the hosted tool types already logged
 SEARCH = "tool_search"
 PLAIN_NAMESPACE = "functions"
 _SEARCH_PARAMETERS = {
@@ -88,11 +93,8 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
                 names.add(SEARCH)
             continue
         if kind not in ("function", "custom", "namespace"):
-            raise ApiError(
-                400,
-                f"{where} is a '{kind}' tool; this server takes function tools (the client runs them)",
-                "tools",
-            )
+            _pass_over(where, kind)
+            continue
         members = _members(tool, where) if kind == "namespace" else [(None, tool, where)]
         for namespace, member, at in members:
             name = member.get("name")
@@ -115,6 +117,17 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
     deferred = loaded | (marked if search and not hosted else set())
     custom = frozenset(t["name"] for t in flat if t.get("type") == "custom")
     return ResponseTools(flat, wheres, frozenset(deferred), ToolNames(custom, namespaces, search))
+
+
+def _pass_over(where: str, kind: Any) -> None:
+    """A tool OpenAI's servers run (`web_search`, `image_generation`, `file_search`, `code_interpreter`, ...):
+    Codex lists some with every request, so the model is not offered it, logged once a type, rather than
+    every request refused."""
+    if kind not in _passed_over:
+        _passed_over.add(kind)
+        log.warning(
+            "%s is a '%s' tool, which this server does not run: the model is not offered it", where, kind
+        )
 
 
 def _members(tool: dict, where: str) -> list[tuple[str, dict, str]]:

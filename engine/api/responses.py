@@ -6,7 +6,7 @@ a reasoning item's text is the next assistant turn's reasoning_content (the Qwen
 turns since the last user message, a tool loop, and drop it before). `instructions` is the system
 turn. Function and custom tools (engine/api/custom_tools.py), which the client runs, in namespaces or not,
 added by `additional_tools` items or found by a client-run tool search (engine/api/response_tools.py);
-built-in ones are refused. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
+built-in ones (OpenAI runs them) are not offered to the model. The output: a `reasoning` item when the model thought, a `message`, and a `function_call` (or
 `custom_tool_call`) per call. With `store` (the default) a response is kept in memory, the
 latest 256 (engine/api/response_store.py), so `previous_response_id` continues its conversation and GET returns it.
 A last `compaction_trigger` item, or `context_management`'s threshold, compacts the conversation first

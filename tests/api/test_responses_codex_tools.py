@@ -39,6 +39,8 @@ BROWSER = {
     "defer_loading": True,
 }
 TOOLS = [
+    {"type": "web_search"},  # (hosted ones Codex lists with every request: not offered, not refused)
+    {"type": "image_generation"},
     {"type": "function", "name": "shell", "description": "Run a command", "parameters": {"type": "object"}},
     {"type": "namespace", "name": "mcp__github", "description": "GitHub", "tools": [SEARCH_ISSUES]},
     {"type": "tool_search", "execution": "client", "description": "Find more tools"},
@@ -79,6 +81,7 @@ def test_a_namespaced_tool_is_seen_qualified_and_called_back_with_its_namespace(
     ):
         assert shown in prompt, shown
     assert "open_page" not in prompt  # deferred until a tool search finds it
+    assert "web_search" not in prompt and "image_generation" not in prompt
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -134,7 +137,6 @@ def test_the_tools_a_search_found_are_written_where_it_answered_and_called():
     "body,words",
     [
         ({"tools": [{"type": "namespace", "name": "x"}]}, "tools[0] (a namespace) needs"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0] is a 'web_search' tool"),
         (
             {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]},
             "tools[0].tools[0] must be a function or custom tool",
