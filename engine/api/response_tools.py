@@ -126,7 +126,10 @@ def _pass_over(where: str, kind: Any) -> None:
     if kind not in _passed_over:
         _passed_over.add(kind)
         log.warning(
-            "%s is a '%s' tool, which this server does not run: the model is not offered it", where, kind
+            "%s has type '%s', a tool OpenAI's servers run, which this server does not: the model is not "
+            "offered it",
+            where,
+            kind,
         )
 
 
