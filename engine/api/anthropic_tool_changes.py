@@ -53,7 +53,8 @@ def change_text(block: dict, where: str, loaded) -> str:
             "run; declare the MCP server's tools in 'tools' (your client runs them) and refer to them by name",
         )
     if kind == "tool_definition":
-        name = tool.get("definition", {}).get("name")
+        definition = tool.get("definition")
+        name = definition.get("name") if isinstance(definition, dict) else None
     elif kind == "tool_reference":
         name = tool.get("name")
     else:

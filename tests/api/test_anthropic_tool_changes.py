@@ -100,6 +100,7 @@ def test_a_removed_tool_is_said_in_place():
         ({"type": "tool_reference", "name": "Nowhere"}, "which is not in tools"),
         ({"type": "tool_definition", "definition": {**READ}}, "a name another tool has"),
         ({"type": "something_else"}, "tool.type must be tool_reference or tool_definition"),
+        ({"type": "tool_definition", "definition": "Read"}, "must be a tool object"),
     ],
 )
 def test_changes_that_cannot_be_served_are_refused_in_a_line(added, words):
