@@ -159,11 +159,15 @@ def loaded_text(tools: Any, where: str) -> str:
     the prompt's tool list has them."""
     specs = []
     for j, tool in enumerate(tools if isinstance(tools, list) else []):
-        members = (
-            _members(tool, f"{where}.tools[{j}]") if tool.get("type") == "namespace" else [(None, tool, "")]
-        )
-        for namespace, member, at in members:
-            spec = function_spec(member, at or f"{where}.tools[{j}]")
+        at = f"{where}.tools[{j}]"
+        if not isinstance(tool, dict):
+            raise ApiError(400, f"{at} must be an object", "input")
+        kind = tool.get("type")
+        if kind not in ("function", "custom", "namespace"):
+            continue  # (a hosted tool: not offered)
+        members = _members(tool, at) if kind == "namespace" else [(None, tool, at)]
+        for namespace, member, member_at in members:
+            spec = function_spec(member, member_at)
             spec["function"]["name"] = seen_name(namespace, member.get("name"))
             specs.append(spec)
     if not specs:

@@ -153,3 +153,11 @@ def test_tool_forms_that_cannot_be_served_are_refused_in_a_line(body, words):
         sent = {"model": "m", "input": [ASK], **body}
         reply = httpx.post(f"{server.url}/v1/responses", json=sent, timeout=30)
     assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
+
+
+@pytest.mark.parametrize("found", [[""], [None], [{"type": "function"}]])
+def test_a_malformed_tool_search_output_is_a_400(found):
+    with RunningServer(ScriptedEngine([])) as server:
+        items = [ASK, {"type": "tool_search_output", "call_id": "c", "execution": "client", "tools": found}]
+        reply = httpx.post(f"{server.url}/v1/responses", json={"model": "m", "input": items}, timeout=30)
+    assert reply.status_code == 400 and "input[1].tools[0]" in reply.json()["error"]["message"], reply.text
