@@ -14,7 +14,9 @@ flat function / custom entries the rest of the route takes (engine/api/responses
   With the hosted `tool_search` (`execution: "server"`), which nothing here runs, the deferred tools are
   listed up front instead.
 * tools OpenAI's servers run (`web_search`, `image_generation`, ...; Codex lists some with every request)
-  are not offered to the model, logged once a type, rather than every request refused.
+  are not offered to the model, logged once a type, rather than every request refused; the built-in tools
+  a client runs (`local_shell`, `shell`, `apply_patch`), whose calls it would wait for, are refused in a
+  line (give them as function or custom tools, as Codex does for other models).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from engine.api.errors import ApiError
 log = logging.getLogger("ninfer")
 _passed_over: set[Any] = set()  # the hosted tool types already logged
 SEARCH = "tool_search"
+# the tools OpenAI's servers run (type prefixes): not offered to the model
+_HOSTED = ("web_search", "image_generation", "file_search", "code_interpreter", "computer_use", "mcp")
 PLAIN_NAMESPACE = "functions"
 _SEARCH_PARAMETERS = {
     "type": "object",
@@ -92,9 +96,16 @@ def response_tools(body: dict, items: Any) -> ResponseTools:
                 wheres.append(where)
                 names.add(SEARCH)
             continue
-        if kind not in ("function", "custom", "namespace"):
+        if isinstance(kind, str) and kind.startswith(_HOSTED):
             _pass_over(where, kind)
             continue
+        if kind not in ("function", "custom", "namespace"):  # (local_shell, shell, apply_patch: the client's)
+            raise ApiError(
+                400,
+                f"{where} is a '{kind}' tool; this server takes function, custom and namespace tools (the "
+                "client runs them) — give it as a function or custom tool",
+                "tools",
+            )
         members = _members(tool, where) if kind == "namespace" else [(None, tool, where)]
         for namespace, member, at in members:
             name = member.get("name")
