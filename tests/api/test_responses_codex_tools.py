@@ -146,7 +146,10 @@ def test_the_tools_a_search_found_are_written_where_it_answered_and_called():
             "input[0].tools must be an array",
         ),
         ({"tools": [SEARCH_ISSUES, SEARCH_ISSUES]}, "tools[1] is named 'search_issues', as another tool is"),
-        ({"tools": [{"type": "local_shell"}]}, "tools[0] is a 'local_shell' tool; this server takes function"),
+        (
+            {"tools": [{"type": "local_shell"}]},
+            "tools[0] is a 'local_shell' tool; this server takes function",
+        ),
     ],
 )
 def test_tool_forms_that_cannot_be_served_are_refused_in_a_line(body, words):
