@@ -32,9 +32,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
 _BARE_TURNS = ("</function>", "<function=", OPEN)  # where a bare call's verdict may change
-_END_BARE = re.compile(
-    r"\s*</function>(?:\s*</tool_call>)?"
-)  # a bare call's end (engine/parsers/bare_calls.py)
+# a bare call's end (engine/parsers/bare_calls.py): its </function>, the orphan </tool_call> taken with it
+_END_BARE = re.compile(r"\s*</function>(?:\s*</tool_call>)?")
 _END_FUNCTION = re.compile(r"\s*(?:</function>\s*)?</tool_call>")  # (some calls leave </function> out)
 
 log = logging.getLogger("ninfer")
