@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -76,6 +77,7 @@ from engine.parsers.reply import ReplyParser
 from engine.request import RequestOutput
 
 router = APIRouter()
+log = logging.getLogger("ninfer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -196,6 +198,9 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                     "before it)",
                     "input",
                 )
+        elif kind != "reasoning" and isinstance(kind, str):  # a newer item type: passed over (logged once)
+            _pass_over_item(where, kind)
+            continue
         elif kind != "reasoning":
             raise ApiError(
                 400,
@@ -215,6 +220,18 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 turn.setdefault("reasoning_content", reasoning)
             reasoning = ""
     return out, origins
+
+
+_passed_over: set[str] = set()  # the unknown input item types already logged
+
+
+def _pass_over_item(where: str, kind: str) -> None:
+    """An input item of a type this server does not know (the Responses API gains new ones, and a client that
+    keeps its history sends the item again every turn, so a 400 would fail the rest of the session): passed
+    over, logged once a type."""
+    if kind not in _passed_over:
+        _passed_over.add(kind)
+        log.warning("%s has type %r, unknown here: passed over", where, kind)
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:

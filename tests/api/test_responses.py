@@ -221,7 +221,7 @@ def test_reasoning_effort_turns_thinking_on_and_off(client):
 @pytest.mark.parametrize(
     "body, status, words",
     [
-        ({"input": [{"type": "robot_call"}]}, 400, "has type 'robot_call'"),
+        ({"input": [{"type": 5}]}, 400, "has type '5'"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 404, "input[0] refers to item 'msg_1'"),
         ({"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role is 'robot'"),
         (

@@ -165,3 +165,18 @@ def test_a_malformed_tool_search_output_is_a_400(found):
         items = [ASK, {"type": "tool_search_output", "call_id": "c", "execution": "client", "tools": found}]
         reply = httpx.post(f"{server.url}/v1/responses", json={"model": "m", "input": items}, timeout=30)
     assert reply.status_code == 400 and "input[1].tools[0]" in reply.json()["error"]["message"], reply.text
+
+
+def test_an_input_item_type_newer_than_this_server_is_passed_over():
+    """A client that keeps its history sends an item again every turn: a 400 on a type this server does not
+    know would fail the rest of the session. It is passed over; a type that is no string is still a 400."""
+    engine = ScriptedEngine(["Done."])
+    items = [ASK, {"type": "program", "id": "p1", "call_id": "c9", "code": "run()", "fingerprint": "f"}]
+    with RunningServer(engine) as server:
+        reply = httpx.post(f"{server.url}/v1/responses", json={"model": "m", "input": items}, timeout=30)
+        bad = httpx.post(
+            f"{server.url}/v1/responses", json={"model": "m", "input": [{"type": 5}]}, timeout=30
+        )
+    assert reply.status_code == 200, reply.text
+    assert "run()" not in engine.prompts[0] and "Find the flaky-test issue." in engine.prompts[0]
+    assert bad.status_code == 400
