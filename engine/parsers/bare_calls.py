@@ -47,18 +47,13 @@ def candidate(buffer: str, limit: int, prose: ProseState, names) -> int | None:
         k = buffer.find(FUNCTION, start, limit)
         if k < 0:
             return None
-        at_line_start = buffer[k - 1] == "\n" if k else prose.line_start
-        if at_line_start and not prose.in_fence(buffer[:k]):
+        if at_line_start(buffer, k, prose) and not prose.in_fence(buffer[:k]):
             m = _NAME.match(buffer, k)
             if not m.group(2) or m.group(1).strip() in names:
                 return k
         start = k + 1
 
 
-def partial_start(buffer: str, prose: ProseState) -> int:
-    """How many characters at the end of `buffer` may begin a bare call's `<function=` at a line's start."""
-    for n in range(min(len(FUNCTION) - 1, len(buffer)), 0, -1):
-        if buffer.endswith(FUNCTION[:n]):
-            before = len(buffer) - n
-            return n if (buffer[before - 1] == "\n" if before else prose.line_start) else 0
-    return 0
+def at_line_start(buffer: str, k: int, prose: ProseState) -> bool:
+    """Whether `buffer[k:]` begins a line (the buffer's start: where the text given out left off)."""
+    return buffer[k - 1] == "\n" if k else prose.line_start

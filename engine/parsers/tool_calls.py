@@ -141,7 +141,9 @@ class ToolCallParser:
                     continue
                 if at < 0:
                     keep = 0 if final else _partial_suffix(self.buffer, OPEN)
-                    keep = max(keep, 0 if final else bare_calls.partial_start(self.buffer, self.prose))
+                    bare_start = 0 if final else _partial_suffix(self.buffer, bare_calls.FUNCTION)
+                    if bare_calls.at_line_start(self.buffer, len(self.buffer) - bare_start, self.prose):
+                        keep = max(keep, bare_start)  # (what may begin a bare call's <function= held too)
                     text, self.buffer = (
                         self.buffer[: len(self.buffer) - keep],
                         self.buffer[len(self.buffer) - keep :],
