@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from engine.api.anthropic_history import BLOCKS as SERVER_BLOCKS
 from engine.api.anthropic_history import server_block_text
 from engine.api.anthropic_prewarm import prewarm
 from engine.api.anthropic_sse import event, failure_event
+from engine.api.anthropic_sse import usage as _usage
 from engine.api.anthropic_tool_changes import CHANGES, change_text, inline_definitions
 from engine.api.anthropic_tools import AnthropicTools, anthropic_tools
 from engine.api.common import (
@@ -35,13 +35,13 @@ from engine.api.images import MessageImages, anthropic_image, preprocess_images,
 from engine.api.response_compaction import kept_user_budget
 from engine.api.state import ServerState
 from engine.api.structured import anthropic_grammar
+from engine.api.warn_once import warn_once
 from engine.parsers.call_stream import arguments_json
 from engine.parsers.reply import ReplyParser
 from engine.parsers.tool_calls import ToolCall
 from engine.request import RequestOutput
 
 router = APIRouter()
-log = logging.getLogger("ninfer")
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -60,18 +60,18 @@ _KNOWN_BLOCKS = frozenset(
     ("text", "image", "document", "search_result", "tool_use", "tool_result", "thinking", "redacted_thinking")
     + ("compaction", "fallback", "mcp_tool_listing", *SERVER_BLOCKS, *CHANGES)
 )
-_passed_over: set[str] = set()  # the unknown block types already logged
 
 
 def _unknown_block(block: dict, where: str) -> list[str]:
     """A block of a type this server does not know (Anthropic's API gains new ones, and a client keeps a
     block in a session's history for good, so a 400 would lock the session): its `text` if it has one,
     else nothing; logged once per type."""
-    if block["type"] not in _passed_over:
-        _passed_over.add(block["type"])
-        log.warning(
-            "%s has type %r, unknown here: its text is read, the rest passed over", where, block["type"]
-        )
+    warn_once(
+        ("anthropic block", block["type"]),
+        "%s has type %r, unknown here: its text is read, the rest passed over",
+        where,
+        block["type"],
+    )
     return [block["text"]] if isinstance(block.get("text"), str) else []
 
 
@@ -329,16 +329,6 @@ def _stop_reason(out: RequestOutput, called: bool = False) -> str:
     if out.finish_reason == "length":
         return "max_tokens"
     return "stop_sequence" if out.stop_string is not None else "end_turn"
-
-
-def _usage(out: RequestOutput) -> dict[str, int]:
-    cached = out.num_cached_tokens
-    return {
-        "input_tokens": len(out.prompt_token_ids) - cached,
-        "output_tokens": len(out.token_ids),
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
 
 
 async def _prepare(state: ServerState, body: dict):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api.anthropic_sse import event, failure_event
+from engine.api.anthropic_sse import event, failure_event, usage
 from engine.api.common import complete, guarded, sampling_params, start, until_failed
 from engine.api.context_editing import PARAM
 from engine.api.state import ServerState
@@ -84,11 +84,5 @@ async def prewarm(
 
 
 def _usage(out: RequestOutput) -> dict[str, int]:
-    """The prompt's tokens, those the cache already held apart; no output (the sampled token is dropped)."""
-    cached = out.num_cached_tokens
-    return {
-        "input_tokens": len(out.prompt_token_ids) - cached,
-        "output_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
+    """The reply's usage with no output: the one token sampled at the prompt's end is dropped."""
+    return {**usage(out), "output_tokens": 0}

@@ -1,5 +1,6 @@
-"""The Messages API's server-sent events: one event's text, and the error event of a reply that ended
-without its end (expired waiting for admission: `overloaded_error`; else `api_error`)."""
+"""What the Messages API's replies share (the reply route, its pre-warm): a reply's `usage`; one server-sent
+event's text, and the error event of a reply that ended without its end (expired waiting for admission:
+`overloaded_error`; else `api_error`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ from typing import Any
 
 from engine.api.common import stream_failure
 from engine.request import RequestOutput
+
+
+def usage(out: RequestOutput) -> dict[str, int]:
+    """The prompt's tokens, those the prefix cache held apart, and the output's."""
+    cached = out.num_cached_tokens
+    return {
+        "input_tokens": len(out.prompt_token_ids) - cached,
+        "output_tokens": len(out.token_ids),
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def event(kind: str, data: dict[str, Any]) -> str:

@@ -18,13 +18,11 @@ are listed up front. Calls to any declared tool are parsed, loaded or not.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from engine.api.errors import ApiError
-
-log = logging.getLogger("ninfer")
+from engine.api.warn_once import warn_once
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,6 @@ _TOOL_SEARCH = "tool_search_tool_"
 # request once a user sets an advisor model; nothing here runs it, and the request needs it not, so the
 # model is not offered it (logged once) rather than every request refused
 _ADVISOR = "advisor_"
-_told: set[str] = set()  # the advisor tool types already logged
 
 
 @dataclass(frozen=True)
@@ -186,13 +183,12 @@ def anthropic_tools(tools: list[Any], inline: list[tuple[str, dict]] = ()) -> An
 
 
 def _tell_advisor(where: str, kind: str) -> None:
-    if kind not in _told:
-        _told.add(kind)
-        log.warning(
-            "%s is '%s', Anthropic's advisor, which this server does not run: the model is not offered it",
-            where,
-            kind,
-        )
+    warn_once(
+        ("advisor", kind),
+        "%s is '%s', Anthropic's advisor, which this server does not run: the model is not offered it",
+        where,
+        kind,
+    )
 
 
 def _function(where: str, tool: dict, kind: Any) -> dict[str, Any]:

@@ -22,15 +22,13 @@ flat function / custom entries the rest of the route takes (engine/api/responses
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api.custom_tools import custom_function
 from engine.api.errors import ApiError
+from engine.api.warn_once import warn_once
 
-log = logging.getLogger("ninfer")
-_passed_over: set[Any] = set()  # the hosted tool types already logged
 SEARCH = "tool_search"
 # the tools OpenAI's servers run (type prefixes): not offered to the model
 _HOSTED = ("web_search", "image_generation", "file_search", "code_interpreter", "computer_use", "mcp")
@@ -134,14 +132,12 @@ def _pass_over(where: str, kind: Any) -> None:
     """A tool OpenAI's servers run (`web_search`, `image_generation`, `file_search`, `code_interpreter`, ...):
     Codex lists some with every request, so the model is not offered it, logged once a type, rather than
     every request refused."""
-    if kind not in _passed_over:
-        _passed_over.add(kind)
-        log.warning(
-            "%s has type '%s', a tool OpenAI's servers run, which this server does not: the model is not "
-            "offered it",
-            where,
-            kind,
-        )
+    warn_once(
+        ("hosted tool", kind),
+        "%s has type '%s', a tool OpenAI's servers run, which this server does not: the model is not offered it",
+        where,
+        kind,
+    )
 
 
 def _members(tool: dict, where: str) -> list[tuple[str, dict, str]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -73,11 +72,11 @@ from engine.api.response_truncation import fit_by_dropping_turns
 from engine.api.state import ServerState
 from engine.api.structured import responses_grammar
 from engine.api.token_names import token_names
+from engine.api.warn_once import warn_once
 from engine.parsers.reply import ReplyParser
 from engine.request import RequestOutput
 
 router = APIRouter()
-log = logging.getLogger("ninfer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -222,16 +221,11 @@ def _chat_messages(items: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return out, origins
 
 
-_passed_over: set[str] = set()  # the unknown input item types already logged
-
-
 def _pass_over_item(where: str, kind: str) -> None:
     """An input item of a type this server does not know (the Responses API gains new ones, and a client that
     keeps its history sends the item again every turn, so a 400 would fail the rest of the session): passed
     over, logged once a type."""
-    if kind not in _passed_over:
-        _passed_over.add(kind)
-        log.warning("%s has type %r, unknown here: passed over", where, kind)
+    warn_once(("response item", kind), "%s has type %r, unknown here: passed over", where, kind)
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
