@@ -467,7 +467,7 @@ class LLM:
         results = []
         for req, num_new in self.scheduler.update_from_output(sched, result):
             stream = self._streams[req.request_id]
-            new = req.output_token_ids[-num_new:]
+            new = req.output_token_ids[len(req.output_token_ids) - num_new :]
             for i, token_id in enumerate(new):
                 stream.push(token_id)
                 if stream.stopped:  # tokens after the one that completed a stop string are not output

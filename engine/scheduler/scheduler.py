@@ -461,7 +461,8 @@ class Scheduler:
             start_pos=start,
             block_ids=req.block_ids,
             state_slot=req.state_slot,
-            sample=end == req.num_tokens,
+            # a pooled request (embedding, rerank) ends with its prompt: no logits, no token
+            sample=end == req.num_tokens and req.sampling_params.pooling is None,
             sampling_params=req.sampling_params,
             history=req.token_history() if req.sampling_params.needs_history else None,
             state_restore=restore,
@@ -628,9 +629,11 @@ class Scheduler:
             # a stop among accepted drafts leaves computed tokens past the end
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
             self._register_full_blocks(req)  # after the tokens it covers are appended
+            if s.pool_row >= 0:  # its vector is what it asked for (max_tokens counts no token it skipped)
+                reason = "length"
             if reason is not None:
                 self.finish_request(req.request_id, reason)
-            if n:
+            if n or s.pool_row >= 0:
                 updated.append((req, n))
             drafts = out.drafts.get(s.request_id)
             if drafts is not None and reason is None:

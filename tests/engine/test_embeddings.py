@@ -14,7 +14,7 @@ from conftest import save_tiny, tiny_hf_model, write_config_gguf
 
 from engine import LLM, NinferError, SamplingParams
 from engine.formats import gguf as gguf_format
-from engine.pooling import normalized, truncated
+from engine.pooling import POOLED, normalized, truncated
 
 PROMPTS = [[5, 17, 33, 2, 91, 45, 12, 7, 88, 3, 140, 61, 9, 27, 19, 4, 55, 76, 8], [3, 1, 4, 1, 5]]
 
@@ -49,6 +49,22 @@ def test_a_causal_lm_pools_its_last_hidden_state(tmp_path, arch):
     assert _close(again[0], got[0], 1e-5) and llm.scheduler.block_pool.enable_prefix_caching
     raw = llm.embed(PROMPTS[1], normalize=False)[0]
     assert _close(normalized(raw), got[1], 1e-6) and not math.isclose(sum(v * v for v in raw), 1.0)
+
+
+def test_a_pooled_request_computes_no_logits_and_samples_no_token(causal, monkeypatch):
+    """Its vector is all it asked for: the vocabulary head (the largest matrix of a small reranker) does
+    not run for it, and no token is sampled. A generating request beside it in the same steps still is."""
+    model, path = causal
+    llm = LLM(path, block_size=8)
+    heads = []
+    compute_logits = llm.model.compute_logits
+    monkeypatch.setattr(llm.model, "compute_logits", lambda h: heads.append(h.shape[0]) or compute_logits(h))
+    outs = llm.generate(None, [POOLED, SamplingParams(max_tokens=3, temperature=0.0)], PROMPTS)
+    assert _close(normalized(outs[0].embedding), _reference(model, PROMPTS[0]))
+    assert outs[0].token_ids == [] and outs[0].finished and len(outs[1].token_ids) == 3
+    assert heads and all(n == 1 for n in heads)  # the generating request's rows alone
+    heads.clear()
+    assert _close(llm.embed(PROMPTS[1])[0], _reference(model, PROMPTS[1])) and heads == []
 
 
 def test_a_bare_decoder_embeds_and_makes_no_text(tmp_path):
