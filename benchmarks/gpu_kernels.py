@@ -51,6 +51,7 @@ from ninfer_kernels.triton_config import interpreting
 DEVICE = "cuda"
 COMPILE_ONLY: int | None = None  # --compile-only's compute capability
 _too_big: list[str] = []  # --compile-only: kernels needing more shared memory than the target has
+_row_error: list[str] = []  # the error of the row being measured, named by record() (at most one)
 # gemv4h.py (the half2 knob) against the dequantized weight at the timed shape, M = 1-4, in a child process:
 # its inline PTX first runs on a GPU here, and an illegal instruction would break this process's CUDA
 # context for every row after it
@@ -138,10 +139,23 @@ def bench(fn, triton_kernels: bool = True) -> float:
     baseline, the cuBLAS products of the dequantized path)."""
     if COMPILE_ONLY:
         if triton_kernels:
-            fn()
+            _row(fn)
         return float("nan")
     # (do_bench clears the L2 cache before each call: weights of 45 MB do not stay in an H200's 60 MB)
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
+    return _row(lambda: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3)
+
+
+def _row(run) -> float:
+    """run(), or NaN where it raises (a configuration that does not compile, or needs more shared memory
+    than the device has): the failure costs its row, said at once and named by record(), not the section's
+    other rows."""
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001
+        lines = str(exc).strip().splitlines() or [""]  # (a compile error's cause is its last line)
+        _row_error[:] = [f"{type(exc).__name__}: {lines[-1]}"]
+        print("row failed:", _row_error[0], flush=True)
+        return float("nan")
 
 
 def bench_graphed(fns, calls: int = 32) -> float:
@@ -151,15 +165,17 @@ def bench_graphed(fns, calls: int = 32) -> float:
     each call after the host launches it, so a wrapper's host time (Python, the launch: tens of µs) can
     set a floor under a decode-sized kernel; this does not. --compile-only: each fn called once."""
     if COMPILE_ONLY:
-        for fn in fns:
-            fn()
-        return float("nan")
+        return _row(lambda: _compile_each(fns))
     try:
-        return _graph_replay_seconds(fns, calls)
-    except RuntimeError as exc:  # a capture that fails costs its row (nan), not the section's others
-        print(f"graph replay failed: {str(exc).splitlines()[0]}", flush=True)
-        torch.cuda.synchronize()
-        return float("nan")
+        return _row(lambda: _graph_replay_seconds(fns, calls))
+    finally:
+        torch.cuda.synchronize()  # (after a capture that failed: the stream's work done before the next row)
+
+
+def _compile_each(fns) -> float:
+    for fn in fns:
+        fn()
+    return float("nan")
 
 
 def _graph_replay_seconds(fns, calls: int) -> float:
@@ -402,7 +418,11 @@ def main() -> None:
         raise_clocks()
     rows = []
 
+    row_failures = []
+
     def record(kernel, shape, seconds, bytes_moved=None, flops=None):
+        if _row_error:
+            row_failures.append(f"{kernel}, {shape}: {_row_error.pop()}")
         row = {"kernel": kernel, "shape": shape, "us": seconds * 1e6}
         if bytes_moved is not None:
             row["GB/s"] = bytes_moved / seconds / 1e9
@@ -1004,7 +1024,7 @@ def main() -> None:
             failed.append(f"{section.__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
             print("FAILED", failed[-1], flush=True)
 
-    failed += [f"{k} on SM {COMPILE_ONLY}" for k in sorted(set(_too_big))]
+    failed += row_failures + [f"{k} on SM {COMPILE_ONLY}" for k in sorted(set(_too_big))]
     if half2_failure.cache_info().currsize and half2_failure():  # (checked where a section wanted it)
         failed.append(half2_failure())
     lines = [

@@ -32,7 +32,9 @@
 #     typing_extensions==4.16.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
 #     annotated-types==0.8.0 typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2
 #   (29 MB: what .venv holds here; `--upgrade --target` puts them before the image's own)
-# then runs with carry [".whl"]. A 15-minute lease (a machine starts in ~30 s): a first call of `kernels
+# then runs with carry [".whl"]. Before a lease, here: `PYTHONPATH=. python benchmarks/gpu_kernels.py
+# --compile-only 90` (the suite compiles the table's rows only, not the sweeps' configurations; ~90 s). A
+# 15-minute lease (a machine starts in ~30 s): a first call of `kernels
 # pytest` with KERNEL_SECTIONS=decode_attention,quantized_matmul,decode_sweep,gemv_sweep (the acceptance
 # rows and the sweeps, ~2 minutes), then the tests (~5 minutes with 14 workers for the whole list), then,
 # if time is left, `graphs memory sleep`; each step has its own limit and is interrupted (SIGINT: pytest
