@@ -299,11 +299,12 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     kind = thinking.get("type")
     if kind not in ("enabled", "adaptive", "between_tools", "disabled"):
         raise ApiError(400, "'thinking.type' must be 'enabled', 'adaptive', 'between_tools' or 'disabled'")
-    if thinking.get("display") not in (None, "summarized", "omitted"):
-        raise ApiError(400, "'thinking.display' must be 'summarized' or 'omitted'")
+    if thinking.get("display") not in (None, "summarized", "omitted", "updates"):
+        raise ApiError(400, "'thinking.display' must be 'summarized', 'omitted' or 'updates'")
     # adaptive: the model decides how long to think (Qwen's thinking on, no budget); between_tools: the
     # Qwen templates think at every assistant turn, so on (a turn after a tool result is such a turn);
-    # display: the thinking is sent either way (there is nothing to redact it for)
+    # display (summarized, omitted, or the beta's updates: only the notes between tool calls): the thinking
+    # is sent either way (a signature cannot carry it back hidden; a client sends it back as it came)
     return {**kwargs, "enable_thinking": kind != "disabled"}
 
 

@@ -417,7 +417,8 @@ def test_thinking_budget_over_both_protocols(thinking_server):
         model="m", max_tokens=8, messages=ask, extra_body={"thinking": {"type": "adaptive"}, "temperature": 0}
     )
     assert adaptive.content[0].type == "thinking"  # Claude's newer form: thinking on, no budget
-    for thinking in ({"type": "between_tools"}, {"type": "adaptive", "display": "omitted"}):
+    shown = ({"type": "adaptive", "display": d} for d in ("omitted", "updates"))  # (updates: the beta's)
+    for thinking in ({"type": "between_tools"}, *shown):
         newer = claude.messages.create(
             model="m", max_tokens=8, messages=ask, extra_body={"thinking": thinking, "temperature": 0}
         )
