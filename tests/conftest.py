@@ -38,6 +38,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through the interpreter; set before any kernel module imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_patching  # noqa: E402
+
+    interpreter_patching.install()
 
 # shapes small enough for CPU, big enough to exercise GQA, partial rotary and the hybrid layout
 TINY_COMMON = dict(
