@@ -628,7 +628,9 @@ def variants_per_kernel() -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="86,90", help="compute capabilities, e.g. 80,86,89,90,120")
-    parser.add_argument("-k", dest="select", default="", help="only cases whose name contains this")
+    parser.add_argument(
+        "-k", dest="select", default="", help="only cases whose name contains this (or one of A|B|...)"
+    )
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--no-ptxas-info", action="store_true", help="skip the registers / spills report")
     parser.add_argument(
@@ -655,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for arch in arches:
         for name, fn, kwargs, min_arch in cases():
-            if args.select not in name or arch < min_arch:
+            if not any(part in name for part in args.select.split("|")) or arch < min_arch:
                 continue
             r = run_case(name, fn, kwargs, arch, not args.no_ptxas_info, sass)
             results.append(r)
