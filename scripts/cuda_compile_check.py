@@ -195,7 +195,8 @@ def case_kv_store(kv_dtype: str, model: str, dtype: str):
 def case_attention(
     step: str, kv_dtype: str, model: str, dtype: str, context: int = 4096, block_size: int = 16
 ):
-    """step: prefill (a 100-token chunk after a prefix), prefill_int8q (the same with --int8-prefill's int8
+    """step: prefill (a 100-token chunk after a prefix), prefill_long (two 1024-token chunks: the step size
+    from which SM 9.0 takes 128-row tiles where they fit), prefill_int8q (the same with --int8-prefill's int8
     queries: integer QK products over an int8 / k8v4 cache), decode (one token per sequence), verify (4
     query tokens per sequence: speculative verification), verify_max (as many query tokens as the dispatch
     sends to the decode kernel: MAX_VERIFY_ROWS rows of queries x GQA group)."""
@@ -206,8 +207,9 @@ def case_attention(
     seq_lens = torch.full((num_seqs,), context - 7, dtype=torch.int32)
     attention = _op("paged_attention")
     if step.startswith("prefill"):
-        q = _randn(200, hq, head_dim, dtype=DTYPES[dtype])
-        cu_seqlens = torch.tensor([0, 100, 200], dtype=torch.int32)
+        half = 1024 if step == "prefill_long" else 100  # long: a step wide enough for SM 9.0's wide tile
+        q = _randn(2 * half, hq, head_dim, dtype=DTYPES[dtype])
+        cu_seqlens = torch.tensor([0, half, 2 * half], dtype=torch.int32)
         int8q = step == "prefill_int8q"
         attention.paged_attention(
             q, cache, block_table, seq_lens, cu_seqlens, head_dim**-0.5, int8_queries=int8q
@@ -408,6 +410,8 @@ def cases() -> list[tuple[str, callable, dict, int]]:
             add(case_attention, step=step, kv_dtype=kv, model="qwen3", dtype=dtype)
     for step in ("prefill", "decode"):
         add(case_attention, step=step, kv_dtype="bf16", model="mha", dtype="bf16")
+    for model in ("qwen3", "qwen3.5"):
+        add(case_attention, step="prefill_long", kv_dtype="bf16", model=model, dtype="bf16")
     for context in (1024, 32768, 131072):  # decode at short and deep context: split counts differ
         add(case_attention, step="decode", kv_dtype="k8v4", model="qwen3.5", dtype="bf16", context=context)
     for model in GDN_MODELS:

@@ -429,17 +429,20 @@ def _decode_block_n(q: torch.Tensor, cache, rows: int) -> int:
 WIDE_PREFILL_MIN_TOKENS = 2048  # query tokens a step from which 128-row tiles still give 16 per head
 
 
-def _wide_prefill_tile(q: torch.Tensor, cache) -> bool:
+def _wide_prefill_tile(q: torch.Tensor, cache, block_n: int) -> bool:
     """128 query rows and 8 warps a program instead of 32 and 4: on SM 9.0+, for 16-bit queries over a
-    16-bit cache, in a step of WIDE_PREFILL_MIN_TOKENS+ query tokens. An H200 ran an 8K causal prompt
-    (24q / 4kv x 256, bf16) in 3.0 ms so, 5.9 ms with the narrow tile (2026-12-04, docs/benchmarks.md);
-    smaller steps keep the narrow tile, whose programs fill the SMs."""
+    16-bit cache, in a step of WIDE_PREFILL_MIN_TOKENS+ query tokens, where three pipeline stages of the
+    wide tile fit the GPU's shared memory. An H200 ran an 8K causal prompt (24q / 4kv x 256, bf16) in 3.0 ms
+    so, 5.9 ms with the narrow tile (2026-12-04, docs/benchmarks.md); smaller steps keep the narrow tile,
+    whose programs fill the SMs. An RTX 5090 (SM 12.0, 99 KB) keeps it at head_dim 256: the wide tile
+    needs 104 KB there even at two stages (scripts/cuda_compile_check.py, prefill_long). Under the
+    interpreter compute_capability is 0: never wide."""
     return (
-        q.is_cuda
-        and q.shape[0] >= WIDE_PREFILL_MIN_TOKENS
+        q.shape[0] >= WIDE_PREFILL_MIN_TOKENS
         and q.dtype in (torch.bfloat16, torch.float16)
         and cache.kv_dtype in SIXTEEN_BIT_KV
         and compute_capability(q.device) >= 90
+        and _num_stages(q, cache, block_n, 128) == 3
     )
 
 
@@ -578,7 +581,7 @@ def paged_attention(
     out = torch.empty_like(q)
     num_kv_heads = cache.k_data.shape[2]
     block_n = _key_tile(cache, block_n)
-    wide = _wide_prefill_tile(q, cache)
+    wide = _wide_prefill_tile(q, cache, block_n)
     block_m, num_warps = block_m or (128 if wide else 32), num_warps or (8 if wide else 4)
     # NOTE: T bounds every sequence's query count, so the grid needs no device sync
     _prefill_kernel[(num_seqs, triton.cdiv(num_tokens, block_m), num_q_heads)](

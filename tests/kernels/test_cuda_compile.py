@@ -141,6 +141,25 @@ def test_consumer_blackwell_compiles_the_prefill_kernels(tmp_path):
     assert proc.returncode == 0 and not failed and len(results) >= 30, (
         "\n".join(failed) or proc.stdout[-3000:]
     )
+    assert _long_prefill_warps(results) == {"qwen3": 4, "qwen3.5": 4}  # the narrow tile: 99 KB
+
+
+def _long_prefill_warps(results) -> dict[str, int]:
+    """The prefill kernel's warps in each prefill_long case, by model (8: the 128-row wide tile)."""
+    return {
+        r["case"].split(",")[2]: k["num_warps"]
+        for r in results
+        if r["case"].startswith("attention[prefill_long")
+        for k in r["kernels"]
+    }
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_long_prefill_steps_take_the_wide_tile_where_it_fits(compiled, arch):
+    """Two 1024-token chunks in a step over a bf16 cache: SM 9.0 compiles the 128-row, 8-warp tile (three
+    stages within its 227 KB), SM 8.6 the narrow one (and so does SM 12.0: its test)."""
+    want = 8 if arch == 90 else 4
+    assert _long_prefill_warps(compiled[arch][1]["results"]) == {"qwen3": want, "qwen3.5": want}
 
 
 def test_fp8_cases_only_where_fp8_kv_is_allowed(compiled):

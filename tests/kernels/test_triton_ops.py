@@ -286,13 +286,38 @@ def test_decode_widens_its_key_tile_where_three_stages_fit(monkeypatch, head_dim
     assert attention._decode_block_n(q, cache, 32) == (keys if kv_dtype == "bf16" else 32)
 
 
+@pytest.mark.parametrize(
+    "head_dim, capability, shared, tokens, wide",
+    [
+        (256, 90, 232448, 2048, True),  # H100 / H200: three stages of 128 rows x 32 keys fit (~168 KB)
+        (128, 90, 232448, 2048, True),
+        (256, 90, 232448, 2047, False),  # a shorter step: the narrow tile's programs fill the SMs
+        (256, 120, 101376, 2048, False),  # RTX 5090: 99 KB (the wide tile needs 104 KB even at two stages)
+        (128, 120, 101376, 2048, False),
+        (256, 86, 101376, 2048, False),  # before Hopper
+    ],
+)
+def test_long_prefill_steps_widen_where_three_stages_fit(
+    monkeypatch, head_dim, capability, shared, tokens, wide
+):
+    import ninfer_kernels.triton_config as triton_config
+
+    attention = triton_op("paged_attention")
+    monkeypatch.setattr(triton_config, "shared_memory_per_block", lambda device: shared)
+    monkeypatch.setattr(attention, "compute_capability", lambda device: capability)
+    q, cache, *_ = _paged_case("bf16", head_dim, 6, 1, 16, [0], [tokens], torch.bfloat16)
+    assert attention._wide_prefill_tile(q, cache, attention._key_tile(cache, None)) == wide
+    kv8 = _paged_case("int8", head_dim, 6, 1, 16, [0], [tokens], torch.bfloat16)[1]
+    assert not attention._wide_prefill_tile(q, kv8, attention._key_tile(kv8, None))  # 16-bit caches only
+
+
 @pytest.mark.gpu
 def test_long_prefill_steps_take_the_wide_tile_on_hopper():
     """A step of WIDE_PREFILL_MIN_TOKENS+ query tokens over a bf16 cache on SM 9.0+: 128-row tiles, 8 warps
     (a fresh prompt and a chunk after a cached prefix in one step); the same attention as the twin."""
     attention = triton_op("paged_attention")
     case = _paged_case("bf16", 256, 6, 1, 16, [0, 300], [1500, 700], torch.bfloat16)
-    wide = attention._wide_prefill_tile(case[0], case[1])
+    wide = attention._wide_prefill_tile(case[0], case[1], attention._key_tile(case[1], None))
     assert wide == (torch.cuda.get_device_capability() >= (9, 0))
     got = attention.paged_attention(*case, 0.0625)
     assert rel_err(got, attention_naive.paged_attention(*case, 0.0625)) < 1e-2
