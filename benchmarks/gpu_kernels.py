@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -166,10 +167,10 @@ def bench_graphed(fns, calls: int = 32) -> float:
     set a floor under a decode-sized kernel; this does not. --compile-only: each fn called once."""
     if COMPILE_ONLY:
         return _row(lambda: _compile_each(fns))
-    try:
-        return _row(lambda: _graph_replay_seconds(fns, calls))
-    finally:
-        torch.cuda.synchronize()  # (after a capture that failed: the stream's work done before the next row)
+    seconds = _row(lambda: _graph_replay_seconds(fns, calls))
+    if math.isnan(seconds):  # a capture that failed: its stream's work done before the next row
+        torch.cuda.synchronize()
+    return seconds
 
 
 def _compile_each(fns) -> float:

@@ -4,9 +4,11 @@ Under TRITON_INTERPRET=1 a launch patches triton.language's builtins for its dur
 members with inspect.getmembers), and every call of a @triton.jit helper from inside the kernel
 (_tile_product, _rotate_heads, ...) patches them again, though they are patched already and stay so until
 the launch restores them. That second patching was ~30% of an interpreted engine test's time
-(tests/engine/test_mtp.py: 18,467 helper calls in 1,192 launches). Here a helper call inside a launch
-patches nothing (the launch's patching is in force: the same module objects), and a launch lists each
-module's builtins once per process (the list is the modules' own, unpatched, at every launch's start).
+(tests/engine/test_mtp.py: 18,467 helper calls in 1,192 launches). Here a call patches nothing where the
+language modules its function sees are patched already (a helper inside a launch: the same module objects;
+a helper seeing `tl.core` alone, as tl.zeros does, still patches that the first time, as upstream does),
+and each module's builtins are listed once per process (the list is the modules' own, unpatched, at every
+launch's start).
 What the kernels compute is not touched. Applied only where this Triton's interpreter has the shape it was
 written against; elsewhere the interpreter runs as it comes."""
 

@@ -629,7 +629,7 @@ class Scheduler:
             # a stop among accepted drafts leaves computed tokens past the end
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
             self._register_full_blocks(req)  # after the tokens it covers are appended
-            if s.pool_row >= 0:  # its vector is what it asked for (max_tokens counts no token it skipped)
+            if s.pool_row >= 0:  # pooled: it ends with its prompt, "length" as when it sampled its one token
                 reason = "length"
             if reason is not None:
                 self.finish_request(req.request_id, reason)

@@ -35,10 +35,13 @@ def _stream_in_background(url: str, started: threading.Event, stop: threading.Ev
     return t
 
 
+def _one_slot_server(pending_timeout_ms: int):
+    return RunningServer(AsyncLLM(max_concurrency=1, max_pending=1, pending_timeout_ms=pending_timeout_ms))
+
+
 @pytest.fixture
 def tight():
-    engine = AsyncLLM(max_concurrency=1, max_pending=1, pending_timeout_ms=1500)
-    with RunningServer(engine) as server:
+    with _one_slot_server(1500) as server:
         yield server
 
 
@@ -47,14 +50,12 @@ def tight_queue():
     """The queued request waits 4 s before it expires: the over-the-limit requests are answered within that
     on a loaded machine (at 1.5 s a suite beside two compiler processes once saw the queued one expire
     first, the next request queued in its place)."""
-    engine = AsyncLLM(max_concurrency=1, max_pending=1, pending_timeout_ms=4000)
-    with RunningServer(engine) as server:
+    with _one_slot_server(4000) as server:
         yield server
 
 
 def test_full_queue_is_429_and_529_then_the_queued_one_expires(tight_queue):
-    tight = tight_queue
-    url = tight.url
+    url = tight_queue.url
     started, stop = threading.Event(), threading.Event()
     runner = _stream_in_background(url, started, stop)  # takes the one running slot
     assert started.wait(60)
@@ -67,7 +68,7 @@ def test_full_queue_is_429_and_529_then_the_queued_one_expires(tight_queue):
     waiter = threading.Thread(target=wait_in_queue, daemon=True)
     waiter.start()
     deadline = time.monotonic() + 10
-    while tight.engine.stats()["num_waiting"] < 1:
+    while tight_queue.engine.stats()["num_waiting"] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     over = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": CHAT, "max_tokens": 5})
